@@ -1,0 +1,63 @@
+# kvfs: set-up, demo and tests. Run as root on Debian 12 (or similar).
+#   make run    installs everything, mounts kvfs at ./mnt (MNT=...) and shows it working
+#   make test   installs everything and runs the whole test suite
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip --disable-pip-version-check -q
+MNT         ?= ./mnt
+PYTHON      ?= python3
+APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server tmux pkg-config python3-venv python3-dev \
+                util-linux e2fsprogs gcc
+TORCH_PIN   := torch==2.13.0
+STAMP       := $(VENV)/.installed
+
+.PHONY: install system-packages run test test-fast bench clean-mount help
+
+help:
+	@echo "make run     install, mount kvfs at $(MNT) with the embedded default, show it working"
+	@echo "make test    install, run the whole test suite"
+	@echo "make install only install (apt packages, $(VENV), kvfs and its dependencies)"
+
+install: system-packages $(STAMP)
+
+# apt-get runs only when a package is missing, so repeated installs are quick and offline.
+system-packages:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages:" $$missing; \
+	  if [ "$$(id -u)" != 0 ]; then echo "make install: run as root to install apt packages" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing kvfs and its dependencies into $(VENV)"
+	@$(PIP) install -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c 'import pyfuse3, trio, xattr, xxhash, pytest' 
+	@echo "installing $(TORCH_PIN) (CPU) and LMCache for the integration tests"
+	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) install $(TORCH_PIN) 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PIP) install -e '.[test,lmcache]' 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c 'import lmcache, torch'
+	@touch $@
+
+run: install
+	@mkdir -p $(MNT)
+	@if mountpoint -q $(MNT); then echo "$(MNT) is already mounted"; else $(VENV)/bin/kvfs mount $(MNT); fi
+	@$(PY) -m kvfs.demo $(MNT)
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not lmcache" tests
+
+bench: install
+	$(PY) bench/fuse_read.py
+
+clean-mount:
+	-$(VENV)/bin/kvfs umount $(MNT)

@@ -1,0 +1,3 @@
+from kvfs.cli import main
+
+raise SystemExit(main())

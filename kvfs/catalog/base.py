@@ -1,0 +1,86 @@
+"""Catalog records shared by every catalog implementation.
+
+A `Node` is a file, directory or symlink with exactly one name (kvfs has no hard links). A file's
+content is a `BlobRec`: one immutable, committed version with its stripe layout. A rewrite
+commits a new BlobRec and retires the old one; the generation (`BlobRec.id`) is never reused.
+
+A node that was created but never committed is *pending*: it exists only in memory, so after a
+crash it is absent, as a file whose writer never closed it must be.
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import dataclass, field
+
+import xxhash
+
+from kvfs.layout import Layout
+
+ROOT_INO = 1
+CONTROL_INO = 2          # the hidden control file (see kvfs/control.py)
+FIRST_INO = 16           # inodes below this are reserved
+NAME_MAX = 255
+
+
+@dataclass(frozen=True)
+class BlobRec:
+    id: int                  # the generation: unique for the life of the pool
+    layout: Layout
+    created_ns: int
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    @property
+    def checksum(self) -> int:
+        """xxh3-64 over the per-unit checksums: one number that names this content."""
+        return xxhash.xxh3_64_intdigest(self.layout.pack()[2])
+
+
+@dataclass(eq=False)
+class Node:
+    ino: int
+    parent: int
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    cookie: int = 0                            # readdir position within the parent
+    blob: BlobRec | None = None                # files: the committed version
+    target: bytes | None = None                # symlinks
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    children: dict[bytes, int] | None = None   # directories: name -> ino
+    subdirs: int = 0                           # directories: how many children are directories
+    persisted: bool = False                    # False while pending (created, never committed)
+    linked: bool = True                        # False once unlinked (kept while open)
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+    @property
+    def is_symlink(self) -> bool:
+        return stat.S_ISLNK(self.mode)
+
+    @property
+    def nlink(self) -> int:
+        if not self.linked:
+            return 0
+        return 2 + self.subdirs if self.children is not None else 1
+
+    @property
+    def committed_size(self) -> int:
+        if self.blob is not None:
+            return self.blob.size
+        if self.target is not None:
+            return len(self.target)
+        return 0

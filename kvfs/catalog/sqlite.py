@@ -1,0 +1,565 @@
+"""The single-node catalog: an in-memory tree, persisted to SQLite in WAL mode.
+
+Reads never touch SQLite: the whole tree lives in memory (a few hundred bytes per file), so
+lookups, getattr and readdir cost no I/O and no thread hop. Every mutation is applied to memory
+first, on the trio thread, and then persisted; the caller's reply waits until SQLite has
+committed it with `synchronous=FULL` (fsync of the WAL). Mutations are persisted in the order
+they were applied, and concurrent ones share a transaction (group commit): one fsync for a burst
+of closes.
+
+Crash safety: a commit of a file version is one transaction (blob row + node row + the old
+blob's deletion), so after a crash a file has its old version or its new one, never a mix. A
+pending file (created, never committed) has no row at all and is absent after a crash. Space
+written for a version whose transaction never committed is not referenced by any row and is
+free again when the pool rebuilds its free map from the catalog at start-up.
+
+If SQLite fails to commit (disk full, I/O error) the memory tree is ahead of the disk: the
+catalog then refuses every further mutation with EIO until the daemon is restarted, which
+reloads the last committed state.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import stat
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import trio
+
+from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
+from kvfs.errors import KvfsError, StartupError, exists, not_found
+from kvfs.layout import Layout
+
+log = logging.getLogger("kvfs.catalog")
+
+SCHEMA_VERSION = 1
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (
+    id INTEGER PRIMARY KEY, size INTEGER NOT NULL, unit INTEGER NOT NULL,
+    ns BLOB NOT NULL, offsets BLOB NOT NULL, sums BLOB NOT NULL, created_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    ino INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
+    cookie INTEGER NOT NULL, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+    blob INTEGER REFERENCES blobs(id), target BLOB,
+    UNIQUE (parent, name));
+CREATE TABLE IF NOT EXISTS xattrs (
+    ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name));
+"""
+
+Stmt = tuple[str, tuple]
+
+
+class _Batch:
+    __slots__ = ("stmts", "done", "error")
+
+    def __init__(self) -> None:
+        self.stmts: list[Stmt] = []
+        self.done = False
+        self.error: BaseException | None = None
+
+
+def _now() -> int:
+    return time.time_ns()
+
+
+def check_name(name: bytes) -> None:
+    if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+        raise KvfsError(errno.EINVAL, f"invalid file name: {name!r}")
+    if len(name) > NAME_MAX:
+        raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
+
+
+class SqliteCatalog:
+    """The catalog. Mutating methods are async (they wait for durability); queries are not."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path):
+        self._conn = conn
+        self.path = path
+        self.nodes: dict[int, Node] = {}
+        self.pool_id: str | None = None
+        self._next_ino = FIRST_INO
+        self._next_cookie = 1
+        self._next_blob = 1
+        self._batch = _Batch()
+        self._commit_lock = trio.Lock()
+        self._failed: str | None = None
+        self._dirty_atime: set[int] = set()
+        self.commits = 0            # SQLite transactions (for statistics)
+        self.statements = 0
+
+    # ------------------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, path: Path) -> "SqliteCatalog":
+        """Open (creating if absent) the catalog database and load it into memory."""
+        try:
+            conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=OFF")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as e:
+            raise StartupError(f"catalog {path}: cannot open: {e}") from None
+        cat = cls(conn, path)
+        try:
+            cat._load()
+        except sqlite3.Error as e:
+            conn.close()
+            raise StartupError(f"catalog {path}: cannot read: {e}") from None
+        return cat
+
+    def _meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _load(self) -> None:
+        c = self._conn
+        version = self._meta("schema_version")
+        if version is None:
+            now = _now()
+            with c:
+                c.execute("BEGIN")
+                c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                c.execute("INSERT OR IGNORE INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
+                          (ROOT_INO, ROOT_INO, b"", 0, stat.S_IFDIR | 0o755, os.geteuid(),
+                           os.getegid(), now, now, now))
+        elif int(version) != SCHEMA_VERSION:
+            raise StartupError(f"catalog {self.path}: schema version {version} is not supported "
+                               f"(this kvfs uses {SCHEMA_VERSION})")
+        self.pool_id = self._meta("pool_id")
+        blobs: dict[int, BlobRec] = {}
+        for bid, size, unit, ns, offs, sums, created in c.execute(
+                "SELECT id, size, unit, ns, offsets, sums, created_ns FROM blobs"):
+            blobs[bid] = BlobRec(bid, Layout.unpack(size, unit, ns, offs, sums), created)
+        used_blobs: set[int] = set()
+        for row in c.execute("SELECT ino, parent, name, cookie, mode, uid, gid, atime_ns, "
+                             "mtime_ns, ctime_ns, blob, target FROM nodes"):
+            ino, parent, name, cookie, mode, uid, gid, at, mt, ct, bid, target = row
+            node = Node(ino, parent, bytes(name), mode, uid, gid, at, mt, ct, cookie=cookie,
+                        target=bytes(target) if target is not None else None, persisted=True)
+            if stat.S_ISDIR(mode):
+                node.children = {}
+            if bid is not None:
+                node.blob = blobs.get(bid)
+                if node.blob is None:
+                    raise StartupError(f"catalog {self.path}: file {ino} refers to missing "
+                                       f"block {bid}")
+                used_blobs.add(bid)
+            self.nodes[ino] = node
+        for ino, name, value in c.execute("SELECT ino, name, value FROM xattrs"):
+            if ino in self.nodes:
+                self.nodes[ino].xattrs[bytes(name)] = bytes(value)
+        if ROOT_INO not in self.nodes:
+            raise StartupError(f"catalog {self.path}: the root directory is missing")
+        orphans = []
+        for node in self.nodes.values():
+            if node.ino == ROOT_INO:
+                continue
+            parent = self.nodes.get(node.parent)
+            if parent is None or parent.children is None:
+                orphans.append(node)
+                continue
+            parent.children[node.name] = node.ino
+            if node.children is not None:
+                parent.subdirs += 1
+        if orphans:   # cannot happen with atomic transactions; repair rather than refuse
+            log.error("catalog: %d node(s) without a parent directory; removing them", len(orphans))
+            with c:
+                c.execute("BEGIN")
+                for node in orphans:
+                    c.execute("DELETE FROM nodes WHERE ino=?", (node.ino,))
+                    c.execute("DELETE FROM xattrs WHERE ino=?", (node.ino,))
+                    if node.blob is not None:
+                        used_blobs.discard(node.blob.id)
+                    del self.nodes[node.ino]
+        unused = set(blobs) - used_blobs
+        if unused:
+            log.warning("catalog: dropping %d unreferenced block record(s)", len(unused))
+            with c:
+                c.execute("BEGIN")
+                c.executemany("DELETE FROM blobs WHERE id=?", [(b,) for b in unused])
+        self._next_ino = max([FIRST_INO - 1, *self.nodes]) + 1
+        self._next_cookie = max([0, *(n.cookie for n in self.nodes.values())]) + 1
+        hwm = int(self._meta("blob_hwm") or 0)
+        self._next_blob = max([hwm, *blobs]) + 1
+
+    def set_pool_id(self, pool_id: str) -> None:
+        """Bind a new catalog to its pool (synchronous: start-up and `kvfs format` only)."""
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('pool_id', ?)", (pool_id,))
+        self.pool_id = pool_id
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # ------------------------------------------------------------------------------ persistence
+    async def _persist(self, stmts: list[Stmt]) -> None:
+        """Queue statements behind everything queued before; return once they are durable."""
+        if self._failed:
+            raise KvfsError(errno.EIO, self._failed)
+        batch = self._batch
+        batch.stmts.extend(stmts)
+        with trio.CancelScope(shield=True):
+            async with self._commit_lock:
+                if not batch.done:
+                    self._batch = _Batch()
+                    try:
+                        await trio.to_thread.run_sync(self._apply, batch.stmts)
+                    except sqlite3.Error as e:
+                        batch.error = e
+                        self._failed = (f"catalog {self.path}: a write failed ({e}); refusing "
+                                        f"changes until kvfs is restarted")
+                        log.error(self._failed)
+                    batch.done = True
+        if batch.error is not None:
+            raise KvfsError(errno.EIO, f"catalog write failed: {batch.error}")
+
+    def _apply(self, stmts: list[Stmt]) -> None:
+        c = self._conn
+        try:
+            c.execute("BEGIN")
+            for sql, params in stmts:
+                c.execute(sql, params)
+            c.execute("COMMIT")
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+        self.commits += 1
+        self.statements += len(stmts)
+
+    @staticmethod
+    def _insert_node(node: Node) -> list[Stmt]:
+        out: list[Stmt] = [(
+            "INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (node.ino, node.parent, node.name, node.cookie, node.mode, node.uid, node.gid,
+             node.atime_ns, node.mtime_ns, node.ctime_ns,
+             node.blob.id if node.blob else None, node.target))]
+        for name, value in node.xattrs.items():
+            out.append(("INSERT INTO xattrs VALUES (?,?,?)", (node.ino, name, value)))
+        return out
+
+    @staticmethod
+    def _delete_node(node: Node) -> list[Stmt]:
+        out: list[Stmt] = [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
+                           ("DELETE FROM xattrs WHERE ino=?", (node.ino,))]
+        if node.blob is not None:
+            out.append(("DELETE FROM blobs WHERE id=?", (node.blob.id,)))
+        return out
+
+    @staticmethod
+    def _insert_blob(b: BlobRec) -> list[Stmt]:
+        ns, offs, sums = b.layout.pack()
+        return [("INSERT INTO blobs VALUES (?,?,?,?,?,?,?)",
+                 (b.id, b.layout.size, b.layout.unit, ns, offs, sums, b.created_ns)),
+                ("INSERT OR REPLACE INTO meta VALUES ('blob_hwm', ?)", (str(b.id),))]
+
+    # ------------------------------------------------------------------------------ queries
+    def get(self, ino: int) -> Node:
+        try:
+            return self.nodes[ino]
+        except KeyError:
+            raise KvfsError(errno.ENOENT, f"no such inode: {ino}") from None
+
+    def dir(self, ino: int) -> Node:
+        node = self.get(ino)
+        if node.children is None:
+            raise KvfsError(errno.ENOTDIR, f"not a directory: inode {ino}")
+        return node
+
+    def lookup(self, parent: int, name: bytes) -> Node:
+        d = self.dir(parent)
+        ino = d.children.get(name)
+        if ino is None:
+            raise not_found(name.decode(errors="replace"))
+        return self.nodes[ino]
+
+    def entries(self, ino: int) -> list[Node]:
+        """The directory's children in readdir order (by cookie, which only grows)."""
+        d = self.dir(ino)
+        return sorted((self.nodes[i] for i in d.children.values()), key=lambda n: n.cookie)
+
+    def path_of(self, node: Node) -> str:
+        parts = []
+        while node.ino != ROOT_INO:
+            if not node.linked:
+                return "(unlinked)/" + node.name.decode(errors="replace")
+            parts.append(node.name.decode(errors="replace"))
+            node = self.nodes[node.parent]
+        return "/" + "/".join(reversed(parts))
+
+    def files(self) -> Iterator[Node]:
+        return (n for n in self.nodes.values() if n.blob is not None)
+
+    def layouts(self) -> Iterable[Layout]:
+        return (n.blob.layout for n in self.files())
+
+    def next_blob_id(self) -> int:
+        bid = self._next_blob
+        self._next_blob += 1
+        return bid
+
+    # ------------------------------------------------------------------------------ mutations
+    def _new_node(self, parent: Node, name: bytes, mode: int, uid: int, gid: int) -> Node:
+        check_name(name)
+        if parent.children is None:
+            raise KvfsError(errno.ENOTDIR, f"not a directory: {self.path_of(parent)}")
+        if not parent.linked:
+            raise KvfsError(errno.ENOENT, "directory was removed")
+        if name in parent.children:
+            raise exists(name.decode(errors="replace"))
+        now = _now()
+        node = Node(self._next_ino, parent.ino, name, mode, uid, gid, now, now, now,
+                    cookie=self._next_cookie)
+        self._next_ino += 1
+        self._next_cookie += 1
+        self.nodes[node.ino] = node
+        parent.children[name] = node.ino
+        parent.mtime_ns = parent.ctime_ns = now
+        return node
+
+    def _parent_times(self, parent: Node) -> list[Stmt]:
+        if not parent.persisted:
+            return []
+        return [("UPDATE nodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
+                 (parent.mtime_ns, parent.ctime_ns, parent.ino))]
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
+        p = self.dir(parent)
+        node = self._new_node(p, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+        node.children = {}
+        node.persisted = True
+        p.subdirs += 1
+        await self._persist(self._insert_node(node) + self._parent_times(p))
+        return node
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Node:
+        p = self.dir(parent)
+        if not target or len(target) > 4095:
+            raise KvfsError(errno.ENAMETOOLONG if target else errno.ENOENT, "bad symlink target")
+        node = self._new_node(p, name, stat.S_IFLNK | 0o777, uid, gid)
+        node.target = target
+        node.persisted = True
+        await self._persist(self._insert_node(node) + self._parent_times(p))
+        return node
+
+    def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
+        """A new, pending file: in memory only until its first commit."""
+        return self._new_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+
+    async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
+        """Make `layout` the file's committed content; return (new, old) versions.
+
+        A pending node is persisted now, under its current name. A node unlinked meanwhile is
+        not persisted (its content is dropped by the caller). The old version's record is
+        deleted in the same transaction.
+        """
+        now = _now()
+        rec = BlobRec(self.next_blob_id(), layout, now)
+        old = node.blob
+        node.blob = rec
+        node.mtime_ns = node.ctime_ns = now
+        if not node.linked:
+            return rec, old
+        stmts = self._insert_blob(rec)
+        if node.persisted:
+            stmts.append(("UPDATE nodes SET blob=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, "
+                          "atime_ns=? WHERE ino=?", (rec.id, now, now, node.mode, node.uid,
+                                                      node.gid, node.atime_ns, node.ino)))
+        else:
+            node.persisted = True
+            stmts += self._insert_node(node)
+        if old is not None:
+            stmts.append(("DELETE FROM blobs WHERE id=?", (old.id,)))
+        await self._persist(stmts)
+        return rec, old
+
+    def _detach(self, node: Node) -> None:
+        parent = self.nodes[node.parent]
+        del parent.children[node.name]
+        if node.children is not None:
+            parent.subdirs -= 1
+        parent.mtime_ns = parent.ctime_ns = _now()
+        node.linked = False
+
+    async def unlink(self, parent: int, name: bytes) -> Node:
+        """Remove a file or symlink; the node stays in memory (unlinked) until `drop`."""
+        node = self.lookup(parent, name)
+        if node.is_dir:
+            raise KvfsError(errno.EISDIR, f"is a directory: {name.decode(errors='replace')}")
+        return await self.remove(node)
+
+    async def remove(self, node: Node) -> Node:
+        """Unlink a file by node (eviction uses this)."""
+        p = self.nodes[node.parent]
+        self._detach(node)
+        node.ctime_ns = _now()
+        if node.persisted:
+            await self._persist(self._delete_node(node) + self._parent_times(p))
+        return node
+
+    async def rmdir(self, parent: int, name: bytes) -> Node:
+        node = self.lookup(parent, name)
+        if not node.is_dir:
+            raise KvfsError(errno.ENOTDIR, f"not a directory: {name.decode(errors='replace')}")
+        if node.children:
+            raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}")
+        p = self.nodes[node.parent]
+        self._detach(node)
+        await self._persist(self._delete_node(node) + self._parent_times(p))
+        return node
+
+    def _is_ancestor(self, maybe: Node, node: Node) -> bool:
+        cur = node
+        while True:
+            if cur.ino == maybe.ino:
+                return True
+            if cur.ino == ROOT_INO:
+                return False
+            cur = self.nodes[cur.parent]
+
+    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
+                     flags: int = 0) -> Node | None:
+        """Atomically rename, replacing the target; return the replaced node (now unlinked)."""
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+            raise KvfsError(errno.EINVAL, f"unsupported rename flags {flags:#x}")
+        check_name(name_new)
+        src = self.lookup(parent_old, name_old)
+        pold = self.nodes[parent_old]
+        pnew = self.dir(parent_new)
+        target_ino = pnew.children.get(name_new)
+        target = self.nodes[target_ino] if target_ino is not None else None
+        if target is src:
+            return None
+        if src.is_dir and self._is_ancestor(src, pnew):
+            raise KvfsError(errno.EINVAL, "cannot move a directory into itself")
+        if flags & RENAME_EXCHANGE:
+            if target is None:
+                raise not_found(name_new.decode(errors="replace"))
+            if target.is_dir and self._is_ancestor(target, pold):
+                raise KvfsError(errno.EINVAL, "cannot move a directory into itself")
+            return await self._exchange(src, target)
+        if target is not None:
+            if flags & RENAME_NOREPLACE:
+                raise exists(name_new.decode(errors="replace"))
+            if src.is_dir and not target.is_dir:
+                raise KvfsError(errno.ENOTDIR, f"not a directory: {name_new.decode(errors='replace')}")
+            if not src.is_dir and target.is_dir:
+                raise KvfsError(errno.EISDIR, f"is a directory: {name_new.decode(errors='replace')}")
+            if target.is_dir and target.children:
+                raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name_new.decode(errors='replace')}")
+        stmts: list[Stmt] = []
+        if target is not None:
+            self._detach(target)
+            if target.persisted:
+                stmts += self._delete_node(target)
+        del pold.children[name_old]
+        if src.children is not None:
+            pold.subdirs -= 1
+            pnew.subdirs += 1
+        now = _now()
+        src.parent, src.name, src.cookie = pnew.ino, name_new, self._next_cookie
+        self._next_cookie += 1
+        src.ctime_ns = now
+        pnew.children[name_new] = src.ino
+        pold.mtime_ns = pold.ctime_ns = pnew.mtime_ns = pnew.ctime_ns = now
+        if src.persisted:
+            stmts.append(("UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
+                          (src.parent, src.name, src.cookie, now, src.ino)))
+        stmts += self._parent_times(pold)
+        if pnew is not pold:
+            stmts += self._parent_times(pnew)
+        if stmts:
+            await self._persist(stmts)
+        return target
+
+    async def _exchange(self, a: Node, b: Node) -> None:
+        pa, pb = self.nodes[a.parent], self.nodes[b.parent]
+        na, nb = a.name, b.name
+        pa.children[na], pb.children[nb] = b.ino, a.ino
+        if pa is not pb:
+            delta = (b.children is not None) - (a.children is not None)
+            pa.subdirs += delta
+            pb.subdirs -= delta
+        a.parent, a.name, b.parent, b.name = pb.ino, nb, pa.ino, na
+        a.cookie, b.cookie = b.cookie, a.cookie
+        now = _now()
+        a.ctime_ns = b.ctime_ns = now
+        stmts: list[Stmt] = []
+        # Two rows swap names under a UNIQUE(parent, name) constraint: park one first.
+        if a.persisted and b.persisted:
+            stmts.append(("UPDATE nodes SET parent=0, name=? WHERE ino=?", (b"\0swap", a.ino)))
+        for n in (b, a):
+            if n.persisted:
+                stmts.append(("UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
+                              (n.parent, n.name, n.cookie, now, n.ino)))
+        if stmts:
+            await self._persist(stmts)
+        return None
+
+    async def setattr(self, node: Node, *, mode: int | None = None, uid: int | None = None,
+                      gid: int | None = None, atime_ns: int | None = None,
+                      mtime_ns: int | None = None) -> None:
+        if mode is not None:
+            node.mode = (node.mode & ~0o7777) | (mode & 0o7777)
+        if uid is not None:
+            node.uid = uid
+        if gid is not None:
+            node.gid = gid
+        if atime_ns is not None:
+            node.atime_ns = atime_ns
+        if mtime_ns is not None:
+            node.mtime_ns = mtime_ns
+        node.ctime_ns = _now()
+        if node.persisted and node.linked:
+            self._dirty_atime.discard(node.ino)
+            await self._persist([("UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
+                                  "ctime_ns=? WHERE ino=?",
+                                  (node.mode, node.uid, node.gid, node.atime_ns, node.mtime_ns,
+                                   node.ctime_ns, node.ino))])
+
+    async def set_xattr(self, node: Node, name: bytes, value: bytes) -> None:
+        node.xattrs[name] = value
+        node.ctime_ns = _now()
+        if node.persisted and node.linked:
+            await self._persist([("INSERT OR REPLACE INTO xattrs VALUES (?,?,?)",
+                                  (node.ino, name, value))])
+
+    async def remove_xattr(self, node: Node, name: bytes) -> None:
+        if name not in node.xattrs:
+            raise KvfsError(errno.ENODATA, f"no such attribute: {name.decode(errors='replace')}")
+        del node.xattrs[name]
+        node.ctime_ns = _now()
+        if node.persisted and node.linked:
+            await self._persist([("DELETE FROM xattrs WHERE ino=? AND name=?", (node.ino, name))])
+
+    def touch(self, node: Node, now_ns: int | None = None) -> None:
+        """Record an access in memory; `flush_atimes` persists accesses in one batch."""
+        node.atime_ns = now_ns or _now()
+        if node.persisted and node.linked:
+            self._dirty_atime.add(node.ino)
+
+    async def flush_atimes(self) -> int:
+        """Persist the access times recorded since the last flush (for LRU order after restart)."""
+        inos, self._dirty_atime = self._dirty_atime, set()
+        stmts = [("UPDATE nodes SET atime_ns=? WHERE ino=?", (self.nodes[i].atime_ns, i))
+                 for i in inos if i in self.nodes and self.nodes[i].linked]
+        if stmts:
+            await self._persist(stmts)
+        return len(stmts)
+
+    def drop(self, ino: int) -> None:
+        """Forget an unlinked node (the kernel and all handles are done with it)."""
+        node = self.nodes.get(ino)
+        if node is not None and not node.linked:
+            del self.nodes[ino]

@@ -1,0 +1,214 @@
+"""The `kvfs` command: mount, umount, format.
+
+Every entry point is `main(argv)`, so tests call it in-process. Errors are one line on stderr
+and a non-zero exit status (1 for a refused request, 2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import errno
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from kvfs import __version__, config as config_mod
+from kvfs.errors import KvfsError, StartupError
+
+log = logging.getLogger("kvfs")
+
+
+def _setup_logging(level: str, logfile: Path | None) -> None:
+    handler: logging.Handler
+    if logfile is not None:
+        handler = logging.FileHandler(logfile)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"kvfs: {message}", file=sys.stderr)
+    return code
+
+
+# --- mount -------------------------------------------------------------------------------------
+def cmd_mount(args: argparse.Namespace) -> int:
+    from kvfs import daemon
+    cfg = config_mod.load(args.config)
+    mountpoint = Path(args.mountpoint).absolute()
+    if not args.foreground:
+        return _spawn_daemon(args, cfg, mountpoint)
+
+    ready_fd = args.ready_fd
+
+    def ready(error: str | None) -> None:
+        nonlocal ready_fd
+        if ready_fd is None:
+            return
+        msg = "OK\n" if error is None else f"ERR {error}\n"
+        try:
+            os.write(ready_fd, msg.encode())
+            os.close(ready_fd)
+        except OSError:
+            pass
+        ready_fd = None
+
+    _setup_logging(cfg.log_level, None)
+    # started by `kvfs mount` in the background: log to a file once the state dir exists
+    on_state_dir = None
+    if args.ready_fd is not None:
+        def on_state_dir() -> None:
+            _setup_logging(cfg.log_level, cfg.state_dir / "kvfs.log")
+    try:
+        return daemon.run(cfg, mountpoint, ready, on_state_dir=on_state_dir)
+    finally:
+        if ready_fd is not None:
+            ready("the daemon stopped during start-up")
+
+
+def _spawn_daemon(args: argparse.Namespace, cfg, mountpoint: Path) -> int:
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "kvfs", "mount", str(mountpoint), "--foreground",
+           "--ready-fd", str(w)]
+    if args.config:
+        cmd += ["--config", str(Path(args.config).absolute())]
+    proc = subprocess.Popen(cmd, pass_fds=(w,), start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    with os.fdopen(r) as f:
+        answer = f.read()
+    if answer.startswith("OK"):
+        print(f"kvfs mounted at {mountpoint} (pid {proc.pid}, log {cfg.state_dir / 'kvfs.log'})")
+        return 0
+    if answer.startswith("ERR "):
+        proc.wait()
+        return _fail(answer[4:].strip())
+    code = proc.wait()
+    return _fail(f"the daemon exited during start-up (status {code}); see "
+                 f"{cfg.state_dir / 'kvfs.log'}")
+
+
+# --- umount ------------------------------------------------------------------------------------
+def _umount2(path: str, flags: int = 0) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.umount2(path.encode(), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from kvfs.daemon import mount_entry
+    mp = os.path.realpath(args.mountpoint)
+    entry = mount_entry(mp)
+    if entry is None:
+        return _fail(f"not a mount point: {args.mountpoint}")
+    if entry["fstype"] != "fuse.kvfs":
+        return _fail(f"not a kvfs mount: {args.mountpoint} ({entry['fstype']})")
+    pid = None
+    try:
+        pid = json.loads(os.getxattr(mp, "user.kvfs.stats"))["pid"]
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            return _fail(f"{args.mountpoint}: cannot reach the daemon: {e.strerror}")
+    except (ValueError, KeyError):
+        pass
+    try:
+        _umount2(mp, 2 if args.lazy else 0)      # MNT_DETACH
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            return _fail(f"{args.mountpoint}: busy (files are open under it); close them or use "
+                         f"--lazy")
+        return _fail(f"{args.mountpoint}: umount failed: {e.strerror}")
+    if pid is not None:
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            return _fail(f"{args.mountpoint}: unmounted, but daemon {pid} is still running")
+    return 0
+
+
+# --- format ------------------------------------------------------------------------------------
+def cmd_format(args: argparse.Namespace) -> int:
+    from kvfs.catalog.sqlite import SqliteCatalog
+    from kvfs.daemon import _lock_state_dir
+    from kvfs.pool import Pool
+    if os.geteuid() != 0:
+        return _fail("kvfs format must run as root")
+    cfg = config_mod.load(args.config)
+    sd = cfg.state_dir
+    if cfg.catalog_path.exists() and not args.force:
+        return _fail(f"state_dir {sd} already holds a catalog; refusing to start a new pool "
+                     f"over it (use --force to discard it)")
+    sd.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for nc in cfg.pool.namespaces:
+        if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
+            nc.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = _lock_state_dir(sd)
+    try:
+        pool_id = Pool.format(cfg.pool, force=args.force)
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.unlink(str(cfg.catalog_path) + suffix)
+            except FileNotFoundError:
+                pass
+        cat = SqliteCatalog.open(cfg.catalog_path)
+        cat.set_pool_id(pool_id)
+        cat.close()
+    finally:
+        os.close(lock)
+    print(f"formatted pool {pool_id}: {len(cfg.pool.namespaces)} namespace(s), stripe unit "
+          f"{cfg.pool.stripe_unit}; catalog {cfg.catalog_path}")
+    return 0
+
+
+# --- entry point -------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvfs", description="KV-cache blocks as files.")
+    p.add_argument("--version", action="version", version=f"kvfs {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("mount", help="mount kvfs (in the background unless --foreground)")
+    m.add_argument("mountpoint")
+    m.add_argument("--config", "-c", help="TOML config file (default: the embedded default)")
+    m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground, log to stderr")
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    m.set_defaults(func=cmd_mount)
+
+    u = sub.add_parser("umount", help="unmount kvfs and wait for its daemon to exit")
+    u.add_argument("mountpoint")
+    u.add_argument("--lazy", "-l", action="store_true", help="detach now even if files are open")
+    u.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the daemon")
+    u.set_defaults(func=cmd_umount)
+
+    f = sub.add_parser("format", help="initialise a pool on the configured namespaces")
+    f.add_argument("--config", "-c", help="TOML config file (default: the embedded default)")
+    f.add_argument("--force", action="store_true",
+                   help="overwrite existing kvfs pools, other signatures and the catalog")
+    f.set_defaults(func=cmd_format)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KvfsError as e:
+        return _fail(str(e))
+    except KeyboardInterrupt:
+        return 130

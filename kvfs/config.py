@@ -1,0 +1,292 @@
+"""The kvfs configuration: TOML, typed and validated, with an embedded default.
+
+Every key is listed in `mount/kvfs.example.toml`. Loading either returns a complete `Config` or
+raises `ConfigError` with one line naming the key and the problem; nothing is created or
+changed while loading. Relative paths are resolved against the directory of the config file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kvfs.errors import ConfigError
+from kvfs.units import parse_size
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+DEFAULT_DRAM_CAPACITY = 1 * GiB
+DEFAULT_POOL_FILE_SIZE = 4 * GiB
+DEFAULT_STRIPE_UNIT = 1 * MiB
+DEFAULT_QUEUE_DEPTH = 8
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/kvfs")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "kvfs"
+
+
+def mem_available() -> int:
+    """Bytes the kernel says are available for new allocations (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class NamespaceConfig:
+    path: Path
+    size: int | None = None          # files only: created and preallocated at this size
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
+    weight: float = 1.0              # share of each block placed here (relative to the others)
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    namespaces: tuple[NamespaceConfig, ...]
+    evict: str = "lru"               # "lru": a full pool drops least recently used blocks; "never": ENOSPC
+    stripe_unit: int = DEFAULT_STRIPE_UNIT
+    io: str = "threads"              # "threads" or "uring"
+    max_block_size: int | None = None  # default: the pool's capacity
+
+
+@dataclass(frozen=True)
+class DramConfig:
+    capacity: int = DEFAULT_DRAM_CAPACITY
+    policy: str = "lru"
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    allow_other: bool = False
+    attr_timeout: float = 1.0
+    max_tasks: int = 512             # concurrent FUSE requests in flight
+
+
+@dataclass(frozen=True)
+class Config:
+    state_dir: Path
+    pool: PoolConfig
+    dram: DramConfig = field(default_factory=DramConfig)
+    mount: MountConfig = field(default_factory=MountConfig)
+    log_level: str = "info"
+    source: Path | None = None       # the file this came from; None for the embedded default
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.state_dir / "catalog.sqlite"
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation helpers: each takes (value, key) and returns the typed value or raises ConfigError.
+
+def _size(value: Any, key: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise ConfigError(f"config: {key}: {e}") from None
+
+
+def _positive_size(value: Any, key: str) -> int:
+    n = _size(value, key)
+    if n <= 0:
+        raise ConfigError(f"config: {key}: must be greater than zero")
+    return n
+
+
+def _str(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"config: {key}: expected a string, got {value!r}")
+    return value
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"config: {key}: expected true or false, got {value!r}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[Any, str], str]:
+    def check(value: Any, key: str) -> str:
+        if value not in choices:
+            want = " or ".join(repr(c) for c in choices)
+            raise ConfigError(f"config: {key}: expected {want}, got {value!r}")
+        return value
+    return check
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any, str], int]:
+    def check(value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ConfigError(f"config: {key}: expected an integer from {lo} to {hi}, got {value!r}")
+        return value
+    return check
+
+
+def _number_range(lo: float, hi: float) -> Callable[[Any, str], float]:
+    def check(value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            raise ConfigError(f"config: {key}: expected a number from {lo} to {hi}, got {value!r}")
+        return float(value)
+    return check
+
+
+class _Table:
+    """A TOML table being read: take() known keys, then done() rejects the rest."""
+
+    def __init__(self, data: Any, where: str):
+        if not isinstance(data, dict):
+            raise ConfigError(f"config: {where}: expected a table, got {data!r}")
+        self.data = dict(data)
+        self.where = where
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def take(self, name: str, check: Callable[[Any, str], Any], default: Any = None) -> Any:
+        if name not in self.data:
+            return default
+        return check(self.data.pop(name), self.key(name))
+
+    def table(self, name: str) -> "_Table":
+        return _Table(self.data.pop(name, {}), self.key(name))
+
+    def done(self) -> None:
+        if self.data:
+            name = sorted(self.data)[0]
+            raise ConfigError(f"config: unknown key {self.key(name)}")
+
+
+def _stripe_unit(value: Any, key: str) -> int:
+    n = _size(value, key)
+    if n < 4 * KiB or n > 64 * MiB or n & (n - 1):
+        raise ConfigError(f"config: {key}: must be a power of two from 4KiB to 64MiB, got {value!r}")
+    return n
+
+
+def _path(base: Path) -> Callable[[Any, str], Path]:
+    def check(value: Any, key: str) -> Path:
+        s = _str(value, key)
+        if not s:
+            raise ConfigError(f"config: {key}: must not be empty")
+        p = Path(os.path.expanduser(s))
+        return p if p.is_absolute() else (base / p).resolve()
+    return check
+
+
+def _namespaces(value: Any, key: str, base: Path) -> tuple[NamespaceConfig, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"config: {key}: expected one or more [[pool.namespace]] tables")
+    out = []
+    for i, item in enumerate(value):
+        t = _Table(item, f"{key}[{i}]")
+        path = t.take("path", _path(base))
+        if path is None:
+            raise ConfigError(f"config: {key}[{i}].path: missing")
+        size = t.take("size", _positive_size)
+        if size is not None and size % (4 * KiB):
+            raise ConfigError(f"config: {key}[{i}].size: must be a multiple of 4KiB")
+        ns = NamespaceConfig(
+            path=path,
+            size=size,
+            queue_depth=t.take("queue_depth", _int_range(1, 256), DEFAULT_QUEUE_DEPTH),
+            weight=t.take("weight", _number_range(0.01, 100.0), 1.0),
+        )
+        t.done()
+        out.append(ns)
+    paths = [str(n.path) for n in out]
+    for p in paths:
+        if paths.count(p) > 1:
+            raise ConfigError(f"config: {key}: namespace {p} is listed twice")
+    return tuple(out)
+
+
+def default_pool_file_size(state_dir: Path) -> int:
+    """4 GiB, or half the free space where the state directory will live, whichever is less."""
+    probe = state_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return DEFAULT_POOL_FILE_SIZE
+    return max(64 * MiB, min(DEFAULT_POOL_FILE_SIZE, (free // 2) // MiB * MiB))
+
+
+def default_dram_capacity() -> int:
+    """1 GiB, or half of the memory available now, whichever is less."""
+    return max(64 * MiB, min(DEFAULT_DRAM_CAPACITY, (mem_available() // 2) // MiB * MiB))
+
+
+def from_dict(data: dict, base: Path | None = None, source: Path | None = None) -> Config:
+    """Build a validated Config from parsed TOML (missing keys take the embedded defaults)."""
+    base = base or Path.cwd()
+    top = _Table(data, "")
+    state_dir = top.take("state_dir", _path(base)) or default_state_dir()
+    log_level = top.take("log_level", _choice("debug", "info", "warning", "error"), "info")
+
+    dram_t = top.table("dram")
+    capacity = dram_t.take("capacity", _positive_size)
+    dram = DramConfig(
+        capacity=capacity if capacity is not None else default_dram_capacity(),
+        policy=dram_t.take("policy", _choice("lru"), "lru"),
+    )
+    dram_t.done()
+
+    mount_t = top.table("mount")
+    mount = MountConfig(
+        allow_other=mount_t.take("allow_other", _bool, False),
+        attr_timeout=mount_t.take("attr_timeout", _number_range(0.0, 3600.0), 1.0),
+        max_tasks=mount_t.take("max_tasks", _int_range(4, 4096), 512),
+    )
+    mount_t.done()
+
+    pool_t = top.table("pool")
+    ns_key = pool_t.key("namespace")
+    raw_ns = pool_t.data.pop("namespace", None)
+    if raw_ns is None:
+        namespaces = (NamespaceConfig(path=state_dir / "pool" / "ns0.img",
+                                      size=default_pool_file_size(state_dir)),)
+    else:
+        namespaces = _namespaces(raw_ns, ns_key, base)
+    max_block = pool_t.take("max_block_size", _positive_size)
+    pool = PoolConfig(
+        namespaces=namespaces,
+        evict=pool_t.take("evict", _choice("lru", "never"), "lru"),
+        stripe_unit=pool_t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
+        io=pool_t.take("io", _choice("threads", "uring"), "threads"),
+        max_block_size=max_block,
+    )
+    pool_t.done()
+    top.done()
+    return Config(state_dir=state_dir, pool=pool, dram=dram, mount=mount,
+                  log_level=log_level, source=source)
+
+
+def load(path: str | os.PathLike | None) -> Config:
+    """Load and validate a config file, or return the embedded default when *path* is None."""
+    if path is None:
+        return from_dict({})
+    p = Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config: cannot read {p}: {e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config: {p}: not valid TOML: {e}") from None
+    return from_dict(data, base=p.resolve().parent, source=p.resolve())

@@ -1,0 +1,285 @@
+"""One namespace: a block device or a preallocated file, read and written with O_DIRECT.
+
+All blocking calls (preadv, pwritev, fsync) run in worker threads through `trio.to_thread`,
+bounded by a per-namespace `CapacityLimiter` whose size is the namespace's queue depth; the
+trio thread never blocks on the device. A failing device (EIO, a device that went away, a short
+transfer) fails only the I/O that touched it, with EIO; the namespace is reported as failed in
+its statistics until an I/O succeeds again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import stat
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import trio
+import xxhash
+
+from kvfs.errors import KvfsError, StartupError
+from kvfs.layout import PAGE
+from kvfs.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode
+
+log = logging.getLogger("kvfs.device")
+
+BLKGETSIZE64 = 0x80081272
+
+
+@dataclass
+class NamespaceStats:
+    reads: int = 0
+    writes: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    errors: int = 0
+    read_seconds: float = 0.0     # summed per-I/O service time (for throughput estimates)
+    write_seconds: float = 0.0
+    state: str = "ok"             # "ok" or "failed"
+    last_error: str = ""
+    inflight: int = 0
+
+
+def probe(path: Path) -> tuple[bool, bool, int]:
+    """(exists, is_block_device, size in bytes) of a namespace path, without opening it for I/O."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False, False, 0
+    if stat.S_ISBLK(st.st_mode):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
+            return True, True, struct.unpack("<Q", buf)[0]
+        finally:
+            os.close(fd)
+    if stat.S_ISREG(st.st_mode):
+        return True, False, st.st_size
+    raise StartupError(f"namespace {path}: not a block device or regular file")
+
+
+def _transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -> None:
+    """Move all of `views` at `offset`, looping over short transfers; raise OSError at EOF."""
+    total = sum(len(v) for v in views)
+    done = 0
+    views = list(views)
+    while done < total:
+        n = op(fd, views, offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
+        done += n
+        # drop what was transferred from the front of the view list
+        while n and views:
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+
+
+class Namespace:
+    """An open namespace. Create with `Namespace.open`; I/O methods must run inside trio."""
+
+    def __init__(self, index: int, path: Path, fd: int, size: int, is_block: bool, direct: bool,
+                 queue_depth: int, weight: float):
+        self.index = index
+        self.path = path
+        self.fd = fd
+        self.size = size
+        self.is_block = is_block
+        self.direct = direct
+        self.queue_depth = queue_depth
+        self.weight = weight
+        self.stats = NamespaceStats()
+        self._limiter: trio.CapacityLimiter | None = None
+
+    def __repr__(self) -> str:
+        return f"<Namespace {self.index} {self.path}>"
+
+    @classmethod
+    def open(cls, index: int, path: Path, *, queue_depth: int = 8, weight: float = 1.0,
+             create_size: int | None = None) -> "Namespace":
+        """Open (and with `create_size`, first create and preallocate) a namespace.
+
+        Raises StartupError with a one-line message on any problem.
+        """
+        exists, is_block, size = probe(path)
+        if not exists:
+            if create_size is None:
+                raise StartupError(f"namespace {path}: does not exist", errno.ENOENT)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, create_size)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                raise StartupError(f"namespace {path}: cannot create a {create_size}-byte file: "
+                                   f"{e.strerror}", e.errno) from None
+            size = create_size
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+        direct = True
+        try:
+            fd = os.open(path, flags | os.O_DIRECT)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise StartupError(f"namespace {path}: cannot open: {e.strerror}", e.errno) from None
+            # The filesystem under a file namespace does not do O_DIRECT (tmpfs on old kernels):
+            # fall back to buffered I/O; fsync at commit still makes writes durable.
+            fd = os.open(path, flags)
+            direct = False
+            log.warning("namespace %s: O_DIRECT is not supported here; using buffered I/O", path)
+        size -= size % PAGE
+        return cls(index, path, fd, size, is_block, direct, queue_depth, weight)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # --- superblock (synchronous: used at start-up and by `kvfs format`) -----------------------
+    def read_head(self) -> bytes:
+        import mmap
+        n = (PROBE_BYTES + PAGE - 1) // PAGE * PAGE
+        buf = mmap.mmap(-1, n)
+        try:
+            got = os.preadv(self.fd, [buf], 0)
+        except OSError as e:
+            raise StartupError(f"namespace {self.path}: cannot read: {e.strerror}", e.errno) from None
+        return bytes(buf[:got])
+
+    def read_superblock(self) -> Superblock | None:
+        try:
+            return decode(self.read_head()[:SB_SIZE])
+        except SuperblockError as e:
+            raise StartupError(f"namespace {self.path}: {e}") from None
+
+    def write_superblock(self, sb: Superblock) -> None:
+        import mmap
+        buf = mmap.mmap(-1, SB_SIZE)
+        buf[:] = sb.encode()
+        try:
+            _transfer(os.pwritev, self.fd, [memoryview(buf)], 0)
+            os.fsync(self.fd)
+        except OSError as e:
+            raise StartupError(f"namespace {self.path}: cannot write the superblock: {e.strerror}",
+                               e.errno) from None
+
+    # --- data I/O (async) --------------------------------------------------------------------
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self.queue_depth)
+        return self._limiter
+
+    def _failed(self, what: str, e: OSError) -> KvfsError:
+        self.stats.errors += 1
+        msg = f"namespace {self.index} ({self.path}): {what}: {e.strerror or e}"
+        if self.stats.state != "failed":
+            log.error("%s; marking the namespace failed", msg)
+        self.stats.state = "failed"
+        self.stats.last_error = msg
+        return KvfsError(errno.EIO, msg)
+
+    def _ok(self) -> None:
+        if self.stats.state != "ok":
+            log.warning("namespace %d (%s): I/O succeeds again; marking it ok", self.index, self.path)
+            self.stats.state = "ok"
+
+    async def read(self, views: Sequence[memoryview], offset: int,
+                   check: tuple[int, int] | None = None) -> None:
+        """Fill `views` from `offset`. With `check=(length, digest)`, verify the xxh3-64 of the
+        first `length` bytes in the worker thread and raise EIO on a mismatch."""
+        nbytes = sum(len(v) for v in views)
+
+        def work() -> float:
+            t = time.perf_counter()
+            _transfer(os.preadv, self.fd, views, offset)
+            if check is not None:
+                length, digest = check
+                h = xxhash.xxh3_64()
+                left = length
+                for v in views:
+                    if left <= 0:
+                        break
+                    h.update(v[:left])
+                    left -= len(v)
+                if h.intdigest() != digest:
+                    raise _ChecksumMismatch()
+            return time.perf_counter() - t
+
+        self.stats.inflight += 1
+        try:
+            took = await trio.to_thread.run_sync(work, limiter=self.limiter)
+        except _ChecksumMismatch:
+            self.stats.errors += 1
+            msg = (f"namespace {self.index} ({self.path}): checksum mismatch in {nbytes} bytes "
+                   f"at offset {offset}")
+            log.error(msg)
+            raise KvfsError(errno.EIO, msg) from None
+        except OSError as e:
+            raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
+        finally:
+            self.stats.inflight -= 1
+        self.stats.reads += 1
+        self.stats.bytes_read += nbytes
+        self.stats.read_seconds += took
+        self._ok()
+
+    async def write(self, views: Sequence[memoryview], offset: int, digest_len: int = -1) -> int:
+        """Write `views` at `offset`; return the xxh3-64 of the first `digest_len` bytes (computed
+        in the worker thread), or 0 when digest_len is negative."""
+        nbytes = sum(len(v) for v in views)
+        if offset < 0 or offset + nbytes > self.size:
+            raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
+
+        def work() -> tuple[int, float]:
+            digest = 0
+            if digest_len >= 0:
+                h = xxhash.xxh3_64()
+                left = digest_len
+                for v in views:
+                    if left <= 0:
+                        break
+                    h.update(v[:left])
+                    left -= len(v)
+                digest = h.intdigest()
+            t = time.perf_counter()
+            _transfer(os.pwritev, self.fd, views, offset)
+            return digest, time.perf_counter() - t
+
+        self.stats.inflight += 1
+        try:
+            digest, took = await trio.to_thread.run_sync(work, limiter=self.limiter)
+        except OSError as e:
+            raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
+        finally:
+            self.stats.inflight -= 1
+        self.stats.writes += 1
+        self.stats.bytes_written += nbytes
+        self.stats.write_seconds += took
+        self._ok()
+        return digest
+
+    async def sync(self) -> None:
+        """Make completed writes durable (fdatasync: for a file, for a block device's cache)."""
+        try:
+            await trio.to_thread.run_sync(os.fdatasync, self.fd, limiter=self.limiter)
+        except OSError as e:
+            raise self._failed("fdatasync", e) from None
+
+
+class _ChecksumMismatch(Exception):
+    pass

@@ -1,0 +1,283 @@
+"""FUSE operations: translate pyfuse3 requests into calls on the layers below, and nothing more.
+
+Errors are translated once, here: a `KvfsError` becomes `FUSEError(errno)`; anything else is a
+bug, logged with its traceback, and answered with EIO (pyfuse3 would otherwise stop the whole
+main loop).
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import functools
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import pyfuse3
+
+from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.errors import KvfsError
+from kvfs.files import Attr
+
+if TYPE_CHECKING:
+    from kvfs.service import Service
+
+log = logging.getLogger("kvfs.fuse")
+
+CONTROL_NAME = b".kvfs-control"
+PREFERRED_IO = 1 << 20      # st_blksize: buffered writers then send 1 MiB writes
+
+
+def translate(fn):
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except KvfsError as e:
+            log.debug("%s: %s", name, e)
+            raise pyfuse3.FUSEError(e.errno) from None
+        except OSError as e:
+            log.debug("%s: %s", name, e)
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", name)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper
+
+
+class FuseOps(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(self, service: "Service", attr_timeout: float = 1.0):
+        super().__init__()
+        self.service = service
+        self.files = service.files
+        self.control = service.control
+        self.timeout = attr_timeout
+        self._dirs: dict[int, tuple[int, list[int], list]] = {}
+        self._next_dir = 1
+        self.files.on_evict = self._evicted
+
+    # --- helpers -------------------------------------------------------------------------------
+    def entry(self, a: Attr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = a.ino
+        e.generation = 0
+        e.entry_timeout = self.timeout
+        e.attr_timeout = self.timeout
+        e.st_mode = a.mode
+        e.st_nlink = a.nlink
+        e.st_uid = a.uid
+        e.st_gid = a.gid
+        e.st_rdev = 0
+        e.st_size = a.size
+        e.st_blksize = PREFERRED_IO
+        e.st_blocks = a.blocks
+        e.st_atime_ns = a.atime_ns
+        e.st_mtime_ns = a.mtime_ns
+        e.st_ctime_ns = a.ctime_ns
+        return e
+
+    def _evicted(self, parent: int, name: bytes, ino: int) -> None:
+        try:
+            pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+        except Exception:   # noqa: BLE001 - the kernel may not know the entry; nothing to undo
+            log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
+
+    # --- names ---------------------------------------------------------------------------------
+    @translate
+    async def lookup(self, parent_inode, name, ctx=None):
+        if parent_inode == ROOT_INO and name == CONTROL_NAME:
+            return self.entry(self.control.attr())
+        return self.entry(self.files.lookup(parent_inode, name))
+
+    async def forget(self, inode_list):
+        for ino, n in inode_list:
+            if ino != CONTROL_INO:
+                self.files.forget(ino, n)
+
+    @translate
+    async def getattr(self, inode, ctx=None):
+        if inode == CONTROL_INO:
+            return self.entry(self.control.attr())
+        return self.entry(self.files.getattr(inode))
+
+    @translate
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        if inode == CONTROL_INO:
+            raise KvfsError(errno.EPERM, "the control file cannot be changed")
+        a = await self.files.setattr(
+            inode, fh,
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            size=attr.st_size if fields.update_size else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None)
+        return self.entry(a)
+
+    @translate
+    async def readlink(self, inode, ctx):
+        return self.files.readlink(inode)
+
+    @translate
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        import stat
+        if not stat.S_ISREG(mode):
+            raise KvfsError(errno.EPERM, "kvfs holds regular files, directories and symlinks only")
+        res, attr = await self.files.create(parent_inode, name, mode, os.O_RDONLY, ctx.uid, ctx.gid)
+        await self.files.release(res.fh)
+        return self.entry(attr)
+
+    @translate
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self.entry(await self.files.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid))
+
+    @translate
+    async def symlink(self, parent_inode, name, target, ctx):
+        return self.entry(await self.files.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
+
+    @translate
+    async def unlink(self, parent_inode, name, ctx):
+        self._not_control(parent_inode, name)
+        await self.files.unlink(parent_inode, name)
+
+    @translate
+    async def rmdir(self, parent_inode, name, ctx):
+        self._not_control(parent_inode, name)
+        await self.files.rmdir(parent_inode, name)
+
+    @translate
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self._not_control(parent_inode_old, name_old)
+        self._not_control(parent_inode_new, name_new)
+        await self.files.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    @translate
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        raise KvfsError(errno.EPERM, "kvfs does not support hard links")
+
+    @staticmethod
+    def _not_control(parent: int, name: bytes) -> None:
+        if parent == ROOT_INO and name == CONTROL_NAME:
+            raise KvfsError(errno.EPERM, "the control file cannot be removed or renamed")
+
+    # --- files ---------------------------------------------------------------------------------
+    @translate
+    async def open(self, inode, flags, ctx):
+        if inode == CONTROL_INO:
+            return pyfuse3.FileInfo(fh=self.control.open(), direct_io=True, keep_cache=False)
+        r = await self.files.open(inode, flags)
+        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
+
+    @translate
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        if parent_inode == ROOT_INO and name == CONTROL_NAME:
+            raise KvfsError(errno.EEXIST, "the control file exists")
+        r, attr = await self.files.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        fi = pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
+        return fi, self.entry(attr)
+
+    @translate
+    async def read(self, fh, off, size):
+        if self.control.owns(fh):
+            return self.control.read(fh, off, size)
+        return await self.files.read(fh, off, size)
+
+    @translate
+    async def write(self, fh, off, buf):
+        if self.control.owns(fh):
+            raise KvfsError(errno.EBADF, "the control file takes setxattr calls, not writes")
+        return await self.files.write(fh, off, buf)
+
+    @translate
+    async def flush(self, fh):
+        if not self.control.owns(fh):
+            await self.files.flush(fh)
+
+    @translate
+    async def fsync(self, fh, datasync):
+        if not self.control.owns(fh):
+            await self.files.fsync(fh)
+
+    @translate
+    async def release(self, fh):
+        if self.control.owns(fh):
+            self.control.release(fh)
+        else:
+            await self.files.release(fh)
+
+    # --- directories ---------------------------------------------------------------------------
+    @translate
+    async def opendir(self, inode, ctx):
+        nodes = self.files.entries(inode)
+        fh = self._next_dir
+        self._next_dir += 1
+        self._dirs[fh] = (inode, [n.cookie for n in nodes], nodes)
+        return fh
+
+    @translate
+    async def readdir(self, fh, start_id, token):
+        ino, cookies, nodes = self._dirs[fh]
+        for i in range(bisect.bisect_right(cookies, start_id), len(nodes)):
+            node = nodes[i]
+            if not node.linked or node.parent != ino or node.cookie != cookies[i]:
+                continue    # removed or renamed since opendir
+            attr = self.files.attr(node)
+            if not pyfuse3.readdir_reply(token, node.name, self.entry(attr), cookies[i]):
+                break
+            self.files.counted(node)     # readdirplus: the kernel took a reference
+
+    async def releasedir(self, fh):
+        self._dirs.pop(fh, None)
+
+    async def fsyncdir(self, fh, datasync):
+        return None     # directory changes are durable when their call returns
+
+    @translate
+    async def statfs(self, ctx):
+        s = self.files.statfs()
+        st = pyfuse3.StatvfsData()
+        st.f_bsize = s["bsize"]
+        st.f_frsize = s["frsize"]
+        st.f_blocks = s["blocks"]
+        st.f_bfree = s["bfree"]
+        st.f_bavail = s["bavail"]
+        st.f_files = s["files"]
+        st.f_ffree = s["ffree"]
+        st.f_favail = s["ffree"]
+        st.f_namemax = s["namemax"]
+        return st
+
+    # --- extended attributes -------------------------------------------------------------------
+    @translate
+    async def getxattr(self, inode, name, ctx):
+        value = self.control.getxattr(inode, name, ctx.uid)
+        if value is not None:
+            return value
+        return self.files.getxattr(inode, name)
+
+    @translate
+    async def listxattr(self, inode, ctx):
+        return self.control.listxattr(inode) + self.files.listxattr(inode)
+
+    @translate
+    async def setxattr(self, inode, name, value, ctx):
+        if await self.control.setxattr(inode, name, value, ctx.uid):
+            return
+        await self.files.setxattr(inode, name, value)
+
+    @translate
+    async def removexattr(self, inode, name, ctx):
+        if inode == CONTROL_INO:
+            raise KvfsError(errno.ENODATA, "no such attribute")
+        await self.files.removexattr(inode, name)
+
+    async def access(self, inode, mode, ctx):
+        return True     # mounted with default_permissions: the kernel checks modes

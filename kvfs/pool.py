@@ -1,0 +1,327 @@
+"""The pool: N namespaces, a superblock on each, and blocks striped RAID-0 across them.
+
+`Pool.open` validates the namespaces against each other, against the config and against the
+catalog's pool id, and refuses (StartupError, one line) a namespace from another pool, a missing
+or reordered one, or changed geometry. `Pool.format` writes fresh superblocks.
+
+Free space lives only in memory: `attach()` rebuilds each namespace's `ExtentAllocator` from the
+extents of the blocks the catalog holds. Writes reserve space first (`reserve`), so a writer
+learns of a full pool at write() time, not only at close().
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import logging
+import uuid
+from pathlib import Path
+from typing import Iterable
+
+from kvfs.aio import run_all
+from kvfs.alloc import ExtentAllocator
+from kvfs.buffer import Buffer, chunk_size_for, zero_chunk
+from kvfs.config import PoolConfig
+from kvfs.device import Namespace, probe
+from kvfs.errors import KvfsError, StartupError, no_space
+from kvfs.layout import DATA_START, Layout, align_up, place_units, stored_length, unit_count
+from kvfs.superblock import Superblock, foreign_signature
+
+log = logging.getLogger("kvfs.pool")
+
+
+class Pool:
+    def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int):
+        self.namespaces = namespaces
+        self.pool_id = pool_id
+        self.unit = unit
+        self.chunk = chunk_size_for(unit)
+        self.allocators: list[ExtentAllocator] = [
+            ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
+        self.reserved = 0
+        self.created = False          # formatted by this open (a brand-new pool)
+        self._rotation = 0
+        self._zero = zero_chunk(self.chunk)
+
+    # --- opening and formatting --------------------------------------------------------------
+    @staticmethod
+    def _check_paths(cfg: PoolConfig) -> list[tuple[bool, bool, int]]:
+        found = []
+        for nc in cfg.namespaces:
+            exists, is_block, size = probe(nc.path)
+            if not exists:
+                if nc.size is None:
+                    raise StartupError(f"namespace {nc.path}: does not exist (give a size to "
+                                       f"have kvfs create it as a file)", errno.ENOENT)
+                parent = nc.path.parent
+                if not parent.is_dir():
+                    raise StartupError(f"namespace {nc.path}: directory {parent} does not exist",
+                                       errno.ENOENT)
+            elif nc.size is not None and not is_block and size != nc.size:
+                raise StartupError(f"namespace {nc.path}: the file has {size} bytes but the "
+                                   f"config says size = {nc.size} (changed geometry)")
+            if exists and is_block and nc.size is not None:
+                raise StartupError(f"namespace {nc.path}: is a block device; size applies to "
+                                   f"files only")
+            found.append((exists, is_block, size))
+        return found
+
+    @classmethod
+    def open(cls, cfg: PoolConfig, *, expect_pool_id: str | None,
+             create_new: bool) -> "Pool":
+        """Open and validate the namespaces of `cfg`.
+
+        `expect_pool_id` is the pool id the catalog remembers (None for a new catalog).
+        `create_new`: if none of the namespaces exists yet and all are files with a size, create
+        and format them as a new pool. Block devices are never formatted implicitly.
+        """
+        found = cls._check_paths(cfg)
+        missing = [nc.path for nc, f in zip(cfg.namespaces, found) if not f[0]]
+        fresh = len(missing) == len(found)
+        if missing and not fresh:
+            raise StartupError(f"namespace {missing[0]}: does not exist, but other namespaces of "
+                               f"the pool do (missing namespace?)", errno.ENOENT)
+        if fresh and (not create_new or expect_pool_id is not None):
+            if expect_pool_id is not None:
+                raise StartupError(f"namespace {missing[0]}: does not exist, but the catalog "
+                                   f"belongs to pool {expect_pool_id}", errno.ENOENT)
+            raise StartupError(f"namespace {missing[0]}: does not exist", errno.ENOENT)
+        namespaces: list[Namespace] = []
+        try:
+            for i, nc in enumerate(cfg.namespaces):
+                ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
+                                    create_size=nc.size if fresh else None)
+                if ns.size <= DATA_START:
+                    raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small "
+                                       f"(kvfs needs more than {DATA_START})")
+                namespaces.append(ns)
+            if fresh:
+                pool_id = cls._write_superblocks(namespaces, cfg.stripe_unit)
+                log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
+                pool = cls(namespaces, pool_id, cfg.stripe_unit)
+                pool.created = True
+                return pool
+            pool_id = cls._validate(namespaces, cfg, expect_pool_id)
+            return cls(namespaces, pool_id, cfg.stripe_unit)
+        except BaseException:
+            for ns in namespaces:
+                ns.close()
+            if fresh:
+                for nc in cfg.namespaces:
+                    try:
+                        nc.path.unlink()
+                    except OSError:
+                        pass
+            raise
+
+    @staticmethod
+    def _validate(namespaces: list[Namespace], cfg: PoolConfig, expect: str | None) -> str:
+        sbs = [ns.read_superblock() for ns in namespaces]
+        formatted = [sb for sb in sbs if sb is not None]
+        if not formatted:
+            raise StartupError(f"namespace {namespaces[0].path}: not a kvfs namespace "
+                               f"(run `kvfs format` to create a pool)")
+        pool_id = expect or formatted[0].pool_id
+        for ns, sb in zip(namespaces, sbs):
+            if sb is None:
+                raise StartupError(f"namespace {ns.path}: not a kvfs namespace, but the others "
+                                   f"belong to pool {pool_id}")
+            if sb.pool_id != pool_id:
+                whose = "the catalog" if expect else f"namespace {namespaces[0].path}"
+                raise StartupError(f"namespace {ns.path}: belongs to pool {sb.pool_id}, but "
+                                   f"{whose} to pool {pool_id}")
+        for ns, sb in zip(namespaces, sbs):
+            if sb.ns_count != len(namespaces):
+                raise StartupError(f"pool {pool_id} has {sb.ns_count} namespaces, but the config "
+                                   f"lists {len(namespaces)} (missing or extra namespace?)")
+            if sb.ns_index != ns.index:
+                raise StartupError(f"namespace {ns.path}: is number {sb.ns_index} of pool "
+                                   f"{pool_id} but is listed as number {ns.index} (reordered?)")
+            if sb.stripe_unit != cfg.stripe_unit:
+                raise StartupError(f"pool {pool_id} was formatted with stripe_unit "
+                                   f"{sb.stripe_unit}, but the config says {cfg.stripe_unit} "
+                                   f"(changed geometry)")
+            if sb.size != ns.size:
+                raise StartupError(f"namespace {ns.path}: was formatted with {sb.size} bytes but "
+                                   f"now has {ns.size} (changed geometry)")
+        return pool_id
+
+    @staticmethod
+    def _write_superblocks(namespaces: list[Namespace], unit: int) -> str:
+        pool_id = uuid.uuid4().hex
+        created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        for ns in namespaces:
+            ns.write_superblock(Superblock(pool_id=pool_id, ns_index=ns.index,
+                                           ns_count=len(namespaces), stripe_unit=unit,
+                                           size=ns.size, created=created))
+        return pool_id
+
+    @classmethod
+    def format(cls, cfg: PoolConfig, *, force: bool) -> str:
+        """Write new superblocks on every namespace (creating files that have a size).
+
+        Refuses a namespace that holds a kvfs pool or another signature unless `force`.
+        Returns the new pool id.
+        """
+        found = cls._check_paths(cfg)
+        opened: list[Namespace] = []
+        created: list[Path] = []
+        try:
+            for i, (nc, (exists, _, _)) in enumerate(zip(cfg.namespaces, found)):
+                ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
+                                    create_size=None if exists else nc.size)
+                opened.append(ns)
+                if not exists:
+                    created.append(nc.path)
+                if ns.size <= DATA_START:
+                    raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small")
+                if exists and not force:
+                    what = foreign_signature(ns.read_head(), str(nc.path))
+                    if what:
+                        raise StartupError(f"namespace {nc.path}: holds {what}; refusing to "
+                                           f"overwrite it (use --force)", errno.EEXIST)
+            return cls._write_superblocks(opened, cfg.stripe_unit)
+        except BaseException:
+            for p in created:
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+            raise
+        finally:
+            for ns in opened:
+                ns.close()
+
+    def close(self) -> None:
+        for ns in self.namespaces:
+            ns.close()
+
+    # --- space -------------------------------------------------------------------------------
+    def attach(self, layouts: Iterable[Layout]) -> None:
+        """Rebuild free space from the layouts of every block the catalog holds."""
+        used: list[list[tuple[int, int]]] = [[] for _ in self.namespaces]
+        for layout in layouts:
+            if layout.unit != self.unit:
+                raise StartupError(f"catalog holds a block with stripe unit {layout.unit}, "
+                                   f"the pool uses {self.unit}")
+            for e in layout.unit_extents():
+                if e.ns >= len(self.namespaces):
+                    raise StartupError(f"catalog refers to namespace {e.ns}, the pool has "
+                                       f"{len(self.namespaces)}")
+                used[e.ns].append((e.offset, e.length))
+        try:
+            self.allocators = [ExtentAllocator.from_used(DATA_START, ns.size, u)
+                               for ns, u in zip(self.namespaces, used)]
+        except ValueError as e:
+            raise StartupError(f"catalog is inconsistent with the pool: {e}") from None
+
+    @property
+    def capacity(self) -> int:
+        return sum(a.capacity for a in self.allocators)
+
+    @property
+    def free(self) -> int:
+        return sum(a.free_bytes for a in self.allocators)
+
+    def reserve(self, nbytes: int) -> bool:
+        """Set aside space for a block being written; False if the pool cannot hold it now."""
+        if nbytes <= 0:
+            return True
+        if self.free - self.reserved < nbytes:
+            return False
+        self.reserved += nbytes
+        return True
+
+    def unreserve(self, nbytes: int) -> None:
+        self.reserved = max(0, self.reserved - nbytes)
+
+    def stored_size(self, size: int) -> int:
+        """Bytes a block of `size` takes in the pool."""
+        return align_up(size)
+
+    def allocate(self, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Choose a namespace and offset for every unit of a `size`-byte block.
+
+        Raises ENOSPC (KvfsError) if the units do not fit; nothing is allocated then.
+        """
+        n = unit_count(size, self.unit)
+        lengths = [stored_length(size, self.unit, k) for k in range(n)]
+        healthy = [ns.stats.state == "ok" for ns in self.namespaces]
+        if not any(healthy):
+            healthy = [True] * len(self.namespaces)
+        weights = [ns.weight if ok else 0.0 for ns, ok in zip(self.namespaces, healthy)]
+        room = [a.free_bytes for a in self.allocators]
+        try:
+            assign = place_units(n, weights, self._rotation % len(self.namespaces), room, lengths)
+        except ValueError:
+            raise no_space(f"pool is full: no room for a block of {size} bytes") from None
+        self._rotation += 1
+        offsets = [0] * n
+        taken: list[tuple[int, int, int]] = []
+        try:
+            for j in set(assign):
+                ks = [k for k in range(n) if assign[k] == j]
+                total = sum(lengths[k] for k in ks)
+                off = self.allocators[j].alloc(total)
+                if off is not None:
+                    taken.append((j, off, total))
+                    for k in ks:
+                        offsets[k] = off
+                        off += lengths[k]
+                    continue
+                for k in ks:   # fragmented: one extent per unit
+                    off = self.allocators[j].alloc(lengths[k])
+                    if off is None:
+                        raise no_space(f"pool is full: namespace {j} has no room for a "
+                                       f"{lengths[k]}-byte stripe unit")
+                    taken.append((j, off, lengths[k]))
+                    offsets[k] = off
+        except KvfsError:
+            for j, off, length in taken:
+                self.allocators[j].free(off, length)
+            raise
+        return tuple(assign), tuple(offsets)
+
+    def release(self, layout: Layout) -> None:
+        """Return a block's space (no reader may use its extents any more)."""
+        for e in layout.unit_extents():
+            self.allocators[e.ns].free(e.offset, e.length)
+
+    # --- I/O -----------------------------------------------------------------------------------
+    async def write_block(self, buf: Buffer, size: int) -> Layout:
+        """Allocate, write every unit in parallel, make them durable; return the layout.
+
+        On failure the space is released and the error (ENOSPC or EIO) raised.
+        """
+        ns_of, offsets = self.allocate(size)
+        n = len(ns_of)
+        sums = [0] * n
+
+        def unit_writer(k: int):
+            async def write() -> None:
+                start = k * self.unit
+                length = min(self.unit, size - start)
+                views = buf.io_views(start, stored_length(size, self.unit, k), self._zero)
+                sums[k] = await self.namespaces[ns_of[k]].write(views, offsets[k], length)
+            return write
+
+        layout_if_ok = Layout(size, self.unit, ns_of, offsets, (0,) * n)
+        try:
+            await run_all(unit_writer(k) for k in range(n))
+            await run_all(self.namespaces[j].sync for j in sorted(set(ns_of)))
+        except BaseException:
+            self.release(layout_if_ok)
+            raise
+        return Layout(size, self.unit, ns_of, offsets, tuple(sums))
+
+    async def read_unit(self, layout: Layout, k: int, buf: Buffer) -> None:
+        """Read unit k of a block into its place in `buf` and verify its checksum (EIO if bad)."""
+        start, length = layout.unit_span(k)
+        stored = layout.stored(k)
+        views = buf.io_views(start, stored)
+        await self.namespaces[layout.ns[k]].read(views, layout.offsets[k],
+                                                 check=(length, layout.sums[k]))
+        if stored > length:   # keep the bytes past the content zero, whatever the padding held
+            pad = stored - length
+            last = views[-1]
+            last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]

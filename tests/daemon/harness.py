@@ -1,0 +1,103 @@
+"""Drive the daemon's objects (files, catalog, store, pool) without the kernel."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import trio
+
+from kvfs import config
+from kvfs.catalog.base import ROOT_INO
+from kvfs.daemon import open_layers
+from kvfs.errors import KvfsError
+from kvfs.service import Service
+
+
+class FS:
+    """Path-based helpers over `Files`, the way the FUSE layer would call it."""
+
+    def __init__(self, svc: Service):
+        self.svc = svc
+        self.files = svc.files
+
+    def resolve(self, path: str) -> tuple[int, bytes]:
+        parts = [p.encode() for p in path.strip("/").split("/")]
+        ino = ROOT_INO
+        for p in parts[:-1]:
+            ino = self.files.catalog.lookup(ino, p).ino
+        return ino, parts[-1]
+
+    def ino(self, path: str) -> int:
+        parent, name = self.resolve(path)
+        return self.files.catalog.lookup(parent, name).ino
+
+    async def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        parent, name = self.resolve(path)
+        try:
+            node = self.files.catalog.lookup(parent, name)
+        except KvfsError:
+            if not flags & os.O_CREAT:
+                raise
+            r, _ = await self.files.create(parent, name, mode, flags, 0, 0)
+            return r.fh
+        return (await self.files.open(node.ino, flags)).fh
+
+    async def close(self, fh: int) -> None:
+        try:
+            await self.files.flush(fh)
+        finally:
+            await self.files.release(fh)
+
+    async def write(self, path: str, data: bytes, flags: int = os.O_CREAT | os.O_TRUNC | os.O_WRONLY,
+                    chunk: int = 1 << 20) -> None:
+        fh = await self.open(path, flags)
+        try:
+            for off in range(0, len(data), chunk):
+                await self.files.write(fh, off, data[off:off + chunk])
+        finally:
+            await self.close(fh)
+
+    async def read_fh(self, fh: int, size: int, chunk: int = 1 << 20) -> bytes:
+        out = bytearray()
+        off = 0
+        while off < size:
+            b = await self.files.read(fh, off, chunk)
+            if not b:
+                break
+            out += b
+            off += len(b)
+        return bytes(out)
+
+    async def read(self, path: str) -> bytes:
+        fh = await self.open(path, os.O_RDONLY)
+        try:
+            size = self.files.getattr(self.ino(path)).size
+            return await self.read_fh(fh, size)
+        finally:
+            await self.close(fh)
+
+    async def mkdir(self, path: str) -> None:
+        parent, name = self.resolve(path)
+        await self.files.mkdir(parent, name, 0o755, 0, 0)
+
+
+def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]]) -> None:
+    """Open the layers for `cfg_path`, serve them in trio, run fn(fs), shut down."""
+    cfg = config.load(cfg_path)
+
+    async def main() -> None:
+        catalog, pool, lock = open_layers(cfg)
+        try:
+            svc = Service(cfg, catalog, pool)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(svc.serve)
+                await fn(FS(svc))
+                nursery.cancel_scope.cancel()
+        finally:
+            pool.close()
+            catalog.close()
+            os.close(lock)
+
+    trio.run(main)

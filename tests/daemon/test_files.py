@@ -1,0 +1,202 @@
+"""The files layer with a real pool on files and a real SQLite catalog, without the kernel."""
+
+import errno
+import os
+
+import pytest
+import trio
+import trio.testing
+
+from kvfs.errors import KvfsError
+from tests.daemon.harness import run_service
+
+MiB = 1 << 20
+
+
+def test_write_close_read_and_restart(pool_config):
+    cfg = pool_config()
+    data = os.urandom(5 * MiB + 123)
+
+    async def first(fs):
+        await fs.mkdir("/a")
+        await fs.write("/a/block.pt", data)
+        assert await fs.read("/a/block.pt") == data
+
+    async def second(fs):
+        assert fs.svc.store.dram_used == 0          # restart: DRAM is cold
+        assert await fs.read("/a/block.pt") == data   # read from the pool, checksums verified
+        st = fs.svc.store.stats
+        assert st.dram_misses > 0 and st.fetches == 1
+
+    run_service(cfg, first)
+    run_service(cfg, second)
+
+
+def test_uncommitted_file_is_absent_after_restart(pool_config):
+    cfg = pool_config()
+
+    async def first(fs):
+        fh = await fs.open("/pending", os.O_CREAT | os.O_WRONLY)
+        await fs.files.write(fh, 0, b"x" * 1000)
+        await fs.write("/kept", b"kept")
+        # no close of /pending: the daemon stops (a crash, as far as the catalog knows)
+
+    async def second(fs):
+        with pytest.raises(KvfsError) as e:
+            fs.ino("/pending")
+        assert e.value.errno == errno.ENOENT
+        assert await fs.read("/kept") == b"kept"
+
+    run_service(cfg, first)
+    run_service(cfg, second)
+
+
+def test_rewrite_is_atomic_and_old_readers_keep_the_old_version(pool_config):
+    cfg = pool_config(dram="4MiB")   # small DRAM: the old version must come back from the pool
+    old, new = os.urandom(3 * MiB), os.urandom(3 * MiB)
+
+    async def body(fs):
+        await fs.write("/f", old)
+        fs.svc.store.drop_dram()
+        reader = await fs.open("/f", os.O_RDONLY)
+        assert (await fs.files.read(reader, 0, 4096)) == old[:4096]
+        await fs.write("/f", new)
+        fs.svc.store.drop_dram()
+        assert await fs.read_fh(reader, len(old)) == old    # still the old version
+        assert await fs.read("/f") == new
+        used_with_reader = fs.svc.pool.free
+        await fs.close(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        # the old version's space comes back only now
+        assert fs.svc.pool.free - used_with_reader == 3 * MiB
+
+    run_service(cfg, body)
+
+
+def test_unlink_while_open_keeps_content_until_release(pool_config):
+    cfg = pool_config()
+    data = os.urandom(2 * MiB)
+
+    async def body(fs):
+        await fs.write("/f", data)
+        free_before = fs.svc.pool.free
+        fh = await fs.open("/f", os.O_RDONLY)
+        parent, name = fs.resolve("/f")
+        await fs.files.unlink(parent, name)
+        fs.svc.store.drop_dram()
+        assert await fs.read_fh(fh, len(data)) == data
+        assert fs.svc.pool.free == free_before
+        await fs.close(fh)
+        await trio.testing.wait_all_tasks_blocked()     # the fetch task lets go of the block
+        assert fs.svc.pool.free == free_before + 2 * MiB
+
+    run_service(cfg, body)
+
+
+def test_partial_out_of_order_writes_and_truncate(pool_config):
+    cfg = pool_config()
+
+    async def body(fs):
+        fh = await fs.open("/f", os.O_CREAT | os.O_RDWR)
+        await fs.files.write(fh, 3 * MiB, b"tail")
+        await fs.files.write(fh, 10, b"head")
+        await fs.close(fh)
+        got = await fs.read("/f")
+        assert len(got) == 3 * MiB + 4
+        assert got[10:14] == b"head" and got[-4:] == b"tail" and got[:10] == bytes(10)
+        # truncate by path (no writer open): committed at once
+        await fs.files.setattr(fs.ino("/f"), None, size=12)
+        assert await fs.read("/f") == bytes(10) + b"he"
+        # in-place update of an existing file without O_TRUNC keeps the rest
+        fh = await fs.open("/f", os.O_WRONLY)
+        await fs.files.write(fh, 0, b"AB")
+        await fs.close(fh)
+        assert await fs.read("/f") == b"AB" + bytes(8) + b"he"
+
+    run_service(cfg, body)
+
+
+def test_rename_replaces_atomically_and_commits_a_dirty_source(pool_config):
+    cfg = pool_config()
+
+    async def body(fs):
+        await fs.write("/target", b"old")
+        fh = await fs.open("/target.tmp", os.O_CREAT | os.O_WRONLY)
+        await fs.files.write(fh, 0, b"new content")
+        p, n = fs.resolve("/target.tmp")
+        await fs.files.rename(p, n, p, b"target", 0)
+        # the source was committed by the rename even though its writer has not closed it
+        node = fs.files.catalog.lookup(p, b"target")
+        assert node.persisted and node.blob is not None and node.blob.size == 11
+        await fs.close(fh)
+        assert await fs.read("/target") == b"new content"
+
+    run_service(cfg, body)
+
+
+def test_full_pool_with_evict_never_gives_enospc_at_write(pool_config):
+    cfg = pool_config(size="16MiB", pool='evict = "never"')
+
+    async def body(fs):
+        cap = fs.svc.pool.capacity
+        await fs.write("/a", os.urandom(cap // 2))
+        with pytest.raises(KvfsError) as e:
+            await fs.write("/b", os.urandom(cap // 2 + MiB))
+        assert e.value.errno == errno.ENOSPC
+        assert await fs.read("/a") is not None
+        # a file larger than the whole pool fails at once
+        with pytest.raises(KvfsError) as e:
+            await fs.write("/huge", os.urandom(cap + 4096))
+        assert e.value.errno in (errno.EFBIG, errno.ENOSPC)
+        fh = await fs.open("/huge2", os.O_CREAT | os.O_WRONLY)
+        with pytest.raises(KvfsError) as e:
+            await fs.files.write(fh, cap, b"x")
+        assert e.value.errno == errno.EFBIG
+        with pytest.raises(KvfsError) as e:
+            await fs.files.setattr(fs.ino("/huge2"), fh, size=cap + 1)
+        assert e.value.errno == errno.EFBIG
+        await fs.close(fh)
+
+    run_service(cfg, body)
+
+
+def test_full_pool_with_lru_evicts_least_recently_used_closed_files(pool_config):
+    cfg = pool_config(size="16MiB")
+
+    async def body(fs):
+        cap = fs.svc.pool.capacity
+        size = cap // 4 - 4096
+        for name in "abcd":
+            await fs.write(f"/{name}", os.urandom(size))
+        await fs.read("/a")                         # a is now more recent than b
+        await fs.write("/e", os.urandom(size))      # needs room: b goes
+        names = {n.name for n in fs.files.catalog.entries(1)}
+        assert names == {b"a", b"c", b"d", b"e"}
+        assert fs.files.stats.pool_evictions == 1
+
+    run_service(cfg, body)
+
+
+def test_corrupted_block_reads_as_eio(pool_config, tmp_path):
+    cfg = pool_config()
+    data = os.urandom(2 * MiB)
+    where = {}
+
+    async def first(fs):
+        await fs.write("/f", data)
+        lay = fs.files.catalog.get(fs.ino("/f")).blob.layout
+        where["ns"], where["off"] = lay.ns[1], lay.offsets[1]
+
+    async def second(fs):
+        with pytest.raises(KvfsError) as e:
+            await fs.read("/f")
+        assert e.value.errno == errno.EIO
+        assert fs.svc.pool.namespaces[0].stats.errors == 1
+
+    run_service(cfg, first)
+    with open(tmp_path / f"ns{where['ns']}.img", "r+b") as f:
+        f.seek(where["off"] + 100)
+        b = f.read(1)
+        f.seek(where["off"] + 100)
+        f.write(bytes([b[0] ^ 0x01]))
+    run_service(cfg, second)

@@ -1,0 +1,93 @@
+from pathlib import Path
+
+import pytest
+
+from kvfs import config
+from kvfs.errors import ConfigError
+from kvfs.units import format_size, parse_size
+
+
+def load_text(tmp_path: Path, text: str) -> config.Config:
+    p = tmp_path / "kvfs.toml"
+    p.write_text(text)
+    return config.load(p)
+
+
+def test_sizes_parse_like_people_write_them():
+    assert parse_size("4GiB") == 4 << 30
+    assert parse_size("512 KiB") == 512 << 10
+    assert parse_size("1.5G") == 3 << 29
+    assert parse_size("10MB") == 10_000_000
+    assert parse_size(4096) == 4096
+    for bad in ("lots", "-1G", "4 GiBs", True, 1.5):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    assert format_size(3 << 29) == "1.5 GiB"
+
+
+def test_embedded_default_is_one_file_namespace_under_the_state_dir():
+    cfg = config.load(None)
+    assert len(cfg.pool.namespaces) == 1
+    ns = cfg.pool.namespaces[0]
+    assert cfg.state_dir in ns.path.parents
+    assert ns.size is not None and ns.size <= config.DEFAULT_POOL_FILE_SIZE
+    assert 0 < cfg.dram.capacity <= config.DEFAULT_DRAM_CAPACITY
+    assert cfg.pool.evict == "lru"
+    assert cfg.pool.stripe_unit == 1 << 20
+
+
+def test_full_config_is_typed(tmp_path):
+    cfg = load_text(tmp_path, """
+state_dir = "state"
+log_level = "debug"
+[dram]
+capacity = "2GiB"
+[mount]
+allow_other = true
+[pool]
+evict = "never"
+stripe_unit = "256KiB"
+[[pool.namespace]]
+path = "/dev/nvme1n1"
+queue_depth = 32
+[[pool.namespace]]
+path = "ns1.img"
+size = "4GiB"
+weight = 0.5
+""")
+    assert cfg.state_dir == tmp_path / "state"
+    assert cfg.dram.capacity == 2 << 30
+    assert cfg.mount.allow_other is True
+    assert cfg.pool.evict == "never"
+    assert cfg.pool.stripe_unit == 256 << 10
+    a, b = cfg.pool.namespaces
+    assert a.path == Path("/dev/nvme1n1") and a.size is None and a.queue_depth == 32
+    assert b.path == tmp_path / "ns1.img" and b.size == 4 << 30 and b.weight == 0.5
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[pool]\nevcit = 'lru'\n", "config: unknown key pool.evcit"),
+    ("colour = 1\n", "config: unknown key colour"),
+    ("[dram]\ncapacity = 'lots'\n", "config: dram.capacity: expected a size like '4GiB', got 'lots'"),
+    ("[dram]\ncapacity = 0\n", "config: dram.capacity: must be greater than zero"),
+    ("[pool]\nevict = 'fifo'\n", "config: pool.evict: expected 'lru' or 'never', got 'fifo'"),
+    ("[pool]\nstripe_unit = '3MiB'\n", "config: pool.stripe_unit: must be a power of two"),
+    ("[[pool.namespace]]\nsize = '1GiB'\n", "config: pool.namespace[0].path: missing"),
+    ("[[pool.namespace]]\npath = 'a'\nqueue_depth = 0\n",
+     "config: pool.namespace[0].queue_depth: expected an integer from 1 to 256, got 0"),
+    ("[[pool.namespace]]\npath = 'a'\nsize = '1000'\n", "config: pool.namespace[0].size: must be a multiple of 4KiB"),
+    ("[[pool.namespace]]\npath = 'a'\n[[pool.namespace]]\npath = 'a'\n", "is listed twice"),
+    ("[mount]\nallow_other = 'yes'\n", "config: mount.allow_other: expected true or false"),
+    ("dram = 3\n", "config: dram: expected a table"),
+    ("[pool\n", "not valid TOML"),
+])
+def test_bad_config_gets_one_line_naming_the_key(tmp_path, text, message):
+    with pytest.raises(ConfigError) as e:
+        load_text(tmp_path, text)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        config.load(tmp_path / "nope.toml")
