@@ -14,14 +14,24 @@ APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server tmux pkg-config python3
 TORCH_PIN   := torch==2.13.0
 STAMP       := $(VENV)/.installed
 
-.PHONY: install system-packages run test test-fast bench clean-mount help
+.PHONY: install system-packages install-system run test test-fast bench clean-mount help
 
 help:
 	@echo "make run     install, mount kvfs at $(MNT) with the embedded default, show it working"
 	@echo "make test    install, run the whole test suite"
 	@echo "make install only install (apt packages, $(VENV), kvfs and its dependencies)"
 
-install: system-packages $(STAMP)
+install: system-packages $(STAMP) install-system
+
+# The kvfs command on PATH and the mount(8) helper (mount -t fuse.kvfs, fstab); as root only.
+install-system: $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then \
+	  ln -sfn "$(abspath $(VENV))/bin/kvfs" /usr/local/bin/kvfs; \
+	  sed 's|@KVFS@|/usr/local/bin/kvfs|' mount/mount.kvfs > /usr/sbin/mount.kvfs.new; \
+	  chmod 755 /usr/sbin/mount.kvfs.new && mv /usr/sbin/mount.kvfs.new /usr/sbin/mount.kvfs; \
+	  ln -sfn mount.kvfs /usr/sbin/mount.fuse.kvfs; \
+	  install -D -m 644 mount/kvfs.service /etc/systemd/system/kvfs.service; \
+	fi
 
 # apt-get runs only when a package is missing, so repeated installs are quick and offline.
 system-packages:

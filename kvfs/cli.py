@@ -45,6 +45,9 @@ def _fail(message: str, code: int = 1) -> int:
 # --- mount -------------------------------------------------------------------------------------
 def cmd_mount(args: argparse.Namespace) -> int:
     from kvfs import daemon
+    if os.geteuid() != 0:
+        raise StartupError("kvfs mount must run as root (it opens /dev/fuse and the namespace "
+                           "devices)", errno.EPERM)
     cfg = config_mod.load(args.config)
     mountpoint = Path(args.mountpoint).absolute()
     if not args.foreground:

@@ -283,8 +283,10 @@ def load(path: str | os.PathLike | None) -> Config:
         text = p.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config: file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config: cannot read {p}: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {p}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config: {p}: not UTF-8 text") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

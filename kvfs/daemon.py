@@ -83,6 +83,15 @@ def preflight(cfg: Config, mountpoint: Path) -> None:
         raise StartupError(f"{FUSE_DEVICE} is missing: this kernel or container has no FUSE "
                            f"(load the fuse module, or give the container /dev/fuse)",
                            errno.ENODEV) from None
+    entry = mount_entry(mountpoint)
+    if entry is not None and entry["fstype"].startswith("fuse"):
+        try:
+            os.statvfs(mountpoint)       # never cached by the kernel: reaches the daemon
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                raise StartupError(f"mountpoint {mountpoint}: a stale mount is left there (its "
+                                   f"daemon died); run `umount {mountpoint}` first",
+                                   errno.EBUSY) from None
     try:
         st = os.stat(mountpoint)
     except FileNotFoundError:
@@ -94,7 +103,7 @@ def preflight(cfg: Config, mountpoint: Path) -> None:
         raise StartupError(f"mountpoint {mountpoint}: {e.strerror}", e.errno) from None
     if not stat.S_ISDIR(st.st_mode):
         raise StartupError(f"mountpoint {mountpoint}: not a directory", errno.ENOTDIR)
-    if os.path.ismount(mountpoint):
+    if entry is not None or os.path.ismount(mountpoint):
         raise StartupError(f"mountpoint {mountpoint}: busy (something is already mounted there)",
                            errno.EBUSY)
     sd = cfg.state_dir

@@ -67,8 +67,8 @@ class StoreStats:
     read_requests: int = 0
     dram_hits: int = 0            # read requests served from a resident copy
     dram_misses: int = 0          # read requests that waited for the pool
-    bytes_from_dram: int = 0
-    bytes_from_pool: int = 0
+    bytes_from_dram: int = 0      # requested bytes served from resident copies
+    bytes_from_pool: int = 0      # block bytes read from the pool (fetches and uncached reads)
     bytes_to_pool: int = 0
     fetches: int = 0
     fetch_errors: int = 0
@@ -221,7 +221,6 @@ class BlockStore:
             self.stats.bytes_from_dram += end - offset
             return cb.resident.view(offset, length)
         self.stats.dram_misses += 1
-        self.stats.bytes_from_pool += end - offset
         if rec.size > self.capacity:
             return await self._read_uncached(rec, offset, length)
         fetch = cb.fetch or self._start_fetch(cb)
@@ -263,7 +262,11 @@ class BlockStore:
         return bytes(tmp.view(offset, length))
 
     async def _read_units(self, layout: Layout, ks, buf: Buffer) -> None:
-        await run_all((lambda k=k: self.pool.read_unit(layout, k, buf)) for k in ks)
+        await run_all((lambda k=k: self._read_unit(layout, k, buf)) for k in ks)
+
+    async def _read_unit(self, layout: Layout, k: int, buf: Buffer) -> None:
+        await self.pool.read_unit(layout, k, buf)
+        self.stats.bytes_from_pool += layout.unit_span(k)[1]
 
     def _start_fetch(self, cb: CachedBlob) -> Fetch:
         rec = cb.rec
@@ -295,7 +298,7 @@ class BlockStore:
             while q:
                 k = q.popleft()
                 try:
-                    await self.pool.read_unit(layout, k, fetch.buffer)
+                    await self._read_unit(layout, k, fetch.buffer)
                 except KvfsError as e:
                     fetch.errors[k] = e
                 finally:

@@ -1,0 +1,153 @@
+"""Drive the real LMCache 0.5.6 (CPU-only) against a directory; print one JSON line of results.
+
+    python -m tests.lmcache.lmc_driver local_disk DIR --odirect 1 --chunks 12
+    python -m tests.lmcache.lmc_driver evict DIR --chunks 12
+    python -m tests.lmcache.lmc_driver fs_put DIR --chunks 12
+    python -m tests.lmcache.lmc_driver fs_get DIR --chunks 12
+
+Chunks are bf16 KV tensors of 4 layers x 256 tokens x 8 heads x 64 = 2 MiB, with contents derived from the
+chunk number, so a second process can check what a first one stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+
+import torch
+
+KV_SHAPE = (4, 2, 256, 8, 64)      # layers, K/V, tokens, kv heads, head dim
+SHAPE = (2, 4, 256, 8 * 64)         # the same chunk as LMCache stores it (MemoryFormat.KV_2LTD)
+MODEL = "meta-llama/Llama-3.1-8B"
+
+
+def expected(i: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 + i)
+    return torch.randn(SHAPE, generator=g).to(torch.bfloat16)
+
+
+def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote: bool = False):
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.pin_monitor import PinMonitor
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+    kwargs = dict(chunk_size=256, local_cpu=False, max_local_cpu_size=0.25,
+                  extra_config={"use_odirect": odirect, "disk_io_threads": 4})
+    if remote:
+        # LMCache 0.5.6 parses remote_url with a mandatory host and port ("fs:///dir" is
+        # refused as "missing host"); the fs connector ignores both and uses the path.
+        kwargs.update(remote_url=f"fs://localhost:0{directory}", remote_serde="naive")
+    else:
+        kwargs.update(local_disk=directory, max_local_disk_size=max_gb)
+    config = LMCacheEngineConfig.from_defaults(**kwargs)
+    meta = LMCacheMetadata(model_name=MODEL, world_size=1, local_world_size=1, worker_id=0,
+                           local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=KV_SHAPE)
+    PinMonitor.GetOrCreate(config)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    cpu = LocalCPUBackend(config, meta, dst_device="cpu")
+    return config, meta, loop, cpu
+
+
+def key(i: int):
+    from lmcache.utils import CacheEngineKey
+    # LMCache chunk hashes are signed 64-bit: use negative ones too
+    return CacheEngineKey(MODEL, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63),
+                          torch.bfloat16)
+
+
+def alloc(cpu, i: int):
+    from lmcache.v1.memory_management import MemoryFormat
+    obj = cpu.allocate(torch.Size(SHAPE), torch.bfloat16, MemoryFormat.KV_2LTD)
+    obj.tensor.copy_(expected(i))
+    return obj
+
+
+def put_all(backend, cpu, n: int, first: int = 0) -> None:
+    for i in range(first, first + n):
+        obj = alloc(cpu, i)
+        backend.submit_put_task(key(i), obj)
+        deadline = time.monotonic() + 60
+        while backend.exists_in_put_tasks(key(i)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"put of chunk {i} did not finish")
+            time.sleep(0.005)
+        obj.ref_count_down()
+
+
+def same(obj, i: int) -> bool:
+    return obj is not None and torch.equal(obj.tensor.view(SHAPE), expected(i))
+
+
+def run_local_disk(args) -> dict:
+    from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+    config, meta, loop, cpu = setup(args.dir, odirect=bool(args.odirect))
+    disk = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
+    n = args.chunks
+    put_all(disk, cpu, n)
+    files = sorted(os.listdir(args.dir))
+    ok_get = [same(disk.get_blocking(key(i)), i) for i in range(n)]
+    ok_batched = [same(o, i) for i, o in zip(range(n), disk.batched_get_blocking(
+        [key(i) for i in range(n)]))]
+    for i in range(n):
+        disk.pin(key(i))
+    objs = asyncio.run_coroutine_threadsafe(
+        disk.batched_get_non_blocking("lookup-1", [key(i) for i in range(n)]), loop).result(60)
+    ok_async = [same(o, i) for i, o in zip(range(n), objs)]
+    return {"files": files, "get_blocking": ok_get, "batched_get_blocking": ok_batched,
+            "batched_get_non_blocking": ok_async, "use_odirect": disk.use_odirect,
+            "f_bsize": disk.os_disk_bs}
+
+
+def run_evict(args) -> dict:
+    from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+    # room for 5 chunks of 2 MiB: putting 12 makes LMCache unlink the oldest ones
+    config, meta, loop, cpu = setup(args.dir, max_gb=5 * 2.1 * (1 << 20) / 1e9)
+    disk = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
+    n = args.chunks
+    put_all(disk, cpu, n)
+    contained = [disk.contains(key(i)) for i in range(n)]
+    kept_ok = [same(disk.get_blocking(key(i)), i) for i in range(n) if contained[i]]
+    return {"contained": contained, "kept_ok": kept_ok, "files": sorted(os.listdir(args.dir))}
+
+
+def run_fs(args, put: bool) -> dict:
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+    config, meta, loop, cpu = setup(args.dir, remote=True)
+    remote = RemoteBackend(config, meta, loop, cpu, dst_device="cpu")
+    n = args.chunks
+    if put:
+        put_all(remote, cpu, n)
+        return {"files": sorted(os.listdir(args.dir))}
+    contained = [remote.contains(key(i)) for i in range(n)]
+    ok = [same(remote.get_blocking(key(i)), i) for i in range(n)]
+    missing = remote.contains(key(n + 100))
+    return {"contained": contained, "get_blocking": ok, "contains_missing": missing}
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["local_disk", "evict", "fs_put", "fs_get"])
+    p.add_argument("dir")
+    p.add_argument("--odirect", type=int, default=0)
+    p.add_argument("--chunks", type=int, default=12)
+    args = p.parse_args()
+    if args.mode == "local_disk":
+        out = run_local_disk(args)
+    elif args.mode == "evict":
+        out = run_evict(args)
+    else:
+        out = run_fs(args, put=args.mode == "fs_put")
+    print("RESULT " + json.dumps(out), flush=True)
+    os._exit(0)     # LMCache leaves non-daemon workers behind
+
+
+if __name__ == "__main__":
+    main()

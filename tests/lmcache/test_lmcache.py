@@ -1,0 +1,79 @@
+"""The real LMCache 0.5.6 (CPU-only) against a kvfs mount: local_disk and the fs:// connector."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.lmcache
+pytest.importorskip("lmcache", reason="install with `make install` (torch CPU + lmcache==0.5.6)")
+
+
+def drive(mode: str, directory, *extra: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "tests.lmcache.lmc_driver", mode, str(directory),
+                        *extra], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, f"driver failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture
+def lmc_mount(make_mount, pool_config):
+    return make_mount(pool_config(size="512MiB", dram="32MiB"))
+
+
+@pytest.mark.parametrize("odirect", [0, 1])
+def test_local_disk_backend_round_trips_through_kvfs(lmc_mount, odirect):
+    d = lmc_mount.mountpoint / "lmcache"
+    d.mkdir()
+    out = drive("local_disk", d, "--odirect", str(odirect), "--chunks", "12")
+    assert out["f_bsize"] == 4096
+    assert out["use_odirect"] == bool(odirect)
+    assert len(out["files"]) == 12
+    assert all(f.endswith("@bfloat16.pt") and f.startswith("meta-llama-Llama-3.1-8B@1@0@")
+               for f in out["files"])
+    assert any("@-" in f for f in out["files"])     # negative chunk hashes keep their sign
+    assert all(out["get_blocking"]), out
+    assert all(out["batched_get_blocking"]), out
+    assert all(out["batched_get_non_blocking"]), out
+    # the chunks are durable: after a restart of kvfs they are still there, bit-exact
+    lmc_mount.restart()
+    assert sorted(os.listdir(d)) == out["files"]
+    assert all(os.path.getsize(d / f) == 2 << 20 for f in out["files"])
+
+
+def test_local_disk_eviction_unlinks_through_kvfs(lmc_mount):
+    d = lmc_mount.mountpoint / "lmcache"
+    d.mkdir()
+    free_before = os.statvfs(lmc_mount.mountpoint).f_bfree
+    out = drive("evict", d, "--chunks", "12")
+    kept = sum(out["contained"])
+    assert 0 < kept < 12, out
+    assert out["contained"][-1] and not out["contained"][0]   # the oldest went first
+    assert all(out["kept_ok"])
+    assert len(out["files"]) == kept and sorted(os.listdir(d)) == out["files"]
+    # the unlinked chunks' space went back to the pool
+    used_pages = free_before - os.statvfs(lmc_mount.mountpoint).f_bfree
+    assert used_pages == kept * (2 << 20) // 4096
+
+
+def test_fs_connector_persists_and_shares_across_processes(lmc_mount):
+    d = lmc_mount.mountpoint / "remote"
+    d.mkdir()
+    put = drive("fs_put", d, "--chunks", "12")
+    assert len([f for f in put["files"] if f.endswith(".data")]) == 12
+    assert not [f for f in put["files"] if ".tmp" in f]
+    # a second engine, in a new process, after the first is gone
+    got = drive("fs_get", d, "--chunks", "12")
+    assert all(got["contained"]) and all(got["get_blocking"]), got
+    assert got["contains_missing"] is False
+    # and after kvfs itself restarted
+    lmc_mount.restart()
+    got = drive("fs_get", d, "--chunks", "12")
+    assert all(got["contained"]) and all(got["get_blocking"]), got

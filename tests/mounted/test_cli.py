@@ -1,0 +1,113 @@
+"""The kvfs command as users run it: background mount, umount, mount(8) helper, format."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import ROOT, can_mount, is_mounted, wait_until
+
+pytestmark = pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))
+
+
+def kvfs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvfs", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def daemon_pid(mnt) -> int:
+    import json
+    return json.loads(os.getxattr(mnt, "user.kvfs.stats"))["pid"]
+
+
+def test_background_mount_then_umount(tmp_path, pool_config):
+    cfg = pool_config()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = kvfs("mount", str(mnt), "--config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert f"kvfs mounted at {mnt}" in r.stdout
+    try:
+        (mnt / "x").write_bytes(b"hello")
+        pid = daemon_pid(mnt)
+        assert (tmp_path / "state" / "kvfs.log").exists()
+        with open(mnt / "x", "rb"):
+            r = kvfs("umount", str(mnt))
+            assert r.returncode == 1 and "busy" in r.stderr
+    finally:
+        r = kvfs("umount", str(mnt))
+    assert r.returncode == 0, r.stderr
+    assert not is_mounted(mnt)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    r = kvfs("mount", str(mnt), "--config", str(cfg))
+    assert r.returncode == 0
+    assert (mnt / "x").read_bytes() == b"hello"
+    assert kvfs("umount", str(mnt)).returncode == 0
+
+
+def test_umount_refuses_what_is_not_kvfs(tmp_path):
+    r = kvfs("umount", str(tmp_path))
+    assert r.returncode == 1 and "not a mount point" in r.stderr
+    t = tmp_path / "t"
+    t.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(t)], check=True)
+    try:
+        r = kvfs("umount", str(t))
+        assert r.returncode == 1 and "not a kvfs mount" in r.stderr
+    finally:
+        subprocess.run(["umount", str(t)], check=True)
+
+
+def test_sigterm_unmounts_cleanly(make_mount, pool_config):
+    m = make_mount(pool_config())
+    (m.mountpoint / "f").write_bytes(b"data")
+    assert m.stop() == 0
+    assert not is_mounted(m.mountpoint)
+    m.start()
+    assert (m.mountpoint / "f").read_bytes() == b"data"
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/sbin/mount.fuse.kvfs"),
+                    reason="the mount helper is installed by `make install`")
+def test_mount_helper_and_fstab_style_options(tmp_path, pool_config):
+    cfg = pool_config()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "fuse.kvfs", "-o", f"config={cfg},nofail,_netdev",
+                        "kvfs", str(mnt)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        assert is_mounted(mnt)
+        (mnt / "via-helper").write_bytes(b"ok")
+    finally:
+        assert kvfs("umount", str(mnt)).returncode == 0
+    r = subprocess.run(["mount", "-t", "fuse.kvfs", "-o", "colour=blue", "kvfs", str(mnt)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "unsupported option 'colour=blue'" in r.stderr
+
+
+def test_format_refuses_to_overwrite(tmp_path, pool_config):
+    cfg = pool_config(n=2, size="64MiB")
+    r = kvfs("format", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "formatted pool" in r.stdout
+    r = kvfs("format", "--config", str(cfg))
+    assert r.returncode == 1 and "already holds a catalog" in r.stderr
+    shutil.rmtree(tmp_path / "state")
+    r = kvfs("format", "--config", str(cfg))
+    assert r.returncode == 1 and "holds a kvfs namespace" in r.stderr and "--force" in r.stderr
+    r = kvfs("format", "--config", str(cfg), "--force")
+    assert r.returncode == 0, r.stderr
+    ext4 = tmp_path / "ext4.img"
+    subprocess.run(["truncate", "-s", "64M", str(ext4)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(ext4)], check=True)
+    cfg2 = tmp_path / "k2.toml"
+    cfg2.write_text(f'state_dir = "{tmp_path}/state2"\n[[pool.namespace]]\npath = "{ext4}"\n')
+    r = kvfs("format", "--config", str(cfg2))
+    assert r.returncode == 1 and "ext2/3/4 filesystem" in r.stderr
