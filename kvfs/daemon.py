@@ -208,8 +208,12 @@ def open_layers(cfg: Config) -> tuple[SqliteCatalog, Pool, int]:
         raise
 
 
-def _tune_readahead(mountpoint: str) -> None:
-    """Let the page cache ask for 1 MiB per FUSE read (the default is 128 KiB)."""
+async def _tune_readahead(ops: FuseOps, mountpoint: str) -> None:
+    """Let the page cache ask for 1 MiB per FUSE read (the default is 128 KiB).
+
+    The kernel caps the mount's readahead with what INIT negotiated, so this runs after INIT.
+    """
+    await ops.initialized.wait()
     entry = mount_entry(mountpoint, resolve=False)
     if entry is None:
         return
@@ -221,10 +225,11 @@ def _tune_readahead(mountpoint: str) -> None:
         log.info("could not raise %s: %s", path, e)
 
 
-async def _main(service: Service, max_tasks: int) -> None:
+async def _main(service: Service, ops: FuseOps, mountpoint: str, max_tasks: int) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(service.serve)
         nursery.start_soon(_terminate_on_signal)
+        nursery.start_soon(_tune_readahead, ops, mountpoint)
         await pyfuse3.main(min_tasks=4, max_tasks=max_tasks)
         with trio.CancelScope(shield=True):
             try:
@@ -272,14 +277,13 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
         ready(msg)
         raise StartupError(msg) from None
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    _tune_readahead(real_mountpoint)
     log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d",
              mountpoint, pool.pool_id, len(pool.namespaces), pool.capacity, cfg.dram.capacity,
              os.getpid())
     ready(None)
     clean = False
     try:
-        trio.run(_main, service, cfg.mount.max_tasks)
+        trio.run(_main, service, ops, real_mountpoint, cfg.mount.max_tasks)
         clean = True
     finally:
         pyfuse3.close(unmount=True)

@@ -109,7 +109,6 @@ class FilesStats:
     commits: int = 0
     commit_errors: int = 0
     bytes_written: int = 0
-    bytes_read: int = 0
     pool_evictions: int = 0
 
 
@@ -320,6 +319,8 @@ class Files:
         elif node.blob is not None:
             h.version = node.blob
             self.store.hold(node.blob)
+            self.store.touch(node.blob)      # recency is per open, not per read request
+            self.catalog.touch(node)
             st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
@@ -344,31 +345,25 @@ class Files:
             raise KvfsError(errno.EBADF, f"bad file handle {fh}") from None
 
     async def read(self, fh: int, offset: int, length: int):
-        h = self._handle(fh)
-        if not h.readable:
+        h = self.handles.get(fh)
+        if h is None or not h.readable:
             raise KvfsError(errno.EBADF, "file is not open for reading")
-        node = h.node
+        version = h.version
         if h.writable:
-            st = self._state(node.ino)
-            version = st.session if st.session is not None else node.blob
-        else:
-            version = h.version
+            st = self._state(h.node.ino)
+            version = st.session if st.session is not None else h.node.blob
+            if isinstance(version, BlobRec):
+                # no pin for read-write handles: hold the block only for this read
+                self.store.hold(version)
+                try:
+                    return await self.store.read(version, offset, length)
+                finally:
+                    self.store.unhold(version)
         if version is None:
             return b""
-        self.catalog.touch(node)
         if isinstance(version, Session):
-            data = version.buffer.view(offset, length)
-        elif h.writable:
-            # no pin for read-write handles: hold the block only for this read
-            self.store.hold(version)
-            try:
-                data = await self.store.read(version, offset, length)
-            finally:
-                self.store.unhold(version)
-        else:
-            data = await self.store.read(version, offset, length)
-        self.stats.bytes_read += len(data)
-        return data
+            return version.buffer.view(offset, length)
+        return await self.store.read(version, offset, length)
 
     async def write(self, fh: int, offset: int, data) -> int:
         h = self._handle(fh)

@@ -15,8 +15,10 @@ import os
 from typing import TYPE_CHECKING
 
 import pyfuse3
+import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.control import FH_BASE as CONTROL_FH_BASE
 from kvfs.errors import KvfsError
 from kvfs.files import Attr
 
@@ -63,6 +65,12 @@ class FuseOps(pyfuse3.Operations):
         self._dirs: dict[int, tuple[int, list[int], list]] = {}
         self._next_dir = 1
         self.files.on_evict = self._evicted
+        self.initialized = trio.Event()      # set once the kernel's INIT has been answered
+
+    def init(self) -> None:
+        # pyfuse3 calls this inside its INIT handler and replies right after it returns, so
+        # a task woken by this event runs once the kernel has the connection's parameters.
+        self.initialized.set()
 
     # --- helpers -------------------------------------------------------------------------------
     def entry(self, a: Attr) -> pyfuse3.EntryAttributes:
@@ -184,11 +192,17 @@ class FuseOps(pyfuse3.Operations):
         fi = pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
         return fi, self.entry(attr)
 
-    @translate
     async def read(self, fh, off, size):
-        if self.control.owns(fh):
-            return self.control.read(fh, off, size)
-        return await self.files.read(fh, off, size)
+        # The hot path: no wrapper frame; errors are translated inline.
+        try:
+            if fh >= CONTROL_FH_BASE:
+                return self.control.read(fh, off, size)
+            return await self.files.read(fh, off, size)
+        except KvfsError as e:
+            raise pyfuse3.FUSEError(e.errno) from None
+        except Exception:
+            log.exception("read failed")
+            raise pyfuse3.FUSEError(errno.EIO) from None
 
     @translate
     async def write(self, fh, off, buf):

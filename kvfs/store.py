@@ -197,11 +197,12 @@ class BlockStore:
         self._make_room(0)
 
     # --- reads ---------------------------------------------------------------------------------
-    def _touch(self, cb: CachedBlob) -> None:
-        if cb.rec.id in self.recency:
-            self.recency.move_to_end(cb.rec.id)
-        if cb.rec.id in self.dram:
-            self.dram.move_to_end(cb.rec.id)
+    def touch(self, rec: BlobRec) -> None:
+        """Record a use of the block (an open): it becomes the most recently used."""
+        if rec.id in self.recency:
+            self.recency.move_to_end(rec.id)
+        if rec.id in self.dram:
+            self.dram.move_to_end(rec.id)
 
     async def read(self, rec: BlobRec, offset: int, length: int):
         """Bytes [offset, offset+length) of a block, clipped to its size.
@@ -210,19 +211,21 @@ class BlockStore:
         for the units that cover the range. Raises KvfsError(EIO) if one of them cannot be read
         or fails its checksum; the next read retries.
         """
-        self.stats.read_requests += 1
-        cb = self._get(rec)
-        self._touch(cb)
-        end = min(offset + length, rec.size)
-        if end <= offset:
+        stats = self.stats
+        stats.read_requests += 1
+        cb = self.blobs.get(rec.id)
+        if cb is not None and cb.resident is not None:     # the hot path: one dict lookup
+            stats.dram_hits += 1
+            data = cb.resident.view(offset, length)
+            stats.bytes_from_dram += len(data)
+            return data
+        if offset >= rec.size:
             return b""
-        if cb.resident is not None:
-            self.stats.dram_hits += 1
-            self.stats.bytes_from_dram += end - offset
-            return cb.resident.view(offset, length)
-        self.stats.dram_misses += 1
+        stats.dram_misses += 1
         if rec.size > self.capacity:
             return await self._read_uncached(rec, offset, length)
+        if cb is None:
+            cb = self._get(rec)
         fetch = cb.fetch or self._start_fetch(cb)
         layout = rec.layout
         for k in units_covering(offset, length, rec.size, layout.unit):

@@ -191,7 +191,7 @@ def test_corrupted_block_reads_as_eio(pool_config, tmp_path):
         with pytest.raises(KvfsError) as e:
             await fs.read("/f")
         assert e.value.errno == errno.EIO
-        assert fs.svc.pool.namespaces[0].stats.errors == 1
+        assert fs.svc.pool.namespaces[0].stats.errors >= 1     # each retry re-verifies
 
     run_service(cfg, first)
     with open(tmp_path / f"ns{where['ns']}.img", "r+b") as f:
