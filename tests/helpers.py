@@ -2,44 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-from typing import Callable
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from kvfs.testing import (ROOT, MountedKvfs as Mount, is_mounted, wait_until,  # noqa: F401
+                          write_config)
+
 MiB = 1 << 20
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition",
-               interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: str = "64MiB",
-                 extra: str = "", pool: str = "") -> Path:
-    lines = [f'state_dir = "{state_dir}"', "[dram]", f'capacity = "{dram}"', "[pool]"]
-    if pool:
-        lines.append(pool)
-    for ns in namespaces:
-        lines.append("[[pool.namespace]]")
-        for k, v in ns.items():
-            lines.append(f"{k} = {json.dumps(v)}")
-    text = "\n".join(lines) + "\n" + extra
-    path.write_text(text)
-    return path
 
 
 def can_mount() -> str | None:
@@ -52,106 +22,3 @@ def can_mount() -> str | None:
 
 
 requires_mount = pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))
-
-
-def is_mounted(path: Path) -> bool:
-    from kvfs.daemon import mount_entry
-    e = mount_entry(path)
-    return e is not None and e["fstype"] == "fuse.kvfs"
-
-
-class Mount:
-    """A kvfs daemon in the foreground in a subprocess, mounted at `mountpoint`."""
-
-    def __init__(self, mountpoint: Path, config: Path, log: Path):
-        self.mountpoint = mountpoint
-        self.config = config
-        self.log = log
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 30.0) -> "Mount":
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvfs", "mount", str(self.mountpoint), "--foreground",
-             "--config", str(self.config)],
-            stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT)
-        logf.close()
-        deadline = time.monotonic() + timeout
-        while not is_mounted(self.mountpoint):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvfs exited with {self.proc.returncode} during start-up:\n"
-                                   + self.log_text())
-            if time.monotonic() > deadline:
-                self.kill()
-                raise TimeoutError("kvfs did not mount in time:\n" + self.log_text())
-            time.sleep(0.02)
-        return self
-
-    def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stats(self) -> dict:
-        return json.loads(os.getxattr(self.mountpoint, "user.kvfs.stats"))
-
-    def control(self, action: str, args: dict | None = None) -> dict:
-        ctl = self.mountpoint / ".kvfs-control"
-        try:
-            os.setxattr(ctl, f"user.kvfs.{action}", json.dumps(args or {}).encode())
-        finally:
-            result = json.loads(os.getxattr(ctl, "user.kvfs.result"))
-        return result
-
-    def drop_caches(self) -> None:
-        """Cold reads: drop kvfs's DRAM tier and the kernel's page cache."""
-        self.control("drop_dram")
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1")
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """Unmount cleanly (SIGTERM) and wait for the daemon; returns its exit status."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._clear_mount()
-        code = self.proc.returncode
-        self.proc = None
-        return code
-
-    def kill(self) -> None:
-        """kill -9 the daemon, then clear the stale mount it leaves."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._clear_mount()
-        self.proc = None
-
-    def _clear_mount(self) -> None:
-        if is_mounted(self.mountpoint):
-            r = subprocess.run(["umount", str(self.mountpoint)], capture_output=True)
-            if r.returncode != 0:
-                subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True)
-        wait_until(lambda: not is_mounted(self.mountpoint), 10, "the mount to go away")
-
-    def restart(self) -> "Mount":
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> "Mount":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -23,6 +23,9 @@ def parse(data: bytes) -> tuple[str, int]:
 
 def main() -> None:
     mnt, log_path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    # Every path is resolved against a descriptor of the mount's root: once the daemon is
+    # killed and the mount cleared, calls fail instead of landing in the bare directory.
+    root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
     rng = random.Random(seed)
     log = open(log_path, "a")
     versions: dict[str, int] = {}
@@ -35,14 +38,16 @@ def main() -> None:
         name = f"f{rng.randrange(40)}"
         version = versions.get(name, 0) + 1 + rng.randrange(3)
         data = content(name, version)
-        path = os.path.join(mnt, name)
+        flags = os.O_CREAT | os.O_TRUNC | os.O_WRONLY
         if rng.random() < 0.3:           # tmp + rename, like LMCache's fs connector
-            tmp = path + f".tmp{i}"
-            with open(tmp, "wb") as f:
+            tmp = name + f".tmp{i}"
+            fd = os.open(tmp, flags, 0o644, dir_fd=root)
+            with open(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)
+            os.replace(tmp, name, src_dir_fd=root, dst_dir_fd=root)
         else:
-            with open(path, "wb") as f:
+            fd = os.open(name, flags, 0o644, dir_fd=root)
+            with open(fd, "wb") as f:
                 for off in range(0, len(data), 256 * 1024):
                     f.write(data[off:off + 256 * 1024])
         versions[name] = version

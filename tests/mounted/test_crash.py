@@ -51,7 +51,11 @@ def test_kill_9_during_writes_loses_nothing_committed(make_mount, pool_config, t
         wait_until(lambda: log_path.exists() and log_path.stat().st_size > 0, 30, "first commit")
         time.sleep(rng.uniform(0.2, 1.5))
         m.kill()
-        writer.wait(30)
+        try:
+            writer.wait(30)
+        finally:
+            if writer.poll() is None:
+                writer.kill()
         m.start()
         n = verify(m.mountpoint, log_path)
         assert n > 0

@@ -1,0 +1,127 @@
+"""Emulated NVMe-oF namespaces for benchmarks and tests: loop devices over files on a private
+tmpfs, each throttled with a cgroup v1 blkio limit (this kernel has no cgroup v2 io.max, no
+dm-delay, no null_blk). Everything set up here is torn down by `close()` / the context manager,
+also after a failure.
+
+    with Emulation() as emu:
+        devs = [emu.loop(f"ns{i}", 256 << 20) for i in range(4)]
+        group = emu.cgroup("kvfs-bench")
+        for d in devs:
+            group.limit(d, read_bps=200e6, write_bps=200e6)
+        group.add(pid)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+BLKIO = Path("/sys/fs/cgroup/blkio")
+
+
+def available() -> str | None:
+    """None if loop devices and blkio throttling can be used here, else why not."""
+    if os.geteuid() != 0:
+        return "needs root"
+    if not (BLKIO / "blkio.throttle.read_bps_device").exists():
+        return "no cgroup v1 blkio controller at /sys/fs/cgroup/blkio"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop devices"
+    return None
+
+
+class LoopDevice:
+    def __init__(self, path: str, backing: Path):
+        self.path = path
+        self.backing = backing
+        st = os.stat(path)
+        self.major, self.minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+
+    @property
+    def devno(self) -> str:
+        return f"{self.major}:{self.minor}"
+
+    def shrink_to(self, size: int) -> None:
+        """Make the device end at `size` bytes: I/O beyond fails, as on a device that is gone."""
+        os.truncate(self.backing, size)
+        subprocess.run(["losetup", "-c", self.path], check=True)
+
+    def detach(self) -> None:
+        subprocess.run(["losetup", "-d", self.path], capture_output=True)
+
+
+class BlkioGroup:
+    def __init__(self, name: str):
+        self.dir = BLKIO / name
+        self.dir.mkdir(exist_ok=True)
+
+    def limit(self, dev: LoopDevice, *, read_bps: float = 0, write_bps: float = 0,
+              read_iops: float = 0, write_iops: float = 0) -> None:
+        for fname, value in (("read_bps_device", read_bps), ("write_bps_device", write_bps),
+                             ("read_iops_device", read_iops), ("write_iops_device", write_iops)):
+            (self.dir / f"blkio.throttle.{fname}").write_text(f"{dev.devno} {int(value)}\n")
+
+    def add(self, pid: int) -> None:
+        (self.dir / "cgroup.procs").write_text(f"{pid}\n")
+
+    def remove(self) -> None:
+        if not self.dir.exists():
+            return
+        for pid in (self.dir / "cgroup.procs").read_text().split():
+            try:
+                (BLKIO / "cgroup.procs").write_text(pid + "\n")
+            except OSError:
+                pass
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
+
+
+class Emulation:
+    """Owns a tmpfs, the loop devices on it and the cgroups; `close()` removes them all."""
+
+    def __init__(self, tmpfs_size: str = "8g"):
+        self.root = Path(tempfile.mkdtemp(prefix="kvfs-emu-"))
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_size}", "kvfs-emu",
+                        str(self.root)], check=True)
+        self.loops: list[LoopDevice] = []
+        self.groups: list[BlkioGroup] = []
+
+    def file(self, name: str, size: int) -> Path:
+        p = self.root / name
+        with open(p, "wb") as f:
+            f.truncate(size)
+        return p
+
+    def loop(self, name: str, size: int) -> LoopDevice:
+        backing = self.file(name + ".img", size)
+        r = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(backing)],
+                           capture_output=True, text=True, check=True)
+        dev = LoopDevice(r.stdout.strip(), backing)
+        self.loops.append(dev)
+        return dev
+
+    def cgroup(self, name: str) -> BlkioGroup:
+        g = BlkioGroup(f"{name}-{os.getpid()}")
+        self.groups.append(g)
+        return g
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.remove()
+        for d in self.loops:
+            d.detach()
+        subprocess.run(["umount", "-l", str(self.root)], capture_output=True)
+        try:
+            self.root.rmdir()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "Emulation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

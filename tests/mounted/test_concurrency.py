@@ -1,0 +1,56 @@
+"""Blocking disk I/O never runs on the trio thread: one slow read must not stall the others."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from bench.emulate import Emulation, available
+from tests.helpers import write_config
+
+MiB = 1 << 20
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+
+
+def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
+    with Emulation("1g") as emu:
+        dev = emu.loop("slow", 256 * MiB)
+        cfg = write_config(tmp_path / "k.toml", tmp_path / "state", [{"path": dev.path}],
+                           dram="128MiB")
+        from kvfs.cli import main as kvfs_main
+        assert kvfs_main(["format", "--config", str(cfg)]) == 0
+        m = make_mount(cfg)
+        big, small = m.mountpoint / "big", m.mountpoint / "small"
+        big.write_bytes(os.urandom(24 * MiB))
+        small.write_bytes(b"s" * 4096)
+        m.drop_caches()
+        small.read_bytes()                        # resident again
+        group = emu.cgroup("kvfs-test")
+        group.limit(dev, read_bps=16 * MiB)       # the cold read takes ~1.5 s
+        group.add(m.pid)
+        done = threading.Event()
+
+        def cold_read() -> None:
+            with open(big, "rb", buffering=0) as f:
+                while f.read(MiB):
+                    pass
+            done.set()
+
+        t = threading.Thread(target=cold_read)
+        t.start()
+        time.sleep(0.1)                            # the cold read is in flight
+        served = 0
+        while not done.is_set() and served < 50:
+            os.stat(small)
+            os.listdir(m.mountpoint)
+            with open(small, "rb") as f:
+                assert f.read() == b"s" * 4096
+            served += 1
+        finished_first = not done.is_set()
+        t.join(60)
+        group.remove()
+        assert finished_first and served == 50, \
+            "small requests waited behind the slow read"
