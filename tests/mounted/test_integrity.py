@@ -1,0 +1,79 @@
+"""Integrity and capacity through a real mount: flipped bytes give EIO, a full pool behaves."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+MiB = 1 << 20
+
+
+def layout_of(mnt, path) -> dict:
+    """Where a file's units are, from the catalog of the stopped daemon."""
+    import sqlite3
+    from kvfs.layout import Layout
+    db = sqlite3.connect(mnt.config.parent / "state" / "catalog.sqlite")
+    row = db.execute("SELECT b.size, b.unit, b.ns, b.offsets, b.sums FROM nodes n JOIN blobs b "
+                     "ON n.blob = b.id WHERE n.name = ?", (path.name.encode(),)).fetchone()
+    db.close()
+    return Layout.unpack(*row)
+
+
+def test_flipped_bytes_in_the_pool_give_eio_not_garbage(mnt, tmp_path):
+    good, bad = mnt.mountpoint / "good.pt", mnt.mountpoint / "bad.pt"
+    good.write_bytes(os.urandom(3 * MiB))
+    data = os.urandom(3 * MiB)
+    bad.write_bytes(data)
+    mnt.stop()
+    lay = layout_of(mnt, bad)
+    with open(tmp_path / f"ns{lay.ns[2]}.img", "r+b") as f:      # a byte in the third unit
+        f.seek(lay.offsets[2] + 12345)
+        b = f.read(1)
+        f.seek(lay.offsets[2] + 12345)
+        f.write(bytes([b[0] ^ 0x40]))
+    mnt.start()
+    with open(bad, "rb", buffering=0) as f:
+        assert f.read(MiB) == data[:MiB]           # intact units read fine
+        with pytest.raises(OSError) as e:
+            f.read()
+        assert e.value.errno == errno.EIO
+    with pytest.raises(OSError) as e:
+        bad.read_bytes()
+    assert e.value.errno == errno.EIO
+    assert len(good.read_bytes()) == 3 * MiB     # the rest of the pool is served
+    assert "checksum mismatch" in mnt.log_text()
+    assert mnt.stats()["namespaces"][0]["errors"] >= 1
+
+
+def test_full_pool_with_evict_never_fails_writes_with_enospc(make_mount, pool_config):
+    m = make_mount(pool_config(size="32MiB", pool='evict = "never"'))
+    cap = m.stats()["tiers"]["pool"]["capacity"]
+    (m.mountpoint / "a").write_bytes(os.urandom(cap - 4 * MiB))
+    with pytest.raises(OSError) as e:
+        (m.mountpoint / "b").write_bytes(os.urandom(8 * MiB))
+    assert e.value.errno == errno.ENOSPC
+    assert len((m.mountpoint / "a").read_bytes()) == cap - 4 * MiB   # nothing was lost
+    with pytest.raises(OSError) as e:          # larger than the whole pool: refused at once
+        with open(m.mountpoint / "huge", "wb") as f:
+            f.truncate(cap + MiB)
+    assert e.value.errno == errno.EFBIG
+
+
+def test_full_pool_with_lru_drops_the_least_recently_used_files(make_mount, pool_config):
+    m = make_mount(pool_config(size="32MiB"))
+    cap = m.stats()["tiers"]["pool"]["capacity"]
+    size = cap // 4 - 4096
+    for name in "abcd":
+        (m.mountpoint / name).write_bytes(os.urandom(size))
+    (m.mountpoint / "a").read_bytes()            # a is used again: b is now the oldest
+    with open(m.mountpoint / "c", "rb"):        # c is open: it must not be evicted
+        (m.mountpoint / "e").write_bytes(os.urandom(size))
+        (m.mountpoint / "f").write_bytes(os.urandom(size))
+    assert sorted(os.listdir(m.mountpoint)) == ["a", "c", "e", "f"]
+    assert m.stats()["files"]["pool_evictions"] == 2
+    with pytest.raises(OSError) as e:
+        (m.mountpoint / "huge").write_bytes(os.urandom(cap + MiB))
+    assert e.value.errno in (errno.EFBIG, errno.ENOSPC)
