@@ -59,6 +59,7 @@ class PoolConfig:
     stripe_unit: int = DEFAULT_STRIPE_UNIT
     io: str = "threads"              # "threads" or "uring"
     max_block_size: int | None = None  # default: the pool's capacity
+    adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         stripe_unit=pool_t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
         io=pool_t.take("io", _choice("threads", "uring"), "threads"),
         max_block_size=max_block,
+        adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
     )
     pool_t.done()
     top.done()

@@ -30,6 +30,7 @@ from kvfs.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, d
 log = logging.getLogger("kvfs.device")
 
 BLKGETSIZE64 = 0x80081272
+RATE_WINDOW = 16 << 20        # bytes per throughput sample
 
 
 @dataclass
@@ -39,11 +40,11 @@ class NamespaceStats:
     bytes_read: int = 0
     bytes_written: int = 0
     errors: int = 0
-    read_seconds: float = 0.0     # summed per-I/O service time (for throughput estimates)
-    write_seconds: float = 0.0
     state: str = "ok"             # "ok" or "failed"
     last_error: str = ""
     inflight: int = 0
+    busy_seconds: float = 0.0     # time with at least one I/O in flight
+    rate_bps: float = 0.0         # recent bytes per busy second (0 until measured)
 
 
 def probe(path: Path) -> tuple[bool, bool, int]:
@@ -98,7 +99,11 @@ class Namespace:
         self.queue_depth = queue_depth
         self.weight = weight
         self.stats = NamespaceStats()
+        self.engine = ThreadEngine()
         self._limiter: trio.CapacityLimiter | None = None
+        self._busy_mark = 0.0
+        self._window_bytes = 0
+        self._window_busy = 0.0
 
     def __repr__(self) -> str:
         return f"<Namespace {self.index} {self.path}>"
@@ -201,28 +206,11 @@ class Namespace:
     async def read(self, views: Sequence[memoryview], offset: int,
                    check: tuple[int, int] | None = None) -> None:
         """Fill `views` from `offset`. With `check=(length, digest)`, verify the xxh3-64 of the
-        first `length` bytes in the worker thread and raise EIO on a mismatch."""
+        first `length` bytes (off the trio thread) and raise EIO on a mismatch."""
         nbytes = sum(len(v) for v in views)
-
-        def work() -> float:
-            t = time.perf_counter()
-            _transfer(os.preadv, self.fd, views, offset)
-            if check is not None:
-                length, digest = check
-                h = xxhash.xxh3_64()
-                left = length
-                for v in views:
-                    if left <= 0:
-                        break
-                    h.update(v[:left])
-                    left -= len(v)
-                if h.intdigest() != digest:
-                    raise _ChecksumMismatch()
-            return time.perf_counter() - t
-
-        self.stats.inflight += 1
+        self._begin()
         try:
-            took = await trio.to_thread.run_sync(work, limiter=self.limiter)
+            await self.engine.read(self, views, offset, check)
         except _ChecksumMismatch:
             self.stats.errors += 1
             msg = (f"namespace {self.index} ({self.path}): checksum mismatch in {nbytes} bytes "
@@ -232,44 +220,26 @@ class Namespace:
         except OSError as e:
             raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
         finally:
-            self.stats.inflight -= 1
+            self._end(nbytes)
         self.stats.reads += 1
         self.stats.bytes_read += nbytes
-        self.stats.read_seconds += took
         self._ok()
 
     async def write(self, views: Sequence[memoryview], offset: int, digest_len: int = -1) -> int:
         """Write `views` at `offset`; return the xxh3-64 of the first `digest_len` bytes (computed
-        in the worker thread), or 0 when digest_len is negative."""
+        off the trio thread), or 0 when digest_len is negative."""
         nbytes = sum(len(v) for v in views)
         if offset < 0 or offset + nbytes > self.size:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
-
-        def work() -> tuple[int, float]:
-            digest = 0
-            if digest_len >= 0:
-                h = xxhash.xxh3_64()
-                left = digest_len
-                for v in views:
-                    if left <= 0:
-                        break
-                    h.update(v[:left])
-                    left -= len(v)
-                digest = h.intdigest()
-            t = time.perf_counter()
-            _transfer(os.pwritev, self.fd, views, offset)
-            return digest, time.perf_counter() - t
-
-        self.stats.inflight += 1
+        self._begin()
         try:
-            digest, took = await trio.to_thread.run_sync(work, limiter=self.limiter)
+            digest = await self.engine.write(self, views, offset, digest_len)
         except OSError as e:
             raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
         finally:
-            self.stats.inflight -= 1
+            self._end(nbytes)
         self.stats.writes += 1
         self.stats.bytes_written += nbytes
-        self.stats.write_seconds += took
         self._ok()
         return digest
 
@@ -279,6 +249,178 @@ class Namespace:
             await trio.to_thread.run_sync(os.fdatasync, self.fd, limiter=self.limiter)
         except OSError as e:
             raise self._failed("fdatasync", e) from None
+
+    # --- throughput, for placement ---------------------------------------------------------------
+    def _begin(self) -> None:
+        if self.stats.inflight == 0:
+            self._busy_mark = time.perf_counter()
+        self.stats.inflight += 1
+
+    def _end(self, nbytes: int) -> None:
+        now = time.perf_counter()
+        self.stats.busy_seconds += now - self._busy_mark
+        self._window_busy += now - self._busy_mark
+        self._busy_mark = now
+        self.stats.inflight -= 1
+        self._window_bytes += nbytes
+        if self._window_bytes >= RATE_WINDOW and self._window_busy > 0:
+            rate = self._window_bytes / self._window_busy
+            old = self.stats.rate_bps
+            self.stats.rate_bps = rate if old == 0 else 0.5 * old + 0.5 * rate
+            self._window_bytes = 0
+            self._window_busy = 0.0
+
+
+def _digest(views: Sequence[memoryview], length: int) -> int:
+    h = xxhash.xxh3_64()
+    left = length
+    for v in views:
+        if left <= 0:
+            break
+        h.update(v[:left])
+        left -= len(v)
+    return h.intdigest()
+
+
+def _verify(views: Sequence[memoryview], check: tuple[int, int] | None) -> None:
+    if check is not None and _digest(views, check[0]) != check[1]:
+        raise _ChecksumMismatch()
+
+
+class ThreadEngine:
+    """Each I/O is one blocking call in a worker thread (preadv/pwritev, with the checksum in
+    the same thread); the namespace's limiter bounds the I/Os in flight."""
+
+    name = "threads"
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def read(self, ns: "Namespace", views, offset: int, check) -> None:
+        def work() -> None:
+            _transfer(os.preadv, ns.fd, views, offset)
+            _verify(views, check)
+        await trio.to_thread.run_sync(work, limiter=ns.limiter)
+
+    async def write(self, ns: "Namespace", views, offset: int, digest_len: int) -> int:
+        def work() -> int:
+            digest = _digest(views, digest_len) if digest_len >= 0 else 0
+            _transfer(os.pwritev, ns.fd, views, offset)
+            return digest
+        return await trio.to_thread.run_sync(work, limiter=ns.limiter)
+
+    def close(self) -> None:
+        pass
+
+
+class UringEngine:
+    """One io_uring for the pool, driven from the trio thread: I/Os are submitted without a
+    thread hop and completions arrive through an eventfd; checksums still run in worker
+    threads (they are CPU work). The namespace's limiter bounds the I/Os in flight."""
+
+    name = "uring"
+
+    def __init__(self, entries: int = 256):
+        import liburing
+        self._L = liburing
+        self.ring = liburing.Ring()
+        rc = liburing.io_uring_queue_init(entries, self.ring, 0)
+        if rc not in (0, None):
+            raise StartupError(f"io_uring: cannot create a ring ({rc})")
+        self._cqe = liburing.Cqe()
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        liburing.io_uring_register_eventfd(self.ring, self._efd)
+        self._waiting: dict[int, list] = {}
+        self._next = 1
+        self._hash_limiter = trio.CapacityLimiter(max(2, os.cpu_count() or 2))
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.lowlevel.wait_readable(self._efd)
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                pass
+            self._reap()
+
+    def _reap(self) -> None:
+        L = self._L
+        it = L.io_uring_cqe_iter_init(self.ring)
+        n = 0
+        while L.io_uring_cqe_iter_next(it, self._cqe):
+            entry = self._cqe[0]
+            op = self._waiting.pop(entry.user_data, None)
+            n += 1
+            if op is not None:
+                op[0] = entry.res
+                op[1].set()
+        if n:
+            L.io_uring_cq_advance(self.ring, n)
+
+    async def _one(self, prep, fd: int, views, offset: int) -> int:
+        L = self._L
+        iov = L.Iovec(list(views))
+        sqe = L.io_uring_get_sqe(self.ring)
+        while sqe is None:                       # submission queue full: let it drain
+            L.io_uring_submit(self.ring)
+            await trio.sleep(0.0005)
+            sqe = L.io_uring_get_sqe(self.ring)
+        op_id = self._next
+        self._next += 1
+        prep(sqe, fd, iov, offset)
+        L.io_uring_sqe_set_data64(sqe, op_id)
+        op = [None, trio.Event(), iov]
+        self._waiting[op_id] = op
+        L.io_uring_submit(self.ring)
+        with trio.CancelScope(shield=True):     # the kernel owns the buffer until completion
+            await op[1].wait()
+        res = op[0]
+        if res < 0:
+            raise OSError(-res, os.strerror(-res))
+        return res
+
+    async def _transfer(self, prep, fd: int, views, offset: int) -> None:
+        views = list(views)
+        total = sum(len(v) for v in views)
+        done = 0
+        while done < total:
+            n = await self._one(prep, fd, views, offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
+            done += n
+            while n and views:
+                if n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+
+    async def read(self, ns: "Namespace", views, offset: int, check) -> None:
+        async with ns.limiter:
+            await self._transfer(self._L.io_uring_prep_readv, ns.fd, views, offset)
+        if check is not None:
+            await trio.to_thread.run_sync(_verify, views, check, limiter=self._hash_limiter)
+
+    async def write(self, ns: "Namespace", views, offset: int, digest_len: int) -> int:
+        digest = 0
+        if digest_len >= 0:
+            digest = await trio.to_thread.run_sync(_digest, views, digest_len,
+                                                   limiter=self._hash_limiter)
+        async with ns.limiter:
+            await self._transfer(self._L.io_uring_prep_writev, ns.fd, views, offset)
+        return digest
+
+    def close(self) -> None:
+        if self._efd >= 0:
+            self._L.io_uring_queue_exit(self.ring)
+            os.close(self._efd)
+            self._efd = -1
+
+
+def make_engine(kind: str):
+    return UringEngine() if kind == "uring" else ThreadEngine()
 
 
 class _ChecksumMismatch(Exception):

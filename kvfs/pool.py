@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import errno
 import logging
+import time
 import uuid
 from pathlib import Path
 from typing import Iterable
@@ -22,19 +23,31 @@ from kvfs.aio import run_all
 from kvfs.alloc import ExtentAllocator
 from kvfs.buffer import Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
-from kvfs.device import Namespace, probe
+import trio
+
+from kvfs.device import Namespace, make_engine, probe
 from kvfs.errors import KvfsError, StartupError, no_space
 from kvfs.layout import DATA_START, Layout, align_up, place_units, stored_length, unit_count
 from kvfs.superblock import Superblock, foreign_signature
 
 log = logging.getLogger("kvfs.pool")
 
+OBSERVE_UNITS = 128     # units moved between two updates of the placement balance
+
 
 class Pool:
-    def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int):
+    def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int, *,
+                 io: str = "threads", adaptive: bool = True):
         self.namespaces = namespaces
         self.pool_id = pool_id
         self.unit = unit
+        self.engine = make_engine(io)
+        for ns in namespaces:
+            ns.engine = self.engine
+        self.adaptive = adaptive
+        self.balance = [1.0] * len(namespaces)   # learned per-namespace factors (see observe)
+        self._obs_units = [0] * len(namespaces)
+        self._obs_seconds = [0.0] * len(namespaces)
         self.chunk = chunk_size_for(unit)
         self.allocators: list[ExtentAllocator] = [
             ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
@@ -98,11 +111,13 @@ class Pool:
             if fresh:
                 pool_id = cls._write_superblocks(namespaces, cfg.stripe_unit)
                 log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
-                pool = cls(namespaces, pool_id, cfg.stripe_unit)
+                pool = cls(namespaces, pool_id, cfg.stripe_unit, io=cfg.io,
+                           adaptive=cfg.adaptive_placement)
                 pool.created = True
                 return pool
             pool_id = cls._validate(namespaces, cfg, expect_pool_id)
-            return cls(namespaces, pool_id, cfg.stripe_unit)
+            return cls(namespaces, pool_id, cfg.stripe_unit, io=cfg.io,
+                       adaptive=cfg.adaptive_placement)
         except BaseException:
             for ns in namespaces:
                 ns.close()
@@ -195,6 +210,11 @@ class Pool:
     def close(self) -> None:
         for ns in self.namespaces:
             ns.close()
+        self.engine.close()
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the I/O engine's background work (io_uring completions) until cancelled."""
+        await self.engine.serve(task_status=task_status)
 
     # --- space -------------------------------------------------------------------------------
     def attach(self, layouts: Iterable[Layout]) -> None:
@@ -239,6 +259,52 @@ class Pool:
         """Bytes a block of `size` takes in the pool."""
         return align_up(size)
 
+    def placement_weights(self) -> list[float]:
+        """Each namespace's share of a new block's units.
+
+        The configured weight times, with adaptive placement, a learned balance factor that
+        makes every namespace finish its share of a block at the same time (see `observe`), so a
+        slower namespace gets proportionally fewer units and does not hold every block back.
+        Failed namespaces get no new units (unless all have failed).
+        """
+        nss = self.namespaces
+        healthy = [ns.stats.state == "ok" for ns in nss]
+        if not any(healthy):
+            healthy = [True] * len(nss)
+        return [ns.weight * b if ok else 0.0 for ns, b, ok in zip(nss, self.balance, healthy)]
+
+    def observe(self, units: dict[int, int], seconds: dict[int, float]) -> None:
+        """Learn from one striped transfer: namespace j moved `units[j]` units in `seconds[j]`
+        (from the transfer's start to its last unit on j).
+
+        Transfers are pooled until OBSERVE_UNITS units have moved (single transfers are noisy:
+        devices burst after idling). Then each namespace's time per unit predicts how long it
+        would take for a block laid out with today's weights, and the factors move a geometric
+        half step towards equal predicted times. Whatever makes a namespace slower (its link,
+        its load, a throttle), this feedback balances it; a factor stays within [1/50, 1].
+        """
+        if not self.adaptive:
+            return
+        for j, u in units.items():
+            if u > 0 and seconds.get(j, 0) > 0:
+                self._obs_units[j] += u
+                self._obs_seconds[j] += seconds[j]
+        if sum(self._obs_units) < OBSERVE_UNITS:
+            return
+        weights = self.placement_weights()
+        predicted = {j: weights[j] * self._obs_seconds[j] / self._obs_units[j]
+                     for j in range(len(self.namespaces))
+                     if self._obs_units[j] > 0 and weights[j] > 0}
+        self._obs_units = [0] * len(self.namespaces)
+        self._obs_seconds = [0.0] * len(self.namespaces)
+        if len(predicted) < 2:
+            return
+        mean = sum(predicted.values()) / len(predicted)
+        for j, t in predicted.items():
+            self.balance[j] *= (mean / t) ** 0.5
+        top = max(self.balance)
+        self.balance = [min(1.0, max(0.02, b / top)) for b in self.balance]
+
     def allocate(self, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Choose a namespace and offset for every unit of a `size`-byte block.
 
@@ -246,10 +312,7 @@ class Pool:
         """
         n = unit_count(size, self.unit)
         lengths = [stored_length(size, self.unit, k) for k in range(n)]
-        healthy = [ns.stats.state == "ok" for ns in self.namespaces]
-        if not any(healthy):
-            healthy = [True] * len(self.namespaces)
-        weights = [ns.weight if ok else 0.0 for ns, ok in zip(self.namespaces, healthy)]
+        weights = self.placement_weights()
         room = [a.free_bytes for a in self.allocators]
         try:
             assign = place_units(n, weights, self._rotation % len(self.namespaces), room, lengths)
@@ -296,6 +359,8 @@ class Pool:
         ns_of, offsets = self.allocate(size)
         n = len(ns_of)
         sums = [0] * n
+        t0 = time.perf_counter()
+        done: dict[int, float] = {}
 
         def unit_writer(k: int):
             async def write() -> None:
@@ -303,6 +368,7 @@ class Pool:
                 length = min(self.unit, size - start)
                 views = buf.io_views(start, stored_length(size, self.unit, k), self._zero)
                 sums[k] = await self.namespaces[ns_of[k]].write(views, offsets[k], length)
+                done[ns_of[k]] = time.perf_counter() - t0
             return write
 
         layout_if_ok = Layout(size, self.unit, ns_of, offsets, (0,) * n)
@@ -312,6 +378,10 @@ class Pool:
         except BaseException:
             self.release(layout_if_ok)
             raise
+        counts = {j: ns_of.count(j) for j in done}
+        log.debug("wrote %d bytes in %.3f s: units per namespace %s, seconds %s", size,
+                  time.perf_counter() - t0, counts, {j: round(t, 3) for j, t in done.items()})
+        self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
     async def read_unit(self, layout: Layout, k: int, buf: Buffer) -> None:

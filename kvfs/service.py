@@ -36,6 +36,7 @@ class Service:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run background work until cancelled; started() once reads and writes can be served."""
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.pool.serve)
             await nursery.start(self.store.serve)
             nursery.start_soon(self._flush_atimes_periodically)
             task_status.started()
@@ -73,6 +74,8 @@ class Service:
                     "evict": self.cfg.pool.evict,
                     "stripe_unit": pool.unit,
                     "pool_id": pool.pool_id,
+                    "io": pool.engine.name,
+                    "placement_weights": [round(w, 3) for w in pool.placement_weights()],
                 },
             },
             "namespaces": [

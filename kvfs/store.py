@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -296,8 +297,11 @@ class BlockStore:
 
     async def _run_fetch(self, cb: CachedBlob, fetch: Fetch) -> None:
         layout = cb.rec.layout
+        units = {j: len(q) for j, q in fetch.queues.items()}
+        t0 = time.perf_counter()
+        done: dict[int, float] = {}
 
-        async def worker(q: collections.deque[int]) -> None:
+        async def worker(j: int, q: collections.deque[int]) -> None:
             while q:
                 k = q.popleft()
                 try:
@@ -306,12 +310,15 @@ class BlockStore:
                     fetch.errors[k] = e
                 finally:
                     fetch.ready[k].set()
+                done[j] = time.perf_counter() - t0
 
         async with trio.open_nursery() as nursery:
             for j, q in fetch.queues.items():
                 for _ in range(min(len(q), self.pool.namespaces[j].queue_depth)):
-                    nursery.start_soon(worker, q)
+                    nursery.start_soon(worker, j, q)
         cb.fetch = None
+        if not fetch.errors:
+            self.pool.observe(units, done)
         if fetch.errors:
             self.stats.fetch_errors += 1
             self.dram_used -= fetch.buffer.nbytes

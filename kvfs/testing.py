@@ -33,15 +33,16 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str =
 
 def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: str = "64MiB",
                  extra: str = "", pool: str = "") -> Path:
-    lines = [f'state_dir = "{state_dir}"', "[dram]", f'capacity = "{dram}"', "[pool]"]
+    """Write a kvfs config. `extra` holds top-level keys and other tables (it goes first);
+    `pool` holds keys of the [pool] table."""
+    lines = [f'state_dir = "{state_dir}"', extra, "[dram]", f'capacity = "{dram}"', "[pool]"]
     if pool:
         lines.append(pool)
     for ns in namespaces:
         lines.append("[[pool.namespace]]")
         for k, v in ns.items():
             lines.append(f"{k} = {json.dumps(v)}")
-    text = "\n".join(lines) + "\n" + extra
-    path.write_text(text)
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Striping: cold reads and writes of 32 MiB blocks through kvfs on 1, 2 and 4 namespaces.
+
+Every namespace is a loop device over a file on a private tmpfs, throttled with a cgroup v1
+blkio limit of --bps bytes/s for reads and for writes (cgroup v2 io.max is absent here); the
+kvfs daemon runs in that cgroup. In one run:
+
+  kvfs Nns     write B blocks through the mount (open, one write, close: durable), then read
+               them back cold (DRAM tier and page cache dropped) with one thread, 1 MiB reads
+  plainfs      the same blocks as plain files on ext4 on one such throttled device, read cold
+               by the same single-threaded reader (what LMCache's local_disk does today)
+  hetero       4 namespaces, one of them throttled to half: how close cold reads get to the sum
+               of the namespaces' bandwidths (1.0 = all of it), with placement weights learned
+               (after a warm-up of 8 blocks) and with static equal weights
+  uring        4 namespaces with `io = "uring"` instead of worker threads
+
+    python bench/stripe.py [--bps 100e6] [--blocks 6] [--json]
+
+Everything (tmpfs, loop devices, cgroups, mounts) is set up and torn down here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io as io_mod
+import json
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.emulate import BLKIO, Emulation, available  # noqa: E402
+from kvfs.testing import MountedKvfs, write_config  # noqa: E402
+
+MiB = 1 << 20
+BLOCK = 32 * MiB
+
+
+def read_cold(paths: list[Path]) -> float:
+    buf = mmap.mmap(-1, MiB)
+    t = time.perf_counter()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            while os.readv(fd, [buf]) == MiB:
+                pass
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t
+
+
+def write_blocks(paths: list[Path], blocks: list[bytes]) -> float:
+    t = time.perf_counter()
+    for p, data in zip(paths, blocks):
+        fd = os.open(p, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)        # kvfs: durable when close returns
+    return time.perf_counter() - t
+
+
+def drop_page_cache() -> None:
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def run_kvfs(emu: Emulation, tmp: Path, name: str, bps: list[float], blocks: list[bytes],
+             io: str = "threads", adaptive: bool = True, warmup: int = 0) -> dict:
+    """Write the blocks through a fresh kvfs on len(bps) throttled namespaces, read them back
+    cold. With `warmup`, that many blocks are first written, read and deleted, so that adaptive
+    placement has learned the namespaces before the measured ones."""
+    devs = [emu.loop(f"{name}-ns{i}", ((len(blocks) + warmup) * BLOCK) // len(bps) + 256 * MiB)
+            for i in range(len(bps))]
+    cfg = write_config(tmp / f"{name}.toml", tmp / f"{name}-state", [{"path": d.path} for d in devs],
+                       dram="256MiB",
+                       pool=f'io = "{io}"\nadaptive_placement = {str(adaptive).lower()}')
+    from kvfs.cli import main as kvfs_main
+    with contextlib.redirect_stdout(io_mod.StringIO()):
+        if kvfs_main(["format", "--config", str(cfg)]) != 0:
+            raise RuntimeError("kvfs format failed")
+    group = emu.cgroup(f"kvfs-{name}")
+    for d, b in zip(devs, bps):
+        group.limit(d, read_bps=b, write_bps=b)
+    with MountedKvfs(tmp / f"{name}-mnt", cfg, tmp / f"{name}.log") as m:
+        group.add(m.pid)
+        if warmup:
+            warm = [m.mountpoint / f"warm{i}.pt" for i in range(warmup)]
+            write_blocks(warm, [blocks[i % len(blocks)] for i in range(warmup)])
+            m.control("drop_dram")
+            read_cold(warm)
+            for p in warm:
+                p.unlink()
+        paths = [m.mountpoint / f"block{i}.pt" for i in range(len(blocks))]
+        w = write_blocks(paths, blocks)
+        m.control("drop_dram")
+        drop_page_cache()
+        r = read_cold(paths)
+        for p, data in zip(paths[:2], blocks):
+            assert p.read_bytes() == data, f"{name}: read back differs"
+        stats = m.stats()
+    group.remove()
+    total = len(blocks) * BLOCK
+    return {"read_gbps": total / r / 1e9, "write_gbps": total / w / 1e9,
+            "placement_weights": stats["tiers"]["pool"]["placement_weights"]}
+
+
+def run_plainfs(emu: Emulation, tmp: Path, bps: float, blocks: list[bytes]) -> dict:
+    dev = emu.loop("plain", len(blocks) * BLOCK + 256 * MiB)
+    subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
+    mnt = tmp / "plain-mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", dev.path, str(mnt)], check=True)
+    group = emu.cgroup("kvfs-plain")
+    group.limit(dev, read_bps=bps, write_bps=bps)
+    try:
+        paths = [mnt / f"block{i}.pt" for i in range(len(blocks))]
+        group.add(os.getpid())           # the reader issues the block I/O itself here
+        t = time.perf_counter()
+        for p, data in zip(paths, blocks):
+            with open(p, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())     # durable, as kvfs is at close
+        w = time.perf_counter() - t
+        drop_page_cache()
+        r = read_cold(paths)
+    finally:
+        (BLKIO / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        group.remove()
+        subprocess.run(["umount", str(mnt)], check=True)
+    total = len(blocks) * BLOCK
+    return {"read_gbps": total / r / 1e9, "write_gbps": total / w / 1e9}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bps", type=float, default=100e6, help="bytes/s per namespace (read and write)")
+    ap.add_argument("--blocks", type=int, default=6)
+    ap.add_argument("--skip-extra", action="store_true", help="only the 1/2/4 namespace and plainfs rows")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    why = available()
+    if why:
+        print(f"bench/stripe.py: {why}", file=sys.stderr)
+        return 2
+    blocks = [os.urandom(BLOCK) for _ in range(args.blocks)]
+    rows: dict[str, dict] = {}
+    size = f"{(args.blocks * BLOCK * 8) // MiB + 2048}m"
+    with Emulation(size) as emu, tempfile.TemporaryDirectory(prefix="kvfs-stripe-") as tmp:
+        tmp = Path(tmp)
+        rows["plainfs"] = run_plainfs(emu, tmp, args.bps, blocks)
+        for n in (1, 2, 4):
+            rows[f"kvfs {n}ns"] = run_kvfs(emu, tmp, f"n{n}", [args.bps] * n, blocks)
+        if not args.skip_extra:
+            het = [args.bps] * 3 + [args.bps / 2]
+            rows["hetero static"] = run_kvfs(emu, tmp, "hets", het, blocks, adaptive=False)
+            rows["hetero adaptive"] = run_kvfs(emu, tmp, "heta", het, blocks, warmup=8)
+            rows["uring 4ns"] = run_kvfs(emu, tmp, "uring", [args.bps] * 4, blocks, io="uring")
+    r1, r4 = rows["kvfs 1ns"], rows["kvfs 4ns"]
+    out = {
+        "bps_per_namespace": args.bps, "blocks": args.blocks, "block_bytes": BLOCK,
+        "rows": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                 for k, v in rows.items()},
+        "read_4ns_vs_1ns": round(r4["read_gbps"] / r1["read_gbps"], 3),
+        "read_4ns_vs_plainfs": round(r4["read_gbps"] / rows["plainfs"]["read_gbps"], 3),
+        "write_4ns_vs_1ns": round(r4["write_gbps"] / r1["write_gbps"], 3),
+    }
+    if "hetero adaptive" in rows:
+        ideal = 3.5 * args.bps / 1e9        # the four namespaces' bandwidths added up
+        out["hetero_read_vs_ideal"] = round(rows["hetero adaptive"]["read_gbps"] / ideal, 3)
+        out["hetero_static_read_vs_ideal"] = round(rows["hetero static"]["read_gbps"] / ideal, 3)
+        out["uring_vs_threads_read"] = round(rows["uring 4ns"]["read_gbps"] / r4["read_gbps"], 3)
+        out["uring_vs_threads_write"] = round(rows["uring 4ns"]["write_gbps"] / r4["write_gbps"], 3)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"32 MiB blocks x {args.blocks}; every namespace throttled to {args.bps / 1e6:.0f} MB/s "
+          f"read and write; one reader/writer thread")
+    print(f"{'setup':<14}{'read GB/s':>11}{'write GB/s':>12}")
+    for k, v in rows.items():
+        print(f"{k:<14}{v['read_gbps']:>11.3f}{v['write_gbps']:>12.3f}")
+    for k in ("read_4ns_vs_1ns", "read_4ns_vs_plainfs", "write_4ns_vs_1ns", "hetero_read_vs_ideal",
+              "hetero_static_read_vs_ideal", "uring_vs_threads_read", "uring_vs_threads_write"):
+        if k in out:
+            print(f"{k} = {out[k]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""The pool on real files: formats, refusals, striped round trips, fragmentation, balance."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvfs import config
+from kvfs.cli import main as kvfs_main
+from kvfs.daemon import open_layers
+from kvfs.errors import StartupError
+from kvfs.pool import Pool
+from tests.daemon.harness import run_service
+from tests.helpers import write_config
+
+MiB = 1 << 20
+
+
+def cfg_for(tmp_path: Path, names: list[str], *, unit: str = "1MiB", size: str = "64MiB",
+            state: str = "state", name: str = "k.toml", extra_pool: str = "") -> Path:
+    ns = [{"path": str(tmp_path / n), "size": size} for n in names]
+    return write_config(tmp_path / name, tmp_path / state, ns,
+                        pool=f'stripe_unit = "{unit}"\n{extra_pool}')
+
+
+def open_fails(cfg: Path, *needles: str) -> None:
+    with pytest.raises(StartupError) as e:
+        catalog, pool, lock = open_layers(config.load(cfg))
+        pool.close()
+        catalog.close()
+        os.close(lock)
+    for n in needles:
+        assert n in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("n, unit", [(1, "1MiB"), (3, "64KiB"), (3, "1MiB"), (4, "256KiB"),
+                                     (4, "4MiB")])
+def test_round_trip_across_restarts(tmp_path, n, unit):
+    cfg = cfg_for(tmp_path, [f"ns{i}.img" for i in range(n)], unit=unit)
+    files = {f"/b{i}": os.urandom(s) for i, s in
+             enumerate([0, 1, 4095, 4096, 65537, MiB, 5 * MiB + 7, 13 * MiB])}
+
+    async def write(fs):
+        for p, d in files.items():
+            await fs.write(p, d)
+
+    async def check(fs):
+        for p, d in files.items():
+            assert await fs.read(p) == d, p
+        used = {j for node in fs.files.catalog.files() for j in node.blob.layout.ns}
+        assert used == set(range(n))             # every namespace holds units
+
+    run_service(cfg, write)
+    run_service(cfg, check)
+    run_service(cfg, check)
+
+
+def test_small_blocks_spread_across_namespaces(tmp_path):
+    cfg = cfg_for(tmp_path, [f"ns{i}.img" for i in range(4)])
+
+    async def body(fs):
+        for i in range(8):
+            await fs.write(f"/s{i}", b"x" * 100)        # one unit each
+        firsts = [fs.files.catalog.get(fs.ino(f"/s{i}")).blob.layout.ns[0] for i in range(8)]
+        assert sorted(set(firsts)) == [0, 1, 2, 3]      # the start namespace rotates
+
+    run_service(cfg, body)
+
+
+def test_fragmented_space_gives_several_extents_per_namespace(tmp_path):
+    cfg = cfg_for(tmp_path, ["ns0.img", "ns1.img"], size="40MiB", extra_pool='evict = "never"')
+
+    async def body(fs):
+        for i in range(38):
+            await fs.write(f"/f{i}", os.urandom(2 * MiB))   # one unit on each namespace
+        for i in range(0, 38, 2):
+            p, n = fs.resolve(f"/f{i}")
+            await fs.files.unlink(p, n)                  # holes of 1 MiB everywhere
+        data = os.urandom(12 * MiB)
+        await fs.write("/big", data)
+        lay = fs.files.catalog.get(fs.ino("/big")).blob.layout
+        per_ns = {}
+        for e in lay.extents():
+            per_ns[e.ns] = per_ns.get(e.ns, 0) + 1
+        assert max(per_ns.values()) > 1, lay.extents()
+        assert await fs.read("/big") == data
+
+    run_service(cfg, body)
+    run_service(cfg, lambda fs: _read_ok(fs, "/big"))
+
+
+async def _read_ok(fs, path):
+    assert len(await fs.read(path)) == 12 * MiB
+
+
+def test_uring_engine_round_trip(tmp_path):
+    cfg = cfg_for(tmp_path, ["ns0.img", "ns1.img", "ns2.img"], extra_pool='io = "uring"')
+    data = os.urandom(9 * MiB + 5)
+
+    async def write(fs):
+        assert fs.svc.pool.engine.name == "uring"
+        await fs.write("/u", data)
+
+    async def read(fs):
+        assert await fs.read("/u") == data
+
+    run_service(cfg, write)
+    run_service(cfg, read)
+
+
+def test_refusals(tmp_path):
+    names = ["ns0.img", "ns1.img", "ns2.img"]
+    cfg = cfg_for(tmp_path, names)
+    run_service(cfg, _noop)                                  # creates pool A
+    # a namespace from another pool
+    other = cfg_for(tmp_path, ["o0.img", "o1.img", "o2.img"], state="state-b", name="b.toml")
+    run_service(other, _noop)
+    swapped = write_config(tmp_path / "x.toml", tmp_path / "state",
+                           [{"path": str(tmp_path / n)} for n in ["ns0.img", "o1.img", "ns2.img"]])
+    open_fails(swapped, "o1.img", "belongs to pool")
+    # reordered
+    reordered = write_config(tmp_path / "r.toml", tmp_path / "state",
+                             [{"path": str(tmp_path / n)} for n in ["ns1.img", "ns0.img", "ns2.img"]])
+    open_fails(reordered, "is number 1", "listed as number 0", "reordered")
+    # missing
+    missing = write_config(tmp_path / "m.toml", tmp_path / "state",
+                           [{"path": str(tmp_path / n)} for n in ["ns0.img", "ns1.img"]])
+    open_fails(missing, "has 3 namespaces", "lists 2")
+    gone = cfg_for(tmp_path, ["ns0.img", "nsX.img", "ns2.img"], name="g.toml")
+    open_fails(gone, "nsX.img", "does not exist")
+    # changed geometry
+    open_fails(cfg_for(tmp_path, names, unit="256KiB", name="u.toml"), "stripe_unit", "changed geometry")
+    open_fails(cfg_for(tmp_path, names, size="128MiB", name="s.toml"), "changed geometry")
+    # a catalog lost: the pool is not silently reused with an empty index
+    shutil.move(tmp_path / "state", tmp_path / "state.saved")
+    open_fails(cfg, "no catalog for it")
+    assert not (tmp_path / "state").exists()             # refusing created nothing
+    shutil.move(tmp_path / "state.saved", tmp_path / "state")
+    # an unformatted device-like file that kvfs did not create
+    (tmp_path / "blank.img").write_bytes(bytes(8 * MiB))
+    blank = write_config(tmp_path / "bl.toml", tmp_path / "state-c",
+                         [{"path": str(tmp_path / "blank.img")}])
+    open_fails(blank, "not a kvfs namespace", "kvfs format")
+    run_service(cfg, _noop)                                # the right config still opens
+
+
+async def _noop(fs):
+    return None
+
+
+def test_format_then_mount_then_refuse_reformat(tmp_path):
+    cfg = cfg_for(tmp_path, ["ns0.img", "ns1.img"])
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert kvfs_main(["format", "--config", str(cfg)]) == 0
+    data = os.urandom(3 * MiB)
+
+    async def write(fs):
+        await fs.write("/x", data)
+
+    run_service(cfg, write)
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert kvfs_main(["format", "--config", str(cfg)]) == 1
+    assert "already holds a catalog" in err.getvalue()
+    run_service(cfg, lambda fs: _expect(fs, "/x", data))
+
+
+async def _expect(fs, path, data):
+    assert await fs.read(path) == data
+
+
+class _FakeNs:
+    def __init__(self, i: int, weight: float = 1.0):
+        from kvfs.device import NamespaceStats
+        self.index, self.weight, self.stats = i, weight, NamespaceStats()
+
+
+def test_placement_learns_a_slow_namespace():
+    speeds = [100.0, 100.0, 100.0, 50.0]          # units per second
+    pool = Pool.__new__(Pool)
+    pool.namespaces = [_FakeNs(i) for i in range(4)]
+    pool.adaptive = True
+    pool.balance = [1.0] * 4
+    pool._obs_units, pool._obs_seconds = [0] * 4, [0.0] * 4
+    for _ in range(40):
+        w = pool.placement_weights()
+        units = {j: max(1, round(32 * w[j] / sum(w))) for j in range(4)}
+        pool.observe(units, {j: units[j] / speeds[j] for j in range(4)})
+    w = pool.placement_weights()
+    assert abs(w[3] / w[0] - 0.5) < 0.1, w
+    assert min(w[:3]) > 0.9

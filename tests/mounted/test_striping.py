@@ -1,0 +1,85 @@
+"""Striping through a real mount on emulated namespaces (loop devices, cgroup v1 throttles)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import time
+
+import pytest
+
+from bench.emulate import Emulation, available
+from kvfs.cli import main as kvfs_main
+from tests.helpers import write_config
+
+MiB = 1 << 20
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+
+
+def formatted(tmp_path, devs, **kw):
+    cfg = write_config(tmp_path / "k.toml", tmp_path / "state", [{"path": d.path} for d in devs], **kw)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert kvfs_main(["format", "--config", str(cfg)]) == 0
+    return cfg
+
+
+def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_path):
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"s{i}", 128 * MiB) for i in range(4)]
+        m = make_mount(formatted(tmp_path, devs, dram="128MiB"))
+        data = os.urandom(32 * MiB)
+        (m.mountpoint / "blk.pt").write_bytes(data)
+        m.drop_caches()
+        group = emu.cgroup("kvfs-stream")
+        for d in devs:
+            group.limit(d, read_bps=20 * MiB)      # the whole block takes ~0.4 s
+        group.add(m.pid)
+        try:
+            t0 = time.perf_counter()
+            with open(m.mountpoint / "blk.pt", "rb", buffering=0) as f:
+                first = f.read(MiB)
+                t_first = time.perf_counter() - t0
+                fetched_then = m.stats()["store"]["bytes_from_pool"]
+                rest = f.read()
+            t_all = time.perf_counter() - t0
+        finally:
+            group.remove()
+        assert first + rest == data
+        assert fetched_then < 16 * MiB, "the first read waited for most of the block"
+        assert t_first < t_all / 3
+
+
+def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_path):
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"f{i}", 96 * MiB) for i in range(3)]
+        m = make_mount(formatted(tmp_path, devs))
+        striped = os.urandom(8 * MiB)                     # units on every namespace
+        (m.mountpoint / "striped.pt").write_bytes(striped)
+        singles = {}
+        for i in range(6):                                 # one unit each, rotating
+            singles[f"s{i}"] = os.urandom(4096)
+            (m.mountpoint / f"s{i}").write_bytes(singles[f"s{i}"])
+        devs[1].shrink_to(MiB)                             # namespace 1 "goes away"
+        m.drop_caches()
+        with pytest.raises(OSError) as e:
+            (m.mountpoint / "striped.pt").read_bytes()
+        assert e.value.errno == errno.EIO
+        st = m.stats()
+        assert st["namespaces"][1]["state"] == "failed"
+        assert st["namespaces"][0]["state"] == "ok" and st["namespaces"][2]["state"] == "ok"
+        assert "marking the namespace failed" in m.log_text()
+        readable = 0
+        for name, d in singles.items():                    # files without units on ns 1 still read
+            try:
+                assert (m.mountpoint / name).read_bytes() == d
+                readable += 1
+            except OSError as err:
+                assert err.errno == errno.EIO
+        assert readable >= 3
+        fresh = os.urandom(6 * MiB)                        # new blocks avoid the failed namespace
+        (m.mountpoint / "fresh.pt").write_bytes(fresh)
+        m.drop_caches()
+        assert (m.mountpoint / "fresh.pt").read_bytes() == fresh
+        assert os.listdir(m.mountpoint)                    # metadata is served throughout
