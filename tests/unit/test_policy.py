@@ -1,0 +1,107 @@
+"""Eviction and admission policies: behaviour on small cases, and hit rates on traces."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.synthetic_traces import TRACES
+from bench.trace_replay import load, replay
+from kvfs.policy import (LRUPolicy, PrefixPolicy, ProbationFrequencyPolicy, SecondAccessAdmit,
+                         TierIndex, make_policy)
+
+TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
+                     "conversation_trace.jsonl")
+
+
+def fill(tier: TierIndex, keys, parent_chain: bool = False) -> None:
+    parent = None
+    for k in keys:
+        if not tier.lookup(k, parent):
+            tier.make_room(1)
+            tier.add(k, 1, parent if parent_chain else None)
+        parent = k
+
+
+def test_lru_evicts_least_recently_used():
+    t = TierIndex(3, LRUPolicy())
+    fill(t, ["a", "b", "c"])
+    t.lookup("a")
+    fill(t, ["d"])
+    assert set(t.keys()) == {"a", "c", "d"}
+
+
+def test_probation_keeps_reused_blocks_over_one_hit_wonders():
+    t = TierIndex(10, ProbationFrequencyPolicy(10, small=0.2))
+    fill(t, [f"hot{i}" for i in range(5)])
+    for i in range(5):
+        t.lookup(f"hot{i}")                      # read again: they will go to main
+    fill(t, [f"scan{i}" for i in range(50)])     # a scan of blocks read once
+    assert all(f"hot{i}" in t for i in range(5))
+
+
+def test_probation_ghost_readmits_returning_blocks_to_main():
+    p = ProbationFrequencyPolicy(4, small=0.25)
+    t = TierIndex(4, p)
+    fill(t, ["x", "a", "b", "c", "d", "e"])        # x leaves through probation into the ghost
+    assert "x" not in t
+    fill(t, ["x"])                                 # back: it is a reused block
+    assert p.is_hot("x")
+
+
+def test_chain_tails_leave_first_and_unevictable_blocks_stay():
+    p = ProbationFrequencyPolicy(100, small=0.5)
+    for k in ("a", "b", "tail"):
+        p.insert(k, 1)
+    p.end_chain("tail")
+    assert p.victim(lambda k: True) == "tail"
+    assert p.victim(lambda k: k != "a") == "b"
+    assert p.victim(lambda k: False) is None
+    assert "a" in p
+
+
+def test_cold_only_victims_are_never_hot():
+    p = ProbationFrequencyPolicy(100, small=0.5)
+    for k in ("h", "c"):
+        p.insert(k, 1)
+    p.touch("h")
+    while p.victim(lambda k: k == "c") is None:
+        pass
+    p.insert("h2", 1)
+    p.touch("h2")
+    p.insert("new", 1)
+    v = p.victim(lambda k: True, cold_only=True)
+    assert v == "new"                              # never a block that was read again
+
+
+def test_second_access_admission():
+    a = SecondAccessAdmit(window=10)
+    assert not a.admit("k", 1)
+    assert a.admit("k", 1)
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_prefix_policy_does_not_fall_below_lru_on_other_traces(name):
+    reqs = TRACES[name]()
+    nblocks = len({h for r in reqs for h in r})
+    for frac in (0.02, 0.1, 0.3):
+        cap = max(50, int(nblocks * frac))
+        ours = replay(reqs, cap, "prefix")["hit_rate"]
+        lru = replay(reqs, cap, "lru")["hit_rate"]
+        assert ours >= lru * 0.99, (name, cap, ours, lru)
+
+
+@pytest.mark.skipif(not os.path.exists(TRACE), reason="the production trace is in ../shared")
+def test_prefix_policy_on_the_production_trace():
+    reqs = load(TRACE)
+    for cap, factor in ((2000, 1.5), (20000, 1.0)):
+        ours = replay(reqs, cap, "prefix")["hit_rate"]
+        lru = replay(reqs, cap, "lru")["hit_rate"]
+        assert ours >= lru * factor, (cap, ours, lru)
+
+
+def test_make_policy_names():
+    assert isinstance(make_policy("prefix", 10), PrefixPolicy)
+    with pytest.raises(ValueError, match="unknown eviction policy"):
+        make_policy("mru", 10)
