@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         "dram_vs_tmpfs": round(gbps["dram"] / gbps["tmpfs"], 3),
         "pool_vs_tmpfs": round(gbps["pool"] / gbps["tmpfs"], 3),
         "pagecache_vs_tmpfs": round(gbps["pagecache"] / gbps["tmpfs"], 3),
-        "dram_hits": stats["store"]["dram_hits"], "fetches": stats["store"]["fetches"],
+        "dram_request_hits": stats["store"]["dram_request_hits"], "fetches": stats["store"]["fetches"],
     }
     if args.json:
         print(json.dumps(out))

@@ -108,7 +108,8 @@ def run_kvfs(emu: Emulation, tmp: Path, name: str, bps: list[float], blocks: lis
     group.remove()
     total = len(blocks) * BLOCK
     return {"read_gbps": total / r / 1e9, "write_gbps": total / w / 1e9,
-            "placement_weights": stats["tiers"]["pool"]["placement_weights"]}
+            "placement_weights": stats["tiers"]["pool"]["placement_weights"],
+            "catalog_commit_seconds": stats["catalog"]["commit_seconds"], "write_seconds": w}
 
 
 def run_plainfs(emu: Emulation, tmp: Path, bps: float, blocks: list[bytes]) -> dict:

@@ -65,7 +65,13 @@ class PoolConfig:
 @dataclass(frozen=True)
 class DramConfig:
     capacity: int = DEFAULT_DRAM_CAPACITY
-    policy: str = "lru"
+    policy: str = "prefix"
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    enabled: bool = True
+    max_window: int = 16           # blocks fetched ahead of a reader at most
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class Config:
     pool: PoolConfig
     dram: DramConfig = field(default_factory=DramConfig)
     mount: MountConfig = field(default_factory=MountConfig)
+    prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     log_level: str = "info"
     source: Path | None = None       # the file this came from; None for the embedded default
 
@@ -241,9 +248,16 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     capacity = dram_t.take("capacity", _positive_size)
     dram = DramConfig(
         capacity=capacity if capacity is not None else default_dram_capacity(),
-        policy=dram_t.take("policy", _choice("lru"), "lru"),
+        policy=dram_t.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
     )
     dram_t.done()
+
+    pf_t = top.table("prefetch")
+    prefetch = PrefetchConfig(
+        enabled=pf_t.take("enabled", _bool, True),
+        max_window=pf_t.take("max_window", _int_range(1, 256), 16),
+    )
+    pf_t.done()
 
     mount_t = top.table("mount")
     mount = MountConfig(
@@ -272,7 +286,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     )
     pool_t.done()
     top.done()
-    return Config(state_dir=state_dir, pool=pool, dram=dram, mount=mount,
+    return Config(state_dir=state_dir, pool=pool, dram=dram, mount=mount, prefetch=prefetch,
                   log_level=log_level, source=source)
 
 

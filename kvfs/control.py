@@ -49,7 +49,7 @@ class Control:
         self._results: dict[int, bytes] = {}
         self.actions: dict[str, tuple[Callable[[dict], Awaitable[Any]], str]] = {
             "drop_dram": (self._drop_dram, "drop every DRAM-resident copy (all are in the pool)"),
-            "flush": (self._flush, "persist access times now (they are otherwise batched)"),
+            "flush": (self._flush, "persist access times and learned chain links now"),
         }
 
     # --- the control file as a file ------------------------------------------------------------
@@ -136,4 +136,4 @@ class Control:
 
     async def _flush(self, args: dict) -> dict:
         self._no_args("flush", args)
-        return {"atimes_persisted": await self.service.catalog.flush_atimes()}
+        return await self.service.flush()

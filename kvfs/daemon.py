@@ -232,10 +232,7 @@ async def _main(service: Service, ops: FuseOps, mountpoint: str, max_tasks: int)
         nursery.start_soon(_tune_readahead, ops, mountpoint)
         await pyfuse3.main(min_tasks=4, max_tasks=max_tasks)
         with trio.CancelScope(shield=True):
-            try:
-                await service.catalog.flush_atimes()
-            except Exception:  # noqa: BLE001
-                log.exception("persisting access times at shutdown failed")
+            await service.flush()
         nursery.cancel_scope.cancel()
 
 

@@ -9,6 +9,8 @@ its statistics until an I/O succeeds again.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
 import fcntl
 import logging
@@ -85,6 +87,64 @@ def _transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -
                 n = 0
 
 
+class PrioritySlots:
+    """A namespace's I/O slots (its queue depth), handed out demand first.
+
+    A prefetch waits while any demand I/O waits, and prefetches together hold at most half the
+    slots, so readahead never delays a reader by more than one I/O already on its way.
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self.free = n
+        self.prefetch_held = 0
+        self.prefetch_max = max(1, n // 2)
+        self.waiting: tuple[collections.deque, collections.deque] = (collections.deque(),
+                                                                     collections.deque())
+
+    def _grant(self) -> None:
+        while self.free > 0:
+            if self.waiting[0]:
+                ev = self.waiting[0].popleft()
+            elif self.waiting[1] and self.prefetch_held < self.prefetch_max:
+                ev = self.waiting[1].popleft()
+                self.prefetch_held += 1
+            else:
+                return
+            self.free -= 1
+            ev.set()
+
+    @contextlib.asynccontextmanager
+    async def take(self, prefetch: bool = False):
+        pri = 1 if prefetch else 0
+        if self.free > 0 and not self.waiting[0] and not (prefetch and (
+                self.waiting[1] or self.prefetch_held >= self.prefetch_max)):
+            self.free -= 1
+            if prefetch:
+                self.prefetch_held += 1
+        else:
+            ev = trio.Event()
+            self.waiting[pri].append(ev)
+            try:
+                await ev.wait()
+            except BaseException:
+                if ev.is_set():                 # granted while being cancelled: give it back
+                    self._release(prefetch)
+                else:
+                    self.waiting[pri].remove(ev)
+                raise
+        try:
+            yield
+        finally:
+            self._release(prefetch)
+
+    def _release(self, prefetch: bool) -> None:
+        self.free += 1
+        if prefetch:
+            self.prefetch_held -= 1
+        self._grant()
+
+
 class Namespace:
     """An open namespace. Create with `Namespace.open`; I/O methods must run inside trio."""
 
@@ -100,6 +160,7 @@ class Namespace:
         self.weight = weight
         self.stats = NamespaceStats()
         self.engine = ThreadEngine()
+        self.slots = PrioritySlots(queue_depth)
         self._limiter: trio.CapacityLimiter | None = None
         self._busy_mark = 0.0
         self._window_bytes = 0
@@ -204,10 +265,15 @@ class Namespace:
             self.stats.state = "ok"
 
     async def read(self, views: Sequence[memoryview], offset: int,
-                   check: tuple[int, int] | None = None) -> None:
+                   check: tuple[int, int] | None = None, prefetch: bool = False) -> None:
         """Fill `views` from `offset`. With `check=(length, digest)`, verify the xxh3-64 of the
-        first `length` bytes (off the trio thread) and raise EIO on a mismatch."""
+        first `length` bytes (off the trio thread) and raise EIO on a mismatch. A `prefetch`
+        read yields to demand reads for an I/O slot."""
         nbytes = sum(len(v) for v in views)
+        async with self.slots.take(prefetch):
+            await self._read(views, offset, check, nbytes)
+
+    async def _read(self, views, offset: int, check, nbytes: int) -> None:
         self._begin()
         try:
             await self.engine.read(self, views, offset, check)
@@ -231,6 +297,10 @@ class Namespace:
         nbytes = sum(len(v) for v in views)
         if offset < 0 or offset + nbytes > self.size:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
+        async with self.slots.take():
+            return await self._write(views, offset, digest_len, nbytes)
+
+    async def _write(self, views, offset: int, digest_len: int, nbytes: int) -> int:
         self._begin()
         try:
             digest = await self.engine.write(self, views, offset, digest_len)
@@ -289,7 +359,7 @@ def _verify(views: Sequence[memoryview], check: tuple[int, int] | None) -> None:
 
 class ThreadEngine:
     """Each I/O is one blocking call in a worker thread (preadv/pwritev, with the checksum in
-    the same thread); the namespace's limiter bounds the I/Os in flight."""
+    the same thread); the namespace's slots bound the I/Os in flight."""
 
     name = "threads"
 
@@ -316,7 +386,7 @@ class ThreadEngine:
 class UringEngine:
     """One io_uring for the pool, driven from the trio thread: I/Os are submitted without a
     thread hop and completions arrive through an eventfd; checksums still run in worker
-    threads (they are CPU work). The namespace's limiter bounds the I/Os in flight."""
+    threads (they are CPU work). The namespace's slots bound the I/Os in flight."""
 
     name = "uring"
 
@@ -398,8 +468,7 @@ class UringEngine:
                     n = 0
 
     async def read(self, ns: "Namespace", views, offset: int, check) -> None:
-        async with ns.limiter:
-            await self._transfer(self._L.io_uring_prep_readv, ns.fd, views, offset)
+        await self._transfer(self._L.io_uring_prep_readv, ns.fd, views, offset)
         if check is not None:
             await trio.to_thread.run_sync(_verify, views, check, limiter=self._hash_limiter)
 
@@ -408,8 +477,7 @@ class UringEngine:
         if digest_len >= 0:
             digest = await trio.to_thread.run_sync(_digest, views, digest_len,
                                                    limiter=self._hash_limiter)
-        async with ns.limiter:
-            await self._transfer(self._L.io_uring_prep_writev, ns.fd, views, offset)
+        await self._transfer(self._L.io_uring_prep_writev, ns.fd, views, offset)
         return digest
 
     def close(self) -> None:

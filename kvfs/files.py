@@ -40,6 +40,7 @@ from kvfs.store import BlockStore
 log = logging.getLogger("kvfs.files")
 
 XATTR_NAME_MAX = 255
+PIN_XATTR = b"user.kvfs.pin"
 XATTR_SIZE_MAX = 64 * 1024
 
 
@@ -114,10 +115,11 @@ class FilesStats:
 
 class Files:
     def __init__(self, catalog, store: BlockStore, pool: Pool, *, evict: str = "lru",
-                 max_block_size: int | None = None):
+                 max_block_size: int | None = None, readahead=None):
         self.catalog = catalog
         self.store = store
         self.pool = pool
+        self.readahead = readahead
         self.evict = evict
         self.max_block_size = max_block_size or pool.capacity
         self.handles: dict[int, Handle] = {}
@@ -289,7 +291,7 @@ class Files:
         # cache, so its new bytes never reach those readers through cached pages.
         return OpenResult(h.fh, keep_cache=keep, direct_io=h.writable and bool(st.readers))
 
-    async def open(self, ino: int, flags: int) -> OpenResult:
+    async def open(self, ino: int, flags: int, pid: int = 0) -> OpenResult:
         node = self.catalog.get(ino)
         if node.is_dir:
             raise KvfsError(errno.EISDIR, "is a directory")
@@ -306,29 +308,34 @@ class Files:
                     self._charge(s)
                     s.dirty = True
             if not h.writable:
-                self._pin_version(h, st)
+                self._pin_version(h, st, pid)
         except BaseException:
             await self.release(h.fh)
             raise
         return self._open_result(h, st)
 
-    def _pin_version(self, h: Handle, st: NodeState) -> None:
+    def _pin_version(self, h: Handle, st: NodeState, pid: int) -> None:
         node = h.node
         if st.session is not None:
             h.version = st.session
         elif node.blob is not None:
             h.version = node.blob
             self.store.hold(node.blob)
-            self.store.touch(node.blob)      # recency is per open, not per read request
+            # one access per open (not per read request): tiers count it, the policy hears it
+            # with the block this reader read before it in the chain, readahead looks ahead
+            parent = self.readahead.opened(node, pid) if self.readahead else None
+            self.store.access(node.blob, parent)
             self.catalog.touch(node)
             st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
-                     gid: int) -> tuple[OpenResult, Attr]:
+                     gid: int, pid: int = 0) -> tuple[OpenResult, Attr]:
         p = self.catalog.dir(parent)
         gid, mode = self._owner(p, uid, gid, mode, False)
         node = self.catalog.create_file(parent, name, mode, uid, gid)
         self.stats.creates += 1
+        if self.readahead is not None:
+            self.readahead.created(node, pid)
         st = self._state(node.ino)
         st.session = Session(Buffer(self.pool.chunk), dirty=True)
         h = self._new_fh(node, flags)
@@ -502,12 +509,20 @@ class Files:
         s.frozen = True
         self.stats.commits += 1
         if node.linked:
-            self.store.adopt(rec, s.buffer, node.ino, charged=s.charged)
+            pred = self.catalog.parent_of(node.ino)
+            pnode = self.catalog.nodes.get(pred) if pred is not None else None
+            self.store.adopt(rec, s.buffer, node.ino, charged=s.charged,
+                             parent=pnode.blob.id if pnode is not None and pnode.blob else None)
             s.charged = 0
         else:
             self.store.retire(rec)
         if old is not None:
             self.store.retire(old)
+        if node.linked and node.xattrs.get(PIN_XATTR) == b"1":
+            try:                                   # a pinned file's new version stays pinned
+                await self.store.pin(rec)
+            except KvfsError as e:
+                log.warning("%s: new version not pinned: %s", self.catalog.path_of(node), e)
 
     async def flush(self, fh: int) -> None:
         h = self._handle(fh)
@@ -570,6 +585,37 @@ class Files:
 
     async def removexattr(self, ino: int, name: bytes) -> None:
         await self.catalog.remove_xattr(self.catalog.get(ino), name)
+
+    # --- pinning -------------------------------------------------------------------------------
+    async def set_pin(self, ino: int, on: bool) -> None:
+        """Keep a file's block in DRAM (fetched now) until unpinned; remembered across
+        restarts as the attribute user.kvfs.pin."""
+        node = self.catalog.get(ino)
+        if not node.is_file:
+            raise KvfsError(errno.EISDIR if node.is_dir else errno.EINVAL,
+                            "only regular files can be pinned")
+        if on:
+            if node.blob is not None:
+                await self.store.pin(node.blob)
+            await self.catalog.set_xattr(node, PIN_XATTR, b"1")
+        else:
+            if node.blob is not None:
+                self.store.unpin(node.blob)
+            if PIN_XATTR in node.xattrs:
+                await self.catalog.remove_xattr(node, PIN_XATTR)
+
+    async def warm_pinned(self) -> int:
+        """Bring the files pinned before a restart back into DRAM."""
+        n = 0
+        for node in list(self.catalog.files()):
+            if node.xattrs.get(PIN_XATTR) == b"1" and node.blob is not None:
+                try:
+                    await self.store.pin(node.blob)
+                    n += 1
+                except KvfsError as e:
+                    log.warning("%s: cannot pin again after restart: %s",
+                                self.catalog.path_of(node), e)
+        return n
 
     # --- directories ---------------------------------------------------------------------------
     def entries(self, ino: int) -> list[Node]:

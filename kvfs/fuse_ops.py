@@ -181,14 +181,15 @@ class FuseOps(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         if inode == CONTROL_INO:
             return pyfuse3.FileInfo(fh=self.control.open(), direct_io=True, keep_cache=False)
-        r = await self.files.open(inode, flags)
+        r = await self.files.open(inode, flags, ctx.pid)
         return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
 
     @translate
     async def create(self, parent_inode, name, mode, flags, ctx):
         if parent_inode == ROOT_INO and name == CONTROL_NAME:
             raise KvfsError(errno.EEXIST, "the control file exists")
-        r, attr = await self.files.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        r, attr = await self.files.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid,
+                                          ctx.pid)
         fi = pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
         return fi, self.entry(attr)
 

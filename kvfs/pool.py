@@ -384,13 +384,15 @@ class Pool:
         self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
-    async def read_unit(self, layout: Layout, k: int, buf: Buffer) -> None:
-        """Read unit k of a block into its place in `buf` and verify its checksum (EIO if bad)."""
+    async def read_unit(self, layout: Layout, k: int, buf: Buffer, *,
+                        prefetch: bool = False) -> None:
+        """Read unit k of a block into its place in `buf` and verify its checksum (EIO if bad).
+        A `prefetch` read yields to demand reads on the namespace."""
         start, length = layout.unit_span(k)
         stored = layout.stored(k)
         views = buf.io_views(start, stored)
         await self.namespaces[layout.ns[k]].read(views, layout.offsets[k],
-                                                 check=(length, layout.sums[k]))
+                                                 check=(length, layout.sums[k]), prefetch=prefetch)
         if stored > length:   # keep the bytes past the content zero, whatever the padding held
             pad = stored - length
             last = views[-1]

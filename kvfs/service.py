@@ -15,6 +15,7 @@ from kvfs.config import Config
 from kvfs.control import STATS_VERSION, Control
 from kvfs.files import Files
 from kvfs.pool import Pool
+from kvfs.readahead import Readahead
 from kvfs.store import BlockStore
 
 log = logging.getLogger("kvfs.service")
@@ -27,9 +28,11 @@ class Service:
         self.cfg = cfg
         self.catalog = catalog
         self.pool = pool
-        self.store = BlockStore(pool, cfg.dram.capacity)
+        self.store = BlockStore(pool, cfg.dram.capacity, policy=cfg.dram.policy)
+        self.readahead = Readahead(catalog, self.store, enabled=cfg.prefetch.enabled,
+                                   max_window=cfg.prefetch.max_window)
         self.files = Files(catalog, self.store, pool, evict=cfg.pool.evict,
-                           max_block_size=cfg.pool.max_block_size)
+                           max_block_size=cfg.pool.max_block_size, readahead=self.readahead)
         self.control = Control(self)
         self.started = time.time()
 
@@ -38,55 +41,87 @@ class Service:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pool.serve)
             await nursery.start(self.store.serve)
-            nursery.start_soon(self._flush_atimes_periodically)
+            nursery.start_soon(self._flush_periodically)
+            nursery.start_soon(self._warm_pinned)
             task_status.started()
             await trio.sleep_forever()
 
-    async def _flush_atimes_periodically(self) -> None:
+    async def _flush_periodically(self) -> None:
         while True:
             await trio.sleep(ATIME_FLUSH_SECONDS)
-            try:
-                await self.catalog.flush_atimes()
-            except Exception:  # noqa: BLE001 - logged; the next round retries
-                log.exception("persisting access times failed")
+            await self.flush()
+
+    async def flush(self) -> dict:
+        """Persist what is batched: access times and learned chain links."""
+        out = {}
+        try:
+            out["atimes"] = await self.catalog.flush_atimes()
+            out["links"] = await self.catalog.flush_links()
+        except Exception:  # noqa: BLE001 - logged; the next round retries
+            log.exception("persisting access times and chain links failed")
+        return out
+
+    async def _warm_pinned(self) -> None:
+        n = await self.files.warm_pinned()
+        if n:
+            log.info("%d pinned file(s) back in DRAM", n)
 
     def statistics(self) -> dict:
         """A versioned, JSON-friendly snapshot of what every layer counts."""
-        pool = self.pool
+        pool, store = self.pool, self.store
+        st = store.stats
+        tiers = {name: dataclasses.asdict(t) for name, t in st.tiers.items()}
+        policy = store.dram.policy
+        tiers["dram"].update({
+            "capacity": store.capacity,
+            "used": store.dram.used + store.charged + store.inflight,
+            "resident": store.dram.used,
+            "write_buffers": store.charged,
+            "fetching": store.inflight,
+            "pinned": store.pinned_bytes,
+            "blocks": len(store.dram.sizes),
+            "policy": policy.name,
+            "policy_mode": getattr(policy, "mode_name", policy.name),
+        })
+        tiers["pool"].update({
+            "capacity": pool.capacity,
+            "used": pool.capacity - pool.free,
+            "free": pool.free,
+            "reserved": pool.reserved,
+            "evict": self.cfg.pool.evict,
+            "evictions": self.files.stats.pool_evictions,
+            "stripe_unit": pool.unit,
+            "pool_id": pool.pool_id,
+            "io": pool.engine.name,
+            "placement_weights": [round(w, 3) for w in pool.placement_weights()],
+        })
+        if store.local is None:
+            del tiers["local"]
+        else:
+            tiers["local"].update(store.local.statistics())
+        counters = dataclasses.asdict(st)
+        del counters["tiers"]
+        prefetch = {k[len("prefetch_"):]: counters.pop(k) for k in list(counters)
+                    if k.startswith("prefetch_")}
+        prefetch.update(dataclasses.asdict(self.readahead.stats))
+        prefetch["enabled"] = self.readahead.enabled
         return {
             "version": STATS_VERSION,
             "kvfs": __version__,
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started, 3),
-            "tiers": {
-                "dram": {
-                    "capacity": self.store.capacity,
-                    "used": self.store.dram_used + self.store.charged,
-                    "resident": self.store.dram_used,
-                    "write_buffers": self.store.charged,
-                    "blocks": len(self.store.dram),
-                },
-                "pool": {
-                    "capacity": pool.capacity,
-                    "used": pool.capacity - pool.free,
-                    "free": pool.free,
-                    "reserved": pool.reserved,
-                    "evict": self.cfg.pool.evict,
-                    "stripe_unit": pool.unit,
-                    "pool_id": pool.pool_id,
-                    "io": pool.engine.name,
-                    "placement_weights": [round(w, 3) for w in pool.placement_weights()],
-                },
-            },
+            "tiers": tiers,
             "namespaces": [
                 {"index": ns.index, "path": str(ns.path), "size": ns.size,
                  "direct_io": ns.direct, "queue_depth": ns.queue_depth,
                  **dataclasses.asdict(ns.stats)}
                 for ns in pool.namespaces],
-            "store": dataclasses.asdict(self.store.stats),
+            "store": counters,
+            "prefetch": prefetch,
             "files": dict(dataclasses.asdict(self.files.stats),
                           open_handles=len(self.files.handles),
                           nodes=len(self.catalog.nodes)),
             "catalog": {"transactions": self.catalog.commits,
-                        "statements": self.catalog.statements},
+                        "statements": self.catalog.statements,
+                        "commit_seconds": round(self.catalog.commit_seconds, 4)},
         }

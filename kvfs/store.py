@@ -1,4 +1,4 @@
-"""Block placement and caching: the DRAM tier over the pool.
+"""Block placement and caching: the DRAM tier (and an optional local tier) over the pool.
 
 The store knows blocks (`BlobRec`s), not names. For each block it tracks:
 
@@ -9,22 +9,26 @@ The store knows blocks (`BlobRec`s), not names. For each block it tracks:
   readable one by one (`Fetch.ready[k]`), so a read at offset o returns as soon as the units
   covering o have arrived while the rest keep streaming.
 
-DRAM holds clean copies only: a block is durable in the pool before it is resident, so dropping
-a resident copy is always free. Write buffers of open write sessions are charged to the same
-budget but cannot be evicted. Eviction from DRAM is least-recently-used among unpinned,
-resident blocks, preferring blocks nobody holds open.
+Tiers, fastest first: DRAM (volatile), local (optional: a node-local NVMe device or file,
+`kvfs/local.py`), pool. DRAM holds clean copies only: a block is durable in the pool before it
+is resident, so dropping a resident copy is always free; write buffers of open sessions are
+charged to the same budget but cannot be evicted. Which resident block leaves is decided by the
+tier's eviction policy (`kvfs/policy.py`); pinned blocks never leave, blocks someone holds open
+leave last. A block evicted from DRAM is demoted to the local tier when that tier's admission
+policy agrees; a block read from a slower tier is promoted into faster ones the same way.
 
-The store also keeps the recency of every current block (`pool_victims`), which the files
-layer uses to pick what to delete when the pool is full and `evict = "lru"`.
+Fetches run at one of two priorities: demand (a reader waits) and prefetch (readahead). Demand
+I/O always goes first on every namespace; a prefetch may only displace blocks the DRAM policy
+considers cold, and can be cancelled while its units are still queued.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import time
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
 
 import trio
 
@@ -33,26 +37,38 @@ from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
 from kvfs.layout import Layout, units_covering
+from kvfs.policy import AlwaysAdmit, TierIndex, make_policy
 from kvfs.pool import Pool
 
 log = logging.getLogger("kvfs.store")
+
+# Units of one fetch in flight per namespace. Units issued together share the namespace's
+# bandwidth and finish together; a small window, issued in order, brings a block's first bytes
+# early while other fetches (and the other namespaces) keep every device busy.
+FETCH_WINDOW = 2
 
 
 class Fetch:
     """One attempt to bring a whole block into DRAM."""
 
-    __slots__ = ("buffer", "ready", "errors", "queues", "started")
+    __slots__ = ("buffer", "ready", "errors", "queues", "prefetch", "cancelled", "source",
+                 "parent", "done")
 
-    def __init__(self, buffer: Buffer, nunits: int):
+    def __init__(self, buffer: Buffer, nunits: int, prefetch: bool, source: str, parent):
         self.buffer = buffer
         self.ready = [trio.Event() for _ in range(nunits)]
         self.errors: dict[int, KvfsError] = {}
         self.queues: dict[int, collections.deque[int]] = {}   # namespace -> units not yet issued
-        self.started = 0
+        self.prefetch = prefetch
+        self.cancelled = False
+        self.source = source           # "pool" or "local"
+        self.parent = parent           # the block before it in its chain walk, for the policy
+        self.done = trio.Event()
 
 
 class CachedBlob:
-    __slots__ = ("rec", "holders", "retired", "resident", "fetch", "owner")
+    __slots__ = ("rec", "holders", "retired", "resident", "fetch", "owner", "pinned",
+                 "prefetched")
 
     def __init__(self, rec: BlobRec, owner: int):
         self.rec = rec
@@ -61,40 +77,64 @@ class CachedBlob:
         self.retired = False
         self.resident: Buffer | None = None
         self.fetch: Fetch | None = None
+        self.pinned = False
+        self.prefetched = False       # resident through readahead and not read since
+
+
+@dataclass
+class TierStats:
+    hits: int = 0                 # block accesses (opens) served by this tier
+    misses: int = 0               # block accesses that had to go to a slower tier
+    bytes_in: int = 0             # bytes placed into this tier
+    bytes_out: int = 0            # bytes read out of this tier
+    evictions: int = 0
 
 
 @dataclass
 class StoreStats:
     read_requests: int = 0
-    dram_hits: int = 0            # read requests served from a resident copy
-    dram_misses: int = 0          # read requests that waited for the pool
+    dram_request_hits: int = 0    # read requests served from a resident copy
     bytes_from_dram: int = 0      # requested bytes served from resident copies
-    bytes_from_pool: int = 0      # block bytes read from the pool (fetches and uncached reads)
+    bytes_from_pool: int = 0      # block bytes read from the pool
     bytes_to_pool: int = 0
     fetches: int = 0
     fetch_errors: int = 0
-    dram_evictions: int = 0
     blocks_written: int = 0
+    prefetch_issued: int = 0
+    prefetch_used: int = 0        # prefetched blocks a reader then read
+    prefetch_wasted: int = 0      # prefetched blocks evicted or cancelled unread
+    prefetch_cancelled: int = 0
+    prefetch_skipped: int = 0     # not issued: no cold DRAM to displace
+    tiers: dict = field(default_factory=lambda: {"dram": TierStats(), "local": TierStats(),
+                                                  "pool": TierStats()})
 
 
 class BlockStore:
-    def __init__(self, pool: Pool, dram_capacity: int):
+    def __init__(self, pool: Pool, dram_capacity: int, *, policy: str = "prefix",
+                 local=None):
         self.pool = pool
         self.capacity = dram_capacity
+        self.dram = TierIndex(dram_capacity, make_policy(policy, dram_capacity, pool.chunk))
+        self.admission = AlwaysAdmit()
+        self.local = local                 # LocalTier or None
         self.blobs: dict[int, CachedBlob] = {}
-        self.dram: collections.OrderedDict[int, CachedBlob] = collections.OrderedDict()
-        self.dram_used = 0            # resident copies and fetch buffers
-        self.charged = 0              # write-session buffers
+        self.charged = 0                   # write-session buffers
+        self.inflight = 0                  # buffers of fetches in progress
+        self.pinned_bytes = 0
         self.recency: collections.OrderedDict[int, int] = collections.OrderedDict()  # blob -> ino
         self.stats = StoreStats()
         self._nursery: trio.Nursery | None = None
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Run the store's background work (fetches) until cancelled."""
+        """Run the store's background work (fetches, demotions) until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             await trio.sleep_forever()
+
+    @property
+    def dram_used(self) -> int:
+        return self.dram.used
 
     # --- lifecycle of a block ----------------------------------------------------------------
     def _get(self, rec: BlobRec, owner: int = 0) -> CachedBlob:
@@ -123,6 +163,10 @@ class BlockStore:
         self.recency.pop(rec.id, None)
         cb = self._get(rec)
         cb.retired = True
+        if cb.pinned:
+            self._set_pinned(cb, False)
+        if self.local is not None:
+            self.local.drop(rec.id)
         self._maybe_forget(cb)
 
     def _maybe_forget(self, cb: CachedBlob) -> None:
@@ -132,20 +176,29 @@ class BlockStore:
             self._drop_resident(cb)
             self.pool.release(cb.rec.layout)
             del self.blobs[cb.rec.id]
-        elif cb.resident is None:
+        elif cb.resident is None and not cb.pinned:
             del self.blobs[cb.rec.id]
 
     def is_held(self, blob_id: int) -> bool:
         cb = self.blobs.get(blob_id)
-        return cb is not None and (cb.holders > 0 or cb.fetch is not None)
+        return cb is not None and (cb.holders > 0 or cb.fetch is not None or cb.pinned)
 
-    def pool_victims(self) -> Iterator[tuple[int, int]]:
-        """(blob id, inode) of current blocks from least to most recently used, skipping held ones."""
+    def pool_victims(self):
+        """(blob id, inode) of current blocks from least to most recently used, skipping blocks
+        that are open, being fetched or pinned."""
         for bid, ino in list(self.recency.items()):
             if not self.is_held(bid):
                 yield bid, ino
 
     # --- DRAM accounting -----------------------------------------------------------------------
+    def tier_of(self, rec: BlobRec) -> str:
+        cb = self.blobs.get(rec.id)
+        if cb is not None and cb.resident is not None:
+            return "dram"
+        if self.local is not None and self.local.has(rec.id):
+            return "local"
+        return "pool"
+
     def is_resident(self, rec: BlobRec) -> bool:
         cb = self.blobs.get(rec.id)
         return cb is not None and cb.resident is not None
@@ -158,54 +211,155 @@ class BlockStore:
 
     def _drop_resident(self, cb: CachedBlob) -> None:
         if cb.resident is not None:
-            self.dram_used -= cb.resident.nbytes
             cb.resident = None
-            self.dram.pop(cb.rec.id, None)
+            self.dram.remove(cb.rec.id)
+            if cb.prefetched:
+                cb.prefetched = False
+                self.stats.prefetch_wasted += 1
 
-    def _make_room(self, need: int) -> None:
-        """Evict resident copies until `need` more bytes fit (unheld ones first)."""
-        excess = self.dram_used + self.charged + need - self.capacity
-        if excess <= 0:
+    def _evictable(self, strict: bool):
+        blobs = self.blobs
+
+        def ok(bid) -> bool:
+            cb = blobs.get(bid)
+            if cb is None or cb.pinned or cb.resident is None:
+                return False
+            return cb.holders == 0 or not strict
+        return ok
+
+    def _make_room(self, need: int, *, cold_only: bool = False) -> bool:
+        """Evict resident copies until `need` more bytes fit; with `cold_only` (prefetch) only
+        blocks the policy calls cold and nobody holds. False if that is not possible."""
+        self.dram.capacity = max(0, self.capacity - self.charged - self.inflight)
+        victims = self.dram.make_room(need, self._evictable(True), cold_only)
+        if victims is None and not cold_only:
+            victims = self.dram.make_room(need, self._evictable(False))
+        for bid in victims or ():
+            cb = self.blobs.get(bid)
+            if cb is None:
+                continue
+            self.stats.tiers["dram"].evictions += 1
+            buf = cb.resident
+            cb.resident = None
+            if cb.prefetched:
+                cb.prefetched = False
+                self.stats.prefetch_wasted += 1
+            self._demote(cb, buf)
+            self._maybe_forget(cb)
+        return victims is not None
+
+    def _demote(self, cb: CachedBlob, buf: Buffer | None) -> None:
+        """A block leaves DRAM: keep a copy in the local tier if its admission agrees."""
+        local = self.local
+        if local is None or buf is None or cb.retired or local.has(cb.rec.id):
             return
-        for pass_held in (False, True):
-            for bid, cb in list(self.dram.items()):
-                if excess <= 0:
-                    return
-                if (cb.holders > 0) != pass_held:
-                    continue
-                excess -= cb.resident.nbytes
-                self._drop_resident(cb)
-                self.stats.dram_evictions += 1
-                self._maybe_forget(cb)
+        if not local.admission.admit(cb.rec.id, cb.rec.size):
+            return
+        if self._nursery is not None:
+            self.hold(cb.rec)
+            self._nursery.start_soon(self._copy_to_local, cb, buf)
+
+    async def _copy_to_local(self, cb: CachedBlob, buf: Buffer) -> None:
+        try:
+            if await self.local.store(cb.rec, buf):
+                self.stats.tiers["local"].bytes_in += cb.rec.size
+        except KvfsError as e:
+            log.warning("local tier: copy of block %d failed: %s", cb.rec.id, e)
+        finally:
+            self.unhold(cb.rec)
 
     def drop_dram(self) -> int:
-        """Drop every resident copy (they are all in the pool); return the bytes freed."""
-        before = self.dram_used
-        for cb in list(self.dram.values()):
-            self._drop_resident(cb)
-            self._maybe_forget(cb)
-        return before - self.dram_used
+        """Drop every unpinned resident copy (they are all in the pool); return the bytes freed."""
+        before = self.dram.used
+        for bid in list(self.dram.keys()):
+            cb = self.blobs.get(bid)
+            if cb is not None and not cb.pinned:
+                self._drop_resident(cb)
+                self._maybe_forget(cb)
+        return before - self.dram.used
 
-    def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int) -> None:
+    def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int, parent=None) -> None:
         """Keep a just-committed buffer as the resident copy of `rec`: the `charged` bytes it
         was accounted as a write buffer now count as a clean, evictable copy."""
         self.track(rec, ino)
         cb = self._get(rec, ino)
         self.charged -= charged
+        self._make_room(buf.nbytes)
         cb.resident = buf
-        self.dram_used += buf.nbytes
-        self.dram[rec.id] = cb
-        self._make_room(0)
+        self.dram.add(rec.id, buf.nbytes, parent)
+        self.stats.tiers["dram"].bytes_in += rec.size
+
+    # --- pinning -------------------------------------------------------------------------------
+    def _set_pinned(self, cb: CachedBlob, on: bool) -> None:
+        if cb.pinned == on:
+            return
+        cb.pinned = on
+        self.pinned_bytes += cb.rec.size if on else -cb.rec.size
+
+    async def pin(self, rec: BlobRec) -> None:
+        """Keep the block resident until unpinned (fetched now if needed). ENOSPC if pinned
+        blocks would not fit in the DRAM tier."""
+        cb = self._get(rec)
+        if cb.pinned:
+            return
+        if self.pinned_bytes + rec.size > self.capacity - self.charged:
+            raise KvfsError(errno.ENOSPC, f"pinning {rec.size} bytes would exceed the DRAM "
+                                          f"tier ({self.pinned_bytes} bytes pinned of "
+                                          f"{self.capacity})")
+        self._set_pinned(cb, True)
+        self.hold(rec)
+        try:
+            if cb.resident is None and rec.size:
+                await self.read(rec, 0, rec.size)
+                if cb.fetch is not None:              # the fetch is settling in
+                    await cb.fetch.done.wait()
+        except BaseException:
+            self._set_pinned(cb, False)
+            raise
+        finally:
+            self.unhold(rec)
+
+    def unpin(self, rec: BlobRec) -> None:
+        cb = self.blobs.get(rec.id)
+        if cb is not None:
+            self._set_pinned(cb, False)
+            self._maybe_forget(cb)
+
+    def is_pinned(self, rec: BlobRec) -> bool:
+        cb = self.blobs.get(rec.id)
+        return cb is not None and cb.pinned
 
     # --- reads ---------------------------------------------------------------------------------
-    def touch(self, rec: BlobRec) -> None:
-        """Record a use of the block (an open): it becomes the most recently used."""
+    def access(self, rec: BlobRec, parent=None) -> str:
+        """Record a use of the block (an open for reading); return the tier that serves it.
+
+        `parent`: the block the same reader read just before, if it precedes this one in a
+        chain (the policy credits prefix hits with it)."""
         if rec.id in self.recency:
             self.recency.move_to_end(rec.id)
-        if rec.id in self.dram:
-            self.dram.move_to_end(rec.id)
+        tier = self.tier_of(rec)
+        tiers = self.stats.tiers
+        cb = self.blobs.get(rec.id)
+        if tier == "dram":
+            tiers["dram"].hits += 1
+            self.dram.lookup(rec.id, parent)
+            if cb.prefetched:
+                cb.prefetched = False
+                self.stats.prefetch_used += 1
+            return tier
+        tiers["dram"].misses += 1
+        if cb is not None and cb.fetch is not None:
+            cb.fetch.prefetch = False            # a reader waits for it now
+            cb.fetch.parent = parent
+        if tier == "local":
+            tiers["local"].hits += 1
+        else:
+            if self.local is not None:
+                tiers["local"].misses += 1
+            tiers["pool"].hits += 1
+        return tier
 
-    async def read(self, rec: BlobRec, offset: int, length: int):
+    async def read(self, rec: BlobRec, offset: int, length: int, parent=None):
         """Bytes [offset, offset+length) of a block, clipped to its size.
 
         A memoryview into the resident copy when there is one (zero-copy); otherwise waits only
@@ -216,18 +370,21 @@ class BlockStore:
         stats.read_requests += 1
         cb = self.blobs.get(rec.id)
         if cb is not None and cb.resident is not None:     # the hot path: one dict lookup
-            stats.dram_hits += 1
+            stats.dram_request_hits += 1
             data = cb.resident.view(offset, length)
             stats.bytes_from_dram += len(data)
             return data
         if offset >= rec.size:
             return b""
-        stats.dram_misses += 1
         if rec.size > self.capacity:
             return await self._read_uncached(rec, offset, length)
         if cb is None:
             cb = self._get(rec)
-        fetch = cb.fetch or self._start_fetch(cb)
+        fetch = cb.fetch
+        if fetch is None:
+            fetch = self._start_fetch(cb, prefetch=False, parent=parent)
+        elif fetch.prefetch:
+            fetch.prefetch = False
         layout = rec.layout
         for k in units_covering(offset, length, rec.size, layout.unit):
             if not fetch.ready[k].is_set():
@@ -250,38 +407,48 @@ class BlockStore:
             await self.read(rec, 0, rec.size)
             return buf
         buf = Buffer(self.pool.chunk, rec.size, allocate=True)   # larger than DRAM: uncached
-        await self._read_units(rec.layout, range(rec.layout.nunits), buf)
+        await self._read_units(rec, range(rec.layout.nunits), buf)
         return buf
 
     async def _read_uncached(self, rec: BlobRec, offset: int, length: int):
         """Read the covering units into a temporary buffer (blocks larger than the DRAM tier)."""
-        layout = rec.layout
-        ks = units_covering(offset, length, rec.size, layout.unit)
+        ks = units_covering(offset, length, rec.size, rec.layout.unit)
         tmp = Buffer(self.pool.chunk, rec.size)      # chunks appear only where units land
         self.hold(rec)
         try:
-            await self._read_units(layout, ks, tmp)
+            await self._read_units(rec, ks, tmp)
         finally:
             self.unhold(rec)
         return bytes(tmp.view(offset, length))
 
-    async def _read_units(self, layout: Layout, ks, buf: Buffer) -> None:
-        await run_all((lambda k=k: self._read_unit(layout, k, buf)) for k in ks)
+    async def _read_units(self, rec: BlobRec, ks, buf: Buffer) -> None:
+        await run_all((lambda k=k: self._read_unit(rec, k, buf, "pool", False)) for k in ks)
 
-    async def _read_unit(self, layout: Layout, k: int, buf: Buffer) -> None:
-        await self.pool.read_unit(layout, k, buf)
-        self.stats.bytes_from_pool += layout.unit_span(k)[1]
+    async def _read_unit(self, rec: BlobRec, k: int, buf: Buffer, source: str,
+                         prefetch: bool) -> None:
+        length = rec.layout.unit_span(k)[1]
+        if source == "local":
+            await self.local.read_unit(rec, k, buf, prefetch)
+            self.stats.tiers["local"].bytes_out += length
+        else:
+            await self.pool.read_unit(rec.layout, k, buf, prefetch=prefetch)
+            self.stats.bytes_from_pool += length
+            self.stats.tiers["pool"].bytes_out += length
 
-    def _start_fetch(self, cb: CachedBlob) -> Fetch:
+    def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None) -> Fetch | None:
         rec = cb.rec
-        layout = rec.layout
         chunk = self.pool.chunk
-        self._make_room((rec.size + chunk - 1) // chunk * chunk)
-        fetch = Fetch(Buffer(self.pool.chunk, rec.size, allocate=True), layout.nunits)
+        need = (rec.size + chunk - 1) // chunk * chunk
+        if not self._make_room(need, cold_only=prefetch) and prefetch:
+            return None
+        source = "local" if self.local is not None and self.local.has(rec.id) else "pool"
+        layout = self.local.layout(rec.id) if source == "local" else rec.layout
+        fetch = Fetch(Buffer(chunk, rec.size, allocate=True), layout.nunits, prefetch, source,
+                      parent)
         for k in range(layout.nunits):
             fetch.queues.setdefault(layout.ns[k], collections.deque()).append(k)
         cb.fetch = fetch
-        self.dram_used += fetch.buffer.nbytes
+        self.inflight += fetch.buffer.nbytes
         self.stats.fetches += 1
         assert self._nursery is not None, "BlockStore.serve() is not running"
         self._nursery.start_soon(self._run_fetch, cb, fetch)
@@ -290,43 +457,97 @@ class BlockStore:
     @staticmethod
     def _expedite(fetch: Fetch, layout: Layout, k: int) -> None:
         """A reader waits for unit k: issue it before the namespace's other queued units."""
-        q = fetch.queues.get(layout.ns[k])
+        q = fetch.queues.get(layout.ns[k] if fetch.source == "pool" else 0)
         if q and q[0] != k and k in q:
             q.remove(k)
             q.appendleft(k)
 
     async def _run_fetch(self, cb: CachedBlob, fetch: Fetch) -> None:
-        layout = cb.rec.layout
+        rec = cb.rec
         units = {j: len(q) for j, q in fetch.queues.items()}
         t0 = time.perf_counter()
         done: dict[int, float] = {}
+        depth = (self.local.queue_depth if fetch.source == "local"
+                 else None)
 
         async def worker(j: int, q: collections.deque[int]) -> None:
-            while q:
+            while q and not fetch.cancelled:
                 k = q.popleft()
                 try:
-                    await self._read_unit(layout, k, fetch.buffer)
+                    await self._read_unit(rec, k, fetch.buffer, fetch.source, fetch.prefetch)
                 except KvfsError as e:
                     fetch.errors[k] = e
                 finally:
                     fetch.ready[k].set()
                 done[j] = time.perf_counter() - t0
 
-        async with trio.open_nursery() as nursery:
-            for j, q in fetch.queues.items():
-                for _ in range(min(len(q), self.pool.namespaces[j].queue_depth)):
-                    nursery.start_soon(worker, j, q)
+        while True:
+            async with trio.open_nursery() as nursery:
+                for j, q in fetch.queues.items():
+                    qd = depth or self.pool.namespaces[j].queue_depth
+                    for _ in range(min(len(q), qd, FETCH_WINDOW)):
+                        nursery.start_soon(worker, j, q)
+            if fetch.cancelled and not fetch.prefetch:
+                fetch.cancelled = False          # a reader came for it after all: finish
+                continue
+            break
         cb.fetch = None
-        if not fetch.errors:
-            self.pool.observe(units, done)
+        self.inflight -= fetch.buffer.nbytes
+        fetch.done.set()
+        complete = all(ev.is_set() for ev in fetch.ready) and not fetch.errors
         if fetch.errors:
             self.stats.fetch_errors += 1
-            self.dram_used -= fetch.buffer.nbytes
+        if not complete:
+            if fetch.cancelled:
+                self.stats.prefetch_cancelled += 1
+                self.stats.prefetch_wasted += 1
+            for k, ev in enumerate(fetch.ready):   # nobody may wait for a unit never read
+                if not ev.is_set():
+                    fetch.errors[k] = KvfsError(errno.EIO, "fetch cancelled")
+                    ev.set()
         else:
-            cb.resident = fetch.buffer
-            self.dram[cb.rec.id] = cb
-            self._make_room(0)
+            if fetch.source == "pool":
+                self.pool.observe(units, done)
+            admit = not cb.retired and (cb.pinned or self.admission.admit(rec.id, rec.size))
+            if admit and not self._make_room(fetch.buffer.nbytes, cold_only=fetch.prefetch) \
+                    and fetch.prefetch:
+                admit = False                    # readahead never displaces hotter blocks
+                self.stats.prefetch_wasted += 1
+            if admit:
+                cb.resident = fetch.buffer
+                cb.prefetched = fetch.prefetch
+                self.dram.add(rec.id, fetch.buffer.nbytes, fetch.parent)
+                self.stats.tiers["dram"].bytes_in += rec.size
+                if fetch.source == "pool" and self.local is not None and \
+                        not self.local.has(rec.id) and self.local.admission.admit(rec.id, rec.size):
+                    self.hold(rec)
+                    self._nursery.start_soon(self._copy_to_local, cb, fetch.buffer)
         self._maybe_forget(cb)
+
+    # --- prefetch ------------------------------------------------------------------------------
+    def prefetch(self, rec: BlobRec, parent=None) -> bool:
+        """Start fetching a block into DRAM in the background (readahead). False if it is
+        resident or being fetched already, or if there is no cold DRAM to displace."""
+        cb = self._get(rec)
+        if cb.resident is not None or cb.fetch is not None or rec.size > self.capacity \
+                or not rec.size:
+            self._maybe_forget(cb)
+            return False
+        if self._start_fetch(cb, prefetch=True, parent=parent) is None:
+            self.stats.prefetch_skipped += 1
+            self._maybe_forget(cb)
+            return False
+        self.stats.prefetch_issued += 1
+        return True
+
+    def cancel_prefetch(self, rec: BlobRec) -> bool:
+        """Stop a prefetch nobody waits for: its queued units are dropped (units already on
+        their way finish). False if there is none to cancel."""
+        cb = self.blobs.get(rec.id)
+        if cb is None or cb.fetch is None or not cb.fetch.prefetch:
+            return False
+        cb.fetch.cancelled = True
+        return True
 
     # --- writes --------------------------------------------------------------------------------
     async def write(self, buf: Buffer, size: int) -> Layout:
@@ -334,4 +555,5 @@ class BlockStore:
         layout = await self.pool.write_block(buf, size)
         self.stats.blocks_written += 1
         self.stats.bytes_to_pool += size
+        self.stats.tiers["pool"].bytes_in += size
         return layout

@@ -54,7 +54,13 @@ CREATE TABLE IF NOT EXISTS nodes (
     UNIQUE (parent, name));
 CREATE TABLE IF NOT EXISTS xattrs (
     ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name));
+CREATE TABLE IF NOT EXISTS links (
+    pred INTEGER NOT NULL, succ INTEGER NOT NULL, source INTEGER NOT NULL, weight REAL NOT NULL,
+    PRIMARY KEY (pred, succ));
 """
+
+# Where a chain link was learned; a higher source outranks a lower one.
+LINK_WRITE, LINK_READ, LINK_HINT = 1, 2, 3
 
 Stmt = tuple[str, tuple]
 
@@ -94,8 +100,13 @@ class SqliteCatalog:
         self._commit_lock = trio.Lock()
         self._failed: str | None = None
         self._dirty_atime: set[int] = set()
+        # prefix chains: pred -> {succ: [source, weight]}, and the reverse
+        self.successors: dict[int, dict[int, list]] = {}
+        self.predecessors: dict[int, set[int]] = {}
+        self._dirty_links: set[tuple[int, int]] = set()
         self.commits = 0            # SQLite transactions (for statistics)
         self.statements = 0
+        self.commit_seconds = 0.0   # time spent in SQLite transactions (fsync included)
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
@@ -181,6 +192,10 @@ class SqliteCatalog:
                     if node.blob is not None:
                         used_blobs.discard(node.blob.id)
                     del self.nodes[node.ino]
+        for pred, succ, source, weight in c.execute("SELECT pred, succ, source, weight FROM links"):
+            if pred in self.nodes and succ in self.nodes:
+                self.successors.setdefault(pred, {})[succ] = [source, weight]
+                self.predecessors.setdefault(succ, set()).add(pred)
         unused = set(blobs) - used_blobs
         if unused:
             log.warning("catalog: dropping %d unreferenced block record(s)", len(unused))
@@ -226,6 +241,7 @@ class SqliteCatalog:
 
     def _apply(self, stmts: list[Stmt]) -> None:
         c = self._conn
+        t = time.perf_counter()
         try:
             c.execute("BEGIN")
             for sql, params in stmts:
@@ -237,6 +253,7 @@ class SqliteCatalog:
             raise
         self.commits += 1
         self.statements += len(stmts)
+        self.commit_seconds += time.perf_counter() - t
 
     @staticmethod
     def _insert_node(node: Node) -> list[Stmt]:
@@ -249,10 +266,11 @@ class SqliteCatalog:
             out.append(("INSERT INTO xattrs VALUES (?,?,?)", (node.ino, name, value)))
         return out
 
-    @staticmethod
-    def _delete_node(node: Node) -> list[Stmt]:
+    def _delete_node(self, node: Node) -> list[Stmt]:
+        self._forget_links(node.ino)
         out: list[Stmt] = [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
-                           ("DELETE FROM xattrs WHERE ino=?", (node.ino,))]
+                           ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
+                           ("DELETE FROM links WHERE pred=? OR succ=?", (node.ino, node.ino))]
         if node.blob is not None:
             out.append(("DELETE FROM blobs WHERE id=?", (node.blob.id,)))
         return out
@@ -554,6 +572,77 @@ class SqliteCatalog:
         inos, self._dirty_atime = self._dirty_atime, set()
         stmts = [("UPDATE nodes SET atime_ns=? WHERE ino=?", (self.nodes[i].atime_ns, i))
                  for i in inos if i in self.nodes and self.nodes[i].linked]
+        if stmts:
+            await self._persist(stmts)
+        return len(stmts)
+
+    # ------------------------------------------------------------------------------ chains
+    def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
+        """Record (in memory; `flush_links` persists) that `succ` follows `pred` in a prefix chain.
+
+        A link learned from a stronger source replaces a weaker one; the same source adds
+        weight. Only files that are linked (named) take links.
+        """
+        if pred == succ or pred not in self.nodes or succ not in self.nodes:
+            return
+        if not (self.nodes[pred].linked and self.nodes[succ].linked):
+            return
+        out = self.successors.setdefault(pred, {})
+        cur = out.get(succ)
+        if cur is None or source > cur[0]:
+            out[succ] = [source, weight]
+        elif source == cur[0]:
+            cur[1] += weight
+        else:
+            return
+        self.predecessors.setdefault(succ, set()).add(pred)
+        if len(out) > 8:                       # keep the strongest few successors
+            weakest = min(out, key=lambda s: (out[s][0], out[s][1]))
+            del out[weakest]
+            self.predecessors.get(weakest, set()).discard(pred)
+            self._dirty_links.add((pred, weakest))
+        self._dirty_links.add((pred, succ))
+
+    def unlink_chain(self, pred: int, succ: int) -> None:
+        out = self.successors.get(pred)
+        if out and out.pop(succ, None) is not None:
+            self.predecessors.get(succ, set()).discard(pred)
+            self._dirty_links.add((pred, succ))
+
+    def next_of(self, ino: int) -> int | None:
+        """The most likely successor of a block: the strongest source, then the most weight."""
+        out = self.successors.get(ino)
+        if not out:
+            return None
+        return max(out, key=lambda s: (out[s][0], out[s][1]))
+
+    def parent_of(self, ino: int) -> int | None:
+        preds = self.predecessors.get(ino)
+        if not preds:
+            return None
+        return max(preds, key=lambda p: tuple(self.successors.get(p, {}).get(ino, (0, 0))))
+
+    def _forget_links(self, ino: int) -> None:
+        for succ in list(self.successors.pop(ino, {})):
+            self.predecessors.get(succ, set()).discard(ino)
+        for pred in list(self.predecessors.pop(ino, set())):
+            self.successors.get(pred, {}).pop(ino, None)
+        self._dirty_links = {(a, b) for a, b in self._dirty_links if ino not in (a, b)}
+
+    async def flush_links(self) -> int:
+        """Persist chain links changed since the last flush."""
+        dirty, self._dirty_links = self._dirty_links, set()
+        stmts: list[Stmt] = []
+        for pred, succ in dirty:
+            cur = self.successors.get(pred, {}).get(succ)
+            if cur is None:
+                stmts.append(("DELETE FROM links WHERE pred=? AND succ=?", (pred, succ)))
+            elif self.nodes.get(pred) and self.nodes[pred].persisted and \
+                    self.nodes.get(succ) and self.nodes[succ].persisted:
+                stmts.append(("INSERT OR REPLACE INTO links VALUES (?,?,?,?)",
+                              (pred, succ, cur[0], cur[1])))
+            else:
+                self._dirty_links.add((pred, succ))       # persisted with its files, later
         if stmts:
             await self._persist(stmts)
         return len(stmts)

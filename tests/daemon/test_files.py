@@ -26,7 +26,7 @@ def test_write_close_read_and_restart(pool_config):
         assert fs.svc.store.dram_used == 0          # restart: DRAM is cold
         assert await fs.read("/a/block.pt") == data   # read from the pool, checksums verified
         st = fs.svc.store.stats
-        assert st.dram_misses > 0 and st.fetches == 1
+        assert st.tiers["dram"].misses == 1 and st.tiers["pool"].hits == 1 and st.fetches == 1
 
     run_service(cfg, first)
     run_service(cfg, second)

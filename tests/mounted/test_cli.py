@@ -30,9 +30,9 @@ def test_background_mount_then_umount(tmp_path, pool_config):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     r = kvfs("mount", str(mnt), "--config", str(cfg))
-    assert r.returncode == 0, r.stderr
-    assert f"kvfs mounted at {mnt}" in r.stdout
     try:
+        assert r.returncode == 0, r.stderr
+        assert f"kvfs mounted at {mnt}" in r.stdout
         (mnt / "x").write_bytes(b"hello")
         pid = daemon_pid(mnt)
         assert (tmp_path / "state" / "kvfs.log").exists()
