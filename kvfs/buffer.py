@@ -30,30 +30,38 @@ def _new_chunk(size: int) -> mmap.mmap:
 class Buffer:
     """Growable block content. Not thread-safe: one writer at a time (the caller's lock)."""
 
-    __slots__ = ("chunk", "chunks", "size", "nbytes")
+    __slots__ = ("chunk", "chunks", "size")
 
     def __init__(self, chunk: int, size: int = 0, *, allocate: bool = False):
         if chunk % PAGE:
             raise ValueError("chunk size must be a multiple of 4 KiB")
         self.chunk = chunk
         self.size = 0
-        self.nbytes = 0          # memory held: allocated chunks only
         self.chunks: list[mmap.mmap | None] = []
         self.resize(size)
         if allocate:
             for i in range(len(self.chunks)):
                 self._alloc(i)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the content occupies: the pages of allocated chunks up to the content's end
+        (pages of a chunk past the end are never touched, so the kernel never backs them)."""
+        end = (self.size + PAGE - 1) // PAGE * PAGE
+        total = 0
+        for i, c in enumerate(self.chunks):
+            if c is not None:
+                total += max(0, min(self.chunk, end - i * self.chunk))
+        return total
+
     def _alloc(self, i: int) -> mmap.mmap:
         c = self.chunks[i] = _new_chunk(self.chunk)
-        self.nbytes += self.chunk
         return c
 
     def resize(self, size: int) -> None:
         """Grow (the new bytes read as zeros) or shrink (bytes past the end are zeroed)."""
         n = (size + self.chunk - 1) // self.chunk
         if size < self.size:
-            self.nbytes -= self.chunk * sum(1 for c in self.chunks[n:] if c is not None)
             del self.chunks[n:]
             tail = size % self.chunk
             if tail and self.chunks and self.chunks[-1] is not None:
@@ -130,7 +138,6 @@ class Buffer:
         """A private copy (copy-on-write when a committed version is modified)."""
         b = Buffer(self.chunk)
         b.size = self.size
-        b.nbytes = self.nbytes
         for c in self.chunks:
             if c is None:
                 b.chunks.append(None)

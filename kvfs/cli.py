@@ -165,6 +165,9 @@ def cmd_format(args: argparse.Namespace) -> int:
     lock = _lock_state_dir(sd)
     try:
         pool_id = Pool.format(cfg.pool, force=args.force)
+        if cfg.local is not None:
+            from kvfs.local import format_local
+            format_local(cfg.local, cfg.pool.stripe_unit, args.force)
         for suffix in ("", "-wal", "-shm"):
             try:
                 os.unlink(str(cfg.catalog_path) + suffix)

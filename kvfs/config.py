@@ -69,6 +69,15 @@ class DramConfig:
 
 
 @dataclass(frozen=True)
+class LocalConfig:
+    path: Path
+    size: int | None = None          # files only: created and preallocated at this size
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
+    policy: str = "prefix"
+    admission: str = "second-access"
+
+
+@dataclass(frozen=True)
 class PrefetchConfig:
     enabled: bool = True
     max_window: int = 16           # blocks fetched ahead of a reader at most
@@ -88,6 +97,7 @@ class Config:
     dram: DramConfig = field(default_factory=DramConfig)
     mount: MountConfig = field(default_factory=MountConfig)
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
+    local: LocalConfig | None = None
     log_level: str = "info"
     source: Path | None = None       # the file this came from; None for the embedded default
 
@@ -252,6 +262,23 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     )
     dram_t.done()
 
+    local = None
+    if "local" in top.data:
+        lt = top.table("local")
+        lpath = lt.take("path", _path(base))
+        if lpath is None:
+            raise ConfigError("config: local.path: missing")
+        lsize = lt.take("size", _positive_size)
+        if lsize is not None and lsize % (4 * KiB):
+            raise ConfigError("config: local.size: must be a multiple of 4KiB")
+        local = LocalConfig(
+            path=lpath, size=lsize,
+            queue_depth=lt.take("queue_depth", _int_range(1, 256), DEFAULT_QUEUE_DEPTH),
+            policy=lt.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
+            admission=lt.take("admission", _choice("second-access", "always"), "second-access"),
+        )
+        lt.done()
+
     pf_t = top.table("prefetch")
     prefetch = PrefetchConfig(
         enabled=pf_t.take("enabled", _bool, True),
@@ -286,8 +313,10 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     )
     pool_t.done()
     top.done()
+    if local is not None and any(local.path == n.path for n in namespaces):
+        raise ConfigError(f"config: local.path: {local.path} is also a pool namespace")
     return Config(state_dir=state_dir, pool=pool, dram=dram, mount=mount, prefetch=prefetch,
-                  log_level=log_level, source=source)
+                  local=local, log_level=log_level, source=source)
 
 
 def load(path: str | os.PathLike | None) -> Config:

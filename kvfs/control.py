@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.catalog.sqlite import LINK_HINT
 from kvfs.errors import KvfsError
 from kvfs.files import Attr
 
@@ -78,29 +79,74 @@ class Control:
         self._open.discard(fh)
 
     # --- attributes ----------------------------------------------------------------------------
+    FILE_ATTRS = (b"tier", b"layout", b"hits", b"atime", b"chain")
+
     def getxattr(self, inode: int, name: bytes, uid: int) -> bytes | None:
         """The value of a kvfs attribute, or None when `name` is an ordinary user attribute."""
-        if inode == ROOT_INO and name == PREFIX + b"stats":
+        if not name.startswith(PREFIX):
+            return None
+        key = name[len(PREFIX):]
+        if inode == ROOT_INO and key == b"stats":
             return json.dumps(self.service.statistics(), sort_keys=True).encode()
         if inode == CONTROL_INO:
-            if name == PREFIX + b"result":
+            if key == b"result":
                 return self._results.get(uid, b'{"ok": true, "action": null}')
             raise KvfsError(errno.ENODATA, f"no attribute {name.decode(errors='replace')}")
+        if key in self.FILE_ATTRS:
+            node = self.service.catalog.get(inode)
+            if node.is_file:
+                return self._file_attr(node, key)
         return None
+
+    def _file_attr(self, node, key: bytes) -> bytes:
+        svc = self.service
+        if key == b"tier":
+            if node.blob is None:
+                return b"write-buffer"
+            return svc.store.tier_of(node.blob).encode()
+        if key == b"hits":
+            return str(svc.files.hits.get(node.ino, 0)).encode()
+        if key == b"atime":
+            return str(node.atime_ns).encode()
+        if key == b"chain":
+            cat = svc.catalog
+
+            def name_of(ino):
+                n = cat.nodes.get(ino) if ino is not None else None
+                return cat.path_of(n) if n is not None else None
+            return json.dumps({"parent": name_of(cat.parent_of(node.ino)),
+                               "next": name_of(cat.next_of(node.ino))}).encode()
+        if key == b"layout":
+            if node.blob is None:
+                return b"{}"
+            lay = node.blob.layout.describe()
+            lay.update(checksum=f"{node.blob.checksum:016x}", generation=node.blob.id,
+                       pool_id=svc.pool.pool_id)
+            return json.dumps(lay).encode()
+        raise KvfsError(errno.ENODATA, "no such attribute")
 
     def listxattr(self, inode: int) -> list[bytes]:
         if inode == ROOT_INO:
             return [PREFIX + b"stats"]
         if inode == CONTROL_INO:
             return [PREFIX + b"result"]
+        node = self.service.catalog.nodes.get(inode)
+        if node is not None and node.is_file:
+            return [PREFIX + k for k in self.FILE_ATTRS]
         return []
 
     async def setxattr(self, inode: int, name: bytes, value: bytes, uid: int) -> bool:
-        """Run an action if this is one (True), or leave an ordinary attribute to the caller."""
+        """Run an action or set a kvfs attribute (True), or leave an ordinary attribute to the
+        caller (False)."""
         if inode != CONTROL_INO:
-            if inode == ROOT_INO and name == PREFIX + b"stats":
-                raise KvfsError(errno.EPERM, "user.kvfs.stats is read-only")
-            return False
+            if not name.startswith(PREFIX):
+                return False
+            key = name[len(PREFIX):]
+            if key in (b"pin", b"next", b"parent"):
+                await self._set_file_attr(inode, key, value)
+                return True
+            raise KvfsError(errno.EPERM, f"{name.decode(errors='replace')} is not writable "
+                                         f"(writable kvfs attributes: pin, next, parent)")
         if uid not in (0, self.owner):
             raise KvfsError(errno.EPERM, "only the mount's owner or root may run kvfs actions")
         action = name[len(PREFIX):].decode(errors="replace") if name.startswith(PREFIX) else ""
@@ -123,6 +169,44 @@ class Control:
             raise
         self._results[uid] = json.dumps({"ok": True, "action": action, "result": result}).encode()
         return True
+
+    async def _set_file_attr(self, inode: int, key: bytes, value: bytes) -> None:
+        svc = self.service
+        node = svc.catalog.get(inode)
+        if not node.is_file:
+            raise KvfsError(errno.EINVAL, "kvfs attributes apply to regular files")
+        text = value.decode(errors="replace").strip()
+        if key == b"pin":
+            if text.lower() in ("1", "true", "yes", "on"):
+                await svc.files.set_pin(inode, True)
+            elif text.lower() in ("0", "false", "no", "off", ""):
+                await svc.files.set_pin(inode, False)
+            else:
+                raise KvfsError(errno.EINVAL, f"user.kvfs.pin takes 1 or 0, not {text!r}")
+            return
+        other = self._resolve(node, text)
+        if key == b"next":
+            svc.catalog.link(node.ino, other.ino, LINK_HINT)
+        else:
+            svc.catalog.link(other.ino, node.ino, LINK_HINT)
+        await svc.catalog.flush_links()
+
+    def _resolve(self, node, text: str):
+        """A file named by a hint: a name in the same directory, or a path from the mount's
+        root when it starts with '/'."""
+        cat = self.service.catalog
+        if not text:
+            raise KvfsError(errno.EINVAL, "a chain hint needs a file name")
+        if text.startswith("/"):
+            ino, parts = ROOT_INO, [p for p in text.split("/") if p]
+        else:
+            ino, parts = node.parent, [p for p in text.split("/") if p]
+        target = cat.get(ino)
+        for p in parts:
+            target = cat.lookup(target.ino, p.encode())
+        if not target.is_file:
+            raise KvfsError(errno.EINVAL, f"chain hint {text!r} is not a regular file")
+        return target
 
     @staticmethod
     def _no_args(action: str, args: dict) -> None:

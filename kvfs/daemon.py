@@ -25,10 +25,13 @@ from typing import Callable
 import pyfuse3
 import trio
 
+from dataclasses import dataclass
+
 from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.config import Config
 from kvfs.errors import StartupError
 from kvfs.fuse_ops import FuseOps
+from kvfs.local import LocalTier
 from kvfs.pool import Pool
 from kvfs.service import Service
 
@@ -153,8 +156,25 @@ def _lock_state_dir(sd: Path) -> int:
     return fd
 
 
-def open_layers(cfg: Config) -> tuple[SqliteCatalog, Pool, int]:
-    """Open (or create) the catalog and the pool and bind them; returns (catalog, pool, lock fd).
+@dataclass
+class Layers:
+    """What the daemon runs on: the catalog, the pool, the optional local tier, and the lock on
+    the state directory."""
+    catalog: SqliteCatalog
+    pool: Pool
+    local: LocalTier | None
+    lock_fd: int
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
+        self.pool.close()
+        self.catalog.close()
+        os.close(self.lock_fd)
+
+
+def open_layers(cfg: Config) -> Layers:
+    """Open (or create) the catalog and the pool, bind them, and open the local tier.
 
     Raises StartupError, after undoing what it created, if they do not belong together.
     """
@@ -184,7 +204,8 @@ def open_layers(cfg: Config) -> tuple[SqliteCatalog, Pool, int]:
         if catalog.pool_id is None:
             catalog.set_pool_id(pool.pool_id)
         pool.attach(catalog.layouts())
-        return catalog, pool, lock_fd
+        local = LocalTier.open(cfg.local, pool.unit) if cfg.local is not None else None
+        return Layers(catalog, pool, local, lock_fd)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -251,14 +272,15 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
     called once the state directory exists (to move logging into it)."""
     try:
         preflight(cfg, mountpoint)
-        catalog, pool, lock_fd = open_layers(cfg)
+        layers = open_layers(cfg)
     except StartupError as e:
         ready(str(e))
         raise
+    catalog, pool = layers.catalog, layers.pool
     if on_state_dir is not None:
         on_state_dir()
     real_mountpoint = os.path.realpath(mountpoint)     # resolved before it becomes ours
-    service = Service(cfg, catalog, pool)
+    service = Service(cfg, catalog, pool, layers.local)
     ops = FuseOps(service, cfg.mount.attr_timeout)
     options = set(pyfuse3.default_options)
     options |= {f"fsname=kvfs:{pool.pool_id[:12]}", "subtype=kvfs"}
@@ -267,9 +289,7 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
     try:
         pyfuse3.init(ops, real_mountpoint, options)
     except RuntimeError as e:
-        pool.close()
-        catalog.close()
-        os.close(lock_fd)
+        layers.close()
         msg = f"mountpoint {mountpoint}: mounting failed ({e})"
         ready(msg)
         raise StartupError(msg) from None
@@ -288,8 +308,6 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
                     if st.session is not None and st.session.dirty)
         if dirty:
             log.warning("%d file(s) open for writing were not committed", dirty)
-        pool.close()
-        catalog.close()
-        os.close(lock_fd)
+        layers.close()
         log.info("kvfs at %s stopped%s", mountpoint, "" if clean else " after an error")
     return 0

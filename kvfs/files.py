@@ -21,6 +21,7 @@ pool's capacity) fails with EFBIG.
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -124,6 +125,7 @@ class Files:
         self.max_block_size = max_block_size or pool.capacity
         self.handles: dict[int, Handle] = {}
         self.states: dict[int, NodeState] = {}
+        self.hits: collections.Counter[int] = collections.Counter()   # reads per file, since mount
         self.stats = FilesStats()
         self._next_fh = 1
         # Called as on_evict(parent_ino, name, ino) after a file was deleted to free pool space,
@@ -326,6 +328,7 @@ class Files:
             parent = self.readahead.opened(node, pid) if self.readahead else None
             self.store.access(node.blob, parent)
             self.catalog.touch(node)
+            self.hits[node.ino] += 1
             st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,

@@ -20,7 +20,7 @@ import trio
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
 from kvfs.control import FH_BASE as CONTROL_FH_BASE
 from kvfs.errors import KvfsError
-from kvfs.files import Attr
+from kvfs.files import PIN_XATTR, Attr
 
 if TYPE_CHECKING:
     from kvfs.service import Service
@@ -292,6 +292,9 @@ class FuseOps(pyfuse3.Operations):
     async def removexattr(self, inode, name, ctx):
         if inode == CONTROL_INO:
             raise KvfsError(errno.ENODATA, "no such attribute")
+        if name == PIN_XATTR:
+            await self.files.set_pin(inode, False)
+            return
         await self.files.removexattr(inode, name)
 
     async def access(self, inode, mode, ctx):

@@ -24,11 +24,12 @@ ATIME_FLUSH_SECONDS = 30.0
 
 
 class Service:
-    def __init__(self, cfg: Config, catalog, pool: Pool):
+    def __init__(self, cfg: Config, catalog, pool: Pool, local=None):
         self.cfg = cfg
         self.catalog = catalog
         self.pool = pool
-        self.store = BlockStore(pool, cfg.dram.capacity, policy=cfg.dram.policy)
+        self.local = local
+        self.store = BlockStore(pool, cfg.dram.capacity, policy=cfg.dram.policy, local=local)
         self.readahead = Readahead(catalog, self.store, enabled=cfg.prefetch.enabled,
                                    max_window=cfg.prefetch.max_window)
         self.files = Files(catalog, self.store, pool, evict=cfg.pool.evict,

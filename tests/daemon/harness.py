@@ -88,16 +88,14 @@ def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]]) -> None:
     cfg = config.load(cfg_path)
 
     async def main() -> None:
-        catalog, pool, lock = open_layers(cfg)
+        layers = open_layers(cfg)
         try:
-            svc = Service(cfg, catalog, pool)
+            svc = Service(cfg, layers.catalog, layers.pool, layers.local)
             async with trio.open_nursery() as nursery:
                 await nursery.start(svc.serve)
                 await fn(FS(svc))
                 nursery.cancel_scope.cancel()
         finally:
-            pool.close()
-            catalog.close()
-            os.close(lock)
+            layers.close()
 
     trio.run(main)

@@ -30,10 +30,7 @@ def cfg_for(tmp_path: Path, names: list[str], *, unit: str = "1MiB", size: str =
 
 def open_fails(cfg: Path, *needles: str) -> None:
     with pytest.raises(StartupError) as e:
-        catalog, pool, lock = open_layers(config.load(cfg))
-        pool.close()
-        catalog.close()
-        os.close(lock)
+        open_layers(config.load(cfg)).close()
     for n in needles:
         assert n in str(e.value), str(e.value)
     assert "\n" not in str(e.value)

@@ -1,0 +1,199 @@
+"""Tiers, pinning, chains and readahead, driven through the files layer without the kernel."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import trio
+import trio.testing
+
+from kvfs.catalog.sqlite import LINK_HINT, LINK_READ, LINK_WRITE
+from kvfs.errors import KvfsError
+from tests.daemon.harness import run_service
+
+MiB = 1 << 20
+
+
+async def settle() -> None:
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def until(predicate, timeout: float = 10.0) -> None:
+    """Wait for background work (fetches run in worker threads) to reach a state."""
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+async def write_chain(fs, names, size=MiB, pid=4242):
+    for n in names:
+        parent, name = fs.resolve(n)
+        r, _ = await fs.files.create(parent, name, 0o644, os.O_CREAT | os.O_WRONLY, 0, 0, pid)
+        await fs.files.write(r.fh, 0, os.urandom(size))
+        await fs.close(r.fh)
+
+
+async def read_file(fs, path, pid):
+    r = await fs.files.open(fs.ino(path), os.O_RDONLY, pid)
+    data = await fs.read_fh(r.fh, fs.files.getattr(fs.ino(path)).size)
+    await fs.close(r.fh)
+    return data
+
+
+def test_a_block_read_from_the_pool_is_promoted_to_dram(pool_config):
+    async def body(fs):
+        await fs.write("/b", os.urandom(2 * MiB))
+        fs.svc.store.drop_dram()
+        rec = fs.files.catalog.get(fs.ino("/b")).blob
+        assert fs.svc.store.tier_of(rec) == "pool"
+        await read_file(fs, "/b", 1)
+        await until(lambda: fs.svc.store.tier_of(rec) == "dram")
+        t = fs.svc.store.stats.tiers
+        assert t["pool"].hits == 1 and t["dram"].misses == 1
+        await read_file(fs, "/b", 1)
+        assert t["dram"].hits == 1
+
+    run_service(pool_config(), body)
+
+
+def test_pinned_blocks_stay_in_dram_until_unpinned(pool_config):
+    cfg = pool_config(dram="8MiB")
+
+    async def body(fs):
+        await fs.write("/pinned", os.urandom(3 * MiB))
+        ino = fs.ino("/pinned")
+        await fs.files.set_pin(ino, True)
+        rec = fs.files.catalog.get(ino).blob
+        fs.svc.store.drop_dram()
+        for i in range(6):                           # pressure: 18 MiB through an 8 MiB tier
+            await fs.write(f"/other{i}", os.urandom(3 * MiB))
+            await read_file(fs, f"/other{i}", 1)
+        assert fs.svc.store.tier_of(rec) == "dram"
+        with pytest.raises(KvfsError) as e:          # more than the tier can hold pinned
+            await fs.write("/big", os.urandom(7 * MiB))
+            await fs.files.set_pin(fs.ino("/big"), True)
+        assert e.value.errno == errno.ENOSPC
+        await fs.files.set_pin(ino, False)
+        fs.svc.store.drop_dram()
+        assert fs.svc.store.tier_of(rec) == "pool"
+        await fs.files.set_pin(ino, True)
+
+    async def after_restart(fs):
+        ino = fs.ino("/pinned")
+        await until(lambda: fs.svc.store.tier_of(fs.files.catalog.get(ino).blob) == "dram")
+        # a rewrite of a pinned file keeps it pinned
+        await fs.write("/pinned", os.urandom(2 * MiB))
+        fs.svc.store.drop_dram()
+        assert fs.svc.store.tier_of(fs.files.catalog.get(ino).blob) == "dram"
+
+    run_service(cfg, body)
+    run_service(cfg, after_restart)
+
+
+def test_local_tier_takes_demoted_and_promoted_blocks(pool_config, tmp_path):
+    local = f'[local]\npath = "{tmp_path}/local.img"\nsize = "64MiB"\n'
+    cfg = pool_config(dram="8MiB", extra=local)
+
+    async def body(fs):
+        store = fs.svc.store
+        assert store.local is not None
+        await fs.write("/a", os.urandom(3 * MiB))
+        rec = fs.files.catalog.get(fs.ino("/a")).blob
+        store.drop_dram()
+        await read_file(fs, "/a", 1)     # first pass: promoted to DRAM, not to local (admission)
+        await settle()
+        assert not store.local.has(rec.id)
+        store.drop_dram()
+        await read_file(fs, "/a", 1)     # second pass: admitted to the local tier
+        await until(lambda: store.local.has(rec.id))
+        store.drop_dram()
+        assert store.tier_of(rec) == "local"
+        data = await read_file(fs, "/a", 1)
+        assert store.stats.tiers["local"].hits == 1 and len(data) == 3 * MiB
+        # demotion: a block pushed out of DRAM by pressure goes to local when admitted
+        await fs.write("/b", os.urandom(3 * MiB))
+        b = fs.files.catalog.get(fs.ino("/b")).blob
+        store.local.admission.admit(b.id, b.size)     # seen once already
+        for i in range(3):
+            await fs.write(f"/p{i}", os.urandom(3 * MiB))
+        await until(lambda: store.tier_of(b) == "local")
+        assert await read_file(fs, "/b", 1) == await read_file(fs, "/b", 2)
+
+    run_service(cfg, body)
+
+
+def test_chains_learned_from_write_order_read_order_and_hints(pool_config):
+    cfg = pool_config()
+
+    async def body(fs):
+        cat = fs.files.catalog
+        await write_chain(fs, ["/c0", "/c1", "/c2"], size=4096, pid=os.getpid())
+        i0, i1, i2 = (fs.ino(p) for p in ("/c0", "/c1", "/c2"))
+        assert cat.next_of(i0) == i1 and cat.successors[i0][i1][0] == LINK_WRITE
+        await read_file(fs, "/c0", os.getpid())
+        await read_file(fs, "/c2", os.getpid())       # a reader that skips c1
+        assert cat.successors[i0][i2][0] == LINK_READ
+        assert cat.next_of(i0) == i2                   # read order outranks write order
+        parent, name = fs.resolve("/c1")
+        await fs.svc.control.setxattr(i0, b"user.kvfs.next", b"c1", 0)
+        assert cat.next_of(i0) == i1 and cat.successors[i0][i1][0] == LINK_HINT
+        assert cat.parent_of(i1) == i0
+
+    async def after_restart(fs):
+        cat = fs.files.catalog
+        assert cat.next_of(fs.ino("/c0")) == fs.ino("/c1")      # links persist
+
+    run_service(cfg, body)
+    run_service(cfg, after_restart)
+
+
+def test_readahead_window_grows_along_a_chain_and_shrinks_on_a_miss(pool_config):
+    cfg = pool_config(dram="128MiB")
+
+    async def body(fs):
+        names = [f"/k{i}" for i in range(20)]
+        await write_chain(fs, names, size=MiB)
+        await write_chain(fs, ["/x0", "/x1", "/x2"], size=MiB, pid=99)
+        await trio.sleep(0)
+        fs.svc.store.drop_dram()
+        ra, st = fs.svc.readahead, fs.svc.store.stats
+        pid = 555
+        await read_file(fs, names[0], pid)
+        assert ra.window_of(pid) == 2 and st.prefetch_issued == 2
+        for n in names[1:6]:
+            await until(lambda: st.prefetch_issued > 0 and fs.svc.store.inflight == 0)
+            await read_file(fs, n, pid)
+        assert ra.window_of(pid) == 16
+        assert ra.stats.predicted_hits == 5 and st.prefetch_used >= 4
+        issued = st.prefetch_issued
+        await read_file(fs, "/x0", pid)                  # jump elsewhere: a miss
+        assert ra.window_of(pid) == 8
+        assert ra.stats.predicted_misses == 1
+        await settle()
+        assert st.prefetch_cancelled + st.prefetch_wasted >= 1 or issued < 20
+
+    run_service(cfg, body)
+
+
+def test_cancelled_prefetch_releases_its_buffer_and_a_reader_can_still_read(pool_config):
+    cfg = pool_config(dram="64MiB")
+
+    async def body(fs):
+        await fs.write("/p", os.urandom(8 * MiB))
+        store = fs.svc.store
+        rec = fs.files.catalog.get(fs.ino("/p")).blob
+        store.drop_dram()
+        assert store.prefetch(rec)
+        assert store.cancel_prefetch(rec)
+        await until(lambda: store.inflight == 0)
+        assert not store.is_resident(rec)
+        assert await read_file(fs, "/p", 1) == await read_file(fs, "/p", 2)
+        await until(lambda: store.inflight == 0)
+        store.drop_dram()
+        assert store.prefetch(rec)                        # a reader arrives: it completes
+        store.cancel_prefetch(rec)
+        assert len(await read_file(fs, "/p", 3)) == 8 * MiB
+
+    run_service(cfg, body)
