@@ -90,15 +90,15 @@ def _transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -
 class PrioritySlots:
     """A namespace's I/O slots (its queue depth), handed out demand first.
 
-    A prefetch waits while any demand I/O waits, and prefetches together hold at most half the
-    slots, so readahead never delays a reader by more than one I/O already on its way.
+    A prefetch waits while any demand I/O waits, and prefetches together hold at most a quarter
+    of the slots (at least one), so a reader's I/O shares the device with few prefetch I/Os.
     """
 
     def __init__(self, n: int):
         self.n = n
         self.free = n
         self.prefetch_held = 0
-        self.prefetch_max = max(1, n // 2)
+        self.prefetch_max = max(1, n // 4)
         self.waiting: tuple[collections.deque, collections.deque] = (collections.deque(),
                                                                      collections.deque())
 

@@ -11,10 +11,10 @@ retrieves them in prefix order, so kvfs learns predecessor -> successor links:
 Links live in the catalog (`SqliteCatalog.link`, persisted in batches with access times).
 
 Readahead works like the kernel's for files: a reader that opens block k of a chain gets the
-next `window` blocks fetched into DRAM in the background. The window starts at INITIAL_WINDOW,
-doubles (up to MAX_WINDOW) each time the reader opens the block that was predicted, and halves
-when it opens something else; prefetches of a stream that mispredicted are cancelled. A reader
-that pauses longer than IDLE_SECONDS starts a new stream. Prefetch I/O yields to demand I/O and
+next `window` blocks fetched into DRAM in the background. A new stream looks one block ahead;
+each time the reader opens the block its chain predicted, the window doubles (from at least
+INITIAL_WINDOW, up to MAX_WINDOW), and at each other open it halves (down to none: a random
+reader costs no prefetch); prefetches of a stream that mispredicted are cancelled. A reader that pauses longer than IDLE_SECONDS starts a new stream. Prefetch I/O yields to demand I/O and
 may only displace cold DRAM blocks (see `BlockStore.prefetch`).
 """
 
@@ -62,7 +62,7 @@ class Stream:
     """One reader's walk along chains."""
     last: int | None = None            # inode it opened last
     at: float = 0.0
-    window: int = INITIAL_WINDOW
+    window: int = 1
     ahead: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # ino -> rec
 
 
@@ -122,21 +122,22 @@ class Readahead:
         prev, s.last, s.at = s.last, node.ino, now
         parent = None
         if prev is not None and prev != node.ino:
+            predicted = node.ino in s.ahead or self.catalog.next_of(prev) == node.ino
             self.catalog.link(prev, node.ino, LINK_READ)
             pnode = self.catalog.nodes.get(prev)
             if pnode is not None and pnode.blob is not None:
                 parent = pnode.blob.id
-            if node.ino in s.ahead:
-                s.ahead.pop(node.ino)
+            if predicted:
+                s.ahead.pop(node.ino, None)
                 self.stats.predicted_hits += 1
                 if s.window < self.max_window:
-                    s.window = min(self.max_window, s.window * 2)
+                    s.window = min(self.max_window, max(INITIAL_WINDOW, s.window * 2))
                     self.stats.window_grows += 1
-            elif s.ahead:
+            else:
                 self.stats.predicted_misses += 1
                 self._cancel(s)
-                if s.window > 1:
-                    s.window = max(1, s.window // 2)
+                if s.window > 0:
+                    s.window //= 2
                     self.stats.window_shrinks += 1
         if self.enabled:
             self._issue(s, node)
@@ -156,8 +157,8 @@ class Readahead:
             if succ is None or succ.blob is None:
                 break
             if nxt not in s.ahead:
-                if self.store.prefetch(succ.blob, prev_blob) or self.store.is_resident(succ.blob):
-                    s.ahead[nxt] = succ.blob
+                self.store.prefetch(succ.blob, prev_blob)
+                s.ahead[nxt] = succ.blob
             ino, prev_blob = nxt, succ.blob.id
         while len(s.ahead) > self.max_window:
             _, rec = s.ahead.popitem(last=False)

@@ -46,6 +46,8 @@ log = logging.getLogger("kvfs.store")
 # bandwidth and finish together; a small window, issued in order, brings a block's first bytes
 # early while other fetches (and the other namespaces) keep every device busy.
 FETCH_WINDOW = 2
+# Prefetches fetched at the same time (more would share the bandwidth and delay the next block).
+PREFETCH_FETCHES = 2
 
 
 class Fetch:
@@ -122,6 +124,8 @@ class BlockStore:
         self.inflight = 0                  # buffers of fetches in progress
         self.pinned_bytes = 0
         self.recency: collections.OrderedDict[int, int] = collections.OrderedDict()  # blob -> ino
+        self._prefetch_queue: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+        self._prefetch_running = 0
         self.stats = StoreStats()
         self._nursery: trio.Nursery | None = None
 
@@ -435,7 +439,8 @@ class BlockStore:
             self.stats.bytes_from_pool += length
             self.stats.tiers["pool"].bytes_out += length
 
-    def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None) -> Fetch | None:
+    def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None,
+                     on_done=None) -> Fetch | None:
         rec = cb.rec
         chunk = self.pool.chunk
         need = (rec.size + chunk - 1) // chunk * chunk
@@ -451,7 +456,7 @@ class BlockStore:
         self.inflight += fetch.buffer.nbytes
         self.stats.fetches += 1
         assert self._nursery is not None, "BlockStore.serve() is not running"
-        self._nursery.start_soon(self._run_fetch, cb, fetch)
+        self._nursery.start_soon(self._run_fetch, cb, fetch, on_done)
         return fetch
 
     @staticmethod
@@ -462,7 +467,7 @@ class BlockStore:
             q.remove(k)
             q.appendleft(k)
 
-    async def _run_fetch(self, cb: CachedBlob, fetch: Fetch) -> None:
+    async def _run_fetch(self, cb: CachedBlob, fetch: Fetch, on_done=None) -> None:
         rec = cb.rec
         units = {j: len(q) for j, q in fetch.queues.items()}
         t0 = time.perf_counter()
@@ -494,6 +499,8 @@ class BlockStore:
         cb.fetch = None
         self.inflight -= fetch.buffer.nbytes
         fetch.done.set()
+        if on_done is not None:
+            on_done()
         complete = all(ev.is_set() for ev in fetch.ready) and not fetch.errors
         if fetch.errors:
             self.stats.fetch_errors += 1
@@ -526,23 +533,44 @@ class BlockStore:
 
     # --- prefetch ------------------------------------------------------------------------------
     def prefetch(self, rec: BlobRec, parent=None) -> bool:
-        """Start fetching a block into DRAM in the background (readahead). False if it is
-        resident or being fetched already, or if there is no cold DRAM to displace."""
-        cb = self._get(rec)
-        if cb.resident is not None or cb.fetch is not None or rec.size > self.capacity \
-                or not rec.size:
-            self._maybe_forget(cb)
+        """Queue a block to be fetched into DRAM in the background (readahead). Queued blocks
+        are fetched in the order they were asked for, PREFETCH_FETCHES at a time, so the block
+        a reader needs next arrives first. False if the block is resident, being fetched or
+        queued already, or cannot be cached."""
+        cb = self.blobs.get(rec.id)
+        if (cb is not None and (cb.resident is not None or cb.fetch is not None)) \
+                or rec.id in self._prefetch_queue or rec.size > self.capacity or not rec.size:
             return False
-        if self._start_fetch(cb, prefetch=True, parent=parent) is None:
-            self.stats.prefetch_skipped += 1
-            self._maybe_forget(cb)
-            return False
-        self.stats.prefetch_issued += 1
+        self._prefetch_queue[rec.id] = (rec, parent)
+        self.hold(rec)                    # its extents must stay valid while it waits
+        self._prefetch_wakeup()
         return True
 
+    def _prefetch_wakeup(self) -> None:
+        while self._prefetch_queue and self._prefetch_running < PREFETCH_FETCHES:
+            bid, (rec, parent) = self._prefetch_queue.popitem(last=False)
+            cb = self._get(rec)
+            started = cb.resident is None and cb.fetch is None and not cb.retired and \
+                self._start_fetch(cb, prefetch=True, parent=parent, on_done=self._prefetch_done)
+            if started:
+                self._prefetch_running += 1
+                self.stats.prefetch_issued += 1
+            elif cb.resident is None and cb.fetch is None and not cb.retired:
+                self.stats.prefetch_skipped += 1
+            self.unhold(rec)
+
+    def _prefetch_done(self) -> None:
+        self._prefetch_running -= 1
+        self._prefetch_wakeup()
+
     def cancel_prefetch(self, rec: BlobRec) -> bool:
-        """Stop a prefetch nobody waits for: its queued units are dropped (units already on
-        their way finish). False if there is none to cancel."""
+        """Drop a prefetch nobody waits for: a queued one leaves the queue; a running one stops
+        issuing units (units already on their way finish). False if there is none."""
+        queued = self._prefetch_queue.pop(rec.id, None)
+        if queued is not None:
+            self.unhold(rec)
+            self.stats.prefetch_cancelled += 1
+            return True
         cb = self.blobs.get(rec.id)
         if cb is None or cb.fetch is None or not cb.fetch.prefetch:
             return False
