@@ -73,7 +73,8 @@ class OpenResult:
 class Session:
     """The mutable content of a file between writes and commit."""
 
-    __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged")
+    __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
+                 "next_early")
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
@@ -81,6 +82,14 @@ class Session:
         self.frozen = False       # committed: the buffer is now a resident clean copy
         self.reserved = 0         # pool bytes set aside for it
         self.charged = 0          # DRAM bytes accounted for its buffer
+        self.writer = None        # BlockWriter: units written behind the writer (write-behind)
+        self.contig = 0           # bytes written contiguously from offset 0
+        self.next_early = 0       # next unit write-behind may start
+
+    @property
+    def early(self) -> int:
+        """Pool bytes already allocated for units written behind."""
+        return self.writer.early_bytes if self.writer is not None else 0
 
 
 @dataclass(eq=False)
@@ -262,6 +271,11 @@ class Files:
             s = await self._writable_session(node, st, keep=size)
             await self._reserve(node, s, size)
             s.buffer.resize(size)
+            s.contig = min(s.contig, size)
+            s.next_early = min(s.next_early, size // self.pool.unit)
+            if s.writer is not None:
+                s.writer.touch(size // self.pool.unit, max(size // self.pool.unit,
+                                                           max(s.writer.units, default=0)))
             self._charge(s)
             s.dirty = True
             if st.writers == 0:       # truncate(2) by path: nobody will close it, commit now
@@ -307,6 +321,8 @@ class Files:
                 async with st.lock:
                     s = await self._writable_session(node, st, keep=0)
                     s.buffer.resize(0)
+                    s.contig = s.next_early = 0
+                    self._abandon_writer(s)
                     self._charge(s)
                     s.dirty = True
             if not h.writable:
@@ -393,6 +409,7 @@ class Files:
             s.buffer.write(offset, data)
             self._charge(s)
             s.dirty = True
+            self._write_behind(s, offset, end)
         node.mtime_ns = node.ctime_ns = time.time_ns()
         self.stats.bytes_written += n
         return n
@@ -424,6 +441,36 @@ class Files:
         self._charge(new)
         return new
 
+    def _write_behind(self, s: Session, offset: int, end: int) -> None:
+        """Start writing the units a sequential writer has completed and moved past, so its
+        transfer overlaps the namespaces' I/O; close() then only has the rest to write."""
+        unit = self.pool.unit
+        if s.writer is not None and end > offset:
+            s.writer.touch(offset // unit, (end - 1) // unit)
+        if offset <= s.contig:
+            s.contig = max(s.contig, end)
+        full = s.contig // unit
+        if full <= s.next_early or self.store.nursery is None:
+            return
+        if s.writer is None:
+            s.writer = self.pool.writer()
+        for k in range(s.next_early, full):
+            if not s.writer.started(k):
+                moved = s.writer.write_early(k, s.buffer, self.store.nursery)
+                if not moved:
+                    break                   # no room now: commit writes it
+                # the unit's space now comes out of the pool's free space, not the reservation
+                take = min(moved, s.reserved)
+                s.reserved -= take
+                self.pool.unreserve(take)
+            s.next_early = k + 1
+
+    def _abandon_writer(self, s: Session) -> None:
+        """A session that will not be committed gives back what it wrote behind."""
+        w, s.writer = s.writer, None
+        if w is not None and self.store.nursery is not None:
+            self.store.nursery.start_soon(w.abort)
+
     def _charge(self, s: Session) -> None:
         delta = s.buffer.nbytes - s.charged
         if delta:
@@ -435,6 +482,7 @@ class Files:
         st.session = None
         if s is None:
             return
+        self._abandon_writer(s)
         self.pool.unreserve(s.reserved)
         s.reserved = 0
         if not s.frozen:
@@ -442,7 +490,7 @@ class Files:
             s.charged = 0
 
     async def _reserve(self, node: Node, s: Session, size: int) -> None:
-        need = self.pool.stored_size(size) - s.reserved
+        need = self.pool.stored_size(size) - s.reserved - s.early
         if need <= 0:
             return
         if size > self.max_block_size:
@@ -489,13 +537,15 @@ class Files:
             return
         if not node.linked:          # unlinked before its first/next commit: nothing to keep
             s.dirty = False
+            self._abandon_writer(s)
             return
         size = s.buffer.size
         self.pool.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
         while True:
+            writer, s.writer = s.writer, None
             try:
-                layout = await self.store.write(s.buffer, size)
+                layout = await self.store.write(s.buffer, size, writer)
                 break
             except KvfsError as e:
                 if e.errno == errno.ENOSPC and self.evict == "lru" and await self._evict_one(node.ino):

@@ -384,6 +384,22 @@ class Pool:
         self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
+    def writer(self) -> "BlockWriter":
+        return BlockWriter(self)
+
+    def _alloc_unit(self, preferred: int, length: int) -> tuple[int, int]:
+        """An extent for one unit, on `preferred` if it has room, else on the next namespace
+        (in order) that has. Raises ENOSPC."""
+        n = len(self.namespaces)
+        for i in range(n):
+            j = (preferred + i) % n
+            if i and self.namespaces[j].stats.state != "ok":
+                continue
+            off = self.allocators[j].alloc(length)
+            if off is not None:
+                return j, off
+        raise no_space(f"pool is full: no room for a {length}-byte stripe unit")
+
     async def read_unit(self, layout: Layout, k: int, buf: Buffer, *,
                         prefetch: bool = False) -> None:
         """Read unit k of a block into its place in `buf` and verify its checksum (EIO if bad).
@@ -397,3 +413,127 @@ class Pool:
             pad = stored - length
             last = views[-1]
             last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
+
+
+class BlockWriter:
+    """Writes one block's stripe units as soon as they are final (write-behind), and the rest
+    at commit, so a writer's transfer overlaps the namespaces' I/O.
+
+    A session calls `write_early(k, ...)` for a unit its writer has completely written and moved
+    past; the unit is placed (the same weighted rotation as `Pool.allocate`), allocated and
+    written in the background. A later write into that unit marks it dirty (`touch`): it is
+    written again at `finish`, which waits for early writes, writes whatever is missing or dirty,
+    syncs the namespaces it touched and returns the block's layout. `abort` gives back every
+    extent. Space taken early comes out of the session's reservation (`Pool.reserved`).
+    """
+
+    def __init__(self, pool: Pool):
+        self.pool = pool
+        self.weights = pool.placement_weights()
+        self.start = pool._rotation % len(pool.namespaces)
+        pool._rotation += 1
+        self.units: dict[int, tuple[int, int, int, int]] = {}   # k -> (ns, offset, stored, sum)
+        self.inflight: dict[int, trio.Event] = {}
+        self.dirty: set[int] = set()
+        self.failed: set[int] = set()
+        self.early_bytes = 0
+
+    def _ns_for(self, k: int, nunits: int | None = None) -> int:
+        return place_units(max(k + 1, nunits or 0), self.weights, self.start)[k]
+
+    def started(self, k: int) -> bool:
+        return k in self.units or k in self.inflight
+
+    def touch(self, first: int, last: int) -> None:
+        """Units first..last were written into again."""
+        for k in range(first, last + 1):
+            if k in self.units or k in self.inflight:
+                self.dirty.add(k)
+
+    def write_early(self, k: int, buf: Buffer, nursery: trio.Nursery) -> int:
+        """Start writing full unit k in the background; returns the bytes it takes from the
+        pool (to be moved out of the session's reservation), or 0 if it could not start."""
+        pool = self.pool
+        unit = pool.unit
+        try:
+            ns, off = pool._alloc_unit(self._ns_for(k), unit)
+        except KvfsError:
+            return 0
+        done = trio.Event()
+        self.inflight[k] = done
+        self.early_bytes += unit
+
+        async def run() -> None:
+            try:
+                views = buf.io_views(k * unit, unit, pool._zero)
+                digest = await pool.namespaces[ns].write(views, off, unit)
+                self.units[k] = (ns, off, unit, digest)
+            except KvfsError:
+                pool.allocators[ns].free(off, unit)
+                self.early_bytes -= unit
+                self.failed.add(k)
+            finally:
+                del self.inflight[k]
+                done.set()
+        nursery.start_soon(run)
+        return unit
+
+    async def _settle(self) -> None:
+        for ev in list(self.inflight.values()):
+            await ev.wait()
+
+    async def finish(self, buf: Buffer, size: int) -> Layout:
+        """Make the whole block durable and return its layout (EIO/ENOSPC: nothing kept)."""
+        await self._settle()
+        pool = self.pool
+        if not self.units:
+            return await pool.write_block(buf, size)
+        unit = pool.unit
+        n = unit_count(size, unit)
+        placement = place_units(n, self.weights, self.start) if n else []
+        ns_of, offsets, sums = [0] * n, [0] * n, [0] * n
+        taken: list[tuple[int, int, int]] = []          # extents allocated in this call
+        todo = []
+        for k in list(self.units):
+            ns, off, stored, digest = self.units[k]
+            if k >= n or k in self.dirty or stored != stored_length(size, unit, k):
+                del self.units[k]
+                pool.allocators[ns].free(off, stored)
+        try:
+            for k in range(n):
+                if k in self.units:
+                    ns_of[k], offsets[k], _, sums[k] = self.units[k]
+                    continue
+                stored = stored_length(size, unit, k)
+                ns, off = pool._alloc_unit(placement[k], stored)
+                taken.append((ns, off, stored))
+                ns_of[k], offsets[k] = ns, off
+                todo.append(k)
+
+            def unit_writer(k: int):
+                async def write() -> None:
+                    start = k * unit
+                    views = buf.io_views(start, stored_length(size, unit, k), pool._zero)
+                    sums[k] = await pool.namespaces[ns_of[k]].write(
+                        views, offsets[k], min(unit, size - start))
+                return write
+
+            await run_all(unit_writer(k) for k in todo)
+            await run_all(pool.namespaces[j].sync for j in sorted(set(ns_of)))
+        except BaseException:
+            for ns, off, stored in taken:
+                pool.allocators[ns].free(off, stored)
+            self._release_units()
+            raise
+        self.units.clear()
+        return Layout(size, unit, tuple(ns_of), tuple(offsets), tuple(sums))
+
+    def _release_units(self) -> None:
+        for ns, off, stored, _ in self.units.values():
+            self.pool.allocators[ns].free(off, stored)
+        self.units.clear()
+
+    async def abort(self) -> None:
+        """Give back everything written early (the block will not be committed)."""
+        await self._settle()
+        self._release_units()

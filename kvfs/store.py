@@ -578,9 +578,18 @@ class BlockStore:
         return True
 
     # --- writes --------------------------------------------------------------------------------
-    async def write(self, buf: Buffer, size: int) -> Layout:
-        """Write a block to the pool (durable on return); raises ENOSPC or EIO."""
-        layout = await self.pool.write_block(buf, size)
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        """Where background I/O of the layers above runs (write-behind)."""
+        return self._nursery
+
+    async def write(self, buf: Buffer, size: int, writer=None) -> Layout:
+        """Write a block to the pool (durable on return), finishing what `writer` (a
+        `pool.BlockWriter`) wrote behind; raises ENOSPC or EIO."""
+        if writer is not None:
+            layout = await writer.finish(buf, size)
+        else:
+            layout = await self.pool.write_block(buf, size)
         self.stats.blocks_written += 1
         self.stats.bytes_to_pool += size
         self.stats.tiers["pool"].bytes_in += size
