@@ -10,7 +10,7 @@ PIP         := $(PY) -m pip --disable-pip-version-check -q
 MNT         ?= ./mnt
 PYTHON      ?= python3
 APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server tmux pkg-config python3-venv python3-dev \
-                util-linux e2fsprogs gcc
+                util-linux e2fsprogs gcc rdma-core libibverbs-dev ibverbs-utils python3-pyverbs
 TORCH_PIN   := torch==2.13.0
 STAMP       := $(VENV)/.installed
 
@@ -48,7 +48,12 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing kvfs and its dependencies into $(VENV)"
 	@$(PIP) install -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c 'import pyfuse3, trio, xattr, xxhash, pytest' 
+	@$(PY) -c 'import pyfuse3, trio, xattr, xxhash, pytest'
+	@# pyverbs comes from Debian (PyPI's does not build): let the venv see that one package only
+	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  mkdir -p $(VENV)/debian-site && ln -sfn /usr/lib/python3/dist-packages/pyverbs $(VENV)/debian-site/pyverbs; \
+	  echo "$(abspath $(VENV))/debian-site" > $$site/kvfs-debian-pyverbs.pth
+	@$(PY) -c 'import pyverbs.device' 
 	@echo "installing $(TORCH_PIN) (CPU) and LMCache for the integration tests"
 	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) install $(TORCH_PIN) 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install -e '.[test,lmcache]' 2>&1 | grep -v '^WARNING: Location' || true

@@ -99,6 +99,8 @@ class Config:
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     local: LocalConfig | None = None
     log_level: str = "info"
+    metrics_port: int = 0            # serve Prometheus metrics on this port (0: off)
+    metrics_address: str = "127.0.0.1"
     source: Path | None = None       # the file this came from; None for the embedded default
 
     @property
@@ -253,6 +255,8 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     top = _Table(data, "")
     state_dir = top.take("state_dir", _path(base)) or default_state_dir()
     log_level = top.take("log_level", _choice("debug", "info", "warning", "error"), "info")
+    metrics_port = top.take("metrics_port", _int_range(0, 65535), 0)
+    metrics_address = top.take("metrics_address", _str, "127.0.0.1")
 
     dram_t = top.table("dram")
     capacity = dram_t.take("capacity", _positive_size)
@@ -316,7 +320,8 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     if local is not None and any(local.path == n.path for n in namespaces):
         raise ConfigError(f"config: local.path: {local.path} is also a pool namespace")
     return Config(state_dir=state_dir, pool=pool, dram=dram, mount=mount, prefetch=prefetch,
-                  local=local, log_level=log_level, source=source)
+                  local=local, log_level=log_level, metrics_port=metrics_port,
+                  metrics_address=metrics_address, source=source)
 
 
 def load(path: str | os.PathLike | None) -> Config:

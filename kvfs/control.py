@@ -51,6 +51,13 @@ class Control:
         self.actions: dict[str, tuple[Callable[[dict], Awaitable[Any]], str]] = {
             "drop_dram": (self._drop_dram, "drop every DRAM-resident copy (all are in the pool)"),
             "flush": (self._flush, "persist access times and learned chain links now"),
+            "evict": (self._evict, '{"paths": ["/a", ...]} or {"cold": N}: drop blocks from '
+                                   'DRAM and the local tier'),
+            "warm": (self._warm, '{"path": "/a", "depth": N}: fetch a file and the N blocks of '
+                                 'its chain after it into DRAM'),
+            "set": (self._set, '{"prefetch.enabled": true, "prefetch.max_window": 8, '
+                               '"dram.capacity": "2GiB", "pool.evict": "never"}: change a knob '
+                               'until the next mount'),
         }
 
     # --- the control file as a file ------------------------------------------------------------
@@ -217,6 +224,105 @@ class Control:
     async def _drop_dram(self, args: dict) -> dict:
         self._no_args("drop_dram", args)
         return {"bytes_dropped": self.service.store.drop_dram()}
+
+    def _path_node(self, path, action: str):
+        if not isinstance(path, str) or not path:
+            raise KvfsError(errno.EINVAL, f"{action}: paths are strings like \"/dir/file\"")
+        cat = self.service.catalog
+        node = cat.get(ROOT_INO)
+        for part in [p for p in path.split("/") if p]:
+            try:
+                node = cat.lookup(node.ino, part.encode())
+            except KvfsError:
+                raise KvfsError(errno.ENOENT, f"{action}: no such file: {path}") from None
+        if not node.is_file:
+            raise KvfsError(errno.EINVAL, f"{action}: not a regular file: {path}")
+        return node
+
+    async def _evict(self, args: dict) -> dict:
+        paths, cold = args.get("paths"), args.get("cold")
+        if (paths is None) == (cold is None) or set(args) - {"paths", "cold"}:
+            raise KvfsError(errno.EINVAL, 'evict: give {"paths": [...]} or {"cold": N}')
+        store, cat = self.service.store, self.service.catalog
+        evicted, total = [], 0
+        if paths is not None:
+            if not isinstance(paths, list):
+                raise KvfsError(errno.EINVAL, "evict: paths must be a list")
+            nodes = [self._path_node(p, "evict") for p in paths]
+            for p, node in zip(paths, nodes):
+                if node.blob is not None:
+                    try:
+                        total += store.evict(node.blob)
+                    except KvfsError as e:
+                        raise KvfsError(e.errno, f"evict: {p}: {e}") from None
+                    evicted.append(p)
+        else:
+            if isinstance(cold, bool) or not isinstance(cold, int) or cold < 1:
+                raise KvfsError(errno.EINVAL, "evict: cold must be a positive integer")
+            for bid in store.evict_cold(cold):
+                ino = store.recency.get(bid)
+                node = cat.nodes.get(ino) if ino is not None else None
+                evicted.append(cat.path_of(node) if node is not None else f"block {bid}")
+                total += node.blob.size if node is not None and node.blob else 0
+        return {"evicted": evicted, "bytes": total}
+
+    async def _warm(self, args: dict) -> dict:
+        if set(args) - {"path", "depth"} or "path" not in args:
+            raise KvfsError(errno.EINVAL, 'warm: give {"path": "/file", "depth": N}')
+        depth = args.get("depth", 64)
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise KvfsError(errno.EINVAL, "warm: depth must be a non-negative integer")
+        cat, store = self.service.catalog, self.service.store
+        node = self._path_node(args["path"], "warm")
+        blocks, seen = [], set()
+        while node is not None and node.ino not in seen and len(blocks) <= depth:
+            seen.add(node.ino)
+            if node.blob is not None:
+                store.warm(node.blob)
+                blocks.append(cat.path_of(node))
+            nxt = cat.next_of(node.ino)
+            node = cat.nodes.get(nxt) if nxt is not None else None
+        return {"blocks": blocks}
+
+    async def _set(self, args: dict) -> dict:
+        from kvfs.units import parse_size
+        svc = self.service
+        known = ("prefetch.enabled", "prefetch.max_window", "dram.capacity", "pool.evict")
+        if not args:
+            raise KvfsError(errno.EINVAL, f"set: name a knob ({', '.join(known)})")
+        for key, value in args.items():
+            if key == "prefetch.enabled":
+                if not isinstance(value, bool):
+                    raise KvfsError(errno.EINVAL, "set: prefetch.enabled takes true or false")
+            elif key == "prefetch.max_window":
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 256:
+                    raise KvfsError(errno.EINVAL, "set: prefetch.max_window takes 1 to 256")
+            elif key == "dram.capacity":
+                try:
+                    if parse_size(value) < svc.store.pinned_bytes:
+                        raise KvfsError(errno.EINVAL, "set: dram.capacity is below the pinned "
+                                                      "bytes; unpin first")
+                except ValueError as e:
+                    raise KvfsError(errno.EINVAL, f"set: dram.capacity: {e}") from None
+            elif key == "pool.evict":
+                if value not in ("lru", "never"):
+                    raise KvfsError(errno.EINVAL, "set: pool.evict takes \"lru\" or \"never\"")
+            else:
+                raise KvfsError(errno.EINVAL, f"set: unknown knob {key!r} (known: "
+                                              f"{', '.join(known)})")
+        for key, value in args.items():      # all valid: apply them together
+            if key == "prefetch.enabled":
+                svc.readahead.enabled = value
+            elif key == "prefetch.max_window":
+                svc.readahead.max_window = value
+            elif key == "dram.capacity":
+                svc.store.capacity = parse_size(value)
+                svc.store._make_room(0)
+            elif key == "pool.evict":
+                svc.files.evict = value
+        return {"prefetch.enabled": svc.readahead.enabled,
+                "prefetch.max_window": svc.readahead.max_window,
+                "dram.capacity": svc.store.capacity, "pool.evict": svc.files.evict}
 
     async def _flush(self, args: dict) -> dict:
         self._no_args("flush", args)

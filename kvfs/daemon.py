@@ -117,6 +117,15 @@ def preflight(cfg: Config, mountpoint: Path) -> None:
             raise StartupError(f"state_dir {sd}: not writable", errno.EACCES)
     else:
         _writable_dir_or_creatable(sd)
+    if cfg.metrics_port:
+        import socket
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in cfg.metrics_address else socket.AF_INET) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((cfg.metrics_address, cfg.metrics_port))
+        except OSError as e:
+            raise StartupError(f"metrics_port {cfg.metrics_port}: cannot listen on "
+                               f"{cfg.metrics_address}: {e.strerror}", e.errno) from None
     real_mp = os.path.realpath(mountpoint)
     if os.path.realpath(sd) == real_mp or os.path.realpath(sd).startswith(real_mp + os.sep):
         raise StartupError(f"state_dir {sd}: must not be inside the mountpoint", errno.EINVAL)

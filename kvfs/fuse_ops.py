@@ -12,6 +12,7 @@ import errno
 import functools
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 import pyfuse3
@@ -31,13 +32,49 @@ CONTROL_NAME = b".kvfs-control"
 PREFERRED_IO = 1 << 20      # st_blksize: buffered writers then send 1 MiB writes
 
 
+class Latency:
+    """Request latencies per operation, in power-of-two microsecond buckets (for percentiles)."""
+
+    BUCKETS = 32
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+        self.maxima: dict[str, float] = {}
+
+    def record(self, op: str, seconds: float) -> None:
+        us = seconds * 1e6
+        b = min(self.BUCKETS - 1, max(0, int(us).bit_length()))
+        c = self.counts.get(op)
+        if c is None:
+            c = self.counts[op] = [0] * self.BUCKETS
+        c[b] += 1
+        if us > self.maxima.get(op, 0.0):
+            self.maxima[op] = us
+
+    def summary(self) -> dict:
+        out = {}
+        for op, c in self.counts.items():
+            n = sum(c)
+            res = {"count": n, "max_us": round(self.maxima[op], 1)}
+            for q, name in ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us")):
+                acc, target = 0, q * n
+                for b, k in enumerate(c):
+                    acc += k
+                    if acc >= target:
+                        res[name] = float(1 << b)    # the bucket's upper bound
+                        break
+            out[op] = res
+        return out
+
+
 def translate(fn):
     name = fn.__name__
 
     @functools.wraps(fn)
-    async def wrapper(*args, **kwargs):
+    async def wrapper(self, *args, **kwargs):
+        t0 = time.perf_counter()
         try:
-            return await fn(*args, **kwargs)
+            return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except KvfsError as e:
@@ -49,6 +86,8 @@ def translate(fn):
         except Exception:
             log.exception("%s failed", name)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self.latency.record(name, time.perf_counter() - t0)
     return wrapper
 
 
@@ -62,6 +101,8 @@ class FuseOps(pyfuse3.Operations):
         self.files = service.files
         self.control = service.control
         self.timeout = attr_timeout
+        self.latency = Latency()
+        service.latency = self.latency
         self._dirs: dict[int, tuple[int, list[int], list]] = {}
         self._next_dir = 1
         self.files.on_evict = self._evicted
@@ -195,6 +236,7 @@ class FuseOps(pyfuse3.Operations):
 
     async def read(self, fh, off, size):
         # The hot path: no wrapper frame; errors are translated inline.
+        t0 = time.perf_counter()
         try:
             if fh >= CONTROL_FH_BASE:
                 return self.control.read(fh, off, size)
@@ -204,6 +246,8 @@ class FuseOps(pyfuse3.Operations):
         except Exception:
             log.exception("read failed")
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self.latency.record("read", time.perf_counter() - t0)
 
     @translate
     async def write(self, fh, off, buf):

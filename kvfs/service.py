@@ -35,6 +35,7 @@ class Service:
         self.files = Files(catalog, self.store, pool, evict=cfg.pool.evict,
                            max_block_size=cfg.pool.max_block_size, readahead=self.readahead)
         self.control = Control(self)
+        self.latency = None                # set by the FUSE layer: request latencies
         self.started = time.time()
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -44,6 +45,10 @@ class Service:
             await nursery.start(self.store.serve)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
+            if self.cfg.metrics_port:
+                from kvfs import metrics
+                await nursery.start(metrics.serve, self.statistics, self.cfg.metrics_address,
+                                    self.cfg.metrics_port)
             task_status.started()
             await trio.sleep_forever()
 
@@ -85,6 +90,7 @@ class Service:
             "policy_mode": getattr(policy, "mode_name", policy.name),
         })
         tiers["pool"].update({
+            "blocks": len(store.recency),
             "capacity": pool.capacity,
             "used": pool.capacity - pool.free,
             "free": pool.free,
@@ -122,6 +128,7 @@ class Service:
             "files": dict(dataclasses.asdict(self.files.stats),
                           open_handles=len(self.files.handles),
                           nodes=len(self.catalog.nodes)),
+            "latency": self.latency.summary() if self.latency is not None else {},
             "catalog": {"transactions": self.catalog.commits,
                         "statements": self.catalog.statements,
                         "commit_seconds": round(self.catalog.commit_seconds, 4)},

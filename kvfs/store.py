@@ -531,6 +531,51 @@ class BlockStore:
                     self._nursery.start_soon(self._copy_to_local, cb, fetch.buffer)
         self._maybe_forget(cb)
 
+    # --- explicit eviction and warming (control actions) ----------------------------------------
+    def evict(self, rec: BlobRec) -> int:
+        """Drop a block's copies from DRAM and the local tier; returns the bytes dropped.
+        EBUSY if it is pinned."""
+        cb = self.blobs.get(rec.id)
+        if cb is not None and cb.pinned:
+            raise KvfsError(errno.EBUSY, "the block is pinned: unpin it first")
+        dropped = 0
+        if cb is not None and cb.resident is not None:
+            dropped += cb.resident.nbytes
+            self._drop_resident(cb)
+            self.stats.tiers["dram"].evictions += 1
+            self._maybe_forget(cb)
+        if self.local is not None and self.local.has(rec.id):
+            self.local.drop(rec.id)
+            self.stats.tiers["local"].evictions += 1
+            dropped += rec.size
+        return dropped
+
+    def evict_cold(self, n: int) -> list[int]:
+        """Drop the `n` DRAM blocks the policy would evict first; returns their blob ids."""
+        out = []
+        ok = self._evictable(True)
+        while len(out) < n:
+            bid = self.dram.policy.victim(ok)
+            if bid is None:
+                break
+            self.dram.used -= self.dram.sizes.pop(bid)
+            cb = self.blobs.get(bid)
+            if cb is not None:
+                cb.resident = None
+                self.stats.tiers["dram"].evictions += 1
+                self._maybe_forget(cb)
+            out.append(bid)
+        return out
+
+    def warm(self, rec: BlobRec) -> bool:
+        """Start fetching a block into DRAM at demand priority (not awaited)."""
+        cb = self._get(rec)
+        if cb.resident is not None or cb.fetch is not None or not rec.size \
+                or rec.size > self.capacity:
+            self._maybe_forget(cb)
+            return False
+        return self._start_fetch(cb, prefetch=False) is not None
+
     # --- prefetch ------------------------------------------------------------------------------
     def prefetch(self, rec: BlobRec, parent=None) -> bool:
         """Queue a block to be fetched into DRAM in the background (readahead). Queued blocks

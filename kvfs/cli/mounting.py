@@ -1,8 +1,4 @@
-"""The `kvfs` command: mount, umount, format.
-
-Every entry point is `main(argv)`, so tests call it in-process. Errors are one line on stderr
-and a non-zero exit status (1 for a refused request, 2 for bad usage).
-"""
+"""kvfs mount, kvfs umount, kvfs format."""
 
 from __future__ import annotations
 
@@ -19,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from kvfs import __version__, config as config_mod
-from kvfs.errors import KvfsError, StartupError
+from kvfs import config as config_mod
+from kvfs.cli.common import fail as _fail
+from kvfs.errors import StartupError
 
 log = logging.getLogger("kvfs")
 
@@ -35,11 +32,6 @@ def _setup_logging(level: str, logfile: Path | None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-
-
-def _fail(message: str, code: int = 1) -> int:
-    print(f"kvfs: {message}", file=sys.stderr)
-    return code
 
 
 # --- mount -------------------------------------------------------------------------------------
@@ -183,12 +175,8 @@ def cmd_format(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- entry point -------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvfs", description="KV-cache blocks as files.")
-    p.add_argument("--version", action="version", version=f"kvfs {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
+# --- parsers -----------------------------------------------------------------------------------
+def add_parsers(sub) -> None:
     m = sub.add_parser("mount", help="mount kvfs (in the background unless --foreground)")
     m.add_argument("mountpoint")
     m.add_argument("--config", "-c", help="TOML config file (default: the embedded default)")
@@ -202,19 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the daemon")
     u.set_defaults(func=cmd_umount)
 
-    f = sub.add_parser("format", help="initialise a pool on the configured namespaces")
+    f = sub.add_parser("format", help="initialise a pool (and the local tier) on the configured devices")
     f.add_argument("--config", "-c", help="TOML config file (default: the embedded default)")
     f.add_argument("--force", action="store_true",
                    help="overwrite existing kvfs pools, other signatures and the catalog")
     f.set_defaults(func=cmd_format)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except KvfsError as e:
-        return _fail(str(e))
-    except KeyboardInterrupt:
-        return 130

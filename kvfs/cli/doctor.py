@@ -1,0 +1,285 @@
+"""kvfs doctor: check a node for kvfs and explain what is wrong and what to do.
+
+Checks FUSE and the kvfs mounts, each namespace of each mount (block device or file; for NVMe-oF
+devices the transport, address and subsystem NQN from /sys/class/nvme), RDMA devices and ports
+through pyverbs, kvikio/GDS availability, and the NUMA locality of namespaces, NICs and GPUs.
+Each finding is ok, info, warn or fail; the exit status is 1 when anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kvfs.cli.common import CliError, find_mount, stats, table
+
+SYS = Path("/sys")
+
+
+@dataclass
+class Finding:
+    status: str          # ok, info, warn, fail
+    check: str
+    detail: str
+    fix: str = ""
+
+
+def _read(p: Path) -> str | None:
+    try:
+        return p.read_text().strip()
+    except OSError:
+        return None
+
+
+def _numa(p: Path) -> int | None:
+    v = _read(p)
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+# --- FUSE and mounts -------------------------------------------------------------------------
+def check_fuse() -> list[Finding]:
+    out = []
+    try:
+        st = os.stat("/dev/fuse")
+        ok = stat.S_ISCHR(st.st_mode)
+    except OSError:
+        ok = False
+    if ok:
+        out.append(Finding("ok", "fuse", "/dev/fuse is present"))
+    else:
+        out.append(Finding("fail", "fuse", "/dev/fuse is missing",
+                           "load the fuse module (modprobe fuse), or run the container with "
+                           "--device /dev/fuse"))
+    if any(os.access(os.path.join(d, "fusermount3"), os.X_OK)
+           for d in os.environ.get("PATH", "/usr/bin:/bin").split(":")):
+        out.append(Finding("ok", "fuse", "fusermount3 is installed (auto_unmount, non-root use)"))
+    else:
+        out.append(Finding("warn", "fuse", "fusermount3 is not installed",
+                           "apt-get install fuse3 (needed to unmount as non-root and for "
+                           "auto_unmount)"))
+    return out
+
+
+def kvfs_mounts() -> list[str]:
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split()[0] == "fuse.kvfs":
+                out.append(left.split()[4].encode().decode("unicode_escape"))
+    return out
+
+
+def check_mount(mount: str) -> tuple[list[Finding], dict | None]:
+    try:
+        st = stats(mount)
+    except CliError as e:
+        return [Finding("fail", "mount", f"{mount}: {e}",
+                        f"umount {mount}, then mount kvfs again (kvfs mount {mount} ...)")], None
+    except OSError as e:
+        return [Finding("fail", "mount", f"{mount}: cannot read statistics: {e.strerror}",
+                        "check the daemon's log in its state_dir")], None
+    out = [Finding("ok", "mount", f"{mount}: kvfs {st['kvfs']}, daemon pid {st['pid']}, "
+                                  f"up {int(st['uptime_s'])} s")]
+    pool = st["tiers"]["pool"]
+    used = pool["used"] / pool["capacity"] if pool["capacity"] else 0
+    if used > 0.95 and pool["evict"] == "never":
+        out.append(Finding("warn", "mount", f"{mount}: pool {100 * used:.0f}% full and evict = "
+                                            f"\"never\": writes will fail with ENOSPC",
+                           "delete files, add namespaces, or set [pool] evict = \"lru\""))
+    return out, st
+
+
+# --- namespaces ------------------------------------------------------------------------------
+def _block_sysfs(path: str) -> Path | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISBLK(st.st_mode):
+        return None
+    p = SYS / "dev" / "block" / f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+    return p.resolve() if p.exists() else None
+
+
+def describe_namespace(ns: dict) -> tuple[list[Finding], int | None]:
+    path = ns["path"]
+    out: list[Finding] = []
+    label = f"namespace {ns['index']} ({path})"
+    if ns["state"] != "ok":
+        out.append(Finding("fail", "namespace", f"{label}: failed: {ns['last_error']}",
+                           "check the device (dmesg, nvme list); reads touching it get EIO "
+                           "until an I/O succeeds again"))
+    sysfs = _block_sysfs(path)
+    numa = None
+    if sysfs is None:
+        try:
+            fs = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True,
+                                text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            fs = "?"
+        detail = f"{label}: a file on {fs or '?'}"
+        if not ns.get("direct_io", True):
+            out.append(Finding("warn", "namespace", detail + ", buffered I/O (no O_DIRECT)",
+                               "put namespace files on a filesystem with O_DIRECT (ext4, xfs)"))
+        else:
+            out.append(Finding("ok", "namespace", detail + ", O_DIRECT"))
+        return out, None
+    name = sysfs.name
+    parent = sysfs.parent if (sysfs / "partition").exists() else sysfs
+    numa = _numa(parent / "device" / "numa_node") or _numa(parent / "device" / "device" / "numa_node")
+    ctrl = None
+    if name.startswith("nvme"):
+        dev = parent / "device"
+        ctrl = dev if (dev / "transport").exists() else None
+    if ctrl is not None:
+        transport = _read(ctrl / "transport") or "?"
+        address = _read(ctrl / "address") or "-"
+        nqn = _read(ctrl / "subsysnqn") or "-"
+        model = _read(ctrl / "model") or "-"
+        kind = "NVMe-oF" if transport in ("tcp", "rdma", "fc") else "NVMe"
+        out.append(Finding("ok", "namespace", f"{label}: {kind} over {transport}, address "
+                                              f"{address}, subsystem {nqn}, model {model}"))
+    else:
+        out.append(Finding("ok", "namespace", f"{label}: block device {name}"))
+    return out, numa
+
+
+# --- RDMA, kvikio, NUMA ------------------------------------------------------------------------
+def check_rdma() -> tuple[list[Finding], list[int]]:
+    try:
+        from pyverbs import device as vdev
+        from pyverbs.pyverbs_error import PyverbsRDMAError
+    except ImportError:
+        return [Finding("warn", "rdma", "pyverbs is not installed: RDMA devices not checked",
+                        "apt-get install rdma-core python3-pyverbs (make install does it)")], []
+    try:
+        devices = vdev.get_device_list()
+    except PyverbsRDMAError:
+        devices = []
+    if not devices:
+        return [Finding("info", "rdma", "no RDMA devices (NVMe-oF over TCP, or local devices "
+                                        "only)")], []
+    out, numas = [], []
+    from pyverbs.device import Context
+    for d in devices:
+        name = d.name.decode() if isinstance(d.name, bytes) else str(d.name)
+        numa = _numa(SYS / "class" / "infiniband" / name / "device" / "numa_node")
+        if numa is not None and numa >= 0:
+            numas.append(numa)
+        try:
+            with Context(name=name) as ctx:
+                attr = ctx.query_device()
+                for port in range(1, attr.phys_port_cnt + 1):
+                    pa = ctx.query_port(port)
+                    state = {4: "ACTIVE", 1: "DOWN", 2: "INIT", 3: "ARMED"}.get(pa.state, str(pa.state))
+                    ll = {1: "InfiniBand", 2: "Ethernet"}.get(pa.link_layer, str(pa.link_layer))
+                    mtu = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}.get(pa.active_mtu, pa.active_mtu)
+                    gids = []
+                    for i in range(min(pa.gid_tbl_len, 16)):
+                        gt = SYS / "class" / "infiniband" / name / "ports" / str(port) / "gid_attrs" / "types" / str(i)
+                        if (_read(gt) or "").lower().startswith("roce v2"):
+                            gids.append(str(ctx.query_gid(port, i)))
+                    status = "ok" if state == "ACTIVE" else "warn"
+                    fix = "" if state == "ACTIVE" else f"bring the port up (ip link set ... up; check the cable/switch for {name}/{port})"
+                    out.append(Finding(status, "rdma", f"{name} port {port}: {state}, {ll}, MTU "
+                                       f"{mtu}, RoCE v2 GIDs: {', '.join(gids) or 'none'}, "
+                                       f"NUMA {numa}", fix))
+        except Exception as e:  # noqa: BLE001 - one broken device must not stop the report
+            out.append(Finding("warn", "rdma", f"{name}: cannot query: {e}",
+                               "check the RDMA driver (ibv_devinfo)"))
+    return out, numas
+
+
+def check_kvikio() -> Finding:
+    try:
+        import kvikio
+        import kvikio.defaults as kd
+    except ImportError:
+        return Finding("info", "kvikio", "kvikio is not installed: kvfs.direct reads with "
+                                         "parallel preads into host memory",
+                       "pip install kvikio-cu12 for the direct path into GPU memory")
+    except Exception as e:  # noqa: BLE001 - a broken CUDA install raises anything
+        return Finding("warn", "kvikio", f"kvikio fails to import: {e}")
+    try:
+        compat = kd.compat_mode()
+    except Exception as e:  # noqa: BLE001
+        return Finding("info", "kvikio", f"kvikio {getattr(kvikio, '__version__', '?')} "
+                                         f"installed; compatibility mode unknown ({e})")
+    gds = "GPUDirect Storage unavailable: compatibility mode (POSIX I/O + copies)" \
+        if str(compat).endswith(("ON", "True")) or compat is True else "GPUDirect Storage usable"
+    return Finding("ok", "kvikio", f"kvikio {getattr(kvikio, '__version__', '?')}: {gds}")
+
+
+def check_numa(ns_numas: list[int], nic_numas: list[int]) -> list[Finding]:
+    nodes = sorted(p.name for p in (SYS / "devices" / "system" / "node").glob("node[0-9]*"))
+    gpus = []
+    for dev in (SYS / "bus" / "pci" / "devices").glob("*"):
+        if _read(dev / "vendor") == "0x10de" and (_read(dev / "class") or "").startswith(("0x0300", "0x0302")):
+            gpus.append((dev.name, _numa(dev / "numa_node")))
+    nics = [(p.name, _numa(p / "device" / "numa_node")) for p in (SYS / "class" / "net").glob("*")
+            if (p / "device").exists()]
+    detail = (f"{len(nodes)} NUMA node(s); GPUs: {', '.join(f'{n} (node {m})' for n, m in gpus) or 'none'}; "
+              f"NICs: {', '.join(f'{n} (node {m})' for n, m in nics) or 'none'}; "
+              f"namespaces on node(s): {sorted(set(ns_numas)) or 'unknown'}")
+    out = [Finding("info", "numa", detail)]
+    gpu_nodes = {m for _, m in gpus if m is not None and m >= 0}
+    far = {m for m in ns_numas if m is not None and m >= 0} - gpu_nodes
+    if len(nodes) > 1 and gpu_nodes and far:
+        out.append(Finding("warn", "numa", f"namespaces on NUMA node(s) {sorted(far)} but GPUs "
+                                           f"on {sorted(gpu_nodes)}",
+                           "attach the NVMe-oF namespaces through NICs on the GPUs' node, or "
+                           "pin the kvfs daemon there (numactl --cpunodebind)"))
+    return out
+
+
+# --- the command -----------------------------------------------------------------------------
+def run_checks(mounts: list[str]) -> list[Finding]:
+    findings = check_fuse()
+    if not mounts:
+        findings.append(Finding("info", "mount", "no kvfs mount on this node"))
+    ns_numas: list[int] = []
+    for m in mounts:
+        fs, st = check_mount(m)
+        findings += fs
+        if st is None:
+            continue
+        for ns in st["namespaces"]:
+            fs, numa = describe_namespace(ns)
+            findings += fs
+            if numa is not None:
+                ns_numas.append(numa)
+    rdma, nic_numas = check_rdma()
+    findings += rdma
+    findings.append(check_kvikio())
+    findings += check_numa(ns_numas, nic_numas)
+    return findings
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    mounts = [find_mount(args.mount)] if args.mount else kvfs_mounts()
+    findings = run_checks(mounts)
+    bad = any(f.status == "fail" for f in findings)
+    if args.json:
+        print(json.dumps({"ok": not bad, "findings": [asdict(f) for f in findings]}))
+    else:
+        rows = [[f.status.upper(), f.check, f.detail + (f"\n      -> {f.fix}" if f.fix else "")]
+                for f in findings]
+        print(table(["", "CHECK", "FINDING"], rows))
+        print("\nall checks passed" if not bad else "\nsome checks failed: see the -> lines")
+    return 1 if bad else 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("doctor", help="check FUSE, mounts, namespaces, RDMA, kvikio, NUMA")
+    p.add_argument("mount", nargs="?", help="a kvfs mount (default: every kvfs mount)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=cmd_doctor)
