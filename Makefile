@@ -12,6 +12,7 @@ PYTHON      ?= python3
 APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server tmux pkg-config python3-venv python3-dev \
                 util-linux e2fsprogs gcc rdma-core libibverbs-dev ibverbs-utils python3-pyverbs
 TORCH_PIN   := torch==2.13.0
+KVIKIO_PKGS := kvikio-cu12 libkvikio-cu12 nvidia-cufile-cu12 rapids-logger cuda-pathfinder
 STAMP       := $(VENV)/.installed
 
 .PHONY: install system-packages install-system run test test-fast bench clean-mount help
@@ -53,7 +54,10 @@ $(STAMP): pyproject.toml Makefile
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  mkdir -p $(VENV)/debian-site && ln -sfn /usr/lib/python3/dist-packages/pyverbs $(VENV)/debian-site/pyverbs; \
 	  echo "$(abspath $(VENV))/debian-site" > $$site/kvfs-debian-pyverbs.pth
-	@$(PY) -c 'import pyverbs.device' 
+	@$(PY) -c 'import pyverbs.device'
+	@echo "installing kvikio (host and GPU direct reads; its CUDA libraries come with the driver)"
+	@$(PIP) install --no-deps $(KVIKIO_PKGS) 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c 'import kvikio' 
 	@echo "installing $(TORCH_PIN) (CPU) and LMCache for the integration tests"
 	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) install $(TORCH_PIN) 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install -e '.[test,lmcache]' 2>&1 | grep -v '^WARNING: Location' || true

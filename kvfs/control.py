@@ -128,7 +128,8 @@ class Control:
                 return b"{}"
             lay = node.blob.layout.describe()
             lay.update(checksum=f"{node.blob.checksum:016x}", generation=node.blob.id,
-                       pool_id=svc.pool.pool_id)
+                       pool_id=svc.pool.pool_id, sums=list(node.blob.layout.sums),
+                       namespace_paths=[str(ns.path) for ns in svc.pool.namespaces])
             return json.dumps(lay).encode()
         raise KvfsError(errno.ENODATA, "no such attribute")
 
@@ -151,6 +152,9 @@ class Control:
             key = name[len(PREFIX):]
             if key in (b"pin", b"next", b"parent"):
                 await self._set_file_attr(inode, key, value)
+                return True
+            if key in (b"lease", b"release"):
+                self._lease(inode, key, value)
                 return True
             raise KvfsError(errno.EPERM, f"{name.decode(errors='replace')} is not writable "
                                          f"(writable kvfs attributes: pin, next, parent)")
@@ -176,6 +180,26 @@ class Control:
             raise
         self._results[uid] = json.dumps({"ok": True, "action": action, "result": result}).encode()
         return True
+
+    def _lease(self, inode: int, key: bytes, value: bytes) -> None:
+        """kvfs.direct's leases: {"generation": G, "ttl": seconds} to lease,
+        {"generation": G, "hit": true} to release."""
+        try:
+            args = json.loads(value)
+            gen = args["generation"]
+            if isinstance(gen, bool) or not isinstance(gen, int):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise KvfsError(errno.EINVAL, f"user.kvfs.{key.decode()} takes "
+                                          f'{{"generation": N, ...}}') from None
+        files = self.service.files
+        if key == b"lease":
+            ttl = args.get("ttl", 30)
+            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
+                raise KvfsError(errno.EINVAL, "lease ttl must be 0 < ttl <= 3600 seconds")
+            files.lease_version(inode, gen, float(ttl))
+        else:
+            files.end_lease(inode, gen, bool(args.get("hit", True)))
 
     async def _set_file_attr(self, inode: int, key: bytes, value: bytes) -> None:
         svc = self.service

@@ -121,6 +121,10 @@ class FilesStats:
     commit_errors: int = 0
     bytes_written: int = 0
     pool_evictions: int = 0
+    leases: int = 0
+    expired_leases: int = 0
+    stale_releases: int = 0
+    direct_reads: int = 0
 
 
 class Files:
@@ -135,6 +139,7 @@ class Files:
         self.handles: dict[int, Handle] = {}
         self.states: dict[int, NodeState] = {}
         self.hits: collections.Counter[int] = collections.Counter()   # reads per file, since mount
+        self.leases: dict[int, list] = {}     # generation -> [(expiry, BlobRec, ino)]
         self.stats = FilesStats()
         self._next_fh = 1
         # Called as on_evict(parent_ino, name, ino) after a file was deleted to free pool space,
@@ -638,6 +643,54 @@ class Files:
 
     async def removexattr(self, ino: int, name: bytes) -> None:
         await self.catalog.remove_xattr(self.catalog.get(ino), name)
+
+    # --- leases for direct readers (kvfs.direct) -------------------------------------------------
+    def lease_version(self, ino: int, generation: int, ttl: float) -> None:
+        """Hold a file's committed version `generation` for a direct reader for up to `ttl`
+        seconds: its extents are not reused before `release` or the lease's expiry. ESTALE if
+        the file's current version is another one."""
+        node = self.catalog.get(ino)
+        if node.blob is None or node.blob.id != generation:
+            raise KvfsError(errno.ESTALE, f"version {generation} is not the file's current one"
+                                          f" ({node.blob.id if node.blob else 'none'})")
+        self.store.hold(node.blob)
+        self.leases.setdefault(generation, []).append((time.monotonic() + ttl, node.blob, ino))
+        self.stats.leases += 1
+
+    def end_lease(self, ino: int, generation: int, hit: bool) -> None:
+        """End a lease; `hit`: the reader read the block (counted as a hit of the pool tier).
+        ESTALE if no live lease was left (it expired: the extents may have been reused)."""
+        held = self.leases.get(generation)
+        if not held:
+            self.stats.stale_releases += 1
+            raise KvfsError(errno.ESTALE, f"no live lease on version {generation} (expired?)")
+        _, rec, _ = held.pop(0)
+        if not held:
+            del self.leases[generation]
+        self.store.unhold(rec)
+        if hit:
+            self.hits[ino] += 1
+            self.stats.direct_reads += 1
+            self.store.access_direct(rec)
+
+    def expire_leases(self) -> int:
+        """Drop leases past their time (their readers died or stalled)."""
+        now = time.monotonic()
+        n = 0
+        for gen in list(self.leases):
+            keep = []
+            for item in self.leases[gen]:
+                if item[0] < now:
+                    self.store.unhold(item[1])
+                    n += 1
+                else:
+                    keep.append(item)
+            if keep:
+                self.leases[gen] = keep
+            else:
+                del self.leases[gen]
+        self.stats.expired_leases += n
+        return n
 
     # --- pinning -------------------------------------------------------------------------------
     async def set_pin(self, ino: int, on: bool) -> None:

@@ -45,6 +45,7 @@ class Service:
             await nursery.start(self.store.serve)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
+            nursery.start_soon(self._expire_leases)
             if self.cfg.metrics_port:
                 from kvfs import metrics
                 await nursery.start(metrics.serve, self.statistics, self.cfg.metrics_address,
@@ -56,6 +57,13 @@ class Service:
         while True:
             await trio.sleep(ATIME_FLUSH_SECONDS)
             await self.flush()
+
+    async def _expire_leases(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            n = self.files.expire_leases()
+            if n:
+                log.warning("%d direct-read lease(s) expired unreleased", n)
 
     async def flush(self) -> dict:
         """Persist what is batched: access times and learned chain links."""

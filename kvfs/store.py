@@ -102,6 +102,7 @@ class StoreStats:
     fetches: int = 0
     fetch_errors: int = 0
     blocks_written: int = 0
+    direct_reads: int = 0         # blocks read by direct readers (kvfs.direct), not through FUSE
     prefetch_issued: int = 0
     prefetch_used: int = 0        # prefetched blocks a reader then read
     prefetch_wasted: int = 0      # prefetched blocks evicted or cancelled unread
@@ -362,6 +363,14 @@ class BlockStore:
                 tiers["local"].misses += 1
             tiers["pool"].hits += 1
         return tier
+
+    def access_direct(self, rec: BlobRec) -> None:
+        """A direct reader (kvfs.direct) read the block from the namespaces."""
+        if rec.id in self.recency:
+            self.recency.move_to_end(rec.id)
+        self.stats.tiers["pool"].hits += 1
+        self.stats.tiers["pool"].bytes_out += rec.size
+        self.stats.direct_reads += 1
 
     async def read(self, rec: BlobRec, offset: int, length: int, parent=None):
         """Bytes [offset, offset+length) of a block, clipped to its size.

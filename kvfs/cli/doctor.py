@@ -209,14 +209,18 @@ def check_kvikio() -> Finding:
                        "pip install kvikio-cu12 for the direct path into GPU memory")
     except Exception as e:  # noqa: BLE001 - a broken CUDA install raises anything
         return Finding("warn", "kvikio", f"kvikio fails to import: {e}")
+    version = getattr(kvikio, "__version__", "?")
     try:
-        compat = kd.compat_mode()
+        compat = kd.is_compat_mode_preferred()
     except Exception as e:  # noqa: BLE001
-        return Finding("info", "kvikio", f"kvikio {getattr(kvikio, '__version__', '?')} "
-                                         f"installed; compatibility mode unknown ({e})")
-    gds = "GPUDirect Storage unavailable: compatibility mode (POSIX I/O + copies)" \
-        if str(compat).endswith(("ON", "True")) or compat is True else "GPUDirect Storage usable"
-    return Finding("ok", "kvikio", f"kvikio {getattr(kvikio, '__version__', '?')}: {gds}")
+        return Finding("info", "kvikio", f"kvikio {version} installed; cannot tell whether GDS "
+                                         f"is usable ({e})")
+    if compat:
+        return Finding("info", "kvikio", f"kvikio {version}: compatibility mode (POSIX reads "
+                                         f"and copies; no GPUDirect Storage here)",
+                       "for GDS: NVIDIA driver with nvidia-fs, and namespaces on a filesystem "
+                       "or block device GDS supports")
+    return Finding("ok", "kvikio", f"kvikio {version}: GPUDirect Storage usable")
 
 
 def check_numa(ns_numas: list[int], nic_numas: list[int]) -> list[Finding]:

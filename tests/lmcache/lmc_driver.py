@@ -31,7 +31,8 @@ def expected(i: int) -> torch.Tensor:
     return torch.randn(SHAPE, generator=g).to(torch.bfloat16)
 
 
-def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote: bool = False):
+def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote: bool = False,
+          plugin: bool = False):
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
     from lmcache.v1.pin_monitor import PinMonitor
@@ -39,7 +40,13 @@ def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote:
 
     kwargs = dict(chunk_size=256, local_cpu=False, max_local_cpu_size=0.25,
                   extra_config={"use_odirect": odirect, "disk_io_threads": 4})
-    if remote:
+    if plugin:
+        kwargs.update(storage_plugins=["kvfs"])
+        kwargs["extra_config"] = {
+            "storage_plugin.kvfs.module_path": "kvfs.integrations.lmcache_backend",
+            "storage_plugin.kvfs.class_name": "KvfsBackend",
+            "kvfs.path": directory, "kvfs.verify": True}
+    elif remote:
         # LMCache 0.5.6 parses remote_url with a mandatory host and port ("fs:///dir" is
         # refused as "missing host"); the fs connector ignores both and uses the path.
         kwargs.update(remote_url=f"fs://localhost:0{directory}", remote_serde="naive")
@@ -131,10 +138,37 @@ def run_fs(args, put: bool) -> dict:
     return {"contained": contained, "get_blocking": ok, "contains_missing": missing}
 
 
+def run_plugin(args, put: bool) -> dict:
+    from collections import OrderedDict
+
+    from lmcache.v1.storage_backend import storage_plugin_launcher
+    config, meta, loop, cpu = setup(args.dir, plugin=True)
+    backends: OrderedDict = OrderedDict()
+    storage_plugin_launcher(config, meta, loop, cpu, "cpu", backends)   # LMCache's own loader
+    kv = backends["kvfs"]
+    n = args.chunks
+    out: dict = {"backend": str(kv)}
+    if put:
+        put_all(kv, cpu, n)
+        out["files"] = sorted(os.listdir(args.dir))
+    out["contained"] = [kv.contains(key(i)) for i in range(n)]
+    out["get_blocking"] = [same(kv.get_blocking(key(i)), i) for i in range(n)]
+    out["batched_get_blocking"] = [same(o, i) for i, o in zip(range(n), kv.batched_get_blocking(
+        [key(i) for i in range(n)]))]
+    objs = asyncio.run_coroutine_threadsafe(
+        kv.batched_get_non_blocking("lookup-1", [key(i) for i in range(n)]), loop).result(60)
+    out["batched_get_non_blocking"] = [same(o, i) for i, o in zip(range(n), objs)]
+    out["prefix_hits"] = asyncio.run_coroutine_threadsafe(
+        kv.batched_async_contains("l", [key(i) for i in range(n)] + [key(n + 5)]), loop).result(60)
+    kv.close()
+    return out
+
+
 def main() -> None:
     logging.disable(logging.WARNING)
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["local_disk", "evict", "fs_put", "fs_get"])
+    p.add_argument("mode", choices=["local_disk", "evict", "fs_put", "fs_get", "plugin_put",
+                                    "plugin_get"])
     p.add_argument("dir")
     p.add_argument("--odirect", type=int, default=0)
     p.add_argument("--chunks", type=int, default=12)
@@ -143,6 +177,8 @@ def main() -> None:
         out = run_local_disk(args)
     elif args.mode == "evict":
         out = run_evict(args)
+    elif args.mode.startswith("plugin"):
+        out = run_plugin(args, put=args.mode == "plugin_put")
     else:
         out = run_fs(args, put=args.mode == "fs_put")
     print("RESULT " + json.dumps(out), flush=True)

@@ -77,3 +77,21 @@ def test_fs_connector_persists_and_shares_across_processes(lmc_mount):
     lmc_mount.restart()
     got = drive("fs_get", d, "--chunks", "12")
     assert all(got["contained"]) and all(got["get_blocking"]), got
+
+
+def test_kvfs_storage_plugin_reads_hits_directly(lmc_mount):
+    d = lmc_mount.mountpoint / "plugin"
+    d.mkdir()
+    put = drive("plugin_put", d, "--chunks", "12")
+    assert put["backend"] == "KvfsBackend"
+    assert len(put["files"]) == 12 and not [f for f in put["files"] if ".tmp" in f]
+    for k in ("contained", "get_blocking", "batched_get_blocking", "batched_get_non_blocking"):
+        assert all(put[k]), (k, put[k])
+    assert put["prefix_hits"] == 12
+    st = lmc_mount.stats()
+    assert st["files"]["direct_reads"] >= 36            # the reads bypassed FUSE
+    assert st["files"]["stale_releases"] == 0
+    # a new engine process, and after a kvfs restart: the chunks are there (no local index)
+    lmc_mount.restart()
+    got = drive("plugin_get", d, "--chunks", "12")
+    assert all(got["contained"]) and all(got["get_blocking"]) and all(got["batched_get_blocking"])

@@ -1,0 +1,164 @@
+"""kvfs.direct: blocks read straight from the namespaces, safe against concurrent rewrites."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import kvfs.direct as kd
+from tests.cuda_stub import build as build_cuda_stub
+from tests.helpers import ROOT
+
+MiB = 1 << 20
+SIZES = [0, 1, 4095, 4096, 65537, MiB, MiB + 1, 7 * MiB + 123]
+
+
+@pytest.fixture
+def blocks(make_mount, pool_config):
+    m = make_mount(pool_config(n=3, dram="64MiB"))
+    data = {}
+    for i, size in enumerate(SIZES):
+        p = m.mountpoint / f"b{i}.pt"
+        data[p] = os.urandom(size)
+        p.write_bytes(data[p])
+    return m, data
+
+
+def test_bit_exact_reads_of_many_sizes_and_buffer_kinds(blocks):
+    m, data = blocks
+    with kd.Direct(str(m.mountpoint), verify=True) as d:
+        for p, want in data.items():
+            aligned = np.empty(max(1, len(want)), dtype=np.uint8)
+            assert d.read_into(str(p), aligned) == len(want)
+            assert aligned[:len(want)].tobytes() == want
+            odd = bytearray(len(want) + 3)              # not 4 KiB aligned: bounce path
+            d.read_into(str(p), memoryview(odd)[3:])
+            assert bytes(odd[3:]) == want
+        paths = [str(p) for p in data]
+        bufs = [np.empty(max(1, len(v)), dtype=np.uint8) for v in data.values()]
+        d.read_many(paths, bufs)
+        assert all(b[:len(v)].tobytes() == v for b, v in zip(bufs, data.values()))
+    with kd.open(str(m.mountpoint), str(m.mountpoint / "b7.pt")) as b:
+        assert b.size == SIZES[7] and len(b.layout.ns) == 8
+        with pytest.raises(ValueError, match="smaller than"):
+            b.read_into(bytearray(10))
+    st = m.stats()
+    assert st["files"]["direct_reads"] >= 3 * len(SIZES) and st["files"]["stale_releases"] == 0
+    assert int(os.getxattr(m.mountpoint / "b7.pt", "user.kvfs.hits")) == 3   # reported hits
+
+
+def test_a_rewrite_during_a_direct_read_never_returns_wrong_bytes(blocks, monkeypatch):
+    m, data = blocks
+    p = m.mountpoint / "b7.pt"
+    old = data[p]
+    new = os.urandom(len(old))
+    d = kd.Direct(str(m.mountpoint), ttl=0.5)
+    real = d._read_unit_host
+    state = {"rewritten": 0}
+
+    def rewrite_then_read(lay, k, dest, verify):
+        if state["rewritten"] == 0:
+            state["rewritten"] = 1
+            time.sleep(1.5)                    # the lease expires...
+            p.write_bytes(new)                 # ...the file gets a new version...
+            for i in range(8):                 # ...and its old extents are reused by others
+                (m.mountpoint / f"filler{i}").write_bytes(os.urandom(MiB))
+        return real(lay, k, dest, verify)
+
+    monkeypatch.setattr(d, "_read_unit_host", rewrite_then_read)
+    buf = np.empty(len(old), dtype=np.uint8)
+    d.read_into(str(p), buf)
+    got = buf.tobytes()
+    assert got == new                           # the stale attempt was detected and redone
+    assert m.stats()["files"]["stale_releases"] >= 1
+    # with a live lease the old version stays readable even though the file was rewritten
+    d2 = kd.Direct(str(m.mountpoint), ttl=30)
+    lay = d2._leased_layout(str(p))
+    p.write_bytes(old)
+    for i in range(8):
+        (m.mountpoint / f"more{i}").write_bytes(os.urandom(MiB))
+    dest = memoryview(bytearray(lay.size))
+    for k in range(len(lay.ns)):
+        d2._read_unit_host(lay, k, dest, True)  # checksums of the leased version verify
+    assert bytes(dest) == new and d2._release(lay, hit=True)
+    d.close()
+    d2.close()
+
+
+def test_verify_catches_corruption(blocks, tmp_path):
+    m, data = blocks
+    p = m.mountpoint / "b7.pt"                # unit 1 is a full MiB of content
+    lay = json.loads(os.getxattr(p, "user.kvfs.layout"))
+    ns, off = lay["unit_map"][1]
+    with open(lay["namespace_paths"][ns], "r+b") as f:
+        f.seek(off + 7)
+        b = f.read(1)
+        f.seek(off + 7)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(OSError, match="checksum mismatch"):
+        with kd.open(str(m.mountpoint), str(p), verify=True) as blk:
+            blk.read_into(bytearray(blk.size))
+
+
+def test_kvikio_host_path_with_a_stub_cuda_driver(blocks, tmp_path):
+    """kvikio loads libcuda.so.1 even for host buffers; with no GPU here the test builds a stub
+    driver (every call returns CUDA_ERROR_NOT_INITIALIZED) so that kvikio's host path runs."""
+    pytest.importorskip("kvikio")
+    m, data = blocks
+    stub = build_cuda_stub(tmp_path / "cuda")
+    script = (
+        "import sys, numpy as np, kvfs.direct as kd\n"
+        "mnt, *paths = sys.argv[1:]\n"
+        "out = []\n"
+        "with kd.Direct(mnt, use_kvikio=True) as d:\n"
+        "    for p in paths:\n"
+        "        size = d.layout(p).size\n"
+        "        buf = np.empty(max(size, 1), dtype=np.uint8)\n"
+        "        d.read_into(p, buf)\n"
+        "        sys.stdout.buffer.write(buf[:size].tobytes())\n")
+    paths = [str(p) for p in data]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(stub), PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", script, str(m.mountpoint), *paths],
+                       capture_output=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert r.stdout == b"".join(data.values())
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
+        pass
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return None
+    except Exception:  # noqa: BLE001
+        pass
+    return "needs a CUDA GPU (and CuPy or a CUDA build of torch)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason()))
+def test_read_into_gpu_memory(blocks):
+    m, data = blocks
+    p = m.mountpoint / "b7.pt"
+    try:
+        import cupy
+        buf = cupy.empty(SIZES[7], dtype=cupy.uint8)
+        to_host = cupy.asnumpy
+    except ImportError:
+        import torch
+        buf = torch.empty(SIZES[7], dtype=torch.uint8, device="cuda")
+        to_host = lambda t: t.cpu().numpy()  # noqa: E731
+    with kd.open(str(m.mountpoint), str(p)) as b:
+        b.read_into(buf)
+    assert to_host(buf).tobytes() == data[p]
