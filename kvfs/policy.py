@@ -88,7 +88,8 @@ class LRUPolicy:
 
 
 class _Ghost:
-    """Recently evicted keys with their hit counts, bounded by total bytes."""
+    """Recently evicted keys with their hit counts, bounded by total bytes (five capacities by
+    default: a returning multi-turn session is often away for several capacities of traffic)."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -122,7 +123,7 @@ class ProbationFrequencyPolicy:
 
     name = "probation"
 
-    def __init__(self, capacity: int, small: float = 0.03, ghost: float = 4.0):
+    def __init__(self, capacity: int, small: float = 0.03, ghost: float = 5.0):
         self.capacity = max(1, capacity)
         self.small = small
         self.probation: collections.OrderedDict[Key, None] = collections.OrderedDict()
