@@ -1,0 +1,204 @@
+"""A small Redis client for trio: RESP2 over a trio stream, with pipelining, Lua scripts and
+pub/sub. kvfs talks to Redis from its trio thread, so a blocking client (redis-py) would stall
+every FUSE request; this one awaits the socket instead.
+
+    r = await RedisClient.connect("redis://:password@host:6379/0")   # rediss:// for TLS
+    await r.call("SET", "k", "v")
+    a, b = await r.pipeline([("GET", "k"), ("INCR", "n")])
+
+Errors: `RedisError` for an error reply (the command ran and failed), `RedisUnavailable` when
+the server cannot be reached or the connection broke (the caller decides whether to retry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+from typing import Any, Sequence
+from urllib.parse import unquote, urlparse
+
+import trio
+
+
+class RedisError(Exception):
+    """An error reply from Redis."""
+
+
+class RedisUnavailable(ConnectionError):
+    """Redis cannot be reached, or the connection broke."""
+
+
+def _encode(args: Sequence[Any]) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, bytes):
+            b = a
+        elif isinstance(a, str):
+            b = a.encode()
+        elif isinstance(a, bool):
+            b = b"1" if a else b"0"
+        elif isinstance(a, (int, float)):
+            b = repr(a).encode()
+        else:
+            raise TypeError(f"cannot send {type(a).__name__} to Redis")
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+class _Reader:
+    def __init__(self, stream: trio.abc.Stream):
+        self.stream = stream
+        self.buf = bytearray()
+
+    async def _fill(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise RedisUnavailable("connection closed by Redis")
+        self.buf += data
+
+    async def _line(self) -> bytes:
+        while True:
+            i = self.buf.find(b"\r\n")
+            if i >= 0:
+                line = bytes(self.buf[:i])
+                del self.buf[:i + 2]
+                return line
+            await self._fill()
+
+    async def _exact(self, n: int) -> bytes:
+        while len(self.buf) < n + 2:
+            await self._fill()
+        data = bytes(self.buf[:n])
+        del self.buf[:n + 2]
+        return data
+
+    async def read(self) -> Any:
+        line = await self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            return RedisError(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else await self._exact(n)
+        if kind == b"*":
+            n = int(rest)
+            if n < 0:
+                return None
+            return [await self.read() for _ in range(n)]
+        raise RedisUnavailable(f"unexpected reply from Redis: {line[:40]!r}")
+
+
+class RedisClient:
+    """One connection. Calls are serialized (a lock), so tasks can share it."""
+
+    def __init__(self, stream: trio.abc.Stream, url: str):
+        self.stream = stream
+        self.url = url
+        self._reader = _Reader(stream)
+        self._lock = trio.Lock()
+        self._scripts: dict[str, str] = {}
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, url: str, *, timeout: float = 5.0,
+                      tls: ssl.SSLContext | None = None, password: str | None = None) -> "RedisClient":
+        u = urlparse(url)
+        if u.scheme not in ("redis", "rediss"):
+            raise ValueError(f"not a redis:// or rediss:// URL: {url}")
+        host, port = u.hostname or "127.0.0.1", u.port or 6379
+        try:
+            with trio.fail_after(timeout):
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+                if u.scheme == "rediss":
+                    ctx = tls or ssl.create_default_context()
+                    stream = trio.SSLStream(stream, ctx, server_hostname=host)
+                    await stream.do_handshake()
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as e:
+            raise RedisUnavailable(f"cannot reach Redis at {host}:{port}: {e}") from None
+        client = cls(stream, url)
+        pw = password if password is not None else (unquote(u.password) if u.password else None)
+        try:
+            if pw:
+                args = ["AUTH", unquote(u.username), pw] if u.username else ["AUTH", pw]
+                await client.call(*args)
+            db = (u.path or "/").strip("/")
+            if db:
+                await client.call("SELECT", int(db))
+        except BaseException:
+            await client.aclose()
+            raise
+        return client
+
+    async def aclose(self) -> None:
+        self.closed = True
+        try:
+            await self.stream.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
+    async def _send(self, payload: bytes) -> None:
+        try:
+            await self.stream.send_all(payload)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            self.closed = True
+            raise RedisUnavailable(f"lost the connection to Redis: {e}") from None
+
+    async def _recv(self) -> Any:
+        try:
+            return await self._reader.read()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            self.closed = True
+            raise RedisUnavailable(f"lost the connection to Redis: {e}") from None
+
+    async def pipeline(self, commands: Sequence[Sequence[Any]], *, raise_errors: bool = True) -> list:
+        """Send commands in one round trip; returns their replies in order."""
+        if self.closed:
+            raise RedisUnavailable("the connection to Redis is closed")
+        async with self._lock:
+            try:
+                await self._send(b"".join(_encode(c) for c in commands))
+                replies = [await self._recv() for _ in commands]
+            except BaseException:
+                self.closed = True      # a reply may be half read: this connection is done
+                raise
+        if raise_errors:
+            for r in replies:
+                if isinstance(r, RedisError):
+                    raise r
+        return replies
+
+    async def call(self, *args: Any) -> Any:
+        return (await self.pipeline([args]))[0]
+
+    async def eval(self, script: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run a Lua script (by its SHA once loaded)."""
+        sha = self._scripts.get(script)
+        if sha is None:
+            sha = hashlib.sha1(script.encode()).hexdigest()
+            self._scripts[script] = sha
+        reply = (await self.pipeline([("EVALSHA", sha, len(keys), *keys, *args)],
+                                     raise_errors=False))[0]
+        if isinstance(reply, RedisError) and str(reply).startswith("NOSCRIPT"):
+            reply = (await self.pipeline([("EVAL", script, len(keys), *keys, *args)],
+                                         raise_errors=False))[0]
+        if isinstance(reply, RedisError):
+            raise reply
+        return reply
+
+    # --- pub/sub (use a dedicated connection) ---------------------------------------------------
+    async def subscribe(self, *channels: str) -> None:
+        async with self._lock:
+            await self._send(_encode(("SUBSCRIBE", *channels)))
+            for _ in channels:
+                await self._recv()
+
+    async def next_message(self) -> tuple[bytes, bytes]:
+        """The next (channel, payload) published on a subscribed channel."""
+        while True:
+            msg = await self._recv()
+            if isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message":
+                return msg[1], msg[2]
