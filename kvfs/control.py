@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
-from kvfs.catalog.sqlite import LINK_HINT
+from kvfs.catalog.tree import LINK_HINT
 from kvfs.errors import KvfsError
 from kvfs.files import Attr
 

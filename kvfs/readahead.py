@@ -8,7 +8,7 @@ retrieves them in prefix order, so kvfs learns predecessor -> successor links:
 * from read order per reader process (stronger: it is what readahead must predict),
 * from explicit hints, `user.kvfs.next` / `user.kvfs.parent` (strongest).
 
-Links live in the catalog (`SqliteCatalog.link`, persisted in batches with access times).
+Links live in the catalog (`TreeCatalog.link`, persisted in batches with access times).
 
 Readahead works like the kernel's for files: a reader that opens block k of a chain gets the
 next `window` blocks fetched into DRAM in the background. A new stream looks one block ahead;
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvfs.catalog.base import Node
-from kvfs.catalog.sqlite import LINK_READ, LINK_WRITE
+from kvfs.catalog.tree import LINK_READ, LINK_WRITE
 
 log = logging.getLogger("kvfs.readahead")
 

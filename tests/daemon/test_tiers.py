@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from kvfs.catalog.sqlite import LINK_HINT, LINK_READ, LINK_WRITE
+from kvfs.catalog.tree import LINK_HINT, LINK_READ, LINK_WRITE
 from kvfs.errors import KvfsError
 from tests.daemon.harness import run_service
 

@@ -1,0 +1,237 @@
+"""The in-memory tree every catalog serves from, and what all catalogs share.
+
+A catalog keeps the whole namespace in memory (a few hundred bytes per file), so lookups,
+getattr and readdir cost no I/O and no thread hop; implementations differ in where they make
+changes durable: `SqliteCatalog` (one node, a local SQLite file) and `RedisCatalog` (many nodes
+sharing one pool, the catalog in Redis). Both give the layer above the same interface: queries
+are plain methods, mutations are async and return once the change is durable.
+
+Prefix chains (which block follows which) are kept here too: `link` records them in memory and
+each implementation persists them in batches (`flush_links`).
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from typing import Iterable, Iterator
+
+from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, Node
+from kvfs.errors import KvfsError, exists, not_found
+from kvfs.layout import Layout
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+# Where a chain link was learned; a higher source outranks a lower one.
+LINK_WRITE, LINK_READ, LINK_HINT = 1, 2, 3
+MAX_SUCCESSORS = 8       # the strongest few successors of a block are kept
+
+
+def _now() -> int:
+    return time.time_ns()
+
+
+def check_name(name: bytes) -> None:
+    if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+        raise KvfsError(errno.EINVAL, f"invalid file name: {name!r}")
+    if len(name) > NAME_MAX:
+        raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
+
+
+class TreeCatalog:
+    """The memory tree and the chains; subclasses add durability."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, Node] = {}
+        self.pool_id: str | None = None
+        self._next_ino = FIRST_INO
+        self._next_cookie = 1
+        self._next_blob = 1
+        self._dirty_atime: set[int] = set()
+        # prefix chains: pred -> {succ: [source, weight]}, and the reverse
+        self.successors: dict[int, dict[int, list]] = {}
+        self.predecessors: dict[int, set[int]] = {}
+        self._dirty_links: set[tuple[int, int]] = set()
+        self.commits = 0            # durable transactions (for statistics)
+        self.statements = 0
+        self.commit_seconds = 0.0   # time spent making changes durable
+
+    # ------------------------------------------------------------------------------ queries
+    def get(self, ino: int) -> Node:
+        try:
+            return self.nodes[ino]
+        except KeyError:
+            raise KvfsError(errno.ENOENT, f"no such inode: {ino}") from None
+
+    def dir(self, ino: int) -> Node:
+        node = self.get(ino)
+        if node.children is None:
+            raise KvfsError(errno.ENOTDIR, f"not a directory: inode {ino}")
+        return node
+
+    def lookup(self, parent: int, name: bytes) -> Node:
+        d = self.dir(parent)
+        ino = d.children.get(name)
+        if ino is None:
+            raise not_found(name.decode(errors="replace"))
+        return self.nodes[ino]
+
+    def entries(self, ino: int) -> list[Node]:
+        """The directory's children in readdir order (by cookie, which only grows)."""
+        d = self.dir(ino)
+        return sorted((self.nodes[i] for i in d.children.values()), key=lambda n: n.cookie)
+
+    def path_of(self, node: Node) -> str:
+        parts = []
+        while node.ino != ROOT_INO:
+            if not node.linked:
+                return "(unlinked)/" + node.name.decode(errors="replace")
+            parts.append(node.name.decode(errors="replace"))
+            node = self.nodes[node.parent]
+        return "/" + "/".join(reversed(parts))
+
+    def files(self) -> Iterator[Node]:
+        return (n for n in self.nodes.values() if n.blob is not None)
+
+    def layouts(self) -> Iterable[Layout]:
+        return (n.blob.layout for n in self.files())
+
+    def next_blob_id(self) -> int:
+        bid = self._next_blob
+        self._next_blob += 1
+        return bid
+
+    # ------------------------------------------------------------------------------ tree changes
+    def _new_node(self, parent: Node, name: bytes, mode: int, uid: int, gid: int) -> Node:
+        check_name(name)
+        if parent.children is None:
+            raise KvfsError(errno.ENOTDIR, f"not a directory: {self.path_of(parent)}")
+        if not parent.linked:
+            raise KvfsError(errno.ENOENT, "directory was removed")
+        if name in parent.children:
+            raise exists(name.decode(errors="replace"))
+        now = _now()
+        node = Node(self._next_ino, parent.ino, name, mode, uid, gid, now, now, now,
+                    cookie=self._next_cookie)
+        self._next_ino += 1
+        self._next_cookie += 1
+        self.nodes[node.ino] = node
+        parent.children[name] = node.ino
+        parent.mtime_ns = parent.ctime_ns = now
+        return node
+
+    def _detach(self, node: Node) -> None:
+        parent = self.nodes[node.parent]
+        del parent.children[node.name]
+        if node.children is not None:
+            parent.subdirs -= 1
+        parent.mtime_ns = parent.ctime_ns = _now()
+        node.linked = False
+
+    def _is_ancestor(self, maybe: Node, node: Node) -> bool:
+        cur = node
+        while True:
+            if cur.ino == maybe.ino:
+                return True
+            if cur.ino == ROOT_INO:
+                return False
+            cur = self.nodes[cur.parent]
+
+
+    def _rename_check(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
+                      flags: int) -> tuple[Node, Node, Node, Node | None]:
+        """Validate a rename against the tree; return (source, old parent, new parent, target).
+        The target is None when the name is free; the source itself when renaming onto itself."""
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+            raise KvfsError(errno.EINVAL, f"unsupported rename flags {flags:#x}")
+        check_name(name_new)
+        src = self.lookup(parent_old, name_old)
+        pold = self.nodes[parent_old]
+        pnew = self.dir(parent_new)
+        target_ino = pnew.children.get(name_new)
+        target = self.nodes[target_ino] if target_ino is not None else None
+        if target is src:
+            return src, pold, pnew, src
+        if src.is_dir and self._is_ancestor(src, pnew):
+            raise KvfsError(errno.EINVAL, "cannot move a directory into itself")
+        if flags & RENAME_EXCHANGE:
+            if target is None:
+                raise not_found(name_new.decode(errors="replace"))
+            if target.is_dir and self._is_ancestor(target, pold):
+                raise KvfsError(errno.EINVAL, "cannot move a directory into itself")
+        elif target is not None:
+            if flags & RENAME_NOREPLACE:
+                raise exists(name_new.decode(errors="replace"))
+            if src.is_dir and not target.is_dir:
+                raise KvfsError(errno.ENOTDIR, f"not a directory: {name_new.decode(errors='replace')}")
+            if not src.is_dir and target.is_dir:
+                raise KvfsError(errno.EISDIR, f"is a directory: {name_new.decode(errors='replace')}")
+            if target.is_dir and target.children:
+                raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name_new.decode(errors='replace')}")
+        return src, pold, pnew, target
+
+    def touch(self, node: Node, now_ns: int | None = None) -> None:
+        """Record an access in memory; `flush_atimes` persists accesses in one batch."""
+        node.atime_ns = now_ns or _now()
+        if node.persisted and node.linked:
+            self._dirty_atime.add(node.ino)
+
+    # ------------------------------------------------------------------------------ chains
+    def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
+        """Record (in memory; `flush_links` persists) that `succ` follows `pred` in a prefix chain.
+
+        A link learned from a stronger source replaces a weaker one; the same source adds
+        weight. Only files that are linked (named) take links.
+        """
+        if pred == succ or pred not in self.nodes or succ not in self.nodes:
+            return
+        if not (self.nodes[pred].linked and self.nodes[succ].linked):
+            return
+        out = self.successors.setdefault(pred, {})
+        cur = out.get(succ)
+        if cur is None or source > cur[0]:
+            out[succ] = [source, weight]
+        elif source == cur[0]:
+            cur[1] += weight
+        else:
+            return
+        self.predecessors.setdefault(succ, set()).add(pred)
+        if len(out) > MAX_SUCCESSORS:                       # keep the strongest few successors
+            weakest = min(out, key=lambda s: (out[s][0], out[s][1]))
+            del out[weakest]
+            self.predecessors.get(weakest, set()).discard(pred)
+            self._dirty_links.add((pred, weakest))
+        self._dirty_links.add((pred, succ))
+
+    def unlink_chain(self, pred: int, succ: int) -> None:
+        out = self.successors.get(pred)
+        if out and out.pop(succ, None) is not None:
+            self.predecessors.get(succ, set()).discard(pred)
+            self._dirty_links.add((pred, succ))
+
+    def next_of(self, ino: int) -> int | None:
+        """The most likely successor of a block: the strongest source, then the most weight."""
+        out = self.successors.get(ino)
+        if not out:
+            return None
+        return max(out, key=lambda s: (out[s][0], out[s][1]))
+
+    def parent_of(self, ino: int) -> int | None:
+        preds = self.predecessors.get(ino)
+        if not preds:
+            return None
+        return max(preds, key=lambda p: tuple(self.successors.get(p, {}).get(ino, (0, 0))))
+
+    def _forget_links(self, ino: int) -> None:
+        for succ in list(self.successors.pop(ino, {})):
+            self.predecessors.get(succ, set()).discard(ino)
+        for pred in list(self.predecessors.pop(ino, set())):
+            self.successors.get(pred, {}).pop(ino, None)
+        self._dirty_links = {(a, b) for a, b in self._dirty_links if ino not in (a, b)}
+
+    def drop(self, ino: int) -> None:
+        """Forget an unlinked node (the kernel and all handles are done with it)."""
+        node = self.nodes.get(ino)
+        if node is not None and not node.linked:
+            del self.nodes[ino]
