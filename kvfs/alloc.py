@@ -104,3 +104,51 @@ class ExtentAllocator:
                 plen = self._remove(p)
                 offset, length = p, plen + length
         self._insert(offset, length)
+
+    # --- for a pool shared by several nodes (see kvfs/catalog/redis.py) ------------------------
+    def alloc_in(self, length: int, ranges: list[tuple[int, int]]) -> int | None:
+        """Like `alloc`, but only inside the given sorted, disjoint [lo, hi) ranges."""
+        if length <= 0 or length % PAGE:
+            raise ValueError(f"allocation of {length} bytes is not a positive multiple of {PAGE}")
+        for lo, hi in ranges:
+            i = max(0, bisect.bisect_right(self._starts, lo) - 1)
+            while i < len(self._starts) and self._starts[i] < hi:
+                s = self._starts[i]
+                have = self._length[s]
+                a, b = max(s, lo), min(s + have, hi)
+                if b - a >= length:
+                    self.take(a, length)
+                    return a
+                i += 1
+        return None
+
+    def take(self, offset: int, length: int) -> None:
+        """Mark [offset, offset+length) used; it must be free (else ValueError, nothing changes).
+        Used for space another node allocated and published."""
+        if length <= 0:
+            return
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i < 0:
+            raise ValueError(f"extent ({offset}, {length}) is not free")
+        s = self._starts[i]
+        have = self._length[s]
+        if offset + length > s + have:
+            raise ValueError(f"extent ({offset}, {length}) is not free")
+        self._remove(s)
+        if offset > s:
+            self._insert(s, offset - s)
+        if s + have > offset + length:
+            self._insert(offset + length, s + have - offset - length)
+
+    def free_in(self, lo: int, hi: int) -> tuple[int, int]:
+        """(free bytes, largest free extent) inside [lo, hi)."""
+        total = largest = 0
+        i = max(0, bisect.bisect_right(self._starts, lo) - 1)
+        while i < len(self._starts) and self._starts[i] < hi:
+            s = self._starts[i]
+            n = min(s + self._length[s], hi) - max(s, lo)
+            if n > 0:
+                total += n
+                largest = max(largest, n)
+            i += 1
+        return total, largest

@@ -91,6 +91,23 @@ class MountConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """A pool shared by several nodes, its catalog in Redis (see docs/cluster.md)."""
+    redis: str                       # redis://[user:password@]host:port/db or rediss:// (TLS)
+    node_id: str                     # this node's name in logs and statistics
+    name: str = "kvfs"               # key prefix: one Redis can hold several pools
+    password: str | None = None      # overrides the URL's password
+    password_file: Path | None = None
+    tls_ca: Path | None = None       # rediss://: CA bundle to verify the server with
+    tls_cert: Path | None = None     # rediss://: client certificate (mutual TLS)
+    tls_key: Path | None = None
+    lease_seconds: float = 10.0      # a dead node's allocation leases expire after this
+    grace_seconds: float = 30.0      # an evicted or replaced block's space is reused after this
+    regions: int = 64                # the pool is leased in this many regions
+    free_target: float = 0.05        # evict (cluster LRU) to keep this share of the pool free
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path
     pool: PoolConfig
@@ -98,6 +115,7 @@ class Config:
     mount: MountConfig = field(default_factory=MountConfig)
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     local: LocalConfig | None = None
+    cluster: ClusterConfig | None = None
     log_level: str = "info"
     metrics_port: int = 0            # serve Prometheus metrics on this port (0: off)
     metrics_address: str = "127.0.0.1"
@@ -232,6 +250,55 @@ def _namespaces(value: Any, key: str, base: Path) -> tuple[NamespaceConfig, ...]
     return tuple(out)
 
 
+def _redis_url(value: Any, key: str) -> str:
+    from urllib.parse import urlparse
+    s = _str(value, key)
+    try:
+        u = urlparse(s)
+        port = u.port
+    except ValueError as e:
+        raise ConfigError(f"config: {key}: not a valid URL: {e}") from None
+    if u.scheme not in ("redis", "rediss") or not u.hostname:
+        raise ConfigError(f"config: {key}: expected redis://host:port/db or rediss://..., got {s!r}")
+    db = (u.path or "/").strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"config: {key}: the database must be a number, got {db!r}")
+    del port
+    return s
+
+
+def _cluster(t: "_Table", base: Path) -> ClusterConfig:
+    import socket
+    redis = t.take("redis", _redis_url)
+    if redis is None:
+        raise ConfigError("config: cluster.redis: missing (redis://host:port/db)")
+    node_id = t.take("node_id", _str) or socket.gethostname()
+    name = t.take("name", _str, "kvfs")
+    if not name or any(c in name for c in "{}: \t\n"):
+        raise ConfigError(f"config: cluster.name: must be non-empty without braces, colons or "
+                          f"spaces, got {name!r}")
+    c = ClusterConfig(
+        redis=redis, node_id=node_id, name=name,
+        password=t.take("password", _str),
+        password_file=t.take("password_file", _path(base)),
+        tls_ca=t.take("tls_ca", _path(base)),
+        tls_cert=t.take("tls_cert", _path(base)),
+        tls_key=t.take("tls_key", _path(base)),
+        lease_seconds=t.take("lease_seconds", _number_range(1.0, 600.0), 10.0),
+        grace_seconds=t.take("grace_seconds", _number_range(0.5, 3600.0), 30.0),
+        regions=t.take("regions", _int_range(1, 4096), 64),
+        free_target=t.take("free_target", _number_range(0.0, 0.5), 0.05),
+    )
+    t.done()
+    if c.password is not None and c.password_file is not None:
+        raise ConfigError("config: cluster: give password or password_file, not both")
+    if (c.tls_cert is None) != (c.tls_key is None):
+        raise ConfigError("config: cluster: tls_cert and tls_key go together")
+    if (c.tls_ca or c.tls_cert) and not redis.startswith("rediss://"):
+        raise ConfigError("config: cluster: TLS options need a rediss:// URL")
+    return c
+
+
 def default_pool_file_size(state_dir: Path) -> int:
     """4 GiB, or half the free space where the state directory will live, whichever is less."""
     probe = state_dir
@@ -316,11 +383,21 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
     )
     pool_t.done()
+    cluster = None
+    if "cluster" in top.data:
+        cluster = _cluster(top.table("cluster"), base)
+        if raw_ns is None:
+            raise ConfigError("config: cluster: every node must mount the same namespaces; list "
+                              "them in [[pool.namespace]] (the embedded default pool is node-local)")
+        for n in namespaces:
+            if state_dir in n.path.parents:
+                raise ConfigError(f"config: pool.namespace {n.path}: inside state_dir, which is "
+                                  f"node-local; a cluster's namespaces are shared by every node")
     top.done()
     if local is not None and any(local.path == n.path for n in namespaces):
         raise ConfigError(f"config: local.path: {local.path} is also a pool namespace")
     return Config(state_dir=state_dir, pool=pool, dram=dram, mount=mount, prefetch=prefetch,
-                  local=local, log_level=log_level, metrics_port=metrics_port,
+                  local=local, cluster=cluster, log_level=log_level, metrics_port=metrics_port,
                   metrics_address=metrics_address, source=source)
 
 

@@ -169,7 +169,7 @@ def _lock_state_dir(sd: Path) -> int:
 class Layers:
     """What the daemon runs on: the catalog, the pool, the optional local tier, and the lock on
     the state directory."""
-    catalog: SqliteCatalog
+    catalog: SqliteCatalog      # or RedisCatalog (a shared pool)
     pool: Pool
     local: LocalTier | None
     lock_fd: int
@@ -180,6 +180,35 @@ class Layers:
         self.pool.close()
         self.catalog.close()
         os.close(self.lock_fd)
+
+
+def open_cluster_layers(cfg: Config) -> Layers:
+    """A pool shared by several nodes: the catalog is in Redis (the first node to start creates
+    it and formats the namespaces); state_dir holds only this node's lock, log and local tier.
+    """
+    from kvfs.catalog.redis import RedisCatalog
+    undo = _Undo()
+    sd = cfg.state_dir
+    lock_fd = -1
+    try:
+        undo.mkdir(sd)
+        lock_fd = _lock_state_dir(sd)
+
+        def open_pool(pool_id: str | None) -> Pool:
+            return Pool.open(cfg.pool, expect_pool_id=pool_id, create_new=pool_id is None)
+
+        catalog, pool = trio.run(RedisCatalog.open, cfg.cluster, open_pool)
+        try:
+            local = LocalTier.open(cfg.local, pool.unit) if cfg.local is not None else None
+        except BaseException:
+            pool.close()
+            raise
+        return Layers(catalog, pool, local, lock_fd)
+    except BaseException:
+        if lock_fd >= 0:
+            os.close(lock_fd)
+        undo.rollback()
+        raise
 
 
 def open_layers(cfg: Config) -> Layers:
@@ -263,6 +292,8 @@ async def _main(service: Service, ops: FuseOps, mountpoint: str, max_tasks: int)
         await pyfuse3.main(min_tasks=4, max_tasks=max_tasks)
         with trio.CancelScope(shield=True):
             await service.flush()
+            with trio.move_on_after(5):
+                await service.catalog.stop()
         nursery.cancel_scope.cancel()
 
 
@@ -281,7 +312,7 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
     called once the state directory exists (to move logging into it)."""
     try:
         preflight(cfg, mountpoint)
-        layers = open_layers(cfg)
+        layers = open_layers(cfg) if cfg.cluster is None else open_cluster_layers(cfg)
     except StartupError as e:
         ready(str(e))
         raise
@@ -303,9 +334,10 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
         ready(msg)
         raise StartupError(msg) from None
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d",
+    log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
              mountpoint, pool.pool_id, len(pool.namespaces), pool.capacity, cfg.dram.capacity,
-             os.getpid())
+             os.getpid(), f"; shared, catalog in Redis at {catalog.redis.where} (node "
+                          f"{cfg.cluster.node_id})" if cfg.cluster else "")
     ready(None)
     clean = False
     try:

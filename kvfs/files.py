@@ -17,6 +17,13 @@ Pool space is reserved as a session grows, so a full pool is reported by write()
 `evict = "lru"` the least recently used closed files are deleted to make room (as in a cache);
 with `evict = "never"` the write fails with ENOSPC. A write past `max_block_size` (default: the
 pool's capacity) fails with EFBIG.
+
+In a pool shared by several nodes (`catalog.shared`, kvfs/catalog/redis.py) the same rules hold
+cluster-wide: a writer first leases more of the pool (`catalog.grow`), eviction follows the
+cluster's LRU order, and evicted space is free only after the grace period, so a background
+cleaner keeps `free_target` of the pool free ahead of writers. Changes made by other nodes
+arrive through `catalog.on_change`: files they removed are unlinked here, replaced contents
+retired, and the kernel's caches told.
 """
 
 from __future__ import annotations
@@ -145,6 +152,14 @@ class Files:
         # Called as on_evict(parent_ino, name, ino) after a file was deleted to free pool space,
         # so the FUSE layer can tell the kernel. Set by the layer above; never calls back down.
         self.on_evict: Callable[[int, bytes, int], None] | None = None
+        # Called as on_new_name(parent_ino, name) when another node created or moved a file
+        # here (the kernel may cache that the name does not exist), and on_new_content(ino)
+        # when another node rewrote a file (the kernel caches its size). Set by the FUSE layer.
+        self.on_new_name: Callable[[int, bytes], None] | None = None
+        self.on_new_content: Callable[[int], None] | None = None
+        self.shared = getattr(catalog, "shared", False)
+        if self.shared:
+            catalog.on_change = self._changed_elsewhere
         self._seed_recency()
 
     def _seed_recency(self) -> None:
@@ -183,8 +198,31 @@ class Files:
         self._state(node.ino).lookups += 1
         return self.attr(node)
 
-    def lookup(self, parent: int, name: bytes) -> Attr:
-        return self.counted(self.catalog.lookup(parent, name))
+    async def lookup(self, parent: int, name: bytes) -> Attr:
+        node = await self.catalog.lookup_fresh(parent, name)
+        if self.shared and node.is_file and node.blob is not None and not self.catalog.fresh:
+            st = self.states.get(node.ino)
+            if (st is None or st.opens == 0) and self.store.tier_of(node.blob) == "pool":
+                raise KvfsError(errno.EIO, f"{self.catalog.path_of(node)}: the cluster catalog "
+                                           f"is unreachable and this block is not held here")
+        return self.counted(node)
+
+    def _changed_elsewhere(self, kind: str, node: Node, old: BlobRec | None, parent: int,
+                           name: bytes) -> None:
+        """Another node changed the shared catalog (see RedisCatalog.on_change)."""
+        if kind == "gone":
+            self._unlinked(node)
+            if self.on_evict is not None:
+                self.on_evict(parent, name, node.ino)
+        elif kind == "content":
+            if old is not None:
+                self.store.retire(old)
+            if self.on_new_content is not None:
+                self.on_new_content(node.ino)
+        elif self.on_new_name is not None:
+            self.on_new_name(node.parent, node.name)
+            if kind == "moved" and self.on_evict is not None:
+                self.on_evict(parent, name, 0)
 
     def forget(self, ino: int, nlookup: int) -> None:
         st = self.states.get(ino)
@@ -502,31 +540,102 @@ class Files:
             raise KvfsError(errno.EFBIG, f"{size} bytes is more than the largest block kvfs can "
                                          f"hold ({self.max_block_size})")
         while not self.pool.reserve(need):
-            if self.evict != "lru" or not await self._evict_one(node.ino):
+            if not await self._make_room(node.ino, need):
                 raise no_space(f"pool is full: {need} more bytes needed, "
-                               f"{self.pool.free - self.pool.reserved} free")
+                               f"{self.pool.writable - self.pool.reserved} free")
         s.reserved += need
 
-    async def _evict_one(self, exclude: int) -> bool:
-        """Delete the least recently used closed file to free pool space; False if none."""
-        for bid, ino in self.store.pool_victims():
-            if ino == exclude:
-                continue
-            node = self.catalog.nodes.get(ino)
-            if node is None or not node.linked or node.blob is None or node.blob.id != bid:
-                continue
-            st = self.states.get(ino)
-            if st is not None and (st.opens > 0 or st.session is not None):
-                continue
-            parent, name = node.parent, node.name
-            log.info("pool full: evicting %s (%d bytes)", self.catalog.path_of(node), node.blob.size)
-            await self.catalog.remove(node)
-            self._unlinked(node)
-            self.stats.pool_evictions += 1
-            if self.on_evict is not None:
-                self.on_evict(parent, name, ino)
+    async def _make_room(self, exclude: int, need: int) -> bool:
+        """Find `need` more bytes this node may write: lease more of a shared pool, else evict
+        (a shared pool's evicted space is free once its grace period is over). False if
+        nothing helps."""
+        if self.shared and await self.catalog.grow(need):
             return True
+        if self.evict != "lru":
+            return False
+        if not self.shared:
+            return bool(await self._evict_one(exclude))
+        if self.pool.free + self.catalog.grave_bytes < need + self.pool.reserved:
+            await self._evict_cluster(exclude, need + self.pool.reserved
+                                      - self.pool.free - self.catalog.grave_bytes)
+        if not self.catalog.grave:
+            return False
+        with trio.move_on_after(self.catalog.cfg.grace_seconds * 1.5 + 2):
+            while True:
+                await self.catalog.purge()
+                if self.pool.writable - self.pool.reserved >= need or \
+                        await self.catalog.grow(need):
+                    return True
+                if not self.catalog.grave:
+                    return False
+                await trio.sleep(0.1)
         return False
+
+    def _evictable(self, node: Node | None, exclude: int, bid: int | None = None) -> bool:
+        if node is None or node.ino == exclude or not node.linked or node.blob is None:
+            return False
+        if bid is not None and node.blob.id != bid:
+            return False
+        if node.xattrs.get(PIN_XATTR) == b"1" or self.store.is_held(node.blob.id):
+            return False
+        st = self.states.get(node.ino)
+        return st is None or (st.opens == 0 and st.session is None)
+
+    async def _evict(self, node: Node) -> int:
+        parent, name, ino, rec = node.parent, node.name, node.ino, node.blob
+        log.info("pool full: evicting %s (%d bytes)", self.catalog.path_of(node), rec.size)
+        if self.shared:
+            await self.catalog.remove(node, expect=rec)
+        else:
+            await self.catalog.remove(node)
+        self._unlinked(node)
+        self.stats.pool_evictions += 1
+        if self.on_evict is not None:
+            self.on_evict(parent, name, ino)
+        return rec.layout.stored_bytes()
+
+    async def _evict_one(self, exclude: int) -> int:
+        """Delete the least recently used closed file to free pool space; its bytes, 0 if none."""
+        for bid, ino in self.store.pool_victims():
+            node = self.catalog.nodes.get(ino)
+            if self._evictable(node, exclude, bid):
+                return await self._evict(node)
+        return 0
+
+    async def _evict_cluster(self, exclude: int, nbytes: int) -> int:
+        """Evict at least `nbytes` from a shared pool in the cluster's LRU order (files another
+        node holds open may be among them: their readers finish within the grace period)."""
+        freed, seen = 0, 0
+        while freed < nbytes:
+            batch = await self.catalog.victims(seen + 64)
+            fresh = batch[seen:]
+            if not fresh:
+                break
+            seen = len(batch)
+            for ino in fresh:
+                node = self.catalog.nodes.get(ino)
+                if not self._evictable(node, exclude):
+                    continue
+                try:
+                    freed += await self._evict(node)
+                except KvfsError as e:
+                    if e.errno not in (errno.ENOENT, errno.ESTALE):
+                        raise
+                    continue                    # changed by another node meanwhile
+                if freed >= nbytes:
+                    break
+        return freed
+
+    async def keep_free(self) -> int:
+        """Shared pool: evict (cluster LRU) so that `free_target` of the pool stays free or in
+        its grace period, ahead of writers. One node at a time does it."""
+        target = int(self.catalog.cfg.free_target * self.pool.capacity)
+        short = target - self.pool.free - self.catalog.grave_bytes
+        if short <= 0 or self.evict != "lru":
+            return 0
+        if not await self.catalog.try_lock("cleaner", 5.0):
+            return 0
+        return await self._evict_cluster(0, short + target // 2)
 
     # --- commit --------------------------------------------------------------------------------
     async def _commit_if_dirty(self, node: Node) -> None:
@@ -553,16 +662,19 @@ class Files:
                 layout = await self.store.write(s.buffer, size, writer)
                 break
             except KvfsError as e:
-                if e.errno == errno.ENOSPC and self.evict == "lru" and await self._evict_one(node.ino):
+                if e.errno == errno.ENOSPC and await self._make_room(node.ino, size):
                     continue
                 self.stats.commit_errors += 1
                 raise
+        published = node.linked        # the catalog publishes exactly when the node is linked
         try:
             rec, old = await self.catalog.commit(node, layout)
         except BaseException:
             self.pool.release(layout)
             self.stats.commit_errors += 1
             raise
+        if published:
+            self.pool.committed(layout)
         s.dirty = False
         s.frozen = True
         self.stats.commits += 1
@@ -572,8 +684,9 @@ class Files:
             self.store.adopt(rec, s.buffer, node.ino, charged=s.charged,
                              parent=pnode.blob.id if pnode is not None and pnode.blob else None)
             s.charged = 0
-        else:
-            self.store.retire(rec)
+        elif not published:
+            self.pool.release(rec.layout)      # never published: nobody can read it
+        # (published, then unlinked while the commit was in flight: the unlink retired it)
         if old is not None:
             self.store.retire(old)
         if node.linked and node.xattrs.get(PIN_XATTR) == b"1":

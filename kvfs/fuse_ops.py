@@ -106,6 +106,8 @@ class FuseOps(pyfuse3.Operations):
         self._dirs: dict[int, tuple[int, list[int], list]] = {}
         self._next_dir = 1
         self.files.on_evict = self._evicted
+        self.files.on_new_name = self._new_name
+        self.files.on_new_content = self._new_content
         self.initialized = trio.Event()      # set once the kernel's INIT has been answered
 
     def init(self) -> None:
@@ -139,12 +141,27 @@ class FuseOps(pyfuse3.Operations):
         except Exception:   # noqa: BLE001 - the kernel may not know the entry; nothing to undo
             log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
 
+    def _new_name(self, parent: int, name: bytes) -> None:
+        """Another node made `name`: drop a cached "no such file" for it."""
+        try:
+            pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+        except Exception:   # noqa: BLE001 - nothing cached, nothing to undo
+            log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
+
+    def _new_content(self, ino: int) -> None:
+        """Another node rewrote the file: drop its cached attributes (the size). Cached pages
+        go at the next open, which sees a new version (keep_cache is per version)."""
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except Exception:   # noqa: BLE001 - the kernel may not know the inode
+            log.debug("invalidate_inode(%d) failed", ino, exc_info=True)
+
     # --- names ---------------------------------------------------------------------------------
     @translate
     async def lookup(self, parent_inode, name, ctx=None):
         if parent_inode == ROOT_INO and name == CONTROL_NAME:
             return self.entry(self.control.attr())
-        return self.entry(self.files.lookup(parent_inode, name))
+        return self.entry(await self.files.lookup(parent_inode, name))
 
     async def forget(self, inode_list):
         for ino, n in inode_list:

@@ -7,10 +7,16 @@ or reordered one, or changed geometry. `Pool.format` writes fresh superblocks.
 Free space lives only in memory: `attach()` rebuilds each namespace's `ExtentAllocator` from the
 extents of the blocks the catalog holds. Writes reserve space first (`reserve`), so a writer
 learns of a full pool at write() time, not only at close().
+
+A pool shared by several nodes (`share()`, driven by kvfs/catalog/redis.py) is cut into
+`Regions`; this node allocates only inside regions it holds a lease on, stops writing into a
+region whose lease has run out (fencing), learns other nodes' blocks with `claim()`, and leaves
+the space of retired blocks to the catalog's grace period (`retire()` does not free it).
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import errno
 import logging
@@ -35,6 +41,49 @@ log = logging.getLogger("kvfs.pool")
 OBSERVE_UNITS = 128     # units moved between two updates of the placement balance
 
 
+class Regions:
+    """A shared pool's regions: region r is [DATA_START + r*size, DATA_START + (r+1)*size) on
+    every namespace. The catalog leases regions for this node and keeps `deadline` current: a
+    held region's lease is valid until deadline[r] (monotonic seconds, a safety margin before
+    Redis would expire it). `inflight` counts extents allocated in a region and not yet
+    published or freed: a region with some is not given back."""
+
+    def __init__(self, data_bytes: int, count: int, unit: int):
+        size = max(unit, align_up(-(-data_bytes // count), unit))
+        self.size = size
+        self.count = -(-data_bytes // size)
+        self.deadline: dict[int, float] = {}
+        self.inflight: collections.Counter[int] = collections.Counter()
+        self.fenced = 0                    # writes refused because a lease had run out
+
+    def of(self, offset: int) -> int:
+        return (offset - DATA_START) // self.size
+
+    def touched(self, offset: int, length: int) -> range:
+        return range(self.of(offset), self.of(offset + length - 1) + 1)
+
+    def span(self, r: int, end: int) -> tuple[int, int]:
+        lo = DATA_START + r * self.size
+        return lo, min(lo + self.size, end)
+
+    def valid(self, r: int) -> bool:
+        return self.deadline.get(r, 0.0) > time.monotonic()
+
+    def held(self) -> list[int]:
+        now = time.monotonic()
+        return sorted(r for r, t in self.deadline.items() if t > now)
+
+    def ranges(self, end: int) -> list[tuple[int, int]]:
+        """The held regions' spans on a namespace ending at `end` (one per region: an extent
+        never straddles two regions)."""
+        out = []
+        for r in self.held():
+            lo, hi = self.span(r, end)
+            if hi > lo:
+                out.append((lo, hi))
+        return out
+
+
 class Pool:
     def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int, *,
                  io: str = "threads", adaptive: bool = True):
@@ -52,6 +101,7 @@ class Pool:
         self.allocators: list[ExtentAllocator] = [
             ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
         self.reserved = 0
+        self.regions: Regions | None = None     # set by share(): a pool shared by several nodes
         self.created = False          # formatted by this open (a brand-new pool)
         self._rotation = 0
         self._zero = zero_chunk(self.chunk)
@@ -241,16 +291,115 @@ class Pool:
 
     @property
     def free(self) -> int:
+        """Free bytes in the pool (for a shared pool: as this node sees the cluster's blocks)."""
         return sum(a.free_bytes for a in self.allocators)
+
+    @property
+    def writable(self) -> int:
+        """Free bytes this node may allocate now: all free space, or a shared pool's free space
+        inside the regions this node holds."""
+        if self.regions is None:
+            return self.free
+        total = 0
+        for a, ns in zip(self.allocators, self.namespaces):
+            for lo, hi in self.regions.ranges(ns.size):
+                total += a.free_in(lo, hi)[0]
+        return total
 
     def reserve(self, nbytes: int) -> bool:
         """Set aside space for a block being written; False if the pool cannot hold it now."""
         if nbytes <= 0:
             return True
-        if self.free - self.reserved < nbytes:
+        if self.writable - self.reserved < nbytes:
             return False
         self.reserved += nbytes
         return True
+
+    # --- a pool shared by several nodes ----------------------------------------------------------
+    def share(self, regions: int) -> Regions:
+        """Turn on cluster mode: allocate only in leased regions (see `Regions`)."""
+        data = max(ns.size for ns in self.namespaces) - DATA_START
+        self.regions = Regions(data, regions, self.unit)
+        return self.regions
+
+    def region_free(self) -> list[tuple[int, int]]:
+        """(free bytes, smallest namespace's largest free extent) of every region."""
+        out = []
+        for r in range(self.regions.count):
+            total, fit = 0, None
+            for a, ns in zip(self.allocators, self.namespaces):
+                lo, hi = self.regions.span(r, ns.size)
+                if hi <= lo:
+                    continue
+                f, largest = a.free_in(lo, hi)
+                total += f
+                fit = largest if fit is None else min(fit, largest)
+            out.append((total, fit or 0))
+        return out
+
+    def claim(self, layout: Layout) -> bool:
+        """Mark a block another node published as used. False (and an error logged) if part
+        of it was free here: two nodes then wrote the same space, which the leases prevent."""
+        ok = True
+        for e in layout.unit_extents():
+            try:
+                self.allocators[e.ns].take(e.offset, e.length)
+            except ValueError:
+                ok = False
+        if not ok:
+            log.error("block of %d bytes published by another node overlaps space this node "
+                      "counted as in use (namespace extents %s)", layout.size,
+                      [(e.ns, e.offset, e.length) for e in layout.unit_extents()][:4])
+        return ok
+
+    def unclaim(self, layout: Layout) -> None:
+        """A retired block's grace period is over (shared pool): its space is free again."""
+        for e in layout.unit_extents():
+            try:
+                self.allocators[e.ns].free(e.offset, e.length)
+            except ValueError:
+                log.error("freeing a purged block's extent (%d, %d, %d) twice", e.ns, e.offset,
+                          e.length)
+
+    def committed(self, layout: Layout) -> None:
+        """The block is published: its extents are no longer this node's in-flight writes."""
+        if self.regions is not None:
+            for e in layout.unit_extents():
+                for r in self.regions.touched(e.offset, e.length):
+                    self.regions.inflight[r] -= 1
+
+    def retire(self, layout: Layout) -> None:
+        """A committed block nobody reads any more: free it, or in a shared pool leave it to
+        the catalog's grace period (other nodes may still read it)."""
+        if self.regions is None:
+            self.release(layout)
+
+    def _alloc_extent(self, j: int, length: int) -> int | None:
+        if self.regions is None:
+            return self.allocators[j].alloc(length)
+        off = self.allocators[j].alloc_in(length, self.regions.ranges(self.namespaces[j].size))
+        if off is not None:
+            for r in self.regions.touched(off, length):
+                self.regions.inflight[r] += 1
+        return off
+
+    def _free_extent(self, j: int, off: int, length: int) -> None:
+        """Give back an extent this node allocated and did not publish."""
+        self.allocators[j].free(off, length)
+        if self.regions is not None:
+            for r in self.regions.touched(off, length):
+                self.regions.inflight[r] -= 1
+
+    def fence(self, off: int, length: int) -> None:
+        """Refuse to write where this node's lease may have run out (another node may own the
+        region by now)."""
+        if self.regions is None:
+            return
+        for r in self.regions.touched(off, length):
+            if not self.regions.valid(r):
+                self.regions.fenced += 1
+                raise KvfsError(errno.EIO, f"the allocation lease on pool region {r} ran out "
+                                           f"(Redis unreachable?); not writing there")
 
     def unreserve(self, nbytes: int) -> None:
         self.reserved = max(0, self.reserved - nbytes)
@@ -313,7 +462,11 @@ class Pool:
         n = unit_count(size, self.unit)
         lengths = [stored_length(size, self.unit, k) for k in range(n)]
         weights = self.placement_weights()
-        room = [a.free_bytes for a in self.allocators]
+        if self.regions is None:
+            room = [a.free_bytes for a in self.allocators]
+        else:
+            room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.regions.ranges(ns.size))
+                    for a, ns in zip(self.allocators, self.namespaces)]
         try:
             assign = place_units(n, weights, self._rotation % len(self.namespaces), room, lengths)
         except ValueError:
@@ -325,7 +478,7 @@ class Pool:
             for j in set(assign):
                 ks = [k for k in range(n) if assign[k] == j]
                 total = sum(lengths[k] for k in ks)
-                off = self.allocators[j].alloc(total)
+                off = self._alloc_extent(j, total)
                 if off is not None:
                     taken.append((j, off, total))
                     for k in ks:
@@ -333,7 +486,7 @@ class Pool:
                         off += lengths[k]
                     continue
                 for k in ks:   # fragmented: one extent per unit
-                    off = self.allocators[j].alloc(lengths[k])
+                    off = self._alloc_extent(j, lengths[k])
                     if off is None:
                         raise no_space(f"pool is full: namespace {j} has no room for a "
                                        f"{lengths[k]}-byte stripe unit")
@@ -341,14 +494,15 @@ class Pool:
                     offsets[k] = off
         except KvfsError:
             for j, off, length in taken:
-                self.allocators[j].free(off, length)
+                self._free_extent(j, off, length)
             raise
         return tuple(assign), tuple(offsets)
 
     def release(self, layout: Layout) -> None:
-        """Return a block's space (no reader may use its extents any more)."""
+        """Return the space of a block this node wrote (no reader may use its extents any
+        more; in a shared pool: a block that was never published)."""
         for e in layout.unit_extents():
-            self.allocators[e.ns].free(e.offset, e.length)
+            self._free_extent(e.ns, e.offset, e.length)
 
     # --- I/O -----------------------------------------------------------------------------------
     async def write_block(self, buf: Buffer, size: int) -> Layout:
@@ -367,6 +521,7 @@ class Pool:
                 start = k * self.unit
                 length = min(self.unit, size - start)
                 views = buf.io_views(start, stored_length(size, self.unit, k), self._zero)
+                self.fence(offsets[k], stored_length(size, self.unit, k))
                 sums[k] = await self.namespaces[ns_of[k]].write(views, offsets[k], length)
                 done[ns_of[k]] = time.perf_counter() - t0
             return write
@@ -395,7 +550,7 @@ class Pool:
             j = (preferred + i) % n
             if i and self.namespaces[j].stats.state != "ok":
                 continue
-            off = self.allocators[j].alloc(length)
+            off = self._alloc_extent(j, length)
             if off is not None:
                 return j, off
         raise no_space(f"pool is full: no room for a {length}-byte stripe unit")
@@ -466,10 +621,11 @@ class BlockWriter:
         async def run() -> None:
             try:
                 views = buf.io_views(k * unit, unit, pool._zero)
+                pool.fence(off, unit)
                 digest = await pool.namespaces[ns].write(views, off, unit)
                 self.units[k] = (ns, off, unit, digest)
             except KvfsError:
-                pool.allocators[ns].free(off, unit)
+                pool._free_extent(ns, off, unit)
                 self.early_bytes -= unit
                 self.failed.add(k)
             finally:
@@ -498,7 +654,7 @@ class BlockWriter:
             ns, off, stored, digest = self.units[k]
             if k >= n or k in self.dirty or stored != stored_length(size, unit, k):
                 del self.units[k]
-                pool.allocators[ns].free(off, stored)
+                pool._free_extent(ns, off, stored)
         try:
             for k in range(n):
                 if k in self.units:
@@ -514,6 +670,7 @@ class BlockWriter:
                 async def write() -> None:
                     start = k * unit
                     views = buf.io_views(start, stored_length(size, unit, k), pool._zero)
+                    pool.fence(offsets[k], stored_length(size, unit, k))
                     sums[k] = await pool.namespaces[ns_of[k]].write(
                         views, offsets[k], min(unit, size - start))
                 return write
@@ -522,7 +679,7 @@ class BlockWriter:
             await run_all(pool.namespaces[j].sync for j in sorted(set(ns_of)))
         except BaseException:
             for ns, off, stored in taken:
-                pool.allocators[ns].free(off, stored)
+                pool._free_extent(ns, off, stored)
             self._release_units()
             raise
         self.units.clear()
@@ -530,7 +687,7 @@ class BlockWriter:
 
     def _release_units(self) -> None:
         for ns, off, stored, _ in self.units.values():
-            self.pool.allocators[ns].free(off, stored)
+            self.pool._free_extent(ns, off, stored)
         self.units.clear()
 
     async def abort(self) -> None:

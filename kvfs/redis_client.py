@@ -133,6 +133,16 @@ class RedisClient:
             raise
         return client
 
+    def abort(self) -> None:
+        """Close the socket now (synchronous: usable while being cancelled)."""
+        self.closed = True
+        s = self.stream
+        while hasattr(s, "transport_stream"):
+            s = s.transport_stream
+        sock = getattr(s, "socket", None)
+        if sock is not None:
+            sock.close()
+
     async def aclose(self) -> None:
         self.closed = True
         try:
@@ -163,7 +173,7 @@ class RedisClient:
                 await self._send(b"".join(_encode(c) for c in commands))
                 replies = [await self._recv() for _ in commands]
             except BaseException:
-                self.closed = True      # a reply may be half read: this connection is done
+                self.abort()            # a reply may be half read: this connection is done
                 raise
         if raise_errors:
             for r in replies:

@@ -13,6 +13,7 @@ import trio
 from kvfs import __version__
 from kvfs.config import Config
 from kvfs.control import STATS_VERSION, Control
+from kvfs.errors import KvfsError
 from kvfs.files import Files
 from kvfs.pool import Pool
 from kvfs.readahead import Readahead
@@ -21,6 +22,7 @@ from kvfs.store import BlockStore
 log = logging.getLogger("kvfs.service")
 
 ATIME_FLUSH_SECONDS = 30.0
+CLUSTER_FLUSH_SECONDS = 5.0    # a shared pool's LRU order and chains are shared: flush sooner
 
 
 class Service:
@@ -42,7 +44,10 @@ class Service:
         """Run background work until cancelled; started() once reads and writes can be served."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pool.serve)
+            await nursery.start(self.catalog.serve)
             await nursery.start(self.store.serve)
+            if self.catalog.shared:
+                nursery.start_soon(self._keep_free)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
             nursery.start_soon(self._expire_leases)
@@ -55,8 +60,18 @@ class Service:
 
     async def _flush_periodically(self) -> None:
         while True:
-            await trio.sleep(ATIME_FLUSH_SECONDS)
+            await trio.sleep(CLUSTER_FLUSH_SECONDS if self.catalog.shared else ATIME_FLUSH_SECONDS)
             await self.flush()
+
+    async def _keep_free(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            try:
+                n = await self.files.keep_free()
+                if n:
+                    log.info("cluster: evicted %d bytes to keep the pool's free target", n)
+            except KvfsError as e:
+                log.debug("cluster: keeping the pool free failed: %s", e)
 
     async def _expire_leases(self) -> None:
         while True:
@@ -120,7 +135,7 @@ class Service:
                     if k.startswith("prefetch_")}
         prefetch.update(dataclasses.asdict(self.readahead.stats))
         prefetch["enabled"] = self.readahead.enabled
-        return {
+        out = {
             "version": STATS_VERSION,
             "kvfs": __version__,
             "pid": os.getpid(),
@@ -137,7 +152,11 @@ class Service:
                           open_handles=len(self.files.handles),
                           nodes=len(self.catalog.nodes)),
             "latency": self.latency.summary() if self.latency is not None else {},
-            "catalog": {"transactions": self.catalog.commits,
+            "catalog": {"kind": "redis" if self.catalog.shared else "sqlite",
+                        "transactions": self.catalog.commits,
                         "statements": self.catalog.statements,
                         "commit_seconds": round(self.catalog.commit_seconds, 4)},
         }
+        if self.catalog.shared:
+            out["cluster"] = self.catalog.statistics()
+        return out

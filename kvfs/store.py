@@ -179,7 +179,7 @@ class BlockStore:
             return
         if cb.retired:
             self._drop_resident(cb)
-            self.pool.release(cb.rec.layout)
+            self.pool.retire(cb.rec.layout)
             del self.blobs[cb.rec.id]
         elif cb.resident is None and not cb.pinned:
             del self.blobs[cb.rec.id]

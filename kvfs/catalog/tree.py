@@ -16,6 +16,8 @@ import errno
 import time
 from typing import Iterable, Iterator
 
+import trio
+
 from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, Node
 from kvfs.errors import KvfsError, exists, not_found
 from kvfs.layout import Layout
@@ -41,6 +43,9 @@ def check_name(name: bytes) -> None:
 
 class TreeCatalog:
     """The memory tree and the chains; subclasses add durability."""
+
+    shared = False           # True: other nodes change the same catalog (RedisCatalog)
+    fresh = True             # False while a shared catalog may be out of date here
 
     def __init__(self) -> None:
         self.nodes: dict[int, Node] = {}
@@ -101,6 +106,23 @@ class TreeCatalog:
         bid = self._next_blob
         self._next_blob += 1
         return bid
+
+    async def lookup_fresh(self, parent: int, name: bytes) -> Node:
+        """`lookup` for the FUSE layer (a shared catalog asks Redis about unknown names)."""
+        return self.lookup(parent, name)
+
+    # ------------------------------------------------------------------------------ life cycle
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background work while mounted (a shared catalog follows the other nodes)."""
+        task_status.started()
+        await trio.sleep_forever()
+
+    async def stop(self) -> None:
+        """Unmounting (after the last flush)."""
+
+    async def grow(self, need: int) -> bool:
+        """Make more of the pool writable by this node (a shared pool leases a region)."""
+        return False
 
     # ------------------------------------------------------------------------------ tree changes
     def _new_node(self, parent: Node, name: bytes, mode: int, uid: int, gid: int) -> Node:

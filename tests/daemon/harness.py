@@ -99,3 +99,46 @@ def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]]) -> None:
             layers.close()
 
     trio.run(main)
+
+
+async def open_node(cfg) -> Service:
+    """One node of a shared pool (the catalog in Redis), opened inside the caller's trio run."""
+    from kvfs.catalog.redis import RedisCatalog
+    from kvfs.pool import Pool
+
+    def open_pool(pool_id):
+        return Pool.open(cfg.pool, expect_pool_id=pool_id, create_new=pool_id is None)
+
+    catalog, pool = await RedisCatalog.open(cfg.cluster, open_pool)
+    return Service(cfg, catalog, pool)
+
+
+def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]]) -> None:
+    """Open one node per config (sharing a pool and a Redis), serve them all in one trio run,
+    run fn(fs_a, fs_b, ...), shut down."""
+    cfgs = [config.load(p) for p in cfg_paths]
+
+    async def main() -> None:
+        services = []
+        try:
+            for cfg in cfgs:
+                services.append(await open_node(cfg))
+            async with trio.open_nursery() as nursery:
+                for svc in services:
+                    await nursery.start(svc.serve)
+                await fn(*[FS(svc) for svc in services])
+                nursery.cancel_scope.cancel()
+        finally:
+            for svc in services:
+                with trio.CancelScope(shield=True):
+                    await svc.catalog.stop()
+                svc.pool.close()
+
+    trio.run(main)
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Wait (in trio) until predicate() holds: another node's change has arrived."""
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)

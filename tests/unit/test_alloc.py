@@ -54,3 +54,61 @@ def test_double_free_and_overlap_are_refused():
         ExtentAllocator.from_used(0, 100 * P, [(0, 2 * P), (P, P)])
     with pytest.raises(ValueError):
         a.alloc(100)
+
+
+@settings(max_examples=200)
+@given(ops=st.lists(st.tuples(st.sampled_from("atf"), st.integers(0, 199), st.integers(1, 30)),
+                    max_size=80),
+       ranges=st.lists(st.tuples(st.integers(0, 199), st.integers(1, 60)), min_size=1, max_size=4))
+def test_ranged_alloc_and_take_match_a_page_bitmap(ops, ranges):
+    """alloc_in stays inside its ranges, take marks exactly what it names, free_in counts."""
+    start, pages = 16 * P, 200
+    a = ExtentAllocator(start, start + pages * P)
+    used = [False] * pages
+    spans = sorted({(lo, min(pages, lo + n)) for lo, n in ranges})
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    allowed = [(start + lo * P, start + hi * P) for lo, hi in merged]
+    live = []
+    for op, page, n in ops:
+        n = min(n, pages - page)
+        if op == "a":
+            off = a.alloc_in(n * P, allowed)
+            if off is None:
+                for lo, hi in merged:
+                    run = 0
+                    for p in range(lo, hi):
+                        run = 0 if used[p] else run + 1
+                        assert run < n
+                continue
+            p0 = (off - start) // P
+            assert any(lo <= p0 and p0 + n <= hi for lo, hi in merged)
+            assert not any(used[p0:p0 + n])
+            used[p0:p0 + n] = [True] * n
+            live.append((off, n * P))
+        elif op == "t":
+            if any(used[page:page + n]):
+                with pytest.raises(ValueError):
+                    a.take(start + page * P, n * P)
+            else:
+                a.take(start + page * P, n * P)
+                used[page:page + n] = [True] * n
+                live.append((start + page * P, n * P))
+        elif live:
+            off, length = live.pop(page % len(live))
+            a.free(off, length)
+            p0 = (off - start) // P
+            used[p0:p0 + length // P] = [False] * (length // P)
+        assert a.free_bytes == used.count(False) * P
+        lo, hi = merged[0]
+        total, largest = a.free_in(start + lo * P, start + hi * P)
+        assert total == used[lo:hi].count(False) * P
+        best = run = 0
+        for p in range(lo, hi):
+            run = 0 if used[p] else run + 1
+            best = max(best, run)
+        assert largest == best * P

@@ -65,6 +65,9 @@ weight = 0.5
     assert b.path == tmp_path / "ns1.img" and b.size == 4 << 30 and b.weight == 0.5
 
 
+NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
+
+
 @pytest.mark.parametrize("text, message", [
     ("[pool]\nevcit = 'lru'\n", "config: unknown key pool.evcit"),
     ("colour = 1\n", "config: unknown key colour"),
@@ -80,12 +83,46 @@ weight = 0.5
     ("[mount]\nallow_other = 'yes'\n", "config: mount.allow_other: expected true or false"),
     ("dram = 3\n", "config: dram: expected a table"),
     ("[pool\n", "not valid TOML"),
+    ("[cluster]\nnode_id = 'a'\n", "config: cluster.redis: missing"),
+    ("[cluster]\nredis = 'http://x'\n", "config: cluster.redis: expected redis://host:port/db"),
+    ("[cluster]\nredis = 'redis://x/abc'\n", "config: cluster.redis: the database must be a number"),
+    ("[cluster]\nredis = 'redis://x:6379/0'\n", "every node must mount the same namespaces"),
+    ("[cluster]\nredis = 'redis://x:6379/0'\nname = 'a:b'\n" + NS, "config: cluster.name: must be"),
+    ("[cluster]\nredis = 'redis://x:6379/0'\ntls_ca = 'ca.pem'\n" + NS, "TLS options need a rediss:// URL"),
+    ("[cluster]\nredis = 'redis://x:6379/0'\ngrace_seconds = 0\n" + NS,
+     "config: cluster.grace_seconds: expected a number from 0.5 to 3600.0, got 0"),
 ])
 def test_bad_config_gets_one_line_naming_the_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
         load_text(tmp_path, text)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_cluster_section(tmp_path):
+    cfg = load_text(tmp_path, """
+state_dir = "state"
+[cluster]
+redis = "rediss://:secret@redis.example:6380/2"
+node_id = "gpu-7"
+tls_ca = "ca.pem"
+grace_seconds = 5
+[[pool.namespace]]
+path = "/dev/nvme1n1"
+""")
+    c = cfg.cluster
+    assert c.redis == "rediss://:secret@redis.example:6380/2" and c.node_id == "gpu-7"
+    assert c.tls_ca == tmp_path / "ca.pem" and c.grace_seconds == 5.0 and c.lease_seconds == 10.0
+    assert c.name == "kvfs" and c.regions == 64
+    with pytest.raises(ConfigError, match="inside state_dir"):
+        load_text(tmp_path, """
+state_dir = "state"
+[cluster]
+redis = "redis://h:1/0"
+[[pool.namespace]]
+path = "state/ns0.img"
+size = "64MiB"
+""")
 
 
 def test_missing_config_file(tmp_path):

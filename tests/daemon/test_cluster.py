@@ -1,0 +1,233 @@
+"""A pool shared by several nodes, without the kernel: two or three nodes' daemon objects in one
+trio run, over the same namespace files, with a real redis-server holding the catalog."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+
+import pytest
+import trio
+
+from kvfs.errors import KvfsError
+from tests.daemon.harness import eventually, run_cluster
+from tests.helpers import write_config
+from tests.redis_server import RedisServer
+
+MiB = 1 << 20
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def cluster_configs(tmp_path, redis):
+    """cluster_configs(n, ...) -> n config paths: same namespaces, same Redis, own state."""
+    def make(n: int = 2, size: str = "32MiB", grace: float = 1.0, lease: float = 3.0,
+             regions: int = 8, evict: str = "lru", free_target: float = 0.0) -> list:
+        name = f"t{os.getpid()}-{next(_names)}"
+        nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": size} for i in range(2)]
+        (tmp_path / "shared").mkdir(exist_ok=True)
+        out = []
+        for i in range(n):
+            extra = (f'[cluster]\nredis = "{redis.url}"\nnode_id = "n{i}"\nname = "{name}"\n'
+                     f'grace_seconds = {grace}\nlease_seconds = {lease}\nregions = {regions}\n'
+                     f'free_target = {free_target}\n')
+            out.append(write_config(tmp_path / f"n{i}.toml", tmp_path / f"state{i}", nss,
+                                    dram="16MiB", extra=extra,
+                                    pool=f'stripe_unit = "256KiB"\nevict = "{evict}"'))
+        return out
+    return make
+
+
+def data(seed: int, size: int) -> bytes:
+    return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def known(fs, path: str) -> bool:
+    try:
+        fs.ino(path)
+        return True
+    except KvfsError:
+        return False
+
+
+def test_a_write_on_one_node_is_read_on_another(cluster_configs):
+    async def body(a, b):
+        payload = os.urandom(3 * MiB + 123)
+        await a.write("/x", payload)
+        await a.mkdir("/d")
+        await eventually(lambda: known(b, "/x") and known(b, "/d"))
+        assert await b.read("/x") == payload
+        await b.write("/d/y", b"from b")
+        await eventually(lambda: known(a, "/d/y"))
+        assert await a.read("/d/y") == b"from b"
+        # a rename and an unlink on one node are seen on the other
+        await a.files.rename(1, b"x", a.ino("/d"), b"x2", 0)
+        await eventually(lambda: known(b, "/d/x2") and not known(b, "/x"))
+        assert await b.read("/d/x2") == payload
+        await b.files.unlink(b.ino("/d"), b"y")
+        await eventually(lambda: not known(a, "/d/y"))
+        # an xattr set on one node is visible on the other
+        await a.files.setxattr(a.ino("/d/x2"), b"user.tag", b"v1")
+        await eventually(lambda: b.files.catalog.get(b.ino("/d/x2")).xattrs.get(b"user.tag") == b"v1")
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_a_name_unknown_here_is_asked_of_redis(cluster_configs):
+    """A lookup right after another node's commit finds the file even before the change log
+    has been applied here."""
+    async def body(a, b):
+        await a.write("/k", b"v" * 5000)
+        node = await b.files.catalog.lookup_fresh(1, b"k")      # no waiting for the follower
+        assert node.blob is not None and node.blob.size == 5000
+        with pytest.raises(KvfsError) as e:
+            await b.files.catalog.lookup_fresh(1, b"nope")
+        assert e.value.errno == errno.ENOENT
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_configs):
+    async def body(a, b):
+        free0 = a.svc.pool.free
+        # both nodes write the same name at once: each has its own pending file
+        fa = await a.open("/same", os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+        fb = await b.open("/same", os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+        await a.files.write(fa, 0, data(1, 2 * MiB))
+        await b.files.write(fb, 0, data(2, 2 * MiB))
+        await a.close(fa)
+        await eventually(lambda: b.svc.catalog.events > 0)    # b heard of a's file
+        await b.close(fb)                                   # later: wins
+        await eventually(lambda: known(a, "/same") and
+                         a.files.catalog.get(a.ino("/same")).blob.id ==
+                         b.files.catalog.get(b.ino("/same")).blob.id)
+        assert await a.read("/same") == data(2, 2 * MiB)
+        assert await b.read("/same") == data(2, 2 * MiB)
+        stored = 2 * MiB
+        # a's version is in the grave: its space is still used ...
+        assert a.svc.pool.free <= free0 - 2 * stored
+        # ... until the grace period is over; then both nodes agree it is free
+        await eventually(lambda: a.svc.pool.free == free0 - stored and
+                         b.svc.pool.free == free0 - stored, timeout=15)
+
+    run_cluster(cluster_configs(2, grace=1.0), body)
+
+
+def test_concurrent_mkdir_of_one_name_gives_one_eexist(cluster_configs):
+    async def body(a, b):
+        results = []
+
+        async def mk(fs):
+            try:
+                await fs.mkdir("/dir")
+                results.append("ok")
+            except KvfsError as e:
+                results.append(e.errno)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(mk, a)
+            n.start_soon(mk, b)
+        assert sorted(results, key=str) == sorted(["ok", errno.EEXIST], key=str)
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_renaming_a_file_another_node_removed_fails_cleanly(cluster_configs):
+    async def body(a, b):
+        await a.write("/f", b"1" * 100)
+        await eventually(lambda: known(b, "/f"))
+        await a.files.unlink(1, b"f")
+        # b may not have heard yet; Redis refuses the rename, b's view is put right
+        try:
+            await b.files.rename(1, b"f", 1, b"g", 0)
+            raise AssertionError("rename of a removed file succeeded")
+        except KvfsError as e:
+            assert e.errno == errno.ENOENT
+        await eventually(lambda: not known(b, "/f") and not known(b, "/g"))
+        assert not known(a, "/g")
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_concurrent_writers_never_share_space(cluster_configs):
+    """Three nodes write at once; every block's extents are disjoint and every checksum holds."""
+    async def body(*nodes):
+        async def writer(fs, k):
+            for i in range(12):
+                await fs.write(f"/w{k}-{i}", data(k * 100 + i, (1 + (i % 3)) * MiB - 4096 * i))
+
+        async with trio.open_nursery() as n:
+            for k, fs in enumerate(nodes):
+                n.start_soon(writer, fs, k)
+        names = [f"/w{k}-{i}" for k in range(3) for i in range(12)]
+        for fs in nodes:
+            await eventually(lambda: all(known(fs, p) for p in names))
+        extents = []
+        for p in names:
+            node = nodes[0].files.catalog.get(nodes[0].ino(p))
+            extents += [(e.ns, e.offset, e.offset + e.length, p) for e in node.blob.layout.extents()]
+        extents.sort()
+        for x, y in zip(extents, extents[1:]):
+            assert not (x[0] == y[0] and y[1] < x[2]), f"{x[3]} and {y[3]} share space"
+        for fs in nodes:
+            fs.svc.store.drop_dram()
+        for p in names:                   # reads verify every unit's checksum
+            k, i = map(int, p[2:].split("-"))
+            want = data(k * 100 + i, (1 + (i % 3)) * MiB - 4096 * i)
+            for fs in nodes:
+                assert await fs.read(p) == want
+
+    run_cluster(cluster_configs(3, size="64MiB", regions=16), body)
+
+
+def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_configs):
+    async def body(a, b):
+        cap = a.svc.pool.capacity
+        n = int(cap * 0.8) // (2 * MiB)
+        for i in range(n):                          # a fills most of the pool
+            await a.write(f"/old{i}", data(i, 2 * MiB))
+        await eventually(lambda: known(b, f"/old{n - 1}"))
+        # b touches the newest of a's files: they become the most recently used
+        for i in range(n // 2, n):
+            await b.read(f"/old{i}")
+        await b.svc.catalog.flush_atimes()
+        for i in range(n // 2):                     # b writes as much again: must evict
+            await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
+        await eventually(lambda: not known(a, "/old0"))
+        assert b.files.stats.pool_evictions > 0
+        for i in range(n // 2):
+            assert await b.read(f"/new{i}") == data(1000 + i, 2 * MiB)
+        # the least recently used went first: the files b read survived
+        assert known(b, f"/old{n - 1}")
+        assert await a.read(f"/old{n - 1}") == data(n - 1, 2 * MiB)
+
+    run_cluster(cluster_configs(2, grace=0.5), body)
+
+
+def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
+    async def body(a, b):
+        await a.write("/first", b"x" * MiB)
+        cat = a.svc.catalog
+        # Redis forgets a's leases (as if they expired while a was cut off)
+        keys = await cat.redis.call("KEYS", cat.redis.key("lease:*"))
+        await cat.redis.call("DEL", *keys)
+        free = a.svc.pool.free
+        with pytest.raises(KvfsError) as e:
+            await a.write("/second", b"y" * MiB)
+        assert e.value.errno == errno.EIO
+        # not published: no content here (the name stays pending on a, as after any failed
+        # commit), nothing at all on b, and the space it wrote is free again
+        assert a.files.catalog.get(a.ino("/second")).blob is None
+        assert a.svc.pool.free == free
+        await trio.sleep(0.3)
+        assert not known(b, "/second")
+
+    run_cluster(cluster_configs(2, lease=30.0), body)
