@@ -64,6 +64,7 @@ class ClusterLink:
         self._idle: list[RedisClient] = []
         self._slots = trio.Semaphore(CONNECTIONS)
         self.online = True
+        self.quiet = False              # start-up: failures become one StartupError, not logs
         self.down_since: float | None = None
         self._next_attempt = 0.0
         self.calls = 0
@@ -85,24 +86,28 @@ class ClusterLink:
                                          timeout=CALL_TIMEOUT)
 
     # --- state transitions ---------------------------------------------------------------------
-    def _down(self, why: str) -> KvfsError:
-        self.failures += 1
+    def _down(self, why: str, *, attempted: bool = True) -> KvfsError:
+        if attempted:
+            self.failures += 1
+            self._next_attempt = time.monotonic() + RECONNECT_SECONDS
         if self.online:
             self.online = False
             self.down_since = time.monotonic()
-            log.error("cluster: Redis at %s is unreachable (%s): lookups of names this node "
-                      "does not know and all changes fail with EIO until it is back; open and "
-                      "DRAM-resident blocks keep being served", self.where, why)
-        self._next_attempt = time.monotonic() + RECONNECT_SECONDS
+            if not self.quiet:
+                log.error("cluster: Redis at %s is unreachable (%s): lookups of names this node "
+                          "does not know and all changes fail with EIO until it is back; open and "
+                          "DRAM-resident blocks keep being served", self.where, why)
+        if "Redis" in why:
+            return KvfsError(errno.EIO, f"cluster catalog unavailable: {why}")
         return KvfsError(errno.EIO, f"cluster catalog unavailable: Redis at {self.where} is "
                                     f"unreachable ({why})")
 
     def _up(self) -> None:
-        if not self.online:
+        if not self.online and not self.quiet:
             log.warning("cluster: Redis at %s is reachable again after %.1f s", self.where,
                         time.monotonic() - (self.down_since or time.monotonic()))
-            self.online = True
-            self.down_since = None
+        self.online = True
+        self.down_since = None
 
     # --- connections ---------------------------------------------------------------------------
     async def _run(self, fn) -> Any:
@@ -112,7 +117,7 @@ class ClusterLink:
                 c = self._idle.pop()
             else:
                 if not self.online and time.monotonic() < self._next_attempt:
-                    raise self._down("still unreachable")
+                    raise self._down("still unreachable", attempted=False)
                 try:
                     c = await self.connect()
                 except RedisUnavailable as e:

@@ -86,6 +86,8 @@ class Service:
         try:
             out["atimes"] = await self.catalog.flush_atimes()
             out["links"] = await self.catalog.flush_links()
+        except KvfsError as e:
+            log.warning("persisting access times and chain links failed (retried later): %s", e)
         except Exception:  # noqa: BLE001 - logged; the next round retries
             log.exception("persisting access times and chain links failed")
         return out

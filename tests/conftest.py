@@ -10,6 +10,7 @@ settings.register_profile("kvfs", deadline=None)
 settings.load_profile("kvfs")
 
 from tests.helpers import Mount, can_mount, write_config
+from tests.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -48,3 +49,30 @@ def make_mount(tmp_path: Path):
 def mnt(make_mount, pool_config) -> Mount:
     """A mounted kvfs with one 256 MiB file namespace and a 64 MiB DRAM tier."""
     return make_mount(pool_config())
+
+
+@pytest.fixture
+def redis(tmp_path):
+    """A real redis-server (AOF, fsync always) on a free port, stopped at the end."""
+    s = RedisServer(tmp_path / "redis").start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def cluster_nodes(tmp_path, redis, make_mount):
+    """cluster_nodes(n, ...) -> n mounted kvfs daemons sharing 4 namespace files and one Redis."""
+    def start(n: int = 2, size: str = "48MiB", grace: float = 1.0, lease: float = 2.0,
+              regions: int = 12, dram: str = "32MiB"):
+        shared = tmp_path / "shared"
+        shared.mkdir(exist_ok=True)
+        nss = [{"path": str(shared / f"ns{i}.img"), "size": size} for i in range(4)]
+        mounts = []
+        for i in range(n):
+            extra = (f'[cluster]\nredis = "{redis.url}"\nnode_id = "node{i}"\n'
+                     f'grace_seconds = {grace}\nlease_seconds = {lease}\nregions = {regions}\n')
+            cfg = write_config(tmp_path / f"node{i}.toml", tmp_path / f"state{i}", nss,
+                               dram=dram, extra=extra, pool='stripe_unit = "256KiB"')
+            mounts.append(make_mount(cfg, name=f"mnt{i}"))
+        return mounts
+    return start

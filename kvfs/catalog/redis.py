@@ -427,6 +427,7 @@ class RedisCatalog(TreeCatalog):
         first node formats the namespaces under a Redis lock), load the mirror. Returns
         (catalog, pool)."""
         link = ClusterLink(cfg)
+        link.quiet = True
         try:
             meta = _pairs(await link.call("HGETALL", link.key("meta")))
         except KvfsError as e:
@@ -460,6 +461,7 @@ class RedisCatalog(TreeCatalog):
                 await link.aclose()
             raise
         await link.aclose()        # this trio run ends; the daemon's run reconnects
+        link.quiet = False
         return cat, pool
 
     async def _first_node(self, pool_opener) -> dict[bytes, bytes]:

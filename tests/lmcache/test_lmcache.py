@@ -95,3 +95,20 @@ def test_kvfs_storage_plugin_reads_hits_directly(lmc_mount):
     lmc_mount.restart()
     got = drive("plugin_get", d, "--chunks", "12")
     assert all(got["contained"]) and all(got["get_blocking"]) and all(got["batched_get_blocking"])
+
+
+def test_fs_connector_shares_chunks_between_two_cluster_nodes(cluster_nodes):
+    """Two inference nodes with their own kvfs mounts over one pool: what LMCache stores through
+    node A's mount, a LMCache on node B finds and reads bit-exact through its own mount."""
+    a, b = cluster_nodes(2, size="96MiB", regions=16)
+    (a.mountpoint / "remote").mkdir()
+    put = drive("fs_put", a.mountpoint / "remote", "--chunks", "12")
+    assert len([f for f in put["files"] if f.endswith(".data")]) == 12
+    got = drive("fs_get", b.mountpoint / "remote", "--chunks", "12")
+    assert all(got["contained"]) and all(got["get_blocking"]), got
+    assert got["contains_missing"] is False
+    # B read every chunk out of the shared pool (directly or by prefetching along the chain
+    # that A's LMCache left in the shared catalog): it had no copy of its own
+    st = b.stats()
+    assert st["tiers"]["pool"]["bytes_out"] >= 12 * (2 << 20), st["tiers"]
+    assert st["tiers"]["pool"]["bytes_in"] == 0

@@ -1,0 +1,206 @@
+"""A pool shared by several mounted nodes: real kvfs daemons with their own mountpoints and
+state directories over the same namespace files, a real redis-server holding the catalog."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import MiB, wait_until, write_config
+
+pytestmark = pytest.mark.mounted
+
+WRITER = """
+import os, sys, time
+mnt, prefix, count, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for i in range(count):
+    seed = int.from_bytes(f"{prefix}{i}".encode()[:8].ljust(8, b"."), "little")
+    data = (seed.to_bytes(8, "little") * (size // 8 + 1))[:size]
+    with open(os.path.join(mnt, f"{prefix}{i}"), "wb") as f:
+        f.write(data)
+    print(i, flush=True)
+"""
+
+
+def content(name: str, size: int) -> bytes:
+    seed = int.from_bytes(name.encode()[:8].ljust(8, b"."), "little")
+    return (seed.to_bytes(8, "little") * (size // 8 + 1))[:size]
+
+
+def layout(path: Path) -> dict:
+    return json.loads(os.getxattr(path, "user.kvfs.layout"))
+
+
+def test_written_on_one_node_read_bit_exact_on_another(cluster_nodes):
+    a, b = cluster_nodes(2)
+    blobs = {f"k{i}": os.urandom((i + 1) * MiB + 777 * i) for i in range(4)}
+    os.mkdir(a.mountpoint / "chunks")
+    for name, payload in blobs.items():
+        (a.mountpoint / "chunks" / name).write_bytes(payload)
+    b.drop_caches()
+    assert sorted(os.listdir(b.mountpoint / "chunks")) == sorted(blobs)
+    for name, payload in blobs.items():
+        assert (b.mountpoint / "chunks" / name).read_bytes() == payload
+    # b rewrites one; a sees the new content (not its cached pages) and the new size
+    (b.mountpoint / "chunks" / "k0").write_bytes(b"rewritten" * 1000)
+    wait_until(lambda: (a.mountpoint / "chunks" / "k0").stat().st_size == 9000, 10,
+               "the new size on a")
+    assert (a.mountpoint / "chunks" / "k0").read_bytes() == b"rewritten" * 1000
+    os.unlink(a.mountpoint / "chunks" / "k1")
+    wait_until(lambda: not (b.mountpoint / "chunks" / "k1").exists(), 10, "the unlink on b")
+    st = b.stats()
+    assert st["catalog"]["kind"] == "redis" and st["cluster"]["node_id"] == "node1"
+
+
+def test_concurrent_writers_on_three_nodes_never_collide(cluster_nodes):
+    ms = cluster_nodes(3, size="64MiB", regions=16)
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(m.mountpoint), f"n{i}-", "14",
+                               str(2 * MiB + 4096 * i)], stdout=subprocess.DEVNULL)
+             for i, m in enumerate(ms)]
+    for p in procs:
+        assert p.wait(120) == 0
+    names = [f"n{i}-{j}" for i in range(3) for j in range(14)]
+    extents = []
+    for name in names:
+        lay = layout(ms[0].mountpoint / name)
+        extents += [(ns, off, off + length, name) for ns, off, length in lay["extents"]]
+    extents.sort()
+    for x, y in zip(extents, extents[1:]):
+        assert not (x[0] == y[0] and y[1] < x[2]), f"{x[3]} and {y[3]} share namespace space"
+    for m in ms:                             # every block's checksums, read through every node
+        m.drop_caches()
+    for m in ms:
+        for name in names:                   # a bad checksum would be EIO here
+            assert (m.mountpoint / name).read_bytes() == content(name, 2 * MiB + 4096 * int(name[1]))
+
+
+def test_eviction_on_one_node_while_another_reads(cluster_nodes):
+    a, b = cluster_nodes(2, size="24MiB", grace=2.0)
+    cap = b.stats()["tiers"]["pool"]["capacity"]
+    n = int(cap * 0.7) // (2 * MiB)
+    for i in range(n):
+        (a.mountpoint / f"old{i}").write_bytes(content(f"old{i}", 2 * MiB))
+    errors, reads = [], [0]
+    stop = threading.Event()
+
+    def reader():
+        # a reads its newest files over and over; whatever b evicts, a's reads are bit-exact
+        # or the name is gone, never garbage
+        while not stop.is_set():
+            for i in range(n // 2, n):
+                try:
+                    with open(a.mountpoint / f"old{i}", "rb") as f:
+                        data = f.read()
+                    if data != content(f"old{i}", 2 * MiB):
+                        errors.append(f"old{i}: wrong bytes")
+                    reads[0] += 1
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    errors.append(f"old{i}: {e}")
+            a.drop_caches()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for i in range(n):                   # b writes as much again: the pool must evict
+            (b.mountpoint / f"new{i}").write_bytes(content(f"new{i}", 2 * MiB))
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors[:5]
+    assert reads[0] > 0
+    assert b.stats()["files"]["pool_evictions"] > 0
+    # (a kept reading its files, so in the cluster's LRU order they may outrank b's older ones)
+    assert (b.mountpoint / f"new{n - 1}").exists()
+    for i in range(n):
+        try:
+            assert (b.mountpoint / f"new{i}").read_bytes() == content(f"new{i}", 2 * MiB)
+        except FileNotFoundError:
+            pass
+
+
+def test_a_node_killed_mid_write_leaves_nothing_and_its_space_returns(cluster_nodes, redis):
+    a, b = cluster_nodes(2, size="24MiB", lease=2.0, grace=1.0, regions=8)
+    w = subprocess.Popen([sys.executable, "-c", WRITER, str(a.mountpoint), "a", "1000",
+                          str(3 * MiB)], stdout=subprocess.PIPE, text=True)
+    assert w.stdout.readline()               # a has committed at least one block
+    time.sleep(0.3)
+    a.kill()
+    w.wait(30)
+    w.stdout.close()
+    # b keeps serving: every file it lists is complete (a's unfinished write never published)
+    names = sorted(os.listdir(b.mountpoint))
+    assert names
+    for name in names:
+        assert (b.mountpoint / name).read_bytes() == content(name, 3 * MiB)
+    # a's leases expire (lease_seconds); b can then fill the pool, the regions a held included
+    time.sleep(2.5)
+    for name in names:
+        os.unlink(b.mountpoint / name)
+    cap = b.stats()["tiers"]["pool"]["capacity"]
+    time.sleep(1.5)                          # the grace period of what b just removed
+    written = 0
+    while written < cap * 0.9:
+        (b.mountpoint / f"b{written}").write_bytes(b"b" * MiB)
+        written += MiB
+    st = b.stats()
+    assert st["cluster"]["regions_held"] >= 1
+    assert st["tiers"]["pool"]["free"] < cap * 0.12
+
+
+def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp_path):
+    a, b = cluster_nodes(2)
+    (a.mountpoint / "resident").write_bytes(b"r" * MiB)
+    (a.mountpoint / "before").write_bytes(b"1" * MiB)
+    assert (b.mountpoint / "before").read_bytes() == b"1" * MiB
+    with open(a.mountpoint / "resident", "rb") as held:
+        redis.stop()                         # a clean stop: the AOF has everything
+        # writes and unknown names fail with EIO, with a clear line in the log
+        with pytest.raises(OSError) as e:
+            (a.mountpoint / "during").write_bytes(b"2" * 1000)
+        assert e.value.errno == errno.EIO
+        with pytest.raises(OSError) as e:
+            (b.mountpoint / "unknown").stat()
+        assert e.value.errno == errno.EIO
+        # an open file and a DRAM-resident one keep being served
+        assert held.read() == b"r" * MiB
+        assert (a.mountpoint / "before").read_bytes() == b"1" * MiB
+        redis.start()
+    assert "Redis at" in a.log_text() and "unreachable" in a.log_text()
+    # everything recovers by itself
+    wait_until(lambda: _writes(a.mountpoint / "after"), 20, "writes to work again")
+    wait_until(lambda: (b.mountpoint / "after").exists(), 10, "b to see a's new file")
+    assert (b.mountpoint / "after").read_bytes() == b"3" * 1000
+    assert (b.mountpoint / "before").read_bytes() == b"1" * MiB
+    assert "reachable again" in a.log_text()
+
+
+def _writes(path: Path) -> bool:
+    try:
+        path.write_bytes(b"3" * 1000)
+        return True
+    except OSError:
+        return False
+
+
+def test_redis_unreachable_at_start_is_a_clear_error(tmp_path):
+    from tests.redis_server import free_port
+    cfg = write_config(tmp_path / "k.toml", tmp_path / "state",
+                       [{"path": str(tmp_path / "ns0.img"), "size": "64MiB"}],
+                       extra=f'[cluster]\nredis = "redis://127.0.0.1:{free_port()}/0"\n')
+    (tmp_path / "mnt").mkdir()
+    r = subprocess.run([sys.executable, "-m", "kvfs", "mount", str(tmp_path / "mnt"),
+                        "--config", str(cfg), "--foreground"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert "cluster.redis" in r.stderr and "cannot reach Redis" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
