@@ -203,8 +203,15 @@ class Files:
         if self.shared and node.is_file and node.blob is not None and not self.catalog.fresh:
             st = self.states.get(node.ino)
             if (st is None or st.opens == 0) and self.store.tier_of(node.blob) == "pool":
-                raise KvfsError(errno.EIO, f"{self.catalog.path_of(node)}: the cluster catalog "
-                                           f"is unreachable and this block is not held here")
+                # the mirror may be behind: read this one name's record from Redis first
+                try:
+                    node = await self.catalog.confirm(parent, name)
+                except KvfsError as e:
+                    if e.errno != errno.EIO:
+                        raise
+                    raise KvfsError(errno.EIO, f"{self.catalog.path_of(node)}: the cluster "
+                                               f"catalog is unreachable and this block is not "
+                                               f"held here") from None
         return self.counted(node)
 
     def _changed_elsewhere(self, kind: str, node: Node, old: BlobRec | None, parent: int,

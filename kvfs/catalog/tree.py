@@ -111,6 +111,10 @@ class TreeCatalog:
         """`lookup` for the FUSE layer (a shared catalog asks Redis about unknown names)."""
         return self.lookup(parent, name)
 
+    async def confirm(self, parent: int, name: bytes) -> Node:
+        """`lookup` checked against the shared store now (here: the tree is the store)."""
+        return self.lookup(parent, name)
+
     # ------------------------------------------------------------------------------ life cycle
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background work while mounted (a shared catalog follows the other nodes)."""

@@ -3,6 +3,7 @@ trio run, over the same namespace files, with a real redis-server holding the ca
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import os
@@ -91,6 +92,43 @@ def test_a_name_unknown_here_is_asked_of_redis(cluster_configs):
         with pytest.raises(KvfsError) as e:
             await b.files.catalog.lookup_fresh(1, b"nope")
         assert e.value.errno == errno.ENOENT
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, redis,
+                                                            monkeypatch):
+    """When the follower has not heard from Redis for a while (as right after Redis comes
+    back), a lookup of a block held only in the pool reads that name's record from Redis
+    instead of trusting the mirror; it is EIO only while Redis cannot be asked."""
+    from kvfs.catalog.redis import RedisCatalog
+    monkeypatch.setattr(RedisCatalog, "fresh", property(lambda self: False))
+
+    async def body(a, b):
+        await a.write("/k", b"v" * 5000)
+        await a.write("/gone", b"g" * 5000)
+        await eventually(lambda: known(b, "/k") and known(b, "/gone"))
+        cat = b.files.catalog
+        asked = []
+        confirm = cat.confirm
+        cat.confirm = lambda parent, name: asked.append(name) or confirm(parent, name)
+        attr = await b.files.lookup(1, b"k")
+        assert attr.size == 5000 and asked == [b"k"]
+        assert await b.read("/k") == b"v" * 5000
+        await a.files.unlink(1, b"gone")
+        with pytest.raises(KvfsError) as e:
+            await b.files.lookup(1, b"gone")
+        assert e.value.errno == errno.ENOENT
+        assert not known(b, "/gone")
+        # and with Redis unreachable, such a lookup is EIO with a line naming the file
+        b.svc.store.drop_dram()
+        redis.stop()
+        try:
+            with pytest.raises(KvfsError) as e:
+                await b.files.lookup(1, b"k")
+            assert e.value.errno == errno.EIO and "/k" in str(e.value)
+        finally:
+            redis.start()
 
     run_cluster(cluster_configs(2), body)
 
