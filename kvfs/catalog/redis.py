@@ -25,6 +25,7 @@ docs/cluster.md describes the protocol and what each failure leaves behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -337,6 +338,45 @@ return ARGV[1]
 """
 
 
+@contextlib.asynccontextmanager
+async def _init_lock(link: ClusterLink):
+    """Hold the cluster's creation lock (one node at a time formats or creates the catalog);
+    yields the catalog's meta hash as it is under the lock (empty if there is none)."""
+    me = uuid.uuid4().hex
+    deadline = time.monotonic() + 120
+    while not await link.call("SET", link.key("init"), me, "NX", "PX", 120_000):
+        if time.monotonic() > deadline:
+            raise StartupError("cluster: another node has been creating the pool for two "
+                               "minutes; remove the key " + link.key("init") + " if it died")
+        await trio.sleep(0.2)
+    try:
+        yield _pairs(await link.call("HGETALL", link.key("meta")))
+    finally:
+        with trio.CancelScope(shield=True):
+            await link.eval(_LIB + "if redis.call('GET', KEYS[1] .. 'init') == ARGV[1] then "
+                            "redis.call('DEL', KEYS[1] .. 'init') end return 1", [me])
+
+
+async def _create_catalog(link: ClusterLink, pool_id: str) -> dict[bytes, bytes]:
+    """An empty catalog of `pool_id`: its meta hash and the root directory."""
+    now = _now()
+    root = [b"p", ROOT_INO, b"n", b"", b"c", 0, b"m", stat.S_IFDIR | 0o755,
+            b"u", os.geteuid(), b"g", os.getegid(), b"a", now, b"t", now, b"k", now, b"d", 1]
+    got = await link.eval(_INIT, [pool_id, SCHEMA_VERSION, *root])
+    log.info("cluster: created the catalog of pool %s in Redis at %s", got.decode(), link.where)
+    return {b"pool_id": got, b"schema": SCHEMA_VERSION.encode()}
+
+
+async def _scan(conn, pattern: str) -> list[bytes]:
+    keys, cursor = [], b"0"
+    while True:
+        cursor, batch = await conn.call("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_BATCH)
+        keys += batch
+        if cursor == b"0":
+            return keys
+
+
+
 # --- encoding ------------------------------------------------------------------------------------
 def _node_fields(node: Node) -> list:
     f: list = [b"p", node.parent, b"n", node.name, b"c", node.cookie, b"m", node.mode,
@@ -467,18 +507,7 @@ class RedisCatalog(TreeCatalog):
     async def _first_node(self, pool_opener) -> dict[bytes, bytes]:
         """No catalog in Redis yet: one node (under a lock) formats the pool and creates it."""
         link = self.redis
-        me = uuid.uuid4().hex
-        deadline = time.monotonic() + 120
-        while not await link.call("SET", link.key("init"), me, "NX", "PX", 120_000):
-            if time.monotonic() > deadline:
-                raise StartupError("cluster: another node has been creating the pool for two "
-                                   "minutes; remove the key " + link.key("init") + " if it died")
-            await trio.sleep(0.2)
-            meta = _pairs(await link.call("HGETALL", link.key("meta")))
-            if meta:
-                return meta
-        try:
-            meta = _pairs(await link.call("HGETALL", link.key("meta")))
+        async with _init_lock(link) as meta:
             if meta:
                 return meta
             pool = pool_opener(None)
@@ -488,28 +517,49 @@ class RedisCatalog(TreeCatalog):
                                    f"catalog for it under {link.prefix!r} (wrong cluster.name or "
                                    f"database, or Redis lost its data?); to start over, run "
                                    f"`kvfs format --force`")
-            now = _now()
-            root = [b"p", ROOT_INO, b"n", b"", b"c", 0, b"m", stat.S_IFDIR | 0o755,
-                    b"u", os.geteuid(), b"g", os.getegid(), b"a", now, b"t", now, b"k", now,
-                    b"d", 1]
-            got = await link.eval(_INIT, [pool.pool_id, SCHEMA_VERSION, *root])
-            log.info("cluster: created the catalog of pool %s in Redis at %s", got.decode(),
-                     link.where)
-            return {b"pool_id": got, b"schema": SCHEMA_VERSION.encode()}
+            return await _create_catalog(link, pool.pool_id)
+
+    @classmethod
+    async def format(cls, cfg: ClusterConfig, format_pool: Callable[[], str], *,
+                     force: bool) -> str:
+        """`kvfs format` with a [cluster] config: write new superblocks (`format_pool()`) and
+        create an empty catalog in Redis, discarding an old one only with `force`. Refuses
+        while any node holds a lease (a mounted node is using the pool). Returns the pool id."""
+        link = ClusterLink(cfg)
+        link.quiet = True
+        try:
+            try:
+                await link.call("PING")
+            except KvfsError as e:
+                raise StartupError(f"cluster.redis: {e}", errno.EHOSTUNREACH) from None
+            async with _init_lock(link) as meta:
+                if meta and not force:
+                    raise StartupError(
+                        f"Redis at {link.where} already holds the catalog of pool "
+                        f"{meta.get(b'pool_id', b'?').decode()} under {link.prefix!r}; refusing "
+                        f"to start a new pool over it (use --force to discard it)", errno.EEXIST)
+                leases = await _scan(link, link.key("lease:*"))
+                if leases:
+                    holders = sorted({(await link.call("GET", k) or b"?").decode().split("/")[0]
+                                      for k in leases[:64]})
+                    raise StartupError(f"node(s) {', '.join(holders)} hold leases on the pool "
+                                       f"(still mounted?): unmount every node first", errno.EBUSY)
+                pool_id = format_pool()
+                old = [k for k in await _scan(link, link.prefix + "*")
+                       if k != link.key("init").encode()]
+                for i in range(0, len(old), 512):
+                    await link.call("UNLINK", *old[i:i + 512])
+                await _create_catalog(link, pool_id)
+                return pool_id
         finally:
-            await link.eval(_LIB + "if redis.call('GET', KEYS[1] .. 'init') == ARGV[1] then "
-                            "redis.call('DEL', KEYS[1] .. 'init') end return 1", [me])
+            with trio.CancelScope(shield=True):
+                await link.aclose()
 
     def close(self) -> None:
         pass
 
     async def _scan(self, conn, pattern: str) -> list[bytes]:
-        keys, cursor = [], b"0"
-        while True:
-            cursor, batch = await conn.call("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_BATCH)
-            keys += batch
-            if cursor == b"0":
-                return keys
+        return await _scan(conn, pattern)
 
     async def _hgetall(self, conn, keys: list[bytes]) -> list[dict[bytes, bytes]]:
         out = []
@@ -1058,6 +1108,20 @@ class RedisCatalog(TreeCatalog):
         if ino is None:
             raise not_found(name.decode(errors="replace"))
         await self._refresh([int(ino)])
+        return self.lookup(parent, name)
+
+    async def confirm(self, parent: int, name: bytes) -> Node:
+        """The current record of one name, read from Redis now (for a mirror that is not
+        fresh: what it names is then as safe to read as a fresh mirror's); EIO if Redis cannot
+        be asked, ENOENT if the name is gone."""
+        known = self.nodes.get(self.nodes[parent].children.get(name, 0)) \
+            if parent in self.nodes and self.nodes[parent].children is not None else None
+        ino = await self.redis.call("HGET", self.redis.key("d", parent), name)
+        inos = [int(ino)] if ino is not None else []
+        if known is not None:
+            inos.append(known.ino)
+        if inos:
+            await self._refresh(inos)
         return self.lookup(parent, name)
 
     # ------------------------------------------------------------------------------ mutations

@@ -6,6 +6,7 @@ import argparse
 import ctypes
 import ctypes.util
 import errno
+import functools
 import json
 import logging
 import os
@@ -155,6 +156,8 @@ def cmd_format(args: argparse.Namespace) -> int:
         if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
             nc.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = _lock_state_dir(sd)
+    if cfg.cluster is not None:
+        return _format_cluster(cfg, args.force, lock)
     try:
         pool_id = Pool.format(cfg.pool, force=args.force)
         if cfg.local is not None:
@@ -172,6 +175,28 @@ def cmd_format(args: argparse.Namespace) -> int:
         os.close(lock)
     print(f"formatted pool {pool_id}: {len(cfg.pool.namespaces)} namespace(s), stripe unit "
           f"{cfg.pool.stripe_unit}; catalog {cfg.catalog_path}")
+    return 0
+
+
+def _format_cluster(cfg, force: bool, lock: int) -> int:
+    """A shared pool: new superblocks on the namespaces and an empty catalog in Redis (run it
+    on one node, with every node unmounted)."""
+    import trio
+    from kvfs.catalog.redis import RedisCatalog
+    from kvfs.pool import Pool
+    try:
+        pool_id = trio.run(functools.partial(
+            RedisCatalog.format, cfg.cluster, lambda: Pool.format(cfg.pool, force=force),
+            force=force))
+        if cfg.local is not None:
+            from kvfs.local import format_local
+            format_local(cfg.local, cfg.pool.stripe_unit, force)
+    finally:
+        os.close(lock)
+    from kvfs.cluster import ClusterLink
+    print(f"formatted pool {pool_id}: {len(cfg.pool.namespaces)} namespace(s), stripe unit "
+          f"{cfg.pool.stripe_unit}; catalog in Redis at {ClusterLink(cfg.cluster).where} "
+          f"(cluster {cfg.cluster.name!r})")
     return 0
 
 

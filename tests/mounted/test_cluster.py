@@ -204,3 +204,39 @@ def test_redis_unreachable_at_start_is_a_clear_error(tmp_path):
     assert r.returncode != 0
     assert "cluster.redis" in r.stderr and "cannot reach Redis" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def _kvfs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvfs", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_format_creates_the_shared_pool_and_refuses_to_discard_a_live_one(tmp_path, redis,
+                                                                          make_mount):
+    nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": "32MiB"} for i in range(2)]
+    (tmp_path / "shared").mkdir()
+    cfg = write_config(tmp_path / "k.toml", tmp_path / "state", nss,
+                       extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "a"\n')
+    r = _kvfs("format", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "formatted pool" in r.stdout and f"127.0.0.1:{redis.port}" in r.stdout
+    pool_id = r.stdout.split()[2].rstrip(":")
+    m = make_mount(cfg)
+    (m.mountpoint / "kept").write_bytes(b"k" * 5000)
+    assert m.stats()["tiers"]["pool"]["pool_id"] == pool_id
+    # a second format (from another node) must not silently wipe the pool; not even --force
+    # while a node uses it
+    other = write_config(tmp_path / "b.toml", tmp_path / "state-b", nss,
+                         extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "b"\n')
+    r = _kvfs("format", "--config", str(other))
+    assert r.returncode != 0 and "already holds the catalog" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = _kvfs("format", "--config", str(other), "--force")
+    assert r.returncode != 0 and "node(s) a hold leases" in r.stderr
+    assert (m.mountpoint / "kept").read_bytes() == b"k" * 5000
+    m.stop()
+    r = _kvfs("format", "--config", str(cfg), "--force")
+    assert r.returncode == 0, r.stderr
+    m.start()
+    assert not (m.mountpoint / "kept").exists()
+    assert m.stats()["tiers"]["pool"]["pool_id"] != pool_id
