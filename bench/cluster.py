@@ -82,6 +82,12 @@ def stat_all(paths: list[Path], expect: bool) -> float:
     return len(paths) / (time.perf_counter() - t)
 
 
+def redis_memory(redis: RedisServer) -> int:
+    out = subprocess.run(["redis-cli", "-p", str(redis.port), "INFO", "memory"], check=True,
+                         capture_output=True, text=True).stdout
+    return int(next(ln for ln in out.splitlines() if ln.startswith("used_memory:")).split(":")[1])
+
+
 def run_ops(tmp: Path, kind: str, redis: RedisServer, n: int) -> dict:
     shared = tmp / f"{kind}-ns"
     shared.mkdir()
@@ -92,14 +98,17 @@ def run_ops(tmp: Path, kind: str, redis: RedisServer, n: int) -> dict:
     with MountedKvfs(tmp / f"{kind}-mnt", cfg, tmp / f"{kind}.log") as m:
         d = m.mountpoint / "d"
         d.mkdir()
+        mem = redis_memory(redis)
         one = publish([d / f"a{i}" for i in range(n)], 1)
+        per_file = (redis_memory(redis) - mem) / n
         four = publish([d / f"b{i}" for i in range(n)], 4)
         drop_dentries()
         hit = stat_all([d / f"a{i}" for i in range(n)], True)
         miss = stat_all([d / f"missing{i}" for i in range(n)], False)
         st = m.stats()
     return {"publish_per_s": one, "publish_4threads_per_s": four, "lookup_hit_per_s": hit,
-            "lookup_miss_per_s": miss, "catalog_kind": st["catalog"].get("kind")}
+            "lookup_miss_per_s": miss, "catalog_kind": st["catalog"].get("kind"),
+            **({"redis_bytes_per_file": round(per_file)} if kind == "redis" else {})}
 
 
 def run_cross(emu: Emulation, tmp: Path, redis: RedisServer, bps: float, nblocks: int) -> dict:
@@ -190,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in ops.items():
         print(f"{k:<10}{v['publish_per_s']:>11.0f}{v['publish_4threads_per_s']:>14.0f}"
               f"{v['lookup_hit_per_s']:>14.0f}{v['lookup_miss_per_s']:>15.0f}")
+    print(f"Redis memory per published file (4 KiB, one stripe unit): "
+          f"{ops['redis']['redis_bytes_per_file']} bytes")
     print(f"\ncold reads of {2 * args.blocks} x 32 MiB blocks written by node A; 4 namespaces "
           f"throttled to {args.bps / 1e6:.0f} MB/s each")
     print(f"same-node  {cross['same_node_read_gbps']:.3f} GB/s")

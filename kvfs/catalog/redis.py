@@ -447,6 +447,7 @@ class RedisCatalog(TreeCatalog):
         self.used: dict[int, BlobRec] = {}       # published blocks whose space is used here
         self.last_id = b"0-0"                    # the last log entry applied
         self.synced_at = time.monotonic()        # when the follower last heard from Redis
+        self.catalog_lost = False                # Redis came back without this pool's catalog
         self._progress = trio.Event()
         self._link_delta: dict[tuple[int, int], list] = {}
         self._resync = False
@@ -877,6 +878,7 @@ class RedisCatalog(TreeCatalog):
             try:
                 if conn is None:
                     conn = self._conn = await self.redis.connect()
+                    await self._check_catalog(conn)
                     first = await conn.call("XRANGE", key, "-", "+", "COUNT", 1)
                     if self.last_id != b"0-0" and first and \
                             _stream_id(first[0][0]) > _stream_id(self.last_id):
@@ -908,6 +910,19 @@ class RedisCatalog(TreeCatalog):
                     conn = None
                 self._resync = True
                 await trio.sleep(0.5)
+
+    async def _check_catalog(self, conn) -> None:
+        """After (re)connecting: is the catalog still in Redis? A Redis restarted without
+        persistence comes back empty; say so once, loudly (this node keeps serving what its
+        mirror holds; changes fail until an operator re-creates the pool)."""
+        meta = _pairs(await conn.call("HGETALL", self.redis.key("meta")))
+        lost = meta.get(b"pool_id", b"").decode() != self.pool_id
+        if lost and not self.catalog_lost:
+            log.error("cluster: Redis at %s no longer holds the catalog of pool %s (restarted "
+                      "without persistence, or flushed?): serving only what this node already "
+                      "knows; unmount every node and run `kvfs format --force` to start over",
+                      self.redis.where, self.pool_id)
+        self.catalog_lost = lost
 
     async def _apply_entries(self, entries: list, conn) -> None:
         inos: list[int] = []
@@ -955,7 +970,7 @@ class RedisCatalog(TreeCatalog):
     def fresh(self) -> bool:
         """True while the mirror is known to be current (within half the grace period): a
         block it names cannot have had its space reused yet."""
-        return self.redis.online and \
+        return self.redis.online and not self.catalog_lost and \
             time.monotonic() - self.synced_at < max(2.0, self.cfg.grace_seconds / 2)
 
     # ------------------------------------------------------------------------------ background
@@ -1072,7 +1087,7 @@ class RedisCatalog(TreeCatalog):
         regions = self.pool.regions
         return {
             "node_id": self.cfg.node_id, "epoch": self.epoch, "redis": self.redis.where,
-            "online": self.redis.online, "fresh": self.fresh,
+            "online": self.redis.online, "fresh": self.fresh, "catalog_lost": self.catalog_lost,
             "lag_seconds": round(time.monotonic() - self.synced_at, 3),
             "events": self.events, "refreshes": self.refreshes, "resyncs": self.resyncs,
             "regions": regions.count, "region_size": regions.size,

@@ -184,11 +184,19 @@ def cmd_df(args: argparse.Namespace) -> int:
             rows.append([name, size(cap), size(used), size(max(0, cap - used)), pct(used, cap),
                          t.get("blocks", "-"),
                          t["hits"], t["misses"], pct(t["hits"], t["hits"] + t["misses"])])
-        return f"kvfs at {mount}\n" + table(
+        out = f"kvfs at {mount}\n" + table(
             ["TIER", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HITS", "MISSES", "HIT%"], rows,
             right="CAPACITY,USED,FREE,USE%,BLOCKS,HITS,MISSES,HIT%")
+        c = st.get("cluster")
+        if c:
+            out += (f"\ncluster: node {c['node_id']}, Redis {c['redis']} "
+                    f"{'online' if c['online'] else 'UNREACHABLE'}, mirror "
+                    f"{'fresh' if c['fresh'] else 'STALE'} (lag {c['lag_seconds']:.1f} s), "
+                    f"regions leased {c['regions_held']}/{c['regions']}, waiting out grace "
+                    f"{size(c['grave_bytes'])} in {c['grave_blocks']} blocks")
+        return out
     if args.json:
-        print(json.dumps({"mount": mount, "tiers": st["tiers"]}))
+        print(json.dumps({"mount": mount, "tiers": st["tiers"], "cluster": st.get("cluster")}))
     else:
         print(human(st))
     return 0

@@ -133,6 +133,25 @@ def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, re
     run_cluster(cluster_configs(2), body)
 
 
+def test_a_redis_that_came_back_empty_is_reported_not_trusted(cluster_configs, caplog):
+    """Redis restarted without persistence: the nodes notice when they reconnect, say so once,
+    and stop trusting their mirrors for blocks they do not hold."""
+    async def body(a, b):
+        await a.write("/x", b"x" * 5000)
+        await eventually(lambda: known(b, "/x"))
+        link = a.svc.catalog.redis
+        keys = await link.call("KEYS", link.prefix + "*")
+        await link.call("DEL", *keys)                     # what an empty restart looks like
+        await link.call("CLIENT", "KILL", "TYPE", "normal")   # and every connection dropped
+        await eventually(lambda: a.files.catalog.catalog_lost and b.files.catalog.catalog_lost)
+        assert not b.files.catalog.fresh
+        assert b.svc.statistics()["cluster"]["catalog_lost"] is True
+
+    run_cluster(cluster_configs(2), body)
+    lines = [r.getMessage() for r in caplog.records if "no longer holds the catalog" in r.getMessage()]
+    assert len(lines) == 2 and "kvfs format --force" in lines[0]
+
+
 def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_configs):
     async def body(a, b):
         free0 = a.svc.pool.free

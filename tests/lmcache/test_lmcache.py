@@ -112,3 +112,15 @@ def test_fs_connector_shares_chunks_between_two_cluster_nodes(cluster_nodes):
     st = b.stats()
     assert st["tiers"]["pool"]["bytes_out"] >= 12 * (2 << 20), st["tiers"]
     assert st["tiers"]["pool"]["bytes_in"] == 0
+
+
+def test_kvfs_storage_plugin_finds_chunks_another_node_stored(cluster_nodes):
+    """kvfs's LMCache plugin on node B reads, straight from the shared namespaces, the chunks
+    that node A's engine stored."""
+    a, b = cluster_nodes(2, size="96MiB", regions=16)
+    (a.mountpoint / "plugin").mkdir()
+    put = drive("plugin_put", a.mountpoint / "plugin", "--chunks", "12")
+    assert len(put["files"]) == 12
+    got = drive("plugin_get", b.mountpoint / "plugin", "--chunks", "12")
+    assert all(got["contained"]) and all(got["get_blocking"]) and all(got["batched_get_blocking"])
+    assert b.stats()["files"]["direct_reads"] >= 12

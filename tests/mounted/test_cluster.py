@@ -182,6 +182,11 @@ def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp
     assert (b.mountpoint / "after").read_bytes() == b"3" * 1000
     assert (b.mountpoint / "before").read_bytes() == b"1" * MiB
     assert "reachable again" in a.log_text()
+    # the operator sees the node's view of the cluster
+    df = subprocess.run([sys.executable, "-m", "kvfs", "df", str(b.mountpoint)],
+                        capture_output=True, text=True, timeout=30)
+    assert df.returncode == 0, df.stderr
+    assert f"cluster: node node1, Redis 127.0.0.1:{redis.port} online" in df.stdout
 
 
 def _writes(path: Path) -> bool:
