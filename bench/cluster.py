@@ -11,6 +11,7 @@ In one run, with a real redis-server (AOF, fsync always) on 127.0.0.1:
                                 (every stat is a FUSE lookup answered by the catalog)
                   lookup miss   stat N names that do not exist (LMCache's fs connector does this
                                 for every chunk it has not stored; the Redis catalog asks Redis)
+                                (lookups: the best of 5 rounds)
   cross-node    two kvfs nodes sharing 4 loop-device namespaces throttled (cgroup v1 blkio) to
                 --bps each, both daemons in the one cgroup that throttles them; node A writes
                 32 MiB blocks; then the blocks are read cold (DRAM and page cache dropped,
@@ -41,6 +42,7 @@ from kvfs.testing import MountedKvfs, write_config  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 MiB = 1 << 20
+ROUNDS = 5
 
 
 def cluster_table(redis: RedisServer, node: str, name: str) -> str:
@@ -102,9 +104,11 @@ def run_ops(tmp: Path, kind: str, redis: RedisServer, n: int) -> dict:
         one = publish([d / f"a{i}" for i in range(n)], 1)
         per_file = (redis_memory(redis) - mem) / n
         four = publish([d / f"b{i}" for i in range(n)], 4)
-        drop_dentries()
-        hit = stat_all([d / f"a{i}" for i in range(n)], True)
-        miss = stat_all([d / f"missing{i}" for i in range(n)], False)
+        hit = miss = 0.0
+        for r in range(ROUNDS):             # the best of a few rounds: lookups are quick
+            drop_dentries()
+            hit = max(hit, stat_all([d / f"a{i}" for i in range(n)], True))
+            miss = max(miss, stat_all([d / f"missing{r}-{i}" for i in range(n)], False))
         st = m.stats()
     return {"publish_per_s": one, "publish_4threads_per_s": four, "lookup_hit_per_s": hit,
             "lookup_miss_per_s": miss, "catalog_kind": st["catalog"].get("kind"),
