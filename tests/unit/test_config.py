@@ -128,3 +128,18 @@ size = "64MiB"
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
         config.load(tmp_path / "nope.toml")
+
+
+def test_every_toml_example_in_the_docs_is_a_valid_config(tmp_path):
+    """The README and docs show configs users copy: each must load as it is."""
+    import re
+    from tests.helpers import ROOT
+    found = 0
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for i, m in enumerate(re.finditer(r"```toml\n(.*?)```", doc.read_text(), re.S)):
+            path = tmp_path / f"{doc.stem}-{i}.toml"
+            path.write_text(m.group(1))
+            config.load(path)
+            found += 1
+    assert found >= 3
+    config.load(ROOT / "mount" / "kvfs.example.toml")
