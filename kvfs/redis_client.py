@@ -92,6 +92,18 @@ class _Reader:
         raise RedisUnavailable(f"unexpected reply from Redis: {line[:40]!r}")
 
 
+def _why(e: BaseException) -> str:
+    """A one-line reason for a failed connection (trio wraps TLS errors without a message)."""
+    if isinstance(e, trio.TooSlowError):
+        return "timed out"
+    inner = e.__cause__ or e.__context__
+    if not str(e) and inner is not None:
+        e = inner
+    if isinstance(e, ssl.SSLError):
+        return f"TLS: {getattr(e, 'verify_message', None) or e.reason or e}"
+    return str(e) or type(e).__name__
+
+
 class RedisClient:
     """One connection. Calls are serialized (a lock), so tasks can share it."""
 
@@ -110,21 +122,28 @@ class RedisClient:
         if u.scheme not in ("redis", "rediss"):
             raise ValueError(f"not a redis:// or rediss:// URL: {url}")
         host, port = u.hostname or "127.0.0.1", u.port or 6379
+        stream: trio.abc.Stream | None = None
         try:
             with trio.fail_after(timeout):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+                stream = await trio.open_tcp_stream(host, port)
                 if u.scheme == "rediss":
                     ctx = tls or ssl.create_default_context()
                     stream = trio.SSLStream(stream, ctx, server_hostname=host)
                     await stream.do_handshake()
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as e:
-            raise RedisUnavailable(f"cannot reach Redis at {host}:{port}: {e}") from None
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            raise RedisUnavailable(f"cannot reach Redis at {host}:{port}: {_why(e)}") from None
         client = cls(stream, url)
         pw = password if password is not None else (unquote(u.password) if u.password else None)
         try:
             if pw:
                 args = ["AUTH", unquote(u.username), pw] if u.username else ["AUTH", pw]
-                await client.call(*args)
+                try:
+                    await client.call(*args)
+                except RedisError as e:
+                    raise RedisUnavailable(f"Redis at {host}:{port} refused the password: "
+                                           f"{e}") from None
             db = (u.path or "/").strip("/")
             if db:
                 await client.call("SELECT", int(db))

@@ -17,37 +17,51 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, directory: Path, port: int | None = None):
+    """`args`: extra redis-server options (a password, TLS). With `tls` set (a dict with cert,
+    key, ca paths) the server listens for TLS only, on `port`, and `url` is rediss://."""
+
+    def __init__(self, directory: Path, port: int | None = None, args: list[str] | None = None,
+                 tls: dict | None = None):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self.args = list(args or [])
+        self.tls = tls
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
 
     def start(self) -> "RedisServer":
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (make install installs it)")
+        log = self.dir / "redis.log"
+        ports = ["--port", str(self.port)]
+        if self.tls:
+            ports = ["--port", "0", "--tls-port", str(self.port),
+                     "--tls-cert-file", str(self.tls["cert"]), "--tls-key-file", str(self.tls["key"]),
+                     "--tls-ca-cert-file", str(self.tls["ca"]),
+                     "--tls-auth-clients", "yes" if self.tls.get("mutual") else "no"]
+        seen = log.stat().st_size if log.exists() else 0
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            [exe, *ports, "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--protected-mode", "no", "--daemonize", "no", "--logfile",
-             str(self.dir / "redis.log")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--protected-mode", "no", "--daemonize", "no", "--logfile", str(log), *self.args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                with open(log, "rb") as f:
+                    f.seek(seen)
+                    if b"Ready to accept connections" in f.read():
                         return self
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("redis-server did not start: "
-                                   + (self.dir / "redis.log").read_text()[-2000:])
+                                   + (log.read_text()[-2000:] if log.exists() else ""))
             time.sleep(0.05)
 
     def stop(self) -> None:

@@ -41,3 +41,75 @@ def test_unreachable_redis_is_reported():
             await RedisClient.connect(f"redis://127.0.0.1:{free_port()}/0", timeout=2)
 
     trio.run(main)
+
+
+def _certs(d):
+    """A throw-away CA, a server certificate for 127.0.0.1 and a client certificate."""
+    import subprocess
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=kvfs-test-ca")
+    (d / "san").write_text("subjectAltName=IP:127.0.0.1\n")
+    for who, subj in (("srv", "/CN=127.0.0.1"), ("cli", "/CN=kvfs-node")):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out", f"{who}.csr",
+            "-subj", subj)
+        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{who}.pem", "-days", "2", "-extfile", "san")
+    return d
+
+
+def _link(url: str, **kw):
+    from kvfs.cluster import ClusterLink
+    from kvfs.config import ClusterConfig
+    return ClusterLink(ClusterConfig(redis=url, node_id="t", **kw))
+
+
+def test_password_from_the_url_the_config_or_a_file(tmp_path):
+    from kvfs.errors import KvfsError
+    s = RedisServer(tmp_path / "r", args=["--requirepass", "s3cret"]).start()
+    try:
+        (tmp_path / "pw").write_text("s3cret\n")
+
+        async def main():
+            for link in (_link(f"redis://:s3cret@127.0.0.1:{s.port}/0"),
+                         _link(s.url, password="s3cret"),
+                         _link(s.url, password_file=tmp_path / "pw")):
+                assert await link.call("PING") == b"PONG"
+                await link.aclose()
+            bad = _link(s.url, password="wrong")
+            bad.quiet = True
+            with pytest.raises(KvfsError) as e:
+                await bad.call("PING")
+            assert "WRONGPASS" in str(e.value) or "invalid" in str(e.value)
+            await bad.aclose()
+
+        trio.run(main)
+    finally:
+        s.stop()
+
+
+def test_tls_with_a_private_ca_and_client_certificates(tmp_path):
+    from kvfs.errors import KvfsError
+    d = _certs(tmp_path)
+    s = RedisServer(tmp_path / "r", tls={"cert": d / "srv.pem", "key": d / "srv.key",
+                                         "ca": d / "ca.pem", "mutual": True}).start()
+    try:
+        async def main():
+            link = _link(s.url, tls_ca=d / "ca.pem", tls_cert=d / "cli.pem", tls_key=d / "cli.key")
+            assert s.url.startswith("rediss://")
+            assert await link.call("SET", "k", "over tls") == b"OK"
+            assert await link.call("GET", "k") == b"over tls"
+            await link.aclose()
+            # a server certificate from an unknown CA is refused, with a line saying so
+            stranger = _link(s.url, tls_cert=d / "cli.pem", tls_key=d / "cli.key")
+            stranger.quiet = True
+            with pytest.raises(KvfsError) as e:
+                await stranger.call("PING")
+            assert "certificate" in str(e.value).lower()
+            await stranger.aclose()
+
+        trio.run(main)
+    finally:
+        s.stop()
