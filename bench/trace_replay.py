@@ -13,6 +13,10 @@ TierIndex` (the DRAM tier's index) of `--capacity-blocks` blocks with the chosen
 `hit_rate` is for --policy; `lru_hit_rate` for LRU at the same capacity (the baseline), both
 from this run.
 
+With --nodes N, the requests are also spread round-robin over N nodes, and the prefix hit rate
+of N node-local caches of --capacity-blocks each is compared with one pool of N times that
+shared by all of them (what kvfs's [cluster] mode gives).
+
 With --mounted N, the first N requests are also replayed end to end through a real kvfs mount
 (root and /dev/fuse needed): every block is a small file (--block-size, default 64 KiB) in a
 pool large enough for all of them, under a DRAM tier of --capacity-blocks blocks; a request
@@ -39,24 +43,30 @@ def load(path: str) -> list[list[int]]:
         return [json.loads(line)["hash_ids"] for line in f if line.strip()]
 
 
+def serve(tier: TierIndex, ids: list[int]) -> int:
+    """One request against a tier: returns its prefix hit (the leading blocks found), then
+    reads or stores each of its blocks."""
+    k = 0
+    while k < len(ids) and ids[k] in tier:
+        k += 1
+    parent = None
+    for h in ids:
+        if not tier.lookup(h, parent):
+            if tier.make_room(1) is not None:
+                tier.add(h, 1, parent)
+        parent = h
+    if ids:
+        tier.policy.end_chain(ids[-1])
+    return k
+
+
 def replay(requests: list[list[int]], capacity: int, policy: str) -> dict:
     tier = TierIndex(capacity, make_policy(policy, capacity, typical_size=1))
     hits = total = 0
     t = time.perf_counter()
     for ids in requests:
-        k = 0
-        while k < len(ids) and ids[k] in tier:
-            k += 1
-        hits += k
+        hits += serve(tier, ids)
         total += len(ids)
-        parent = None
-        for h in ids:
-            if not tier.lookup(h, parent):
-                if tier.make_room(1) is not None:
-                    tier.add(h, 1, parent)
-            parent = h
-        if ids:
-            tier.policy.end_chain(ids[-1])
     out = {"policy": policy, "capacity_blocks": capacity, "hit_rate": hits / total,
            "block_hit_rate": tier.hits / max(1, tier.hits + tier.misses),
            "requests": len(requests), "blocks": total, "seconds": time.perf_counter() - t}
@@ -64,6 +74,23 @@ def replay(requests: list[list[int]], capacity: int, policy: str) -> dict:
     if mode:
         out["final_mode"] = mode
     return out
+
+
+def replay_nodes(requests: list[list[int]], capacity: int, policy: str, nodes: int) -> dict:
+    """Requests spread round-robin over `nodes` inference nodes (a load balancer that does not
+    route by prefix): each node with its own cache of `capacity` blocks, against one pool of
+    `nodes * capacity` blocks shared by all (kvfs [cluster]). Prefix hit rates of both."""
+    local = [TierIndex(capacity, make_policy(policy, capacity, typical_size=1))
+             for _ in range(nodes)]
+    pooled = TierIndex(nodes * capacity, make_policy(policy, nodes * capacity, typical_size=1))
+    hl = hp = total = 0
+    for i, ids in enumerate(requests):
+        hl += serve(local[i % nodes], ids)
+        hp += serve(pooled, ids)
+        total += len(ids)
+    return {"nodes": nodes, "capacity_blocks_per_node": capacity, "policy": policy,
+            "node_local_hit_rate": hl / total, "pooled_hit_rate": hp / total,
+            "pooled_vs_node_local": hp / hl if hl else float("inf")}
 
 
 def replay_mounted(requests: list[list[int]], capacity: int, policy: str, block: int) -> dict:
@@ -124,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mounted", type=int, metavar="N",
                     help="also replay the first N requests through a real mount")
     ap.add_argument("--block-size", type=int, default=64 * 1024)
+    ap.add_argument("--nodes", type=int, metavar="N",
+                    help="also compare N node-local caches with one pool shared by N nodes")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     requests = load(args.trace)
@@ -145,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                    max(base["dram_prefix_hit_rate"], 1e-9)}
         for r in rows:
             r["mounted"] = mounted
+    if args.nodes:
+        for r in rows:
+            r["pooling"] = replay_nodes(requests, r["capacity_blocks"], args.policy, args.nodes)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
         return 0
@@ -153,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['capacity_blocks']:>9}{r['policy']:>10}{r['hit_rate']:>10.4f}{r['lru_hit_rate']:>9.4f}"
               f"{r['vs_lru']:>8.3f}  {r.get('final_mode', '')}")
+    if args.nodes:
+        print(f"\n{args.nodes} nodes, requests round-robin; {args.policy} policy")
+        print(f"{'per node':>9}{'node-local':>12}{'pooled':>9}{'pooled/local':>14}")
+        for r in rows:
+            x = r["pooling"]
+            print(f"{r['capacity_blocks']:>9}{x['node_local_hit_rate']:>12.4f}"
+                  f"{x['pooled_hit_rate']:>9.4f}{x['pooled_vs_node_local']:>14.3f}")
     if mounted:
         print(f"\nmounted replay of {args.mounted} requests, {args.block_size // 1024} KiB blocks, "
               f"DRAM tier of {mounted['capacity_blocks']} blocks over the pool:")

@@ -105,3 +105,15 @@ def test_make_policy_names():
     assert isinstance(make_policy("prefix", 10), PrefixPolicy)
     with pytest.raises(ValueError, match="unknown eviction policy"):
         make_policy("mru", 10)
+
+
+def test_a_pool_shared_by_nodes_against_node_local_caches():
+    from bench.trace_replay import replay_nodes
+    # 40 conversations, each asked 4 times in a row with a growing prefix; round-robin over 4
+    # nodes sends each repetition to another node, so only a shared pool sees the prefix again
+    reqs = [[c * 100 + k for k in range(3 + turn)] for c in range(40) for turn in range(4)]
+    one = replay_nodes(reqs, 64, "lru", 1)
+    assert one["pooled_hit_rate"] == one["node_local_hit_rate"]
+    four = replay_nodes(reqs, 64, "lru", 4)
+    assert four["node_local_hit_rate"] == 0.0
+    assert four["pooled_hit_rate"] > 0.5
