@@ -50,7 +50,7 @@ def render(st: dict) -> str:
         metric("kvfs_namespace_written_bytes_total", "counter", "bytes written", ns["bytes_written"], **lab)
         metric("kvfs_namespace_errors_total", "counter", "failed I/Os", ns["errors"], **lab)
         metric("kvfs_namespace_inflight", "gauge", "I/Os in flight", ns["inflight"], **lab)
-    for k in ("issued", "used", "wasted", "cancelled", "skipped"):
+    for k in ("issued", "used", "joined", "wasted", "cancelled", "skipped"):
         metric(f"kvfs_prefetch_{k}_total", "counter", f"prefetches {k}", st["prefetch"][k])
     for op, x in st.get("latency", {}).items():
         metric("kvfs_requests_total", "counter", "FUSE requests handled", x["count"], op=op)

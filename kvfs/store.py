@@ -105,6 +105,7 @@ class StoreStats:
     direct_reads: int = 0         # blocks read by direct readers (kvfs.direct), not through FUSE
     prefetch_issued: int = 0
     prefetch_used: int = 0        # prefetched blocks a reader then read
+    prefetch_joined: int = 0      # readers that arrived while the block's prefetch was running
     prefetch_wasted: int = 0      # prefetched blocks evicted or cancelled unread
     prefetch_cancelled: int = 0
     prefetch_skipped: int = 0     # not issued: no cold DRAM to displace
@@ -354,6 +355,8 @@ class BlockStore:
             return tier
         tiers["dram"].misses += 1
         if cb is not None and cb.fetch is not None:
+            if cb.fetch.prefetch:
+                self.stats.prefetch_joined += 1
             cb.fetch.prefetch = False            # a reader waits for it now
             cb.fetch.parent = parent
         if tier == "local":
