@@ -106,7 +106,7 @@ def replay_mounted(requests: list[list[int]], capacity: int, policy: str, block:
         cfg = write_config(tmp / "kvfs.toml", tmp / "state",
                            [{"path": str(tmp / "ns0.img"), "size": f"{pool_bytes}MiB"}],
                            dram=str(capacity * block),
-                           extra=f'[prefetch]\nenabled = false\n',
+                           extra='[prefetch]\nenabled = false\n',
                            pool=f'stripe_unit = "{min(block, 1 << 20)}"')
         cfg.write_text(cfg.read_text().replace("[dram]\n", f'[dram]\npolicy = "{policy}"\n'))
         payload = os.urandom(block)

@@ -37,10 +37,10 @@ from typing import Any, Callable
 import trio
 
 from kvfs.catalog.base import ROOT_INO, BlobRec, Node
-from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now, check_name
+from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
 from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
-from kvfs.errors import KvfsError, StartupError, exists, not_found
+from kvfs.errors import KvfsError, StartupError, not_found
 from kvfs.layout import Layout
 from kvfs.redis_client import RedisClient, RedisUnavailable
 
@@ -1101,11 +1101,9 @@ class RedisCatalog(TreeCatalog):
 
     # ------------------------------------------------------------------------------ ids
     def _id(self, attr: str) -> int:
-        value = getattr(self, attr)
-        if value & ((1 << EPOCH_SHIFT) - 1) == (1 << EPOCH_SHIFT) - 1:
+        if getattr(self, attr) & ((1 << EPOCH_SHIFT) - 1) == (1 << EPOCH_SHIFT) - 1:
             raise KvfsError(errno.EOVERFLOW, "this mount has used up its ids; remount")
-        setattr(self, attr, value + 1)
-        return value
+        return super()._id(attr)
 
     def next_blob_id(self) -> int:
         return self._id("_next_blob")
@@ -1147,26 +1145,6 @@ class RedisCatalog(TreeCatalog):
             rs.update(regions.touched(e.offset, e.length))
         return " ".join(str(r) for r in sorted(rs))
 
-    def _new_tree_node(self, parent: Node, name: bytes, mode: int, uid: int, gid: int) -> Node:
-        check_name(name)
-        if parent.children is None:
-            raise KvfsError(errno.ENOTDIR, f"not a directory: {self.path_of(parent)}")
-        if not parent.linked:
-            raise KvfsError(errno.ENOENT, "directory was removed")
-        if name in parent.children:
-            raise exists(name.decode(errors="replace"))
-        now = _now()
-        return Node(self._id("_next_ino"), parent.ino, name, mode, uid, gid, now, now, now,
-                    cookie=self._id("_next_cookie"))
-
-    def _place_new(self, node: Node) -> None:
-        parent = self.nodes[node.parent]
-        self.nodes[node.ino] = node
-        parent.children[node.name] = node.ino
-        if node.children is not None:
-            parent.subdirs += 1
-        parent.mtime_ns = parent.ctime_ns = node.ctime_ns
-
     async def _own(self, retired: list, leaving: list[BlobRec]) -> None:
         """After one of this node's scripts: the blocks it retired are in the grave; blocks
         that left a file here and are not among them were retired earlier by another node."""
@@ -1203,26 +1181,26 @@ class RedisCatalog(TreeCatalog):
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
         p = self.dir(parent)
-        node = self._new_tree_node(p, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+        node = self._make_node(p, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
         node.children = {}
         await self._publish_new(node, "excl")
-        self._place_new(node)
+        self._place(node)
         return node
 
     async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Node:
         p = self.dir(parent)
         if not target or len(target) > 4095:
             raise KvfsError(errno.ENAMETOOLONG if target else errno.ENOENT, "bad symlink target")
-        node = self._new_tree_node(p, name, stat.S_IFLNK | 0o777, uid, gid)
+        node = self._make_node(p, name, stat.S_IFLNK | 0o777, uid, gid)
         node.target = target
         await self._publish_new(node, "excl")
-        self._place_new(node)
+        self._place(node)
         return node
 
     def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
         """A new, pending file: in this node's memory only until its first commit."""
-        node = self._new_tree_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
-        self._place_new(node)
+        node = self._make_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        self._place(node)
         return node
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
@@ -1328,31 +1306,9 @@ class RedisCatalog(TreeCatalog):
             self._forget_links(target.ino)
             if target.blob is not None:
                 leaving.append(target.blob)
-        self._move(src, pold, pnew, name_new, cookie, now)
+        self._move(src, pold, pnew, name_new, now, cookie)
         await self._own(retired, leaving)
         return target
-
-    def _move(self, src: Node, pold: Node, pnew: Node, name_new: bytes, cookie: int, now: int) -> None:
-        del pold.children[src.name]
-        if src.children is not None:
-            pold.subdirs -= 1
-            pnew.subdirs += 1
-        src.parent, src.name, src.cookie = pnew.ino, name_new, cookie
-        src.ctime_ns = now
-        pnew.children[name_new] = src.ino
-        pold.mtime_ns = pold.ctime_ns = pnew.mtime_ns = pnew.ctime_ns = now
-
-    def _swap(self, a: Node, b: Node, now: int) -> None:
-        pa, pb = self.nodes[a.parent], self.nodes[b.parent]
-        na, nb = a.name, b.name
-        pa.children[na], pb.children[nb] = b.ino, a.ino
-        if pa is not pb:
-            delta = (b.children is not None) - (a.children is not None)
-            pa.subdirs += delta
-            pb.subdirs -= delta
-        a.parent, a.name, b.parent, b.name = pb.ino, nb, pa.ino, na
-        a.cookie, b.cookie = b.cookie, a.cookie
-        a.ctime_ns = b.ctime_ns = now
 
     async def _rename_local(self, src: Node, pold: Node, pnew: Node, name_new: bytes,
                             target: Node | None, flags: int) -> Node | None:
@@ -1362,7 +1318,7 @@ class RedisCatalog(TreeCatalog):
         now = _now()
         if target is not None:
             self._detach(target)
-        self._move(src, pold, pnew, name_new, self._id("_next_cookie"), now)
+        self._move(src, pold, pnew, name_new, now)
         return target
 
     async def _update(self, node: Node, fields: list, delete: list | None = None) -> None:

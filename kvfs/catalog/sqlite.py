@@ -31,7 +31,7 @@ from pathlib import Path
 import trio
 
 from kvfs.catalog.base import FIRST_INO, ROOT_INO, BlobRec, Node
-from kvfs.catalog.tree import RENAME_EXCHANGE, RENAME_NOREPLACE, TreeCatalog, _now
+from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
 from kvfs.errors import KvfsError, StartupError
 from kvfs.layout import Layout
 
@@ -263,10 +263,10 @@ class SqliteCatalog(TreeCatalog):
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
         p = self.dir(parent)
-        node = self._new_node(p, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+        node = self._make_node(p, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
         node.children = {}
         node.persisted = True
-        p.subdirs += 1
+        self._place(node)
         await self._persist(self._insert_node(node) + self._parent_times(p))
         return node
 
@@ -274,15 +274,18 @@ class SqliteCatalog(TreeCatalog):
         p = self.dir(parent)
         if not target or len(target) > 4095:
             raise KvfsError(errno.ENAMETOOLONG if target else errno.ENOENT, "bad symlink target")
-        node = self._new_node(p, name, stat.S_IFLNK | 0o777, uid, gid)
+        node = self._make_node(p, name, stat.S_IFLNK | 0o777, uid, gid)
         node.target = target
         node.persisted = True
+        self._place(node)
         await self._persist(self._insert_node(node) + self._parent_times(p))
         return node
 
     def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
         """A new, pending file: in memory only until its first commit."""
-        return self._new_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        node = self._make_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        self._place(node)
+        return node
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Make `layout` the file's committed content; return (new, old) versions.
@@ -352,16 +355,8 @@ class SqliteCatalog(TreeCatalog):
             self._detach(target)
             if target.persisted:
                 stmts += self._delete_node(target)
-        del pold.children[name_old]
-        if src.children is not None:
-            pold.subdirs -= 1
-            pnew.subdirs += 1
         now = _now()
-        src.parent, src.name, src.cookie = pnew.ino, name_new, self._next_cookie
-        self._next_cookie += 1
-        src.ctime_ns = now
-        pnew.children[name_new] = src.ino
-        pold.mtime_ns = pold.ctime_ns = pnew.mtime_ns = pnew.ctime_ns = now
+        self._move(src, pold, pnew, name_new, now)
         if src.persisted:
             stmts.append(("UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
                           (src.parent, src.name, src.cookie, now, src.ino)))
@@ -373,17 +368,8 @@ class SqliteCatalog(TreeCatalog):
         return target
 
     async def _exchange(self, a: Node, b: Node) -> None:
-        pa, pb = self.nodes[a.parent], self.nodes[b.parent]
-        na, nb = a.name, b.name
-        pa.children[na], pb.children[nb] = b.ino, a.ino
-        if pa is not pb:
-            delta = (b.children is not None) - (a.children is not None)
-            pa.subdirs += delta
-            pb.subdirs -= delta
-        a.parent, a.name, b.parent, b.name = pb.ino, nb, pa.ino, na
-        a.cookie, b.cookie = b.cookie, a.cookie
         now = _now()
-        a.ctime_ns = b.ctime_ns = now
+        self._swap(a, b, now)
         stmts: list[Stmt] = []
         # Two rows swap names under a UNIQUE(parent, name) constraint: park one first.
         if a.persisted and b.persisted:

@@ -129,7 +129,14 @@ class TreeCatalog:
         return False
 
     # ------------------------------------------------------------------------------ tree changes
-    def _new_node(self, parent: Node, name: bytes, mode: int, uid: int, gid: int) -> Node:
+    def _id(self, attr: str) -> int:
+        """Take the next value of an id counter (`_next_ino`, `_next_cookie`)."""
+        value = getattr(self, attr)
+        setattr(self, attr, value + 1)
+        return value
+
+    def _make_node(self, parent: Node, name: bytes, mode: int, uid: int, gid: int) -> Node:
+        """A new node named `name` in `parent` (checked), not yet in the tree."""
         check_name(name)
         if parent.children is None:
             raise KvfsError(errno.ENOTDIR, f"not a directory: {self.path_of(parent)}")
@@ -138,14 +145,45 @@ class TreeCatalog:
         if name in parent.children:
             raise exists(name.decode(errors="replace"))
         now = _now()
-        node = Node(self._next_ino, parent.ino, name, mode, uid, gid, now, now, now,
-                    cookie=self._next_cookie)
-        self._next_ino += 1
-        self._next_cookie += 1
+        return Node(self._id("_next_ino"), parent.ino, name, mode, uid, gid, now, now, now,
+                    cookie=self._id("_next_cookie"))
+
+    def _place(self, node: Node) -> None:
+        """Put a node made by `_make_node` (a directory: with its `children` set) in the tree."""
+        parent = self.nodes[node.parent]
         self.nodes[node.ino] = node
-        parent.children[name] = node.ino
-        parent.mtime_ns = parent.ctime_ns = now
-        return node
+        parent.children[node.name] = node.ino
+        if node.children is not None:
+            parent.subdirs += 1
+        parent.mtime_ns = parent.ctime_ns = node.ctime_ns
+
+    def _move(self, src: Node, pold: Node, pnew: Node, name_new: bytes, now: int,
+              cookie: int | None = None) -> None:
+        """Rename `src` to `name_new` in `pnew` (the target name is free); it gets a new readdir
+        cookie (`cookie`, or the next one)."""
+        del pold.children[src.name]
+        if src.children is not None:
+            pold.subdirs -= 1
+            pnew.subdirs += 1
+        if cookie is None:
+            cookie = self._id("_next_cookie")
+        src.parent, src.name, src.cookie = pnew.ino, name_new, cookie
+        src.ctime_ns = now
+        pnew.children[name_new] = src.ino
+        pold.mtime_ns = pold.ctime_ns = pnew.mtime_ns = pnew.ctime_ns = now
+
+    def _swap(self, a: Node, b: Node, now: int) -> None:
+        """RENAME_EXCHANGE: `a` and `b` trade names (and readdir cookies)."""
+        pa, pb = self.nodes[a.parent], self.nodes[b.parent]
+        na, nb = a.name, b.name
+        pa.children[na], pb.children[nb] = b.ino, a.ino
+        if pa is not pb:
+            delta = (b.children is not None) - (a.children is not None)
+            pa.subdirs += delta
+            pb.subdirs -= delta
+        a.parent, a.name, b.parent, b.name = pb.ino, nb, pa.ino, na
+        a.cookie, b.cookie = b.cookie, a.cookie
+        a.ctime_ns = b.ctime_ns = now
 
     def _detach(self, node: Node) -> None:
         parent = self.nodes[node.parent]

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
 
 from kvfs import config as config_mod
 from kvfs.cli.common import fail as _fail
@@ -62,10 +61,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     _setup_logging(cfg.log_level, None)
     # started by `kvfs mount` in the background: log to a file once the state dir exists
-    on_state_dir = None
-    if args.ready_fd is not None:
-        def on_state_dir() -> None:
-            _setup_logging(cfg.log_level, cfg.state_dir / "kvfs.log")
+    def log_to_file() -> None:
+        _setup_logging(cfg.log_level, cfg.state_dir / "kvfs.log")
+    on_state_dir = log_to_file if args.ready_fd is not None else None
     try:
         return daemon.run(cfg, mountpoint, ready, on_state_dir=on_state_dir)
     finally:

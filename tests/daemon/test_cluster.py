@@ -3,7 +3,6 @@ trio run, over the same namespace files, with a real redis-server holding the ca
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import itertools
 import os

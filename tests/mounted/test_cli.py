@@ -6,11 +6,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.helpers import ROOT, can_mount, is_mounted, wait_until
+from tests.helpers import ROOT, can_mount, is_mounted
 
 pytestmark = pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))
 

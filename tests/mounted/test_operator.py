@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT
 
 MiB = 1 << 20
 
