@@ -1197,12 +1197,6 @@ class RedisCatalog(TreeCatalog):
         self._place(node)
         return node
 
-    def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
-        """A new, pending file: in this node's memory only until its first commit."""
-        node = self._make_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
-        self._place(node)
-        return node
-
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Publish `layout` as the file's content once it is durable on the namespaces: one
         script checks this node still holds the leases of the space and swaps the block in."""

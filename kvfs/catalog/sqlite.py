@@ -281,12 +281,6 @@ class SqliteCatalog(TreeCatalog):
         await self._persist(self._insert_node(node) + self._parent_times(p))
         return node
 
-    def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
-        """A new, pending file: in memory only until its first commit."""
-        node = self._make_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
-        self._place(node)
-        return node
-
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Make `layout` the file's committed content; return (new, old) versions.
 

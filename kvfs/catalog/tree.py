@@ -13,6 +13,7 @@ each implementation persists them in batches (`flush_links`).
 from __future__ import annotations
 
 import errno
+import stat
 import time
 from typing import Iterable, Iterator
 
@@ -156,6 +157,12 @@ class TreeCatalog:
         if node.children is not None:
             parent.subdirs += 1
         parent.mtime_ns = parent.ctime_ns = node.ctime_ns
+
+    def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
+        """A new, pending file: in this node's memory only until its first commit."""
+        node = self._make_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        self._place(node)
+        return node
 
     def _move(self, src: Node, pold: Node, pnew: Node, name_new: bytes, now: int,
               cookie: int | None = None) -> None:
