@@ -138,7 +138,7 @@ def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]]) -> No
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    """Wait (in trio) until predicate() holds: another node's change has arrived."""
+    """Wait (in trio) until predicate() holds (another node's change arrived, I/O ended)."""
     with trio.fail_after(timeout):
         while not predicate():
             await trio.sleep(0.01)
