@@ -95,7 +95,27 @@ def check_mount(mount: str) -> tuple[list[Finding], dict | None]:
         out.append(Finding("warn", "mount", f"{mount}: pool {100 * used:.0f}% full and evict = "
                                             f"\"never\": writes will fail with ENOSPC",
                            "delete files, add namespaces, or set [pool] evict = \"lru\""))
+    out += check_cluster(mount, st.get("cluster"))
     return out, st
+
+
+def check_cluster(mount: str, c: dict | None) -> list[Finding]:
+    """A node of a shared pool: is Redis there, holding our pool, and is the mirror current?"""
+    if not c:
+        return []
+    where = f"{mount}: cluster node {c['node_id']}, Redis at {c['redis']}"
+    if not c["online"]:
+        return [Finding("fail", "cluster", f"{where} is unreachable: changes and lookups of "
+                                           f"unknown names fail with EIO",
+                        "start Redis or fix the network; the node reconnects by itself")]
+    if c.get("catalog_lost"):
+        return [Finding("fail", "cluster", f"{where} no longer holds this pool's catalog",
+                        "unmount every node, then kvfs format --force (see docs/cluster.md)")]
+    if not c["fresh"]:
+        return [Finding("warn", "cluster", f"{where}: the change log is {c['lag_seconds']:.1f} s "
+                                           f"behind", "check Redis's load and the network")]
+    return [Finding("ok", "cluster", f"{where}: reachable, catalog current, "
+                                     f"{c['regions_held']}/{c['regions']} regions leased")]
 
 
 # --- namespaces ------------------------------------------------------------------------------

@@ -174,6 +174,9 @@ def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp
         # an open file and a DRAM-resident one keep being served
         assert held.read() == b"r" * MiB
         assert (a.mountpoint / "before").read_bytes() == b"1" * MiB
+        # kvfs doctor says what is wrong and what to do
+        doc = _kvfs("doctor", str(a.mountpoint))
+        assert doc.returncode == 1 and "FAIL" in doc.stdout and "unreachable" in doc.stdout
         redis.start()
     assert "Redis at" in a.log_text() and "unreachable" in a.log_text()
     # everything recovers by itself
@@ -187,6 +190,9 @@ def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp
                         capture_output=True, text=True, timeout=30)
     assert df.returncode == 0, df.stderr
     assert f"cluster: node node1, Redis 127.0.0.1:{redis.port} online" in df.stdout
+    doc = json.loads(_kvfs("doctor", str(b.mountpoint), "--json").stdout)
+    cluster = [f for f in doc["findings"] if f["check"] == "cluster"]
+    assert [f["status"] for f in cluster] == ["ok"], cluster
 
 
 def _writes(path: Path) -> bool:
