@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import MiB, wait_until, write_config
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.mounted
 
@@ -143,11 +144,12 @@ def test_a_node_killed_mid_write_leaves_nothing_and_its_space_returns(cluster_no
     for name in names:
         assert (b.mountpoint / name).read_bytes() == content(name, 3 * MiB)
     # a's leases expire (lease_seconds); b can then fill the pool, the regions a held included
-    time.sleep(2.5)
+    wait_until(lambda: not _lease_holders(redis) & {"node0"}, 10, "a's leases to expire")
     for name in names:
         os.unlink(b.mountpoint / name)
     cap = b.stats()["tiers"]["pool"]["capacity"]
-    time.sleep(1.5)                          # the grace period of what b just removed
+    # the removed blocks wait out their grace period, then any node purges them
+    wait_until(lambda: b.stats()["cluster"]["grave_blocks"] == 0, 10, "the grave to empty")
     written = 0
     while written < cap * 0.9:
         (b.mountpoint / f"b{written}").write_bytes(b"b" * MiB)
@@ -155,6 +157,19 @@ def test_a_node_killed_mid_write_leaves_nothing_and_its_space_returns(cluster_no
     st = b.stats()
     assert st["cluster"]["regions_held"] >= 1
     assert st["tiers"]["pool"]["free"] < cap * 0.12
+
+
+def _lease_holders(redis: RedisServer) -> set[str]:
+    """The node ids that hold allocation leases now (tokens are node/epoch/nonce)."""
+    def cli(*args: str) -> list[str]:
+        return subprocess.run(["redis-cli", "-p", str(redis.port), *args], check=True,
+                              capture_output=True, text=True).stdout.split()
+    holders = set()
+    for key in cli("--scan", "--pattern", "kvfs:*:lease:*"):
+        token = cli("GET", key)              # (empty if the lease expired meanwhile)
+        if token:
+            holders.add(token[0].split("/")[0])
+    return holders
 
 
 def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp_path):
