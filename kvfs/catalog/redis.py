@@ -40,7 +40,7 @@ from kvfs.catalog.base import ROOT_INO, BlobRec, Node
 from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
 from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
-from kvfs.errors import KvfsError, StartupError, not_found
+from kvfs.errors import KvfsError, StartupError
 from kvfs.layout import Layout
 from kvfs.redis_client import RedisClient, RedisUnavailable
 
@@ -374,7 +374,6 @@ async def _scan(conn, pattern: str) -> list[bytes]:
         keys += batch
         if cursor == b"0":
             return keys
-
 
 
 # --- encoding ------------------------------------------------------------------------------------
@@ -1117,22 +1116,18 @@ class RedisCatalog(TreeCatalog):
         except KvfsError as e:
             if e.errno != errno.ENOENT or parent not in self.nodes:
                 raise
-        ino = await self.redis.call("HGET", self.redis.key("d", parent), name)
-        if ino is None:
-            raise not_found(name.decode(errors="replace"))
-        await self._refresh([int(ino)])
-        return self.lookup(parent, name)
+        return await self.confirm(parent, name)
 
     async def confirm(self, parent: int, name: bytes) -> Node:
         """The current record of one name, read from Redis now (for a mirror that is not
         fresh: what it names is then as safe to read as a fresh mirror's); EIO if Redis cannot
         be asked, ENOENT if the name is gone."""
-        known = self.nodes.get(self.nodes[parent].children.get(name, 0)) \
-            if parent in self.nodes and self.nodes[parent].children is not None else None
+        p = self.nodes.get(parent)
+        known = p.children.get(name) if p is not None and p.children is not None else None
         ino = await self.redis.call("HGET", self.redis.key("d", parent), name)
         inos = [int(ino)] if ino is not None else []
-        if known is not None:
-            inos.append(known.ino)
+        if known is not None and known not in inos:
+            inos.append(known)              # renamed or removed meanwhile: the mirror forgets it
         if inos:
             await self._refresh(inos)
         return self.lookup(parent, name)
