@@ -87,6 +87,7 @@ class ClusterLink:
 
     # --- state transitions ---------------------------------------------------------------------
     def _down(self, why: str, *, attempted: bool = True) -> KvfsError:
+        """Redis failed us (`why`: a reason that names Redis); the error to raise."""
         if attempted:
             self.failures += 1
             self._next_attempt = time.monotonic() + RECONNECT_SECONDS
@@ -97,10 +98,7 @@ class ClusterLink:
                 log.error("cluster: Redis at %s is unreachable (%s): lookups of names this node "
                           "does not know and all changes fail with EIO until it is back; open and "
                           "DRAM-resident blocks keep being served", self.where, why)
-        if "Redis" in why:
-            return KvfsError(errno.EIO, f"cluster catalog unavailable: {why}")
-        return KvfsError(errno.EIO, f"cluster catalog unavailable: Redis at {self.where} is "
-                                    f"unreachable ({why})")
+        return KvfsError(errno.EIO, f"cluster catalog unavailable: {why}")
 
     def _up(self) -> None:
         if not self.online and not self.quiet:
@@ -117,7 +115,8 @@ class ClusterLink:
                 c = self._idle.pop()
             else:
                 if not self.online and time.monotonic() < self._next_attempt:
-                    raise self._down("still unreachable", attempted=False)
+                    raise self._down(f"Redis at {self.where} is still unreachable",
+                                     attempted=False)
                 try:
                     c = await self.connect()
                 except RedisUnavailable as e:
@@ -128,7 +127,8 @@ class ClusterLink:
                     reply = await fn(c)
             except trio.TooSlowError:
                 c.abort()
-                raise self._down(f"no reply within {CALL_TIMEOUT:.0f} s") from None
+                raise self._down(f"no reply from Redis at {self.where} within "
+                                 f"{CALL_TIMEOUT:.0f} s") from None
             except RedisUnavailable as e:
                 raise self._down(str(e)) from None
             except RedisError as e:
