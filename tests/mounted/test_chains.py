@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 
+from tests.helpers import wait_until
 
 MiB = 1 << 20
 
@@ -26,15 +26,16 @@ def test_chain_learned_from_write_and_read_order_drives_readahead(make_mount, po
     assert chain["parent"].endswith(names[2]) and chain["next"].endswith(names[4])
     m.control("flush")
     m.drop_caches()
-    for n in names:                                   # one reader, prefix order, cold,
-        assert len((d / n).read_bytes()) == 2 * MiB   # working a moment on each block
-        time.sleep(0.05)
+    for i, n in enumerate(names):                     # one reader, prefix order, cold
+        assert len((d / n).read_bytes()) == 2 * MiB
+        if 2 <= i < len(names) - 1:                   # once the chain is recognised, the next
+            nxt = d / names[i + 1]                    # block arrives in DRAM by itself
+            wait_until(lambda: attr(nxt, "tier") == "dram", 10, f"{names[i + 1]} prefetched")
     st = m.stats()
     assert st["prefetch"]["issued"] >= 8
     assert st["prefetch"]["predicted_hits"] >= 6
-    # reads found their block prefetched, or joined its prefetch while it was running (on a
-    # busy machine the reader may overtake the prefetcher)
-    assert st["prefetch"]["used"] + st["prefetch"]["joined"] >= 6, st["prefetch"]
+    assert st["prefetch"]["used"] >= 6, st["prefetch"]
+    assert st["tiers"]["dram"]["hits"] >= 6           # reads found their block prefetched
     m.restart()                                       # links persist
     chain = json.loads(attr(d / names[3], "chain"))
     assert chain["next"].endswith(names[4])
