@@ -611,7 +611,7 @@ class Files:
 
     async def _evict_cluster(self, exclude: int, nbytes: int) -> int:
         """Evict at least `nbytes` from a shared pool in the cluster's LRU order (files another
-        node holds open may be among them: their readers finish within the grace period)."""
+        node holds open may be among them: their space stays in the grave while they are read)."""
         freed, seen = 0, 0
         while freed < nbytes:
             batch = await self.catalog.victims(seen + 64)

@@ -48,6 +48,7 @@ class Service:
             await nursery.start(self.store.serve)
             if self.catalog.shared:
                 nursery.start_soon(self._keep_free)
+                nursery.start_soon(self._hold_graves)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
             nursery.start_soon(self._expire_leases)
@@ -72,6 +73,17 @@ class Service:
                     log.info("cluster: evicted %d bytes to keep the pool's free target", n)
             except KvfsError as e:
                 log.debug("cluster: keeping the pool free failed: %s", e)
+
+    async def _hold_graves(self) -> None:
+        """Shared pool: blocks another node retired stay unpurged while read here."""
+        cat = self.catalog
+        while True:
+            await trio.sleep(max(0.2, cat.cfg.grace_seconds / 4))
+            held = [bid for bid in cat.grave if self.store.is_held(bid)]
+            try:
+                await cat.hold_graves(held)
+            except KvfsError as e:
+                log.debug("cluster: holding retired blocks that are still read failed: %s", e)
 
     async def _expire_leases(self) -> None:
         while True:

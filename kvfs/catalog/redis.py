@@ -17,8 +17,9 @@ Space (see kvfs/pool.py `Regions`): a node allocates only inside regions it hold
 (`SET NX PX`, renewed), publishes a block only if it still holds the leases of every region
 the block lies in (checked by the publishing script), and stops writing into a region whose
 lease may have run out. A block replaced or removed goes to the grave for `grace_seconds`
-before its space is free again (`purge`), so a reader on any node that still holds the old
-version finishes reading before the space is reused; reads verify checksums regardless.
+before its space is free again (`purge`); a node whose readers still hold it pushes that
+deadline back (`hold_graves`), so its space is not reused while any node reads it; reads
+verify checksums regardless.
 
 docs/cluster.md describes the protocol and what each failure leaves behind.
 """
@@ -290,6 +291,20 @@ for _, id in ipairs(ids) do
 end
 if #ids > 0 then event(ARGV[1], {}, {}, 'g', table.concat(ids, ' ')) end
 return ids
+"""
+
+# ARGV: grace_ms id*  -> how many graves were pushed back (a reader here still uses them)
+_HOLD = _LIB + r"""
+local until_ms = now_ms() + tonumber(ARGV[1])
+local n = 0
+for i = 2, #ARGV do
+  local s = redis.call('ZSCORE', P .. 'grave', ARGV[i])
+  if s and tonumber(s) < until_ms then
+    redis.call('ZADD', P .. 'grave', until_ms, ARGV[i])
+    n = n + 1
+  end
+end
+return n
 """
 
 # ARGV: token ttl_ms region*  -> {region or '', log tail}
@@ -1060,6 +1075,14 @@ class RedisCatalog(TreeCatalog):
         for b in ids:
             self._purged(int(b))
         return len(ids)
+
+    async def hold_graves(self, ids: list[int]) -> int:
+        """Blocks retired elsewhere that a reader on this node still uses (an open handle, a
+        fetch, a direct-read lease): push their grace period back, so no node purges and reuses
+        their space while they are read. Called every quarter of the grace period."""
+        if not ids:
+            return 0
+        return await self.redis.eval(_HOLD, [self.grace_ms, *ids])
 
     async def _purge_periodically(self) -> None:
         while True:

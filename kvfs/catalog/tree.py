@@ -125,6 +125,11 @@ class TreeCatalog:
     async def stop(self) -> None:
         """Unmounting (after the last flush)."""
 
+    async def hold_graves(self, ids: list[int]) -> int:
+        """Keep retired blocks that readers here still use from being reused by other nodes
+        (a single node's store holds them exactly; nothing to do)."""
+        return 0
+
     async def grow(self, need: int) -> bool:
         """Make more of the pool writable by this node (a shared pool leases a region)."""
         return False

@@ -177,6 +177,27 @@ def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_con
     run_cluster(cluster_configs(2, grace=1.0), body)
 
 
+def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_configs):
+    """b rewrites a file that a is still reading: the old version waits in the grave for as
+    long as a holds it (a pushes its grace period back), and is purged once a lets go."""
+    async def body(a, b):
+        await a.write("/f", data(1, 2 * MiB))
+        await eventually(lambda: known(b, "/f"))
+        fh = await a.open("/f", os.O_RDONLY)
+        old = a.files.catalog.get(a.ino("/f")).blob.id
+        await b.write("/f", data(2, 2 * MiB))
+        await eventually(lambda: old in a.svc.catalog.grave)
+        await trio.sleep(3.0)                        # three grace periods
+        assert old in a.svc.catalog.grave and old in b.svc.catalog.grave   # not purged
+        a.svc.store.drop_dram()                      # read the old version from the pool
+        assert await a.read_fh(fh, 2 * MiB) == data(1, 2 * MiB)
+        await a.close(fh)
+        await eventually(lambda: old not in a.svc.catalog.grave and
+                         old not in b.svc.catalog.grave, timeout=10)
+
+    run_cluster(cluster_configs(2, grace=1.0), body)
+
+
 def test_concurrent_mkdir_of_one_name_gives_one_eexist(cluster_configs):
     async def body(a, b):
         results = []
