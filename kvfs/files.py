@@ -565,15 +565,24 @@ class Files:
         if self.pool.free + self.catalog.grave_bytes < need + self.pool.reserved:
             await self._evict_cluster(exclude, need + self.pool.reserved
                                       - self.pool.free - self.catalog.grave_bytes)
-        if not self.catalog.grave:
+        # Evicted space is free once its grace period is over, and it may lie in a region
+        # another node holds until that node gives its idle regions back (within a lease
+        # period): wait while the grave, or free space in others' regions, may make room.
+        cc = self.catalog.cfg
+        elsewhere_until = trio.current_time() + cc.lease_seconds * 1.5 + 1
+
+        def hopeless() -> bool:
+            return not self.catalog.grave and (self.pool.free - self.pool.reserved < need or
+                                               trio.current_time() > elsewhere_until)
+        if hopeless():
             return False
-        with trio.move_on_after(self.catalog.cfg.grace_seconds * 1.5 + 2):
+        with trio.move_on_after(max(cc.grace_seconds, cc.lease_seconds) * 1.5 + 2):
             while True:
                 await self.catalog.purge()
                 if self.pool.writable - self.pool.reserved >= need or \
                         await self.catalog.grow(need):
                     return True
-                if not self.catalog.grave:
+                if hopeless():
                     return False
                 await trio.sleep(0.1)
         return False

@@ -46,7 +46,8 @@ class Regions:
     every namespace. The catalog leases regions for this node and keeps `deadline` current: a
     held region's lease is valid until deadline[r] (monotonic seconds, a safety margin before
     Redis would expire it). `inflight` counts extents allocated in a region and not yet
-    published or freed: a region with some is not given back."""
+    published or freed: a region with some is not given back. `used_at` is when this node
+    last allocated in (or leased) a region: one left idle is given back for others to use."""
 
     def __init__(self, data_bytes: int, count: int, unit: int):
         size = max(unit, align_up(-(-data_bytes // count), unit))
@@ -54,6 +55,7 @@ class Regions:
         self.count = -(-data_bytes // size)
         self.deadline: dict[int, float] = {}
         self.inflight: collections.Counter[int] = collections.Counter()
+        self.used_at: dict[int, float] = {}
         self.fenced = 0                    # writes refused because a lease had run out
 
     def of(self, offset: int) -> int:
@@ -379,8 +381,10 @@ class Pool:
             return self.allocators[j].alloc(length)
         off = self.allocators[j].alloc_in(length, self.regions.ranges(self.namespaces[j].size))
         if off is not None:
+            now = time.monotonic()
             for r in self.regions.touched(off, length):
                 self.regions.inflight[r] += 1
+                self.regions.used_at[r] = now
         return off
 
     def _free_extent(self, j: int, off: int, length: int) -> None:

@@ -1016,15 +1016,18 @@ class RedisCatalog(TreeCatalog):
                     self.leases_lost += 1
                     log.warning("cluster: lost the allocation lease on region %d (expired while "
                                 "Redis was unreachable?)", r)
-            await self._give_back_full_regions()
+            await self._give_back_regions()
 
-    async def _give_back_full_regions(self) -> None:
-        """Release held regions that have no room for a stripe unit and no writes in flight,
-        so that whichever node evicts there later can lease them."""
+    async def _give_back_regions(self) -> None:
+        """Release held regions with no writes in flight that are full (no room for a stripe
+        unit) or that this node has not allocated in for a lease period, so that another node
+        that needs space (space freed there by eviction, say) can lease them."""
         regions = self.pool.regions
         free = self.pool.region_free()
+        idle_since = time.monotonic() - self.cfg.lease_seconds
         full = [r for r in regions.held()
-                if regions.inflight[r] <= 0 and free[r][1] < self.pool.unit]
+                if regions.inflight[r] <= 0 and (free[r][1] < self.pool.unit or
+                                                 regions.used_at.get(r, 0.0) < idle_since)]
         if full:
             for r in full:
                 regions.deadline.pop(r, None)
@@ -1066,6 +1069,7 @@ class RedisCatalog(TreeCatalog):
             await self.redis.eval(_RELEASE, [self.token, r])
             raise KvfsError(errno.EIO, "cluster: could not catch up with the change log")
         regions.deadline[r] = t + self.cfg.lease_seconds * LEASE_MARGIN
+        regions.used_at[r] = t
         log.debug("cluster: leased region %d (%d bytes free)", r, self.pool.region_free()[r][0])
         return True
 

@@ -198,6 +198,22 @@ def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_co
     run_cluster(cluster_configs(2, grace=1.0), body)
 
 
+def test_a_node_gives_back_regions_it_no_longer_writes_in(cluster_configs):
+    """Regions a node leased and then left idle for a lease period go back to Redis, so space
+    freed there (by eviction elsewhere, say) is not locked away from the other nodes."""
+    async def body(a, b):
+        await a.write("/x", data(1, 3 * MiB))
+        regions = a.svc.pool.regions
+        assert regions.held()
+        await eventually(lambda: not regions.held(), timeout=10)
+        keys = await a.svc.catalog.redis.call("KEYS", a.svc.catalog.redis.key("lease:*"))
+        assert keys == []
+        await a.write("/y", data(2, MiB))           # and it leases again when it writes
+        assert await b.read("/x") == data(1, 3 * MiB)
+
+    run_cluster(cluster_configs(2, lease=1.0), body)
+
+
 def test_concurrent_mkdir_of_one_name_gives_one_eexist(cluster_configs):
     async def body(a, b):
         results = []
