@@ -1201,23 +1201,11 @@ class RedisCatalog(TreeCatalog):
             self.used[rec.id] = rec
         await self._own(retired, leaving)
 
-    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
-        p = self.dir(parent)
-        node = self._make_node(p, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
-        node.children = {}
+    async def _add(self, node: Node) -> None:
+        """A new directory or symlink: published in Redis first (EEXIST if another node took
+        the name), then in the mirror."""
         await self._publish_new(node, "excl")
         self._place(node)
-        return node
-
-    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Node:
-        p = self.dir(parent)
-        if not target or len(target) > 4095:
-            raise KvfsError(errno.ENAMETOOLONG if target else errno.ENOENT, "bad symlink target")
-        node = self._make_node(p, name, stat.S_IFLNK | 0o777, uid, gid)
-        node.target = target
-        await self._publish_new(node, "excl")
-        self._place(node)
-        return node
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Publish `layout` as the file's content once it is durable on the namespaces: one

@@ -261,25 +261,11 @@ class SqliteCatalog(TreeCatalog):
         return [("UPDATE nodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
                  (parent.mtime_ns, parent.ctime_ns, parent.ino))]
 
-    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
-        p = self.dir(parent)
-        node = self._make_node(p, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
-        node.children = {}
+    async def _add(self, node: Node) -> None:
+        """A new directory or symlink: in the tree first, then durable."""
         node.persisted = True
         self._place(node)
-        await self._persist(self._insert_node(node) + self._parent_times(p))
-        return node
-
-    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Node:
-        p = self.dir(parent)
-        if not target or len(target) > 4095:
-            raise KvfsError(errno.ENAMETOOLONG if target else errno.ENOENT, "bad symlink target")
-        node = self._make_node(p, name, stat.S_IFLNK | 0o777, uid, gid)
-        node.target = target
-        node.persisted = True
-        self._place(node)
-        await self._persist(self._insert_node(node) + self._parent_times(p))
-        return node
+        await self._persist(self._insert_node(node) + self._parent_times(self.nodes[node.parent]))
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Make `layout` the file's committed content; return (new, old) versions.

@@ -163,6 +163,25 @@ class TreeCatalog:
             parent.subdirs += 1
         parent.mtime_ns = parent.ctime_ns = node.ctime_ns
 
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
+        node = self._make_node(self.dir(parent), name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+        node.children = {}
+        await self._add(node)
+        return node
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Node:
+        if not target or len(target) > 4095:
+            raise KvfsError(errno.ENAMETOOLONG if target else errno.ENOENT, "bad symlink target")
+        node = self._make_node(self.dir(parent), name, stat.S_IFLNK | 0o777, uid, gid)
+        node.target = target
+        await self._add(node)
+        return node
+
+    async def _add(self, node: Node) -> None:
+        """Make a new directory or symlink (from `_make_node`) durable and put it in the tree
+        (each catalog in its own order)."""
+        raise NotImplementedError
+
     def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
         """A new, pending file: in this node's memory only until its first commit."""
         node = self._make_node(self.dir(parent), name, stat.S_IFREG | (mode & 0o7777), uid, gid)
