@@ -1262,12 +1262,6 @@ class RedisCatalog(TreeCatalog):
         await self._own(retired, [node.blob] if node.blob is not None else [])
         return node
 
-    async def unlink(self, parent: int, name: bytes) -> Node:
-        node = self.lookup(parent, name)
-        if node.is_dir:
-            raise KvfsError(errno.EISDIR, f"is a directory: {name.decode(errors='replace')}")
-        return await self.remove(node)
-
     async def remove(self, node: Node, expect: BlobRec | None = None) -> Node:
         """Unlink a file by node (eviction passes the version it chose: if another node has
         rewritten the file meanwhile, ESTALE and nothing changes)."""
@@ -1278,11 +1272,7 @@ class RedisCatalog(TreeCatalog):
         return await self._remove(node, "file", expect)
 
     async def rmdir(self, parent: int, name: bytes) -> Node:
-        node = self.lookup(parent, name)
-        if not node.is_dir:
-            raise KvfsError(errno.ENOTDIR, f"not a directory: {name.decode(errors='replace')}")
-        if node.children:
-            raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}")
+        node = self._removable_dir(parent, name)
         return await self._remove(node, "dir")
 
     async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,

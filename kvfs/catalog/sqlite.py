@@ -294,13 +294,6 @@ class SqliteCatalog(TreeCatalog):
         await self._persist(stmts)
         return rec, old
 
-    async def unlink(self, parent: int, name: bytes) -> Node:
-        """Remove a file or symlink; the node stays in memory (unlinked) until `drop`."""
-        node = self.lookup(parent, name)
-        if node.is_dir:
-            raise KvfsError(errno.EISDIR, f"is a directory: {name.decode(errors='replace')}")
-        return await self.remove(node)
-
     async def remove(self, node: Node) -> Node:
         """Unlink a file by node (eviction uses this)."""
         p = self.nodes[node.parent]
@@ -311,11 +304,7 @@ class SqliteCatalog(TreeCatalog):
         return node
 
     async def rmdir(self, parent: int, name: bytes) -> Node:
-        node = self.lookup(parent, name)
-        if not node.is_dir:
-            raise KvfsError(errno.ENOTDIR, f"not a directory: {name.decode(errors='replace')}")
-        if node.children:
-            raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}")
+        node = self._removable_dir(parent, name)
         p = self.nodes[node.parent]
         self._detach(node)
         await self._persist(self._delete_node(node) + self._parent_times(p))

@@ -234,6 +234,26 @@ class TreeCatalog:
             cur = self.nodes[cur.parent]
 
 
+    async def unlink(self, parent: int, name: bytes) -> Node:
+        """Remove a file or symlink; the node stays in memory (unlinked) until `drop`."""
+        node = self.lookup(parent, name)
+        if node.is_dir:
+            raise KvfsError(errno.EISDIR, f"is a directory: {name.decode(errors='replace')}")
+        return await self.remove(node)
+
+    async def remove(self, node: Node) -> Node:
+        """Unlink a file by node (each catalog makes it durable its own way)."""
+        raise NotImplementedError
+
+    def _removable_dir(self, parent: int, name: bytes) -> Node:
+        """The directory `rmdir` may remove (ENOTDIR, ENOTEMPTY otherwise)."""
+        node = self.lookup(parent, name)
+        if not node.is_dir:
+            raise KvfsError(errno.ENOTDIR, f"not a directory: {name.decode(errors='replace')}")
+        if node.children:
+            raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}")
+        return node
+
     def _rename_check(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
                       flags: int) -> tuple[Node, Node, Node, Node | None]:
         """Validate a rename against the tree; return (source, old parent, new parent, target).
