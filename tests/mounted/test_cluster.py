@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -133,8 +132,8 @@ def test_a_node_killed_mid_write_leaves_nothing_and_its_space_returns(cluster_no
     a, b = cluster_nodes(2, size="24MiB", lease=2.0, grace=1.0, regions=8)
     w = subprocess.Popen([sys.executable, "-c", WRITER, str(a.mountpoint), "a", "1000",
                           str(3 * MiB)], stdout=subprocess.PIPE, text=True)
-    assert w.stdout.readline()               # a has committed at least one block
-    time.sleep(0.3)
+    for _ in range(3):                       # a has committed three blocks and is writing
+        assert w.stdout.readline()           # the fourth when it dies
     a.kill()
     w.wait(30)
     w.stdout.close()
