@@ -12,7 +12,6 @@ kvfs daemon runs in that cgroup. In one run:
   hetero       4 namespaces, one of them throttled to half: how close cold reads get to the sum
                of the namespaces' bandwidths (1.0 = all of it), with placement weights learned
                (after a warm-up of 8 blocks) and with static equal weights
-  uring        4 namespaces with `io = "uring"` instead of worker threads
 
     python bench/stripe.py [--bps 100e6] [--blocks 6] [--json]
 
@@ -72,7 +71,7 @@ def drop_page_cache() -> None:
 
 
 def run_kvfs(emu: Emulation, tmp: Path, name: str, bps: list[float], blocks: list[bytes],
-             io: str = "threads", adaptive: bool = True, warmup: int = 0) -> dict:
+             adaptive: bool = True, warmup: int = 0) -> dict:
     """Write the blocks through a fresh kvfs on len(bps) throttled namespaces, read them back
     cold. With `warmup`, that many blocks are first written, read and deleted, so that adaptive
     placement has learned the namespaces before the measured ones."""
@@ -80,7 +79,7 @@ def run_kvfs(emu: Emulation, tmp: Path, name: str, bps: list[float], blocks: lis
             for i in range(len(bps))]
     cfg = write_config(tmp / f"{name}.toml", tmp / f"{name}-state", [{"path": d.path} for d in devs],
                        dram="256MiB",
-                       pool=f'io = "{io}"\nadaptive_placement = {str(adaptive).lower()}')
+                       pool=f'adaptive_placement = {str(adaptive).lower()}')
     from kvfs.cli import main as kvfs_main
     with contextlib.redirect_stdout(io_mod.StringIO()):
         if kvfs_main(["format", "--config", str(cfg)]) != 0:
@@ -163,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
             het = [args.bps] * 3 + [args.bps / 2]
             rows["hetero static"] = run_kvfs(emu, tmp, "hets", het, blocks, adaptive=False)
             rows["hetero adaptive"] = run_kvfs(emu, tmp, "heta", het, blocks, warmup=8)
-            rows["uring 4ns"] = run_kvfs(emu, tmp, "uring", [args.bps] * 4, blocks, io="uring")
     r1, r4 = rows["kvfs 1ns"], rows["kvfs 4ns"]
     out = {
         "bps_per_namespace": args.bps, "blocks": args.blocks, "block_bytes": BLOCK,
@@ -177,8 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         ideal = 3.5 * args.bps / 1e9        # the four namespaces' bandwidths added up
         out["hetero_read_vs_ideal"] = round(rows["hetero adaptive"]["read_gbps"] / ideal, 3)
         out["hetero_static_read_vs_ideal"] = round(rows["hetero static"]["read_gbps"] / ideal, 3)
-        out["uring_vs_threads_read"] = round(rows["uring 4ns"]["read_gbps"] / r4["read_gbps"], 3)
-        out["uring_vs_threads_write"] = round(rows["uring 4ns"]["write_gbps"] / r4["write_gbps"], 3)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -188,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows.items():
         print(f"{k:<14}{v['read_gbps']:>11.3f}{v['write_gbps']:>12.3f}")
     for k in ("read_4ns_vs_1ns", "read_4ns_vs_plainfs", "write_4ns_vs_1ns", "hetero_read_vs_ideal",
-              "hetero_static_read_vs_ideal", "uring_vs_threads_read", "uring_vs_threads_write"):
+              "hetero_static_read_vs_ideal"):
         if k in out:
             print(f"{k} = {out[k]}")
     return 0

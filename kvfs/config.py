@@ -57,7 +57,6 @@ class PoolConfig:
     namespaces: tuple[NamespaceConfig, ...]
     evict: str = "lru"               # "lru": a full pool drops least recently used blocks; "never": ENOSPC
     stripe_unit: int = DEFAULT_STRIPE_UNIT
-    io: str = "threads"              # "threads" or "uring"
     max_block_size: int | None = None  # default: the pool's capacity
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
 
@@ -204,6 +203,11 @@ class _Table:
         if self.data:
             name = sorted(self.data)[0]
             raise ConfigError(f"config: unknown key {self.key(name)}")
+
+
+def _removed_io(value: Any, key: str) -> None:
+    raise ConfigError(f"config: {key}: removed; kvfs moves data with worker threads (the io_uring "
+                      f"engine depended on a wheel that crashes on CPUs without AVX-512)")
 
 
 def _stripe_unit(value: Any, key: str) -> int:
@@ -374,11 +378,11 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     else:
         namespaces = _namespaces(raw_ns, ns_key, base)
     max_block = pool_t.take("max_block_size", _positive_size)
+    pool_t.take("io", _removed_io)
     pool = PoolConfig(
         namespaces=namespaces,
         evict=pool_t.take("evict", _choice("lru", "never"), "lru"),
         stripe_unit=pool_t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
-        io=pool_t.take("io", _choice("threads", "uring"), "threads"),
         max_block_size=max_block,
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
     )

@@ -159,7 +159,6 @@ class Namespace:
         self.queue_depth = queue_depth
         self.weight = weight
         self.stats = NamespaceStats()
-        self.engine = ThreadEngine()
         self.slots = PrioritySlots(queue_depth)
         self._limiter: trio.CapacityLimiter | None = None
         self._busy_mark = 0.0
@@ -276,7 +275,8 @@ class Namespace:
     async def _read(self, views, offset: int, check, nbytes: int) -> None:
         self._begin()
         try:
-            await self.engine.read(self, views, offset, check)
+            await trio.to_thread.run_sync(self._read_sync, views, offset, check,
+                                          limiter=self.limiter)
         except _ChecksumMismatch:
             self.stats.errors += 1
             msg = (f"namespace {self.index} ({self.path}): checksum mismatch in {nbytes} bytes "
@@ -303,7 +303,8 @@ class Namespace:
     async def _write(self, views, offset: int, digest_len: int, nbytes: int) -> int:
         self._begin()
         try:
-            digest = await self.engine.write(self, views, offset, digest_len)
+            digest = await trio.to_thread.run_sync(self._write_sync, views, offset, digest_len,
+                                                   limiter=self.limiter)
         except OSError as e:
             raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
         finally:
@@ -311,6 +312,17 @@ class Namespace:
         self.stats.writes += 1
         self.stats.bytes_written += nbytes
         self._ok()
+        return digest
+
+    def _read_sync(self, views, offset: int, check) -> None:
+        """In a worker thread: one preadv (looping over short transfers), then the checksum."""
+        _transfer(os.preadv, self.fd, views, offset)
+        _verify(views, check)
+
+    def _write_sync(self, views, offset: int, digest_len: int) -> int:
+        """In a worker thread: the checksum, then one pwritev."""
+        digest = _digest(views, digest_len) if digest_len >= 0 else 0
+        _transfer(os.pwritev, self.fd, views, offset)
         return digest
 
     async def sync(self) -> None:
@@ -355,140 +367,6 @@ def _digest(views: Sequence[memoryview], length: int) -> int:
 def _verify(views: Sequence[memoryview], check: tuple[int, int] | None) -> None:
     if check is not None and _digest(views, check[0]) != check[1]:
         raise _ChecksumMismatch()
-
-
-class ThreadEngine:
-    """Each I/O is one blocking call in a worker thread (preadv/pwritev, with the checksum in
-    the same thread); the namespace's slots bound the I/Os in flight."""
-
-    name = "threads"
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    async def read(self, ns: "Namespace", views, offset: int, check) -> None:
-        def work() -> None:
-            _transfer(os.preadv, ns.fd, views, offset)
-            _verify(views, check)
-        await trio.to_thread.run_sync(work, limiter=ns.limiter)
-
-    async def write(self, ns: "Namespace", views, offset: int, digest_len: int) -> int:
-        def work() -> int:
-            digest = _digest(views, digest_len) if digest_len >= 0 else 0
-            _transfer(os.pwritev, ns.fd, views, offset)
-            return digest
-        return await trio.to_thread.run_sync(work, limiter=ns.limiter)
-
-    def close(self) -> None:
-        pass
-
-
-class UringEngine:
-    """One io_uring for the pool, driven from the trio thread: I/Os are submitted without a
-    thread hop and completions arrive through an eventfd; checksums still run in worker
-    threads (they are CPU work). The namespace's slots bound the I/Os in flight."""
-
-    name = "uring"
-
-    def __init__(self, entries: int = 256):
-        import liburing
-        self._L = liburing
-        self.ring = liburing.Ring()
-        rc = liburing.io_uring_queue_init(entries, self.ring, 0)
-        if rc not in (0, None):
-            raise StartupError(f"io_uring: cannot create a ring ({rc})")
-        self._cqe = liburing.Cqe()
-        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        liburing.io_uring_register_eventfd(self.ring, self._efd)
-        self._waiting: dict[int, list] = {}
-        self._next = 1
-        self._hash_limiter = trio.CapacityLimiter(max(2, os.cpu_count() or 2))
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await trio.lowlevel.wait_readable(self._efd)
-            try:
-                os.eventfd_read(self._efd)
-            except BlockingIOError:
-                pass
-            self._reap()
-
-    def _reap(self) -> None:
-        L = self._L
-        it = L.io_uring_cqe_iter_init(self.ring)
-        n = 0
-        while L.io_uring_cqe_iter_next(it, self._cqe):
-            entry = self._cqe[0]
-            op = self._waiting.pop(entry.user_data, None)
-            n += 1
-            if op is not None:
-                op[0] = entry.res
-                op[1].set()
-        if n:
-            L.io_uring_cq_advance(self.ring, n)
-
-    async def _one(self, prep, fd: int, views, offset: int) -> int:
-        L = self._L
-        iov = L.Iovec(list(views))
-        sqe = L.io_uring_get_sqe(self.ring)
-        while sqe is None:                       # submission queue full: let it drain
-            L.io_uring_submit(self.ring)
-            await trio.sleep(0.0005)
-            sqe = L.io_uring_get_sqe(self.ring)
-        op_id = self._next
-        self._next += 1
-        prep(sqe, fd, iov, offset)
-        L.io_uring_sqe_set_data64(sqe, op_id)
-        op = [None, trio.Event(), iov]
-        self._waiting[op_id] = op
-        L.io_uring_submit(self.ring)
-        with trio.CancelScope(shield=True):     # the kernel owns the buffer until completion
-            await op[1].wait()
-        res = op[0]
-        if res < 0:
-            raise OSError(-res, os.strerror(-res))
-        return res
-
-    async def _transfer(self, prep, fd: int, views, offset: int) -> None:
-        views = list(views)
-        total = sum(len(v) for v in views)
-        done = 0
-        while done < total:
-            n = await self._one(prep, fd, views, offset + done)
-            if n <= 0:
-                raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
-            done += n
-            while n and views:
-                if n >= len(views[0]):
-                    n -= len(views[0])
-                    views.pop(0)
-                else:
-                    views[0] = views[0][n:]
-                    n = 0
-
-    async def read(self, ns: "Namespace", views, offset: int, check) -> None:
-        await self._transfer(self._L.io_uring_prep_readv, ns.fd, views, offset)
-        if check is not None:
-            await trio.to_thread.run_sync(_verify, views, check, limiter=self._hash_limiter)
-
-    async def write(self, ns: "Namespace", views, offset: int, digest_len: int) -> int:
-        digest = 0
-        if digest_len >= 0:
-            digest = await trio.to_thread.run_sync(_digest, views, digest_len,
-                                                   limiter=self._hash_limiter)
-        await self._transfer(self._L.io_uring_prep_writev, ns.fd, views, offset)
-        return digest
-
-    def close(self) -> None:
-        if self._efd >= 0:
-            self._L.io_uring_queue_exit(self.ring)
-            os.close(self._efd)
-            self._efd = -1
-
-
-def make_engine(kind: str):
-    return UringEngine() if kind == "uring" else ThreadEngine()
 
 
 class _ChecksumMismatch(Exception):

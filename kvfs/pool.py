@@ -31,7 +31,7 @@ from kvfs.buffer import Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
 import trio
 
-from kvfs.device import Namespace, make_engine, probe
+from kvfs.device import Namespace, probe
 from kvfs.errors import KvfsError, StartupError, no_space
 from kvfs.layout import DATA_START, Layout, align_up, place_units, stored_length, unit_count
 from kvfs.superblock import Superblock, foreign_signature
@@ -88,13 +88,10 @@ class Regions:
 
 class Pool:
     def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int, *,
-                 io: str = "threads", adaptive: bool = True):
+                 adaptive: bool = True):
         self.namespaces = namespaces
         self.pool_id = pool_id
         self.unit = unit
-        self.engine = make_engine(io)
-        for ns in namespaces:
-            ns.engine = self.engine
         self.adaptive = adaptive
         self.balance = [1.0] * len(namespaces)   # learned per-namespace factors (see observe)
         self._obs_units = [0] * len(namespaces)
@@ -163,13 +160,11 @@ class Pool:
             if fresh:
                 pool_id = cls._write_superblocks(namespaces, cfg.stripe_unit)
                 log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
-                pool = cls(namespaces, pool_id, cfg.stripe_unit, io=cfg.io,
-                           adaptive=cfg.adaptive_placement)
+                pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
                 pool.created = True
                 return pool
             pool_id = cls._validate(namespaces, cfg, expect_pool_id)
-            return cls(namespaces, pool_id, cfg.stripe_unit, io=cfg.io,
-                       adaptive=cfg.adaptive_placement)
+            return cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
         except BaseException:
             for ns in namespaces:
                 ns.close()
@@ -262,11 +257,6 @@ class Pool:
     def close(self) -> None:
         for ns in self.namespaces:
             ns.close()
-        self.engine.close()
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Run the I/O engine's background work (io_uring completions) until cancelled."""
-        await self.engine.serve(task_status=task_status)
 
     # --- space -------------------------------------------------------------------------------
     def attach(self, layouts: Iterable[Layout]) -> None:

@@ -43,7 +43,6 @@ class Service:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run background work until cancelled; started() once reads and writes can be served."""
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.pool.serve)
             await nursery.start(self.catalog.serve)
             await nursery.start(self.store.serve)
             if self.catalog.shared:
@@ -136,7 +135,6 @@ class Service:
             "evictions": self.files.stats.pool_evictions,
             "stripe_unit": pool.unit,
             "pool_id": pool.pool_id,
-            "io": pool.engine.name,
             "placement_weights": [round(w, 3) for w in pool.placement_weights()],
         })
         if store.local is None:

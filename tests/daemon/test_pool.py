@@ -96,19 +96,10 @@ async def _read_ok(fs, path):
     assert len(await fs.read(path)) == 12 * MiB
 
 
-def test_uring_engine_round_trip(tmp_path):
-    cfg = cfg_for(tmp_path, ["ns0.img", "ns1.img", "ns2.img"], extra_pool='io = "uring"')
-    data = os.urandom(9 * MiB + 5)
-
-    async def write(fs):
-        assert fs.svc.pool.engine.name == "uring"
-        await fs.write("/u", data)
-
-    async def read(fs):
-        assert await fs.read("/u") == data
-
-    run_service(cfg, write)
-    run_service(cfg, read)
+def test_a_config_asking_for_the_removed_uring_engine_is_refused(tmp_path):
+    from kvfs.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"pool\.io: removed"):
+        config.from_dict({"pool": {"io": "uring"}}, base=tmp_path)
 
 
 def test_refusals(tmp_path):
