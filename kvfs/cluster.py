@@ -70,12 +70,12 @@ class ClusterLink:
         self.calls = 0
         self.call_seconds = 0.0
         self.failures = 0
+        self.epoch = 0                  # this mount's epoch and lease token (bootstrap.join)
+        self.token = ""
 
     @property
     def where(self) -> str:
-        from urllib.parse import urlparse
-        u = urlparse(self.cfg.redis)
-        return f"{u.hostname}:{u.port or 6379}"
+        return self.cfg.where
 
     def key(self, *parts: Any) -> str:
         return self.prefix + ":".join(str(p) for p in parts)
@@ -86,14 +86,14 @@ class ClusterLink:
                                          timeout=CALL_TIMEOUT)
 
     # --- state transitions ---------------------------------------------------------------------
-    def _down(self, why: str, *, attempted: bool = True) -> KvfsError:
+    def mark_down(self, why: str, *, attempted: bool = True) -> KvfsError:
         """Redis failed us (`why`: a reason that names Redis); the error to raise."""
         if attempted:
             self.failures += 1
-            self._next_attempt = time.monotonic() + RECONNECT_SECONDS
+            self._next_attempt = trio.current_time() + RECONNECT_SECONDS
         if self.online:
             self.online = False
-            self.down_since = time.monotonic()
+            self.down_since = trio.current_time()
             if not self.quiet:
                 log.error("cluster: Redis at %s is unreachable (%s): lookups of names this node "
                           "does not know and all changes fail with EIO until it is back; open and "
@@ -103,7 +103,7 @@ class ClusterLink:
     def _up(self) -> None:
         if not self.online and not self.quiet:
             log.warning("cluster: Redis at %s is reachable again after %.1f s", self.where,
-                        time.monotonic() - (self.down_since or time.monotonic()))
+                        trio.current_time() - (self.down_since or trio.current_time()))
         self.online = True
         self.down_since = None
 
@@ -114,23 +114,23 @@ class ClusterLink:
             if self._idle:
                 c = self._idle.pop()
             else:
-                if not self.online and time.monotonic() < self._next_attempt:
-                    raise self._down(f"Redis at {self.where} is still unreachable",
+                if not self.online and trio.current_time() < self._next_attempt:
+                    raise self.mark_down(f"Redis at {self.where} is still unreachable",
                                      attempted=False)
                 try:
                     c = await self.connect()
                 except RedisUnavailable as e:
-                    raise self._down(str(e)) from None
+                    raise self.mark_down(str(e)) from None
             t = time.perf_counter()
             try:
                 with trio.fail_after(CALL_TIMEOUT):
                     reply = await fn(c)
             except trio.TooSlowError:
                 c.abort()
-                raise self._down(f"no reply from Redis at {self.where} within "
+                raise self.mark_down(f"no reply from Redis at {self.where} within "
                                  f"{CALL_TIMEOUT:.0f} s") from None
             except RedisUnavailable as e:
-                raise self._down(str(e)) from None
+                raise self.mark_down(str(e)) from None
             except RedisError as e:
                 self._up()
                 raise _translate(e) from None

@@ -105,6 +105,13 @@ class ClusterConfig:
     regions: int = 64                # the pool is leased in this many regions
     free_target: float = 0.05        # evict (cluster LRU) to keep this share of the pool free
 
+    @property
+    def where(self) -> str:
+        """host:port of the Redis server (for messages; no password)."""
+        from urllib.parse import urlparse
+        u = urlparse(self.redis)
+        return f"{u.hostname}:{u.port or 6379}"
+
 
 @dataclass(frozen=True)
 class Config:

@@ -17,17 +17,15 @@ import json
 import os
 import stat
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
 from kvfs.catalog.tree import LINK_HINT
 from kvfs.errors import KvfsError
-from kvfs.files import Attr
-
-if TYPE_CHECKING:
-    from kvfs.service import Service
-
-STATS_VERSION = 1
+from kvfs.files import Files
+from kvfs.handles import Attr
+from kvfs.knobs import Knobs
+from kvfs.store import BlockStore
 FH_BASE = 1 << 62            # control-file handles live apart from file handles
 PREFIX = b"user.kvfs."
 
@@ -41,8 +39,20 @@ Actions:
 
 
 class Control:
-    def __init__(self, service: "Service"):
-        self.service = service
+    """The control file and kvfs attributes over the layers it is given. `statistics()` is the
+    daemon's snapshot (kvfs/service.py composes it), `flush()` persists what is batched, and
+    `pool_info` ({"pool_id", "namespace_paths"}) goes into every layout a direct reader gets."""
+
+    def __init__(self, catalog, store: BlockStore, files: Files, knobs: Knobs, *,
+                 statistics: Callable[[], dict], flush: Callable[[], Awaitable[dict]],
+                 pool_info: dict):
+        self.catalog = catalog
+        self.store = store
+        self.files = files
+        self.knobs = knobs
+        self.statistics = statistics
+        self.flush = flush
+        self.pool_info = pool_info
         self.owner = os.geteuid()
         self.started = time.time_ns()
         self._next_fh = FH_BASE
@@ -94,29 +104,28 @@ class Control:
             return None
         key = name[len(PREFIX):]
         if inode == ROOT_INO and key == b"stats":
-            return json.dumps(self.service.statistics(), sort_keys=True).encode()
+            return json.dumps(self.statistics(), sort_keys=True).encode()
         if inode == CONTROL_INO:
             if key == b"result":
                 return self._results.get(uid, b'{"ok": true, "action": null}')
             raise KvfsError(errno.ENODATA, f"no attribute {name.decode(errors='replace')}")
         if key in self.FILE_ATTRS:
-            node = self.service.catalog.get(inode)
+            node = self.catalog.get(inode)
             if node.is_file:
                 return self._file_attr(node, key)
         return None
 
     def _file_attr(self, node, key: bytes) -> bytes:
-        svc = self.service
         if key == b"tier":
             if node.blob is None:
                 return b"write-buffer"
-            return svc.store.tier_of(node.blob).encode()
+            return self.store.tier_of(node.blob).encode()
         if key == b"hits":
-            return str(svc.files.hits.get(node.ino, 0)).encode()
+            return str(self.files.hits.get(node.ino, 0)).encode()
         if key == b"atime":
             return str(node.atime_ns).encode()
         if key == b"chain":
-            cat = svc.catalog
+            cat = self.catalog
 
             def name_of(ino):
                 n = cat.nodes.get(ino) if ino is not None else None
@@ -128,8 +137,7 @@ class Control:
                 return b"{}"
             lay = node.blob.layout.describe()
             lay.update(checksum=f"{node.blob.checksum:016x}", generation=node.blob.id,
-                       pool_id=svc.pool.pool_id, sums=list(node.blob.layout.sums),
-                       namespace_paths=[str(ns.path) for ns in svc.pool.namespaces])
+                       sums=list(node.blob.layout.sums), **self.pool_info)
             return json.dumps(lay).encode()
         raise KvfsError(errno.ENODATA, "no such attribute")
 
@@ -138,7 +146,7 @@ class Control:
             return [PREFIX + b"stats"]
         if inode == CONTROL_INO:
             return [PREFIX + b"result"]
-        node = self.service.catalog.nodes.get(inode)
+        node = self.catalog.nodes.get(inode)
         if node is not None and node.is_file:
             return [PREFIX + k for k in self.FILE_ATTRS]
         return []
@@ -192,7 +200,7 @@ class Control:
         except (ValueError, KeyError, TypeError):
             raise KvfsError(errno.EINVAL, f"user.kvfs.{key.decode()} takes "
                                           f'{{"generation": N, ...}}') from None
-        files = self.service.files
+        files = self.files
         if key == b"lease":
             ttl = args.get("ttl", 30)
             if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
@@ -202,30 +210,29 @@ class Control:
             files.end_lease(inode, gen, bool(args.get("hit", True)))
 
     async def _set_file_attr(self, inode: int, key: bytes, value: bytes) -> None:
-        svc = self.service
-        node = svc.catalog.get(inode)
+        node = self.catalog.get(inode)
         if not node.is_file:
             raise KvfsError(errno.EINVAL, "kvfs attributes apply to regular files")
         text = value.decode(errors="replace").strip()
         if key == b"pin":
             if text.lower() in ("1", "true", "yes", "on"):
-                await svc.files.set_pin(inode, True)
+                await self.files.set_pin(inode, True)
             elif text.lower() in ("0", "false", "no", "off", ""):
-                await svc.files.set_pin(inode, False)
+                await self.files.set_pin(inode, False)
             else:
                 raise KvfsError(errno.EINVAL, f"user.kvfs.pin takes 1 or 0, not {text!r}")
             return
         other = self._resolve(node, text)
         if key == b"next":
-            svc.catalog.link(node.ino, other.ino, LINK_HINT)
+            self.catalog.link(node.ino, other.ino, LINK_HINT)
         else:
-            svc.catalog.link(other.ino, node.ino, LINK_HINT)
-        await svc.catalog.flush_links()
+            self.catalog.link(other.ino, node.ino, LINK_HINT)
+        await self.catalog.flush_links()
 
     def _resolve(self, node, text: str):
         """A file named by a hint: a name in the same directory, or a path from the mount's
         root when it starts with '/'."""
-        cat = self.service.catalog
+        cat = self.catalog
         if not text:
             raise KvfsError(errno.EINVAL, "a chain hint needs a file name")
         if text.startswith("/"):
@@ -247,12 +254,12 @@ class Control:
     # --- actions -------------------------------------------------------------------------------
     async def _drop_dram(self, args: dict) -> dict:
         self._no_args("drop_dram", args)
-        return {"bytes_dropped": self.service.store.drop_dram()}
+        return {"bytes_dropped": self.store.drop_dram()}
 
     def _path_node(self, path, action: str):
         if not isinstance(path, str) or not path:
             raise KvfsError(errno.EINVAL, f"{action}: paths are strings like \"/dir/file\"")
-        cat = self.service.catalog
+        cat = self.catalog
         node = cat.get(ROOT_INO)
         for part in [p for p in path.split("/") if p]:
             try:
@@ -267,7 +274,7 @@ class Control:
         paths, cold = args.get("paths"), args.get("cold")
         if (paths is None) == (cold is None) or set(args) - {"paths", "cold"}:
             raise KvfsError(errno.EINVAL, 'evict: give {"paths": [...]} or {"cold": N}')
-        store, cat = self.service.store, self.service.catalog
+        store, cat = self.store, self.catalog
         evicted, total = [], 0
         if paths is not None:
             if not isinstance(paths, list):
@@ -296,7 +303,7 @@ class Control:
         depth = args.get("depth", 64)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise KvfsError(errno.EINVAL, "warm: depth must be a non-negative integer")
-        cat, store = self.service.catalog, self.service.store
+        cat, store = self.catalog, self.store
         node = self._path_node(args["path"], "warm")
         blocks, seen = [], set()
         while node is not None and node.ino not in seen and len(blocks) <= depth:
@@ -310,7 +317,7 @@ class Control:
 
     async def _set(self, args: dict) -> dict:
         from kvfs.units import parse_size
-        svc = self.service
+        knobs, store = self.knobs, self.store
         known = ("prefetch.enabled", "prefetch.max_window", "dram.capacity", "pool.evict")
         if not args:
             raise KvfsError(errno.EINVAL, f"set: name a knob ({', '.join(known)})")
@@ -323,7 +330,7 @@ class Control:
                     raise KvfsError(errno.EINVAL, "set: prefetch.max_window takes 1 to 256")
             elif key == "dram.capacity":
                 try:
-                    if parse_size(value) < svc.store.pinned_bytes:
+                    if parse_size(value) < store.pinned_bytes:
                         raise KvfsError(errno.EINVAL, "set: dram.capacity is below the pinned "
                                                       "bytes; unpin first")
                 except ValueError as e:
@@ -336,18 +343,17 @@ class Control:
                                               f"{', '.join(known)})")
         for key, value in args.items():      # all valid: apply them together
             if key == "prefetch.enabled":
-                svc.readahead.enabled = value
+                knobs.prefetch_enabled = value
             elif key == "prefetch.max_window":
-                svc.readahead.max_window = value
+                knobs.prefetch_max_window = value
             elif key == "dram.capacity":
-                svc.store.capacity = parse_size(value)
-                svc.store._make_room(0)
+                store.set_capacity(parse_size(value))
             elif key == "pool.evict":
-                svc.files.evict = value
-        return {"prefetch.enabled": svc.readahead.enabled,
-                "prefetch.max_window": svc.readahead.max_window,
-                "dram.capacity": svc.store.capacity, "pool.evict": svc.files.evict}
+                knobs.pool_evict = value
+        return {"prefetch.enabled": knobs.prefetch_enabled,
+                "prefetch.max_window": knobs.prefetch_max_window,
+                "dram.capacity": store.capacity, "pool.evict": knobs.pool_evict}
 
     async def _flush(self, args: dict) -> dict:
         self._no_args("flush", args)
-        return await self.service.flush()
+        return await self.flush()

@@ -12,9 +12,9 @@ times are persisted and the catalog closed. Files still open for writing are not
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import faulthandler
-import fcntl
 import logging
 import os
 import signal
@@ -25,14 +25,11 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from dataclasses import dataclass
-
-from kvfs.catalog.sqlite import SqliteCatalog
+from kvfs.backend import open_layers
 from kvfs.config import Config
 from kvfs.errors import StartupError
 from kvfs.fuse_ops import FuseOps
-from kvfs.local import LocalTier
-from kvfs.pool import Pool
+from kvfs.knobs import Knobs
 from kvfs.service import Service
 
 log = logging.getLogger("kvfs.daemon")
@@ -131,142 +128,6 @@ def preflight(cfg: Config, mountpoint: Path) -> None:
         raise StartupError(f"state_dir {sd}: must not be inside the mountpoint", errno.EINVAL)
 
 
-class _Undo:
-    """Directories created during start-up, removed again if start-up fails."""
-
-    def __init__(self) -> None:
-        self.dirs: list[Path] = []
-
-    def mkdir(self, path: Path) -> None:
-        missing = []
-        p = path
-        while not p.exists():
-            missing.append(p)
-            p = p.parent
-        for d in reversed(missing):
-            d.mkdir(mode=0o700)
-            self.dirs.append(d)
-
-    def rollback(self) -> None:
-        for d in reversed(self.dirs):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
-
-
-def _lock_state_dir(sd: Path) -> int:
-    fd = os.open(sd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise StartupError(f"state_dir {sd}: in use by another kvfs daemon", errno.EBUSY) from None
-    return fd
-
-
-@dataclass
-class Layers:
-    """What the daemon runs on: the catalog, the pool, the optional local tier, and the lock on
-    the state directory."""
-    catalog: SqliteCatalog      # or RedisCatalog (a shared pool)
-    pool: Pool
-    local: LocalTier | None
-    lock_fd: int
-
-    def close(self) -> None:
-        if self.local is not None:
-            self.local.close()
-        self.pool.close()
-        self.catalog.close()
-        os.close(self.lock_fd)
-
-
-def open_cluster_layers(cfg: Config) -> Layers:
-    """A pool shared by several nodes: the catalog is in Redis (the first node to start creates
-    it and formats the namespaces); state_dir holds only this node's lock, log and local tier.
-    """
-    from kvfs.catalog.redis import RedisCatalog
-    undo = _Undo()
-    sd = cfg.state_dir
-    lock_fd = -1
-    try:
-        undo.mkdir(sd)
-        lock_fd = _lock_state_dir(sd)
-
-        def open_pool(pool_id: str | None) -> Pool:
-            return Pool.open(cfg.pool, expect_pool_id=pool_id, create_new=pool_id is None)
-
-        catalog, pool = trio.run(RedisCatalog.open, cfg.cluster, open_pool)
-        try:
-            local = LocalTier.open(cfg.local, pool.unit) if cfg.local is not None else None
-        except BaseException:
-            pool.close()
-            raise
-        return Layers(catalog, pool, local, lock_fd)
-    except BaseException:
-        if lock_fd >= 0:
-            os.close(lock_fd)
-        undo.rollback()
-        raise
-
-
-def open_layers(cfg: Config) -> Layers:
-    """Open (or create) the catalog and the pool, bind them, and open the local tier.
-
-    Raises StartupError, after undoing what it created, if they do not belong together.
-    """
-    undo = _Undo()
-    sd = cfg.state_dir
-    lock_fd = -1
-    catalog = None
-    pool = None
-    try:
-        catalog_exists = cfg.catalog_path.exists()
-        if catalog_exists:
-            lock_fd = _lock_state_dir(sd)
-            catalog = SqliteCatalog.open(cfg.catalog_path)
-        expect = catalog.pool_id if catalog else None
-        for nc in cfg.pool.namespaces:      # the embedded default keeps its pool in state_dir
-            if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
-                undo.mkdir(nc.path.parent)
-        pool = Pool.open(cfg.pool, expect_pool_id=expect, create_new=expect is None)
-        if expect is None and not pool.created:
-            raise StartupError(f"the namespaces hold pool {pool.pool_id}, but state_dir {sd} has "
-                               f"no catalog for it (state_dir lost?); to start over, run "
-                               f"`kvfs format --force`")
-        if catalog is None:
-            undo.mkdir(sd)
-            lock_fd = _lock_state_dir(sd)
-            catalog = SqliteCatalog.open(cfg.catalog_path)
-        if catalog.pool_id is None:
-            catalog.set_pool_id(pool.pool_id)
-        pool.attach(catalog.layouts())
-        local = LocalTier.open(cfg.local, pool.unit) if cfg.local is not None else None
-        return Layers(catalog, pool, local, lock_fd)
-    except BaseException:
-        if pool is not None:
-            pool.close()
-            if pool.created:
-                for nc in cfg.pool.namespaces:
-                    try:
-                        nc.path.unlink()
-                    except OSError:
-                        pass
-        if catalog is not None:
-            catalog.close()
-            if not catalog_exists:
-                for suffix in ("", "-wal", "-shm"):
-                    try:
-                        os.unlink(str(cfg.catalog_path) + suffix)
-                    except OSError:
-                        pass
-        if lock_fd >= 0:
-            os.close(lock_fd)
-        undo.rollback()
-        raise
-
-
 async def _tune_readahead(ops: FuseOps, mountpoint: str) -> None:
     """Let the page cache ask for 1 MiB per FUSE read (the default is 128 KiB).
 
@@ -284,19 +145,6 @@ async def _tune_readahead(ops: FuseOps, mountpoint: str) -> None:
         log.info("could not raise %s: %s", path, e)
 
 
-async def _main(service: Service, ops: FuseOps, mountpoint: str, max_tasks: int) -> None:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(service.serve)
-        nursery.start_soon(_terminate_on_signal)
-        nursery.start_soon(_tune_readahead, ops, mountpoint)
-        await pyfuse3.main(min_tasks=4, max_tasks=max_tasks)
-        with trio.CancelScope(shield=True):
-            await service.flush()
-            with trio.move_on_after(5):
-                await service.catalog.stop()
-        nursery.cancel_scope.cancel()
-
-
 async def _terminate_on_signal() -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
@@ -312,43 +160,61 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
     called once the state directory exists (to move logging into it)."""
     try:
         preflight(cfg, mountpoint)
-        layers = open_layers(cfg) if cfg.cluster is None else open_cluster_layers(cfg)
     except StartupError as e:
         ready(str(e))
         raise
-    catalog, pool = layers.catalog, layers.pool
-    if on_state_dir is not None:
-        on_state_dir()
     real_mountpoint = os.path.realpath(mountpoint)     # resolved before it becomes ours
-    service = Service(cfg, catalog, pool, layers.local)
-    ops = FuseOps(service, cfg.mount.attr_timeout)
-    options = set(pyfuse3.default_options)
-    options |= {f"fsname=kvfs:{pool.pool_id[:12]}", "subtype=kvfs"}
-    if cfg.mount.allow_other:
-        options.add("allow_other")
-    try:
-        pyfuse3.init(ops, real_mountpoint, options)
-    except RuntimeError as e:
-        layers.close()
-        msg = f"mountpoint {mountpoint}: mounting failed ({e})"
-        ready(msg)
-        raise StartupError(msg) from None
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
-             mountpoint, pool.pool_id, len(pool.namespaces), pool.capacity, cfg.dram.capacity,
-             os.getpid(), f"; shared, catalog in Redis at {catalog.redis.where} (node "
-                          f"{cfg.cluster.node_id})" if cfg.cluster else "")
-    ready(None)
-    clean = False
-    try:
-        trio.run(_main, service, ops, real_mountpoint, cfg.mount.max_tasks)
-        clean = True
-    finally:
-        pyfuse3.close(unmount=True)
-        dirty = sum(1 for st in service.files.states.values()
-                    if st.session is not None and st.session.dirty)
-        if dirty:
-            log.warning("%d file(s) open for writing were not committed", dirty)
-        layers.close()
-        log.info("kvfs at %s stopped%s", mountpoint, "" if clean else " after an error")
+    return trio.run(_serve, cfg, mountpoint, real_mountpoint, ready, on_state_dir)
+
+
+async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
+                 ready: Callable[[str | None], None],
+                 on_state_dir: Callable[[], None] | None) -> int:
+    """Start-up, serving and shutdown in one trio run, under one exit stack: whatever was
+    opened is closed in reverse order however this ends."""
+    async with contextlib.AsyncExitStack() as stack:
+        knobs = Knobs.from_config(cfg)
+        try:
+            layers = await open_layers(cfg, knobs, stack)
+        except StartupError as e:
+            ready(str(e))
+            raise
+        if on_state_dir is not None:
+            on_state_dir()
+        service = Service(cfg, layers, knobs)
+        ops = FuseOps(service.files, service.control, service.latency, cfg.mount.attr_timeout)
+        pool = layers.pool
+        options = set(pyfuse3.default_options)
+        options |= {f"fsname=kvfs:{pool.pool_id[:12]}", "subtype=kvfs"}
+        if cfg.mount.allow_other:
+            options.add("allow_other")
+        try:
+            pyfuse3.init(ops, real_mountpoint, options)
+        except RuntimeError as e:
+            msg = f"mountpoint {mountpoint}: mounting failed ({e})"
+            ready(msg)
+            raise StartupError(msg) from None
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
+                 mountpoint, pool.pool_id, len(pool.namespaces), pool.capacity, cfg.dram.capacity,
+                 os.getpid(), f"; shared, catalog in Redis at {cfg.cluster.where} (node "
+                              f"{cfg.cluster.node_id})" if cfg.cluster else "")
+        ready(None)
+        clean = False
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.serve)
+                nursery.start_soon(_terminate_on_signal)
+                nursery.start_soon(_tune_readahead, ops, real_mountpoint)
+                await pyfuse3.main(min_tasks=4, max_tasks=cfg.mount.max_tasks)
+                with trio.CancelScope(shield=True):
+                    await service.stop()
+                nursery.cancel_scope.cancel()
+            clean = True
+        finally:
+            pyfuse3.close(unmount=True)
+            dirty = service.dirty_files()
+            if dirty:
+                log.warning("%d file(s) open for writing were not committed", dirty)
+            log.info("kvfs at %s stopped%s", mountpoint, "" if clean else " after an error")
     return 0

@@ -13,58 +13,20 @@ import functools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
-
 import pyfuse3
 import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
 from kvfs.control import FH_BASE as CONTROL_FH_BASE
+from kvfs.control import Control
 from kvfs.errors import KvfsError
-from kvfs.files import PIN_XATTR, Attr
-
-if TYPE_CHECKING:
-    from kvfs.service import Service
+from kvfs.files import PIN_XATTR, Attr, Files
+from kvfs.latency import Latency
 
 log = logging.getLogger("kvfs.fuse")
 
 CONTROL_NAME = b".kvfs-control"
 PREFERRED_IO = 1 << 20      # st_blksize: buffered writers then send 1 MiB writes
-
-
-class Latency:
-    """Request latencies per operation, in power-of-two microsecond buckets (for percentiles)."""
-
-    BUCKETS = 32
-
-    def __init__(self) -> None:
-        self.counts: dict[str, list[int]] = {}
-        self.maxima: dict[str, float] = {}
-
-    def record(self, op: str, seconds: float) -> None:
-        us = seconds * 1e6
-        b = min(self.BUCKETS - 1, max(0, int(us).bit_length()))
-        c = self.counts.get(op)
-        if c is None:
-            c = self.counts[op] = [0] * self.BUCKETS
-        c[b] += 1
-        if us > self.maxima.get(op, 0.0):
-            self.maxima[op] = us
-
-    def summary(self) -> dict:
-        out = {}
-        for op, c in self.counts.items():
-            n = sum(c)
-            res = {"count": n, "max_us": round(self.maxima[op], 1)}
-            for q, name in ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us")):
-                acc, target = 0, q * n
-                for b, k in enumerate(c):
-                    acc += k
-                    if acc >= target:
-                        res[name] = float(1 << b)    # the bucket's upper bound
-                        break
-            out[op] = res
-        return out
 
 
 def translate(fn):
@@ -95,14 +57,13 @@ class FuseOps(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, service: "Service", attr_timeout: float = 1.0):
+    def __init__(self, files: Files, control: Control, latency: Latency,
+                 attr_timeout: float = 1.0):
         super().__init__()
-        self.service = service
-        self.files = service.files
-        self.control = service.control
+        self.files = files
+        self.control = control
         self.timeout = attr_timeout
-        self.latency = Latency()
-        service.latency = self.latency
+        self.latency = latency
         self._dirs: dict[int, tuple[int, list[int], list]] = {}
         self._next_dir = 1
         self.files.on_evict = self._evicted

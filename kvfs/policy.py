@@ -45,6 +45,7 @@ class EvictionPolicy(Protocol):
     def end_chain(self, key: Key) -> None: ...
     def victim(self, evictable: Evictable, cold_only: bool = False) -> Key | None: ...
     def is_hot(self, key: Key) -> bool: ...
+    def resize(self, capacity: int) -> None: ...
     def __contains__(self, key: Key) -> bool: ...
 
 
@@ -78,6 +79,9 @@ class LRUPolicy:
 
     def is_hot(self, key: Key) -> bool:
         return False
+
+    def resize(self, capacity: int) -> None:
+        pass
 
     def victim(self, evictable: Evictable, cold_only: bool = False) -> Key | None:
         for key in self.order:
@@ -134,8 +138,14 @@ class ProbationFrequencyPolicy:
         self.inflation = 0.0
         self.probation_bytes = 0
         self.main_bytes = 0
+        self.ghost_share = ghost
         self.ghost = _Ghost(int(ghost * self.capacity))
         self._seq = 0
+
+    def resize(self, capacity: int) -> None:
+        """A new byte capacity (the tier was resized); the parts' shares stay the same."""
+        self.capacity = max(1, capacity)
+        self.ghost.capacity = int(self.ghost_share * self.capacity)
 
     def __contains__(self, key: Key) -> bool:
         return key in self.size
@@ -291,6 +301,9 @@ class _ExpertLRU:
     def is_hot(self, key: Key) -> bool:
         return False
 
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+
 
 class _ExpertProbation:
     """Key-only run of ProbationFrequencyPolicy with a fixed probation share."""
@@ -320,6 +333,9 @@ class _ExpertProbation:
 
     def is_hot(self, key: Key) -> bool:
         return self.policy.is_hot(key)
+
+    def resize(self, capacity: int) -> None:
+        self.policy.resize(capacity)
 
 
 def _always(key: Key) -> bool:
@@ -355,6 +371,13 @@ class PrefixPolicy:
         self.doomed: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self._walks: collections.OrderedDict[Key, tuple[bool, ...]] = collections.OrderedDict()
         self.typical = max(1, typical_size)
+        self._decay = 1.0 - 1.0 / (8.0 * self.capacity / self.typical)
+
+    def resize(self, capacity: int) -> None:
+        """A new byte capacity: every expert simulates the tier at the new size from now on."""
+        self.capacity = max(1, capacity)
+        for e in self.experts:
+            e.resize(self.capacity)
         self._decay = 1.0 - 1.0 / (8.0 * self.capacity / self.typical)
 
     def __contains__(self, key: Key) -> bool:

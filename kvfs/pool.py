@@ -5,18 +5,14 @@ catalog's pool id, and refuses (StartupError, one line) a namespace from another
 or reordered one, or changed geometry. `Pool.format` writes fresh superblocks.
 
 Free space lives only in memory: `attach()` rebuilds each namespace's `ExtentAllocator` from the
-extents of the blocks the catalog holds. Writes reserve space first (`reserve`), so a writer
-learns of a full pool at write() time, not only at close().
-
-A pool shared by several nodes (`share()`, driven by kvfs/catalog/redis.py) is cut into
-`Regions`; this node allocates only inside regions it holds a lease on, stops writing into a
-region whose lease has run out (fencing), learns other nodes' blocks with `claim()`, and leaves
-the space of retired blocks to the catalog's grace period (`retire()` does not free it).
+extents of the blocks the catalog holds. The pool allocates only inside its `Area` (all of every
+namespace, or, in a pool shared by several nodes, the regions this node leases); how much of
+that space writers may still claim is the space layer's business (kvfs/space/).
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import datetime
 import errno
 import logging
@@ -29,7 +25,6 @@ from kvfs.aio import run_all
 from kvfs.alloc import ExtentAllocator
 from kvfs.buffer import Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
-import trio
 
 from kvfs.device import Namespace, probe
 from kvfs.errors import KvfsError, StartupError, no_space
@@ -41,54 +36,34 @@ log = logging.getLogger("kvfs.pool")
 OBSERVE_UNITS = 128     # units moved between two updates of the placement balance
 
 
-class Regions:
-    """A shared pool's regions: region r is [DATA_START + r*size, DATA_START + (r+1)*size) on
-    every namespace. The catalog leases regions for this node and keeps `deadline` current: a
-    held region's lease is valid until deadline[r] (monotonic seconds, a safety margin before
-    Redis would expire it). `inflight` counts extents allocated in a region and not yet
-    published or freed: a region with some is not given back. `used_at` is when this node
-    last allocated in (or leased) a region: one left idle is given back for others to use."""
+class Area:
+    """Where this node may allocate: here, the whole of every namespace (a pool of one node).
 
-    def __init__(self, data_bytes: int, count: int, unit: int):
-        size = max(unit, align_up(-(-data_bytes // count), unit))
-        self.size = size
-        self.count = -(-data_bytes // size)
-        self.deadline: dict[int, float] = {}
-        self.inflight: collections.Counter[int] = collections.Counter()
-        self.used_at: dict[int, float] = {}
-        self.fenced = 0                    # writes refused because a lease had run out
+    A pool shared by several nodes gives the pool a narrower area (kvfs/space/cluster.py
+    `Regions`): only the regions this node holds a lease on, with a write fence. The pool asks
+    its area, and tells it what it allocates, frees and publishes; it never asks who it is.
+    """
 
-    def of(self, offset: int) -> int:
-        return (offset - DATA_START) // self.size
+    def ranges(self, ns_size: int) -> list[tuple[int, int]]:
+        """The [lo, hi) spans of a namespace of `ns_size` bytes this node may allocate in."""
+        return [(DATA_START, ns_size)]
 
-    def touched(self, offset: int, length: int) -> range:
-        return range(self.of(offset), self.of(offset + length - 1) + 1)
+    def allocated(self, offset: int, length: int) -> None:
+        """An extent was allocated (not yet published)."""
 
-    def span(self, r: int, end: int) -> tuple[int, int]:
-        lo = DATA_START + r * self.size
-        return lo, min(lo + self.size, end)
+    def freed(self, offset: int, length: int) -> None:
+        """An extent allocated here and never published was given back."""
 
-    def valid(self, r: int) -> bool:
-        return self.deadline.get(r, 0.0) > time.monotonic()
+    def published(self, offset: int, length: int) -> None:
+        """An extent allocated here is now part of a published block."""
 
-    def held(self) -> list[int]:
-        now = time.monotonic()
-        return sorted(r for r, t in self.deadline.items() if t > now)
-
-    def ranges(self, end: int) -> list[tuple[int, int]]:
-        """The held regions' spans on a namespace ending at `end` (one per region: an extent
-        never straddles two regions)."""
-        out = []
-        for r in self.held():
-            lo, hi = self.span(r, end)
-            if hi > lo:
-                out.append((lo, hi))
-        return out
+    def fence(self, offset: int, length: int) -> None:
+        """Raise KvfsError(EIO) if this node may no longer write there."""
 
 
 class Pool:
     def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int, *,
-                 adaptive: bool = True):
+                 adaptive: bool = True, area: Area | None = None):
         self.namespaces = namespaces
         self.pool_id = pool_id
         self.unit = unit
@@ -99,11 +74,10 @@ class Pool:
         self.chunk = chunk_size_for(unit)
         self.allocators: list[ExtentAllocator] = [
             ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
-        self.reserved = 0
-        self.regions: Regions | None = None     # set by share(): a pool shared by several nodes
+        self.area = area or Area()      # where this node may allocate (see Area)
         self.created = False          # formatted by this open (a brand-new pool)
         self._rotation = 0
-        self._zero = zero_chunk(self.chunk)
+        self.zero = zero_chunk(self.chunk)   # the source of padding and holes in unit writes
 
     # --- opening and formatting --------------------------------------------------------------
     @staticmethod
@@ -288,47 +262,24 @@ class Pool:
 
     @property
     def writable(self) -> int:
-        """Free bytes this node may allocate now: all free space, or a shared pool's free space
-        inside the regions this node holds."""
-        if self.regions is None:
-            return self.free
-        total = 0
-        for a, ns in zip(self.allocators, self.namespaces):
-            for lo, hi in self.regions.ranges(ns.size):
-                total += a.free_in(lo, hi)[0]
-        return total
+        """Free bytes this node may allocate now (in its area)."""
+        return sum(a.free_in(lo, hi)[0] for a, ns in zip(self.allocators, self.namespaces)
+                   for lo, hi in self.area.ranges(ns.size))
 
-    def reserve(self, nbytes: int) -> bool:
-        """Set aside space for a block being written; False if the pool cannot hold it now."""
-        if nbytes <= 0:
-            return True
-        if self.writable - self.reserved < nbytes:
-            return False
-        self.reserved += nbytes
-        return True
+    def statistics(self) -> dict:
+        """The pool tier's geometry and space, and each namespace's counters."""
+        return {
+            "tier": {"capacity": self.capacity, "used": self.capacity - self.free,
+                     "free": self.free, "stripe_unit": self.unit, "pool_id": self.pool_id,
+                     "placement_weights": [round(w, 3) for w in self.placement_weights()]},
+            "namespaces": [
+                {"index": ns.index, "path": str(ns.path), "size": ns.size,
+                 "direct_io": ns.direct, "queue_depth": ns.queue_depth,
+                 **dataclasses.asdict(ns.stats)}
+                for ns in self.namespaces],
+        }
 
-    # --- a pool shared by several nodes ----------------------------------------------------------
-    def share(self, regions: int) -> Regions:
-        """Turn on cluster mode: allocate only in leased regions (see `Regions`)."""
-        data = max(ns.size for ns in self.namespaces) - DATA_START
-        self.regions = Regions(data, regions, self.unit)
-        return self.regions
-
-    def region_free(self) -> list[tuple[int, int]]:
-        """(free bytes, smallest namespace's largest free extent) of every region."""
-        out = []
-        for r in range(self.regions.count):
-            total, fit = 0, None
-            for a, ns in zip(self.allocators, self.namespaces):
-                lo, hi = self.regions.span(r, ns.size)
-                if hi <= lo:
-                    continue
-                f, largest = a.free_in(lo, hi)
-                total += f
-                fit = largest if fit is None else min(fit, largest)
-            out.append((total, fit or 0))
-        return out
-
+    # --- blocks other nodes of a shared pool wrote ------------------------------------------------
     def claim(self, layout: Layout) -> bool:
         """Mark a block another node published as used. False (and an error logged) if part
         of it was free here: two nodes then wrote the same space, which the leases prevent."""
@@ -355,48 +306,24 @@ class Pool:
 
     def committed(self, layout: Layout) -> None:
         """The block is published: its extents are no longer this node's in-flight writes."""
-        if self.regions is not None:
-            for e in layout.unit_extents():
-                for r in self.regions.touched(e.offset, e.length):
-                    self.regions.inflight[r] -= 1
+        for e in layout.unit_extents():
+            self.area.published(e.offset, e.length)
 
-    def retire(self, layout: Layout) -> None:
-        """A committed block nobody reads any more: free it, or in a shared pool leave it to
-        the catalog's grace period (other nodes may still read it)."""
-        if self.regions is None:
-            self.release(layout)
-
-    def _alloc_extent(self, j: int, length: int) -> int | None:
-        if self.regions is None:
-            return self.allocators[j].alloc(length)
-        off = self.allocators[j].alloc_in(length, self.regions.ranges(self.namespaces[j].size))
+    def alloc_extent(self, j: int, length: int) -> int | None:
+        """An extent of `length` bytes on namespace j inside this node's area, or None."""
+        off = self.allocators[j].alloc_in(length, self.area.ranges(self.namespaces[j].size))
         if off is not None:
-            now = time.monotonic()
-            for r in self.regions.touched(off, length):
-                self.regions.inflight[r] += 1
-                self.regions.used_at[r] = now
+            self.area.allocated(off, length)
         return off
 
-    def _free_extent(self, j: int, off: int, length: int) -> None:
+    def free_extent(self, j: int, off: int, length: int) -> None:
         """Give back an extent this node allocated and did not publish."""
         self.allocators[j].free(off, length)
-        if self.regions is not None:
-            for r in self.regions.touched(off, length):
-                self.regions.inflight[r] -= 1
+        self.area.freed(off, length)
 
     def fence(self, off: int, length: int) -> None:
-        """Refuse to write where this node's lease may have run out (another node may own the
-        region by now)."""
-        if self.regions is None:
-            return
-        for r in self.regions.touched(off, length):
-            if not self.regions.valid(r):
-                self.regions.fenced += 1
-                raise KvfsError(errno.EIO, f"the allocation lease on pool region {r} ran out "
-                                           f"(Redis unreachable?); not writing there")
-
-    def unreserve(self, nbytes: int) -> None:
-        self.reserved = max(0, self.reserved - nbytes)
+        """Refuse to write where this node may no longer write (see Area.fence)."""
+        self.area.fence(off, length)
 
     def stored_size(self, size: int) -> int:
         """Bytes a block of `size` takes in the pool."""
@@ -456,23 +383,20 @@ class Pool:
         n = unit_count(size, self.unit)
         lengths = [stored_length(size, self.unit, k) for k in range(n)]
         weights = self.placement_weights()
-        if self.regions is None:
-            room = [a.free_bytes for a in self.allocators]
-        else:
-            room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.regions.ranges(ns.size))
-                    for a, ns in zip(self.allocators, self.namespaces)]
+        room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
+                for a, ns in zip(self.allocators, self.namespaces)]
         try:
             assign = place_units(n, weights, self._rotation % len(self.namespaces), room, lengths)
         except ValueError:
             raise no_space(f"pool is full: no room for a block of {size} bytes") from None
-        self._rotation += 1
+        self.next_rotation()
         offsets = [0] * n
         taken: list[tuple[int, int, int]] = []
         try:
             for j in set(assign):
                 ks = [k for k in range(n) if assign[k] == j]
                 total = sum(lengths[k] for k in ks)
-                off = self._alloc_extent(j, total)
+                off = self.alloc_extent(j, total)
                 if off is not None:
                     taken.append((j, off, total))
                     for k in ks:
@@ -480,7 +404,7 @@ class Pool:
                         off += lengths[k]
                     continue
                 for k in ks:   # fragmented: one extent per unit
-                    off = self._alloc_extent(j, lengths[k])
+                    off = self.alloc_extent(j, lengths[k])
                     if off is None:
                         raise no_space(f"pool is full: namespace {j} has no room for a "
                                        f"{lengths[k]}-byte stripe unit")
@@ -488,7 +412,7 @@ class Pool:
                     offsets[k] = off
         except KvfsError:
             for j, off, length in taken:
-                self._free_extent(j, off, length)
+                self.free_extent(j, off, length)
             raise
         return tuple(assign), tuple(offsets)
 
@@ -496,7 +420,7 @@ class Pool:
         """Return the space of a block this node wrote (no reader may use its extents any
         more; in a shared pool: a block that was never published)."""
         for e in layout.unit_extents():
-            self._free_extent(e.ns, e.offset, e.length)
+            self.free_extent(e.ns, e.offset, e.length)
 
     # --- I/O -----------------------------------------------------------------------------------
     async def write_block(self, buf: Buffer, size: int) -> Layout:
@@ -514,7 +438,7 @@ class Pool:
             async def write() -> None:
                 start = k * self.unit
                 length = min(self.unit, size - start)
-                views = buf.io_views(start, stored_length(size, self.unit, k), self._zero)
+                views = buf.io_views(start, stored_length(size, self.unit, k), self.zero)
                 self.fence(offsets[k], stored_length(size, self.unit, k))
                 sums[k] = await self.namespaces[ns_of[k]].write(views, offsets[k], length)
                 done[ns_of[k]] = time.perf_counter() - t0
@@ -533,10 +457,13 @@ class Pool:
         self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
-    def writer(self) -> "BlockWriter":
-        return BlockWriter(self)
+    def next_rotation(self) -> int:
+        """The namespace the next block starts on (rotates block by block)."""
+        r = self._rotation % len(self.namespaces)
+        self._rotation += 1
+        return r
 
-    def _alloc_unit(self, preferred: int, length: int) -> tuple[int, int]:
+    def alloc_unit(self, preferred: int, length: int) -> tuple[int, int]:
         """An extent for one unit, on `preferred` if it has room, else on the next namespace
         (in order) that has. Raises ENOSPC."""
         n = len(self.namespaces)
@@ -544,7 +471,7 @@ class Pool:
             j = (preferred + i) % n
             if i and self.namespaces[j].stats.state != "ok":
                 continue
-            off = self._alloc_extent(j, length)
+            off = self.alloc_extent(j, length)
             if off is not None:
                 return j, off
         raise no_space(f"pool is full: no room for a {length}-byte stripe unit")
@@ -562,129 +489,3 @@ class Pool:
             pad = stored - length
             last = views[-1]
             last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
-
-
-class BlockWriter:
-    """Writes one block's stripe units as soon as they are final (write-behind), and the rest
-    at commit, so a writer's transfer overlaps the namespaces' I/O.
-
-    A session calls `write_early(k, ...)` for a unit its writer has completely written and moved
-    past; the unit is placed (the same weighted rotation as `Pool.allocate`), allocated and
-    written in the background. A later write into that unit marks it dirty (`touch`): it is
-    written again at `finish`, which waits for early writes, writes whatever is missing or dirty,
-    syncs the namespaces it touched and returns the block's layout. `abort` gives back every
-    extent. Space taken early comes out of the session's reservation (`Pool.reserved`).
-    """
-
-    def __init__(self, pool: Pool):
-        self.pool = pool
-        self.weights = pool.placement_weights()
-        self.start = pool._rotation % len(pool.namespaces)
-        pool._rotation += 1
-        self.units: dict[int, tuple[int, int, int, int]] = {}   # k -> (ns, offset, stored, sum)
-        self.inflight: dict[int, trio.Event] = {}
-        self.dirty: set[int] = set()
-        self.failed: set[int] = set()
-        self.early_bytes = 0
-
-    def _ns_for(self, k: int, nunits: int | None = None) -> int:
-        return place_units(max(k + 1, nunits or 0), self.weights, self.start)[k]
-
-    def started(self, k: int) -> bool:
-        return k in self.units or k in self.inflight
-
-    def touch(self, first: int, last: int) -> None:
-        """Units first..last were written into again."""
-        for k in range(first, last + 1):
-            if k in self.units or k in self.inflight:
-                self.dirty.add(k)
-
-    def write_early(self, k: int, buf: Buffer, nursery: trio.Nursery) -> int:
-        """Start writing full unit k in the background; returns the bytes it takes from the
-        pool (to be moved out of the session's reservation), or 0 if it could not start."""
-        pool = self.pool
-        unit = pool.unit
-        try:
-            ns, off = pool._alloc_unit(self._ns_for(k), unit)
-        except KvfsError:
-            return 0
-        done = trio.Event()
-        self.inflight[k] = done
-        self.early_bytes += unit
-
-        async def run() -> None:
-            try:
-                views = buf.io_views(k * unit, unit, pool._zero)
-                pool.fence(off, unit)
-                digest = await pool.namespaces[ns].write(views, off, unit)
-                self.units[k] = (ns, off, unit, digest)
-            except KvfsError:
-                pool._free_extent(ns, off, unit)
-                self.early_bytes -= unit
-                self.failed.add(k)
-            finally:
-                del self.inflight[k]
-                done.set()
-        nursery.start_soon(run)
-        return unit
-
-    async def _settle(self) -> None:
-        for ev in list(self.inflight.values()):
-            await ev.wait()
-
-    async def finish(self, buf: Buffer, size: int) -> Layout:
-        """Make the whole block durable and return its layout (EIO/ENOSPC: nothing kept)."""
-        await self._settle()
-        pool = self.pool
-        if not self.units:
-            return await pool.write_block(buf, size)
-        unit = pool.unit
-        n = unit_count(size, unit)
-        placement = place_units(n, self.weights, self.start) if n else []
-        ns_of, offsets, sums = [0] * n, [0] * n, [0] * n
-        taken: list[tuple[int, int, int]] = []          # extents allocated in this call
-        todo = []
-        for k in list(self.units):
-            ns, off, stored, digest = self.units[k]
-            if k >= n or k in self.dirty or stored != stored_length(size, unit, k):
-                del self.units[k]
-                pool._free_extent(ns, off, stored)
-        try:
-            for k in range(n):
-                if k in self.units:
-                    ns_of[k], offsets[k], _, sums[k] = self.units[k]
-                    continue
-                stored = stored_length(size, unit, k)
-                ns, off = pool._alloc_unit(placement[k], stored)
-                taken.append((ns, off, stored))
-                ns_of[k], offsets[k] = ns, off
-                todo.append(k)
-
-            def unit_writer(k: int):
-                async def write() -> None:
-                    start = k * unit
-                    views = buf.io_views(start, stored_length(size, unit, k), pool._zero)
-                    pool.fence(offsets[k], stored_length(size, unit, k))
-                    sums[k] = await pool.namespaces[ns_of[k]].write(
-                        views, offsets[k], min(unit, size - start))
-                return write
-
-            await run_all(unit_writer(k) for k in todo)
-            await run_all(pool.namespaces[j].sync for j in sorted(set(ns_of)))
-        except BaseException:
-            for ns, off, stored in taken:
-                pool._free_extent(ns, off, stored)
-            self._release_units()
-            raise
-        self.units.clear()
-        return Layout(size, unit, tuple(ns_of), tuple(offsets), tuple(sums))
-
-    def _release_units(self) -> None:
-        for ns, off, stored, _ in self.units.values():
-            self.pool._free_extent(ns, off, stored)
-        self.units.clear()
-
-    async def abort(self) -> None:
-        """Give back everything written early (the block will not be committed)."""
-        await self._settle()
-        self._release_units()

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from dataclasses import dataclass, field
+
+import trio
 
 from kvfs.catalog.base import Node
 from kvfs.catalog.tree import LINK_READ, LINK_WRITE
+from kvfs.knobs import Knobs
 
 log = logging.getLogger("kvfs.readahead")
 
@@ -76,11 +78,10 @@ class ReadaheadStats:
 
 
 class Readahead:
-    def __init__(self, catalog, store, *, enabled: bool = True, max_window: int = MAX_WINDOW):
+    def __init__(self, catalog, store, knobs: Knobs):
         self.catalog = catalog
         self.store = store
-        self.enabled = enabled
-        self.max_window = max_window
+        self.knobs = knobs                 # prefetch_enabled, prefetch_max_window
         self.streams: collections.OrderedDict[int, Stream] = collections.OrderedDict()
         self.writers: dict[int, tuple[int, float]] = {}
         self.stats = ReadaheadStats()
@@ -88,7 +89,7 @@ class Readahead:
     # --- learning from writers -----------------------------------------------------------------
     def created(self, node: Node, pid: int) -> None:
         """A writer created a file: it likely follows the writer's previous one."""
-        now = time.monotonic()
+        now = trio.current_time()
         proc = process_of(pid)
         prev = self.writers.get(proc)
         self.writers[proc] = (node.ino, now)
@@ -117,7 +118,7 @@ class Readahead:
     def opened(self, node: Node, pid: int):
         """A reader opened a file: learn the read order, adjust its readahead window, and return
         the block it read before this one in the same chain (for the DRAM policy), or None."""
-        now = time.monotonic()
+        now = trio.current_time()
         s = self._stream(process_of(pid), now)
         prev, s.last, s.at = s.last, node.ino, now
         parent = None
@@ -130,8 +131,8 @@ class Readahead:
             if predicted:
                 s.ahead.pop(node.ino, None)
                 self.stats.predicted_hits += 1
-                if s.window < self.max_window:
-                    s.window = min(self.max_window, max(INITIAL_WINDOW, s.window * 2))
+                if s.window < self.knobs.prefetch_max_window:
+                    s.window = min(self.knobs.prefetch_max_window, max(INITIAL_WINDOW, s.window * 2))
                     self.stats.window_grows += 1
             else:
                 self.stats.predicted_misses += 1
@@ -139,7 +140,7 @@ class Readahead:
                 if s.window > 0:
                     s.window //= 2
                     self.stats.window_shrinks += 1
-        if self.enabled:
+        if self.knobs.prefetch_enabled:
             self._issue(s, node)
         return parent
 
@@ -160,7 +161,7 @@ class Readahead:
                 self.store.prefetch(succ.blob, prev_blob)
                 s.ahead[nxt] = succ.blob
             ino, prev_blob = nxt, succ.blob.id
-        while len(s.ahead) > self.max_window:
+        while len(s.ahead) > self.knobs.prefetch_max_window:
             _, rec = s.ahead.popitem(last=False)
             self.store.cancel_prefetch(rec)
 

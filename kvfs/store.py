@@ -25,10 +25,12 @@ considers cold, and can be cancelled while its units are still queued.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import trio
 
@@ -115,8 +117,11 @@ class StoreStats:
 
 class BlockStore:
     def __init__(self, pool: Pool, dram_capacity: int, *, policy: str = "prefix",
-                 local=None):
+                 local=None, on_free: Callable[[Layout], None] | None = None):
         self.pool = pool
+        # on_free(layout): a retired block nobody here reads any more (the space layer decides
+        # when its extents may be reused)
+        self.on_free = on_free
         self.capacity = dram_capacity
         self.dram = TierIndex(dram_capacity, make_policy(policy, dram_capacity, pool.chunk))
         self.admission = AlwaysAdmit()
@@ -141,6 +146,34 @@ class BlockStore:
     @property
     def dram_used(self) -> int:
         return self.dram.used
+
+    def statistics(self) -> dict:
+        """{"tiers": per-tier counters and the DRAM tier's state, "store": request and fetch
+        counters, "prefetch": readahead counters} (a snapshot)."""
+        st = self.stats
+        tiers = {name: dataclasses.asdict(t) for name, t in st.tiers.items()}
+        policy = self.dram.policy
+        tiers["dram"].update({
+            "capacity": self.capacity,
+            "used": self.dram.used + self.charged + self.inflight,
+            "resident": self.dram.used,
+            "write_buffers": self.charged,
+            "fetching": self.inflight,
+            "pinned": self.pinned_bytes,
+            "blocks": len(self.dram.sizes),
+            "policy": policy.name,
+            "policy_mode": getattr(policy, "mode_name", policy.name),
+        })
+        tiers["pool"]["blocks"] = len(self.recency)
+        if self.local is None:
+            del tiers["local"]
+        else:
+            tiers["local"].update(self.local.statistics())
+        counters = dataclasses.asdict(st)
+        del counters["tiers"]
+        prefetch = {k[len("prefetch_"):]: counters.pop(k) for k in list(counters)
+                    if k.startswith("prefetch_")}
+        return {"tiers": tiers, "store": counters, "prefetch": prefetch}
 
     # --- lifecycle of a block ----------------------------------------------------------------
     def _get(self, rec: BlobRec, owner: int = 0) -> CachedBlob:
@@ -180,7 +213,8 @@ class BlockStore:
             return
         if cb.retired:
             self._drop_resident(cb)
-            self.pool.retire(cb.rec.layout)
+            if self.on_free is not None:
+                self.on_free(cb.rec.layout)
             del self.blobs[cb.rec.id]
         elif cb.resident is None and not cb.pinned:
             del self.blobs[cb.rec.id]
@@ -208,6 +242,13 @@ class BlockStore:
     def is_resident(self, rec: BlobRec) -> bool:
         cb = self.blobs.get(rec.id)
         return cb is not None and cb.resident is not None
+
+    def set_capacity(self, capacity: int) -> None:
+        """Resize the DRAM tier (the control file's `set dram.capacity`): its index and its
+        policy's simulations take the new size; resident copies over it are evicted."""
+        self.capacity = capacity
+        self.dram.policy.resize(capacity)
+        self._make_room(0)
 
     def charge(self, nbytes: int) -> None:
         """Account write-buffer memory; make room by evicting clean copies."""
@@ -330,10 +371,6 @@ class BlockStore:
         if cb is not None:
             self._set_pinned(cb, False)
             self._maybe_forget(cb)
-
-    def is_pinned(self, rec: BlobRec) -> bool:
-        cb = self.blobs.get(rec.id)
-        return cb is not None and cb.pinned
 
     # --- reads ---------------------------------------------------------------------------------
     def access(self, rec: BlobRec, parent=None) -> str:

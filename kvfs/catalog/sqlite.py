@@ -294,8 +294,9 @@ class SqliteCatalog(TreeCatalog):
         await self._persist(stmts)
         return rec, old
 
-    async def remove(self, node: Node) -> Node:
-        """Unlink a file by node (eviction uses this)."""
+    async def remove(self, node: Node, expect: BlobRec | None = None) -> Node:
+        """Unlink a file by node (eviction uses this; on one node nothing else can have
+        replaced `expect`)."""
         p = self.nodes[node.parent]
         self._detach(node)
         node.ctime_ns = _now()

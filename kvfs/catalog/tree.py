@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import stat
 import time
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import trio
 
@@ -47,6 +47,9 @@ class TreeCatalog:
 
     shared = False           # True: other nodes change the same catalog (RedisCatalog)
     fresh = True             # False while a shared catalog may be out of date here
+    # on_change(kind, node, old_blob, old_parent, old_name): set by the layer above; a shared
+    # catalog calls it when another node changed something this node may cache
+    on_change = None
 
     def __init__(self) -> None:
         self.nodes: dict[int, Node] = {}
@@ -108,8 +111,11 @@ class TreeCatalog:
         self._next_blob += 1
         return bid
 
-    async def lookup_fresh(self, parent: int, name: bytes) -> Node:
-        """`lookup` for the FUSE layer (a shared catalog asks Redis about unknown names)."""
+    async def lookup_fresh(self, parent: int, name: bytes,
+                           held_here: Callable[[Node], bool] | None = None) -> Node:
+        """`lookup` for the FUSE layer: the name as the catalog holds it now. (A shared catalog
+        asks Redis about names it does not know, and, while its mirror may be behind, about
+        files whose content is not `held_here`.)"""
         return self.lookup(parent, name)
 
     async def confirm(self, parent: int, name: bytes) -> Node:
@@ -124,15 +130,6 @@ class TreeCatalog:
 
     async def stop(self) -> None:
         """Unmounting (after the last flush)."""
-
-    async def hold_graves(self, ids: list[int]) -> int:
-        """Keep retired blocks that readers here still use from being reused by other nodes
-        (a single node's store holds them exactly; nothing to do)."""
-        return 0
-
-    async def grow(self, need: int) -> bool:
-        """Make more of the pool writable by this node (a shared pool leases a region)."""
-        return False
 
     # ------------------------------------------------------------------------------ tree changes
     def _id(self, attr: str) -> int:
@@ -241,8 +238,10 @@ class TreeCatalog:
             raise KvfsError(errno.EISDIR, f"is a directory: {name.decode(errors='replace')}")
         return await self.remove(node)
 
-    async def remove(self, node: Node) -> Node:
-        """Unlink a file by node (each catalog makes it durable its own way)."""
+    async def remove(self, node: Node, expect=None) -> Node:
+        """Unlink a file by node (each catalog makes it durable its own way). `expect`: the
+        version the caller chose to delete (a shared catalog refuses with ESTALE if another
+        node replaced it meanwhile)."""
         raise NotImplementedError
 
     def _removable_dir(self, parent: int, name: bytes) -> Node:

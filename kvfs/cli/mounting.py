@@ -139,59 +139,15 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 # --- format ------------------------------------------------------------------------------------
 def cmd_format(args: argparse.Namespace) -> int:
-    from kvfs.daemon import _lock_state_dir
+    import trio
+    from kvfs.backend import format_layers
     if os.geteuid() != 0:
         return _fail("kvfs format must run as root")
     cfg = config_mod.load(args.config)
-    sd = cfg.state_dir
-    if cfg.catalog_path.exists() and not args.force:
-        return _fail(f"state_dir {sd} already holds a catalog; refusing to start a new pool "
-                     f"over it (use --force to discard it)")
-    sd.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for nc in cfg.pool.namespaces:
-        if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
-            nc.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = _lock_state_dir(sd)
-    try:
-        fmt = _format_shared if cfg.cluster is not None else _format_single
-        pool_id, catalog = fmt(cfg, args.force)
-        if cfg.local is not None:
-            from kvfs.local import format_local
-            format_local(cfg.local, cfg.pool.stripe_unit, args.force)
-    finally:
-        os.close(lock)
+    pool_id, catalog = trio.run(functools.partial(format_layers, cfg, force=args.force))
     print(f"formatted pool {pool_id}: {len(cfg.pool.namespaces)} namespace(s), stripe unit "
           f"{cfg.pool.stripe_unit}; catalog {catalog}")
     return 0
-
-
-def _format_single(cfg, force: bool) -> tuple[str, str]:
-    """New superblocks and a new, empty SQLite catalog in state_dir."""
-    from kvfs.catalog.sqlite import SqliteCatalog
-    from kvfs.pool import Pool
-    pool_id = Pool.format(cfg.pool, force=force)
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            os.unlink(str(cfg.catalog_path) + suffix)
-        except FileNotFoundError:
-            pass
-    cat = SqliteCatalog.open(cfg.catalog_path)
-    cat.set_pool_id(pool_id)
-    cat.close()
-    return pool_id, str(cfg.catalog_path)
-
-
-def _format_shared(cfg, force: bool) -> tuple[str, str]:
-    """A shared pool: new superblocks on the namespaces and an empty catalog in Redis (run it
-    on one node, with every node unmounted)."""
-    import trio
-    from kvfs.catalog.redis import RedisCatalog
-    from kvfs.cluster import ClusterLink
-    from kvfs.pool import Pool
-    pool_id = trio.run(functools.partial(
-        RedisCatalog.format, cfg.cluster, lambda: Pool.format(cfg.pool, force=force),
-        force=force))
-    return pool_id, f"in Redis at {ClusterLink(cfg.cluster).where} (cluster {cfg.cluster.name!r})"
 
 
 # --- parsers -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -10,8 +11,9 @@ import trio
 
 from kvfs import config
 from kvfs.catalog.base import ROOT_INO
-from kvfs.daemon import open_layers
+from kvfs.backend import open_layers
 from kvfs.errors import KvfsError
+from kvfs.knobs import Knobs
 from kvfs.service import Service
 
 
@@ -83,56 +85,35 @@ class FS:
         await self.files.mkdir(parent, name, 0o755, 0, 0)
 
 
+async def open_service(cfg, stack: contextlib.AsyncExitStack) -> Service:
+    """Open the layers for a loaded config (closed by `stack`) and compose the daemon's parts,
+    as the daemon does (no FUSE)."""
+    knobs = Knobs.from_config(cfg)
+    layers = await open_layers(cfg, knobs, stack)
+    return Service(cfg, layers, knobs)
+
+
 def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]]) -> None:
     """Open the layers for `cfg_path`, serve them in trio, run fn(fs), shut down."""
-    cfg = config.load(cfg_path)
-
-    async def main() -> None:
-        layers = open_layers(cfg)
-        try:
-            svc = Service(cfg, layers.catalog, layers.pool, layers.local)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(svc.serve)
-                await fn(FS(svc))
-                nursery.cancel_scope.cancel()
-        finally:
-            layers.close()
-
-    trio.run(main)
-
-
-async def open_node(cfg) -> Service:
-    """One node of a shared pool (the catalog in Redis), opened inside the caller's trio run."""
-    from kvfs.catalog.redis import RedisCatalog
-    from kvfs.pool import Pool
-
-    def open_pool(pool_id):
-        return Pool.open(cfg.pool, expect_pool_id=pool_id, create_new=pool_id is None)
-
-    catalog, pool = await RedisCatalog.open(cfg.cluster, open_pool)
-    return Service(cfg, catalog, pool)
+    run_cluster([cfg_path], fn)
 
 
 def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]]) -> None:
-    """Open one node per config (sharing a pool and a Redis), serve them all in one trio run,
-    run fn(fs_a, fs_b, ...), shut down."""
+    """Open one node per config (for several: sharing a pool and a Redis), serve them all in
+    one trio run, run fn(fs_a, fs_b, ...), shut down."""
     cfgs = [config.load(p) for p in cfg_paths]
 
     async def main() -> None:
-        services = []
-        try:
-            for cfg in cfgs:
-                services.append(await open_node(cfg))
+        async with contextlib.AsyncExitStack() as stack:
+            services = [await open_service(cfg, stack) for cfg in cfgs]
             async with trio.open_nursery() as nursery:
                 for svc in services:
                     await nursery.start(svc.serve)
                 await fn(*[FS(svc) for svc in services])
                 nursery.cancel_scope.cancel()
-        finally:
             for svc in services:
                 with trio.CancelScope(shield=True):
-                    await svc.catalog.stop()
-                svc.pool.close()
+                    await svc.stop()
 
     trio.run(main)
 

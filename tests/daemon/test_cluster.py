@@ -186,14 +186,14 @@ def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_co
         fh = await a.open("/f", os.O_RDONLY)
         old = a.files.catalog.get(a.ino("/f")).blob.id
         await b.write("/f", data(2, 2 * MiB))
-        await eventually(lambda: old in a.svc.catalog.grave)
+        await eventually(lambda: old in a.svc.space.grave)
         await trio.sleep(3.0)                        # three grace periods
-        assert old in a.svc.catalog.grave and old in b.svc.catalog.grave   # not purged
+        assert old in a.svc.space.grave and old in b.svc.space.grave   # not purged
         a.svc.store.drop_dram()                      # read the old version from the pool
         assert await a.read_fh(fh, 2 * MiB) == data(1, 2 * MiB)
         await a.close(fh)
-        await eventually(lambda: old not in a.svc.catalog.grave and
-                         old not in b.svc.catalog.grave, timeout=10)
+        await eventually(lambda: old not in a.svc.space.grave and
+                         old not in b.svc.space.grave, timeout=10)
 
     run_cluster(cluster_configs(2, grace=1.0), body)
 
@@ -204,12 +204,12 @@ def test_a_node_gives_back_regions_it_no_longer_writes_in(cluster_configs):
     async def body(a, b):
         await a.write("/x", data(1, 3 * MiB))
         link = a.svc.catalog.redis
-        assert a.svc.pool.regions.held()
+        assert a.svc.space.regions.held()
         # renewed every half second, the leases only go away if a gives them back
         with trio.fail_after(15):
             while await link.call("KEYS", link.key("lease:*")):
                 await trio.sleep(0.05)
-        assert a.svc.catalog.leases_lost == 0 and not a.svc.pool.regions.held()
+        assert a.svc.space.leases_lost == 0 and not a.svc.space.regions.held()
         await a.write("/y", data(2, MiB))           # and it leases again when it writes
         assert await b.read("/x") == data(1, 3 * MiB)
 
@@ -297,7 +297,7 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
         for i in range(n // 2):                     # b writes as much again: must evict
             await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
         await eventually(lambda: not known(a, "/old0"))
-        assert b.files.stats.pool_evictions > 0
+        assert b.svc.space.evictions > 0
         for i in range(n // 2):
             assert await b.read(f"/new{i}") == data(1000 + i, 2 * MiB)
         # the least recently used went first: the files b read survived

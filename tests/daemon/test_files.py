@@ -169,7 +169,7 @@ def test_full_pool_with_lru_evicts_least_recently_used_closed_files(pool_config)
         await fs.write("/e", os.urandom(size))      # needs room: b goes
         names = {n.name for n in fs.files.catalog.entries(1)}
         assert names == {b"a", b"c", b"d", b"e"}
-        assert fs.files.stats.pool_evictions == 1
+        assert fs.svc.space.evictions == 1
 
     run_service(cfg, body)
 

@@ -9,10 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import trio
 
 from kvfs import config
 from kvfs.cli import main as kvfs_main
-from kvfs.daemon import open_layers
+from kvfs.backend import open_layers
+from kvfs.knobs import Knobs
 from kvfs.errors import StartupError
 from kvfs.pool import Pool
 from tests.daemon.harness import run_service
@@ -28,9 +30,17 @@ def cfg_for(tmp_path: Path, names: list[str], *, unit: str = "1MiB", size: str =
                         pool=f'stripe_unit = "{unit}"\n{extra_pool}')
 
 
+def open_layers_now(cfg: Path) -> None:
+    """Open the layers of `cfg` (and close them again) as the daemon does at start-up."""
+    async def main():
+        async with contextlib.AsyncExitStack() as stack:
+            await open_layers(config.load(cfg), Knobs(), stack)
+    trio.run(main)
+
+
 def open_fails(cfg: Path, *needles: str) -> None:
     with pytest.raises(StartupError) as e:
-        open_layers(config.load(cfg)).close()
+        open_layers_now(cfg)
     for n in needles:
         assert n in str(e.value), str(e.value)
     assert "\n" not in str(e.value)

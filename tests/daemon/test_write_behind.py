@@ -71,6 +71,6 @@ def test_rewritten_and_truncated_units_and_abandoned_sessions_leave_no_garbage(p
         p, n = fs.resolve("/a")
         await fs.files.unlink(p, n)
         await until(lambda: pool.free == free0)
-        assert pool.reserved == 0
+        assert fs.svc.space.reserved == 0
 
     run_service(cfg, body)

@@ -1,0 +1,69 @@
+"""How catalog records are stored in Redis hashes (field names are short: a pool holds millions).
+
+Node `n:<ino>`:  p parent · n name · c readdir cookie · m mode · u uid · g gid · a atime_ns ·
+                 t mtime_ns · k ctime_ns · d (present: a directory) · s symlink target ·
+                 b block id (a file's committed version) · x:<name> a user.* xattr
+Block `b:<id>`:  z size · u stripe unit · N namespaces · O offsets · S checksums (packed arrays,
+                 see Layout.pack) · c created_ns · i the inode it was committed for
+Directory `d:<ino>`: name -> child inode.   Chains `l:<ino>`: successor -> "source weight".
+Change log `log` entries: o origin epoch · i inodes changed · r blocks retired (in the grave) ·
+                 g blocks purged · l chain predecessors changed
+docs/cluster.md has the other keys (atime, grave, lease:<r>, epoch, meta, init, lock:<name>).
+"""
+
+from __future__ import annotations
+
+from kvfs.catalog.base import BlobRec, Node
+from kvfs.layout import Layout
+
+
+def node_fields(node: Node) -> list:
+    f: list = [b"p", node.parent, b"n", node.name, b"c", node.cookie, b"m", node.mode,
+               b"u", node.uid, b"g", node.gid, b"a", node.atime_ns, b"t", node.mtime_ns,
+               b"k", node.ctime_ns]
+    if node.children is not None:
+        f += [b"d", 1]
+    if node.target is not None:
+        f += [b"s", node.target]
+    if node.blob is not None:
+        f += [b"b", node.blob.id]
+    for name, value in node.xattrs.items():
+        f += [b"x:" + name, value]
+    return f
+
+
+def blob_fields(rec: BlobRec, ino: int) -> list:
+    ns, offs, sums = rec.layout.pack()
+    return [b"z", rec.layout.size, b"u", rec.layout.unit, b"N", ns, b"O", offs, b"S", sums,
+            b"c", rec.created_ns, b"i", ino]
+
+
+def pairs(flat: list | None) -> dict[bytes, bytes]:
+    """A flat HGETALL reply as a dict."""
+    if not flat:
+        return {}
+    return dict(zip(flat[::2], flat[1::2]))
+
+
+def parse_blob(bid: int, h: dict[bytes, bytes]) -> BlobRec:
+    return BlobRec(bid, Layout.unpack(int(h[b"z"]), int(h[b"u"]), h[b"N"], h[b"O"], h[b"S"]),
+                   int(h[b"c"]))
+
+
+def parse_node(ino: int, h: dict[bytes, bytes]) -> Node:
+    node = Node(ino, int(h[b"p"]), h[b"n"], int(h[b"m"]), int(h[b"u"]), int(h[b"g"]),
+                int(h[b"a"]), int(h[b"t"]), int(h[b"k"]), cookie=int(h[b"c"]),
+                target=h.get(b"s"), persisted=True)
+    node.xattrs = {k[2:]: v for k, v in h.items() if k.startswith(b"x:")}
+    if b"d" in h:
+        node.children = {}
+    return node
+
+
+def stream_id(sid: bytes) -> tuple[int, int]:
+    a, _, b = sid.partition(b"-")
+    return int(a), int(b or 0)
+
+
+def ids(value: bytes | None) -> list[int]:
+    return [int(x) for x in value.split()] if value else []

@@ -1,0 +1,18 @@
+-- ARGV: origin ino parent name want(file|dir) expect_blob grace ptime
+local origin, ino, parent, name, want = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local expect, grace, ptime = ARGV[6], ARGV[7], ARGV[8]
+if redis.call('HGET', P .. 'd:' .. parent, name) ~= ino then
+  return err('ENOENT', 'renamed or removed by another node')
+end
+if want == 'dir' and redis.call('HLEN', P .. 'd:' .. ino) > 0 then
+  return err('ENOTEMPTY', 'directory not empty (another node added to it)')
+end
+if expect ~= '' and redis.call('HGET', P .. 'n:' .. ino, 'b') ~= expect then
+  return err('ESTALE', 'the file was rewritten by another node')
+end
+local retired = {}
+redis.call('HDEL', P .. 'd:' .. parent, name)
+drop_node(ino, grace, retired)
+redis.call('HSET', P .. 'n:' .. parent, 't', ptime, 'k', ptime)
+event(origin, {ino, parent}, retired)
+return retired

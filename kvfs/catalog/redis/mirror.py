@@ -1,0 +1,432 @@
+"""The mirror: this node's copy of a shared catalog, kept current by following Redis.
+
+At start-up the whole catalog is loaded (`load`); then every change any node makes arrives as an
+entry in the change log (the stream `log`), which `_follow` reads with XREAD and applies by
+re-reading what the entry names (`_refresh`): re-reading current state is idempotent, so entries
+may be applied twice or late without harm. A node that missed part of the log (it was away
+longer than the log's length) reloads a snapshot and reconciles its mirror with it.
+
+Changes that touch space (a block published, retired into the grave, purged) are passed to the
+space layer (kvfs/space/cluster.py); changes the layer above may cache (a name gone, new
+content, a new name) are reported through `on_change`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import trio
+
+from kvfs.catalog.base import ROOT_INO, BlobRec, Node
+from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
+from kvfs.catalog.redis.codec import ids, pairs, parse_blob, parse_node, stream_id
+from kvfs.catalog.tree import TreeCatalog, _now
+from kvfs.cluster import ClusterLink
+from kvfs.config import ClusterConfig
+from kvfs.errors import KvfsError, StartupError
+from kvfs.redis_client import RedisClient, RedisUnavailable
+
+log = logging.getLogger("kvfs.catalog")
+
+
+class RedisMirror(TreeCatalog):
+    """The memory tree of a shared catalog and what keeps it current (see the module doc)."""
+
+    shared = True
+
+    def __init__(self, link: ClusterLink, cfg: ClusterConfig, space):
+        super().__init__()
+        self.redis = link
+        self.cfg = cfg
+        self.space = space                       # ClusterSpace: used blocks, the grave
+        self.epoch = link.epoch
+        base = self.epoch << EPOCH_SHIFT
+        self._next_ino = self._next_cookie = self._next_blob = base + 1
+        self.last_id = b"0-0"                    # the last log entry applied
+        self.synced_at = trio.current_time()     # when the follower last heard from Redis
+        self.catalog_lost = False                # Redis came back without this pool's catalog
+        self._progress = trio.Event()
+        self._link_delta: dict[tuple[int, int], list] = {}
+        self._resync = False
+        # Called as on_change(kind, node, old_blob, old_parent, old_name) after another node
+        # changed something this node may cache: kind is "gone", "content", "new" or "moved".
+        # Set by the layer above (Files); never calls back down.
+        self.on_change: Callable[..., None] | None = None
+        self.events = 0
+        self.refreshes = 0
+        self.resyncs = 0
+
+    async def load(self) -> None:
+        """Start-up: the whole catalog into memory."""
+        await self._load_snapshot(initial=True)
+
+    async def _hgetall(self, conn, keys: list[bytes]) -> list[dict[bytes, bytes]]:
+        out = []
+        for i in range(0, len(keys), SCAN_BATCH):
+            replies = await conn.pipeline([("HGETALL", k) for k in keys[i:i + SCAN_BATCH]])
+            out += [pairs(r) for r in replies]
+        return out
+
+    async def _load_snapshot(self, initial: bool, conn=None) -> None:
+        """Load the whole catalog: the log position first, then every key (not atomically);
+        replaying the log from that position afterwards makes the mirror exact."""
+        c = conn or self.redis
+        last = await c.call("XREVRANGE", self.redis.key("log"), "+", "-", "COUNT", 1)
+        tail = last[0][0] if last else b"0-0"
+        plen = len(self.redis.prefix)
+        nkeys = await scan(c, self.redis.key("n:*"))
+        nhashes = await self._hgetall(c, nkeys)
+        bkeys = await scan(c, self.redis.key("b:*"))
+        bhashes = await self._hgetall(c, bkeys)
+        grave_ids = {int(x) for x in await c.call("ZRANGE", self.redis.key("grave"), 0, -1)}
+        lkeys = await scan(c, self.redis.key("l:*"))
+        lhashes = await self._hgetall(c, lkeys)
+        blobs = {}
+        for k, h in zip(bkeys, bhashes):
+            if h:
+                bid = int(k[plen + 2:])
+                blobs[bid] = parse_blob(bid, h)
+        states = {}
+        for k, h in zip(nkeys, nhashes):
+            if h:
+                states[int(k[plen + 2:])] = h
+        if ROOT_INO not in states:
+            raise StartupError("cluster: the catalog in Redis has no root directory")
+        links = {int(k[plen + 2:]): h for k, h in zip(lkeys, lhashes) if h}
+        if initial:
+            self._build(states, blobs, grave_ids, links)
+        else:
+            await self._reconcile(states, blobs, grave_ids, links)
+        self.last_id = tail
+        self.synced_at = trio.current_time()
+
+    def _build(self, states, blobs, grave_ids, links) -> None:
+        for ino, h in states.items():
+            node = parse_node(ino, h)
+            if b"b" in h:
+                bid = int(h[b"b"])
+                node.blob = blobs.get(bid)
+                if node.blob is None:
+                    raise StartupError(f"cluster: file {ino} refers to missing block {bid}")
+            self.nodes[ino] = node
+        for node in self.nodes.values():
+            if node.ino == ROOT_INO:
+                continue
+            parent = self.nodes.get(node.parent)
+            if parent is None or parent.children is None:
+                log.error("cluster: node %d has no parent directory in Redis; ignoring it",
+                          node.ino)
+                continue
+            parent.children[node.name] = node.ino
+            if node.children is not None:
+                parent.subdirs += 1
+        try:
+            self.space.attach((n.blob for n in self.nodes.values() if n.blob is not None),
+                              (blobs[b] for b in grave_ids if b in blobs))
+        except StartupError as e:
+            raise StartupError(f"cluster: {e}") from None
+        for pred, h in links.items():
+            self._set_links(pred, h)
+
+    def _set_links(self, pred: int, h: dict[bytes, bytes]) -> None:
+        for succ in list(self.successors.get(pred, {})):
+            self.predecessors.get(succ, set()).discard(pred)
+        out = {}
+        for k, v in h.items():
+            succ = int(k)
+            if pred in self.nodes and succ in self.nodes:
+                s, w = v.split()
+                out[succ] = [int(s), float(w)]
+                self.predecessors.setdefault(succ, set()).add(pred)
+        for (p, succ), (src, delta) in self._link_delta.items():   # not yet flushed here
+            if p == pred and succ in self.nodes:
+                cur = out.get(succ)
+                if cur is None or src > cur[0]:
+                    out[succ] = [src, delta]
+                elif src == cur[0]:
+                    cur[1] += delta
+                self.predecessors.setdefault(succ, set()).add(pred)
+        if out:
+            self.successors[pred] = out
+        else:
+            self.successors.pop(pred, None)
+
+    # ------------------------------------------------------------------------------ the mirror
+    def _unplace(self, node: Node) -> None:
+        parent = self.nodes.get(node.parent)
+        if parent is not None and parent.children is not None \
+                and parent.children.get(node.name) == node.ino:
+            del parent.children[node.name]
+            if node.children is not None:
+                parent.subdirs -= 1
+
+    def _notify(self, kind: str, node: Node, old: BlobRec | None, parent: int, name: bytes) -> None:
+        if self.on_change is not None:
+            self.on_change(kind, node, old, parent, name)
+
+    def _vanish(self, node: Node, leaving: list[BlobRec]) -> None:
+        """The node is gone from Redis (another node removed it or replaced it)."""
+        if not node.persisted or not node.linked:
+            return
+        parent, name = node.parent, node.name
+        self._unplace(node)
+        node.linked = False
+        node.ctime_ns = _now()
+        self._forget_links(node.ino)
+        if node.children:
+            for child in [self.nodes[i] for i in node.children.values()]:
+                child.linked = False
+                self._notify("gone", child, None, child.parent, child.name)
+            node.children.clear()
+        if node.blob is not None and self.space.known(node.blob.id):
+            leaving.append(node.blob)
+        self._notify("gone", node, node.blob, parent, name)
+
+    async def _fetch(self, conn, inos: list[int]) -> dict[int, dict[bytes, bytes]]:
+        replies = await conn.pipeline([("HGETALL", self.redis.key("n", i)) for i in inos])
+        return {i: pairs(r) for i, r in zip(inos, replies)}
+
+    async def _refresh(self, inos, conn=None) -> None:
+        """Make the mirror's view of these inodes what Redis holds now."""
+        c = conn or self.redis
+        todo = [i for i in dict.fromkeys(inos)]
+        states: dict[int, dict] = {}
+        for _ in range(64):                      # parents first, fetched as they are needed
+            if not todo:
+                break
+            states.update(await self._fetch(c, todo))
+            todo = [int(h[b"p"]) for h in states.values()
+                    if h and int(h[b"p"]) not in states and int(h[b"p"]) not in self.nodes]
+        need = {int(h[b"b"]) for h in states.values() if h and b"b" in h}
+        need = [b for b in need if not self.space.known(b)]
+        blobs = {}
+        if need:
+            replies = await c.pipeline([("HGETALL", self.redis.key("b", b)) for b in need])
+            for b, r in zip(need, replies):
+                if r:
+                    blobs[b] = parse_blob(b, pairs(r))
+        leaving: list[BlobRec] = []
+        self._apply(states, blobs, leaving)
+        await self.space.settle(leaving, c)
+        self.refreshes += 1
+
+    def _known_blob(self, bid: int, blobs: dict[int, BlobRec]) -> BlobRec | None:
+        return self.space.known(bid) or blobs.get(bid)
+
+    def _apply(self, states: dict[int, dict], blobs: dict[int, BlobRec],
+               leaving: list[BlobRec]) -> None:
+        """Install fetched states (an empty dict: the inode is gone) into the mirror."""
+        moved: dict[int, tuple[int, bytes]] = {}
+        for ino, h in states.items():           # 1: take the nodes out of their places
+            node = self.nodes.get(ino)
+            if node is None or not node.persisted or not node.linked:
+                continue
+            if not h:
+                self._vanish(node, leaving)
+            elif (int(h[b"p"]), h[b"n"]) != (node.parent, node.name):
+                moved[ino] = (node.parent, node.name)
+                self._unplace(node)
+        placed = []
+        pending = [ino for ino, h in states.items() if h]
+        for _ in range(len(pending) + 1):       # 2: parents before children
+            rest = []
+            for ino in pending:
+                h = states[ino]
+                parent = self.nodes.get(int(h[b"p"]))
+                if ino != ROOT_INO and (parent is None or parent.children is None):
+                    rest.append(ino)
+                    continue
+                if self._install(ino, h, blobs, leaving, moved):
+                    placed.append(ino)
+            if not rest or len(rest) == len(pending):
+                for ino in rest:
+                    log.warning("cluster: inode %d has no parent directory in Redis; skipped", ino)
+                break
+            pending = rest
+
+    def _install(self, ino: int, h: dict, blobs: dict[int, BlobRec], leaving: list[BlobRec],
+                 moved: dict[int, tuple[int, bytes]]) -> bool:
+        node = self.nodes.get(ino)
+        new = node is None or not node.linked
+        fresh = parse_node(ino, h)
+        bid = int(h[b"b"]) if b"b" in h else None
+        rec = None
+        if bid is not None:
+            rec = self._known_blob(bid, blobs)
+            if rec is None:
+                log.error("cluster: file %d refers to block %d, which Redis does not hold", ino, bid)
+                self._resync = True
+                return False
+        if ino != ROOT_INO:
+            parent = self.nodes[fresh.parent]
+            occupant = parent.children.get(fresh.name)
+            if occupant is not None and occupant != ino:
+                other = self.nodes[occupant]
+                if not other.persisted:
+                    # This node is writing a file of that name and has not committed it: its
+                    # commit will replace the other node's file (the last close wins). The
+                    # other file's space is in use meanwhile.
+                    if rec is not None:
+                        self.space.use(rec)
+                    if node is not None and node.linked and node.persisted:
+                        self._vanish(node, leaving)
+                    return False
+                self._unplace(other)          # stale here; Redis will tell where it went
+                self._resync = True
+        if node is None:
+            node = fresh
+            self.nodes[ino] = node
+        elif not node.linked:                  # a node this node had dropped came back (rare)
+            node.linked = True
+        else:
+            node.parent, node.name, node.cookie = fresh.parent, fresh.name, fresh.cookie
+            node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
+            node.atime_ns, node.mtime_ns, node.ctime_ns = fresh.atime_ns, fresh.mtime_ns, fresh.ctime_ns
+            node.target, node.xattrs = fresh.target, fresh.xattrs
+        if ino != ROOT_INO:
+            parent = self.nodes[node.parent]
+            if parent.children.get(node.name) != ino:
+                parent.children[node.name] = ino
+                if node.children is not None:
+                    parent.subdirs += 1
+        old = node.blob
+        if (old.id if old else None) != bid:
+            node.blob = rec
+            if rec is not None:
+                self.space.use(rec)
+            if old is not None and self.space.known(old.id):
+                leaving.append(old)
+        if new:
+            self._notify("new", node, None, node.parent, node.name)
+        else:
+            if ino in moved:
+                self._notify("moved", node, None, *moved[ino])
+            if old is not None and (rec is None or rec.id != old.id):
+                self._notify("content", node, old, node.parent, node.name)
+        return True
+
+    async def _reconcile(self, states, blobs, grave_ids, links) -> None:
+        """After a gap in the log: make the mirror equal to a full snapshot."""
+        self.resyncs += 1
+        leaving: list[BlobRec] = []
+        gone = [n for n in self.nodes.values()
+                if n.persisted and n.linked and n.ino not in states]
+        for node in gone:
+            self._vanish(node, leaving)
+        self._apply(states, blobs, leaving)
+        self.space.reconcile_grave(grave_ids, blobs)
+        await self.space.settle(leaving, retired=grave_ids)
+        for pred in list(self.successors):
+            if pred not in links:
+                self._set_links(pred, {})
+        for pred, h in links.items():
+            self._set_links(pred, h)
+
+    # ------------------------------------------------------------------------------ the follower
+    async def _follow(self) -> None:
+        """Apply other nodes' changes as the log reports them; reconnect and resync as needed."""
+        self._conn: RedisClient | None = None
+        try:
+            await self._follow_loop()
+        finally:
+            if self._conn is not None:
+                self._conn.abort()
+
+    async def _follow_loop(self) -> None:
+        conn = None
+        key = self.redis.key("log")
+        while True:
+            self._conn = conn
+            try:
+                if conn is None:
+                    conn = self._conn = await self.redis.connect()
+                    await self._check_catalog(conn)
+                    first = await conn.call("XRANGE", key, "-", "+", "COUNT", 1)
+                    if self.last_id != b"0-0" and first and \
+                            stream_id(first[0][0]) > stream_id(self.last_id):
+                        older = await conn.call("XRANGE", key, "-", self.last_id, "COUNT", 1)
+                        if not older:
+                            log.warning("cluster: missed part of the change log (trimmed while "
+                                        "away); reloading the catalog")
+                            self._resync = True
+                if self._resync:
+                    self._resync = False
+                    await self._load_snapshot(initial=False, conn=conn)
+                reply = await conn.call("XREAD", "COUNT", 512, "BLOCK", 1000, "STREAMS", key,
+                                        self.last_id)
+                self.synced_at = trio.current_time()
+                if reply:
+                    await self._apply_entries(reply[0][1], conn)
+                progress, self._progress = self._progress, trio.Event()
+                progress.set()
+            except RedisUnavailable as e:
+                if conn is not None:
+                    conn.abort()
+                    conn = None
+                self.redis.mark_down(str(e))
+                await trio.sleep(0.5)
+            except KvfsError as e:
+                log.error("cluster: following the change log failed: %s; reloading", e)
+                if conn is not None:
+                    conn.abort()
+                    conn = None
+                self._resync = True
+                await trio.sleep(0.5)
+
+    async def _check_catalog(self, conn) -> None:
+        """After (re)connecting: is the catalog still in Redis? A Redis restarted without
+        persistence comes back empty; say so once, loudly (this node keeps serving what its
+        mirror holds; changes fail until an operator re-creates the pool)."""
+        meta = pairs(await conn.call("HGETALL", self.redis.key("meta")))
+        lost = meta.get(b"pool_id", b"").decode() != self.pool_id
+        if lost and not self.catalog_lost:
+            log.error("cluster: Redis at %s no longer holds the catalog of pool %s (restarted "
+                      "without persistence, or flushed?): serving only what this node already "
+                      "knows; unmount every node and run `kvfs format --force` to start over",
+                      self.redis.where, self.pool_id)
+        self.catalog_lost = lost
+
+    async def _apply_entries(self, entries: list, conn) -> None:
+        inos: list[int] = []
+        retired: set[int] = set()
+        purged: list[int] = []
+        preds: list[int] = []
+        origin = str(self.epoch).encode()
+        for sid, flat in entries:
+            self.events += 1
+            f = pairs(flat)
+            if f.get(b"o") != origin:
+                inos += ids(f.get(b"i"))
+                retired.update(ids(f.get(b"r")))
+                purged += ids(f.get(b"g"))
+                preds += ids(f.get(b"l"))
+            self.last_id = sid
+        if inos:
+            await self._refresh(inos, conn)
+        if retired:
+            await self.space.settle([r for r in map(self.space.known, retired) if r is not None],
+                                    conn, retired=retired)
+        for bid in purged:
+            self.space.purged(bid)
+        if preds:
+            preds = list(dict.fromkeys(preds))
+            replies = await conn.pipeline([("HGETALL", self.redis.key("l", p)) for p in preds])
+            for p, r in zip(preds, replies):
+                self._set_links(p, pairs(r))
+
+    async def catch_up(self, tail: bytes, timeout: float = 10.0) -> bool:
+        """Wait until the mirror has applied the log up to `tail`."""
+        with trio.move_on_after(timeout):
+            while stream_id(self.last_id) < stream_id(tail):
+                await self._progress.wait()
+            return True
+        return False
+
+    @property
+    def fresh(self) -> bool:
+        """True while the mirror is known to be current (within half the grace period): a
+        block it names cannot have had its space reused yet."""
+        return self.redis.online and not self.catalog_lost and \
+            trio.current_time() - self.synced_at < max(2.0, self.cfg.grace_seconds / 2)
+

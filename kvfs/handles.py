@@ -1,0 +1,121 @@
+"""Open handles and the per-inode state that lives while the kernel or a handle uses an inode.
+
+`Handles` hands out file handles, keeps the kernel's lookup counts (a node that was unlinked
+is forgotten only when the kernel and every handle are done with it) and owns each inode's
+`NodeState`: its open handles, its write session (kvfs/sessions.py), its lock, and which
+version the kernel's page cache may hold.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from kvfs.catalog.base import BlobRec, Node
+from kvfs.errors import KvfsError
+
+if TYPE_CHECKING:
+    from kvfs.sessions import Session
+
+
+@dataclass
+class Attr:
+    ino: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @property
+    def blocks(self) -> int:
+        """512-byte blocks the content occupies (the pool stores it in 4 KiB pages)."""
+        return (self.size + 4095) // 4096 * 8
+
+
+@dataclass
+class OpenResult:
+    fh: int
+    keep_cache: bool      # the kernel may keep page-cache pages from an earlier open
+    direct_io: bool       # bypass the page cache for this handle
+    backing: object = None  # passthrough: the Buffer whose file the kernel reads and writes
+
+
+@dataclass(eq=False)
+class Handle:
+    fh: int
+    node: Node
+    readable: bool
+    writable: bool
+    version: "Session | BlobRec | None" = None   # read-only handles: what they read
+    backing: object = None                       # passthrough: the Buffer it is bound to
+
+
+@dataclass(eq=False)
+class NodeState:
+    """Per-inode state that only matters while the kernel or a handle uses the inode."""
+    lookups: int = 0
+    opens: int = 0
+    writers: int = 0
+    readers: dict[int, int] = field(default_factory=dict)   # blob id -> read-only handles
+    session: "Session | None" = None
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    cache_version: int | None = None     # blob id the kernel's page cache may hold
+    backing: object = None               # passthrough: the Buffer every open handle is bound to
+    passthrough: int = 0                 # handles opened with passthrough (bound to `backing`)
+    plain: int = 0                       # handles opened without passthrough
+
+
+class Handles:
+    def __init__(self) -> None:
+        self.handles: dict[int, Handle] = {}
+        self.states: dict[int, NodeState] = {}
+        self._next_fh = 1
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def state(self, ino: int) -> NodeState:
+        st = self.states.get(ino)
+        if st is None:
+            st = self.states[ino] = NodeState()
+        return st
+
+    def get(self, fh: int) -> Handle:
+        try:
+            return self.handles[fh]
+        except KeyError:
+            raise KvfsError(errno.EBADF, f"bad file handle {fh}") from None
+
+    def new(self, node: Node, flags: int) -> Handle:
+        acc = flags & os.O_ACCMODE
+        h = Handle(self._next_fh, node, readable=acc in (os.O_RDONLY, os.O_RDWR),
+                   writable=acc in (os.O_WRONLY, os.O_RDWR))
+        self._next_fh += 1
+        self.handles[h.fh] = h
+        st = self.state(node.ino)
+        st.opens += 1
+        if h.writable:
+            st.writers += 1
+        return h
+
+    def pop(self, fh: int) -> Handle | None:
+        """Remove a handle; its inode's open count drops (writers too)."""
+        h = self.handles.pop(fh, None)
+        if h is not None:
+            st = self.state(h.node.ino)
+            st.opens -= 1
+            if h.writable:
+                st.writers -= 1
+        return h
+
+    def idle(self, st: NodeState) -> bool:
+        """Nothing uses the inode: no lookup reference, no handle, no lock holder."""
+        return st.lookups <= 0 and st.opens <= 0 and not st.lock.locked()

@@ -1,0 +1,38 @@
+"""Request latencies per FUSE operation, for percentiles in the statistics."""
+
+from __future__ import annotations
+
+
+class Latency:
+    """Request latencies per operation, in power-of-two microsecond buckets (for percentiles)."""
+
+    BUCKETS = 32
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+        self.maxima: dict[str, float] = {}
+
+    def record(self, op: str, seconds: float) -> None:
+        us = seconds * 1e6
+        b = min(self.BUCKETS - 1, max(0, int(us).bit_length()))
+        c = self.counts.get(op)
+        if c is None:
+            c = self.counts[op] = [0] * self.BUCKETS
+        c[b] += 1
+        if us > self.maxima.get(op, 0.0):
+            self.maxima[op] = us
+
+    def summary(self) -> dict:
+        out = {}
+        for op, c in self.counts.items():
+            n = sum(c)
+            res = {"count": n, "max_us": round(self.maxima[op], 1)}
+            for q, name in ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us")):
+                acc, target = 0, q * n
+                for b, k in enumerate(c):
+                    acc += k
+                    if acc >= target:
+                        res[name] = float(1 << b)    # the bucket's upper bound
+                        break
+            out[op] = res
+        return out

@@ -1,0 +1,259 @@
+"""Write sessions: a file's new content between the first write and the commit.
+
+A session's buffer starts empty (create, O_TRUNC) or as a copy of the committed version, takes
+writes at any offset, and is committed when a writer calls close() (FUSE flush), fsync(), or
+releases the last writable handle: the buffer is written to the pool (durable), then the catalog
+records the new version in one transaction; the old version is retired and freed once no reader
+holds it. A committed session is frozen (its buffer is now the block's resident copy); a later
+write starts a new session from its bytes.
+
+Pool space is reserved as a session grows (kvfs/space/), so a full pool is reported by write()
+itself. Write-behind (kvfs/writer.py): once a sequential writer has completely written a stripe
+unit and moved past it, the unit is written to the pool in the background.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from dataclasses import dataclass
+
+from kvfs.buffer import Buffer
+from kvfs.catalog.base import Node
+from kvfs.errors import KvfsError
+from kvfs.handles import NodeState
+from kvfs.pool import Pool
+from kvfs.space import Space
+from kvfs.store import BlockStore
+
+log = logging.getLogger("kvfs.files")
+
+PIN_XATTR = b"user.kvfs.pin"
+
+
+class Session:
+    """The mutable content of a file between writes and commit."""
+
+    __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
+                 "next_early")
+
+    def __init__(self, buffer: Buffer, dirty: bool):
+        self.buffer = buffer
+        self.dirty = dirty        # has bytes (or existence) not yet committed
+        self.frozen = False       # committed: the buffer is now a resident clean copy
+        self.reserved = 0         # pool bytes set aside for it
+        self.charged = 0          # DRAM bytes accounted for its buffer
+        self.writer = None        # BlockWriter: units written behind the writer (write-behind)
+        self.contig = 0           # bytes written contiguously from offset 0
+        self.next_early = 0       # next unit write-behind may start
+
+    @property
+    def early(self) -> int:
+        """Pool bytes already allocated for units written behind."""
+        return self.writer.early_bytes if self.writer is not None else 0
+
+
+@dataclass
+class SessionStats:
+    commits: int = 0
+    commit_errors: int = 0
+    bytes_written: int = 0
+
+
+class Sessions:
+    def __init__(self, catalog, store: BlockStore, pool: Pool, space: Space, *,
+                 max_block_size: int):
+        self.catalog = catalog
+        self.store = store
+        self.pool = pool
+        self.space = space
+        self.max_block_size = max_block_size
+        self.stats = SessionStats()
+
+    def new(self, st: NodeState) -> Session:
+        """An empty session for a file just created (pending until its first commit)."""
+        s = st.session = Session(Buffer(self.pool.chunk), dirty=True)
+        return s
+
+    def too_big(self, end: int, what: str = "a write to byte") -> KvfsError:
+        return KvfsError(errno.EFBIG, f"{what} {end} is past the largest block kvfs can hold "
+                                      f"({self.max_block_size})")
+
+    # --- changing the content ----------------------------------------------------------------------
+    async def writable(self, node: Node, st: NodeState, keep: int | None = None) -> Session:
+        """The node's open session, or a new one holding a copy of its current content
+        (only the first `keep` bytes are needed when given). Call with st.lock held."""
+        s = st.session
+        if s is not None and not s.frozen:
+            return s
+        st.cache_version = None
+        if s is not None:
+            base = s.buffer
+        elif node.blob is not None and keep != 0:
+            self.store.hold(node.blob)
+            try:
+                base = await self.store.read_all(node.blob)
+            finally:
+                self.store.unhold(node.blob)
+        else:
+            base = None
+        buf = base.copy() if base is not None else Buffer(self.pool.chunk)
+        if keep is not None and keep < buf.size:
+            buf.resize(keep)
+        new = Session(buf, dirty=False)
+        st.session = new
+        await self._reserve(node, new, buf.size)
+        self._charge(new)
+        return new
+
+    async def write(self, node: Node, st: NodeState, offset: int, data) -> int:
+        end = offset + len(data)
+        if end > self.max_block_size:
+            raise self.too_big(end)
+        async with st.lock:
+            s = await self.writable(node, st)
+            if end > s.buffer.size:
+                await self._reserve(node, s, end)
+            s.buffer.write(offset, data)
+            self._charge(s)
+            s.dirty = True
+            self._write_behind(s, offset, end)
+        self.stats.bytes_written += len(data)
+        return len(data)
+
+    async def truncate(self, node: Node, st: NodeState, size: int) -> None:
+        """Set the size (truncate(2), ftruncate(2), O_TRUNC). Call with st.lock held."""
+        if size > self.max_block_size:
+            raise self.too_big(size, "a size of")
+        s = await self.writable(node, st, keep=size)
+        await self._reserve(node, s, size)
+        unit = self.pool.unit
+        s.buffer.resize(size)
+        s.contig = min(s.contig, size)
+        s.next_early = min(s.next_early, size // unit)
+        if size == 0:
+            self._abandon_writer(s)
+        elif s.writer is not None:
+            s.writer.touch(size // unit, max(size // unit, max(s.writer.units, default=0)))
+        self._charge(s)
+        s.dirty = True
+
+    def _write_behind(self, s: Session, offset: int, end: int) -> None:
+        """Start writing the units a sequential writer has completed and moved past, so its
+        transfer overlaps the namespaces' I/O; close() then only has the rest to write."""
+        unit = self.pool.unit
+        if s.writer is not None and end > offset:
+            s.writer.touch(offset // unit, (end - 1) // unit)
+        if offset <= s.contig:
+            s.contig = max(s.contig, end)
+        full = s.contig // unit
+        nursery = self.store.nursery
+        if full <= s.next_early or nursery is None:
+            return
+        if s.writer is None:
+            from kvfs.writer import BlockWriter
+            s.writer = BlockWriter(self.pool)
+        for k in range(s.next_early, full):
+            if not s.writer.started(k):
+                moved = s.writer.write_early(k, s.buffer, nursery)
+                if not moved:
+                    break                   # no room now: commit writes it
+                # the unit's space now comes out of the pool's free space, not the reservation
+                take = min(moved, s.reserved)
+                s.reserved -= take
+                self.space.unreserve(take)
+            s.next_early = k + 1
+
+    def _abandon_writer(self, s: Session) -> None:
+        """A session that will not be committed (or was truncated) gives back what it wrote
+        behind."""
+        w, s.writer = s.writer, None
+        if w is not None and self.store.nursery is not None:
+            self.store.nursery.start_soon(w.abort)
+
+    def _charge(self, s: Session) -> None:
+        delta = s.buffer.nbytes - s.charged
+        if delta:
+            s.charged += delta
+            self.store.charge(delta)
+
+    def end(self, st: NodeState) -> None:
+        """The last writer is gone (or the inode is forgotten): drop an uncommitted session's
+        buffer, reservation and early writes."""
+        s = st.session
+        st.session = None
+        if s is None:
+            return
+        self._abandon_writer(s)
+        self.space.unreserve(s.reserved)
+        s.reserved = 0
+        if not s.frozen:
+            self.store.charge(-s.charged)
+            s.charged = 0
+
+    async def _reserve(self, node: Node, s: Session, size: int) -> None:
+        need = self.pool.stored_size(size) - s.reserved - s.early
+        if need <= 0:
+            return
+        if size > self.max_block_size:
+            raise self.too_big(size, "a size of")
+        await self.space.reserve(need, exclude=node.ino)
+        s.reserved += need
+
+    # --- commit --------------------------------------------------------------------------------------
+    async def commit_if_dirty(self, node: Node, st: NodeState | None) -> None:
+        if st is None or st.session is None or not st.session.dirty:
+            return
+        async with st.lock:
+            await self.commit_locked(node, st)
+
+    async def commit_locked(self, node: Node, st: NodeState) -> None:
+        """Make the session durable and the file's current version (see the module doc)."""
+        s = st.session
+        if s is None or not s.dirty:
+            return
+        if not node.linked:          # unlinked before its first/next commit: nothing to keep
+            s.dirty = False
+            self._abandon_writer(s)
+            return
+        size = s.buffer.size
+        self.space.unreserve(s.reserved)   # the allocation below takes its place at once
+        s.reserved = 0
+        while True:
+            writer, s.writer = s.writer, None
+            try:
+                layout = await self.store.write(s.buffer, size, writer)
+                break
+            except KvfsError as e:
+                if e.errno == errno.ENOSPC and await self.space.make_room(node.ino, size):
+                    continue
+                self.stats.commit_errors += 1
+                raise
+        published = node.linked        # the catalog publishes exactly when the node is linked
+        try:
+            rec, old = await self.catalog.commit(node, layout)
+        except BaseException:
+            self.pool.release(layout)
+            self.stats.commit_errors += 1
+            raise
+        if published:
+            self.space.committed(layout)
+        s.dirty = False
+        s.frozen = True
+        self.stats.commits += 1
+        if node.linked:
+            pred = self.catalog.parent_of(node.ino)
+            pnode = self.catalog.nodes.get(pred) if pred is not None else None
+            self.store.adopt(rec, s.buffer, node.ino, charged=s.charged,
+                             parent=pnode.blob.id if pnode is not None and pnode.blob else None)
+            s.charged = 0
+        elif not published:
+            self.pool.release(rec.layout)      # never published: nobody can read it
+        # (published, then unlinked while the commit was in flight: the unlink retired it)
+        if old is not None:
+            self.store.retire(old)
+        if node.linked and node.xattrs.get(PIN_XATTR) == b"1":
+            try:                                   # a pinned file's new version stays pinned
+                await self.store.pin(rec)
+            except KvfsError as e:
+                log.warning("%s: new version not pinned: %s", self.catalog.path_of(node), e)

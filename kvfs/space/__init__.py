@@ -1,0 +1,20 @@
+"""Pool space: who may write how much where, and what is deleted to make room.
+
+One interface, two implementations (the daemon picks one at start-up, nothing above branches):
+
+* `LocalSpace` (kvfs/space/local.py): a pool used by this node alone. A retired block's space
+  is free as soon as nobody reads it; a full pool evicts this node's least recently used files.
+* `ClusterSpace` (kvfs/space/cluster.py): a pool shared by several nodes through Redis. This
+  node allocates only in regions it leases; retired blocks wait out a grace period in a grave
+  (so another node still reading them is safe); eviction follows the cluster-wide LRU order and
+  one node at a time keeps `free_target` of the pool free ahead of writers.
+
+Both hold the write sessions' reservations (a writer learns that the pool is full at write()),
+and delete files through the `evict` callback the layer above registers (kvfs/files.py decides
+whether a file may go and tells the kernel).
+"""
+
+from kvfs.space.base import Evictor, Space
+from kvfs.space.local import LocalSpace
+
+__all__ = ["Evictor", "LocalSpace", "Space"]
