@@ -10,19 +10,27 @@ PIP         := $(PY) -m pip --disable-pip-version-check -q
 MNT         ?= ./mnt
 PYTHON      ?= python3
 APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server tmux pkg-config python3-venv python3-dev \
-                util-linux e2fsprogs gcc openssl rdma-core libibverbs-dev ibverbs-utils python3-pyverbs
+                util-linux e2fsprogs gcc openssl rdma-core libibverbs-dev ibverbs-utils python3-pyverbs \
+                dpkg-dev
 TORCH_PIN   := torch==2.13.0
 KVIKIO_PKGS := kvikio-cu12 libkvikio-cu12 nvidia-cufile-cu12 rapids-logger cuda-pathfinder
 STAMP       := $(VENV)/.installed
 
-.PHONY: install system-packages install-system run test test-fast bench clean-mount help
+.PHONY: install system-packages fuse-passthrough install-system run test test-fast bench clean-mount help
 
 help:
 	@echo "make run     install, mount kvfs at $(MNT) with the embedded default, show it working"
 	@echo "make test    install, run the whole test suite"
 	@echo "make install only install (apt packages, $(VENV), kvfs and its dependencies)"
 
-install: system-packages $(STAMP) install-system
+install: system-packages $(STAMP) fuse-passthrough install-system
+
+# libfuse 3.17 (in $(VENV)/opt/libfuse) and pyfuse3 patched for FUSE passthrough, see
+# docs/passthrough.md. Also run on every install (a second or less when nothing changed), so that a
+# pyfuse3 replaced by hand is rebuilt.
+FUSE_BUILD := mount/fuse/build.sh mount/fuse/pyfuse3-passthrough.patch
+fuse-passthrough: $(STAMP)
+	@VENV=$(VENV) bash mount/fuse/build.sh
 
 # The kvfs command on PATH and the mount(8) helper (mount -t fuse.kvfs, fstab); as root only.
 install-system: $(STAMP)
@@ -45,8 +53,9 @@ system-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(FUSE_BUILD)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@VENV=$(VENV) bash mount/fuse/build.sh
 	@echo "installing kvfs and its dependencies into $(VENV)"
 	@$(PIP) install -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PY) -c 'import pyfuse3, trio, xattr, xxhash, pytest'
@@ -62,6 +71,8 @@ $(STAMP): pyproject.toml Makefile
 	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) install $(TORCH_PIN) 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install -e '.[test,lmcache]' 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PY) -c 'import lmcache, torch'
+	@$(PY) -c 'import pyfuse3; pyfuse3.passthrough_open' || \
+	  { echo "pip replaced the passthrough pyfuse3 (see mount/fuse/build.sh)" >&2; exit 1; }
 	@touch $@
 
 run: install
