@@ -33,7 +33,8 @@ TIMEOUT = 60.0          # entry and attribute timeouts: long, so that only inval
 #        pt_fresh  passthrough with a new backing id for the same memfd (closed at its release)
 #        pt_other  passthrough with a new backing id for the file's second memfd (other bytes)
 #        pt_keep   pt with keep_cache
-#        pt_default  FileInfo(fh=..., backing_id=...) with pyfuse3's other defaults (keep_cache=1)
+#        pt_default  FileInfo(fh=..., backing_id=...), the other fields left at their defaults
+#        pt_dup_closed  pt, registered from a dup of the memfd fd that is closed right after
 #        pt_closed passthrough with a backing id that was closed again before the open reply
 #        plain     no passthrough: the daemon serves read/write, page cache, no keep_cache
 #        direct    no passthrough, direct_io
@@ -52,10 +53,13 @@ FILES: dict[str, tuple[int, str, list[str]]] = {
     "pt_default": (1 * MiB, "memfd", ["pt_default"]),
     "closed_before": (1 * MiB, "memfd", ["pt_closed"]),
     "closed_after": (1 * MiB, "memfd", ["pt"]),
+    "dup_closed": (1 * MiB, "memfd", ["pt_dup_closed"]),
     "sealed": (1 * MiB, "sealed", ["pt"]),
     "madvise_huge": (4 * MiB, "madvise", ["pt"]),
     "huge_tmpfs": (4 * MiB, "huge_tmpfs", ["pt"]),
 }
+
+SHARED_ID_MODES = ("pt", "pt_keep", "pt_default", "pt_dup_closed")
 
 
 def content(name: str, size: int, other: bool = False) -> bytes:
@@ -75,7 +79,8 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
             self.ino, self.name, self.modes, self.kind = ino, name, modes, kind
             self.opens = 0                  # opens so far (selects the mode)
             self.backing_id = 0             # the inode's shared backing id ("pt"), 0 if none
-            self.users = 0                  # open files using it
+            self.users: dict[int, int] = {}  # backing id -> open files using it
+            self.closed: set[int] = set()   # ids closed early (ctl-close)
             self.fd = self._backing(size, content(name, size))
             self.other_fd = self._backing(size, content(name, size, other=True))
 
@@ -108,7 +113,7 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
 
         def __init__(self) -> None:
             super().__init__()
-            self.log_file = open(log_path, "a", buffering=1)
+            self.log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 - open for the run
             self.nodes: dict[int, Node] = {}
             self.by_name: dict[bytes, Node] = {}
             for i, (name, (size, kind, modes)) in enumerate(FILES.items()):
@@ -127,7 +132,7 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
         def init(self) -> None:
             self.log("init", enabled=pyfuse3.passthrough_enabled())
 
-        def _attr(self, node: Node | None) -> "pyfuse3.EntryAttributes":
+        def _attr(self, node: Node | None) -> pyfuse3.EntryAttributes:
             a = pyfuse3.EntryAttributes()
             if node is None:
                 a.st_ino, a.st_mode, a.st_nlink = pyfuse3.ROOT_INODE, stat.S_IFDIR | 0o755, 2
@@ -145,6 +150,7 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
                 node = self.by_name[name[len(b"ctl-close-"):]]
                 pyfuse3.passthrough_close(node.backing_id)
                 self.log("ctl-close", node.name, backing_id=node.backing_id)
+                node.closed.add(node.backing_id)
                 node.backing_id = 0
             elif name == b"ctl-probe":
                 self.probe()
@@ -207,11 +213,16 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
             node.opens += 1
             fh, self.next_fh = self.next_fh, self.next_fh + 1
             fd, bid = node.fd, 0
-            if mode in ("pt", "pt_keep", "pt_default"):
+            if mode in SHARED_ID_MODES:
                 if not node.backing_id:
-                    node.backing_id = pyfuse3.passthrough_open(node.fd)
-                node.users += 1
+                    if mode == "pt_dup_closed":      # the kernel keeps its own reference
+                        dup = os.dup(node.fd)
+                        node.backing_id = pyfuse3.passthrough_open(dup)
+                        os.close(dup)
+                    else:
+                        node.backing_id = pyfuse3.passthrough_open(node.fd)
                 bid = node.backing_id
+                node.users[bid] = node.users.get(bid, 0) + 1
             elif mode == "pt_fresh":
                 bid = pyfuse3.passthrough_open(node.fd)
             elif mode == "pt_other":
@@ -223,7 +234,7 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
             self.handles[fh] = Handle(node, mode, bid, fd)
             self.log("open", node.name, fh=fh, mode=mode, backing_id=bid,
                      accmode=flags & os.O_ACCMODE, o_direct=bool(flags & os.O_DIRECT))
-            if mode == "pt_default":
+            if mode in ("pt_default", "pt_dup_closed"):
                 return pyfuse3.FileInfo(fh=fh, backing_id=bid)
             return pyfuse3.FileInfo(fh=fh, backing_id=bid, keep_cache=mode == "pt_keep",
                                     direct_io=mode == "direct")
@@ -247,11 +258,13 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
         async def release(self, fh):
             h = self.handles.pop(fh)
             self.log("release", h.node.name, fh=fh)
-            if h.mode in ("pt", "pt_keep", "pt_default") and h.backing_id == h.node.backing_id:
-                h.node.users -= 1
-                if h.node.users == 0:
-                    pyfuse3.passthrough_close(h.node.backing_id)
-                    h.node.backing_id = 0
+            node, bid = h.node, h.backing_id
+            if h.mode in SHARED_ID_MODES:
+                node.users[bid] -= 1
+                if node.users[bid] == 0 and bid not in node.closed:
+                    pyfuse3.passthrough_close(bid)
+                    if node.backing_id == bid:
+                        node.backing_id = 0
             elif h.mode in ("pt_fresh", "pt_other"):
                 pyfuse3.passthrough_close(h.backing_id)
 
@@ -278,6 +291,407 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
         trio.run(run)
     finally:
         pyfuse3.close(unmount=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The tests
+# --------------------------------------------------------------------------------------------------
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (FUSE passthrough needs CAP_SYS_ADMIN)"
+    if not os.path.exists("/dev/fuse"):
+        return "needs /dev/fuse"
+    try:
+        import pyfuse3
+    except ImportError as e:
+        return f"pyfuse3 is not importable: {e}"
+    if not hasattr(pyfuse3, "passthrough_open"):
+        return "pyfuse3 has no passthrough API (stock build): `make install` builds the patched one"
+    return None
+
+
+pytestmark = [pytest.mark.mounted,
+              pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
+
+
+def _wait(cond, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Server:
+    """The file system of this file, mounted in a subprocess; its request log, read back."""
+
+    def __init__(self, base: Path, name: str, huge_dir: str = "", auto_unmount: bool = False):
+        self.mnt = base / name
+        self.mnt.mkdir()
+        self.log_path = base / f"{name}.log"
+        self.log_path.touch()
+        self.out = open(base / f"{name}.out", "wb")  # noqa: SIM115 - closed by stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "serve", str(self.mnt), str(self.log_path), huge_dir,
+             "1" if auto_unmount else "0"], stdout=self.out, stderr=subprocess.STDOUT)
+        try:
+            init = _wait(lambda: self._first("init") or self.proc.poll() is not None, 20,
+                         "the file system to get INIT")
+            if init is True:
+                raise AssertionError(f"the file system exited: {self.output()}")
+            self.passthrough = init["enabled"]
+            self.backing = {e["name"]: e for e in self.lines() if e["op"] == "backing"}
+        except BaseException:
+            self.stop()
+            raise
+
+    def output(self) -> str:
+        self.out.flush()
+        return Path(self.out.name).read_text(errors="replace")[-3000:]
+
+    def lines(self) -> list[dict]:
+        return [json.loads(line) for line in self.log_path.read_text().splitlines()]
+
+    def _first(self, op: str) -> dict | None:
+        return next((e for e in self.lines() if e["op"] == op), None)
+
+    def mark(self) -> int:
+        return len(self.lines())
+
+    def ops(self, name: str, since: int) -> list[str]:
+        """The requests for file *name* that reached the daemon since mark() returned *since*."""
+        return [e["op"] for e in self.lines()[since:] if e["name"] == name]
+
+    def wait_ops(self, name: str, since: int, *want: str) -> list[str]:
+        def arrived() -> list[str] | None:
+            got = self.ops(name, since)
+            return got if all(w in got for w in want) else None
+        return _wait(arrived, 5, f"{want} for {name}")
+
+    def path(self, name: str) -> str:
+        return str(self.mnt / name)
+
+    def backing_bytes(self, name: str, other: bool = False) -> bytes:
+        """The daemon's backing memfd of *name*, as it is now (root reads it through /proc)."""
+        b = self.backing[name]
+        with open(f"/proc/{b['pid']}/fd/{b['other_fd' if other else 'fd']}", "rb") as f:
+            return f.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if os.path.ismount(self.mnt):
+            subprocess.run(["umount", "-l", str(self.mnt)], check=False)
+        self.out.close()
+
+
+@pytest.fixture(scope="module")
+def fs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("passthrough")
+    huge = base / "huge"
+    huge.mkdir()
+    huge_ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=always,size=64m", "pt-huge",
+                              str(huge)], check=False, capture_output=True).returncode == 0
+    server = None
+    try:
+        server = Server(base, "mnt", str(huge) if huge_ok else "")
+        if not server.passthrough:
+            pytest.skip("the kernel did not offer FUSE passthrough at INIT (needs Linux >= 6.9 "
+                        "with CONFIG_FUSE_PASSTHROUGH)")
+        server.huge_tmpfs = huge_ok
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        if huge_ok:
+            subprocess.run(["umount", "-l", str(huge)], check=False)
+
+
+def open_errno(path: str, flags: int = os.O_RDONLY) -> tuple[int | None, int]:
+    """(fd, 0) or (None, errno) for the user's open()."""
+    try:
+        return os.open(path, flags), 0
+    except OSError as e:
+        return None, e.errno
+
+
+def test_init_negotiates_passthrough_and_which_fds_can_back(fs):
+    import pyfuse3
+    assert fs.passthrough
+    assert pyfuse3.FileInfo(fh=1).keep_cache and not pyfuse3.FileInfo(fh=1, backing_id=7).keep_cache
+    # Registering a backing file before the kernel's INIT was answered: EPERM.
+    assert fs._first("pre_init_open")["errno"] == errno.EPERM
+    assert not os.path.exists(fs.path("ctl-probe"))
+    probe = _wait(lambda: fs._first("probe"), 5, "the probe")
+    assert probe == {
+        "op": "probe", "name": "",
+        "pipe": errno.EINVAL, "directory": errno.EISDIR, "chardev": errno.EINVAL,
+        "bad_fd": errno.EBADF, "close_unknown_id": errno.ENOENT,
+        "readonly_memfd": 0,          # an O_RDONLY fd registers fine
+        "close_once": 0, "close_twice": errno.ENOENT}
+
+
+def test_reads_mmap_and_o_direct_never_reach_the_daemon(fs):
+    want = content("pt", 4 * MiB)
+    mark = fs.mark()
+    fd = os.open(fs.path("pt"), os.O_RDONLY)
+    try:
+        assert b"".join(os.pread(fd, MiB, off) for off in range(0, 4 * MiB, MiB)) == want
+        assert os.pread(fd, 4096, 3 * MiB + 5) == want[3 * MiB + 5:3 * MiB + 4101]
+        with mmap.mmap(fd, 4 * MiB, prot=mmap.PROT_READ) as m:
+            assert m[:] == want
+    finally:
+        os.close(fd)
+    fd = os.open(fs.path("pt"), os.O_RDONLY | os.O_DIRECT)
+    try:
+        with mmap.mmap(-1, MiB) as buf:        # page-aligned, as O_DIRECT wants
+            assert os.preadv(fd, [buf], MiB) == MiB
+            assert buf[:] == want[MiB:2 * MiB]
+    finally:
+        os.close(fd)
+    got = fs.wait_ops("pt", mark, "release")
+    assert "read" not in got and got.count("open") == 2
+
+
+def test_flush_fsync_and_release_still_reach_the_daemon(fs):
+    mark = fs.mark()
+    fd = os.open(fs.path("pt"), os.O_RDONLY)
+    os.fsync(fd)
+    assert fs.ops("pt", mark) == ["open", "fsync"]
+    os.close(fd)
+    assert fs.wait_ops("pt", mark, "release") == ["open", "fsync", "flush", "release"]
+
+
+def test_writes_land_in_the_backing_file_and_the_size(fs):
+    name = "pt_write"
+    want = bytearray(content(name, MiB))
+    mark = fs.mark()
+    fd = os.open(fs.path(name), os.O_RDWR)
+    try:
+        assert os.pwrite(fd, b"Y" * 10, 0) == 10
+        assert os.pwrite(fd, b"X" * 4096, MiB) == 4096            # extends the file
+        want[0:10] = b"Y" * 10
+        want += b"X" * 4096
+        assert fs.backing_bytes(name) == want
+        assert os.fstat(fd).st_size == MiB + 4096
+        assert os.stat(fs.path(name)).st_size == MiB + 4096
+        with mmap.mmap(fd, MiB) as m:                             # shared writable mapping
+            m[100:105] = b"ZZZZZ"
+            m.flush()
+        want[100:105] = b"ZZZZZ"
+        assert fs.backing_bytes(name) == want
+        assert os.pread(fd, len(want), 0) == want
+    finally:
+        os.close(fd)
+    got = fs.wait_ops(name, mark, "release")
+    assert "write" not in got and "read" not in got
+    assert "getattr" in got        # the stat after the passthrough write asked the daemon
+
+
+def test_getattr_reaches_the_daemon_after_passthrough_io(fs):
+    name = "pt_getattr"
+    fd = os.open(fs.path(name), os.O_RDWR)
+    try:
+        os.stat(fs.path(name))
+        mark = fs.mark()
+        os.stat(fs.path(name))
+        assert fs.ops(name, mark) == []            # attributes cached (60 s)
+        os.pwrite(fd, b"a" * 100, 10)
+        mark = fs.mark()
+        os.stat(fs.path(name))
+        assert fs.ops(name, mark) == ["getattr"]   # a passthrough write invalidates them
+        os.pwrite(fd, b"a" * 100, MiB)
+        assert os.fstat(fd).st_size == MiB + 100
+        os.stat(fs.path(name))
+        mark = fs.mark()
+        os.pread(fd, 10, 0)
+        os.stat(fs.path(name))
+        assert fs.ops(name, mark) == ["getattr"]   # so does a read (atime)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("name", ["two_backing", "fresh_id"])
+def test_concurrent_opens_of_an_inode_must_use_one_backing_id(fs, name):
+    """A second open whose backing id differs from the one the inode is open with (another file,
+    or the same memfd under a new id) fails with EIO; the daemon gets its RELEASE, no FLUSH."""
+    mark = fs.mark()
+    a = os.open(fs.path(name), os.O_RDONLY)
+    try:
+        b, err = open_errno(fs.path(name))
+        assert (b, err) == (None, errno.EIO)
+        assert fs.wait_ops(name, mark, "release") == ["open", "open", "release"]
+        assert os.pread(a, MiB, 0) == content(name, MiB)
+    finally:
+        os.close(a)
+
+
+def test_sequential_opens_may_use_another_backing_file(fs):
+    name = "sequential_other"
+    mark = fs.mark()
+    a = os.open(fs.path(name), os.O_RDONLY)
+    assert os.pread(a, MiB, 0) == content(name, MiB)
+    os.close(a)
+    fs.wait_ops(name, mark, "release")
+    b = os.open(fs.path(name), os.O_RDONLY)
+    try:
+        assert os.pread(b, MiB, 0) == content(name, MiB, other=True)
+    finally:
+        os.close(b)
+
+
+@pytest.mark.parametrize("name, second_ok", [
+    ("pt_then_plain", False), ("plain_then_pt", False),
+    ("pt_then_direct", False), ("direct_then_pt", True)])
+def test_passthrough_and_daemon_served_opens_of_one_inode(fs, name, second_ok):
+    """Passthrough and cached (page cache) opens exclude each other in both orders (EIO for the
+    second). A direct_io open is refused while the inode is open in passthrough, but a passthrough
+    open is accepted while a direct_io one is open: each then keeps its own path."""
+    mark = fs.mark()
+    a = os.open(fs.path(name), os.O_RDONLY)
+    try:
+        b, err = open_errno(fs.path(name))
+        assert err == (0 if second_ok else errno.EIO)
+        if b is not None:
+            try:
+                m = fs.mark()
+                assert os.pread(b, MiB, 0) == content(name, MiB)      # b: passthrough
+                assert "read" not in fs.ops(name, m)
+                m = fs.mark()
+                assert os.pread(a, MiB, 0) == content(name, MiB)      # a: direct_io, daemon
+                assert "read" in fs.ops(name, m)
+            finally:
+                os.close(b)
+        assert os.pread(a, MiB, 0) == content(name, MiB)
+    finally:
+        os.close(a)
+    fs.wait_ops(name, mark, "release")
+
+
+def test_keep_cache_with_passthrough_fails_the_open(fs):
+    assert open_errno(fs.path("pt_keep")) == (None, errno.EIO)
+    # FileInfo(fh=..., backing_id=...): the patched pyfuse3 leaves keep_cache off
+    mark = fs.mark()
+    fd = os.open(fs.path("pt_default"), os.O_RDONLY)
+    try:
+        assert os.pread(fd, MiB, 0) == content("pt_default", MiB)
+    finally:
+        os.close(fd)
+    assert "read" not in fs.wait_ops("pt_default", mark, "release")
+
+
+def test_backing_id_lifetime(fs):
+    # An id closed before the open reply: EIO.
+    assert open_errno(fs.path("closed_before")) == (None, errno.EIO)
+    # The memfd fd the id was registered from may be closed at once: the kernel holds the file.
+    fd = os.open(fs.path("dup_closed"), os.O_RDONLY)
+    try:
+        assert os.pread(fd, MiB, 0) == content("dup_closed", MiB)
+    finally:
+        os.close(fd)
+    # An id closed while a file is open with it: that file keeps reading and mapping the backing
+    # file; a new open under a new id is refused (EIO) until every file of the inode is closed.
+    name = "closed_after"
+    want = content(name, MiB)
+    mark = fs.mark()
+    a = os.open(fs.path(name), os.O_RDONLY)
+    try:
+        assert not os.path.exists(fs.path(f"ctl-close-{name}"))
+        assert "ctl-close" in fs.ops(name, mark)
+        assert os.pread(a, MiB, 0) == want
+        with mmap.mmap(a, MiB, prot=mmap.PROT_READ) as m:
+            assert m[:] == want
+        assert open_errno(fs.path(name)) == (None, errno.EIO)
+        assert "read" not in fs.ops(name, mark)
+    finally:
+        os.close(a)
+    fs.wait_ops(name, mark, "release", "release")
+    fd = os.open(fs.path(name), os.O_RDONLY)
+    try:
+        assert os.pread(fd, MiB, 0) == want
+    finally:
+        os.close(fd)
+
+
+def test_sealed_memfd_backing(fs):
+    """A memfd sealed with F_SEAL_WRITE|GROW|SHRINK backs read-only opens and mappings. Read-write
+    opens succeed too; write() gets EPERM, but a shared writable mmap through the FUSE file is
+    allowed and its stores land in the sealed memfd (the seal is checked against the FUSE file,
+    not the backing file): a daemon that relies on seals must refuse write opens itself."""
+    name = "sealed"
+    want = content(name, MiB)
+    fd = os.open(fs.path(name), os.O_RDONLY)
+    try:
+        assert os.pread(fd, MiB, 0) == want
+        with mmap.mmap(fd, MiB, prot=mmap.PROT_READ) as m:
+            assert m[:] == want
+    finally:
+        os.close(fd)
+    fd = os.open(fs.path(name), os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as e:
+            os.pwrite(fd, b"x", 0)
+        assert e.value.errno == errno.EPERM
+        assert fs.backing_bytes(name) == want
+        with mmap.mmap(fd, MiB, flags=mmap.MAP_SHARED,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE) as m:
+            m[0:4] = b"SEAL"
+        assert fs.backing_bytes(name)[:4] == b"SEAL"          # the seal is bypassed
+        assert fs.backing_bytes(name)[4:] == want[4:]
+    finally:
+        os.close(fd)
+
+
+def _pmd_mapped_kib(path: str) -> int:
+    """ShmemPmdMapped of this process's mapping of *path* (kB), from /proc/self/smaps."""
+    smaps = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(smaps):
+        if line.endswith(" " + path):
+            for field in smaps[i + 1:i + 30]:
+                if field.startswith("ShmemPmdMapped:"):
+                    return int(field.split()[1])
+    raise AssertionError(f"no mapping of {path} in smaps")
+
+
+@pytest.mark.parametrize("name", ["madvise_huge", "huge_tmpfs"])
+def test_huge_page_backing(fs, name):
+    """A memfd with MADV_HUGEPAGE and a file on a huge=always tmpfs both back passthrough; the
+    tmpfs file's huge pages are mapped with PMDs through the FUSE file (a memfd gets huge pages
+    only if /sys/kernel/mm/transparent_hugepage/shmem_enabled allows them)."""
+    if name == "huge_tmpfs" and not fs.huge_tmpfs:
+        pytest.skip("could not mount a huge=always tmpfs")
+    want = content(name, 4 * MiB)
+    fd = os.open(fs.path(name), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4 * MiB, 0) == want
+        with mmap.mmap(fd, 4 * MiB, prot=mmap.PROT_READ) as m:
+            assert m[:] == want
+            if name == "huge_tmpfs":
+                assert _pmd_mapped_kib(fs.path(name)) >= 2048
+    finally:
+        os.close(fd)
+
+
+def test_auto_unmount_after_kill(tmp_path):
+    """-o auto_unmount works with the private libfuse 3.17: it runs its own fusermount3 (Debian's
+    3.14 one rejects --auto-unmount and the mount would stay, stale)."""
+    server = Server(tmp_path, "auto", auto_unmount=True)
+    try:
+        assert os.path.ismount(server.mnt)
+        server.proc.kill()
+        server.proc.wait(10)
+        _wait(lambda: not os.path.ismount(server.mnt), 10, "auto_unmount")
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
