@@ -1,9 +1,13 @@
-"""Page-aligned memory for block content: a list of equal, mmap-backed chunks.
+"""Block content in memory: one memfd per block (shared memory the kernel can read directly).
 
-Chunks are anonymous mmaps, so they are page aligned (O_DIRECT can read and write them) and
-their memory goes back to the kernel as soon as the last reference is dropped. A chunk that
-was never written is a hole (None) and reads as zeros. Reads that fall inside one chunk are
-served as a memoryview slice, without a copy; a read that straddles chunks is joined.
+A `Buffer` is a memfd (an anonymous tmpfs file) of the block's size. The kernel serves reads and
+writes of a passthrough-opened file straight from it (FUSE passthrough: the bytes never reach
+the daemon), and the daemon reaches it through mappings of fixed-size chunks, made on demand:
+O_DIRECT preads of a block's stripe units land in them and O_DIRECT writes leave from them.
+A range never written is a hole: it reads as zeros and takes no memory.
+
+Holes stay holes on the way to the pool too: `io_views` for a write hands out a shared chunk of
+zeros where the memfd has a hole, instead of touching (and so allocating) those pages.
 
 The chunk size is a multiple of the pool's stripe unit (or a unit is a multiple of it), so the
 unit views handed to the pool are lists of at most a few slices.
@@ -11,11 +15,21 @@ unit views handed to the pool are lists of at most a few slices.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
+import os
+import weakref
 
 from kvfs.layout import PAGE
 
 MiB = 1 << 20
+
+SEEK_DATA = getattr(os, "SEEK_DATA", 3)
+SEEK_HOLE = getattr(os, "SEEK_HOLE", 4)
+F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
+F_SEAL_GROW = getattr(fcntl, "F_SEAL_GROW", 0x0004)
 
 
 def chunk_size_for(stripe_unit: int) -> int:
@@ -23,129 +37,196 @@ def chunk_size_for(stripe_unit: int) -> int:
     return max(stripe_unit, MiB)
 
 
-def _new_chunk(size: int) -> mmap.mmap:
-    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+def _close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class Buffer:
-    """Growable block content. Not thread-safe: one writer at a time (the caller's lock)."""
+    """Growable block content in a memfd. Not thread-safe: one writer at a time (the caller's
+    lock); worker threads only fill or drain the views they are given."""
 
-    __slots__ = ("chunk", "chunks", "size")
+    __slots__ = ("chunk", "fd", "size", "maps", "sealed", "__weakref__")
 
-    def __init__(self, chunk: int, size: int = 0, *, allocate: bool = False):
+    def __init__(self, chunk: int, size: int = 0):
         if chunk % PAGE:
             raise ValueError("chunk size must be a multiple of 4 KiB")
         self.chunk = chunk
+        self.fd = os.memfd_create("kvfs-block", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        weakref.finalize(self, _close_fd, self.fd)
         self.size = 0
-        self.chunks: list[mmap.mmap | None] = []
+        self.maps: list[mmap.mmap | None] = []
+        self.sealed = False
         self.resize(size)
-        if allocate:
-            for i in range(len(self.chunks)):
-                self._alloc(i)
 
     @property
     def nbytes(self) -> int:
-        """Memory the content occupies: the pages of allocated chunks up to the content's end
-        (pages of a chunk past the end are never touched, so the kernel never backs them)."""
-        end = (self.size + PAGE - 1) // PAGE * PAGE
-        total = 0
-        for i, c in enumerate(self.chunks):
-            if c is not None:
-                total += max(0, min(self.chunk, end - i * self.chunk))
-        return total
+        """Memory the content occupies (its written pages; holes take none)."""
+        return os.fstat(self.fd).st_blocks * 512
 
-    def _alloc(self, i: int) -> mmap.mmap:
-        c = self.chunks[i] = _new_chunk(self.chunk)
-        return c
+    @property
+    def reserved_bytes(self) -> int:
+        """Memory the content takes once every page is written."""
+        return (self.size + PAGE - 1) // PAGE * PAGE
+
+    def sync_size(self) -> int:
+        """Re-read the size from the memfd (the kernel writes into it directly under FUSE
+        passthrough) and return it."""
+        size = os.fstat(self.fd).st_size
+        if size != self.size:
+            n = (size + self.chunk - 1) // self.chunk
+            if n < len(self.maps):
+                del self.maps[n:]
+            else:
+                self.maps.extend([None] * (n - len(self.maps)))
+            self.size = size
+        return size
+
+    def signature(self) -> tuple[int, int, int]:
+        """(size, mtime, ctime) of the memfd: changes whenever its content is written through
+        a file descriptor."""
+        st = os.fstat(self.fd)
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def _map(self, i: int, need: int) -> mmap.mmap:
+        """A shared mapping of chunk i reaching at least `need` bytes into it (within the
+        file). Kept for multi-chunk blocks; a block of one chunk (most small files) gets a
+        mapping that lives only as long as the views taken from it, so a DRAM tier of many
+        small blocks does not hold one mapping each (vm.max_map_count)."""
+        m = self.maps[i]
+        if m is None or len(m) < need:
+            length = min(self.chunk, self.size - i * self.chunk)
+            m = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                          offset=i * self.chunk)
+            if len(self.maps) > 1:
+                self.maps[i] = m
+        return m
 
     def resize(self, size: int) -> None:
-        """Grow (the new bytes read as zeros) or shrink (bytes past the end are zeroed)."""
+        """Grow (the new bytes read as zeros) or shrink (bytes past the end are gone)."""
+        if self.sealed:
+            raise OSError(errno.EPERM, "the block's content is sealed")
         n = (size + self.chunk - 1) // self.chunk
         if size < self.size:
-            del self.chunks[n:]
-            tail = size % self.chunk
-            if tail and self.chunks and self.chunks[-1] is not None:
-                c = self.chunks[-1]
-                c[tail:] = bytes(self.chunk - tail)
+            del self.maps[n:]
         else:
-            self.chunks.extend([None] * (n - len(self.chunks)))
+            self.maps.extend([None] * (n - len(self.maps)))
+        os.ftruncate(self.fd, size)
         self.size = size
 
     def write(self, offset: int, data) -> None:
-        data = memoryview(data).cast("B")
         end = offset + len(data)
         if end > self.size:
             self.resize(end)
-        pos, src = offset, 0
-        while src < len(data):
-            i, at = divmod(pos, self.chunk)
-            n = min(self.chunk - at, len(data) - src)
-            c = self.chunks[i]
-            if c is None:
-                c = self._alloc(i)
-            c[at:at + n] = data[src:src + n]
-            pos += n
-            src += n
+        data = memoryview(data).cast("B")
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], offset + done)
 
     def view(self, offset: int, length: int):
-        """Bytes [offset, offset+length) clipped to size: a memoryview when it lies in one chunk."""
+        """Bytes [offset, offset+length) clipped to size: a memoryview into the block when the
+        range lies in one chunk of a multi-chunk block, else a copy."""
         end = min(offset + length, self.size)
         if end <= offset:
             return b""
         i, at = divmod(offset, self.chunk)
-        if (end - 1) // self.chunk == i:
-            c = self.chunks[i]
-            if c is None:
-                return bytes(end - offset)
-            return memoryview(c)[at:at + end - offset]
-        parts = []
+        if len(self.maps) > 1 and (end - 1) // self.chunk == i:
+            return memoryview(self._map(i, at + end - offset))[at:at + end - offset]
+        return os.pread(self.fd, end - offset, offset)
+
+    def _data_runs(self, offset: int, end: int) -> list[tuple[int, int, bool]]:
+        """[(start, end, is_data)] covering [offset, end), from SEEK_DATA/SEEK_HOLE."""
+        out = []
         pos = offset
         while pos < end:
-            i, at = divmod(pos, self.chunk)
-            n = min(self.chunk - at, end - pos)
-            c = self.chunks[i]
-            parts.append(bytes(n) if c is None else memoryview(c)[at:at + n])
-            pos += n
-        return b"".join(parts)
+            try:
+                data = os.lseek(self.fd, pos, SEEK_DATA)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                data = end                      # only a hole up to the end of the file
+            data = min(data, end)
+            if data > pos:
+                out.append((pos, data, False))
+            if data >= end:
+                break
+            hole = min(os.lseek(self.fd, data, SEEK_HOLE), end)
+            out.append((data, hole, True))
+            pos = hole
+        return out
 
     def io_views(self, offset: int, length: int, zero_chunk: mmap.mmap | None = None) -> list[memoryview]:
-        """Aligned writable slices covering [offset, offset+length) for O_DIRECT I/O.
+        """Aligned slices covering [offset, offset+length) for O_DIRECT I/O (4 KiB multiples).
 
-        Holes are allocated (for reads into the buffer) unless `zero_chunk` is given, in which
-        case they are served from it (for writes out of the buffer). Offsets and lengths must
-        be 4 KiB multiples; the range may extend past `size` into the zeroed tail of the last
-        chunk, never past the last chunk.
+        For reads into the buffer (`zero_chunk` None) the range must lie within the size (a
+        buffer being filled is sized to whole pages until it is complete). For writes out of
+        it, holes and the range past the size (the last unit's padding) come from
+        `zero_chunk`, and the partial last page from a copy.
         """
         if offset % PAGE or length % PAGE:
             raise ValueError("I/O views must be 4 KiB aligned")
+        end = offset + length
+        if zero_chunk is None:
+            if end > self.size:
+                raise ValueError("I/O view past the end of the buffer")
+            return self._views(offset, end)
+        full = self.size // PAGE * PAGE          # end of the whole pages of content
+        out: list[memoryview] = []
+        if min(end, full) > offset:
+            for lo, hi, is_data in self._data_runs(offset, min(end, full)):
+                lo, hi = lo // PAGE * PAGE, -(-hi // PAGE) * PAGE
+                out += self._views(lo, hi) if is_data else _zeros(zero_chunk, hi - lo)
+        pos = max(offset, full)
+        if full < self.size and offset <= full < end:        # the partial last page
+            page = mmap.mmap(-1, PAGE)
+            page[:self.size - full] = os.pread(self.fd, self.size - full, full)
+            out.append(memoryview(page))
+            pos = full + PAGE
+        if end > pos:
+            out += _zeros(zero_chunk, end - pos)                 # padding past the content
+        return out
+
+    def _views(self, lo: int, hi: int) -> list[memoryview]:
         out = []
-        pos, end = offset, offset + length
-        while pos < end:
+        pos = lo
+        while pos < hi:
             i, at = divmod(pos, self.chunk)
-            n = min(self.chunk - at, end - pos)
-            c = self.chunks[i]
-            if c is None:
-                if zero_chunk is not None:
-                    out.append(memoryview(zero_chunk)[:n])
-                    pos += n
-                    continue
-                c = self._alloc(i)
-            out.append(memoryview(c)[at:at + n])
+            n = min(self.chunk - at, hi - pos)
+            out.append(memoryview(self._map(i, at + n))[at:at + n])
             pos += n
         return out
 
     def copy(self) -> "Buffer":
         """A private copy (copy-on-write when a committed version is modified)."""
-        b = Buffer(self.chunk)
-        b.size = self.size
-        for c in self.chunks:
-            if c is None:
-                b.chunks.append(None)
-            else:
-                n = _new_chunk(self.chunk)
-                n[:] = c
-                b.chunks.append(n)
+        b = Buffer(self.chunk, self.size)
+        for lo, hi, is_data in self._data_runs(0, self.size):
+            if not is_data:
+                continue
+            pos = lo
+            while pos < hi:
+                n = os.copy_file_range(self.fd, b.fd, hi - pos, pos, pos)
+                if n <= 0:
+                    raise OSError(errno.EIO, "copy of a block's content ended early")
+                pos += n
         return b
+
+    def seal(self) -> None:
+        """The content is final: its size can no longer change, so a reader's mmap of it can
+        never see it shrink (a write seal would also need the daemon's own mappings gone)."""
+        if not self.sealed:
+            fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
+            self.sealed = True
+
+
+def _zeros(zero_chunk: mmap.mmap, n: int) -> list[memoryview]:
+    out = []
+    while n > 0:
+        k = min(n, len(zero_chunk))
+        out.append(memoryview(zero_chunk)[:k])
+        n -= k
+    return out
 
 
 def zero_chunk(chunk: int) -> mmap.mmap:

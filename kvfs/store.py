@@ -38,7 +38,7 @@ from kvfs.aio import run_all
 from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
-from kvfs.layout import Layout, units_covering
+from kvfs.layout import Layout, align_up, units_covering
 from kvfs.policy import AlwaysAdmit, TierIndex, make_policy
 from kvfs.pool import Pool
 
@@ -429,6 +429,7 @@ class BlockStore:
             return data
         if offset >= rec.size:
             return b""
+        length = min(length, rec.size - offset)      # a buffer being filled has whole pages
         if rec.size > self.capacity:
             return await self._read_uncached(rec, offset, length)
         if cb is None:
@@ -459,20 +460,21 @@ class BlockStore:
             buf = cb.fetch.buffer
             await self.read(rec, 0, rec.size)
             return buf
-        buf = Buffer(self.pool.chunk, rec.size, allocate=True)   # larger than DRAM: uncached
+        buf = Buffer(self.pool.chunk, align_up(rec.size))   # larger than DRAM: uncached
         await self._read_units(rec, range(rec.layout.nunits), buf)
+        buf.resize(rec.size)
         return buf
 
     async def _read_uncached(self, rec: BlobRec, offset: int, length: int):
         """Read the covering units into a temporary buffer (blocks larger than the DRAM tier)."""
         ks = units_covering(offset, length, rec.size, rec.layout.unit)
-        tmp = Buffer(self.pool.chunk, rec.size)      # chunks appear only where units land
+        tmp = Buffer(self.pool.chunk, align_up(rec.size))   # pages appear where units land
         self.hold(rec)
         try:
             await self._read_units(rec, ks, tmp)
         finally:
             self.unhold(rec)
-        return bytes(tmp.view(offset, length))
+        return bytes(tmp.view(offset, min(length, rec.size - offset)))
 
     async def _read_units(self, rec: BlobRec, ks, buf: Buffer) -> None:
         await run_all((lambda k=k: self._read_unit(rec, k, buf, "pool", False)) for k in ks)
@@ -497,12 +499,12 @@ class BlockStore:
             return None
         source = "local" if self.local is not None and self.local.has(rec.id) else "pool"
         layout = self.local.layout(rec.id) if source == "local" else rec.layout
-        fetch = Fetch(Buffer(chunk, rec.size, allocate=True), layout.nunits, prefetch, source,
-                      parent)
+        # whole pages while it is filled (O_DIRECT); cut to the block's size when complete
+        fetch = Fetch(Buffer(chunk, align_up(rec.size)), layout.nunits, prefetch, source, parent)
         for k in range(layout.nunits):
             fetch.queues.setdefault(layout.ns[k], collections.deque()).append(k)
         cb.fetch = fetch
-        self.inflight += fetch.buffer.nbytes
+        self.inflight += fetch.buffer.reserved_bytes
         self.stats.fetches += 1
         assert self._nursery is not None, "BlockStore.serve() is not running"
         self._nursery.start_soon(self._run_fetch, cb, fetch, on_done)
@@ -546,7 +548,7 @@ class BlockStore:
                 continue
             break
         cb.fetch = None
-        self.inflight -= fetch.buffer.nbytes
+        self.inflight -= fetch.buffer.reserved_bytes
         fetch.done.set()
         if on_done is not None:
             on_done()
@@ -562,17 +564,18 @@ class BlockStore:
                     fetch.errors[k] = KvfsError(errno.EIO, "fetch cancelled")
                     ev.set()
         else:
+            fetch.buffer.resize(rec.size)
             if fetch.source == "pool":
                 self.pool.observe(units, done)
             admit = not cb.retired and (cb.pinned or self.admission.admit(rec.id, rec.size))
-            if admit and not self._make_room(fetch.buffer.nbytes, cold_only=fetch.prefetch) \
+            if admit and not self._make_room(fetch.buffer.reserved_bytes, cold_only=fetch.prefetch) \
                     and fetch.prefetch:
                 admit = False                    # readahead never displaces hotter blocks
                 self.stats.prefetch_wasted += 1
             if admit:
                 cb.resident = fetch.buffer
                 cb.prefetched = fetch.prefetch
-                self.dram.add(rec.id, fetch.buffer.nbytes, fetch.parent)
+                self.dram.add(rec.id, fetch.buffer.reserved_bytes, fetch.parent)
                 self.stats.tiers["dram"].bytes_in += rec.size
                 if fetch.source == "pool" and self.local is not None and \
                         not self.local.has(rec.id) and self.local.admission.admit(rec.id, rec.size):

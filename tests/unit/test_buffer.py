@@ -26,9 +26,7 @@ def test_buffer_behaves_like_a_bytearray(writes, cut):
     b.resize(cut + C)      # grow again: the tail reads as zeros
     assert bytes(b.view(cut, C)) == bytes(C)
     assert bytes(b.copy().view(0, b.size)) == bytes(b.view(0, b.size))
-    end = (b.size + 4095) // 4096 * 4096
-    assert b.nbytes == sum(max(0, min(C, end - i * C)) for i, c in enumerate(b.chunks)
-                           if c is not None)
+    assert b.nbytes <= b.reserved_bytes      # memory: never more than the content's pages
 
 
 def test_views_inside_one_chunk_are_zero_copy():
@@ -46,4 +44,29 @@ def test_io_views_cover_holes_with_zeros_for_writes():
     views = b.io_views(0, 3 * C, z)
     assert sum(len(v) for v in views) == 3 * C
     assert bytes(views[0]) == bytes(C)
-    assert b.chunks[0] is None       # a hole stays a hole when written out
+    assert b.nbytes == 4096          # a hole stays a hole when written out
+
+
+def test_io_views_pad_the_last_unit_with_zeros_past_the_content():
+    b = Buffer(C)
+    b.write(0, b"y" * (C + 100))
+    z = zero_chunk(C)
+    views = b.io_views(C, C, z)           # the last unit: 100 bytes, then padding
+    data = b"".join(bytes(v) for v in views)
+    assert data == b"y" * 100 + bytes(C - 100)
+    views = b.io_views(0, C, z)
+    assert b"".join(bytes(v) for v in views) == b"y" * C
+
+
+def test_the_kernel_sees_the_same_bytes_through_the_memfd():
+    """What passthrough serves is the memfd itself: the daemon's writes and the fd agree."""
+    b = Buffer(C)
+    b.write(100, b"abc")
+    assert os.pread(b.fd, 3, 100) == b"abc"
+    os.pwrite(b.fd, b"xyz", 2 * C)        # a write the daemon did not see (passthrough)
+    assert b.sync_size() == 2 * C + 3
+    assert bytes(b.view(2 * C, 3)) == b"xyz"
+    b.seal()
+    import pytest
+    with pytest.raises(OSError):
+        os.ftruncate(b.fd, 10)            # sealed: the size is final
