@@ -239,6 +239,20 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
             return pyfuse3.FileInfo(fh=fh, backing_id=bid, keep_cache=mode == "pt_keep",
                                     direct_io=mode == "direct")
 
+        async def create(self, parent, name, mode, flags, ctx):
+            """A new file: a new memfd, opened in passthrough at once."""
+            ino = max(self.nodes) + 1
+            node = Node(ino, name.decode(), 0, "memfd", ["pt"])
+            self.nodes[ino], self.by_name[name] = node, node
+            self.log("backing", node.name, pid=os.getpid(), fd=node.fd, other_fd=node.other_fd)
+            node.opens = 1
+            node.backing_id = pyfuse3.passthrough_open(node.fd)
+            node.users[node.backing_id] = 1
+            fh, self.next_fh = self.next_fh, self.next_fh + 1
+            self.handles[fh] = Handle(node, "pt", node.backing_id, node.fd)
+            self.log("create", node.name, fh=fh, backing_id=node.backing_id)
+            return pyfuse3.FileInfo(fh=fh, backing_id=node.backing_id), self._attr(node)
+
         async def read(self, fh, off, size):
             h = self.handles[fh]
             self.log("read", h.node.name, fh=fh, off=off, size=size)
@@ -495,6 +509,23 @@ def test_writes_land_in_the_backing_file_and_the_size(fs):
     got = fs.wait_ops(name, mark, "release")
     assert "write" not in got and "read" not in got
     assert "getattr" in got        # the stat after the passthrough write asked the daemon
+
+
+def test_create_reply_carries_the_backing_id(fs):
+    name = "created"
+    data = os.urandom(MiB + 123)
+    fd = os.open(fs.path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fs.backing[name] = next(e for e in fs.lines() if e["op"] == "backing" and e["name"] == name)
+    mark = fs.mark()
+    try:
+        assert os.pwrite(fd, data, 0) == len(data)
+        assert fs.backing_bytes(name) == data
+        assert os.pread(fd, len(data), 0) == data
+        assert os.fstat(fd).st_size == len(data)
+    finally:
+        os.close(fd)
+    got = fs.wait_ops(name, mark, "release")
+    assert "write" not in got and "read" not in got
 
 
 def test_getattr_reaches_the_daemon_after_passthrough_io(fs):
