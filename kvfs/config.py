@@ -87,6 +87,7 @@ class MountConfig:
     allow_other: bool = False
     attr_timeout: float = 1.0
     max_tasks: int = 512             # concurrent FUSE requests in flight
+    passthrough: bool = True         # FUSE passthrough where the kernel offers it
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,13 @@ class _Table:
         if self.data:
             name = sorted(self.data)[0]
             raise ConfigError(f"config: unknown key {self.key(name)}")
+
+
+def _passthrough_allowed() -> bool:
+    """KVFS_PASSTHROUGH=off in the environment turns FUSE passthrough off whatever the config
+    says (to run the test suite on the fallback data path)."""
+    return os.environ.get("KVFS_PASSTHROUGH", "").strip().lower() not in ("0", "off", "no",
+                                                                          "false")
 
 
 def _removed_io(value: Any, key: str) -> None:
@@ -373,6 +381,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         allow_other=mount_t.take("allow_other", _bool, False),
         attr_timeout=mount_t.take("attr_timeout", _number_range(0.0, 3600.0), 1.0),
         max_tasks=mount_t.take("max_tasks", _int_range(4, 4096), 512),
+        passthrough=mount_t.take("passthrough", _bool, True) and _passthrough_allowed(),
     )
     mount_t.done()
 

@@ -182,7 +182,9 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
         if on_state_dir is not None:
             on_state_dir()
         service = Service(cfg, layers, knobs)
-        ops = FuseOps(service.files, service.control, service.latency, cfg.mount.attr_timeout)
+        ops = FuseOps(service.files, service.control, service.latency, cfg.mount.attr_timeout,
+                      passthrough=cfg.mount.passthrough)
+        service.data_path = lambda: ops.data_path
         pool = layers.pool
         options = set(pyfuse3.default_options)
         options |= {f"fsname=kvfs:{pool.pool_id[:12]}", "subtype=kvfs"}

@@ -44,6 +44,8 @@ __all__ = ["Attr", "Files", "OpenResult", "PIN_XATTR"]
 class FilesStats:
     opens: int = 0
     creates: int = 0
+    passthrough_opens: int = 0        # answered with a memfd the kernel reads and writes itself
+    plain_opens: int = 0              # served by the daemon (no passthrough, or the fallback)
 
 
 class Files:
@@ -56,6 +58,7 @@ class Files:
         self.leases = leases
         self.readahead = readahead
         self.handles = Handles()
+        self._passthrough = False
         self.hits: collections.Counter[int] = collections.Counter()   # reads per file, since mount
         self.stats = FilesStats()
         # Set by the FUSE layer (never calls back down): on_evict(parent_ino, name, ino) after a
@@ -67,6 +70,15 @@ class Files:
         self.on_new_content: Callable[[int], None] | None = None
         for node in sorted(catalog.files(), key=lambda n: n.atime_ns):   # the pool's LRU order
             store.track(node.blob, node.ino)
+
+    @property
+    def passthrough(self) -> bool:
+        """The kernel agreed to FUSE passthrough (set by the FUSE layer after INIT)."""
+        return self._passthrough
+
+    @passthrough.setter
+    def passthrough(self, on: bool) -> None:
+        self._passthrough = self.store.passthrough = on
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _release_state(self, node: Node) -> None:
@@ -82,7 +94,7 @@ class Files:
 
     def attr(self, node: Node) -> Attr:
         st = self.handles.states.get(node.ino)
-        size = st.session.buffer.size if st and st.session else node.committed_size
+        size = st.session.size if st and st.session else node.committed_size
         return Attr(node.ino, node.mode, node.nlink, node.uid, node.gid, size,
                     node.atime_ns, node.mtime_ns, node.ctime_ns)
 
@@ -205,9 +217,19 @@ class Files:
         return self.attr(node)
 
     # --- opening -------------------------------------------------------------------------------
+    # With FUSE passthrough (`self.passthrough`, set once the kernel agreed at INIT) an open is
+    # answered with the memfd that holds the version it reads or writes (a `Buffer`): the kernel
+    # then serves read(), write() and mmap from that file without asking the daemon. The kernel
+    # wants every handle open on an inode at once to use the same backing file, and passthrough
+    # and page-cached handles never to mix, so an inode stays on the path its first handle took
+    # until its last handle closes (NodeState.backing / passthrough / plain).
+
     @staticmethod
     def _open_result(h: Handle, st: NodeState) -> OpenResult:
         node = h.node
+        if h.backing is not None:
+            st.cache_version = None
+            return OpenResult(h.fh, keep_cache=False, direct_io=False, backing=h.backing)
         # A writer opened while read-only handles pin a committed version bypasses the page
         # cache, so its new bytes never reach those readers through cached pages.
         direct = h.writable and bool(st.readers)
@@ -225,22 +247,78 @@ class Files:
         if not node.is_file:
             raise KvfsError(errno.EINVAL, "not a regular file")
 
+    def _use_passthrough(self, node: Node, st: NodeState, writable: bool) -> bool:
+        """Should a new handle of this inode use passthrough? ETXTBSY for a writer while
+        readers here read another version of the file through passthrough (the kernel would
+        refuse a second backing file, and those readers must keep their version)."""
+        if not self.passthrough or st.plain > 0:
+            return False
+        if st.passthrough > 0:
+            s = st.session
+            if writable and not (s is not None and s.passthrough and not s.frozen
+                                 and st.backing is s.buffer):
+                raise KvfsError(errno.ETXTBSY, f"{self.catalog.path_of(node)}: open for "
+                                               f"reading on this node; write a new file and "
+                                               f"rename it over this one instead")
+            return True
+        if writable or st.session is not None:
+            return True
+        # a block larger than the DRAM tier is streamed through the daemon instead
+        return node.blob is None or node.blob.size <= self.store.capacity
+
     async def open(self, ino: int, flags: int, pid: int = 0) -> OpenResult:
         node = self.catalog.get(ino)
         self._regular(node)
         self.stats.opens += 1
-        h = self.handles.new(node, flags)
         st = self.handles.state(ino)
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        passthrough = self._use_passthrough(node, st, writable)
+        h = self.handles.new(node, flags)
         try:
             if h.writable and flags & os.O_TRUNC:
                 async with st.lock:
                     await self.sessions.truncate(node, st, 0)
             if not h.writable:
                 self._pin_version(h, st, pid)
+            if passthrough:
+                await self._bind(h, st)
+            else:
+                st.plain += 1
+                self.stats.plain_opens += 1
         except BaseException:
             await self.release(h.fh)
             raise
         return self._open_result(h, st)
+
+    async def _bind(self, h: Handle, st: NodeState) -> None:
+        """Answer this handle with passthrough: find (or make) the memfd it uses."""
+        node = h.node
+        if st.passthrough > 0:
+            buf = st.backing
+            if not h.writable and h.version is not st.backing_version:
+                # another node replaced the content meanwhile: while handles here read the old
+                # version through passthrough, new ones read it too (the kernel allows one
+                # backing file per inode at a time)
+                self._unpin(h, st)
+                h.version = st.backing_version
+                if isinstance(h.version, BlobRec):
+                    self.store.hold(h.version)
+                    st.readers[h.version.id] = st.readers.get(h.version.id, 0) + 1
+        elif h.writable:
+            async with st.lock:
+                s = await self.sessions.writable(node, st)
+                s.passthrough = True
+            buf, st.backing_version = s.buffer, s
+        elif isinstance(h.version, BlobRec):
+            buf = await self.store.materialize(h.version)
+            st.backing_version = h.version
+        else:                       # the write session (or an empty session) it pinned
+            buf, st.backing_version = h.version.buffer, h.version
+        if h.writable:
+            st.session.rdwr |= h.readable        # may be mmap'd for writing
+        h.backing = st.backing = buf
+        st.passthrough += 1
+        self.stats.passthrough_opens += 1
 
     def _pin_version(self, h: Handle, st: NodeState, pid: int) -> None:
         node = h.node
@@ -257,6 +335,16 @@ class Files:
             self.hits[node.ino] += 1
             st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
 
+    def _unpin(self, h: Handle, st: NodeState) -> None:
+        if isinstance(h.version, BlobRec):
+            self.store.unhold(h.version)
+            n = st.readers.get(h.version.id, 0) - 1
+            if n > 0:
+                st.readers[h.version.id] = n
+            else:
+                st.readers.pop(h.version.id, None)
+        h.version = None
+
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                      gid: int, pid: int = 0) -> tuple[OpenResult, Attr]:
         gid, mode = self._owner(self.catalog.dir(parent), gid, mode, False)
@@ -267,9 +355,18 @@ class Files:
         st = self.handles.state(node.ino)
         s = self.sessions.new(st)
         h = self.handles.new(node, flags)
-        if not h.writable:          # O_CREAT|O_RDONLY: the empty file exists once create returns
-            h.version = s
-            await self.sessions.commit_if_dirty(node, st)
+        try:
+            if not h.writable:      # O_CREAT|O_RDONLY: the empty file exists once create returns
+                h.version = s
+                await self.sessions.commit_if_dirty(node, st)
+            if self.passthrough:
+                await self._bind(h, st)
+            else:
+                st.plain += 1
+                self.stats.plain_opens += 1
+        except BaseException:
+            await self.release(h.fh)
+            raise
         return self._open_result(h, st), self.counted(node)
 
     # --- reading and writing -------------------------------------------------------------------
@@ -317,17 +414,17 @@ class Files:
             return
         node = h.node
         st = self.handles.state(node.ino)
-        if isinstance(h.version, BlobRec):
-            self.store.unhold(h.version)
-            n = st.readers.get(h.version.id, 0) - 1
-            if n > 0:
-                st.readers[h.version.id] = n
-            else:
-                st.readers.pop(h.version.id, None)
+        self._unpin(h, st)
+        if h.backing is not None:
+            st.passthrough -= 1
+            if st.passthrough == 0:
+                st.backing = st.backing_version = None
+        else:
+            st.plain = max(0, st.plain - 1)
         if h.writable and st.writers == 0:
             try:
-                # mmap(MAP_SHARED) writers may write after the last flush
-                await self.sessions.commit_if_dirty(node, st)
+                # mmap(MAP_SHARED) and passthrough writers may write after the last flush
+                await self.sessions.finish(node, st)
             except KvfsError as e:
                 log.error("%s: commit at release failed, content dropped: %s",
                           self.catalog.path_of(node), e)
@@ -447,6 +544,8 @@ class Files:
     def statistics(self) -> dict:
         s = self.sessions.stats
         return {"opens": self.stats.opens, "creates": self.stats.creates,
+                "passthrough_opens": self.stats.passthrough_opens,
+                "plain_opens": self.stats.plain_opens,
                 "commits": s.commits, "commit_errors": s.commit_errors,
                 "bytes_written": s.bytes_written, "pool_evictions": self.space.evictions,
                 **{k: v for k, v in vars(self.leases.stats).items()},

@@ -53,17 +53,63 @@ def translate(fn):
     return wrapper
 
 
+class Backings:
+    """Backing ids of the memfds passthrough handles use (FUSE_DEV_IOC_BACKING_OPEN): one id
+    per buffer while handles use it, closed when the last of them is released."""
+
+    def __init__(self) -> None:
+        self.ids: dict[object, list] = {}          # Buffer -> [backing id, handles]
+        self.of_fh: dict[int, object] = {}         # fh -> Buffer
+        self.opened = 0                            # backing ids registered, for statistics
+
+    def bind(self, fh: int, buf) -> int:
+        entry = self.ids.get(buf)
+        if entry is None:
+            entry = self.ids[buf] = [pyfuse3.passthrough_open(buf.fd), 0]
+            self.opened += 1
+        entry[1] += 1
+        self.of_fh[fh] = buf
+        return entry[0]
+
+    def release(self, fh: int) -> None:
+        buf = self.of_fh.pop(fh, None)
+        if buf is None:
+            return
+        entry = self.ids[buf]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.ids[buf]
+            try:
+                pyfuse3.passthrough_close(entry[0])
+            except OSError as e:
+                log.warning("closing passthrough backing id %d failed: %s", entry[0], e)
+
+
+def passthrough_available() -> str | None:
+    """None if this pyfuse3 can do FUSE passthrough, else why not."""
+    if not hasattr(pyfuse3, "passthrough_open"):
+        return ("pyfuse3 has no passthrough API (install kvfs's patched build: make install, "
+                "mount/fuse/build.sh)")
+    return None
+
+
 class FuseOps(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
 
     def __init__(self, files: Files, control: Control, latency: Latency,
-                 attr_timeout: float = 1.0):
+                 attr_timeout: float = 1.0, passthrough: bool = True):
         super().__init__()
         self.files = files
         self.control = control
         self.timeout = attr_timeout
         self.latency = latency
+        # Ask for FUSE passthrough at INIT (the patched pyfuse3 reads this); whether the kernel
+        # agreed is known in init(), and `data_path` says which path serves the data, and why.
+        why = passthrough_available() if passthrough else "turned off in the configuration"
+        self.enable_passthrough = why is None
+        self.data_path = {"passthrough": False, "why": why or "INIT not answered yet"}
+        self.backings = Backings()
         self._dirs: dict[int, tuple[int, list[int], list]] = {}
         self._next_dir = 1
         self.files.on_evict = self._evicted
@@ -74,7 +120,21 @@ class FuseOps(pyfuse3.Operations):
     def init(self) -> None:
         # pyfuse3 calls this inside its INIT handler and replies right after it returns, so
         # a task woken by this event runs once the kernel has the connection's parameters.
+        if self.enable_passthrough:
+            on = pyfuse3.passthrough_enabled()
+            self.files.passthrough = on
+            self.data_path = {"passthrough": on, "why": (
+                "the kernel agreed to FUSE passthrough: reads, writes and mmap of files go "
+                "between the application and kvfs's memfds without the daemon" if on else
+                "the kernel did not offer FUSE passthrough (Linux >= 6.9 with "
+                "CONFIG_FUSE_PASSTHROUGH, and CAP_SYS_ADMIN, are needed)")}
         self.initialized.set()
+
+    def _file_info(self, r) -> pyfuse3.FileInfo:
+        if r.backing is not None:
+            return pyfuse3.FileInfo(fh=r.fh, backing_id=self.backings.bind(r.fh, r.backing),
+                                    direct_io=False, keep_cache=False)
+        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
 
     # --- helpers -------------------------------------------------------------------------------
     def entry(self, a: Attr) -> pyfuse3.EntryAttributes:
@@ -201,7 +261,11 @@ class FuseOps(pyfuse3.Operations):
         if inode == CONTROL_INO:
             return pyfuse3.FileInfo(fh=self.control.open(), direct_io=True, keep_cache=False)
         r = await self.files.open(inode, flags, ctx.pid)
-        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
+        try:
+            return self._file_info(r)
+        except OSError:
+            await self.files.release(r.fh)
+            raise
 
     @translate
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -209,7 +273,11 @@ class FuseOps(pyfuse3.Operations):
             raise KvfsError(errno.EEXIST, "the control file exists")
         r, attr = await self.files.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid,
                                           ctx.pid)
-        fi = pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
+        try:
+            fi = self._file_info(r)
+        except OSError:
+            await self.files.release(r.fh)
+            raise
         return fi, self.entry(attr)
 
     async def read(self, fh, off, size):
@@ -248,7 +316,10 @@ class FuseOps(pyfuse3.Operations):
         if self.control.owns(fh):
             self.control.release(fh)
         else:
-            await self.files.release(fh)
+            try:
+                await self.files.release(fh)
+            finally:
+                self.backings.release(fh)
 
     # --- directories ---------------------------------------------------------------------------
     @translate

@@ -69,6 +69,7 @@ class NodeState:
     lock: trio.Lock = field(default_factory=trio.Lock)
     cache_version: int | None = None     # blob id the kernel's page cache may hold
     backing: object = None               # passthrough: the Buffer every open handle is bound to
+    backing_version: object = None       # ... and what it holds (BlobRec or Session)
     passthrough: int = 0                 # handles opened with passthrough (bound to `backing`)
     plain: int = 0                       # handles opened without passthrough
 

@@ -58,7 +58,8 @@ def render(st: dict) -> str:
             metric("kvfs_request_latency_seconds", "gauge", "request latency percentiles",
                    x[f"{q}_us"] / 1e6, op=op, quantile=q[1:])
     f = st["files"]
-    for k in ("commits", "commit_errors", "pool_evictions", "creates", "opens"):
+    for k in ("commits", "commit_errors", "pool_evictions", "creates", "opens",
+              "passthrough_opens", "plain_opens"):
         metric(f"kvfs_{k}_total", "counter", k.replace("_", " "), f[k])
     metric("kvfs_open_handles", "gauge", "open file handles", f["open_handles"])
     return "\n".join(lines) + "\n"

@@ -54,6 +54,8 @@ class Service:
                                pool_info={"pool_id": pool.pool_id, "namespace_paths":
                                           [str(ns.path) for ns in pool.namespaces]})
         self.started = time.time()
+        # which path serves file data, and why (the FUSE layer knows once INIT is answered)
+        self.data_path = lambda: {"passthrough": False, "why": "not mounted"}
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run background work until cancelled; started() once reads and writes can be served."""
@@ -131,6 +133,7 @@ class Service:
             "store": store["store"],
             "prefetch": prefetch,
             "files": self.files.statistics(),
+            "data_path": {**self.data_path(), "dram_memfd_bytes": self.store.memfd_bytes()},
             "latency": self.latency.summary(),
             "catalog": {"kind": "redis" if cat.shared else "sqlite",
                         "transactions": cat.commits, "statements": cat.statements,

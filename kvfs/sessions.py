@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from dataclasses import dataclass
+
+import trio
+import xxhash
 
 from kvfs.buffer import Buffer
 from kvfs.catalog.base import Node
@@ -35,7 +39,7 @@ class Session:
     """The mutable content of a file between writes and commit."""
 
     __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
-                 "next_early")
+                 "next_early", "passthrough", "rdwr", "sig", "rec")
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
@@ -46,11 +50,27 @@ class Session:
         self.writer = None        # BlockWriter: units written behind the writer (write-behind)
         self.contig = 0           # bytes written contiguously from offset 0
         self.next_early = 0       # next unit write-behind may start
+        # passthrough: the kernel writes into the buffer's memfd itself; the daemon learns of
+        # writes from the memfd's (size, mtime, ctime) `sig` at the last commit, and of writes
+        # through a shared mapping (possible when a handle was opened read-write, `rdwr`) by
+        # comparing the content with the checksums of the last commit (`rec`)
+        self.passthrough = False
+        self.rdwr = False
+        self.sig: tuple | None = None
+        self.rec = None
 
     @property
     def early(self) -> int:
         """Pool bytes already allocated for units written behind."""
         return self.writer.early_bytes if self.writer is not None else 0
+
+    @property
+    def size(self) -> int:
+        return self.buffer.sync_size() if self.passthrough else self.buffer.size
+
+    def changed(self) -> bool:
+        """Bytes (or existence) not yet committed, as far as a signature tells."""
+        return self.dirty or (self.passthrough and self.buffer.signature() != self.sig)
 
 
 @dataclass
@@ -202,23 +222,46 @@ class Sessions:
 
     # --- commit --------------------------------------------------------------------------------------
     async def commit_if_dirty(self, node: Node, st: NodeState | None) -> None:
-        if st is None or st.session is None or not st.session.dirty:
+        if st is None or st.session is None or not st.session.changed():
             return
         async with st.lock:
             await self.commit_locked(node, st)
 
+    async def finish(self, node: Node, st: NodeState) -> None:
+        """The last writable handle is gone: commit what is left, and let the store keep the
+        buffer as the committed version's resident copy."""
+        s = st.session
+        if s is None:
+            return
+        async with st.lock:
+            if not s.changed() and s.passthrough and s.rdwr and s.rec is not None \
+                    and node.blob is s.rec:
+                # written through a shared mapping after the last commit? (no signature
+                # changes for that): compare the content with what was committed
+                s.dirty = not await trio.to_thread.run_sync(
+                    matches, s.buffer, s.rec.layout, limiter=_HASHING)
+            if s.changed():
+                await self.commit_locked(node, st)
+            elif s.passthrough and not s.frozen and s.rec is not None and node.blob is s.rec:
+                self._adopt(node, s)
+
     async def commit_locked(self, node: Node, st: NodeState) -> None:
         """Make the session durable and the file's current version (see the module doc)."""
         s = st.session
-        if s is None or not s.dirty:
+        if s is None or not s.changed():
             return
         if not node.linked:          # unlinked before its first/next commit: nothing to keep
             s.dirty = False
             self._abandon_writer(s)
             return
-        size = s.buffer.size
+        size = s.size
+        sig = s.buffer.signature() if s.passthrough else None   # before its bytes are read
+        if size > self.max_block_size:
+            self.stats.commit_errors += 1
+            raise self.too_big(size, "a file of")
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
+        self._charge(s)
         while True:
             writer, s.writer = s.writer, None
             try:
@@ -239,21 +282,44 @@ class Sessions:
         if published:
             self.space.committed(layout)
         s.dirty = False
-        s.frozen = True
+        s.sig, s.rec = sig, rec
         self.stats.commits += 1
-        if node.linked:
-            pred = self.catalog.parent_of(node.ino)
-            pnode = self.catalog.nodes.get(pred) if pred is not None else None
-            self.store.adopt(rec, s.buffer, node.ino, charged=s.charged,
-                             parent=pnode.blob.id if pnode is not None and pnode.blob else None)
-            s.charged = 0
-        elif not published:
+        if not node.linked and not published:
             self.pool.release(rec.layout)      # never published: nobody can read it
         # (published, then unlinked while the commit was in flight: the unlink retired it)
         if old is not None:
             self.store.retire(old)
+        # The buffer becomes the version's resident copy, unless passthrough writers may still
+        # write into it (then at their release, see `finish`).
+        if node.linked and not (s.passthrough and st.writers > 0):
+            self._adopt(node, s)
         if node.linked and node.xattrs.get(PIN_XATTR) == b"1":
             try:                                   # a pinned file's new version stays pinned
                 await self.store.pin(rec)
             except KvfsError as e:
                 log.warning("%s: new version not pinned: %s", self.catalog.path_of(node), e)
+
+    def _adopt(self, node: Node, s: Session) -> None:
+        """A committed session is frozen; its buffer is now the block's resident copy."""
+        s.frozen = True
+        s.buffer.seal()
+        self._charge(s)
+        pred = self.catalog.parent_of(node.ino)
+        pnode = self.catalog.nodes.get(pred) if pred is not None else None
+        self.store.adopt(s.rec, s.buffer, node.ino, charged=s.charged,
+                         parent=pnode.blob.id if pnode is not None and pnode.blob else None)
+        s.charged = 0
+
+
+def matches(buf: Buffer, layout) -> bool:
+    """In a worker thread: does the buffer hold exactly the content `layout` describes?"""
+    if buf.size != layout.size:
+        return False
+    for k in range(layout.nunits):
+        start, length = layout.unit_span(k)
+        if xxhash.xxh3_64_intdigest(os.pread(buf.fd, length, start)) != layout.sums[k]:
+            return False
+    return True
+
+
+_HASHING = trio.CapacityLimiter(1)

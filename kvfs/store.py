@@ -135,6 +135,7 @@ class BlockStore:
         self._prefetch_running = 0
         self.stats = StoreStats()
         self._nursery: trio.Nursery | None = None
+        self.passthrough = False           # open handles may be served by the kernel itself
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the store's background work (fetches, demotions) until cancelled."""
@@ -146,6 +147,12 @@ class BlockStore:
     @property
     def dram_used(self) -> int:
         return self.dram.used
+
+    def memfd_bytes(self) -> int:
+        """Memory the resident copies and fetches in flight occupy (their memfds' pages)."""
+        total = sum(cb.resident.nbytes for cb in self.blobs.values() if cb.resident is not None)
+        return total + sum(cb.fetch.buffer.nbytes for cb in self.blobs.values()
+                           if cb.fetch is not None)
 
     def statistics(self) -> dict:
         """{"tiers": per-tier counters and the DRAM tier's state, "store": request and fetch
@@ -276,10 +283,12 @@ class BlockStore:
 
     def _make_room(self, need: int, *, cold_only: bool = False) -> bool:
         """Evict resident copies until `need` more bytes fit; with `cold_only` (prefetch) only
-        blocks the policy calls cold and nobody holds. False if that is not possible."""
+        blocks the policy calls cold and nobody holds. False if that is not possible. Blocks
+        someone holds open go last, and never while the kernel may read them itself
+        (`passthrough`: dropping them would free no memory)."""
         self.dram.capacity = max(0, self.capacity - self.charged - self.inflight)
         victims = self.dram.make_room(need, self._evictable(True), cold_only)
-        if victims is None and not cold_only:
+        if victims is None and not cold_only and not self.passthrough:
             victims = self.dram.make_room(need, self._evictable(False))
         for bid in victims or ():
             cb = self.blobs.get(bid)
@@ -448,6 +457,27 @@ class BlockStore:
             if err is not None:
                 raise KvfsError(err.errno, str(err))
         return fetch.buffer.view(offset, length)
+
+    async def materialize(self, rec: BlobRec) -> Buffer:
+        """The whole block in DRAM (for a passthrough open): the resident copy, or a fetch of
+        every unit in parallel (joining a prefetch in progress), checksums verified. Raises
+        KvfsError(EIO) if a unit cannot be read or fails its checksum. The caller holds the
+        block; the buffer it gets stays valid while it keeps it, resident or not."""
+        cb = self.blobs.get(rec.id)
+        if cb is not None and cb.resident is not None:
+            return cb.resident
+        if not rec.size:
+            return Buffer(self.pool.chunk)
+        cb = self._get(rec)
+        fetch = cb.fetch
+        if fetch is None:
+            fetch = self._start_fetch(cb, prefetch=False)
+        elif fetch.prefetch:
+            fetch.prefetch = False
+        await fetch.done.wait()
+        for err in fetch.errors.values():
+            raise KvfsError(err.errno, str(err))
+        return fetch.buffer
 
     async def read_all(self, rec: BlobRec) -> Buffer:
         """The whole block in a Buffer (resident, or fetched); raises EIO on failure."""

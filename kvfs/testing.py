@@ -94,6 +94,11 @@ class MountedKvfs:
     def stats(self) -> dict:
         return json.loads(os.getxattr(self.mountpoint, "user.kvfs.stats"))
 
+    @property
+    def passthrough(self) -> bool:
+        """Is file data served by FUSE passthrough (else through the daemon)?"""
+        return bool(self.stats().get("data_path", {}).get("passthrough"))
+
     def control(self, action: str, args: dict | None = None) -> dict:
         ctl = self.mountpoint / ".kvfs-control"
         try:

@@ -172,7 +172,11 @@ def test_prometheus_metrics(make_mount, pool_config):
     (m.mountpoint / "f").read_bytes()
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert 'kvfs_tier_capacity_bytes{tier="dram"} 67108864.0' in body
-    assert "kvfs_namespace_up{" in body and 'kvfs_requests_total{op="read"}' in body
+    assert "kvfs_namespace_up{" in body and 'kvfs_requests_total{op="open"}' in body
+    # reads reach the daemon only without FUSE passthrough (the kernel serves them otherwise)
+    op = "passthrough_opens" if m.passthrough else "plain_opens"
+    assert float(body.split(f"\nkvfs_{op}_total ")[1].split()[0]) == 2     # create, open
+    assert ('kvfs_requests_total{op="read"}' in body) != m.passthrough
 
 
 def test_shell_tools_need_only_getfattr(chain_mount, tmp_path):

@@ -26,9 +26,14 @@ def formatted(tmp_path, devs, **kw):
 
 
 def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_path):
+    """Without FUSE passthrough (the daemon serves reads) a cold read returns once the units
+    it covers have arrived, while the rest keep streaming. (A passthrough open fetches the
+    whole block before it returns: see test_passthrough_open_fetches_in_parallel.)"""
     with Emulation("1g") as emu:
         devs = [emu.loop(f"s{i}", 128 * MiB) for i in range(4)]
-        m = make_mount(formatted(tmp_path, devs, dram="128MiB"))
+        m = make_mount(formatted(tmp_path, devs, dram="128MiB",
+                                 extra="[mount]\npassthrough = false"))
+        assert not m.passthrough
         data = os.urandom(32 * MiB)
         (m.mountpoint / "blk.pt").write_bytes(data)
         m.drop_caches()
