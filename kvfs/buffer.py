@@ -1,6 +1,7 @@
-"""Block content in memory: one memfd per block (shared memory the kernel can read directly).
+"""Block content in memory: one shared-memory file per block, which the kernel can read directly.
 
-A `Buffer` is a memfd (an anonymous tmpfs file) of the block's size. The kernel serves reads and
+A `Buffer` is an anonymous file in shared memory (`MEMORY`: a memfd, or an unnamed file on the
+daemon's private tmpfs with transparent huge pages) of the block's size. The kernel serves reads and
 writes of a passthrough-opened file straight from it (FUSE passthrough: the bytes never reach
 the daemon), and the daemon reaches it through mappings of fixed-size chunks, made on demand:
 O_DIRECT preads of a block's stripe units land in them and O_DIRECT writes leave from them.
@@ -9,21 +10,28 @@ A range never written is a hole: it reads as zeros and takes no memory.
 Holes stay holes on the way to the pool too: `io_views` for a write hands out a shared chunk of
 zeros where the memfd has a hole, instead of touching (and so allocating) those pages.
 
-The chunk size is a multiple of the pool's stripe unit (or a unit is a multiple of it), so the
-unit views handed to the pool are lists of at most a few slices.
+A block larger than a chunk (`chunk_size_for`) keeps one mapping of its whole file; a smaller
+one is read with pread and mapped only for the length of an I/O.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import fcntl
+import logging
 import mmap
 import os
+import tempfile
 import weakref
 
 from kvfs.layout import PAGE
 
+log = logging.getLogger("kvfs.buffer")
+
 MiB = 1 << 20
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MNT_DETACH = 2, 4, 8, 2
 
 SEEK_DATA = getattr(os, "SEEK_DATA", 3)
 SEEK_HOLE = getattr(os, "SEEK_HOLE", 4)
@@ -37,6 +45,45 @@ def chunk_size_for(stripe_unit: int) -> int:
     return max(stripe_unit, MiB)
 
 
+class MemorySource:
+    """Where block memory comes from. By default a memfd per block. `use_private_tmpfs()`
+    (the daemon, as root) mounts a tmpfs with `huge=within_size` and detaches it at once: it
+    is then reachable only through the daemon's directory fd, and the kernel frees it when the
+    daemon exits, however it exits. Its files are unnamed (O_TMPFILE), and a block written or
+    fetched whole gets 2 MiB pages, which the kernel reads faster than 4 KiB ones."""
+
+    def __init__(self) -> None:
+        self.dirfd: int | None = None
+        self.kind = "memfd"
+
+    def new_fd(self) -> int:
+        if self.dirfd is not None:
+            return os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=self.dirfd)
+        return os.memfd_create("kvfs-block", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+
+    def use_private_tmpfs(self, size: int) -> str | None:
+        """Switch to a private huge-page tmpfs of at most `size` bytes; None, or why not."""
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        where = tempfile.mkdtemp(prefix="kvfs-dram-")
+        try:
+            for opts in (f"huge=within_size,mode=0700,size={size}", f"mode=0700,size={size}"):
+                if libc.mount(b"kvfs-dram", where.encode(), b"tmpfs",
+                              MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.encode()) == 0:
+                    break
+            else:
+                return f"mounting a private tmpfs failed: {os.strerror(ctypes.get_errno())}"
+            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            libc.umount2(where.encode(), MNT_DETACH)
+        finally:
+            os.rmdir(where)
+        self.dirfd = fd
+        self.kind = "tmpfs, huge pages" if "huge" in opts else "tmpfs"
+        return None
+
+
+MEMORY = MemorySource()
+
+
 def _close_fd(fd: int) -> None:
     try:
         os.close(fd)
@@ -48,16 +95,16 @@ class Buffer:
     """Growable block content in a memfd. Not thread-safe: one writer at a time (the caller's
     lock); worker threads only fill or drain the views they are given."""
 
-    __slots__ = ("chunk", "fd", "size", "maps", "sealed", "__weakref__")
+    __slots__ = ("chunk", "fd", "size", "_map", "sealed", "__weakref__")
 
     def __init__(self, chunk: int, size: int = 0):
         if chunk % PAGE:
             raise ValueError("chunk size must be a multiple of 4 KiB")
         self.chunk = chunk
-        self.fd = os.memfd_create("kvfs-block", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self.fd = MEMORY.new_fd()
         weakref.finalize(self, _close_fd, self.fd)
         self.size = 0
-        self.maps: list[mmap.mmap | None] = []
+        self._map: mmap.mmap | None = None
         self.sealed = False
         self.resize(size)
 
@@ -72,47 +119,38 @@ class Buffer:
         return (self.size + PAGE - 1) // PAGE * PAGE
 
     def sync_size(self) -> int:
-        """Re-read the size from the memfd (the kernel writes into it directly under FUSE
+        """Re-read the size from the file (the kernel writes into it directly under FUSE
         passthrough) and return it."""
         size = os.fstat(self.fd).st_size
-        if size != self.size:
-            n = (size + self.chunk - 1) // self.chunk
-            if n < len(self.maps):
-                del self.maps[n:]
-            else:
-                self.maps.extend([None] * (n - len(self.maps)))
-            self.size = size
+        if size < self.size:
+            self._map = None
+        self.size = size
         return size
 
     def signature(self) -> tuple[int, int, int]:
-        """(size, mtime, ctime) of the memfd: changes whenever its content is written through
+        """(size, mtime, ctime) of the file: changes whenever its content is written through
         a file descriptor."""
         st = os.fstat(self.fd)
         return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
-    def _map(self, i: int, need: int) -> mmap.mmap:
-        """A shared mapping of chunk i reaching at least `need` bytes into it (within the
-        file). Kept for multi-chunk blocks; a block of one chunk (most small files) gets a
-        mapping that lives only as long as the views taken from it, so a DRAM tier of many
-        small blocks does not hold one mapping each (vm.max_map_count)."""
-        m = self.maps[i]
-        if m is None or len(m) < need:
-            length = min(self.chunk, self.size - i * self.chunk)
-            m = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                          offset=i * self.chunk)
-            if len(self.maps) > 1:
-                self.maps[i] = m
+    def mapping(self, end: int) -> mmap.mmap:
+        """A shared mapping of the file from offset 0 reaching at least `end`. One mapping of
+        the whole block (so the kernel can use huge pages for it), kept for blocks larger than
+        a chunk; a small block gets a mapping that lives only as long as the views taken from
+        it, so a DRAM tier of many small blocks holds no mapping each (vm.max_map_count)."""
+        m = self._map
+        if m is None or len(m) < end:
+            m = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if self.size > self.chunk:
+                self._map = m
         return m
 
     def resize(self, size: int) -> None:
         """Grow (the new bytes read as zeros) or shrink (bytes past the end are gone)."""
         if self.sealed:
             raise OSError(errno.EPERM, "the block's content is sealed")
-        n = (size + self.chunk - 1) // self.chunk
         if size < self.size:
-            del self.maps[n:]
-        else:
-            self.maps.extend([None] * (n - len(self.maps)))
+            self._map = None
         os.ftruncate(self.fd, size)
         self.size = size
 
@@ -126,14 +164,13 @@ class Buffer:
             done += os.pwrite(self.fd, data[done:], offset + done)
 
     def view(self, offset: int, length: int):
-        """Bytes [offset, offset+length) clipped to size: a memoryview into the block when the
-        range lies in one chunk of a multi-chunk block, else a copy."""
+        """Bytes [offset, offset+length) clipped to size: a memoryview into the block when it
+        is larger than a chunk, else a copy."""
         end = min(offset + length, self.size)
         if end <= offset:
             return b""
-        i, at = divmod(offset, self.chunk)
-        if len(self.maps) > 1 and (end - 1) // self.chunk == i:
-            return memoryview(self._map(i, at + end - offset))[at:at + end - offset]
+        if self.size > self.chunk:
+            return memoryview(self.mapping(end))[offset:end]
         return os.pread(self.fd, end - offset, offset)
 
     def _data_runs(self, offset: int, end: int) -> list[tuple[int, int, bool]]:
@@ -189,14 +226,7 @@ class Buffer:
         return out
 
     def _views(self, lo: int, hi: int) -> list[memoryview]:
-        out = []
-        pos = lo
-        while pos < hi:
-            i, at = divmod(pos, self.chunk)
-            n = min(self.chunk - at, hi - pos)
-            out.append(memoryview(self._map(i, at + n))[at:at + n])
-            pos += n
-        return out
+        return [memoryview(self.mapping(hi))[lo:hi]]
 
     def copy(self) -> "Buffer":
         """A private copy (copy-on-write when a committed version is modified)."""
@@ -213,11 +243,14 @@ class Buffer:
         return b
 
     def seal(self) -> None:
-        """The content is final: its size can no longer change, so a reader's mmap of it can
-        never see it shrink (a write seal would also need the daemon's own mappings gone)."""
+        """The content is final: where the memory supports seals (memfds), its size can no
+        longer change, so a reader's mmap of it can never see it shrink."""
         if not self.sealed:
-            fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
             self.sealed = True
+            try:
+                fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
+            except OSError:
+                pass                      # files on a tmpfs take no seals
 
 
 def _zeros(zero_chunk: mmap.mmap, n: int) -> list[memoryview]:

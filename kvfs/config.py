@@ -32,6 +32,11 @@ def default_state_dir() -> Path:
     return Path(base) / "kvfs"
 
 
+def mem_total() -> int:
+    """Bytes of memory the machine has."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def mem_available() -> int:
     """Bytes the kernel says are available for new allocations (MemAvailable)."""
     try:
@@ -65,6 +70,7 @@ class PoolConfig:
 class DramConfig:
     capacity: int = DEFAULT_DRAM_CAPACITY
     policy: str = "prefix"
+    huge_pages: bool = True          # block memory on a private tmpfs with transparent huge pages
 
 
 @dataclass(frozen=True)
@@ -349,6 +355,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     dram = DramConfig(
         capacity=capacity if capacity is not None else default_dram_capacity(),
         policy=dram_t.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
+        huge_pages=dram_t.take("huge_pages", _bool, True),
     )
     dram_t.done()
 

@@ -26,7 +26,8 @@ import pyfuse3
 import trio
 
 from kvfs.backend import open_layers
-from kvfs.config import Config
+from kvfs.buffer import MEMORY
+from kvfs.config import Config, mem_total
 from kvfs.errors import StartupError
 from kvfs.fuse_ops import FuseOps
 from kvfs.knobs import Knobs
@@ -164,6 +165,10 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
         ready(str(e))
         raise
     real_mountpoint = os.path.realpath(mountpoint)     # resolved before it becomes ours
+    if cfg.dram.huge_pages:
+        why = MEMORY.use_private_tmpfs(mem_total())
+        if why:
+            log.info("block memory: memfds (%s)", why)
     return trio.run(_serve, cfg, mountpoint, real_mountpoint, ready, on_state_dir)
 
 

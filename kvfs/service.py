@@ -12,6 +12,7 @@ import trio
 
 from kvfs import __version__
 from kvfs.backend import Layers
+from kvfs.buffer import MEMORY
 from kvfs.config import Config
 from kvfs.control import Control
 from kvfs.errors import KvfsError
@@ -133,7 +134,8 @@ class Service:
             "store": store["store"],
             "prefetch": prefetch,
             "files": self.files.statistics(),
-            "data_path": {**self.data_path(), "dram_memfd_bytes": self.store.memfd_bytes()},
+            "data_path": {**self.data_path(), "memory": MEMORY.kind,
+                          "dram_memfd_bytes": self.store.memfd_bytes()},
             "latency": self.latency.summary(),
             "catalog": {"kind": "redis" if cat.shared else "sqlite",
                         "transactions": cat.commits, "statements": cat.statements,

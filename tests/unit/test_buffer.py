@@ -29,12 +29,15 @@ def test_buffer_behaves_like_a_bytearray(writes, cut):
     assert b.nbytes <= b.reserved_bytes      # memory: never more than the content's pages
 
 
-def test_views_inside_one_chunk_are_zero_copy():
+def test_views_of_blocks_larger_than_a_chunk_are_zero_copy():
     b = Buffer(C)
-    b.write(0, os.urandom(3 * C))
-    v = b.view(C + 10, 100)
-    assert isinstance(v, memoryview)
-    assert isinstance(b.view(C - 10, 100), bytes)     # straddles: joined
+    data = os.urandom(3 * C)
+    b.write(0, data)
+    v = b.view(C - 10, 100)
+    assert isinstance(v, memoryview) and bytes(v) == data[C - 10:C + 90]
+    small = Buffer(C)
+    small.write(0, b"abc")
+    assert small.view(1, 10) == b"bc"                 # a small block: a copy, no mapping kept
 
 
 def test_io_views_cover_holes_with_zeros_for_writes():
