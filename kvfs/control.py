@@ -113,6 +113,10 @@ class Control:
             node = self.catalog.get(inode)
             if node.is_file:
                 return self._file_attr(node, key)
+        if key == b"alloc":
+            a = self.files.allocations.latest(inode)
+            return json.dumps(self.files.allocations.describe(
+                a, self.pool_info["namespace_paths"])).encode()
         return None
 
     def _file_attr(self, node, key: bytes) -> bytes:
@@ -164,6 +168,9 @@ class Control:
             if key in (b"lease", b"release"):
                 self._lease(inode, key, value)
                 return True
+            if key in (b"alloc", b"commit"):
+                await self._direct_write(inode, key, value)
+                return True
             raise KvfsError(errno.EPERM, f"{name.decode(errors='replace')} is not writable "
                                          f"(writable kvfs attributes: pin, next, parent)")
         if uid not in (0, self.owner):
@@ -208,6 +215,28 @@ class Control:
             files.lease_version(inode, gen, float(ttl))
         else:
             files.end_lease(inode, gen, bool(args.get("hit", True)))
+
+    async def _direct_write(self, inode: int, key: bytes, value: bytes) -> None:
+        """kvfs.direct's writes, on a file open for writing: {"size": N, "ttl": s} to allocate
+        (the placement is then `user.kvfs.alloc`), {"alloc": id, "sums": [...]} to commit."""
+        try:
+            args = json.loads(value)
+            if not isinstance(args, dict):
+                raise TypeError
+        except (ValueError, TypeError):
+            raise KvfsError(errno.EINVAL, f"user.kvfs.{key.decode()} takes a JSON object") from None
+        if key == b"alloc":
+            size, ttl = args.get("size"), args.get("ttl", 30)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise KvfsError(errno.EINVAL, 'user.kvfs.alloc takes {"size": bytes, "ttl": s}')
+            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
+                raise KvfsError(errno.EINVAL, "allocation ttl must be 0 < ttl <= 3600 seconds")
+            await self.files.direct_alloc(inode, size, float(ttl))
+        else:
+            alloc, sums = args.get("alloc"), args.get("sums")
+            if isinstance(alloc, bool) or not isinstance(alloc, int) or not isinstance(sums, list):
+                raise KvfsError(errno.EINVAL, 'user.kvfs.commit takes {"alloc": id, "sums": [...]}')
+            await self.files.direct_commit(inode, alloc, sums)
 
     async def _set_file_attr(self, inode: int, key: bytes, value: bytes) -> None:
         node = self.catalog.get(inode)

@@ -1,4 +1,4 @@
-"""kvfs.direct: read KV blocks straight from the namespaces into GPU or host buffers.
+"""kvfs.direct: read and write KV blocks straight between the namespaces and GPU or host buffers.
 
 GPUDirect Storage cannot work through a FUSE mount, and every byte through FUSE costs a kernel
 round trip per MiB. kvfs's side channel is the block layout it already exposes: a client asks
@@ -10,6 +10,7 @@ or files, and releases the lease, which also tells the daemon the block was read
     with kvfs.direct.open("/mnt/kvfs", "/mnt/kvfs/lmcache/chunk.pt") as block:
         block.read_into(buf)              # numpy / bytearray / memoryview, or CuPy / torch CUDA
     kvfs.direct.read_many("/mnt/kvfs", paths, bufs)   # many blocks, all units in parallel
+    kvfs.direct.write_many("/mnt/kvfs", paths, bufs)  # store blocks the same way
 
 Host buffers are filled with O_DIRECT preads from a thread pool (straight into the buffer when
 it is 4 KiB aligned, through an aligned bounce buffer otherwise). CUDA buffers are filled by
@@ -22,8 +23,16 @@ lease expired meanwhile, since the extents may then have been reused: the read i
 after `retries` attempts `StaleBlock` is raised. Bytes of another block are never returned;
 `verify=True` also checks every unit's xxh3-64 checksum (host buffers).
 
-The reading process needs read access to the namespace devices or files (root, or the group
-that owns them).
+Writes: the file is opened for writing through the mount, the daemon places the block's stripe
+units (`user.kvfs.alloc`), the client writes every unit in parallel with O_DIRECT from its own
+buffer and computes their checksums, and commits (`user.kvfs.commit`): the daemon makes the
+units durable and switches the file to the new version in one catalog transaction, atomically as
+close() does. Space not committed within the allocation's time is reused; a commit after that
+fails with ESTALE. Nothing is copied through FUSE or into kvfs's DRAM tier. (Readers that open
+the file before the writer closes it see what was written through the mount: nothing.)
+
+The process needs read access (write access, to write) to the namespace devices or files
+(root, or the group that owns them).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import json
 import mmap
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -71,9 +81,9 @@ def _is_cuda(buf: Any) -> bool:
     return hasattr(buf, "__cuda_array_interface__")
 
 
-def _host_view(buf: Any) -> memoryview:
-    """A writable, flat byte view of a host buffer (numpy array, bytearray, mmap, memoryview,
-    or anything with the buffer protocol, such as a CPU torch tensor's storage)."""
+def _host_view(buf: Any, writable: bool = True) -> memoryview:
+    """A flat byte view of a host buffer (numpy array, bytearray, mmap, memoryview, or anything
+    with the buffer protocol, such as a CPU torch tensor's storage); writable unless asked."""
     if hasattr(buf, "__array_interface__") and not isinstance(buf, (bytearray, memoryview)):
         import numpy as np
         arr = np.asarray(buf)
@@ -81,7 +91,7 @@ def _host_view(buf: Any) -> memoryview:
             raise ValueError("kvfs.direct: the buffer must be contiguous")
         return memoryview(arr.reshape(-1).view(np.uint8))
     mv = memoryview(buf)
-    if mv.readonly:
+    if mv.readonly and writable:
         raise ValueError("kvfs.direct: the buffer is read-only")
     if not mv.c_contiguous:
         raise ValueError("kvfs.direct: the buffer must be contiguous")
@@ -89,7 +99,11 @@ def _host_view(buf: Any) -> memoryview:
 
 
 def _address(mv: memoryview) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+    """The address of a byte view's first byte (read-only views too)."""
+    if not mv.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+    import numpy as np
+    return np.frombuffer(mv, dtype=np.uint8).__array_interface__["data"][0]
 
 
 class Direct:
@@ -104,6 +118,7 @@ class Direct:
         self.retries = retries
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="kvfs-direct")
         self._fds: dict[str, int] = {}
+        self._wfds: dict[str, int] = {}
         self._cufiles: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -313,11 +328,104 @@ class Direct:
         """Read one block into `buf`; returns its size."""
         return self.read_many([path], [buf], verify)[0]
 
+    # --- writing -------------------------------------------------------------------------------
+    def _wfd(self, path: str) -> int:
+        fd = self._wfds.get(path)
+        if fd is None:
+            with self._lock:
+                fd = self._wfds.get(path)
+                if fd is None:
+                    try:
+                        fd = os.open(path, os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
+                    except OSError as e:
+                        if e.errno != errno.EINVAL:
+                            raise
+                        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                    self._wfds[path] = fd
+        return fd
+
+    def _write_unit(self, alloc: dict, k: int, src: memoryview, deadline: float) -> int:
+        """Write unit k of a block from `src`; return the xxh3-64 of its content."""
+        unit, size = alloc["stripe_unit"], alloc["size"]
+        length = max(0, min(unit, size - k * unit))
+        stored = (length + PAGE - 1) // PAGE * PAGE
+        ns, off = alloc["unit_map"][k]
+        content = src[k * unit:k * unit + length]
+        digest = xxhash.xxh3_64_intdigest(content)
+        straight = stored == length and _address(content) % PAGE == 0 if length else False
+        if straight:
+            view = content
+        else:
+            view = memoryview(self._bounce(stored))[:stored]
+            view[:length] = content
+            view[length:] = bytes(stored - length)
+        if time.monotonic() > deadline:     # the space may be another writer's by now
+            raise OSError(errno.ESTALE, f"allocation {alloc['alloc']} ran out before unit {k}")
+        fd = self._wfd(alloc["namespace_paths"][ns])
+        done = 0
+        while done < stored:
+            n = os.pwritev(fd, [view[done:]], off + done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"short write to namespace {ns} at {off + done}")
+            done += n
+        return digest
+
+    def write_many(self, paths: Sequence[str], bufs: Sequence[Any], *, mode: int = 0o644,
+                   xattrs: Sequence[dict] | None = None) -> None:
+        """Store many blocks, every stripe unit of all of them written in parallel. Each goes
+        to a temporary name in its directory, is committed there and renamed over `paths[i]`
+        (so readers of an older version keep it, and nobody sees a partial block);
+        `xattrs[i]` are attributes to give file i."""
+        if len(paths) != len(bufs):
+            raise ValueError("kvfs.direct.write_many: as many buffers as paths")
+        fds: list[int] = []
+        tmps: list[str] = []
+        try:
+            jobs = []
+            for i, (path, buf) in enumerate(zip(paths, bufs)):
+                src = _host_view(buf, writable=False)
+                tmp = f"{path}.kvfs-direct-{os.getpid()}-{threading.get_ident()}-{i}"
+                fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, mode)
+                fds.append(fd)
+                tmps.append(tmp)
+                for name, value in (xattrs[i] if xattrs else {}).items():
+                    os.setxattr(fd, name, value)
+                os.setxattr(fd, "user.kvfs.alloc",
+                            json.dumps({"size": src.nbytes, "ttl": self.ttl}).encode())
+                alloc = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
+                deadline = time.monotonic() + 0.8 * alloc["expires_in"]
+                jobs.append((fd, alloc, [self._pool.submit(self._write_unit, alloc, k, src,
+                                                           deadline)
+                                         for k in range(len(alloc["unit_map"]))]))
+            for fd, alloc, futures in jobs:
+                sums = [f.result() for f in futures]
+                os.setxattr(fd, "user.kvfs.commit",
+                            json.dumps({"alloc": alloc["alloc"], "sums": sums}).encode())
+            for fd in fds:
+                os.close(fd)
+            fds.clear()
+            for tmp, path in zip(tmps, paths):
+                os.replace(tmp, path)
+            tmps.clear()
+        finally:
+            for fd in fds:
+                os.close(fd)
+            for tmp in tmps:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def write(self, path: str, buf: Any, *, mode: int = 0o644, xattrs: dict | None = None) -> None:
+        """Store one block as the file `path` (created or replaced)."""
+        self.write_many([path], [buf], mode=mode, xattrs=[xattrs] if xattrs else None)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        for fd in self._fds.values():
+        for fd in [*self._fds.values(), *self._wfds.values()]:
             os.close(fd)
         self._fds.clear()
+        self._wfds.clear()
         for f in self._cufiles.values():
             f.close()
         self._cufiles.clear()
@@ -364,3 +472,8 @@ def open(mountpoint: str, path: str, **kwargs) -> Block:  # noqa: A001 - the mod
 def read_many(mountpoint: str, paths: Sequence[str], bufs: Sequence[Any], **kwargs) -> list[int]:
     with Direct(mountpoint, **kwargs) as d:
         return d.read_many(paths, bufs)
+
+
+def write_many(mountpoint: str, paths: Sequence[str], bufs: Sequence[Any], **kwargs) -> None:
+    with Direct(mountpoint, **kwargs) as d:
+        d.write_many(paths, bufs)

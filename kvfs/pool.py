@@ -457,6 +457,11 @@ class Pool:
         self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
+    async def sync(self, namespaces: list[int]) -> None:
+        """Make completed writes on these namespaces durable (also writes another process made
+        through its own descriptors: kvfs.direct)."""
+        await run_all(self.namespaces[j].sync for j in namespaces)
+
     def next_rotation(self) -> int:
         """The namespace the next block starts on (rotates block by block)."""
         r = self._rotation % len(self.namespaces)

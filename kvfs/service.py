@@ -19,7 +19,7 @@ from kvfs.errors import KvfsError
 from kvfs.files import Files
 from kvfs.knobs import Knobs
 from kvfs.latency import Latency
-from kvfs.leases import Leases
+from kvfs.leases import Allocations, Leases
 from kvfs.readahead import Readahead
 from kvfs.sessions import Sessions
 from kvfs.store import BlockStore
@@ -42,10 +42,11 @@ class Service:
                                         local=layers.local, on_free=space.retired)
         self.readahead = Readahead(catalog, store, knobs)
         self.leases = Leases(store)
+        self.allocations = Allocations(pool, space)
         sessions = Sessions(catalog, store, pool, space,
                             max_block_size=cfg.pool.max_block_size or pool.capacity)
         self.files = files = Files(catalog, store, space, sessions, self.leases,
-                                   readahead=self.readahead)
+                                   self.allocations, readahead=self.readahead)
         space.store = store
         space.evictor = files.evict
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
@@ -66,7 +67,7 @@ class Service:
             await nursery.start(self.space.serve)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
-            nursery.start_soon(self.leases.expire_periodically, log)
+            nursery.start_soon(self.leases.expire_periodically, self.allocations, log)
             if self.cfg.metrics_port:
                 from kvfs import metrics
                 await nursery.start(metrics.serve, self.statistics, self.cfg.metrics_address,

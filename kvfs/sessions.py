@@ -23,7 +23,7 @@ import trio
 import xxhash
 
 from kvfs.buffer import Buffer
-from kvfs.catalog.base import Node
+from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.handles import NodeState
 from kvfs.pool import Pool
@@ -272,6 +272,19 @@ class Sessions:
                     continue
                 self.stats.commit_errors += 1
                 raise
+        rec = await self.publish(node, layout)
+        s.dirty = False
+        s.sig, s.rec = sig, rec
+        # The buffer becomes the version's resident copy, unless passthrough writers may still
+        # write into it (then at their release, see `finish`).
+        if node.linked and not (s.passthrough and st.writers > 0):
+            self._adopt(node, s)
+        await self.keep_pinned(node, rec)
+
+    async def publish(self, node: Node, layout) -> BlobRec:
+        """Record a block that is durable in the pool as the file's current version (one
+        catalog transaction); the old version is retired. The block's space is released if
+        the catalog refuses it, or if the file was unlinked before it was ever published."""
         published = node.linked        # the catalog publishes exactly when the node is linked
         try:
             rec, old = await self.catalog.commit(node, layout)
@@ -281,20 +294,20 @@ class Sessions:
             raise
         if published:
             self.space.committed(layout)
-        s.dirty = False
-        s.sig, s.rec = sig, rec
         self.stats.commits += 1
         if not node.linked and not published:
             self.pool.release(rec.layout)      # never published: nobody can read it
         # (published, then unlinked while the commit was in flight: the unlink retired it)
         if old is not None:
             self.store.retire(old)
-        # The buffer becomes the version's resident copy, unless passthrough writers may still
-        # write into it (then at their release, see `finish`).
-        if node.linked and not (s.passthrough and st.writers > 0):
-            self._adopt(node, s)
+        if node.linked:
+            self.store.track(rec, node.ino)
+        return rec
+
+    async def keep_pinned(self, node: Node, rec: BlobRec) -> None:
+        """A pinned file's new version stays pinned."""
         if node.linked and node.xattrs.get(PIN_XATTR) == b"1":
-            try:                                   # a pinned file's new version stays pinned
+            try:
                 await self.store.pin(rec)
             except KvfsError as e:
                 log.warning("%s: new version not pinned: %s", self.catalog.path_of(node), e)

@@ -1,5 +1,6 @@
-"""An LMCache storage backend that writes KV chunks through a kvfs mount and reads hits with
-kvfs.direct (straight from the namespaces, into GPU memory where GDS is available).
+"""An LMCache storage backend that stores and loads KV chunks with kvfs.direct: straight between
+LMCache's buffers and the namespaces (into GPU memory where GDS is available), the daemon only
+placing and committing them through the mount.
 
 LMCache (0.5.6) loads it as a storage plugin:
 
@@ -10,13 +11,14 @@ LMCache (0.5.6) loads it as a storage plugin:
       kvfs.path: /mnt/kvfs/lmcache          # a directory in the mount
       kvfs.verify: false                    # check every unit's checksum on direct reads
       kvfs.threads: 8                       # concurrent writes
+      kvfs.direct_writes: true              # false: write through the mount (FUSE) instead
 
 Unlike LMCache's local_disk backend it keeps no index of its own: a chunk exists when its file
 does (`stat` through the mount), and its shape, dtype and format travel with it as the file's
 `user.lmcache.meta` attribute. So chunks survive engine restarts and are shared by every engine
 that sees the mount (every node, with a shared pool). Chunks are written to a temporary name
 and renamed into place, so a reader never sees a partial one; kvfs makes the content durable
-when the write's close() returns.
+when the commit (or, writing through the mount, the close()) returns.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class KvfsBackend(StoragePluginInterface):
         self.direct = direct.Direct(self.mount, verify=bool(extra.get("kvfs.verify", False)))
         self._writers = concurrent.futures.ThreadPoolExecutor(int(extra.get("kvfs.threads", 8)),
                                                               thread_name_prefix="kvfs-put")
+        self.direct_writes = bool(extra.get("kvfs.direct_writes", True))
         self._put_tasks: set[CacheEngineKey] = set()
         self._lock = threading.Lock()
 
@@ -95,12 +98,15 @@ class KvfsBackend(StoragePluginInterface):
         final = self._file(key)
         tmp = final + f".tmp{threading.get_ident()}"
         try:
-            meta = {"shape": list(obj.get_shape()), "dtype": str(obj.get_dtype()),
-                    "fmt": obj.get_memory_format().name}
-            with open(tmp, "wb") as f:
-                f.write(obj.byte_array)
-                os.setxattr(f.fileno(), META_XATTR, json.dumps(meta).encode())
-            os.replace(tmp, final)          # durable once close() returned; visible now
+            meta = json.dumps({"shape": list(obj.get_shape()), "dtype": str(obj.get_dtype()),
+                               "fmt": obj.get_memory_format().name}).encode()
+            if self.direct_writes:
+                self.direct.write(final, obj.byte_array, xattrs={META_XATTR: meta})
+            else:
+                with open(tmp, "wb") as f:
+                    f.write(obj.byte_array)
+                    os.setxattr(f.fileno(), META_XATTR, meta)
+                os.replace(tmp, final)      # durable once close() returned; visible now
         except OSError as e:
             log.error("kvfs: storing %s failed: %s", final, e)
             try:
