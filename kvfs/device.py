@@ -268,62 +268,82 @@ class Namespace:
         """Fill `views` from `offset`. With `check=(length, digest)`, verify the xxh3-64 of the
         first `length` bytes (off the trio thread) and raise EIO on a mismatch. A `prefetch`
         read yields to demand reads for an I/O slot."""
-        nbytes = sum(len(v) for v in views)
-        async with self.slots.take(prefetch):
-            await self._read(views, offset, check, nbytes)
+        bad = await self.read_units([list(views)], offset, [check], prefetch)
+        if bad:
+            raise KvfsError(errno.EIO, self._mismatch(offset, sum(len(v) for v in views)))
 
-    async def _read(self, views, offset: int, check, nbytes: int) -> None:
-        self._begin()
-        try:
-            await trio.to_thread.run_sync(self._read_sync, views, offset, check,
-                                          limiter=self.limiter)
-        except _ChecksumMismatch:
-            self.stats.errors += 1
-            msg = (f"namespace {self.index} ({self.path}): checksum mismatch in {nbytes} bytes "
-                   f"at offset {offset}")
-            log.error(msg)
-            raise KvfsError(errno.EIO, msg) from None
-        except OSError as e:
-            raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
-        finally:
-            self._end(nbytes)
+    async def read_units(self, units: list[list[memoryview]], offset: int,
+                         checks: list[tuple[int, int] | None], prefetch: bool = False) -> list[int]:
+        """Fill several units that lie back to back from `offset` with one preadv, and verify
+        each unit's checksum (`checks[i]` = (length, digest) or None). Returns the indices of
+        the units whose checksum did not match (each logged); raises EIO if the read failed."""
+        flat = [v for u in units for v in u]
+        nbytes = sum(len(v) for v in flat)
+        async with self.slots.take(prefetch):
+            self._begin()
+            try:
+                bad = await trio.to_thread.run_sync(self._read_sync, units, flat, offset, checks,
+                                                    limiter=self.limiter)
+            except OSError as e:
+                raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
+            finally:
+                self._end(nbytes)
         self.stats.reads += 1
         self.stats.bytes_read += nbytes
         self._ok()
+        pos = offset
+        starts = []
+        for u in units:
+            starts.append(pos)
+            pos += sum(len(v) for v in u)
+        for i in bad:
+            self.stats.errors += 1
+            log.error(self._mismatch(starts[i], sum(len(v) for v in units[i])))
+        return bad
+
+    def _mismatch(self, offset: int, nbytes: int) -> str:
+        return (f"namespace {self.index} ({self.path}): checksum mismatch in {nbytes} bytes at "
+                f"offset {offset}")
 
     async def write(self, views: Sequence[memoryview], offset: int, digest_len: int = -1) -> int:
         """Write `views` at `offset`; return the xxh3-64 of the first `digest_len` bytes (computed
         off the trio thread), or 0 when digest_len is negative."""
-        nbytes = sum(len(v) for v in views)
+        return (await self.write_units([list(views)], offset, [digest_len]))[0]
+
+    async def write_units(self, units: list[list[memoryview]], offset: int,
+                          digest_lens: list[int]) -> list[int]:
+        """Write several units back to back from `offset` with one pwritev; return each unit's
+        xxh3-64 over its first `digest_lens[i]` bytes (0 where that is negative)."""
+        flat = [v for u in units for v in u]
+        nbytes = sum(len(v) for v in flat)
         if offset < 0 or offset + nbytes > self.size:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
         async with self.slots.take():
-            return await self._write(views, offset, digest_len, nbytes)
-
-    async def _write(self, views, offset: int, digest_len: int, nbytes: int) -> int:
-        self._begin()
-        try:
-            digest = await trio.to_thread.run_sync(self._write_sync, views, offset, digest_len,
-                                                   limiter=self.limiter)
-        except OSError as e:
-            raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
-        finally:
-            self._end(nbytes)
+            self._begin()
+            try:
+                digests = await trio.to_thread.run_sync(self._write_sync, units, flat, offset,
+                                                        digest_lens, limiter=self.limiter)
+            except OSError as e:
+                raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
+            finally:
+                self._end(nbytes)
         self.stats.writes += 1
         self.stats.bytes_written += nbytes
         self._ok()
-        return digest
+        return digests
 
-    def _read_sync(self, views, offset: int, check) -> None:
-        """In a worker thread: one preadv (looping over short transfers), then the checksum."""
-        _transfer(os.preadv, self.fd, views, offset)
-        _verify(views, check)
+    def _read_sync(self, units, flat, offset: int, checks) -> list[int]:
+        """In a worker thread: one preadv (looping over short transfers), then the checksums;
+        the indices of the units that failed theirs."""
+        _transfer(os.preadv, self.fd, flat, offset)
+        return [i for i, (u, c) in enumerate(zip(units, checks))
+                if c is not None and _digest(u, c[0]) != c[1]]
 
-    def _write_sync(self, views, offset: int, digest_len: int) -> int:
-        """In a worker thread: the checksum, then one pwritev."""
-        digest = _digest(views, digest_len) if digest_len >= 0 else 0
-        _transfer(os.pwritev, self.fd, views, offset)
-        return digest
+    def _write_sync(self, units, flat, offset: int, digest_lens) -> list[int]:
+        """In a worker thread: the checksums, then one pwritev."""
+        digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, digest_lens)]
+        _transfer(os.pwritev, self.fd, flat, offset)
+        return digests
 
     async def sync(self) -> None:
         """Make completed writes durable (fdatasync: for a file, for a block device's cache)."""
@@ -363,11 +383,3 @@ def _digest(views: Sequence[memoryview], length: int) -> int:
         left -= len(v)
     return h.intdigest()
 
-
-def _verify(views: Sequence[memoryview], check: tuple[int, int] | None) -> None:
-    if check is not None and _digest(views, check[0]) != check[1]:
-        raise _ChecksumMismatch()
-
-
-class _ChecksumMismatch(Exception):
-    pass

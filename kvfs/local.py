@@ -138,9 +138,10 @@ class LocalTier:
         self.index.add(rec.id, need)
         return True
 
-    async def read_unit(self, rec: BlobRec, k: int, buf: Buffer, prefetch: bool) -> None:
+    async def read_run(self, rec: BlobRec, run: list[int], buf: Buffer, prefetch: bool) -> list[int]:
+        """Read a run of the copy's units (see Pool.read_run); the units that failed."""
         self.index.lookup(rec.id)
-        await self.pool.read_unit(self.layouts[rec.id], k, buf, prefetch=prefetch)
+        return await self.pool.read_run(self.layouts[rec.id], run, buf, prefetch=prefetch)
 
     def statistics(self) -> dict:
         ns = self.pool.namespaces[0]

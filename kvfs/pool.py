@@ -34,6 +34,7 @@ from kvfs.superblock import Superblock, foreign_signature
 log = logging.getLogger("kvfs.pool")
 
 OBSERVE_UNITS = 128     # units moved between two updates of the placement balance
+RUN_UNITS = 8           # stripe units one I/O moves at most (back to back on a namespace)
 
 
 class Area:
@@ -423,30 +424,54 @@ class Pool:
             self.free_extent(e.ns, e.offset, e.length)
 
     # --- I/O -----------------------------------------------------------------------------------
-    async def write_block(self, buf: Buffer, size: int) -> Layout:
-        """Allocate, write every unit in parallel, make them durable; return the layout.
+    def runs(self, ns_of, offsets, size: int, ks=None, limit: int = RUN_UNITS) -> list[list[int]]:
+        """Units grouped into runs one I/O can move: on one namespace, back to back there (a
+        block's units on a namespace are usually allocated as one extent), at most `limit`."""
+        by_ns: dict[int, list[int]] = {}
+        for k in (range(len(ns_of)) if ks is None else ks):
+            by_ns.setdefault(ns_of[k], []).append(k)
+        out = []
+        for kk in by_ns.values():
+            kk.sort(key=lambda k: offsets[k])
+            run = [kk[0]]
+            for k in kk[1:]:
+                p = run[-1]
+                if offsets[p] + stored_length(size, self.unit, p) == offsets[k] and len(run) < limit:
+                    run.append(k)
+                else:
+                    out.append(run)
+                    run = [k]
+            out.append(run)
+        return out
 
-        On failure the space is released and the error (ENOSPC or EIO) raised.
-        """
+    async def write_block(self, buf: Buffer, size: int) -> Layout:
+        """Allocate, write every unit in parallel (a run of units per I/O), make them durable;
+        return the layout. On failure the space is released and the error (ENOSPC or EIO)
+        raised."""
         ns_of, offsets = self.allocate(size)
         n = len(ns_of)
         sums = [0] * n
         t0 = time.perf_counter()
         done: dict[int, float] = {}
 
-        def unit_writer(k: int):
+        def run_writer(run: list[int]):
             async def write() -> None:
-                start = k * self.unit
-                length = min(self.unit, size - start)
-                views = buf.io_views(start, stored_length(size, self.unit, k), self.zero)
-                self.fence(offsets[k], stored_length(size, self.unit, k))
-                sums[k] = await self.namespaces[ns_of[k]].write(views, offsets[k], length)
-                done[ns_of[k]] = time.perf_counter() - t0
+                units, lengths = [], []
+                for k in run:
+                    stored = stored_length(size, self.unit, k)
+                    self.fence(offsets[k], stored)
+                    units.append(buf.io_views(k * self.unit, stored, self.zero))
+                    lengths.append(min(self.unit, size - k * self.unit))
+                j = ns_of[run[0]]
+                digests = await self.namespaces[j].write_units(units, offsets[run[0]], lengths)
+                for k, d in zip(run, digests):
+                    sums[k] = d
+                done[j] = time.perf_counter() - t0
             return write
 
         layout_if_ok = Layout(size, self.unit, ns_of, offsets, (0,) * n)
         try:
-            await run_all(unit_writer(k) for k in range(n))
+            await run_all(run_writer(run) for run in self.runs(ns_of, offsets, size))
             await run_all(self.namespaces[j].sync for j in sorted(set(ns_of)))
         except BaseException:
             self.release(layout_if_ok)
@@ -481,16 +506,22 @@ class Pool:
                 return j, off
         raise no_space(f"pool is full: no room for a {length}-byte stripe unit")
 
-    async def read_unit(self, layout: Layout, k: int, buf: Buffer, *,
-                        prefetch: bool = False) -> None:
-        """Read unit k of a block into its place in `buf` and verify its checksum (EIO if bad).
-        A `prefetch` read yields to demand reads on the namespace."""
-        start, length = layout.unit_span(k)
-        stored = layout.stored(k)
-        views = buf.io_views(start, stored)
-        await self.namespaces[layout.ns[k]].read(views, layout.offsets[k],
-                                                 check=(length, layout.sums[k]), prefetch=prefetch)
-        if stored > length:   # keep the bytes past the content zero, whatever the padding held
-            pad = stored - length
-            last = views[-1]
-            last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
+    async def read_run(self, layout: Layout, run: list[int], buf: Buffer, *,
+                       prefetch: bool = False) -> list[int]:
+        """Read units that lie back to back on one namespace (`runs`) into their places in
+        `buf` with one I/O, and verify their checksums; returns the units that failed theirs.
+        Raises EIO if the read itself failed. A `prefetch` read yields to demand reads."""
+        units, checks = [], []
+        for k in run:
+            start, length = layout.unit_span(k)
+            units.append(buf.io_views(start, layout.stored(k)))
+            checks.append((length, layout.sums[k]))
+        bad = await self.namespaces[layout.ns[run[0]]].read_units(
+            units, layout.offsets[run[0]], checks, prefetch)
+        for k, views in zip(run, units):
+            start, length = layout.unit_span(k)
+            pad = layout.stored(k) - length
+            if pad:   # keep the bytes past the content zero, whatever the padding held
+                last = views[-1]
+                last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
+        return [run[i] for i in bad]

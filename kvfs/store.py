@@ -48,6 +48,9 @@ log = logging.getLogger("kvfs.store")
 # bandwidth and finish together; a small window, issued in order, brings a block's first bytes
 # early while other fetches (and the other namespaces) keep every device busy.
 FETCH_WINDOW = 2
+# Units one fetch I/O reads at most (back to back on a namespace): fewer, larger I/Os for a
+# whole-block fetch, while the first units still arrive early for a reader streaming it.
+FETCH_RUN = 4
 # Prefetches fetched at the same time (more would share the bandwidth and delay the next block).
 PREFETCH_FETCHES = 2
 
@@ -56,9 +59,10 @@ class Fetch:
     """One attempt to bring a whole block into DRAM."""
 
     __slots__ = ("buffer", "ready", "errors", "queues", "prefetch", "cancelled", "source",
-                 "parent", "done")
+                 "parent", "done", "run")
 
-    def __init__(self, buffer: Buffer, nunits: int, prefetch: bool, source: str, parent):
+    def __init__(self, buffer: Buffer, nunits: int, prefetch: bool, source: str, parent,
+                 run: int = 1):
         self.buffer = buffer
         self.ready = [trio.Event() for _ in range(nunits)]
         self.errors: dict[int, KvfsError] = {}
@@ -68,7 +72,7 @@ class Fetch:
         self.source = source           # "pool" or "local"
         self.parent = parent           # the block before it in its chain walk, for the policy
         self.done = trio.Event()
-
+        self.run = run                 # units per I/O: 1 while a reader streams it
 
 class CachedBlob:
     __slots__ = ("rec", "holders", "retired", "resident", "fetch", "owner", "pinned",
@@ -445,9 +449,10 @@ class BlockStore:
             cb = self._get(rec)
         fetch = cb.fetch
         if fetch is None:
-            fetch = self._start_fetch(cb, prefetch=False, parent=parent)
-        elif fetch.prefetch:
+            fetch = self._start_fetch(cb, prefetch=False, parent=parent, streaming=True)
+        else:
             fetch.prefetch = False
+            fetch.run = 1                      # a reader streams it now: first units first
         layout = rec.layout
         for k in units_covering(offset, length, rec.size, layout.unit):
             if not fetch.ready[k].is_set():
@@ -507,21 +512,46 @@ class BlockStore:
         return bytes(tmp.view(offset, min(length, rec.size - offset)))
 
     async def _read_units(self, rec: BlobRec, ks, buf: Buffer) -> None:
-        await run_all((lambda k=k: self._read_unit(rec, k, buf, "pool", False)) for k in ks)
+        """Read units of a block into `buf` (runs of units in parallel); EIO if any fails."""
+        lay = rec.layout
 
-    async def _read_unit(self, rec: BlobRec, k: int, buf: Buffer, source: str,
-                         prefetch: bool) -> None:
-        length = rec.layout.unit_span(k)[1]
+        async def run_reader(run: list[int]) -> None:
+            if await self._read_run(rec, run, buf, "pool", False):
+                raise KvfsError(errno.EIO, f"checksum mismatch in block {rec.id}")
+        await run_all((lambda r=r: run_reader(r))
+                      for r in self.pool.runs(lay.ns, lay.offsets, lay.size, ks))
+
+    async def _read_run(self, rec: BlobRec, run: list[int], buf: Buffer, source: str,
+                        prefetch: bool) -> list[int]:
+        """Read a run of units (back to back on one device) from the pool or the local tier;
+        returns the units that failed their checksums."""
+        length = sum(rec.layout.unit_span(k)[1] for k in run)
         if source == "local":
-            await self.local.read_unit(rec, k, buf, prefetch)
+            bad = await self.local.read_run(rec, run, buf, prefetch)
             self.stats.tiers["local"].bytes_out += length
         else:
-            await self.pool.read_unit(rec.layout, k, buf, prefetch=prefetch)
+            bad = await self.pool.read_run(rec.layout, run, buf, prefetch=prefetch)
             self.stats.bytes_from_pool += length
             self.stats.tiers["pool"].bytes_out += length
+        return bad
 
-    def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None,
-                     on_done=None) -> Fetch | None:
+    @staticmethod
+    def _take_run(q: collections.deque[int], layout: Layout, limit: int) -> list[int]:
+        """The next units of a namespace's queue that lie back to back there (`limit` at
+        most): one I/O. The queue's head is what a reader waits for first."""
+        run = [q.popleft()]
+        while q and len(run) < limit:
+            p, k = run[-1], q[0]
+            if layout.ns[k] != layout.ns[p] or layout.offsets[k] != layout.offsets[p] + layout.stored(p):
+                break
+            run.append(q.popleft())
+        return run
+
+    def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None, on_done=None,
+                     streaming: bool = False) -> Fetch | None:
+        """Start bringing a whole block into DRAM. A `streaming` fetch (a reader waits for its
+        units in order) reads one unit per I/O, so its first bytes come early; others read
+        runs of FETCH_RUN units back to back on a namespace per I/O."""
         rec = cb.rec
         chunk = self.pool.chunk
         need = (rec.size + chunk - 1) // chunk * chunk
@@ -530,7 +560,8 @@ class BlockStore:
         source = "local" if self.local is not None and self.local.has(rec.id) else "pool"
         layout = self.local.layout(rec.id) if source == "local" else rec.layout
         # whole pages while it is filled (O_DIRECT); cut to the block's size when complete
-        fetch = Fetch(Buffer(chunk, align_up(rec.size)), layout.nunits, prefetch, source, parent)
+        fetch = Fetch(Buffer(chunk, align_up(rec.size)), layout.nunits, prefetch, source, parent,
+                      run=1 if streaming else FETCH_RUN)
         for k in range(layout.nunits):
             fetch.queues.setdefault(layout.ns[k], collections.deque()).append(k)
         cb.fetch = fetch
@@ -556,15 +587,22 @@ class BlockStore:
         depth = (self.local.queue_depth if fetch.source == "local"
                  else None)
 
+        layout = self.local.layout(rec.id) if fetch.source == "local" else rec.layout
+
         async def worker(j: int, q: collections.deque[int]) -> None:
             while q and not fetch.cancelled:
-                k = q.popleft()
+                run = self._take_run(q, layout, fetch.run)
                 try:
-                    await self._read_unit(rec, k, fetch.buffer, fetch.source, fetch.prefetch)
+                    for k in await self._read_run(rec, run, fetch.buffer, fetch.source,
+                                                  fetch.prefetch):
+                        fetch.errors[k] = KvfsError(errno.EIO, f"checksum mismatch in unit {k} "
+                                                               f"of block {rec.id}")
                 except KvfsError as e:
-                    fetch.errors[k] = e
+                    for k in run:
+                        fetch.errors[k] = e
                 finally:
-                    fetch.ready[k].set()
+                    for k in run:
+                        fetch.ready[k].set()
                 done[j] = time.perf_counter() - t0
 
         while True:

@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""End to end with real LMCache: store KV chunks, then read them back cold, on kvfs (four
+namespaces) and on plain ext4 (one device of the same kind), side by side in one run.
+
+LMCache 0.5.6's LocalDiskBackend (`local_disk`, 8 disk I/O threads) stores N chunks of 32 MiB
+(Llama-3.1-8B shape, bf16: 32 layers x 2 x 256 tokens x 8 KV heads x 128), the page cache and
+kvfs's DRAM tier are dropped, and `batched_get_blocking` reads them all back; every chunk is
+checked bit-exact against what was stored. The same run also drives kvfs's LMCache plugin
+(kvfs/integrations/lmcache_backend.py: direct writes and direct reads, no FUSE copy).
+
+Devices are loop devices over files on a tmpfs, throttled per device with cgroup v1 blkio:
+  throttled   100 MB/s per device (devices are the limit, slow ones)
+  gbps1       1 GB/s per device (devices are the limit, as NVMe-oF namespaces are)
+  fast        unthrottled (the "devices" run at memory speed: every extra copy shows)
+The LMCache process and the kvfs daemon both run in the throttled cgroup.
+
+    python bench/e2e_lmcache.py [--chunks 24] [--speeds throttled,gbps1,fast] [--json]
+
+Ratios (kvfs / ext4; for stores, ext4's store time / kvfs's): `<speed>_read_vs_ext4` and
+`<speed>_store_vs_ext4` with O_DIRECT (`use_odirect: true`), `..._nodirect` without, and
+`plugin_<speed>_read_vs_ext4` / `plugin_<speed>_store_vs_ext4` for the plugin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.emulate import Emulation, available  # noqa: E402
+
+MiB = 1 << 20
+KV_SHAPE = (32, 2, 256, 8, 128)        # Llama-3.1-8B: layers, K/V, tokens, kv heads, head dim
+CHUNK = 32 * MiB
+SPEEDS = {"throttled": 100e6, "gbps1": 1e9, "fast": None}
+THREADS = 8
+
+
+# --- the LMCache process ---------------------------------------------------------------------
+def worker(argv: list[str]) -> None:
+    """In its own process: store, wait for the word, read back cold, verify; print results."""
+    import asyncio
+    import logging
+    import threading
+
+    import torch
+    import xxhash
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.memory_management import MemoryFormat
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.pin_monitor import PinMonitor
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+    logging.disable(logging.WARNING)
+    mode, directory, n, odirect = argv[0], argv[1], int(argv[2]), argv[3] == "1"
+    model = "meta-llama/Llama-3.1-8B"
+    kwargs = dict(chunk_size=256, local_cpu=False, max_local_cpu_size=2 * n * CHUNK / 1e9 + 0.5)
+    if mode == "plugin":
+        kwargs.update(storage_plugins=["kvfs"], extra_config={
+            "storage_plugin.kvfs.module_path": "kvfs.integrations.lmcache_backend",
+            "storage_plugin.kvfs.class_name": "KvfsBackend", "kvfs.path": directory,
+            "kvfs.threads": THREADS})
+    else:
+        kwargs.update(local_disk=directory, max_local_disk_size=4 * n * CHUNK / 1e9,
+                      extra_config={"use_odirect": odirect, "disk_io_threads": THREADS})
+    config = LMCacheEngineConfig.from_defaults(**kwargs)
+    meta = LMCacheMetadata(model_name=model, world_size=1, local_world_size=1, worker_id=0,
+                           local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=KV_SHAPE)
+    PinMonitor.GetOrCreate(config)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    cpu = LocalCPUBackend(config, meta, dst_device="cpu")
+    if mode == "plugin":
+        from collections import OrderedDict
+
+        from lmcache.v1.storage_backend import storage_plugin_launcher
+        backends: OrderedDict = OrderedDict()
+        storage_plugin_launcher(config, meta, loop, cpu, "cpu", backends)
+        backend = backends["kvfs"]
+    else:
+        from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+        backend = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
+    shape = torch.Size((2, KV_SHAPE[0], 256, KV_SHAPE[3] * KV_SHAPE[4]))
+    keys = [CacheEngineKey(model, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63),
+                           torch.bfloat16) for i in range(n)]
+    objs, digests = [], []
+    for i in range(n):
+        obj = cpu.allocate(shape, torch.bfloat16, MemoryFormat.KV_2LTD)
+        g = torch.Generator().manual_seed(i)
+        obj.tensor.view(torch.int16).copy_(torch.randint(-32768, 32767, shape, generator=g,
+                                                         dtype=torch.int16))
+        digests.append(xxhash.xxh3_64_intdigest(obj.byte_array))
+        objs.append(obj)
+    t = time.perf_counter()
+    for k, obj in zip(keys, objs):
+        backend.submit_put_task(k, obj)
+    while any(backend.exists_in_put_tasks(k) for k in keys):
+        time.sleep(0.001)
+    store_s = time.perf_counter() - t
+    for obj in objs:
+        obj.ref_count_down()
+    print("STORED " + json.dumps({"store_s": store_s}), flush=True)
+    sys.stdin.readline()                       # the parent dropped the caches
+    t = time.perf_counter()
+    got = backend.batched_get_blocking(keys)
+    read_s = time.perf_counter() - t
+    exact = sum(1 for o, d in zip(got, digests)
+                if o is not None and xxhash.xxh3_64_intdigest(o.byte_array) == d)
+    print("READ " + json.dumps({"read_s": read_s, "exact": exact}), flush=True)
+    os._exit(0)                                # LMCache leaves non-daemon workers behind
+
+
+# --- the harness -----------------------------------------------------------------------------
+def drop_page_cache() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def run_lmcache(mode: str, directory: Path, n: int, odirect: bool, group, drop) -> dict:
+    proc = subprocess.Popen([sys.executable, __file__, "--worker", mode, str(directory), str(n),
+                             "1" if odirect else "0"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    if group is not None:
+        group.add(proc.pid)
+    out: dict = {}
+    try:
+        for line in proc.stdout:
+            if line.startswith("STORED "):
+                out.update(json.loads(line[7:]))
+                drop()
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            elif line.startswith("READ "):
+                out.update(json.loads(line[5:]))
+                break
+    finally:
+        proc.wait(60)
+    if out.get("exact") != n:
+        raise RuntimeError(f"{mode} on {directory}: {out.get('exact')} of {n} chunks read back "
+                           f"bit-exact ({out})")
+    out["read_gbps"] = n * CHUNK / out["read_s"] / 1e9
+    out["store_gbps"] = n * CHUNK / out["store_s"] / 1e9
+    return out
+
+
+def run_ext4(tmp: Path, n: int, bps, odirect: bool) -> dict:
+    with Emulation(f"{n * CHUNK // MiB + 1024}m") as emu:
+        dev = emu.loop("ext4", n * CHUNK + 512 * MiB)
+        subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
+        mnt = tmp / "ext4"
+        mnt.mkdir(exist_ok=True)
+        subprocess.run(["mount", dev.path, str(mnt)], check=True)
+        try:
+            group = emu.cgroup("e2e-ext4")
+            if bps:
+                group.limit(dev, read_bps=bps, write_bps=bps)
+            (mnt / "lmcache").mkdir()
+            return run_lmcache("local_disk", mnt / "lmcache", n, odirect, group,
+                               drop_page_cache)
+        finally:
+            subprocess.run(["umount", str(mnt)], check=True)
+
+
+def run_kvfs(tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk") -> dict:
+    from kvfs.cli import main as kvfs_main
+    from kvfs.testing import MountedKvfs, write_config
+    per_ns = n * CHUNK // 4 + 256 * MiB
+    with Emulation(f"{4 * per_ns // MiB + 512}m") as emu:
+        devs = [emu.loop(f"ns{i}", per_ns) for i in range(4)]
+        cfg = write_config(tmp / "kvfs.toml", tmp / "state", [{"path": d.path} for d in devs],
+                           dram=f"{n * CHUNK // MiB + 512}MiB")
+        with contextlib.redirect_stdout(io.StringIO()):
+            if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
+                raise RuntimeError("kvfs format failed")
+        group = emu.cgroup("e2e-kvfs")
+        if bps:
+            for d in devs:
+                group.limit(d, read_bps=bps, write_bps=bps)
+        with MountedKvfs(tmp / "mnt", cfg, tmp / "kvfs.log") as m:
+            group.add(m.pid)
+            (m.mountpoint / "lmcache").mkdir()
+
+            def drop() -> None:
+                m.control("drop_dram")
+                drop_page_cache()
+            out = run_lmcache(mode, m.mountpoint / "lmcache", n, odirect, group, drop)
+            st = m.stats()
+            out["passthrough"] = st["data_path"]["passthrough"]
+            out["memory"] = st["data_path"]["memory"]
+        import shutil
+        shutil.rmtree(tmp / "state", ignore_errors=True)
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        worker(argv[1:])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=24)
+    ap.add_argument("--speeds", default="throttled,gbps1,fast")
+    ap.add_argument("--no-nodirect", action="store_true", help="skip the use_odirect: false rows")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    why = available()
+    if why:
+        print(f"bench/e2e_lmcache.py: {why}", file=sys.stderr)
+        return 2
+    speeds = [s for s in args.speeds.split(",") if s]
+    n = args.chunks
+    rows: dict[str, dict] = {}
+    out: dict = {"chunks": n, "chunk_bytes": CHUNK, "threads": THREADS}
+    with tempfile.TemporaryDirectory(prefix="kvfs-e2e-") as tmp:
+        tmp = Path(tmp)
+        for speed in speeds:
+            bps = SPEEDS[speed]
+            for odirect in (True,) if args.no_nodirect else (True, False):
+                tag = "" if odirect else "_nodirect"
+                e = rows[f"{speed}{tag} ext4"] = run_ext4(tmp, n, bps, odirect)
+                k = rows[f"{speed}{tag} kvfs"] = run_kvfs(tmp, n, bps, odirect)
+                out[f"{speed}_read_vs_ext4{tag}"] = round(k["read_gbps"] / e["read_gbps"], 3)
+                out[f"{speed}_store_vs_ext4{tag}"] = round(e["store_s"] / k["store_s"], 3)
+            if speed != "throttled":
+                p = rows[f"{speed} plugin"] = run_kvfs(tmp, n, bps, True, mode="plugin")
+                e = rows[f"{speed} ext4"]
+                out[f"plugin_{speed}_read_vs_ext4"] = round(p["read_gbps"] / e["read_gbps"], 3)
+                out[f"plugin_{speed}_store_vs_ext4"] = round(e["store_s"] / p["store_s"], 3)
+    out["rows"] = {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv)
+                       for kk, vv in v.items()} for k, v in rows.items()}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"LMCache 0.5.6, {n} chunks of 32 MiB, {THREADS} disk threads; kvfs on 4 namespaces, "
+          f"ext4 on 1; reads cold (page cache and kvfs DRAM dropped)")
+    print(f"{'run':<26}{'store GB/s':>11}{'read GB/s':>11}")
+    for name, r in rows.items():
+        print(f"{name:<26}{r['store_gbps']:>11.2f}{r['read_gbps']:>11.2f}")
+    for key, v in out.items():
+        if key.endswith(("_ext4", "_nodirect")):
+            print(f"{key} = {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
