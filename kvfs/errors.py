@@ -34,14 +34,6 @@ def no_space(message: str) -> KvfsError:
     return KvfsError(_errno.ENOSPC, message)
 
 
-def io_error(message: str) -> KvfsError:
-    return KvfsError(_errno.EIO, message)
-
-
-def invalid(message: str) -> KvfsError:
-    return KvfsError(_errno.EINVAL, message)
-
-
 class ConfigError(KvfsError):
     """A bad configuration file, key or value. The message names the key."""
 

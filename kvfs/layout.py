@@ -13,7 +13,6 @@ the unit's content bytes, padding excluded). It is immutable: a rewrite makes a 
 
 from __future__ import annotations
 
-import json
 from array import array
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -24,10 +23,6 @@ DATA_START = 1 << 20      # bytes [0, DATA_START) of every namespace hold its su
 
 def align_up(n: int, a: int = PAGE) -> int:
     return (n + a - 1) // a * a
-
-
-def align_down(n: int, a: int = PAGE) -> int:
-    return n // a * a
 
 
 def unit_count(size: int, unit: int) -> int:
@@ -164,6 +159,3 @@ class Layout:
             "extents": [[e.ns, e.offset, e.length] for e in self.extents()],
             "unit_map": [[self.ns[k], self.offsets[k]] for k in range(self.nunits)],
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.describe())

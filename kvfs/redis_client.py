@@ -217,17 +217,3 @@ class RedisClient:
         if isinstance(reply, RedisError):
             raise reply
         return reply
-
-    # --- pub/sub (use a dedicated connection) ---------------------------------------------------
-    async def subscribe(self, *channels: str) -> None:
-        async with self._lock:
-            await self._send(_encode(("SUBSCRIBE", *channels)))
-            for _ in channels:
-                await self._recv()
-
-    async def next_message(self) -> tuple[bytes, bytes]:
-        """The next (channel, payload) published on a subscribed channel."""
-        while True:
-            msg = await self._recv()
-            if isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message":
-                return msg[1], msg[2]

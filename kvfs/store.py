@@ -3,18 +3,18 @@
 The store knows blocks (`BlobRec`s), not names. For each block it tracks:
 
 * holders: open handles (and in-flight fetches) that may still read it. A block's extents are
-  released to the pool only when it is retired (no longer any file's current version) *and* has
-  no holders, so a reader that opened an old version keeps reading it after a rewrite.
-* residency: a complete copy in DRAM (`resident`), or a fetch in progress whose units become
-  readable one by one (`Fetch.ready[k]`), so a read at offset o returns as soon as the units
-  covering o have arrived while the rest keep streaming.
+  released (`on_free`, to the space layer) only when it is retired (no longer any file's current
+  version) *and* has no holders, so a reader that opened an old version keeps reading it.
+* residency: a complete copy in DRAM (`resident`, a memfd the kernel may serve directly through
+  FUSE passthrough), or a fetch in progress (kvfs/fetch.py) whose units become readable one by
+  one, so a read through the daemon returns once the units it covers have arrived.
 
 Tiers, fastest first: DRAM (volatile), local (optional: a node-local NVMe device or file,
 `kvfs/local.py`), pool. DRAM holds clean copies only: a block is durable in the pool before it
 is resident, so dropping a resident copy is always free; write buffers of open sessions are
 charged to the same budget but cannot be evicted. Which resident block leaves is decided by the
 tier's eviction policy (`kvfs/policy.py`); pinned blocks never leave, blocks someone holds open
-leave last. A block evicted from DRAM is demoted to the local tier when that tier's admission
+leave last (never, under passthrough: the kernel holds their memory). A block evicted from DRAM is demoted to the local tier when that tier's admission
 policy agrees; a block read from a slower tier is promoted into faster ones the same way.
 
 Fetches run at one of two priorities: demand (a reader waits) and prefetch (readahead). Demand
@@ -28,14 +28,13 @@ import collections
 import dataclasses
 import errno
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import trio
 
-from kvfs.aio import run_all
 from kvfs.buffer import Buffer
+from kvfs.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
 from kvfs.layout import Layout, align_up, units_covering
@@ -44,35 +43,9 @@ from kvfs.pool import Pool
 
 log = logging.getLogger("kvfs.store")
 
-# Units of one fetch in flight per namespace. Units issued together share the namespace's
-# bandwidth and finish together; a small window, issued in order, brings a block's first bytes
-# early while other fetches (and the other namespaces) keep every device busy.
-FETCH_WINDOW = 2
-# Units one fetch I/O reads at most (back to back on a namespace): fewer, larger I/Os for a
-# whole-block fetch, while the first units still arrive early for a reader streaming it.
-FETCH_RUN = 4
 # Prefetches fetched at the same time (more would share the bandwidth and delay the next block).
 PREFETCH_FETCHES = 2
 
-
-class Fetch:
-    """One attempt to bring a whole block into DRAM."""
-
-    __slots__ = ("buffer", "ready", "errors", "queues", "prefetch", "cancelled", "source",
-                 "parent", "done", "run")
-
-    def __init__(self, buffer: Buffer, nunits: int, prefetch: bool, source: str, parent,
-                 run: int = 1):
-        self.buffer = buffer
-        self.ready = [trio.Event() for _ in range(nunits)]
-        self.errors: dict[int, KvfsError] = {}
-        self.queues: dict[int, collections.deque[int]] = {}   # namespace -> units not yet issued
-        self.prefetch = prefetch
-        self.cancelled = False
-        self.source = source           # "pool" or "local"
-        self.parent = parent           # the block before it in its chain walk, for the policy
-        self.done = trio.Event()
-        self.run = run                 # units per I/O: 1 while a reader streams it
 
 class CachedBlob:
     __slots__ = ("rec", "holders", "retired", "resident", "fetch", "owner", "pinned",
@@ -138,6 +111,7 @@ class BlockStore:
         self._prefetch_queue: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._prefetch_running = 0
         self.stats = StoreStats()
+        self.fetcher = Fetcher(pool, local, self.stats)
         self._nursery: trio.Nursery | None = None
         self.passthrough = False           # open handles may be served by the kernel itself
 
@@ -456,7 +430,7 @@ class BlockStore:
         layout = rec.layout
         for k in units_covering(offset, length, rec.size, layout.unit):
             if not fetch.ready[k].is_set():
-                self._expedite(fetch, layout, k)
+                fetch.expedite(layout, k)
                 await fetch.ready[k].wait()
             err = fetch.errors.get(k)
             if err is not None:
@@ -496,7 +470,7 @@ class BlockStore:
             await self.read(rec, 0, rec.size)
             return buf
         buf = Buffer(self.pool.chunk, align_up(rec.size))   # larger than DRAM: uncached
-        await self._read_units(rec, range(rec.layout.nunits), buf)
+        await self.fetcher.read_units(rec, range(rec.layout.nunits), buf)
         buf.resize(rec.size)
         return buf
 
@@ -506,46 +480,10 @@ class BlockStore:
         tmp = Buffer(self.pool.chunk, align_up(rec.size))   # pages appear where units land
         self.hold(rec)
         try:
-            await self._read_units(rec, ks, tmp)
+            await self.fetcher.read_units(rec, ks, tmp)
         finally:
             self.unhold(rec)
         return bytes(tmp.view(offset, min(length, rec.size - offset)))
-
-    async def _read_units(self, rec: BlobRec, ks, buf: Buffer) -> None:
-        """Read units of a block into `buf` (runs of units in parallel); EIO if any fails."""
-        lay = rec.layout
-
-        async def run_reader(run: list[int]) -> None:
-            if await self._read_run(rec, run, buf, "pool", False):
-                raise KvfsError(errno.EIO, f"checksum mismatch in block {rec.id}")
-        await run_all((lambda r=r: run_reader(r))
-                      for r in self.pool.runs(lay.ns, lay.offsets, lay.size, ks))
-
-    async def _read_run(self, rec: BlobRec, run: list[int], buf: Buffer, source: str,
-                        prefetch: bool) -> list[int]:
-        """Read a run of units (back to back on one device) from the pool or the local tier;
-        returns the units that failed their checksums."""
-        length = sum(rec.layout.unit_span(k)[1] for k in run)
-        if source == "local":
-            bad = await self.local.read_run(rec, run, buf, prefetch)
-            self.stats.tiers["local"].bytes_out += length
-        else:
-            bad = await self.pool.read_run(rec.layout, run, buf, prefetch=prefetch)
-            self.stats.bytes_from_pool += length
-            self.stats.tiers["pool"].bytes_out += length
-        return bad
-
-    @staticmethod
-    def _take_run(q: collections.deque[int], layout: Layout, limit: int) -> list[int]:
-        """The next units of a namespace's queue that lie back to back there (`limit` at
-        most): one I/O. The queue's head is what a reader waits for first."""
-        run = [q.popleft()]
-        while q and len(run) < limit:
-            p, k = run[-1], q[0]
-            if layout.ns[k] != layout.ns[p] or layout.offsets[k] != layout.offsets[p] + layout.stored(p):
-                break
-            run.append(q.popleft())
-        return run
 
     def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None, on_done=None,
                      streaming: bool = False) -> Fetch | None:
@@ -571,50 +509,9 @@ class BlockStore:
         self._nursery.start_soon(self._run_fetch, cb, fetch, on_done)
         return fetch
 
-    @staticmethod
-    def _expedite(fetch: Fetch, layout: Layout, k: int) -> None:
-        """A reader waits for unit k: issue it before the namespace's other queued units."""
-        q = fetch.queues.get(layout.ns[k] if fetch.source == "pool" else 0)
-        if q and q[0] != k and k in q:
-            q.remove(k)
-            q.appendleft(k)
-
     async def _run_fetch(self, cb: CachedBlob, fetch: Fetch, on_done=None) -> None:
         rec = cb.rec
-        units = {j: len(q) for j, q in fetch.queues.items()}
-        t0 = time.perf_counter()
-        done: dict[int, float] = {}
-        depth = (self.local.queue_depth if fetch.source == "local"
-                 else None)
-
-        layout = self.local.layout(rec.id) if fetch.source == "local" else rec.layout
-
-        async def worker(j: int, q: collections.deque[int]) -> None:
-            while q and not fetch.cancelled:
-                run = self._take_run(q, layout, fetch.run)
-                try:
-                    for k in await self._read_run(rec, run, fetch.buffer, fetch.source,
-                                                  fetch.prefetch):
-                        fetch.errors[k] = KvfsError(errno.EIO, f"checksum mismatch in unit {k} "
-                                                               f"of block {rec.id}")
-                except KvfsError as e:
-                    for k in run:
-                        fetch.errors[k] = e
-                finally:
-                    for k in run:
-                        fetch.ready[k].set()
-                done[j] = time.perf_counter() - t0
-
-        while True:
-            async with trio.open_nursery() as nursery:
-                for j, q in fetch.queues.items():
-                    qd = depth or self.pool.namespaces[j].queue_depth
-                    for _ in range(min(len(q), qd, FETCH_WINDOW)):
-                        nursery.start_soon(worker, j, q)
-            if fetch.cancelled and not fetch.prefetch:
-                fetch.cancelled = False          # a reader came for it after all: finish
-                continue
-            break
+        units, done = await self.fetcher.fill(rec, fetch)
         cb.fetch = None
         self.inflight -= fetch.buffer.reserved_bytes
         fetch.done.set()
