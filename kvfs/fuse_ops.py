@@ -106,7 +106,8 @@ class FuseOps(pyfuse3.Operations):
         self.latency = latency
         # Ask for FUSE passthrough at INIT (the patched pyfuse3 reads this); whether the kernel
         # agreed is known in init(), and `data_path` says which path serves the data, and why.
-        why = passthrough_available() if passthrough else "turned off in the configuration"
+        why = passthrough_available() if passthrough else \
+            "FUSE passthrough is turned off ([mount] passthrough, or KVFS_PASSTHROUGH)"
         self.enable_passthrough = why is None
         self.data_path = {"passthrough": False, "why": why or "INIT not answered yet"}
         self.backings = Backings()

@@ -95,8 +95,22 @@ def check_mount(mount: str) -> tuple[list[Finding], dict | None]:
         out.append(Finding("warn", "mount", f"{mount}: pool {100 * used:.0f}% full and evict = "
                                             f"\"never\": writes will fail with ENOSPC",
                            "delete files, add namespaces, or set [pool] evict = \"lru\""))
+    out += check_data_path(mount, st.get("data_path"))
     out += check_cluster(mount, st.get("cluster"))
     return out, st
+
+
+def check_data_path(mount: str, dp: dict | None) -> list[Finding]:
+    """Which path file data takes (FUSE passthrough, or through the daemon), and why."""
+    if not dp:
+        return []
+    memory = f"; block memory: {dp.get('memory', '?')}"
+    if dp.get("passthrough"):
+        return [Finding("ok", "data path", f"{mount}: FUSE passthrough: {dp['why']}{memory}")]
+    return [Finding("warn", "data path", f"{mount}: reads and writes go through the daemon "
+                                         f"(slower): {dp['why']}{memory}",
+                    "use Linux >= 6.9, run make install (it builds the passthrough-capable "
+                    "libfuse and pyfuse3), keep [mount] passthrough = true")]
 
 
 def check_cluster(mount: str, c: dict | None) -> list[Finding]:

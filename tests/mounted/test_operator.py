@@ -123,7 +123,10 @@ def test_doctor(chain_mount):
     report = json.loads(r.stdout)
     assert report["ok"] is True
     checks = {f["check"] for f in report["findings"]}
-    assert {"fuse", "mount", "namespace", "rdma", "kvikio", "numa"} <= checks
+    assert {"fuse", "mount", "namespace", "rdma", "kvikio", "numa", "data path"} <= checks
+    path = [f for f in report["findings"] if f["check"] == "data path"][0]
+    assert (path["status"] == "ok") == chain_mount.passthrough        # says which, and why
+    assert "passthrough" in path["detail"] and "block memory" in path["detail"]
     rdma = [f for f in report["findings"] if f["check"] == "rdma"]
     assert rdma and all(f["status"] in ("info", "ok") for f in rdma)   # none here: said, not failed
     chain_mount.proc.kill()                                            # a dead daemon
