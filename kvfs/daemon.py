@@ -166,7 +166,8 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
         raise
     real_mountpoint = os.path.realpath(mountpoint)     # resolved before it becomes ours
     if cfg.dram.huge_pages:
-        why = MEMORY.use_private_tmpfs(mem_total())
+        # a backstop: writers get ENOSPC rather than the machine running out of memory
+        why = MEMORY.use_private_tmpfs(mem_total() * 3 // 4)
         if why:
             log.info("block memory: memfds (%s)", why)
     return trio.run(_serve, cfg, mountpoint, real_mountpoint, ready, on_state_dir)

@@ -433,6 +433,14 @@ class Files:
             self.sessions.end(st)
         self._release_state(node)
 
+    def recharge(self) -> None:
+        """Account the memory of sessions the kernel writes into by passthrough (their growth
+        reaches no daemon request), so the DRAM tier makes room for it in time."""
+        for st in self.handles.states.values():
+            s = st.session
+            if s is not None and s.passthrough and not s.frozen:
+                self.sessions.charge(s)
+
     # --- eviction (called by the space layer) --------------------------------------------------
     def _evictable(self, node: Node | None, exclude: int, bid: int | None) -> bool:
         if node is None or node.ino == exclude or not node.linked or node.blob is None:

@@ -29,6 +29,7 @@ log = logging.getLogger("kvfs.service")
 STATS_VERSION = 1
 ATIME_FLUSH_SECONDS = 30.0
 CLUSTER_FLUSH_SECONDS = 5.0    # a shared pool's LRU order and chains are shared: flush sooner
+RECHARGE_SECONDS = 0.25        # how often passthrough writers' memory is accounted
 
 
 class Service:
@@ -67,6 +68,7 @@ class Service:
             await nursery.start(self.space.serve)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
+            nursery.start_soon(self._recharge_periodically)
             nursery.start_soon(self.leases.expire_periodically, self.allocations, log)
             if self.cfg.metrics_port:
                 from kvfs import metrics
@@ -100,6 +102,11 @@ class Service:
         except Exception:  # noqa: BLE001 - logged; the next round retries
             log.exception("persisting access times and chain links failed")
         return out
+
+    async def _recharge_periodically(self) -> None:
+        while True:
+            await trio.sleep(RECHARGE_SECONDS)
+            self.files.recharge()
 
     async def _warm_pinned(self) -> None:
         n = await self.files.warm_pinned()

@@ -191,6 +191,10 @@ class Sessions:
         if w is not None and self.store.nursery is not None:
             self.store.nursery.start_soon(w.abort)
 
+    def charge(self, s: Session) -> None:
+        """Account the session's memory (its buffer's pages) in the DRAM tier."""
+        self._charge(s)
+
     def _charge(self, s: Session) -> None:
         delta = s.buffer.nbytes - s.charged
         if delta:
