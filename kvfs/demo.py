@@ -42,7 +42,8 @@ kvfs is mounted at {os.path.abspath(mnt)}
   wrote  {SAMPLE} ({format_size(SIZE)}) in {t1 - t0:.3f} s; durable in the pool once close() returned
   read   it back bit-exact in {t2 - t1:.3f} s (sha256 {hashlib.sha256(back).hexdigest()[:16]}...)
   pool   {format_size(pool['capacity'])} on {len(stats['namespaces'])} namespace(s), {format_size(pool['free'])} free; statfs block size {vfs.f_bsize}
-  DRAM   {format_size(dram['used'])} of {format_size(dram['capacity'])} in use
+  DRAM   {format_size(dram['used'])} of {format_size(dram['capacity'])} in use ({stats['data_path']['memory']})
+  path   {"FUSE passthrough: the kernel moves file data without the daemon" if stats['data_path']['passthrough'] else "through the daemon: " + stats['data_path']['why']}
 
 Use it:
   point LMCache at it:  LMCACHE_LOCAL_DISK=file://{os.path.abspath(mnt)}/lmcache  LMCACHE_MAX_LOCAL_DISK_SIZE=2
