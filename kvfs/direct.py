@@ -117,8 +117,7 @@ class Direct:
         self.ttl = ttl
         self.retries = retries
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="kvfs-direct")
-        self._fds: dict[str, int] = {}
-        self._wfds: dict[str, int] = {}
+        self._fds: dict[tuple[str, bool], int] = {}
         self._cufiles: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -176,19 +175,22 @@ class Direct:
         raise StaleBlock(path)
 
     # --- reading units -------------------------------------------------------------------------
-    def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
+    def _fd(self, path: str, write: bool = False) -> int:
+        """A cached O_DIRECT descriptor of a namespace (buffered where O_DIRECT is refused)."""
+        key = (path, write)
+        fd = self._fds.get(key)
         if fd is None:
             with self._lock:
-                fd = self._fds.get(path)
+                fd = self._fds.get(key)
                 if fd is None:
+                    mode = (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC
                     try:
-                        fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+                        fd = os.open(path, mode | os.O_DIRECT)
                     except OSError as e:
                         if e.errno != errno.EINVAL:
                             raise
-                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    self._fds[path] = fd
+                        fd = os.open(path, mode)
+                    self._fds[key] = fd
         return fd
 
     def _bounce(self, n: int) -> mmap.mmap:
@@ -329,21 +331,6 @@ class Direct:
         return self.read_many([path], [buf], verify)[0]
 
     # --- writing -------------------------------------------------------------------------------
-    def _wfd(self, path: str) -> int:
-        fd = self._wfds.get(path)
-        if fd is None:
-            with self._lock:
-                fd = self._wfds.get(path)
-                if fd is None:
-                    try:
-                        fd = os.open(path, os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
-                    except OSError as e:
-                        if e.errno != errno.EINVAL:
-                            raise
-                        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-                    self._wfds[path] = fd
-        return fd
-
     def _write_unit(self, alloc: dict, k: int, src: memoryview, deadline: float) -> int:
         """Write unit k of a block from `src`; return the xxh3-64 of its content."""
         unit, size = alloc["stripe_unit"], alloc["size"]
@@ -361,7 +348,7 @@ class Direct:
             view[length:] = bytes(stored - length)
         if time.monotonic() > deadline:     # the space may be another writer's by now
             raise OSError(errno.ESTALE, f"allocation {alloc['alloc']} ran out before unit {k}")
-        fd = self._wfd(alloc["namespace_paths"][ns])
+        fd = self._fd(alloc["namespace_paths"][ns], write=True)
         done = 0
         while done < stored:
             n = os.pwritev(fd, [view[done:]], off + done)
@@ -422,10 +409,9 @@ class Direct:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        for fd in [*self._fds.values(), *self._wfds.values()]:
+        for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        self._wfds.clear()
         for f in self._cufiles.values():
             f.close()
         self._cufiles.clear()

@@ -282,15 +282,19 @@ class Files:
                     await self.sessions.truncate(node, st, 0)
             if not h.writable:
                 self._pin_version(h, st, pid)
-            if passthrough:
-                await self._bind(h, st)
-            else:
-                st.plain += 1
-                self.stats.plain_opens += 1
+            await self._serve(h, st, passthrough)
         except BaseException:
             await self.release(h.fh)
             raise
         return self._open_result(h, st)
+
+    async def _serve(self, h: Handle, st: NodeState, passthrough: bool) -> None:
+        """Put the handle on its data path."""
+        if passthrough:
+            await self._bind(h, st)
+        else:
+            st.plain += 1
+            self.stats.plain_opens += 1
 
     async def _bind(self, h: Handle, st: NodeState) -> None:
         """Answer this handle with passthrough: find (or make) the memfd it uses."""
@@ -361,11 +365,7 @@ class Files:
             if not h.writable:      # O_CREAT|O_RDONLY: the empty file exists once create returns
                 h.version = s
                 await self.sessions.commit_if_dirty(node, st)
-            if self.passthrough:
-                await self._bind(h, st)
-            else:
-                st.plain += 1
-                self.stats.plain_opens += 1
+            await self._serve(h, st, self.passthrough)
         except BaseException:
             await self.release(h.fh)
             raise
