@@ -376,26 +376,28 @@ class Files:
                     self._charge(s)
                     s.dirty = True
             if not h.writable:
-                self._pin_version(h, st, pid)
+                self._pin_version(h, st, pid, access=not flags & os.O_NOATIME)
         except BaseException:
             await self.release(h.fh)
             raise
         return self._open_result(h, st)
 
-    def _pin_version(self, h: Handle, st: NodeState, pid: int) -> None:
+    def _pin_version(self, h: Handle, st: NodeState, pid: int, access: bool = True) -> None:
         node = h.node
         if st.session is not None:
             h.version = st.session
         elif node.blob is not None:
             h.version = node.blob
             self.store.hold(node.blob)
+            st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
+            if not access:
+                return      # O_NOATIME (a scan, a checksum run): no atime, hit or LRU move
             # one access per open (not per read request): tiers count it, the policy hears it
             # with the block this reader read before it in the chain, readahead looks ahead
             parent = self.readahead.opened(node, pid) if self.readahead else None
             self.store.access(node.blob, parent)
             self.catalog.touch(node)
             self.hits[node.ino] += 1
-            st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                      gid: int, pid: int = 0) -> tuple[OpenResult, Attr]:
