@@ -466,6 +466,36 @@ class Files:
         self.stats.bytes_written += n
         return n
 
+    async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) mode 0: bytes up to offset+length become part of the file (zeros where
+        nothing was written) and their pool space is reserved now, so later writes there
+        cannot fail with ENOSPC. Within the current size it changes nothing (a session always
+        holds its whole size's space). Other modes (KEEP_SIZE, PUNCH_HOLE...): EOPNOTSUPP."""
+        if mode != 0:
+            raise KvfsError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not supported")
+        if offset < 0 or length <= 0:
+            raise KvfsError(errno.EINVAL, "fallocate: bad offset or length")
+        h = self._handle(fh)
+        if not h.writable:
+            raise KvfsError(errno.EBADF, "file is not open for writing")
+        end = offset + length
+        if end > self.max_block_size:
+            raise KvfsError(errno.EFBIG, f"{end} bytes is more than the largest block kvfs can "
+                                         f"hold ({self.max_block_size})")
+        node = h.node
+        st = self._state(node.ino)
+        if st.session is None and end <= node.committed_size:
+            return
+        async with st.lock:
+            s = await self._writable_session(node, st)
+            if end <= s.buffer.size:
+                return
+            await self._reserve(node, s, end)
+            s.buffer.resize(end)
+            self._charge(s)
+            s.dirty = True
+        node.mtime_ns = node.ctime_ns = time.time_ns()
+
     async def _writable_session(self, node: Node, st: NodeState, keep: int | None = None) -> Session:
         """The node's open session, or a new one holding a copy of its current content
         (only the first `keep` bytes are needed when given)."""
