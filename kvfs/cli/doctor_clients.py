@@ -17,6 +17,7 @@ file names (a sample of each directory, three levels deep), so this never reads 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 
@@ -123,9 +124,9 @@ def check_clients(mount: str, st: dict) -> list:
                 detail += f"; kvfs has evicted {evicted} file(s) since it started"
             out.append(Finding(
                 "warn" if evicted or evict == "never" else "info", "clients", detail,
-                f"set max_local_disk_size to at most {safe / 1e9:.1f} (GB, 90% of the pool's "
-                f"{format_size(cap)}), or use LMCache's fs connector or kvfs's LMCache plugin, "
-                f"which look chunks up by name"))
+                f"set max_local_disk_size to at most {math.floor(safe / 1e6) / 1e3:g} (GB, 90% of "
+                f"the pool's {format_size(cap)}), or use LMCache's fs connector or kvfs's LMCache "
+                f"plugin, which look chunks up by name"))
         elif kind == "nixl_static":
             out.append(Finding(
                 "warn", "clients",
