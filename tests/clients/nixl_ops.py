@@ -31,9 +31,8 @@ from lmcache.v1.storage_backend.nixl_storage_backend import NixlStorageBackend
 
 from tests.clients.engine import content
 
-KV_SHAPE = (4, 2, 256, 8, 64)      # layers, K/V, tokens, kv heads, head dim: 2 MiB in bf16
-SHAPE = (2, 4, 256, 8 * 64)        # as LMCache stores it (KV_2LTD)
-CHUNK = 2 << 20
+LAYERS = 4
+KV_SHAPE = (LAYERS, 2, 256, 8, 64)  # layers, K/V, tokens, kv heads, head dim: 2 MiB in bf16
 MODEL = "meta-llama/Llama-3.1-8B"
 
 
@@ -43,13 +42,20 @@ def key(i: int) -> CacheEngineKey:
                           torch.bfloat16)
 
 
-def expected(i: int) -> torch.Tensor:
-    return torch.from_numpy(content(i, CHUNK)).view(torch.bfloat16).view(SHAPE)
+def _shape(layers: int = LAYERS) -> tuple:
+    return (2, layers, 256, 8 * 64)     # a chunk as LMCache stores it (KV_2LTD)
 
 
-def same(obj, i: int) -> bool:
+def expected(i: int, layers: int = LAYERS) -> torch.Tensor:
+    shape = _shape(layers)
+    return torch.from_numpy(content(i, 2 * 256 * 8 * 64 * 2 * layers)).view(torch.bfloat16
+                                                                          ).view(shape)
+
+
+def same(obj, i: int, layers: int = LAYERS) -> bool:
     """Bit-exact (random bytes include NaN patterns: compare them as integers)."""
-    return torch.equal(obj.tensor.view(SHAPE).view(torch.int16), expected(i).view(torch.int16))
+    return torch.equal(obj.tensor.view(_shape(layers)).view(torch.int16),
+                       expected(i, layers).view(torch.int16))
 
 
 def close(state: dict) -> None:
@@ -70,17 +76,20 @@ def _loop(state: dict) -> asyncio.AbstractEventLoop:
 
 
 def open_backend(state: dict, dir: str, pool_size: int = 0, direct: bool = True,
-                 engine: str = "aio") -> dict:
+                 engine: str = "aio", layers: int = LAYERS, cpu_gb: float = 0.125) -> dict:
+    """layers: 4 makes 2 MiB chunks, 16 makes 8 MiB ones (256 tokens, 8 KV heads of 64)."""
     close(state)
+    state["layers"] = layers
     params = {"use_uring": "true"} if engine == "uring" else {"use_aio": "true"}
     config = LMCacheEngineConfig.from_defaults(
-        chunk_size=256, local_cpu=False, max_local_cpu_size=0.125, nixl_buffer_device="cpu",
+        chunk_size=256, local_cpu=False, max_local_cpu_size=cpu_gb, nixl_buffer_device="cpu",
         save_unfull_chunk=False,
         extra_config={"enable_nixl_storage": True, "nixl_backend": "POSIX",
                       "nixl_pool_size": pool_size, "nixl_path": dir,
                       "use_direct_io": direct, "nixl_backend_params": params})
     meta = LMCacheMetadata(model_name=MODEL, world_size=1, local_world_size=1, worker_id=0,
-                           local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=KV_SHAPE)
+                           local_worker_id=0, kv_dtype=torch.bfloat16,
+                           kv_shape=(layers,) + KV_SHAPE[1:])
     PinMonitor.GetOrCreate(config)
     os.makedirs(dir, exist_ok=True)
     cpu = LocalCPUBackend(config, meta, dst_device="cpu")
@@ -89,25 +98,29 @@ def open_backend(state: dict, dir: str, pool_size: int = 0, direct: bool = True,
     return {"class": type(b).__name__}
 
 
-def put(state: dict, keys: list[int], batch: int = 4) -> int:
-    """Put chunks `batch` at a time (one NIXL transfer each) and wait for them."""
-    b, cpu = state["backend"], state["cpu"]
+def put(state: dict, keys: list[int], batch: int = 4, timed: bool = False):
+    """Put chunks `batch` at a time (one NIXL transfer each) and wait for them; with `timed`,
+    the seconds the transfers took (filling the buffers not counted)."""
+    b, cpu, layers = state["backend"], state["cpu"], state["layers"]
+    seconds = 0.0
     for i in range(0, len(keys), batch):
         part = keys[i:i + batch]
         objs = []
         for k in part:
-            obj = cpu.allocate(torch.Size(SHAPE), torch.bfloat16, MemoryFormat.KV_2LTD)
-            obj.tensor.copy_(expected(k))
+            obj = cpu.allocate(torch.Size(_shape(layers)), torch.bfloat16, MemoryFormat.KV_2LTD)
+            obj.tensor.copy_(expected(k, layers))
             objs.append(obj)
+        t = time.perf_counter()
         b.batched_submit_put_task([key(k) for k in part], objs)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while any(b.exists_in_put_tasks(key(k)) for k in part):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"puts of {part} did not finish")
-            time.sleep(0.002)
+            time.sleep(0.001)
+        seconds += time.perf_counter() - t
         for obj in objs:
             obj.ref_count_down()
-    return len(keys)
+    return {"n": len(keys), "seconds": seconds} if timed else len(keys)
 
 
 def contains(state: dict, keys: list[int]) -> list[bool]:
@@ -128,20 +141,27 @@ def get(state: dict, keys: list[int]) -> list[bool | None]:
         if obj is None:
             out.append(None)
             continue
-        out.append(same(obj, k))
+        out.append(same(obj, k, state["layers"]))
         obj.ref_count_down()
     return out
 
 
-def batched_get(state: dict, keys: list[int]) -> list[bool | None]:
+def batched_get(state: dict, keys: list[int], timed: bool = False, batch: int = 0):
+    """batched_get_blocking calls of `batch` chunks (one NIXL transfer each; 0: all at once),
+    back to back; checked after the last. With `timed`, also the seconds they took."""
     b = state["backend"]
-    objs = b.batched_get_blocking([key(k) for k in keys])
+    batch = batch or len(keys)
+    t = time.perf_counter()
+    objs = []
+    for i in range(0, len(keys), batch):
+        objs += b.batched_get_blocking([key(k) for k in keys[i:i + batch]])
+    seconds = time.perf_counter() - t
     out = []
     for k, obj in zip(keys, objs):
-        out.append(None if obj is None else same(obj, k))
+        out.append(None if obj is None else same(obj, k, state["layers"]))
         if obj is not None:
             obj.ref_count_down()
-    return out
+    return {"ok": out, "seconds": seconds} if timed else out
 
 
 def files(state: dict, dir: str) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
@@ -25,8 +26,8 @@ def key(k: int) -> str:
     return hashlib.sha256(str(k).encode()).hexdigest()
 
 
-def value(k: int) -> torch.Tensor:
-    return torch.from_numpy(content(k, PAGE)).view(torch.bfloat16)
+def value(k: int, page: int = PAGE) -> torch.Tensor:
+    return torch.from_numpy(content(k, page)).view(torch.bfloat16)
 
 
 def close(state: dict) -> None:
@@ -36,8 +37,10 @@ def close(state: dict) -> None:
 
 
 def open_backend(state: dict, dir: str, backend: str = "file", extra: dict | None = None,
-                 model: str = "meta-llama/Llama-3.1-8B", tp_rank: int = 0, tp_size: int = 1) -> dict:
+                 model: str = "meta-llama/Llama-3.1-8B", tp_rank: int = 0, tp_size: int = 1,
+                 page: int = PAGE) -> dict:
     close(state)
+    state["page"] = page
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = dir
     extra = dict(extra or {})
     name = backend
@@ -56,9 +59,15 @@ def open_backend(state: dict, dir: str, backend: str = "file", extra: dict | Non
             "max_size": ev.max_size_bytes, "indexed": len(ev._lru)}
 
 
-def set_pages(state: dict, keys: list[int]) -> list[bool]:
+def set_pages(state: dict, keys: list[int], timed: bool = False):
+    """Set pages one by one, as SGLang's backup thread does; with `timed`, also the seconds
+    the sets took (making the values not counted)."""
     b = state["backend"]
-    return [bool(b.set(key(k), value(k))) for k in keys]
+    values = [value(k, state["page"]) for k in keys]
+    t = time.perf_counter()
+    ok = [bool(b.set(key(k), v)) for k, v in zip(keys, values)]
+    seconds = time.perf_counter() - t
+    return {"ok": ok, "seconds": seconds} if timed else ok
 
 
 def exists(state: dict, keys: list[int]) -> list[bool]:
@@ -73,16 +82,22 @@ def batch_exists(state: dict, keys: list[int]) -> dict:
     return {"v1": b.batch_exists(ks), "v2": b.batch_exists_v2(ks).kv_hit_pages}
 
 
-def get(state: dict, keys: list[int]) -> list[bool | None]:
-    """Per page: True (bit-exact), False (wrong bytes), None (a miss)."""
+def get(state: dict, keys: list[int], timed: bool = False, batch: bool = False):
+    """Per page: True (bit-exact), False (wrong bytes), None (a miss). `batch`: one batch_get
+    call (SGLang's file backend reads one page after another either way). With `timed`, also
+    the seconds the reads took."""
     b = state["backend"]
-    out = []
-    for k in keys:
-        target = torch.zeros(PAGE // 2, dtype=torch.bfloat16)
-        got = b.get(key(k), target)
-        out.append(None if got is None else bool(torch.equal(got.view(torch.uint8),
-                                                              value(k).view(torch.uint8))))
-    return out
+    targets = [torch.zeros(state["page"] // 2, dtype=torch.bfloat16) for _ in keys]
+    t = time.perf_counter()
+    if batch:
+        got = b.batch_get([key(k) for k in keys], targets)
+    else:
+        got = [b.get(key(k), target) for k, target in zip(keys, targets)]
+    seconds = time.perf_counter() - t
+    out = [None if g is None else bool(torch.equal(g.view(torch.uint8),
+                                                   value(k, state["page"]).view(torch.uint8)))
+           for k, g in zip(keys, got)]
+    return {"ok": out, "seconds": seconds} if timed else out
 
 
 def evictor(state: dict) -> dict:
