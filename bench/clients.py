@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import io as io_mod
 import json
-import os
 import shutil
 import subprocess
 import sys
