@@ -70,6 +70,7 @@ $(STAMP): pyproject.toml Makefile $(FUSE_BUILD)
 	@echo "installing $(TORCH_PIN) (CPU) and LMCache for the integration tests"
 	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) install $(TORCH_PIN) 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install -e '.[test,lmcache]' 2>&1 | grep -v '^WARNING: Location' || true
+	@$(MAKE) --no-print-directory install-clients
 	@$(PY) -c 'import lmcache, torch'
 	@$(PY) -c 'import pyfuse3; pyfuse3.passthrough_open' || \
 	  { echo "pip replaced the passthrough pyfuse3 (see mount/fuse/build.sh)" >&2; exit 1; }
@@ -84,10 +85,21 @@ test: install
 	$(PY) -m pytest -q tests
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not lmcache" tests
+	$(PY) -m pytest -q -m "not slow and not lmcache and not clients" tests
 
 bench: install
 	$(PY) bench/fuse_read.py
 
 clean-mount:
 	-$(VENV)/bin/kvfs umount $(MNT)
+
+# vLLM's fs tier, SGLang's HiCacheFile and LMCache's NIXL POSIX backend for tests/clients: the pins
+# of pyproject.toml's extras vllm, sglang and nixl, with --no-deps (torch and LMCache stay as they
+# are). Run from the $(STAMP) recipe after LMCache; quick when everything is installed.
+.PHONY: install-clients
+CLIENT_EXTRAS := vllm sglang nixl
+install-clients:
+	@echo "installing the engines' file tiers (extras: $(CLIENT_EXTRAS)) for tests/clients"
+	@$(PIP) install --no-deps $$($(PY) -c 'import tomllib; x = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; print(*(p for e in "$(CLIENT_EXTRAS)".split() for p in x[e]))') 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c 'import nixl._api, torch, lmcache, vllm.v1.kv_offload.tiering.fs.manager, sglang.srt.mem_cache.hicache_storage' || \
+	  { echo "make install-clients: an engine's file tier does not import" >&2; exit 1; }

@@ -281,7 +281,7 @@ class Files:
                 async with st.lock:
                     await self.sessions.truncate(node, st, 0)
             if not h.writable:
-                self._pin_version(h, st, pid)
+                self._pin_version(h, st, pid, access=not flags & os.O_NOATIME)
             await self._serve(h, st, passthrough)
         except BaseException:
             await self.release(h.fh)
@@ -326,20 +326,22 @@ class Files:
         st.passthrough += 1
         self.stats.passthrough_opens += 1
 
-    def _pin_version(self, h: Handle, st: NodeState, pid: int) -> None:
+    def _pin_version(self, h: Handle, st: NodeState, pid: int, access: bool = True) -> None:
         node = h.node
         if st.session is not None:
             h.version = st.session
         elif node.blob is not None:
             h.version = node.blob
             self.store.hold(node.blob)
+            st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
+            if not access:
+                return      # O_NOATIME (a scan, a checksum run): no atime, hit or LRU move
             # one access per open (not per read request): tiers count it, the policy hears it
             # with the block this reader read before it in the chain, readahead looks ahead
             parent = self.readahead.opened(node, pid) if self.readahead else None
             self.store.access(node.blob, parent)
             self.catalog.touch(node)
             self.hits[node.ino] += 1
-            st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
 
     def _unpin(self, h: Handle, st: NodeState) -> None:
         if isinstance(h.version, BlobRec):
@@ -401,6 +403,21 @@ class Files:
         n = await self.sessions.write(node, self.handles.state(node.ino), offset, data)
         node.mtime_ns = node.ctime_ns = time.time_ns()
         return n
+
+    async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) mode 0: bytes up to offset+length become part of the file (zeros where
+        nothing was written) and their pool space is reserved now, so later writes there
+        cannot fail with ENOSPC. Other modes (KEEP_SIZE, PUNCH_HOLE...): EOPNOTSUPP."""
+        if mode != 0:
+            raise KvfsError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not supported")
+        if offset < 0 or length <= 0:
+            raise KvfsError(errno.EINVAL, "fallocate: bad offset or length")
+        h = self.handles.get(fh)
+        if not h.writable:
+            raise KvfsError(errno.EBADF, "file is not open for writing")
+        node = h.node
+        if await self.sessions.extend(node, self.handles.state(node.ino), offset + length):
+            node.mtime_ns = node.ctime_ns = time.time_ns()
 
     async def flush(self, fh: int) -> None:
         h = self.handles.get(fh)

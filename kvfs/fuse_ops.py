@@ -313,6 +313,13 @@ class FuseOps(pyfuse3.Operations):
             await self.files.fsync(fh)
 
     @translate
+    async def fallocate(self, fh, mode, offset, length):
+        # pyfuse3 dispatches FUSE_FALLOCATE only when built with mount/fuse/pyfuse3-fallocate.patch
+        if self.control.owns(fh):
+            raise KvfsError(errno.EBADF, "the control file takes setxattr calls")
+        await self.files.fallocate(fh, mode, offset, length)
+
+    @translate
     async def release(self, fh):
         if self.control.owns(fh):
             self.control.release(fh)

@@ -141,6 +141,23 @@ class Sessions:
         self.stats.bytes_written += len(data)
         return len(data)
 
+    async def extend(self, node: Node, st: NodeState, end: int) -> bool:
+        """fallocate mode 0: grow the file to at least `end` bytes (zeros) and reserve its pool
+        space now; False if it is that long already."""
+        if end > self.max_block_size:
+            raise self.too_big(end, "a size of")
+        if st.session is None and end <= node.committed_size:
+            return False
+        async with st.lock:
+            s = await self.writable(node, st)
+            if end <= s.size:
+                return False
+            await self._reserve(node, s, end)
+            s.buffer.resize(end)
+            self._charge(s)
+            s.dirty = True
+        return True
+
     async def truncate(self, node: Node, st: NodeState, size: int) -> None:
         """Set the size (truncate(2), ftruncate(2), O_TRUNC). Call with st.lock held."""
         if size > self.max_block_size:

@@ -1,8 +1,10 @@
 """kvfs doctor: check a node for kvfs and explain what is wrong and what to do.
 
-Checks FUSE and the kvfs mounts, each namespace of each mount (block device or file; for NVMe-oF
-devices the transport, address and subsystem NQN from /sys/class/nvme), RDMA devices and ports
-through pyverbs, kvikio/GDS availability, and the NUMA locality of namespaces, NICs and GPUs.
+Checks FUSE and the kvfs mounts, the inference engines' directories in them and whether their
+eviction agrees with kvfs's (doctor_clients.py), each namespace of each mount (block device or
+file; for NVMe-oF devices the transport, address and subsystem NQN from /sys/class/nvme), RDMA
+devices and ports through pyverbs, kvikio/GDS availability, and the NUMA locality of
+namespaces, NICs and GPUs.
 Each finding is ok, info, warn or fail; the exit status is 1 when anything failed.
 """
 
@@ -290,6 +292,8 @@ def run_checks(mounts: list[str]) -> list[Finding]:
         findings += fs
         if st is None:
             continue
+        from kvfs.cli.doctor_clients import check_clients
+        findings += check_clients(m, st)      # the engines' directories in the mount
         for ns in st["namespaces"]:
             fs, numa = describe_namespace(ns)
             findings += fs

@@ -5,7 +5,8 @@
 #      into /usr: the system's libfuse 3.14 stays what every other program uses;
 #   2. pyfuse3 3.5.0 from its sdist with pyfuse3-passthrough.patch (FileInfo.backing_id,
 #      Operations.enable_passthrough, pyfuse3.passthrough_open/close/enabled), Cython-regenerated and
-#      linked against that libfuse with an rpath, installed into $VENV as 3.5.0+kvfs.passthrough.
+#      linked against that libfuse with an rpath, installed into $VENV as 3.5.0+kvfs.passthrough;
+#      and pyfuse3-fallocate.patch (FUSE_FALLOCATE dispatched to Operations.fallocate).
 # Run by `make install` as root. Idempotent: returns at once when that pyfuse3 is already installed
 # from the same build.sh and patch. Build tools (meson, ninja, Cython) live in a throwaway venv under
 # build/, not in the project venv.
@@ -19,7 +20,8 @@ VENV=$(cd "${VENV:-.venv}" && pwd)
 PY=$VENV/bin/python
 PREFIX=$VENV/opt/libfuse
 BUILD=$root/build/fuse
-PATCH=$here/pyfuse3-passthrough.patch
+# applied in this order: passthrough (FileInfo.backing_id, ...), then a fallocate handler
+PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch")
 
 LIBFUSE_SERIES=3.17            # Debian trixie's fuse3 (3.17.2-3 when this was written)
 PYFUSE3_VERSION=3.5.0
@@ -39,12 +41,13 @@ step() {
 }
 pip_q() { "$@" --disable-pip-version-check -q 2>&1 | { grep -v '^WARNING: Location' || true; }; }
 
-build_id=$(cat "$here/build.sh" "$PATCH" | sha256sum | cut -c1-16)
+build_id=$(cat "$here/build.sh" "${PATCHES[@]}" | sha256sum | cut -c1-16)
 
 # The extension module of the installed pyfuse3, if it is ours and linked against $PREFIX.
 installed_ok() {
   local so
-  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; print(pyfuse3.__file__)' 2>/dev/null) || return 1
+  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; pyfuse3.Operations.fallocate
+print(pyfuse3.__file__)' 2>/dev/null) || return 1
   [[ "$(ldd "$so")" == *"=> $PREFIX/lib/libfuse3.so"* ]] || return 1
   [ "$(cat "$PREFIX/kvfs-build-id" 2>/dev/null)" = "$build_id" ]
 }
@@ -120,14 +123,16 @@ if [ "$(cat "$PREFIX/kvfs-libfuse-version" 2>/dev/null)" != "$fuse_version" ] \
   echo "$fuse_version" > "$PREFIX/kvfs-libfuse-version"
 fi
 
-# --- 4. pyfuse3 with the passthrough patch ---------------------------------------------------------
+# --- 4. pyfuse3 with the patches -------------------------------------------------------------------
 log "building pyfuse3 $LOCAL_VERSION against $PREFIX"
 rm -rf "$BUILD/pyfuse3-$PYFUSE3_VERSION" "$BUILD/dist" "$BUILD/sdist"
 pip_q "$tools/bin/python" -m pip download --no-binary :all: --no-deps -d "$BUILD/sdist" "pyfuse3==$PYFUSE3_VERSION"
 tar -xzf "$BUILD/sdist/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$BUILD"
 (
   cd "$BUILD/pyfuse3-$PYFUSE3_VERSION"
-  patch -p1 --quiet < "$PATCH"
+  for p in "${PATCHES[@]}"; do
+    patch -p1 --quiet < "$p"
+  done
   rm -f src/pyfuse3/__init__.c   # generated from the unpatched .pyx: Cython regenerates it
   export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
   export LDFLAGS="-Wl,-rpath,$PREFIX/lib"

@@ -197,3 +197,39 @@ def test_corrupted_block_reads_as_eio(pool_config, tmp_path):
         f.seek(where["off"] + 100)
         f.write(bytes([b[0] ^ 0x01]))
     run_service(cfg, second)
+
+
+def test_fallocate_mode_0_reserves_space_so_later_writes_cannot_fail(pool_config):
+    cfg = pool_config(size="16MiB", pool='evict = "never"')
+
+    async def body(fs):
+        cap = fs.svc.pool.capacity
+        fh = await fs.open("/slab", os.O_CREAT | os.O_RDWR)
+        free = fs.svc.pool.free - fs.svc.pool.reserved
+        await fs.files.fallocate(fh, 0, 0, 8 * MiB)
+        assert fs.files.getattr(fs.ino("/slab")).size == 8 * MiB
+        assert free - (fs.svc.pool.free - fs.svc.pool.reserved) == 8 * MiB
+        # another file now cannot take the reserved space...
+        with pytest.raises(KvfsError) as e:
+            await fs.write("/other", os.urandom(cap - 4 * MiB))
+        assert e.value.errno == errno.ENOSPC
+        # ...and writes inside the allocated range succeed
+        await fs.files.write(fh, 8 * MiB - 3, b"end")
+        await fs.files.fallocate(fh, 0, MiB, MiB)                 # inside: nothing changes
+        for mode, err in ((1, errno.EOPNOTSUPP), (3, errno.EOPNOTSUPP)):
+            with pytest.raises(KvfsError) as e:
+                await fs.files.fallocate(fh, mode, 0, MiB)
+            assert e.value.errno == err
+        with pytest.raises(KvfsError) as e:
+            await fs.files.fallocate(fh, 0, 0, cap + 4096)
+        assert e.value.errno == errno.EFBIG
+        await fs.close(fh)
+        data = await fs.read("/slab")
+        assert len(data) == 8 * MiB and data[-3:] == b"end" and data[:-3] == bytes(8 * MiB - 3)
+        ro = await fs.open("/slab", os.O_RDONLY)
+        with pytest.raises(KvfsError) as e:
+            await fs.files.fallocate(ro, 0, 0, 16 * MiB)
+        assert e.value.errno == errno.EBADF
+        await fs.close(ro)
+
+    run_service(cfg, body)

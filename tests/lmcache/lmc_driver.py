@@ -2,6 +2,7 @@
 
     python -m tests.lmcache.lmc_driver local_disk DIR --odirect 1 --chunks 12
     python -m tests.lmcache.lmc_driver evict DIR --chunks 12
+    python -m tests.lmcache.lmc_driver overfill DIR --chunks 24 --max-gb 0.03
     python -m tests.lmcache.lmc_driver fs_put DIR --chunks 12
     python -m tests.lmcache.lmc_driver fs_get DIR --chunks 12
 
@@ -124,6 +125,28 @@ def run_evict(args) -> dict:
     return {"contained": contained, "kept_ok": kept_ok, "files": sorted(os.listdir(args.dir))}
 
 
+def run_overfill(args) -> dict:
+    """local_disk with max_local_disk_size = --max-gb: what LMCache lists, what is on disk, and
+    what get_blocking does for each chunk it lists."""
+    from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+    config, meta, loop, cpu = setup(args.dir, max_gb=args.max_gb)
+    disk = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
+    n = args.chunks
+    put_all(disk, cpu, n)
+    contained = [disk.contains(key(i)) for i in range(n)]
+    on_disk = [os.path.exists(disk._key_to_path(key(i))) for i in range(n)]
+    got = []
+    for i in range(n):
+        if not contained[i]:
+            got.append("miss")
+            continue
+        try:
+            got.append("ok" if same(disk.get_blocking(key(i)), i) else "wrong")
+        except Exception as e:  # noqa: BLE001 - what LMCache does with a chunk that is gone
+            got.append(type(e).__name__)
+    return {"contained": contained, "on_disk": on_disk, "get_blocking": got}
+
+
 def run_fs(args, put: bool) -> dict:
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend
     config, meta, loop, cpu = setup(args.dir, remote=True)
@@ -167,16 +190,19 @@ def run_plugin(args, put: bool) -> dict:
 def main() -> None:
     logging.disable(logging.WARNING)
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["local_disk", "evict", "fs_put", "fs_get", "plugin_put",
-                                    "plugin_get"])
+    p.add_argument("mode", choices=["local_disk", "evict", "overfill", "fs_put", "fs_get",
+                                    "plugin_put", "plugin_get"])
     p.add_argument("dir")
     p.add_argument("--odirect", type=int, default=0)
     p.add_argument("--chunks", type=int, default=12)
+    p.add_argument("--max-gb", type=float, default=1.0, help="max_local_disk_size (overfill)")
     args = p.parse_args()
     if args.mode == "local_disk":
         out = run_local_disk(args)
     elif args.mode == "evict":
         out = run_evict(args)
+    elif args.mode == "overfill":
+        out = run_overfill(args)
     elif args.mode.startswith("plugin"):
         out = run_plugin(args, put=args.mode == "plugin_put")
     else:

@@ -124,3 +124,35 @@ def test_kvfs_storage_plugin_finds_chunks_another_node_stored(cluster_nodes):
     got = drive("plugin_get", b.mountpoint / "plugin", "--chunks", "12")
     assert all(got["contained"]) and all(got["get_blocking"]) and all(got["batched_get_blocking"])
     assert b.stats()["files"]["direct_reads"] >= 12
+
+
+def test_local_disk_index_larger_than_the_pool_lists_chunks_kvfs_deleted(make_mount, pool_config):
+    """LMCache local_disk keeps its index in memory and never looks at the filesystem: with a
+    max_local_disk_size above what the pool holds, kvfs's LRU deletes chunks LMCache still
+    lists, and reading one raises KeyError. kvfs doctor warns; the README's recipe (a size
+    under 90% of the pool) keeps both in step: LMCache evicts first, kvfs never has to."""
+    m = make_mount(pool_config(size="40MiB", dram="16MiB"))
+    d = m.mountpoint / "lmcache"
+    d.mkdir()
+    out = drive("overfill", d, "--chunks", "24", "--max-gb", "1.0")
+    assert all(out["contained"])                            # LMCache lists all 24...
+    gone = [i for i, there in enumerate(out["on_disk"]) if not there]
+    assert gone and m.stats()["files"]["pool_evictions"] >= len(gone)   # ...kvfs deleted some
+    assert {out["get_blocking"][i] for i in gone} == {"KeyError"}
+    assert all(out["get_blocking"][i] == "ok" for i in range(24) if i not in gone)
+    r = subprocess.run([sys.executable, "-m", "kvfs", "doctor", str(m.mountpoint), "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    warn = [f for f in json.loads(r.stdout)["findings"]
+            if f["check"] == "clients" and f["detail"].startswith(str(d))]
+    assert warn and warn[0]["status"] == "warn" and "max_local_disk_size" in warn[0]["fix"]
+    cap_gb = float(warn[0]["fix"].split("at most ")[1].split()[0])
+    # the recipe: max_local_disk_size at most what doctor says; LMCache then evicts first
+    for f in os.listdir(d):
+        os.unlink(d / f)
+    evictions = m.stats()["files"]["pool_evictions"]
+    d2 = m.mountpoint / "lmcache2"
+    d2.mkdir()
+    out = drive("overfill", d2, "--chunks", "24", "--max-gb", str(cap_gb))
+    assert out["contained"] == out["on_disk"] and 0 < sum(out["contained"]) < 24
+    assert all(g == "ok" for g, c in zip(out["get_blocking"], out["contained"]) if c)
+    assert m.stats()["files"]["pool_evictions"] == evictions

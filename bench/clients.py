@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Clients: the same KV blocks stored and loaded through each engine's own file tier, on kvfs
+over 4 namespaces and on ext4 over 1 device, every device a loop device over tmpfs, throttled
+to --bps bytes/s (read and write; cgroup v1 blkio) and unthrottled.
+
+  vLLM fs tier      FileSystemTierManager: O_DIRECT, O_EXCL temp + rename; every block its own
+                    TransferJob, all submitted at once (16 read + 16 write threads)
+  SGLang file       HiCacheFile: set / get one page after another (numpy tofile, readinto)
+  LMCache NIXL      NIXL POSIX plugin, io_uring, O_DIRECT, nixl_pool_size 0; 8 chunks per
+                    transfer
+  ... kvfs native   kvfs's tier / backend for the same engine (kvfs only): the same stores,
+                    loads read from the namespaces with kvfs.direct
+
+Loads are cold: kvfs's DRAM tier and the page cache are dropped first (after a sync on ext4).
+The engine runs in its own process (tests/clients/engine.py) inside the setup's cgroup, with the
+kvfs daemon. Store times are what the engine waits for: kvfs is durable at close; on ext4 the
+buffered writes of SGLang's file backend are in the page cache when set() returns (and cgroup v1
+does not throttle their writeback).
+
+    python bench/clients.py [--bps 100e6] [--blocks 24] [--block-mib 8] [--json]
+
+Everything (tmpfs, loop devices, file systems, cgroups, mounts, engines) is set up and torn
+down here; each table row is one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io as io_mod
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.emulate import BLKIO, Emulation, available  # noqa: E402
+from kvfs.testing import MountedKvfs, write_config  # noqa: E402
+from tests.clients.engine import Engine  # noqa: E402
+
+MiB = 1 << 20
+
+# (row name, engine, native kvfs variant?)
+CLIENTS = [("vLLM fs tier", "vllm", False), ("SGLang file", "sglang", False),
+           ("LMCache NIXL", "nixl", False), ("vLLM kvfs tier", "vllm", True),
+           ("SGLang kvfs backend", "sglang", True)]
+
+
+def drop_page_cache() -> None:
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def run_client(e: Engine, engine: str, native: bool, d: Path, keys: list[int], block: int,
+               drop) -> dict:
+    """Store the blocks through the engine into directory d, drop caches, load them back."""
+    if engine == "vllm":
+        e.call("open", root=str(d), block=block, slots=len(keys),
+               tier="kvfs" if native else "fs")
+        s = e.call("transfer_many", kind="store", keys=keys, per_job=1)
+        drop()
+        ld = e.call("transfer_many", kind="load", keys=keys, per_job=1)
+        ok = s["success"] and ld["success"] and ld["exact"]
+        store_s, load_s = s["seconds"], ld["seconds"]
+    elif engine == "sglang":
+        e.call("open", dir=str(d), page=block, backend="kvfs" if native else "file")
+        s = e.call("set", keys=keys, timed=True)
+        drop()
+        ld = e.call("get", keys=keys, timed=True, batch=native)
+        ok = all(s["ok"]) and all(x is True for x in ld["ok"])
+        store_s, load_s = s["seconds"], ld["seconds"]
+    else:
+        layers = block // (256 * 8 * 64 * 2 * 2)
+        e.call("open", dir=str(d), engine="uring", direct=True, layers=layers,
+               cpu_gb=round(1.25 * (len(keys) + 8) * block / 1e9 + 0.01, 3))
+        s = e.call("put", keys=keys, batch=8, timed=True)
+        drop()
+        ld = e.call("batched_get", keys=keys, batch=8, timed=True)
+        ok = all(x is True for x in ld["ok"])
+        store_s, load_s = s["seconds"], ld["seconds"]
+    e.call("close")
+    if not ok:
+        raise RuntimeError(f"{engine}{' (kvfs native)' if native else ''}: blocks did not "
+                           f"round-trip bit-exact in {d}")
+    total = len(keys) * block
+    return {"store_gbps": total / store_s / 1e9, "load_gbps": total / load_s / 1e9}
+
+
+def setup_ext4(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
+    dev = emu.loop(name, size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
+    mnt = tmp / f"{name}-mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", dev.path, str(mnt)], check=True)
+    group = emu.cgroup(name)
+    if bps:
+        group.limit(dev, read_bps=bps, write_bps=bps)
+    return mnt, group
+
+
+def setup_kvfs(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
+    devs = [emu.loop(f"{name}-ns{i}", size // 4 + 64 * MiB) for i in range(4)]
+    cfg = write_config(tmp / f"{name}.toml", tmp / f"{name}-state",
+                       [{"path": d.path} for d in devs], dram="256MiB")
+    from kvfs.cli import main as kvfs_main
+    with contextlib.redirect_stdout(io_mod.StringIO()):
+        if kvfs_main(["format", "--config", str(cfg)]) != 0:
+            raise RuntimeError("kvfs format failed")
+    group = emu.cgroup(name)
+    if bps:
+        for d in devs:
+            group.limit(d, read_bps=bps, write_bps=bps)
+    m = MountedKvfs(tmp / f"{name}-mnt", cfg, tmp / f"{name}.log").start()
+    group.add(m.pid)
+    return m, group
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bps", type=float, default=100e6, help="bytes/s per device when throttled")
+    ap.add_argument("--blocks", type=int, default=24, help="blocks per client and pass")
+    ap.add_argument("--block-mib", type=int, default=8, help="block size (a multiple of 2)")
+    ap.add_argument("--only", default="", help="comma-separated engines (vllm,sglang,nixl)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    why = available()
+    if why:
+        print(f"bench/clients.py: {why}", file=sys.stderr)
+        return 2
+    block = args.block_mib * MiB
+    keys = list(range(1, args.blocks + 1))
+    data = args.blocks * block
+    wanted = [c for c in CLIENTS if not args.only or c[1] in args.only.split(",")]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kvfs-clients-") as tmp, \
+            Emulation(f"{(4 * data) // MiB + 2048}m") as emu, contextlib.ExitStack() as stack:
+        tmp = Path(tmp)
+        engines = {}
+        for _, engine, _ in wanted:
+            if engine not in engines:
+                engines[engine] = stack.enter_context(Engine(engine, tmp / f"{engine}.log",
+                                                             timeout=600))
+        for e in engines.values():
+            e.ready()
+        for throttle in (args.bps, None):
+            label = f"{args.bps / 1e6:.0f} MB/s" if throttle else "unthrottled"
+            tag = "t" if throttle else "u"
+            ext4, g_ext4 = setup_ext4(emu, tmp, f"ext4{tag}", data + 256 * MiB, throttle)
+            m, g_kvfs = setup_kvfs(emu, tmp, f"kvfs{tag}", data + 256 * MiB, throttle)
+            try:
+                for name, engine, native in wanted:
+                    e = engines[engine]
+                    for fs in (["kvfs"] if native else ["ext4", "kvfs"]):
+                        g = g_kvfs if fs == "kvfs" else g_ext4
+                        root = (m.mountpoint if fs == "kvfs" else ext4) / f"{engine}-{native}"
+                        drop = m.drop_caches if fs == "kvfs" else drop_page_cache
+                        g.add(e.proc.pid)
+                        try:
+                            r = run_client(e, engine, native, root, keys, block, drop)
+                        finally:
+                            (BLKIO / "cgroup.procs").write_text(f"{e.proc.pid}\n")
+                        shutil.rmtree(root)
+                        rows.append({"client": name, "fs": fs, "throttle": label, **r})
+            finally:
+                m.stop()
+                subprocess.run(["umount", str(ext4)], check=False)
+                g_ext4.remove()
+                g_kvfs.remove()
+    out = {"bps_per_device": args.bps, "blocks": args.blocks, "block_bytes": block,
+           "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                    for r in rows], "ratios": {}}
+    by = {(r["client"], r["fs"], r["throttle"]): r for r in rows}
+    for name, engine, native in wanted:
+        base = next(n for n, e, nat in CLIENTS if e == engine and not nat)
+        for label in {r["throttle"] for r in rows}:
+            k, x = by.get((name, "kvfs", label)), by.get((base, "ext4", label))
+            if k and x:
+                out["ratios"][f"{name} | {label}"] = {
+                    "store_kvfs_vs_ext4": round(k["store_gbps"] / x["store_gbps"], 2),
+                    "load_kvfs_vs_ext4": round(k["load_gbps"] / x["load_gbps"], 2)}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{args.blocks} blocks of {args.block_mib} MiB per client; kvfs on 4 loop namespaces, "
+          f"ext4 on 1 loop device; throttled: {args.bps / 1e6:.0f} MB/s per device")
+    print(f"{'client':<22}{'fs':<6}{'devices':<13}{'store GB/s':>11}{'load GB/s':>11}")
+    for r in rows:
+        print(f"{r['client']:<22}{r['fs']:<6}{r['throttle']:<13}{r['store_gbps']:>11.3f}"
+              f"{r['load_gbps']:>11.3f}")
+    print(f"\n{'kvfs vs ext4 (same engine, ext4 with its own tier)':<58}{'store':>7}{'load':>7}")
+    for k, v in out["ratios"].items():
+        print(f"{k:<58}{v['store_kvfs_vs_ext4']:>7.2f}{v['load_kvfs_vs_ext4']:>7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
