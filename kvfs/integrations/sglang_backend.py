@@ -1,6 +1,6 @@
 """An SGLang HiCache L3 storage backend on a kvfs mount: SGLang's HiCacheFile (same files, same
-writes through the mount, same `stat` lookups and optional LRU eviction) whose page reads come
-straight from the namespaces with kvfs.direct instead of a read() through FUSE.
+`stat` lookups and optional LRU eviction) whose pages are stored and read straight between
+SGLang's buffers and the namespaces with kvfs.direct, instead of through FUSE.
 
 SGLang (0.5.23) loads it as a dynamic backend:
 
@@ -91,6 +91,34 @@ class KvfsHiCacheStorage(HiCacheFile):
             self._hit(s)
             out.append(target)
         return out
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        """HiCacheFile.set, storing the page with a kvfs.direct write (committed under a
+        temporary name and renamed into place, as HiCacheFile's tmp-then-rename does)."""
+        suffixed = self._get_suffixed_key(key)
+        path = self._path(suffixed)
+        if self.exists(key):
+            self._evictor.touch(suffixed, path)
+            return True
+        reserved = False
+        try:
+            data = self._bytes(value.contiguous())
+            if not self._evictor.reserve(suffixed, data.nbytes, key=key):
+                return False
+            reserved = True
+            self._direct.write(path, data)
+            self._evictor.commit(suffixed)
+            if self.metadata_cache is not None:
+                self.metadata_cache.add(suffixed)
+            return True
+        except Exception as e:  # noqa: BLE001 - SGLang's contract: False, and a log line
+            log.error("kvfs: storing page %s failed: %s", key, e)
+            if reserved:
+                self._evictor.abort(suffixed)
+            if self.metadata_cache is not None:
+                self.metadata_cache.remove(suffixed)
+            return False
 
     def close(self) -> None:
         self._direct.close()

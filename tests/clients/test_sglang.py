@@ -159,7 +159,8 @@ def test_pages_kvfs_evicted_are_clean_misses(engines, make_mount, pool_config):
 
 def test_kvfs_backend_reads_pages_directly(engines, make_mount, pool_config):
     """kvfs's own backend (kvfs.integrations.sglang_backend, SGLang's "dynamic" loader) reads
-    the pages SGLang's file backend wrote straight from the namespaces."""
+    the pages SGLang's file backend wrote straight from the namespaces, and stores its own the
+    same way."""
     a, b = engines
     m = make_mount(pool_config(n=2, size="128MiB", dram="32MiB"))
     d = str(m.mountpoint / "hicache")
@@ -172,8 +173,10 @@ def test_kvfs_backend_reads_pages_directly(engines, make_mount, pool_config):
     before = m.stats()["files"]["direct_reads"]
     assert b.call("get", keys=list(range(1, 13)) + [999]) == [True] * 12 + [None]
     assert m.stats()["files"]["direct_reads"] - before == 12
-    assert all(b.call("set", keys=[50, 51]))                  # writes: SGLang's, through kvfs
-    assert a.call("get", keys=[50, 51]) == [True, True]
+    writes = m.stats()["files"]["direct_writes"]
+    assert all(b.call("set", keys=[50, 51]))                  # writes: kvfs.direct
+    assert m.stats()["files"]["direct_writes"] - writes == 2
+    assert a.call("get", keys=[50, 51]) == [True, True]       # SGLang's own backend reads them
     os.unlink(os.path.join(d, a.call("names", keys=[3])[0]))   # as kvfs's eviction would
     assert b.call("get", keys=[2, 3, 4]) == [True, None, True]
     b.call("close")
