@@ -81,8 +81,11 @@ run: install
 	@if mountpoint -q $(MNT); then echo "$(MNT) is already mounted"; else $(VENV)/bin/kvfs mount $(MNT); fi
 	@$(PY) -m kvfs.demo $(MNT)
 
+# The whole suite with FUSE passthrough (the default where the kernel has it), then the mounted
+# and LMCache tests again on the daemon-served data path (what older kernels get).
 test: install
 	$(PY) -m pytest -q tests
+	KVFS_PASSTHROUGH=off $(PY) -m pytest -q tests/mounted tests/lmcache
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not lmcache and not clients" tests
