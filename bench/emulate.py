@@ -21,6 +21,17 @@ from pathlib import Path
 BLKIO = Path("/sys/fs/cgroup/blkio")
 
 
+def warm_memory(gib: float) -> None:
+    """Touch `gib` GiB of memory once (a tmpfs file written and removed). On a virtual machine
+    the first touch of guest memory is slow (the host backs it then, here about 1 GB/s), which
+    would otherwise charge whichever path first needs fresh memory in a benchmark."""
+    with tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="kvfs-warm-") as f:
+        chunk = bytes(64 << 20)
+        for _ in range(int(gib * 16)):
+            f.write(chunk)
+        f.flush()
+
+
 def available() -> str | None:
     """None if loop devices and blkio throttling can be used here, else why not."""
     if os.geteuid() != 0:
