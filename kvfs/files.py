@@ -313,7 +313,10 @@ class Files:
         elif h.writable:
             async with st.lock:
                 s = await self.sessions.writable(node, st)
-                s.passthrough = True
+                if not s.passthrough:
+                    s.passthrough = True
+                    if not s.dirty:         # a copy of the committed version: unchanged so far
+                        s.sig, s.rec = s.buffer.signature(), node.blob
             buf, st.backing_version = s.buffer, s
         elif isinstance(h.version, BlobRec):
             buf = await self.store.materialize(h.version)

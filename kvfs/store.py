@@ -318,6 +318,8 @@ class BlockStore:
         self.track(rec, ino)
         cb = self._get(rec, ino)
         self.charged -= charged
+        if cb.resident is not None or cb.retired:    # it has a copy already, or is gone
+            return
         self._make_room(buf.nbytes)
         cb.resident = buf
         self.dram.add(rec.id, buf.nbytes, parent)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import stat
@@ -279,3 +280,28 @@ def test_shell_tools_work(mnt):
     assert (d / "h2").read_text() == "hello\n" and (d / "h4").read_text() == "hello\n"
     r = subprocess.run(["dd", f"if={d}/h4", "of=/dev/null", "bs=1M"], capture_output=True)
     assert r.returncode == 0
+
+
+def test_a_read_write_open_that_writes_nothing_commits_nothing(mnt):
+    """Opening a file read-write (with passthrough: the kernel could write into its memory)
+    and closing it without a write leaves its version as it was; a write through a shared
+    mapping of such a handle is committed at close."""
+    p = mnt.mountpoint / "rw.pt"
+    data = os.urandom(3 * MiB)
+    p.write_bytes(data)
+    gen = json.loads(os.getxattr(p, "user.kvfs.layout"))["generation"]
+    commits = mnt.stats()["files"]["commits"]
+    with open(p, "r+b") as f:
+        assert f.read(100) == data[:100]
+    assert json.loads(os.getxattr(p, "user.kvfs.layout"))["generation"] == gen
+    assert mnt.stats()["files"]["commits"] == commits
+    fd = os.open(p, os.O_RDWR)
+    with mmap.mmap(fd, 3 * MiB, mmap.MAP_SHARED) as m:
+        m[MiB:MiB + 5] = b"mmap!"
+    os.close(fd)
+    want = data[:MiB] + b"mmap!" + data[MiB + 5:]
+    assert json.loads(os.getxattr(p, "user.kvfs.layout"))["generation"] != gen
+    mnt.drop_caches()
+    assert p.read_bytes() == want
+    mnt.restart()
+    assert p.read_bytes() == want
