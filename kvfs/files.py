@@ -207,6 +207,12 @@ class Files:
                 raise KvfsError(errno.EISDIR if node.is_dir else errno.EINVAL,
                                 "can only truncate regular files")
             st = self.handles.state(ino)
+            if st.passthrough > 0 and not (st.session is not None and not st.session.frozen
+                                           and st.backing is st.session.buffer):
+                # the kernel serves readers here another version's memory: as for a rewrite
+                raise KvfsError(errno.ETXTBSY, f"{self.catalog.path_of(node)}: open for "
+                                               f"reading on this node; truncate a new file and "
+                                               f"rename it over this one instead")
             async with st.lock:
                 await self.sessions.truncate(node, st, size)
                 if st.writers == 0:       # truncate(2) by path: nobody will close it, commit now

@@ -78,6 +78,19 @@ def test_rewrite_replaces_atomically_and_old_reader_keeps_old_bytes(mnt):
     if mnt.passthrough:
         p.write_bytes(new)                       # the readers are gone: it goes ahead
     assert p.read_bytes() == new
+    with open(p, "rb", buffering=0) as reader:   # truncate(2) by path is a rewrite too
+        if mnt.passthrough:
+            with pytest.raises(OSError) as e:
+                os.truncate(p, 10)
+            assert e.value.errno == errno.ETXTBSY
+            assert reader.read() == new
+        else:
+            os.truncate(p, 10)
+            # the documented limit of the daemon-served path: the kernel cuts reads at the
+            # inode's new size, though the bytes are the old version's
+            assert reader.read() == new[:10]
+    os.truncate(p, 10)
+    assert p.read_bytes() == new[:10]
 
 
 def test_rename_replaces_the_target_like_os_replace(mnt):
