@@ -12,6 +12,22 @@ settings.load_profile("kvfs")
 from tests.helpers import Mount, can_mount, write_config
 from tests.redis_server import RedisServer
 
+TESTS = Path(__file__).resolve().parent
+# Tests that mount kvfs: everything under these directories, and any test using these fixtures.
+MOUNTED_DIRS = ("mounted", "lmcache")
+MOUNT_FIXTURES = {"make_mount", "mnt", "cluster_nodes"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that mounts kvfs `mounted`, once, here (not by hand in each file)."""
+    for item in items:
+        try:
+            top = item.path.resolve().relative_to(TESTS).parts[0]
+        except ValueError:
+            top = ""
+        if top in MOUNTED_DIRS or MOUNT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mounted)
+
 
 @pytest.fixture
 def pool_config(tmp_path: Path):

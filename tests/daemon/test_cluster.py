@@ -177,6 +177,7 @@ def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_con
     run_cluster(cluster_configs(2, grace=1.0), body)
 
 
+@pytest.mark.slow
 def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_configs):
     """b rewrites a file that a is still reading: the old version waits in the grave for as
     long as a holds it (a pushes its grace period back), and is purged once a lets go."""

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.lmcache
+pytestmark = [pytest.mark.lmcache, pytest.mark.slow]   # each drives LMCache in a subprocess
 pytest.importorskip("lmcache", reason="install with `make install` (torch CPU + lmcache==0.5.6)")
 
 
