@@ -54,11 +54,22 @@ def make_mount(tmp_path: Path):
         return m.start()
 
     yield start
+    failed = []
     for m in mounts:
+        # A daemon that crashed while the test ran, or exits non-zero (or by a signal) at
+        # unmount, fails the test: its exit status, and the end of its log, say why.
         try:
-            m.stop()
-        except Exception:  # noqa: BLE001 - keep cleaning up the others
+            code = m.stop()
+        except Exception as e:  # noqa: BLE001 - keep cleaning up the others
             m.kill()
+            failed.append(f"{m.mountpoint}: stopping the daemon failed: {e!r}")
+            continue
+        if code != 0:
+            failed.append(f"{m.mountpoint}: the daemon exited with status {code}:\n"
+                          f"{m.log_text()[-2000:]}")
+    if failed:
+        pytest.fail("kvfs daemon(s) did not exit cleanly at unmount:\n" + "\n".join(failed),
+                    pytrace=False)
 
 
 @pytest.fixture
