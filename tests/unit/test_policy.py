@@ -81,17 +81,27 @@ def test_second_access_admission():
     assert a.admit("k", 1)
 
 
+# Capacities (fractions of a trace's distinct blocks) where the comparison can fail: LRU must
+# score above 0 there. The `loop` trace is a cyclic scan, so below its working set LRU scores 0
+# and "prefix >= LRU" holds for any policy; it is compared at and above the working set instead.
+CAPACITY_FRACTIONS = {"loop": (1.0, 1.1)}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRACES))
 def test_prefix_policy_does_not_fall_below_lru_on_other_traces(name):
+    """README: on these traces the default policy "stays within 0.1% of LRU or above"."""
     reqs = TRACES[name]()
     nblocks = len({h for r in reqs for h in r})
-    for frac in (0.02, 0.1, 0.3):
+    for frac in CAPACITY_FRACTIONS.get(name, (0.02, 0.1, 0.3)):
         cap = max(50, int(nblocks * frac))
         ours = replay(reqs, cap, "prefix")["hit_rate"]
         lru = replay(reqs, cap, "lru")["hit_rate"]
-        assert ours >= lru * 0.99, (name, cap, ours, lru)
+        assert lru > 0, ("a comparison that cannot fail", name, cap)
+        assert ours >= lru * 0.999, (name, cap, ours, lru)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(TRACE), reason="the production trace is in ../shared")
 def test_prefix_policy_on_the_production_trace():
     reqs = load(TRACE)
