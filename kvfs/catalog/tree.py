@@ -80,6 +80,8 @@ class TreeCatalog:
         return node
 
     def lookup(self, parent: int, name: bytes) -> Node:
+        if len(name) > NAME_MAX:      # no such name can exist; ext4 and tmpfs say so too
+            raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
         d = self.dir(parent)
         ino = d.children.get(name)
         if ino is None:
