@@ -466,9 +466,10 @@ class BlockStore:
         if cb is not None and cb.resident is not None:
             return cb.resident
         if cb is not None and cb.fetch is not None:      # completed units, fetch still finishing
-            buf = cb.fetch.buffer
+            fetch = cb.fetch
             await self.read(rec, 0, rec.size)
-            return buf
+            await fetch.done.wait()      # then its buffer is cut from whole pages to rec.size
+            return fetch.buffer
         buf = Buffer(self.pool.chunk, align_up(rec.size))   # larger than DRAM: uncached
         await self.fetcher.read_units(rec, range(rec.layout.nunits), buf)
         buf.resize(rec.size)

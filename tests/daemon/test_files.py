@@ -199,3 +199,21 @@ def test_corrupted_block_reads_as_eio(pool_config, tmp_path):
         f.seek(where["off"] + 100)
         f.write(bytes([b[0] ^ 0x01]))
     run_service(cfg, second)
+
+
+def test_rewriting_part_of_a_cold_file_keeps_its_size(pool_config):
+    """A write into a file that is not resident (no O_TRUNC) copies its current version first;
+    that copy must have the file's size, not the whole pages its fetch filled (found by
+    tests/mounted/test_posix_vs_ext4.py: the file grew to a multiple of 4096)."""
+    cfg = pool_config()
+
+    async def body(fs):
+        for size in [1, 4095, 2 * MiB + 5] * 10:     # trio's scheduling order varies: repeat
+            data = os.urandom(size)
+            await fs.write("/f", data)
+            fs.svc.store.drop_dram()
+            await fs.write("/f", b"AB", flags=os.O_WRONLY)
+            assert fs.files.getattr(fs.ino("/f")).size == max(size, 2)
+            assert await fs.read("/f") == (b"AB" + data[2:])[:max(size, 2)]
+
+    run_service(cfg, body)
