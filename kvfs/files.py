@@ -90,6 +90,8 @@ class Files:
             return
         if st.session is not None:
             self.sessions.end(st)
+        if st.held is not None:
+            self.store.unhold(st.held)
         del self.handles.states[node.ino]
         if not node.linked:
             self.catalog.drop(node.ino)
@@ -173,6 +175,12 @@ class Files:
     def _unlinked(self, node: Node) -> None:
         """A node lost its name: retire its content unless someone still uses the node."""
         if node.blob is not None:
+            st = self.handles.states.get(node.ino)
+            if st is not None and st.writers > 0 and st.held is None:
+                # writers that have not written yet copy this version at their first write
+                # (readers pinned theirs at open): keep its space until they are done
+                st.held = node.blob
+                self.store.hold(node.blob)
             self.store.retire(node.blob)
         if node.ino not in self.handles.states:
             self.catalog.drop(node.ino)

@@ -217,3 +217,33 @@ def test_rewriting_part_of_a_cold_file_keeps_its_size(pool_config):
             assert await fs.read("/f") == (b"AB" + data[2:])[:max(size, 2)]
 
     run_service(cfg, body)
+
+
+@pytest.mark.parametrize("how", ["unlink", "rename over"])
+def test_a_file_open_for_writing_keeps_its_content_after_unlink(pool_config, how):
+    """A writer that opened a file (without writing yet) and then lost its name keeps the
+    file's content, as on ext4: its space must not be reused meanwhile (found comparing with
+    ext4: the next write through the handle failed with EIO, a checksum mismatch, because the
+    unlinked version's extents had been given to another file)."""
+    cfg = pool_config(size="16MiB")
+
+    async def body(fs):
+        old = os.urandom(3 * MiB + 7)
+        await fs.write("/c", old)
+        fs.svc.store.drop_dram()
+        fh = await fs.open("/c", os.O_RDWR)
+        p, _ = fs.resolve("/c")
+        if how == "unlink":
+            await fs.files.unlink(p, b"c")
+        else:
+            await fs.write("/n", b"new")
+            await fs.files.rename(p, b"n", p, b"c", 0)
+        for i in range(3):                        # other files take the space that was freed
+            await fs.write(f"/other{i}", os.urandom(3 * MiB + 7))
+        assert await fs.files.write(fh, 0, b"XY") == 2
+        assert await fs.read_fh(fh, len(old)) == b"XY" + old[2:]
+        await fs.close(fh)
+        for node in fs.files.catalog.entries(1):   # whatever eviction left reads back whole
+            assert len(await fs.read("/" + node.name.decode())) == node.blob.size
+
+    run_service(cfg, body)
