@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.handles import Attr, Handle, Handles, NodeState, OpenResult
@@ -323,6 +324,8 @@ class Files:
             buf = await self.store.materialize(h.version)
             st.backing_version = h.version
         else:                       # the write session (or an empty session) it pinned
+            if h.version is None:   # a new file whose first commit failed: no content yet
+                h.version = Session(Buffer(self.sessions.pool.chunk), dirty=False)
             buf, st.backing_version = h.version.buffer, h.version
         if h.writable:
             st.session.rdwr |= h.readable        # may be mmap'd for writing
