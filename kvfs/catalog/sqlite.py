@@ -78,7 +78,6 @@ class SqliteCatalog(TreeCatalog):
         self.path = path
         self._batch = _Batch()
         self._commit_lock = trio.Lock()
-        self._failed: str | None = None
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
@@ -192,8 +191,8 @@ class SqliteCatalog(TreeCatalog):
     # ------------------------------------------------------------------------------ persistence
     async def _persist(self, stmts: list[Stmt]) -> None:
         """Queue statements behind everything queued before; return once they are durable."""
-        if self._failed:
-            raise KvfsError(errno.EIO, self._failed)
+        if self.failure:
+            raise KvfsError(errno.EIO, self.failure)
         batch = self._batch
         batch.stmts.extend(stmts)
         with trio.CancelScope(shield=True):
@@ -204,9 +203,11 @@ class SqliteCatalog(TreeCatalog):
                         await trio.to_thread.run_sync(self._apply, batch.stmts)
                     except sqlite3.Error as e:
                         batch.error = e
-                        self._failed = (f"catalog {self.path}: a write failed ({e}); refusing "
+                        self.failure = (f"catalog {self.path}: a write failed ({e}); refusing "
                                         f"changes until kvfs is restarted")
-                        log.error(self._failed)
+                        log.error(self.failure)
+                        if self.on_failure is not None:
+                            self.on_failure(self.failure)
                     batch.done = True
         if batch.error is not None:
             raise KvfsError(errno.EIO, f"catalog write failed: {batch.error}")
@@ -262,10 +263,22 @@ class SqliteCatalog(TreeCatalog):
                  (parent.mtime_ns, parent.ctime_ns, parent.ino))]
 
     async def _add(self, node: Node) -> None:
-        """A new directory or symlink: in the tree first, then durable."""
+        """A new directory or symlink: in the tree first, then durable (out of the tree
+        again if that fails: the caller gets the error, and the name does not exist)."""
         node.persisted = True
         self._place(node)
-        await self._persist(self._insert_node(node) + self._parent_times(self.nodes[node.parent]))
+        try:
+            await self._persist(self._insert_node(node) +
+                                self._parent_times(self.nodes[node.parent]))
+        except BaseException:
+            parent = self.nodes[node.parent]
+            if parent.children.get(node.name) == node.ino:
+                del parent.children[node.name]
+                if node.children is not None:
+                    parent.subdirs -= 1
+            self.nodes.pop(node.ino, None)
+            node.linked = False
+            raise
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Make `layout` the file's committed content; return (new, old) versions.
@@ -277,6 +290,7 @@ class SqliteCatalog(TreeCatalog):
         now = _now()
         rec = BlobRec(self.next_blob_id(), layout, now)
         old = node.blob
+        before = (node.persisted, node.mtime_ns, node.ctime_ns)
         node.blob = rec
         node.mtime_ns = node.ctime_ns = now
         if not node.linked:
@@ -291,7 +305,14 @@ class SqliteCatalog(TreeCatalog):
             stmts += self._insert_node(node)
         if old is not None:
             stmts.append(("DELETE FROM blobs WHERE id=?", (old.id,)))
-        await self._persist(stmts)
+        try:
+            await self._persist(stmts)
+        except BaseException:
+            # not durable: the file keeps the version the disk has (the caller gives the new
+            # block's space back, so nothing may point at it)
+            node.blob = old
+            node.persisted, node.mtime_ns, node.ctime_ns = before
+            raise
         return rec, old
 
     async def remove(self, node: Node, expect: BlobRec | None = None) -> Node:

@@ -247,3 +247,36 @@ def test_a_file_open_for_writing_keeps_its_content_after_unlink(pool_config, how
             assert len(await fs.read("/" + node.name.decode())) == node.blob.size
 
     run_service(cfg, body)
+
+
+def _fail_catalog_writes(catalog) -> None:
+    """From now on every SQLite transaction fails as on a full disk."""
+    import sqlite3
+
+    def apply(stmts):
+        raise sqlite3.OperationalError("database or disk is full")
+    catalog._apply = apply
+
+
+def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config):
+    """A commit or mkdir whose catalog transaction failed answers EIO and leaves no trace: the
+    file keeps no version whose space was given back, the directory does not exist."""
+    cfg = pool_config()
+
+    async def body(fs):
+        await fs.write("/old", b"o" * 5000)
+        _fail_catalog_writes(fs.files.catalog)
+        for path in ("/new", "/old"):
+            with pytest.raises(KvfsError) as e:
+                await fs.write(path, os.urandom(MiB))
+            assert e.value.errno == errno.EIO
+        assert fs.files.catalog.get(fs.ino("/new")).blob is None      # pending, no content
+        assert await fs.read("/new") == b""
+        assert await fs.read("/old") == b"o" * 5000
+        with pytest.raises(KvfsError) as e:
+            await fs.mkdir("/dir")
+        assert e.value.errno == errno.EIO
+        assert b"dir" not in fs.files.catalog.get(1).children
+
+    run_service(cfg, body)
+
