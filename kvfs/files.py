@@ -439,8 +439,10 @@ class Files:
                 # mmap(MAP_SHARED) and passthrough writers may write after the last flush
                 await self.sessions.finish(node, st)
             except KvfsError as e:
-                log.error("%s: commit at release failed, content dropped: %s",
-                          self.catalog.path_of(node), e)
+                # (after a catalog failure, logged once where it happened, only at debug level)
+                log.log(logging.DEBUG if self.catalog.failure else logging.ERROR,
+                        "%s: commit at release failed, content dropped: %s",
+                        self.catalog.path_of(node), e)
             self.sessions.end(st)
         self._release_state(node)
 

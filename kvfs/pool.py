@@ -77,6 +77,7 @@ class Pool:
             ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
         self.area = area or Area()      # where this node may allocate (see Area)
         self.created = False          # formatted by this open (a brand-new pool)
+        self.frees_stopped: str | None = None    # see stop_freeing
         self._rotation = 0
         self.zero = zero_chunk(self.chunk)   # the source of padding and holes in unit writes
 
@@ -319,8 +320,17 @@ class Pool:
 
     def free_extent(self, j: int, off: int, length: int) -> None:
         """Give back an extent this node allocated and did not publish."""
+        if self.frees_stopped:
+            return
         self.allocators[j].free(off, length)
         self.area.freed(off, length)
+
+    def stop_freeing(self, why: str) -> None:
+        """The catalog can no longer make changes durable, and what it holds on disk may differ
+        from memory (a transaction that failed may still have reached the disk): free no
+        extent until a restart rebuilds the free space from the catalog, so none that the
+        disk's catalog references is ever written again."""
+        self.frees_stopped = why
 
     def fence(self, off: int, length: int) -> None:
         """Refuse to write where this node may no longer write (see Area.fence)."""

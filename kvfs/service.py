@@ -140,7 +140,8 @@ class Service:
             "latency": self.latency.summary(),
             "catalog": {"kind": "redis" if cat.shared else "sqlite",
                         "transactions": cat.commits, "statements": cat.statements,
-                        "commit_seconds": round(cat.commit_seconds, 4)},
+                        "commit_seconds": round(cat.commit_seconds, 4),
+                        "error": cat.failure},
         }
         if self.space.kind == "cluster":
             out["cluster"] = {**cat.statistics(), **space}

@@ -280,3 +280,33 @@ def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config):
 
     run_service(cfg, body)
 
+
+def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_config):
+    """The memory may be ahead of the disk after a catalog write failed (an unlink that the
+    disk never saw): so no extent is freed, and no commit writes to the pool, until a restart
+    reloads the catalog. Else a file the disk still has would be overwritten."""
+    cfg = pool_config(size="16MiB")
+    keep = os.urandom(5 * MiB)
+
+    async def body(fs):
+        await fs.write("/keep", keep)
+        free = fs.svc.space.free
+        _fail_catalog_writes(fs.files.catalog)
+        p, _ = fs.resolve("/keep")
+        with pytest.raises(KvfsError):
+            await fs.files.unlink(p, b"keep")         # gone from memory, not from the disk
+        assert fs.svc.space.free == free              # its extents were not freed
+        assert fs.svc.pool.frees_stopped               # nor will any be, until a restart
+        written = fs.svc.store.stats.bytes_to_pool
+        for i in range(3):
+            with pytest.raises(KvfsError) as e:
+                await fs.write(f"/other{i}", os.urandom(5 * MiB))
+            assert e.value.errno == errno.EIO
+        assert fs.svc.store.stats.bytes_to_pool == written    # refused before the pool
+        assert "a write failed" in fs.svc.statistics()["catalog"]["error"]
+
+    async def after_restart(fs):
+        assert await fs.read("/keep") == keep
+
+    run_service(cfg, body)
+    run_service(cfg, after_restart)
