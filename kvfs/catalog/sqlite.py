@@ -25,6 +25,7 @@ import logging
 import os
 import sqlite3
 import stat
+import struct
 import time
 from pathlib import Path
 
@@ -59,6 +60,40 @@ CREATE TABLE IF NOT EXISTS links (
 
 Stmt = tuple[str, tuple]
 
+WAL_MAGIC = (0x377F0682, 0x377F0683)
+WAL_HEADER, WAL_FRAME_HEADER = 32, 24
+
+
+def wal_damage(path: Path) -> str | None:
+    """What is wrong with the catalog's write-ahead log (read before SQLite opens it), or None.
+    A log that ends in a partial frame was cut short: by a crash while a transaction was
+    being written (nothing committed is lost: close() had not returned), or by damage or
+    truncation of the file (then SQLite drops every change after the last intact commit)."""
+    wal = Path(str(path) + "-wal")
+    try:
+        size = wal.stat().st_size
+        with open(wal, "rb") as f:
+            head = f.read(WAL_HEADER)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot read its write-ahead log {wal}: {e.strerror}"
+    if size == 0:
+        return None
+    if len(head) < WAL_HEADER:
+        return f"its write-ahead log {wal} is cut short ({size} bytes, less than its header)"
+    magic, _, page = struct.unpack(">III", head[:12])
+    if magic not in WAL_MAGIC or page < 512 or page & (page - 1):
+        return f"its write-ahead log {wal} has no valid header (damaged?)"
+    frame = WAL_FRAME_HEADER + page
+    partial = (size - WAL_HEADER) % frame
+    if partial:
+        return (f"its write-ahead log {wal} ends in a partial frame ({partial} of {frame} "
+                f"bytes): it was cut short. After a crash mid-transaction nothing committed is "
+                f"lost; if the file was truncated or damaged, the changes after its last intact "
+                f"commit are (files closed after it are missing)")
+    return None
+
 
 class _Batch:
     __slots__ = ("stmts", "done", "error")
@@ -78,11 +113,15 @@ class SqliteCatalog(TreeCatalog):
         self.path = path
         self._batch = _Batch()
         self._commit_lock = trio.Lock()
+        self.opened_with: str | None = None    # what wal_damage found at open
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
     def open(cls, path: Path) -> "SqliteCatalog":
         """Open (creating if absent) the catalog database and load it into memory."""
+        damage = wal_damage(path)       # before SQLite reads (and then resets) the log
+        if damage:
+            log.warning("catalog %s: %s", path, damage)
         try:
             conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -92,6 +131,7 @@ class SqliteCatalog(TreeCatalog):
         except sqlite3.Error as e:
             raise StartupError(f"catalog {path}: cannot open: {e}") from None
         cat = cls(conn, path)
+        cat.opened_with = damage
         try:
             cat._load()
         except sqlite3.Error as e:
