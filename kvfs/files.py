@@ -443,7 +443,10 @@ class Files:
                 log.log(logging.DEBUG if self.catalog.failure else logging.ERROR,
                         "%s: commit at release failed, content dropped: %s",
                         self.catalog.path_of(node), e)
-            self.sessions.end(st)
+            if node.linked or st.opens == 0:
+                self.sessions.end(st)
+            # else: an unlinked file (never committed again) whose readers may read this
+            # session: it stays its content (and size) until they are gone (_release_state)
         self._release_state(node)
 
     # --- eviction (called by the space layer) --------------------------------------------------

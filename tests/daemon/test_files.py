@@ -310,3 +310,29 @@ def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_conf
 
     run_service(cfg, body)
     run_service(cfg, after_restart)
+
+
+def test_readers_of_an_unlinked_file_keep_its_size_after_the_writer_closes(pool_config):
+    """A reader that opened a file while its writer had unwritten bytes reads those bytes;
+    after the file is unlinked and the writer closes (nothing is committed: the file has no
+    name), fstat on the reader still gives their size, not the last committed version's
+    (found comparing with ext4)."""
+    cfg = pool_config()
+
+    async def body(fs):
+        await fs.write("/b", b"c" * 2101)
+        w = await fs.open("/b", os.O_RDWR)
+        data = os.urandom(3 * MiB)
+        await fs.files.write(w, 0, data)
+        r = await fs.open("/b", os.O_RDONLY)
+        ino = fs.ino("/b")
+        p, _ = fs.resolve("/b")
+        await fs.files.unlink(p, b"b")
+        await fs.close(w)
+        assert fs.files.getattr(ino).size == len(data)
+        assert await fs.read_fh(r, len(data)) == data
+        await fs.close(r)
+        fs.files.forget(ino, fs.files.handles.states[ino].lookups)     # the kernel lets go
+        assert ino not in fs.files.handles.states and ino not in fs.files.catalog.nodes
+
+    run_service(cfg, body)
