@@ -281,6 +281,11 @@ class Files:
         node = self.catalog.get(ino)
         self._regular(node)
         self.stats.opens += 1
+        if not node.linked and self.handles.states.get(ino, NodeState()).opens == 0:
+            # No handle keeps it: the kernel opened a name it still caches for a file deleted
+            # behind its back (eviction; it is told asynchronously). Its space may be reused.
+            raise KvfsError(errno.ENOENT, f"{node.name.decode(errors='replace')}: deleted "
+                                          f"(evicted)")
         st = self.handles.state(ino)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         passthrough = self._use_passthrough(node, st, writable)

@@ -336,3 +336,25 @@ def test_readers_of_an_unlinked_file_keep_its_size_after_the_writer_closes(pool_
         assert ino not in fs.files.handles.states and ino not in fs.files.catalog.nodes
 
     run_service(cfg, body)
+
+
+def test_opening_an_evicted_file_through_a_stale_name_is_enoent(pool_config):
+    """Eviction deletes a closed file behind the kernel's back and tells it so
+    asynchronously; an open that races with that arrives for the inode (the kernel's cached
+    name) after its block was freed, maybe reused. It must fail with ENOENT, as if the name
+    was gone, not read the reused extents (EIO, checksum mismatch; found by bench/soak.py)."""
+    cfg = pool_config(size="16MiB")
+
+    async def body(fs):
+        await fs.write("/f", os.urandom(3 * MiB))
+        ino = (await fs.files.lookup(1, b"f")).ino      # the kernel holds a reference
+        assert await fs.files.evict(ino, exclude=0) > 0
+        fs.svc.store.drop_dram()
+        await fs.write("/g", os.urandom(12 * MiB))        # its space is reused
+        with pytest.raises(KvfsError) as e:
+            await fs.files.open(ino, os.O_RDONLY)
+        assert e.value.errno == errno.ENOENT
+        fs.files.forget(ino, fs.files.handles.states[ino].lookups)
+        assert ino not in fs.files.catalog.nodes and ino not in fs.files.handles.states
+
+    run_service(cfg, body)
