@@ -55,7 +55,8 @@ def serve(tier: TierIndex, ids: list[int]) -> int:
     parent = None
     for h in ids:
         if not tier.lookup(h, parent):
-            if tier.make_room(1) is not None:
+            tier.make_room(1)
+            if tier.fits(1):
                 tier.add(h, 1, parent)
         parent = h
     if ids:

@@ -266,9 +266,9 @@ class BlockStore:
         (`passthrough`: dropping them would free no memory)."""
         self.dram.capacity = max(0, self.capacity - self.charged - self.inflight)
         victims = self.dram.make_room(need, self._evictable(True), cold_only)
-        if victims is None and not cold_only and not self.passthrough:
-            victims = self.dram.make_room(need, self._evictable(False))
-        for bid in victims or ():
+        if not self.dram.fits(need) and not cold_only and not self.passthrough:
+            victims += self.dram.make_room(need, self._evictable(False))
+        for bid in victims:          # out of the index: drop them (also when not enough)
             cb = self.blobs.get(bid)
             if cb is None:
                 continue
@@ -280,7 +280,7 @@ class BlockStore:
                 self.stats.prefetch_wasted += 1
             self._demote(cb, buf)
             self._maybe_forget(cb)
-        return victims is not None
+        return self.dram.fits(need)
 
     def _demote(self, cb: CachedBlob, buf: Buffer | None) -> None:
         """A block leaves DRAM: keep a copy in the local tier if its admission agrees."""

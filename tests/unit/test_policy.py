@@ -127,3 +127,11 @@ def test_a_pool_shared_by_nodes_against_node_local_caches():
     four = replay_nodes(reqs, 64, "lru", 4)
     assert four["node_local_hit_rate"] == 0.0
     assert four["pooled_hit_rate"] > 0.5
+
+
+def test_make_room_that_falls_short_still_returns_what_it_evicted():
+    t = TierIndex(3, LRUPolicy())
+    fill(t, ["a", "b", "c"])
+    victims = t.make_room(3, lambda k: k != "c")     # c may not go: only 2 of 3 freed
+    assert sorted(victims) == ["a", "b"] and not t.fits(3) and t.fits(2)
+    assert set(t.keys()) == {"c"} and t.used == 1
