@@ -611,4 +611,8 @@ class Files:
                 "commits": s.commits, "commit_errors": s.commit_errors,
                 "bytes_written": s.bytes_written, "pool_evictions": self.space.evictions,
                 **vars(self.leases.stats), **vars(self.allocations.stats),
-                "open_handles": len(self.handles), "nodes": len(self.catalog.nodes)}
+                "open_handles": len(self.handles), "nodes": len(self.catalog.nodes),
+                # what is held now (a leak shows here once clients are done)
+                "inode_states": len(self.handles.states),
+                "leases_held": sum(len(v) for v in self.leases.held.values()),
+                "allocations_pending": len(self.allocations.pending)}

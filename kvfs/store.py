@@ -150,6 +150,8 @@ class BlockStore:
             "policy_mode": getattr(policy, "mode_name", policy.name),
         })
         tiers["pool"]["blocks"] = len(self.recency)
+        # blocks held now (open handles, fetches, leases, copies): a leak shows here
+        tiers["pool"]["held_blocks"] = sum(1 for cb in self.blobs.values() if cb.holders > 0)
         if self.local is None:
             del tiers["local"]
         else:
