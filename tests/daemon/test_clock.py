@@ -131,3 +131,89 @@ def test_a_writer_that_pauses_starts_no_chain_link(pool_config):
 
     run_service(cfg, body, clock)
 
+
+# --- the cluster link: reconnects and call timeouts, against a fake Redis in this trio run -----
+class FakeRedis:
+    """Answers PING with PONG over RESP, until told to go silent or to refuse connections."""
+
+    def __init__(self) -> None:
+        self.silent = False
+        self.refusing = False
+        self.connections = 0
+        self.port = 0
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        if self.refusing:
+            await stream.aclose()
+            return
+        try:
+            while True:
+                data = await stream.receive_some()
+                if not data:
+                    return
+                if self.silent:
+                    continue                         # reads the request, never answers
+                for _ in range(data.count(b"SELECT")):
+                    await stream.send_all(b"+OK\r\n")
+                for _ in range(data.count(b"PING")):
+                    await stream.send_all(b"+PONG\r\n")
+        except trio.BrokenResourceError:
+            pass
+
+
+def _link(port: int):
+    from kvfs.cluster import ClusterLink
+    from kvfs.config import ClusterConfig
+    link = ClusterLink(ClusterConfig(redis=f"redis://127.0.0.1:{port}/0", node_id="t"))
+    link.quiet = True
+    return link
+
+
+def test_the_cluster_link_times_out_waits_between_reconnects_and_comes_back():
+    from kvfs.cluster import CALL_TIMEOUT, RECONNECT_SECONDS
+
+    async def main():
+        redis = FakeRedis()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(redis.serve)
+            redis.silent = True                      # accepts connections, never answers
+            link = _link(redis.port)
+            t = trio.current_time()
+            with pytest.raises(KvfsError) as e:      # (it hung in SELECT at connect)
+                await link.call("PING")
+            assert e.value.errno == errno.EIO and not link.online
+            assert trio.current_time() - t == pytest.approx(CALL_TIMEOUT, abs=0.01)
+            redis.silent = False
+            await trio.sleep(RECONNECT_SECONDS)
+            assert await link.call("PING") == b"PONG" and link.online
+            redis.silent = True                      # Redis stops answering
+            t = trio.current_time()
+            with pytest.raises(KvfsError) as e:
+                await link.call("PING")
+            assert e.value.errno == errno.EIO and not link.online
+            assert trio.current_time() - t == pytest.approx(CALL_TIMEOUT, abs=0.01)
+            redis.silent = False
+            redis.refusing = True                    # down: connections are closed at once
+            failures, conns = link.failures, redis.connections
+            with pytest.raises(KvfsError):           # within the back-off: not even tried
+                await link.call("PING")
+            assert link.failures == failures and redis.connections == conns
+            await trio.sleep(RECONNECT_SECONDS)      # (autojump: no real waiting)
+            with pytest.raises(KvfsError):           # tried: and failed again
+                await link.call("PING")
+            assert redis.connections == conns + 1 and not link.online
+            redis.refusing = False                   # back
+            await trio.sleep(RECONNECT_SECONDS)
+            assert await link.call("PING") == b"PONG"
+            assert link.online and link.down_since is None
+            await link.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
