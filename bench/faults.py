@@ -403,24 +403,30 @@ def slow_namespace(tmp: Path) -> dict:
                     (m.mountpoint / f"b{i}").write_bytes(blocks[f"b{i}"])
                 except OSError as e:
                     errs.append(ename(e))
-            # a cold read that waits on the slow namespace does not stall other requests
-            m.drop_caches()
+            # a cold read that waits on the slow namespace (slower still now: 1 MB/s) does
+            # not stall other requests
+            slow = next(n for n in blocks if 3 in namespaces_of(m.mountpoint / n))
             (m.mountpoint / "small").write_bytes(b"s" * 4096)
+            m.drop_caches()
+            group.limit(devs[3], read_bps=1e6, write_bps=6e6)
             done = threading.Event()
-            t = threading.Thread(target=lambda: ((m.mountpoint / "b0").read_bytes(),
+            t = threading.Thread(target=lambda: ((m.mountpoint / slow).read_bytes(),
                                                  done.set()))
             t.start()
             served = 0
-            while not done.is_set() and served < 20:
+            while not done.is_set() and served < 5:
                 os.stat(m.mountpoint / "small")
                 os.listdir(m.mountpoint)
                 served += 1
+            slow_read_finished_first = done.is_set()
             t.join(120)
+            group.limit(devs[3], read_bps=6e6, write_bps=6e6)
             m.drop_caches()
             bad = [n for n, d in blocks.items() if read_errno(m.mountpoint / n, d) is not None]
             st = m.stats()
             out = {"scenario": "slow_namespace", "client_errnos": errs, "bad_reads": bad,
                    "served_during_slow_read": served,
+                   "slow_read_finished_first": slow_read_finished_first,
                    "placement_weights": st["tiers"]["pool"]["placement_weights"],
                    "rate_mbps": [round(n["rate_bps"] / 1e6, 1) for n in st["namespaces"]],
                    "namespace_states": [n["state"] for n in st["namespaces"]],

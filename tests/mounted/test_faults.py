@@ -80,7 +80,7 @@ def test_a_full_state_dir_disk(tmp_path):
 def test_a_slow_namespace(tmp_path):
     r = run("slow_namespace", tmp_path)
     assert r["client_errnos"] == [] and r["bad_reads"] == [], r
-    assert r["served_during_slow_read"] == 20                      # nothing stalls behind it
+    assert r["served_during_slow_read"] == 5 and not r["slow_read_finished_first"]
     w = r["placement_weights"]
     assert w[3] < 0.5 * min(w[:3]), w                               # placement learns it
     assert r["namespace_states"] == ["ok"] * 4
