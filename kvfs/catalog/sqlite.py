@@ -15,7 +15,9 @@ free again when the pool rebuilds its free map from the catalog at start-up.
 
 If SQLite fails to commit (disk full, I/O error) the memory tree is ahead of the disk: the
 catalog then refuses every further mutation with EIO until the daemon is restarted, which
-reloads the last committed state.
+reloads the last committed state; meanwhile the pool frees no extent (`on_failure`), so none
+that the disk's catalog references is written again. A failed commit or mkdir leaves the
+memory as the disk has it.
 """
 
 from __future__ import annotations
