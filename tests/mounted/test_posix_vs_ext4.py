@@ -168,17 +168,18 @@ def run_step(root: Path, op: tuple, slots: dict):
         if kind == "listdir":
             return ("ok", sorted(os.listdir(P(args[0]))))
         if kind == "setxattr":
-            rel, name, value, flags = args
-            os.setxattr(P(rel), name, value, flags)
+            rel, name, value, flags, follow = args
+            os.setxattr(P(rel), name, value, flags, follow_symlinks=follow)
             return ("ok", None)
         if kind == "getxattr":
-            rel, name = args
-            return ("ok", os.getxattr(P(rel), name))
+            rel, name, follow = args
+            return ("ok", os.getxattr(P(rel), name, follow_symlinks=follow))
         if kind == "listxattr":
-            return ("ok", _xattr_names(os.listxattr(P(args[0]))))
+            rel, follow = args
+            return ("ok", _xattr_names(os.listxattr(P(rel), follow_symlinks=follow)))
         if kind == "removexattr":
-            rel, name = args
-            os.removexattr(P(rel), name)
+            rel, name, follow = args
+            os.removexattr(P(rel), name, follow_symlinks=follow)
             return ("ok", None)
         if kind == "fsync":
             rel, flags = args
@@ -267,12 +268,15 @@ def random_op(rng: random.Random, open_slots: dict | None = None) -> tuple:
     if k == "symlink":
         target = rng.choice(["b", "../a", "d/c", "missing", LONG, "/nonexistent/x", "c/../d"])
         return ("symlink", target, p)
-    if k in ("setxattr", "getxattr", "removexattr"):
+    if k in ("setxattr", "getxattr", "removexattr", "listxattr"):
+        follow = rng.random() < 0.8       # else the l*xattr calls: on a symlink itself
+        if k == "listxattr":
+            return ("listxattr", p, follow)
         name = rng.choice(XATTRS)
         if k == "setxattr":
             return ("setxattr", p, name, rng.randbytes(rng.choice([0, 3, 100])),
-                    rng.choice([0, 0, os.XATTR_CREATE, os.XATTR_REPLACE]))
-        return (k, p, name)
+                    rng.choice([0, 0, os.XATTR_CREATE, os.XATTR_REPLACE]), follow)
+        return (k, p, name, follow)
     if k == "fsync":
         return ("fsync", p, rng.choice([os.O_RDONLY, os.O_WRONLY]))
     if k == "chmod":
