@@ -191,11 +191,13 @@ def check_config(path: str) -> list[Finding]:
         label = f"namespace {i} ({nc.path})"
         try:
             exists, _, size = probe(nc.path)
-            if not exists:
-                out.append(Finding("fail" if nc.size is None else "info", "config",
-                                   f"{label}: does not exist",
-                                   "attach the device (nvme connect, losetup)" if nc.size is None
-                                   else ""))
+            if not exists:          # (a file with a size is created only for a new pool)
+                fresh = nc.size is not None and pool_id is None
+                out.append(Finding("info" if fresh else "fail", "config",
+                                   f"{label}: does not exist" + (" (created at the first mount)"
+                                                                 if fresh else ""),
+                                   "" if fresh else "attach the device (nvme connect, "
+                                                    "losetup), or restore the file"))
                 continue
             with open(nc.path, "rb") as f:
                 raw = f.read(SB_SIZE)
