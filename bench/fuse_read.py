@@ -9,7 +9,9 @@ One run, side by side, block by block, so machine noise hits every case alike:
   pagecache     kvfs, a re-read that the kernel page cache serves (kept across opens)
 
 The pool is one namespace file on the same tmpfs, so `pool` measures kvfs's software path
-(stripe reads, checksums, FUSE), not a disk. Reads use one thread and READ_SIZE requests.
+(stripe reads, checksums, FUSE), not a disk. Reads use one thread and READ_SIZE requests;
+every read must return the whole block (a short read fails the run, it is not counted as
+speed), and one block per run is checked bit-exact through each path.
 
     python bench/fuse_read.py [--blocks 8] [--rounds 5] [--read-size 1MiB] [--json]
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.emulate import Emulation  # noqa: E402
+from bench.reads import digest, read_full  # noqa: E402
 from kvfs.testing import MountedKvfs, write_config  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 
@@ -36,17 +39,13 @@ MiB = 1 << 20
 BLOCK = 32 * MiB
 
 
-def read_all(paths: list[Path], read_size: int, buf: mmap.mmap) -> float:
-    """Read every file start to end with `read_size` requests; return seconds."""
+def read_all(paths: list[Path], read_size: int, buf: mmap.mmap, check: int | None = None) -> float:
+    """Read every file start to end with `read_size` requests; return seconds. Every file must
+    give back all BLOCK bytes (a short read fails the run); `check`: their xxh3-64 digest."""
     view = memoryview(buf)[:read_size]
     t = time.perf_counter()
     for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            while os.readv(fd, [view]) == read_size:
-                pass
-        finally:
-            os.close(fd)
+        read_full(p, view, BLOCK, check=check)
     return time.perf_counter() - t
 
 
@@ -78,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             ref, kv = [], []
             for i in range(args.blocks):
                 data = os.urandom(BLOCK)
+                if i == 0:
+                    check = digest(data)
                 (emu.root / f"block{i}.pt").write_bytes(data)
                 ref.append(emu.root / f"block{i}.pt")
                 (m.mountpoint / f"block{i}.pt").write_bytes(data)
@@ -95,6 +96,15 @@ def main(argv: list[str] | None = None) -> int:
                 drop_page_cache(kv)
                 t = read_all(kv, read_size, buf)
                 results["pool"] += [t / len(kv)] * len(kv)
+            # One block per run, through every path measured, must come back bit-exact
+            # (untimed): a fast path that returns the wrong bytes fails the run.
+            read_all(ref[:1], read_size, buf, check)
+            m.control("drop_dram")
+            drop_page_cache(kv[:1])
+            read_all(kv[:1], read_size, buf, check)       # pool
+            drop_page_cache(kv[:1])
+            read_all(kv[:1], read_size, buf, check)       # dram
+            read_all(kv[:1], read_size, buf, check)       # page cache
             stats = m.stats()
 
     gbps = {k: BLOCK / statistics.median(v) / 1e9 for k, v in results.items()}

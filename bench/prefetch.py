@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.emulate import Emulation, available  # noqa: E402
+from bench.reads import digest, read_full  # noqa: E402
 from kvfs.testing import MountedKvfs, write_config  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 
@@ -43,21 +44,17 @@ MiB = 1 << 20
 CHAIN = 16
 
 
-def read_block(path: Path, buf: mmap.mmap) -> float:
+def read_block(path: Path, buf: mmap.mmap, size: int, check: int | None = None) -> float:
+    """Read a whole block (a short read fails the run); seconds. `check`: its xxh3-64."""
     t = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while os.readv(fd, [buf]) == len(buf):
-            pass
-    finally:
-        os.close(fd)
+    read_full(path, memoryview(buf), size, check=check)
     return time.perf_counter() - t
 
 
-def walk(paths: list[Path], pause: float, buf: mmap.mmap) -> float:
+def walk(paths: list[Path], pause: float, buf: mmap.mmap, size: int) -> float:
     t = time.perf_counter()
     for p in paths:
-        read_block(p, buf)
+        read_block(p, buf, size)
         time.sleep(pause)               # the reader computes on the block
     return time.perf_counter() - t
 
@@ -86,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             group.limit(d, read_bps=args.bps, write_bps=args.bps)
         buf = mmap.mmap(-1, MiB)
         times: dict[str, dict] = {}
+        checks: dict[str, tuple[str, int]] = {}      # one block of each kind: its xxh3-64
         for setting in ("off", "on"):
             cfg = write_config(tmp / f"{setting}.toml", tmp / "state",
                                [{"path": d.path} for d in devs], dram=f"{nblocks * block // MiB}MiB",
@@ -103,25 +101,33 @@ def main(argv: list[str] | None = None) -> int:
                     for chain in chains:
                         chain[0].parent.mkdir()
                         for p in chain:
-                            p.write_bytes(os.urandom(block))
+                            data = os.urandom(block)
+                            checks.setdefault("chain", (p.name, digest(data)))
+                            p.write_bytes(data)
                     singles[0].parent.mkdir()
                     for p in singles:         # each by its own process: no chain among them
+                        data = os.urandom(block)
+                        checks.setdefault("single", (p.name, digest(data)))
                         subprocess.run(["dd", f"of={p}", "bs=1M", "iflag=fullblock",
-                                        "status=none"], input=os.urandom(block), check=True)
+                                        "status=none"], input=data, check=True)
                     m.control("flush")
                 group.add(m.pid)                  # throttled from here on
                 m.drop_caches()
                 if setting == "off":          # how long a cold block read takes, back to back
-                    t = [read_block(p, buf) for p in singles[:5]]
+                    t = [read_block(p, buf, block) for p in singles[:5]]
                     out["cold_block_read_s"] = statistics.median(t[1:])
                     m.drop_caches()
                 pause = out["cold_block_read_s"]
-                walk_s = sum(walk(chain, pause, buf) for chain in chains)
+                walk_s = sum(walk(chain, pause, buf, block) for chain in chains)
                 m.drop_caches()
                 order = singles[:]
                 random.Random(setting).shuffle(order)   # an order the other run did not teach
-                random_s = walk(order, pause, buf)
+                random_s = walk(order, pause, buf, block)
                 st = m.stats()
+                # one block of each kind per run, read cold, must come back bit-exact (untimed)
+                m.drop_caches()
+                read_block(chains[0][0], buf, block, checks["chain"][1])
+                read_block(singles[0], buf, block, checks["single"][1])
                 times[setting] = {"walk_s": round(walk_s, 3), "random_s": round(random_s, 3),
                                   "prefetch": {k: st["prefetch"][k] for k in (
                                       "issued", "used", "wasted", "cancelled", "skipped",

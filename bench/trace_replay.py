@@ -14,8 +14,11 @@ TierIndex` (the DRAM tier's index) of `--capacity-blocks` blocks with the chosen
 from this run.
 
 With --nodes N, the requests are also spread round-robin over N nodes, and the prefix hit rate
-of N node-local caches of --capacity-blocks each is compared with one pool of N times that
-shared by all of them (what kvfs's [cluster] mode gives).
+of N node-local pools of --capacity-blocks each is compared with one pool of N times that
+shared by all of them (what kvfs's [cluster] mode gives). What is modelled is what runs: a
+pool evicts by LRU in both set-ups (one node: its least recently used closed files; a shared
+pool: the cluster-wide LRU order in Redis), whatever --policy says (that is the DRAM tier's
+policy). Each node's DRAM tier in front of the pool is not modelled.
 
 With --mounted N, the first N requests are also replayed end to end through a real kvfs mount
 (root and /dev/fuse needed): every block is a small file (--block-size, default 64 KiB) in a
@@ -52,7 +55,8 @@ def serve(tier: TierIndex, ids: list[int]) -> int:
     parent = None
     for h in ids:
         if not tier.lookup(h, parent):
-            if tier.make_room(1) is not None:
+            tier.make_room(1)
+            if tier.fits(1):
                 tier.add(h, 1, parent)
         parent = h
     if ids:
@@ -76,10 +80,14 @@ def replay(requests: list[list[int]], capacity: int, policy: str) -> dict:
     return out
 
 
+POOL_EVICTION = "lru"      # what kvfs's pools evict by, on one node and shared (see above)
+
+
 def replay_nodes(requests: list[list[int]], capacity: int, policy: str, nodes: int) -> dict:
     """Requests spread round-robin over `nodes` inference nodes (a load balancer that does not
-    route by prefix): each node with its own cache of `capacity` blocks, against one pool of
-    `nodes * capacity` blocks shared by all (kvfs [cluster]). Prefix hit rates of both."""
+    route by prefix): each node with its own pool of `capacity` blocks, against one pool of
+    `nodes * capacity` blocks shared by all (kvfs [cluster]). Prefix hit rates of both, both
+    evicting by `policy` (main() passes POOL_EVICTION, what kvfs's pools run)."""
     local = [TierIndex(capacity, make_policy(policy, capacity, typical_size=1))
              for _ in range(nodes)]
     pooled = TierIndex(nodes * capacity, make_policy(policy, nodes * capacity, typical_size=1))
@@ -88,7 +96,7 @@ def replay_nodes(requests: list[list[int]], capacity: int, policy: str, nodes: i
         hl += serve(local[i % nodes], ids)
         hp += serve(pooled, ids)
         total += len(ids)
-    return {"nodes": nodes, "capacity_blocks_per_node": capacity, "policy": policy,
+    return {"nodes": nodes, "capacity_blocks_per_node": capacity, "pool_eviction": policy,
             "node_local_hit_rate": hl / total, "pooled_hit_rate": hp / total,
             "pooled_vs_node_local": hp / hl if hl else float("inf")}
 
@@ -176,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             r["mounted"] = mounted
     if args.nodes:
         for r in rows:
-            r["pooling"] = replay_nodes(requests, r["capacity_blocks"], args.policy, args.nodes)
+            r["pooling"] = replay_nodes(requests, r["capacity_blocks"], POOL_EVICTION, args.nodes)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
         return 0
@@ -186,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['capacity_blocks']:>9}{r['policy']:>10}{r['hit_rate']:>10.4f}{r['lru_hit_rate']:>9.4f}"
               f"{r['vs_lru']:>8.3f}  {r.get('final_mode', '')}")
     if args.nodes:
-        print(f"\n{args.nodes} nodes, requests round-robin; {args.policy} policy")
+        print(f"\n{args.nodes} nodes, requests round-robin; pools evict by {POOL_EVICTION} "
+              f"(node-local and cluster-wide), as kvfs's pools do")
         print(f"{'per node':>9}{'node-local':>12}{'pooled':>9}{'pooled/local':>14}")
         for r in rows:
             x = r["pooling"]

@@ -125,6 +125,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo):
     if catalog.pool_id is None:
         catalog.set_pool_id(pool.pool_id)
     pool.attach(catalog.layouts())
+    catalog.on_failure = pool.stop_freeing
     return catalog, pool, LocalSpace(pool, knobs)
 
 

@@ -190,7 +190,7 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
         service = Service(cfg, layers, knobs)
         ops = FuseOps(service.files, service.control, service.latency, cfg.mount.attr_timeout,
                       passthrough=cfg.mount.passthrough)
-        service.data_path = lambda: ops.data_path
+        service.data_path = lambda: {**ops.data_path, "backing_ids": len(ops.backings.ids)}
         pool = layers.pool
         options = set(pyfuse3.default_options)
         options |= {f"fsname=kvfs:{pool.pool_id[:12]}", "subtype=kvfs"}

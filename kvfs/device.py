@@ -56,12 +56,21 @@ def probe(path: Path) -> tuple[bool, bool, int]:
     except FileNotFoundError:
         return False, False, 0
     if stat.S_ISBLK(st.st_mode):
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:        # ENXIO: a device node with no device behind it
+            raise StartupError(f"namespace {path}: cannot open the device: {e.strerror}: is it "
+                               f"attached?", e.errno) from None
         try:
             buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
-            return True, True, struct.unpack("<Q", buf)[0]
         finally:
             os.close(fd)
+        size = struct.unpack("<Q", buf)[0]
+        if size == 0:
+            raise StartupError(f"namespace {path}: the block device has no capacity (0 bytes): "
+                               f"is it attached? (a detached loop device or a disconnected "
+                               f"NVMe-oF namespace looks like this)", errno.ENXIO)
+        return True, True, size
     if stat.S_ISREG(st.st_mode):
         return True, False, st.st_size
     raise StartupError(f"namespace {path}: not a block device or regular file")

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.handles import Attr, Handle, Handles, NodeState, OpenResult
@@ -90,6 +91,8 @@ class Files:
             return
         if st.session is not None:
             self.sessions.end(st)
+        if st.held is not None:
+            self.store.unhold(st.held)
         del self.handles.states[node.ino]
         if not node.linked:
             self.catalog.drop(node.ino)
@@ -173,6 +176,12 @@ class Files:
     def _unlinked(self, node: Node) -> None:
         """A node lost its name: retire its content unless someone still uses the node."""
         if node.blob is not None:
+            st = self.handles.states.get(node.ino)
+            if st is not None and st.writers > 0 and st.held is None:
+                # writers that have not written yet copy this version at their first write
+                # (readers pinned theirs at open): keep its space until they are done
+                st.held = node.blob
+                self.store.hold(node.blob)
             self.store.retire(node.blob)
         if node.ino not in self.handles.states:
             self.catalog.drop(node.ino)
@@ -278,6 +287,11 @@ class Files:
         node = self.catalog.get(ino)
         self._regular(node)
         self.stats.opens += 1
+        if not node.linked and self.handles.states.get(ino, NodeState()).opens == 0:
+            # No handle keeps it: the kernel opened a name it still caches for a file deleted
+            # behind its back (eviction; it is told asynchronously). Its space may be reused.
+            raise KvfsError(errno.ENOENT, f"{node.name.decode(errors='replace')}: deleted "
+                                          f"(evicted)")
         st = self.handles.state(ino)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         passthrough = self._use_passthrough(node, st, writable)
@@ -328,6 +342,8 @@ class Files:
             buf = await self.store.materialize(h.version)
             st.backing_version = h.version
         else:                       # the write session (or an empty session) it pinned
+            if h.version is None:   # a new file whose first commit failed: no content yet
+                h.version = Session(Buffer(self.sessions.pool.chunk), dirty=False)
             buf, st.backing_version = h.version.buffer, h.version
         if h.writable:
             st.session.rdwr |= h.readable        # may be mmap'd for writing
@@ -454,9 +470,14 @@ class Files:
                 # mmap(MAP_SHARED) and passthrough writers may write after the last flush
                 await self.sessions.finish(node, st)
             except KvfsError as e:
-                log.error("%s: commit at release failed, content dropped: %s",
-                          self.catalog.path_of(node), e)
-            self.sessions.end(st)
+                # (after a catalog failure, logged once where it happened, only at debug level)
+                log.log(logging.DEBUG if self.catalog.failure else logging.ERROR,
+                        "%s: commit at release failed, content dropped: %s",
+                        self.catalog.path_of(node), e)
+            if node.linked or st.opens == 0:
+                self.sessions.end(st)
+            # else: an unlinked file (never committed again) whose readers may read this
+            # session: it stays its content (and size) until they are gone (_release_state)
         self._release_state(node)
 
     def recharge(self) -> None:
@@ -624,4 +645,8 @@ class Files:
                 "commits": s.commits, "commit_errors": s.commit_errors,
                 "bytes_written": s.bytes_written, "pool_evictions": self.space.evictions,
                 **vars(self.leases.stats), **vars(self.allocations.stats),
-                "open_handles": len(self.handles), "nodes": len(self.catalog.nodes)}
+                "open_handles": len(self.handles), "nodes": len(self.catalog.nodes),
+                # what is held now (a leak shows here once clients are done)
+                "inode_states": len(self.handles.states),
+                "leases_held": sum(len(v) for v in self.leases.held.values()),
+                "allocations_pending": len(self.allocations.pending)}

@@ -72,6 +72,7 @@ class NodeState:
     backing_version: object = None       # ... and what it holds (BlobRec or Session)
     passthrough: int = 0                 # handles opened with passthrough (bound to `backing`)
     plain: int = 0                       # handles opened without passthrough
+    held: BlobRec | None = None          # unlinked under open writers: held until they are done
 
 
 class Handles:

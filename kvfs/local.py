@@ -118,12 +118,12 @@ class LocalTier:
         if need > self.pool.capacity:
             return False
         victims = self.index.make_room(need, lambda bid: bid in self.layouts)
-        if victims is None:
-            return False
-        for bid in victims:
+        for bid in victims:          # out of the index: free them (also when not enough)
             lay = self.layouts.pop(bid, None)
             if lay is not None:
                 self.pool.release(lay)
+        if not self.index.fits(need):
+            return False
         self.writing.add(rec.id)
         try:
             try:

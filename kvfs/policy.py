@@ -562,18 +562,22 @@ class TierIndex:
         return False
 
     def make_room(self, need: int, evictable: Evictable = _always,
-                  cold_only: bool = False) -> list[Key] | None:
-        """Evict until `need` more bytes fit; returns the victims, or None if that is impossible
-        (then nothing was evicted beyond what could be)."""
+                  cold_only: bool = False) -> list[Key]:
+        """Evict until `need` more bytes fit, or nothing evictable is left; returns the victims
+        (they are out of the index: the caller drops them), also when that was not enough:
+        `fits(need)` says whether it was."""
         out: list[Key] = []
         while self.used + need > self.capacity:
             key = self.policy.victim(evictable, cold_only)
             if key is None:
-                return None if self.used + need > self.capacity else out
+                break
             out.append(key)
             self.used -= self.sizes.pop(key)
             self.evictions += 1
         return out
+
+    def fits(self, need: int) -> bool:
+        return self.used + need <= self.capacity
 
     def add(self, key: Key, size: int, parent: Key | None = None) -> None:
         if key in self.sizes:

@@ -29,7 +29,7 @@ from kvfs.config import PoolConfig
 from kvfs.device import Namespace, probe
 from kvfs.errors import KvfsError, StartupError, no_space
 from kvfs.layout import DATA_START, Layout, align_up, place_units, stored_length, unit_count
-from kvfs.superblock import Superblock, foreign_signature
+from kvfs.superblock import SB_SIZE, Superblock, SuperblockError, decode, foreign_signature
 
 log = logging.getLogger("kvfs.pool")
 
@@ -77,6 +77,8 @@ class Pool:
             ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
         self.area = area or Area()      # where this node may allocate (see Area)
         self.created = False          # formatted by this open (a brand-new pool)
+        self.frees_stopped: str | None = None    # see stop_freeing
+        self.rebuilt_superblocks: list[str] = []   # damaged superblocks rewritten at open
         self._rotation = 0
         self.zero = zero_chunk(self.chunk)   # the source of padding and holes in unit writes
 
@@ -138,8 +140,11 @@ class Pool:
                 pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
                 pool.created = True
                 return pool
-            pool_id = cls._validate(namespaces, cfg, expect_pool_id)
-            return cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
+            rebuilt: list[str] = []
+            pool_id = cls._validate(namespaces, cfg, expect_pool_id, rebuilt)
+            pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
+            pool.rebuilt_superblocks = rebuilt
+            return pool
         except BaseException:
             for ns in namespaces:
                 ns.close()
@@ -152,8 +157,20 @@ class Pool:
             raise
 
     @staticmethod
-    def _validate(namespaces: list[Namespace], cfg: PoolConfig, expect: str | None) -> str:
-        sbs = [ns.read_superblock() for ns in namespaces]
+    def _validate(namespaces: list[Namespace], cfg: PoolConfig, expect: str | None,
+                  rebuilt: list[str] | None = None) -> str:
+        sbs: list[Superblock | None] = []
+        damaged: dict[int, tuple[bytes, SuperblockError]] = {}
+        for ns in namespaces:
+            raw = ns.read_head()[:SB_SIZE]
+            try:
+                sbs.append(decode(raw))
+            except SuperblockError as e:
+                sbs.append(None)
+                damaged[ns.index] = (raw, e)
+        good = [sb for sb in sbs if sb is not None]
+        for i, (raw, e) in damaged.items():
+            sbs[i] = Pool._rebuilt(namespaces[i], raw, e, good, cfg, expect, len(namespaces))
         formatted = [sb for sb in sbs if sb is not None]
         if not formatted:
             raise StartupError(f"namespace {namespaces[0].path}: not a kvfs namespace "
@@ -181,7 +198,36 @@ class Pool:
             if sb.size != ns.size:
                 raise StartupError(f"namespace {ns.path}: was formatted with {sb.size} bytes but "
                                    f"now has {ns.size} (changed geometry)")
+        for i, (_, e) in damaged.items():       # everything else checked: write them back
+            ns = namespaces[i]
+            ns.write_superblock(sbs[i])
+            source = " and the other namespaces' superblocks" if good else ""
+            msg = (f"namespace {ns.path}: its superblock was damaged ({e}); rebuilt from the "
+                   f"catalog's pool id{source}")
+            log.warning(msg)
+            if rebuilt is not None:
+                rebuilt.append(msg)
         return pool_id
+
+    @staticmethod
+    def _rebuilt(ns: Namespace, raw: bytes, e: SuperblockError, good: list[Superblock],
+                 cfg: PoolConfig, expect: str | None, count: int) -> Superblock:
+        """The superblock a namespace whose own is damaged (its checksum fails: a torn write)
+        must have, when nothing is in doubt: the catalog names the pool, the damaged bytes
+        still carry that pool id, and the other superblocks agree. Else start-up is refused."""
+        others = {(sb.pool_id, sb.ns_count, sb.stripe_unit, sb.created) for sb in good}
+        if expect is None or expect.encode() not in raw or len(others) > 1 or \
+                any(o[0] != expect or o[1] != count for o in others):
+            raise StartupError(f"namespace {ns.path}: {e}, and it cannot be rebuilt safely (it "
+                               f"does not name this catalog's pool, or the other namespaces "
+                               f"disagree)")
+        if others:
+            _, _, unit, created = next(iter(others))
+        else:
+            unit = cfg.stripe_unit
+            created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        return Superblock(pool_id=expect, ns_index=ns.index, ns_count=count, stripe_unit=unit,
+                          size=ns.size, created=created)
 
     @staticmethod
     def _write_superblocks(namespaces: list[Namespace], unit: int) -> str:
@@ -272,7 +318,8 @@ class Pool:
         return {
             "tier": {"capacity": self.capacity, "used": self.capacity - self.free,
                      "free": self.free, "stripe_unit": self.unit, "pool_id": self.pool_id,
-                     "placement_weights": [round(w, 3) for w in self.placement_weights()]},
+                     "placement_weights": [round(w, 3) for w in self.placement_weights()],
+                     "rebuilt_superblocks": self.rebuilt_superblocks},
             "namespaces": [
                 {"index": ns.index, "path": str(ns.path), "size": ns.size,
                  "direct_io": ns.direct, "queue_depth": ns.queue_depth,
@@ -319,8 +366,17 @@ class Pool:
 
     def free_extent(self, j: int, off: int, length: int) -> None:
         """Give back an extent this node allocated and did not publish."""
+        if self.frees_stopped:
+            return
         self.allocators[j].free(off, length)
         self.area.freed(off, length)
+
+    def stop_freeing(self, why: str) -> None:
+        """The catalog can no longer make changes durable, and what it holds on disk may differ
+        from memory (a transaction that failed may still have reached the disk): free no
+        extent until a restart rebuilds the free space from the catalog, so none that the
+        disk's catalog references is ever written again."""
+        self.frees_stopped = why
 
     def fence(self, off: int, length: int) -> None:
         """Refuse to write where this node may no longer write (see Area.fence)."""

@@ -137,16 +137,22 @@ class RedisClient:
         client = cls(stream, url)
         pw = password if password is not None else (unquote(u.password) if u.password else None)
         try:
-            if pw:
-                args = ["AUTH", unquote(u.username), pw] if u.username else ["AUTH", pw]
-                try:
-                    await client.call(*args)
-                except RedisError as e:
-                    raise RedisUnavailable(f"Redis at {host}:{port} refused the password: "
-                                           f"{e}") from None
-            db = (u.path or "/").strip("/")
-            if db:
-                await client.call("SELECT", int(db))
+            # a server that accepts connections but does not answer must not hang us either
+            with trio.fail_after(timeout):
+                if pw:
+                    args = ["AUTH", unquote(u.username), pw] if u.username else ["AUTH", pw]
+                    try:
+                        await client.call(*args)
+                    except RedisError as e:
+                        raise RedisUnavailable(f"Redis at {host}:{port} refused the password: "
+                                               f"{e}") from None
+                db = (u.path or "/").strip("/")
+                if db:
+                    await client.call("SELECT", int(db))
+        except trio.TooSlowError:
+            client.abort()
+            raise RedisUnavailable(f"Redis at {host}:{port} accepted the connection but did not "
+                                   f"answer within {timeout:.0f} s") from None
         except BaseException:
             await client.aclose()
             raise

@@ -147,7 +147,9 @@ class Service:
             "latency": self.latency.summary(),
             "catalog": {"kind": "redis" if cat.shared else "sqlite",
                         "transactions": cat.commits, "statements": cat.statements,
-                        "commit_seconds": round(cat.commit_seconds, 4)},
+                        "commit_seconds": round(cat.commit_seconds, 4),
+                        "error": cat.failure,
+                        "opened_with": getattr(cat, "opened_with", None)},
         }
         if self.space.kind == "cluster":
             out["cluster"] = {**cat.statistics(), **space}

@@ -275,6 +275,9 @@ class Sessions:
             s.dirty = False
             self._abandon_writer(s)
             return
+        if self.catalog.failure:     # it could not be recorded: do not write it to the pool
+            self.stats.commit_errors += 1
+            raise KvfsError(errno.EIO, self.catalog.failure)
         size = s.size
         sig = s.buffer.signature() if s.passthrough else None   # before its bytes are read
         if size > self.max_block_size:

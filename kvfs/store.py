@@ -150,6 +150,8 @@ class BlockStore:
             "policy_mode": getattr(policy, "mode_name", policy.name),
         })
         tiers["pool"]["blocks"] = len(self.recency)
+        # blocks held now (open handles, fetches, leases, copies): a leak shows here
+        tiers["pool"]["held_blocks"] = sum(1 for cb in self.blobs.values() if cb.holders > 0)
         if self.local is None:
             del tiers["local"]
         else:
@@ -266,9 +268,9 @@ class BlockStore:
         (`passthrough`: dropping them would free no memory)."""
         self.dram.capacity = max(0, self.capacity - self.charged - self.inflight)
         victims = self.dram.make_room(need, self._evictable(True), cold_only)
-        if victims is None and not cold_only and not self.passthrough:
-            victims = self.dram.make_room(need, self._evictable(False))
-        for bid in victims or ():
+        if not self.dram.fits(need) and not cold_only and not self.passthrough:
+            victims += self.dram.make_room(need, self._evictable(False))
+        for bid in victims:          # out of the index: drop them (also when not enough)
             cb = self.blobs.get(bid)
             if cb is None:
                 continue
@@ -280,7 +282,7 @@ class BlockStore:
                 self.stats.prefetch_wasted += 1
             self._demote(cb, buf)
             self._maybe_forget(cb)
-        return victims is not None
+        return self.dram.fits(need)
 
     def _demote(self, cb: CachedBlob, buf: Buffer | None) -> None:
         """A block leaves DRAM: keep a copy in the local tier if its admission agrees."""
@@ -468,9 +470,10 @@ class BlockStore:
         if cb is not None and cb.resident is not None:
             return cb.resident
         if cb is not None and cb.fetch is not None:      # completed units, fetch still finishing
-            buf = cb.fetch.buffer
+            fetch = cb.fetch
             await self.read(rec, 0, rec.size)
-            return buf
+            await fetch.done.wait()      # then its buffer is cut from whole pages to rec.size
+            return fetch.buffer
         buf = Buffer(self.pool.chunk, align_up(rec.size))   # larger than DRAM: uncached
         await self.fetcher.read_units(rec, range(rec.layout.nunits), buf)
         buf.resize(rec.size)

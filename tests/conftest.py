@@ -12,6 +12,22 @@ settings.load_profile("kvfs")
 from tests.helpers import Mount, can_mount, write_config
 from tests.redis_server import RedisServer
 
+TESTS = Path(__file__).resolve().parent
+# Tests that mount kvfs: everything under these directories, and any test using these fixtures.
+MOUNTED_DIRS = ("mounted", "lmcache")
+MOUNT_FIXTURES = {"make_mount", "mnt", "cluster_nodes"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that mounts kvfs `mounted`, once, here (not by hand in each file)."""
+    for item in items:
+        try:
+            top = item.path.resolve().relative_to(TESTS).parts[0]
+        except ValueError:
+            top = ""
+        if top in MOUNTED_DIRS or MOUNT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mounted)
+
 
 @pytest.fixture
 def pool_config(tmp_path: Path):
@@ -38,11 +54,22 @@ def make_mount(tmp_path: Path):
         return m.start()
 
     yield start
+    failed = []
     for m in mounts:
+        # A daemon that crashed while the test ran, or exits non-zero (or by a signal) at
+        # unmount, fails the test: its exit status, and the end of its log, say why.
         try:
-            m.stop()
-        except Exception:  # noqa: BLE001 - keep cleaning up the others
+            code = m.stop()
+        except Exception as e:  # noqa: BLE001 - keep cleaning up the others
             m.kill()
+            failed.append(f"{m.mountpoint}: stopping the daemon failed: {e!r}")
+            continue
+        if code != 0:
+            failed.append(f"{m.mountpoint}: the daemon exited with status {code}:\n"
+                          f"{m.log_text()[-2000:]}")
+    if failed:
+        pytest.fail("kvfs daemon(s) did not exit cleanly at unmount:\n" + "\n".join(failed),
+                    pytrace=False)
 
 
 @pytest.fixture

@@ -15,7 +15,9 @@ free again when the pool rebuilds its free map from the catalog at start-up.
 
 If SQLite fails to commit (disk full, I/O error) the memory tree is ahead of the disk: the
 catalog then refuses every further mutation with EIO until the daemon is restarted, which
-reloads the last committed state.
+reloads the last committed state; meanwhile the pool frees no extent (`on_failure`), so none
+that the disk's catalog references is written again. A failed commit or mkdir leaves the
+memory as the disk has it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import os
 import sqlite3
 import stat
+import struct
 import time
 from pathlib import Path
 
@@ -59,6 +62,40 @@ CREATE TABLE IF NOT EXISTS links (
 
 Stmt = tuple[str, tuple]
 
+WAL_MAGIC = (0x377F0682, 0x377F0683)
+WAL_HEADER, WAL_FRAME_HEADER = 32, 24
+
+
+def wal_damage(path: Path) -> str | None:
+    """What is wrong with the catalog's write-ahead log (read before SQLite opens it), or None.
+    A log that ends in a partial frame was cut short: by a crash while a transaction was
+    being written (nothing committed is lost: close() had not returned), or by damage or
+    truncation of the file (then SQLite drops every change after the last intact commit)."""
+    wal = Path(str(path) + "-wal")
+    try:
+        size = wal.stat().st_size
+        with open(wal, "rb") as f:
+            head = f.read(WAL_HEADER)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot read its write-ahead log {wal}: {e.strerror}"
+    if size == 0:
+        return None
+    if len(head) < WAL_HEADER:
+        return f"its write-ahead log {wal} is cut short ({size} bytes, less than its header)"
+    magic, _, page = struct.unpack(">III", head[:12])
+    if magic not in WAL_MAGIC or page < 512 or page & (page - 1):
+        return f"its write-ahead log {wal} has no valid header (damaged?)"
+    frame = WAL_FRAME_HEADER + page
+    partial = (size - WAL_HEADER) % frame
+    if partial:
+        return (f"its write-ahead log {wal} ends in a partial frame ({partial} of {frame} "
+                f"bytes): it was cut short. After a crash mid-transaction nothing committed is "
+                f"lost; if the file was truncated or damaged, the changes after its last intact "
+                f"commit are (files closed after it are missing)")
+    return None
+
 
 class _Batch:
     __slots__ = ("stmts", "done", "error")
@@ -78,12 +115,15 @@ class SqliteCatalog(TreeCatalog):
         self.path = path
         self._batch = _Batch()
         self._commit_lock = trio.Lock()
-        self._failed: str | None = None
+        self.opened_with: str | None = None    # what wal_damage found at open
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
     def open(cls, path: Path) -> "SqliteCatalog":
         """Open (creating if absent) the catalog database and load it into memory."""
+        damage = wal_damage(path)       # before SQLite reads (and then resets) the log
+        if damage:
+            log.warning("catalog %s: %s", path, damage)
         try:
             conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -93,6 +133,7 @@ class SqliteCatalog(TreeCatalog):
         except sqlite3.Error as e:
             raise StartupError(f"catalog {path}: cannot open: {e}") from None
         cat = cls(conn, path)
+        cat.opened_with = damage
         try:
             cat._load()
         except sqlite3.Error as e:
@@ -192,8 +233,8 @@ class SqliteCatalog(TreeCatalog):
     # ------------------------------------------------------------------------------ persistence
     async def _persist(self, stmts: list[Stmt]) -> None:
         """Queue statements behind everything queued before; return once they are durable."""
-        if self._failed:
-            raise KvfsError(errno.EIO, self._failed)
+        if self.failure:
+            raise KvfsError(errno.EIO, self.failure)
         batch = self._batch
         batch.stmts.extend(stmts)
         with trio.CancelScope(shield=True):
@@ -204,9 +245,11 @@ class SqliteCatalog(TreeCatalog):
                         await trio.to_thread.run_sync(self._apply, batch.stmts)
                     except sqlite3.Error as e:
                         batch.error = e
-                        self._failed = (f"catalog {self.path}: a write failed ({e}); refusing "
+                        self.failure = (f"catalog {self.path}: a write failed ({e}); refusing "
                                         f"changes until kvfs is restarted")
-                        log.error(self._failed)
+                        log.error(self.failure)
+                        if self.on_failure is not None:
+                            self.on_failure(self.failure)
                     batch.done = True
         if batch.error is not None:
             raise KvfsError(errno.EIO, f"catalog write failed: {batch.error}")
@@ -262,10 +305,22 @@ class SqliteCatalog(TreeCatalog):
                  (parent.mtime_ns, parent.ctime_ns, parent.ino))]
 
     async def _add(self, node: Node) -> None:
-        """A new directory or symlink: in the tree first, then durable."""
+        """A new directory or symlink: in the tree first, then durable (out of the tree
+        again if that fails: the caller gets the error, and the name does not exist)."""
         node.persisted = True
         self._place(node)
-        await self._persist(self._insert_node(node) + self._parent_times(self.nodes[node.parent]))
+        try:
+            await self._persist(self._insert_node(node) +
+                                self._parent_times(self.nodes[node.parent]))
+        except BaseException:
+            parent = self.nodes[node.parent]
+            if parent.children.get(node.name) == node.ino:
+                del parent.children[node.name]
+                if node.children is not None:
+                    parent.subdirs -= 1
+            self.nodes.pop(node.ino, None)
+            node.linked = False
+            raise
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Make `layout` the file's committed content; return (new, old) versions.
@@ -277,6 +332,7 @@ class SqliteCatalog(TreeCatalog):
         now = _now()
         rec = BlobRec(self.next_blob_id(), layout, now)
         old = node.blob
+        before = (node.persisted, node.mtime_ns, node.ctime_ns)
         node.blob = rec
         node.mtime_ns = node.ctime_ns = now
         if not node.linked:
@@ -291,7 +347,14 @@ class SqliteCatalog(TreeCatalog):
             stmts += self._insert_node(node)
         if old is not None:
             stmts.append(("DELETE FROM blobs WHERE id=?", (old.id,)))
-        await self._persist(stmts)
+        try:
+            await self._persist(stmts)
+        except BaseException:
+            # not durable: the file keeps the version the disk has (the caller gives the new
+            # block's space back, so nothing may point at it)
+            node.blob = old
+            node.persisted, node.mtime_ns, node.ctime_ns = before
+            raise
         return rec, old
 
     async def remove(self, node: Node, expect: BlobRec | None = None) -> Node:

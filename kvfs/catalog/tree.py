@@ -50,6 +50,10 @@ class TreeCatalog:
     # on_change(kind, node, old_blob, old_parent, old_name): set by the layer above; a shared
     # catalog calls it when another node changed something this node may cache
     on_change = None
+    # Why changes can no longer be made durable (a catalog write failed), until a restart;
+    # on_failure(why) is called once when that happens (set by whoever opens the catalog).
+    failure: str | None = None
+    on_failure = None
 
     def __init__(self) -> None:
         self.nodes: dict[int, Node] = {}
@@ -80,6 +84,8 @@ class TreeCatalog:
         return node
 
     def lookup(self, parent: int, name: bytes) -> Node:
+        if len(name) > NAME_MAX:      # no such name can exist; ext4 and tmpfs say so too
+            raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
         d = self.dir(parent)
         ino = d.children.get(name)
         if ino is None:

@@ -98,8 +98,137 @@ def check_mount(mount: str) -> tuple[list[Finding], dict | None]:
                                             f"\"never\": writes will fail with ENOSPC",
                            "delete files, add namespaces, or set [pool] evict = \"lru\""))
     out += check_data_path(mount, st.get("data_path"))
+    out += check_catalog(mount, st.get("catalog"))
+    for msg in pool.get("rebuilt_superblocks") or []:
+        out.append(Finding("warn", "namespace", f"{mount}: at start-up: {msg}",
+                           "a torn write hit it (a crash or power loss while formatting, or "
+                           "something else wrote there): check what else writes to the device"))
+    out += check_namespace_speed(mount, st.get("namespaces") or [])
     out += check_cluster(mount, st.get("cluster"))
     return out, st
+
+
+def check_catalog(mount: str, cat: dict | None) -> list[Finding]:
+    """A catalog that can no longer commit, or whose log was damaged before this mount."""
+    out = []
+    if not cat:
+        return out
+    if cat.get("error"):
+        out.append(Finding("fail", "catalog", f"{mount}: {cat['error']}",
+                           "free space on the state_dir's filesystem (or repair the disk), then "
+                           "remount (kvfs umount, kvfs mount): every change fails with EIO until "
+                           "then; reads go on"))
+    if cat.get("opened_with"):
+        out.append(Finding("warn", "catalog",
+                           f"{mount}: catalog at start-up: {cat['opened_with']}",
+                           "if files closed before the last stop are missing, the state_dir's "
+                           "disk lost writes: check it (dmesg, smartctl)"))
+    return out
+
+
+SLOW_FACTOR = 4      # a namespace this many times slower than the median is reported
+
+
+def check_namespace_speed(mount: str, namespaces: list[dict]) -> list[Finding]:
+    """A namespace much slower than the others (measured by the daemon while busy) holds
+    every striped read back; adaptive placement gives it fewer units, but say so."""
+    rates = [(ns["index"], ns["path"], ns.get("rate_bps") or 0.0) for ns in namespaces]
+    measured = sorted(r for _, _, r in rates if r > 0)
+    if len(measured) < 2:
+        return []
+    median = measured[len(measured) // 2]
+    return [Finding("warn", "namespace",
+                    f"{mount}: namespace {i} ({path}) is slow: {r / 1e6:.1f} MB/s while busy, "
+                    f"the pool's median is {median / 1e6:.1f} MB/s",
+                    "check the device and its link (nvme smart-log, the NIC, a throttle); "
+                    "adaptive placement puts fewer units on it meanwhile")
+            for i, path, r in rates if 0 < r < median / SLOW_FACTOR]
+
+
+# --- a config, offline (the mount may be down: say why it does not start) ----------------------
+def check_config(path: str) -> list[Finding]:
+    """What a kvfs mount of this config would run on, checked without the daemon: the
+    state_dir's free space, the catalog's write-ahead log, every namespace's superblock."""
+    from kvfs import config as config_mod
+    from kvfs.catalog.sqlite import wal_damage
+    from kvfs.device import probe
+    from kvfs.errors import KvfsError
+    from kvfs.superblock import SB_SIZE, SuperblockError, decode
+    try:
+        cfg = config_mod.load(path)
+    except KvfsError as e:
+        return [Finding("fail", "config", f"{path}: {e}")]
+    out = []
+    sd = cfg.state_dir
+    if sd.is_dir():
+        v = os.statvfs(sd)
+        free = v.f_bavail * v.f_frsize
+        if free < 4 << 20:
+            out.append(Finding("fail", "config", f"state_dir {sd}: only {free} bytes free: the "
+                                                 f"catalog cannot commit (changes fail with EIO)",
+                               "free space there, then remount kvfs"))
+        else:
+            out.append(Finding("ok", "config", f"state_dir {sd}: {free >> 20} MiB free"))
+    pool_id = None
+    if cfg.cluster is None and cfg.catalog_path.exists():
+        damage = wal_damage(cfg.catalog_path)
+        if damage:
+            out.append(Finding("warn", "config", f"catalog {cfg.catalog_path}: {damage}",
+                               "if files closed before the last stop are missing, the disk lost "
+                               "writes"))
+        try:
+            import sqlite3
+            db = sqlite3.connect(f"file:{cfg.catalog_path}?mode=ro", uri=True)
+            try:
+                row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone()
+            finally:
+                db.close()
+            pool_id = row[0] if row else None
+            out.append(Finding("ok", "config", f"catalog {cfg.catalog_path}: pool {pool_id}"))
+        except sqlite3.Error as e:
+            out.append(Finding("fail", "config", f"catalog {cfg.catalog_path}: cannot read: {e}",
+                               "restore the state_dir from a backup, or start over with "
+                               "kvfs format --force"))
+    for i, nc in enumerate(cfg.pool.namespaces):
+        label = f"namespace {i} ({nc.path})"
+        try:
+            exists, _, size = probe(nc.path)
+            if not exists:          # (a file with a size is created only for a new pool)
+                fresh = nc.size is not None and pool_id is None
+                out.append(Finding("info" if fresh else "fail", "config",
+                                   f"{label}: does not exist" + (" (created at the first mount)"
+                                                                 if fresh else ""),
+                                   "" if fresh else "attach the device (nvme connect, "
+                                                    "losetup), or restore the file"))
+                continue
+            with open(nc.path, "rb") as f:
+                raw = f.read(SB_SIZE)
+        except (KvfsError, OSError) as e:
+            out.append(Finding("fail", "config", f"{label}: {e}", "attach the device, or fix the "
+                                                                  "path in the config"))
+            continue
+        try:
+            sb = decode(raw)
+        except SuperblockError as e:
+            fixable = pool_id is not None and pool_id.encode() in raw
+            out.append(Finding("fail", "config", f"{label}: {e}" + (
+                " (it still names this catalog's pool: the next mount rebuilds it)" if fixable
+                else ""), "" if fixable else "restore the device, or reformat the pool"))
+            continue
+        if sb is None:
+            out.append(Finding("fail", "config", f"{label}: not a kvfs namespace (no superblock)",
+                               "check the path (a device renamed?), or kvfs format"))
+        elif pool_id is not None and sb.pool_id != pool_id:
+            out.append(Finding("fail", "config", f"{label}: belongs to pool {sb.pool_id}, the "
+                                                 f"catalog to {pool_id}",
+                               "check the path: another pool's device?"))
+        elif sb.ns_index != i:
+            out.append(Finding("fail", "config", f"{label}: is number {sb.ns_index} of its pool",
+                               "restore the config's order of namespaces"))
+        else:
+            out.append(Finding("ok", "config", f"{label}: superblock of pool {sb.pool_id}, "
+                                               f"{size >> 20} MiB"))
+    return out
 
 
 def check_data_path(mount: str, dp: dict | None) -> list[Finding]:
@@ -307,8 +436,13 @@ def run_checks(mounts: list[str]) -> list[Finding]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    mounts = [find_mount(args.mount)] if args.mount else kvfs_mounts()
+    if args.config and not args.mount:
+        mounts = []                 # the config's checks say everything about that pool
+    else:
+        mounts = [find_mount(args.mount)] if args.mount else kvfs_mounts()
     findings = run_checks(mounts)
+    if args.config:
+        findings = check_config(args.config) + findings
     bad = any(f.status == "fail" for f in findings)
     if args.json:
         print(json.dumps({"ok": not bad, "findings": [asdict(f) for f in findings]}))
@@ -323,5 +457,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("doctor", help="check FUSE, mounts, namespaces, RDMA, kvikio, NUMA")
     p.add_argument("mount", nargs="?", help="a kvfs mount (default: every kvfs mount)")
+    p.add_argument("--config", help="also check this config's pool without its daemon "
+                                    "(state_dir, catalog log, namespaces and superblocks): why a "
+                                    "mount does not start")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=cmd_doctor)

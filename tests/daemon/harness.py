@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 import trio
+import trio.testing
 
 from kvfs import config
 from kvfs.catalog.base import ROOT_INO
@@ -93,12 +94,13 @@ async def open_service(cfg, stack: contextlib.AsyncExitStack) -> Service:
     return Service(cfg, layers, knobs)
 
 
-def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]]) -> None:
-    """Open the layers for `cfg_path`, serve them in trio, run fn(fs), shut down."""
-    run_cluster([cfg_path], fn)
+def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]], clock=None) -> None:
+    """Open the layers for `cfg_path`, serve them in trio, run fn(fs), shut down. `clock`:
+    a trio.testing.MockClock for the run (see `wait_out`)."""
+    run_cluster([cfg_path], fn, clock)
 
 
-def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]]) -> None:
+def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]], clock=None) -> None:
     """Open one node per config (for several: sharing a pool and a Redis), serve them all in
     one trio run, run fn(fs_a, fs_b, ...), shut down."""
     cfgs = [config.load(p) for p in cfg_paths]
@@ -115,7 +117,24 @@ def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]]) -> No
                 with trio.CancelScope(shield=True):
                     await svc.stop()
 
-    trio.run(main)
+    trio.run(main, clock=clock)
+
+
+def mock_clock() -> trio.testing.MockClock:
+    """A clock for deadline logic (leases, allocations, readahead streams, reconnects): it
+    runs at the speed of real time, so I/O in worker threads sees no jump, until `wait_out`
+    lets it jump."""
+    return trio.testing.MockClock(rate=1.0)
+
+
+async def wait_out(clock: trio.testing.MockClock, seconds: float) -> None:
+    """Let `seconds` of trio time pass at once: the clock jumps to each deadline as soon as
+    every task waits (autojump), so timers due meanwhile run in order, without sleeping."""
+    clock.autojump_threshold = 0
+    try:
+        await trio.sleep(seconds)
+    finally:
+        clock.autojump_threshold = float("inf")
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:

@@ -177,6 +177,7 @@ def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_con
     run_cluster(cluster_configs(2, grace=1.0), body)
 
 
+@pytest.mark.slow
 def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_configs):
     """b rewrites a file that a is still reading: the old version waits in the grave for as
     long as a holds it (a pushes its grace period back), and is purged once a lets go."""
@@ -322,7 +323,10 @@ def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
         # commit), nothing at all on b, and the space it wrote is free again
         assert a.files.catalog.get(a.ino("/second")).blob is None
         assert a.svc.pool.free == free
-        await trio.sleep(0.3)
+        # the change log is ordered: once b has seen a change a made after, it would have
+        # seen /second too (no fixed wait for something that must not happen)
+        await a.mkdir("/after")
+        await eventually(lambda: known(b, "/after"))
         assert not known(b, "/second")
 
     run_cluster(cluster_configs(2, lease=30.0), body)

@@ -192,3 +192,48 @@ def test_placement_learns_a_slow_namespace():
     w = pool.placement_weights()
     assert abs(w[3] / w[0] - 0.5) < 0.1, w
     assert min(w[:3]) > 0.9
+
+
+def _tear(path: Path, offset: int, nbytes: int) -> None:
+    """Overwrite bytes of a namespace's superblock, as a torn write would."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(b ^ 0xA5 for b in f.read(nbytes)))
+        f.seek(offset)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_torn_superblock_is_rebuilt_when_nothing_is_in_doubt(tmp_path, n):
+    """A superblock whose checksum fails but which still names the catalog's pool (the others
+    agreeing) is rewritten at start-up with one log line; the data is all there. One that
+    no longer names the pool (its pool id torn) or a torn magic is refused, as before."""
+    from kvfs.superblock import SB_SIZE, decode
+    names = [f"ns{i}.img" for i in range(n)]
+    cfg = cfg_for(tmp_path, names)
+    data = os.urandom(5 * MiB)
+    run_service(cfg, lambda fs: fs.write("/f", data))
+    victim = tmp_path / names[-1]
+    raw = victim.read_bytes()[:SB_SIZE]
+    at = raw.index(b'"stripe_unit"')               # not the pool id
+    _tear(victim, at, 6)
+    with pytest.raises(ValueError):
+        decode(victim.read_bytes()[:SB_SIZE])
+
+    async def check(fs):
+        assert await fs.read("/f") == data
+        rebuilt = fs.svc.statistics()["tiers"]["pool"]["rebuilt_superblocks"]
+        assert len(rebuilt) == 1 and str(victim) in rebuilt[0], rebuilt
+
+    run_service(cfg, check)
+    assert decode(victim.read_bytes()[:SB_SIZE]) is not None     # written back
+    run_service(cfg, lambda fs: _read_back(fs, data))
+    _tear(victim, raw.index(b'"pool_id"') + 12, 8)               # the pool id itself
+    open_fails(cfg, str(victim), "superblock checksum mismatch", "cannot be rebuilt safely")
+    _tear(victim, raw.index(b'"pool_id"') + 12, 8)               # undone
+    _tear(victim, 0, 4)                                          # the magic: not kvfs's now
+    open_fails(cfg, str(victim), "not a kvfs namespace")
+
+
+async def _read_back(fs, data):
+    assert await fs.read("/f") == data
+    assert fs.svc.statistics()["tiers"]["pool"]["rebuilt_superblocks"] == []

@@ -71,10 +71,13 @@ def test_pinned_blocks_stay_in_dram_until_unpinned(pool_config):
             await fs.write(f"/other{i}", os.urandom(3 * MiB))
             await read_file(fs, f"/other{i}", 1)
         assert fs.svc.store.tier_of(rec) == "dram"
+        big = os.urandom(7 * MiB)
+        await fs.write("/big", big)                  # fits in the pool, not pinned beside 3 MiB
         with pytest.raises(KvfsError) as e:          # more than the tier can hold pinned
-            await fs.write("/big", os.urandom(7 * MiB))
             await fs.files.set_pin(fs.ino("/big"), True)
         assert e.value.errno == errno.ENOSPC
+        assert b"user.kvfs.pin" not in fs.files.catalog.get(fs.ino("/big")).xattrs
+        assert await fs.read("/big") == big
         await fs.files.set_pin(ino, False)
         fs.svc.store.drop_dram()
         assert fs.svc.store.tier_of(rec) == "pool"
@@ -165,17 +168,36 @@ def test_readahead_window_grows_along_a_chain_and_shrinks_on_a_miss(pool_config)
         await until(lambda: fs.svc.store.inflight == 0)
         await read_file(fs, names[1], pid)                          # as the chain predicted
         assert ra.window_of(pid) == 2 and st.prefetch_issued == 3
-        for n in names[2:6]:
+        for n in names[2:4]:
             await until(lambda: fs.svc.store.inflight == 0)
             await read_file(fs, n, pid)
-        assert ra.window_of(pid) == 16
-        assert ra.stats.predicted_hits == 5 and st.prefetch_used >= 3
-        issued = st.prefetch_issued
-        await read_file(fs, "/x0", pid)                  # jump elsewhere: a miss
+        assert ra.window_of(pid) == 8                   # k4..k11 prefetched
+        await until(lambda: fs.svc.store.inflight == 0)
+        assert ra.stats.predicted_hits == 3 and st.prefetch_used >= 2
+        # Open k4 and then jump elsewhere with no checkpoint in between (Files.open does not
+        # yield without passthrough): k4 grows the window to 16 and queues k12..k19, which are
+        # still queued or just started when the miss comes, so the miss must cancel them.
+        store = fs.svc.store
+        stream = ra.streams[next(reversed(ra.streams))]
+        cancelled = st.prefetch_cancelled
+        h4 = await fs.files.open(fs.ino(names[4]), os.O_RDONLY, pid)
+        assert ra.window_of(pid) == 16 and ra.stats.predicted_hits == 4
+        queued = [r.id for r in stream.ahead.values() if r.id in store._prefetch_queue]
+        running = [r.id for r in stream.ahead.values()
+                   if store.blobs.get(r.id) is not None and store.blobs[r.id].fetch is not None]
+        assert len(queued) >= 1 and len(queued) + len(running) == 8, (queued, running)
+        hx = await fs.files.open(fs.ino("/x0"), os.O_RDONLY, pid)    # a miss
         assert ra.window_of(pid) == 8
         assert ra.stats.predicted_misses == 1
-        await settle()
-        assert st.prefetch_cancelled + st.prefetch_wasted >= 1 or issued < 20
+        assert set(stream.ahead) == {fs.ino("/x1"), fs.ino("/x2")}    # the new chain's
+        assert not set(queued) & set(store._prefetch_queue)
+        assert st.prefetch_cancelled - cancelled == len(queued)      # counted at once
+        await fs.close(h4.fh)
+        await fs.close(hx.fh)
+        await until(lambda: store.inflight == 0)
+        # the running ones stopped issuing units: each ends cancelled, or complete if all its
+        # units were already on their way
+        assert len(queued) <= st.prefetch_cancelled - cancelled <= len(queued) + len(running)
 
     run_service(cfg, body)
 
@@ -198,5 +220,37 @@ def test_cancelled_prefetch_releases_its_buffer_and_a_reader_can_still_read(pool
         assert store.prefetch(rec)                        # a reader arrives: it completes
         store.cancel_prefetch(rec)
         assert len(await read_file(fs, "/p", 3)) == 8 * MiB
+
+    run_service(cfg, body)
+
+
+def resident_outside_the_index(store) -> list[int]:
+    """Blocks with a resident buffer the DRAM tier does not account (never evicted, never
+    dropped: their memory leaks)."""
+    return [bid for bid, cb in store.blobs.items()
+            if (cb.resident is not None) != (bid in store.dram.sizes)]
+
+
+def test_making_room_that_falls_short_forgets_no_resident_copy(pool_config):
+    """The DRAM tier evicts what it can for a fetch even when that is not enough (a held block
+    is in the way); the copies it took out must leave DRAM too. They stayed resident outside
+    its index: never evicted or dropped again, their memory leaked (found by bench/soak.py:
+    descriptors of block buffers left after drop_dram)."""
+    cfg = pool_config(dram="8MiB")
+
+    async def body(fs):
+        store = fs.svc.store
+        for name, size in (("/a", 2 * MiB), ("/b", 4 * MiB), ("/c", 7 * MiB)):
+            await fs.write(name, os.urandom(size))
+        store.drop_dram()
+        await read_file(fs, "/a", 1)                         # a: resident, not held
+        hb = await fs.files.open(fs.ino("/b"), os.O_RDONLY, 2)
+        await fs.read_fh(hb.fh, 4 * MiB)                     # b: resident, held open
+        await read_file(fs, "/c", 3)                         # needs more than a can give
+        await until(lambda: store.inflight == 0)
+        assert resident_outside_the_index(store) == []
+        await fs.close(hb.fh)
+        store.drop_dram()
+        assert not any(cb.resident is not None for cb in store.blobs.values())
 
     run_service(cfg, body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.lmcache
+pytestmark = [pytest.mark.lmcache, pytest.mark.slow]   # each drives LMCache in a subprocess
 pytest.importorskip("lmcache", reason="install with `make install` (torch CPU + lmcache==0.5.6)")
 
 
@@ -43,9 +44,12 @@ def test_local_disk_backend_round_trips_through_kvfs(lmc_mount, odirect):
     assert all(out["batched_get_blocking"]), out
     assert all(out["batched_get_non_blocking"]), out
     # the chunks are durable: after a restart of kvfs they are still there, bit-exact
+    before = {f: hashlib.sha256((d / f).read_bytes()).hexdigest() for f in out["files"]}
+    assert all(os.path.getsize(d / f) == 2 << 20 for f in out["files"])
     lmc_mount.restart()
     assert sorted(os.listdir(d)) == out["files"]
-    assert all(os.path.getsize(d / f) == 2 << 20 for f in out["files"])
+    after = {f: hashlib.sha256((d / f).read_bytes()).hexdigest() for f in out["files"]}
+    assert after == before
 
 
 def test_local_disk_eviction_unlinks_through_kvfs(lmc_mount):

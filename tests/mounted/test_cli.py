@@ -24,6 +24,7 @@ def daemon_pid(mnt) -> int:
     return json.loads(os.getxattr(mnt, "user.kvfs.stats"))["pid"]
 
 
+@pytest.mark.slow
 def test_background_mount_then_umount(tmp_path, pool_config):
     cfg = pool_config()
     mnt = tmp_path / "mnt"

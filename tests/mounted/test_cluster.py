@@ -82,6 +82,7 @@ def test_concurrent_writers_on_three_nodes_never_collide(cluster_nodes):
             assert (m.mountpoint / name).read_bytes() == content(name, 2 * MiB + 4096 * int(name[1]))
 
 
+@pytest.mark.slow
 def test_eviction_on_one_node_while_another_reads(cluster_nodes):
     a, b = cluster_nodes(2, size="24MiB", grace=2.0)
     cap = b.stats()["tiers"]["pool"]["capacity"]
@@ -128,6 +129,7 @@ def test_eviction_on_one_node_while_another_reads(cluster_nodes):
             pass
 
 
+@pytest.mark.slow
 def test_a_node_killed_mid_write_leaves_nothing_and_its_space_returns(cluster_nodes, redis):
     a, b = cluster_nodes(2, size="24MiB", lease=2.0, grace=1.0, regions=8)
     w = subprocess.Popen([sys.executable, "-c", WRITER, str(a.mountpoint), "a", "1000",

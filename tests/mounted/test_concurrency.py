@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
 from bench.emulate import Emulation, available
-from tests.helpers import write_config
+from tests.helpers import wait_until, write_config
 
 MiB = 1 << 20
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -29,7 +28,7 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
         m.drop_caches()
         small.read_bytes()                        # resident again
         group = emu.cgroup("kvfs-test")
-        group.limit(dev, read_bps=16 * MiB)       # the cold read takes ~1.5 s
+        group.limit(dev, read_bps=8 * MiB)        # the cold read takes ~3 s
         group.add(m.pid)
         done = threading.Event()
 
@@ -39,11 +38,14 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
                     pass
             done.set()
 
+        def moved() -> int:                       # counted per I/O by each namespace
+            return sum(n["bytes_read"] for n in m.stats()["namespaces"])
+        before = moved()
         t = threading.Thread(target=cold_read)
         t.start()
-        time.sleep(0.1)                            # the cold read is in flight
+        wait_until(lambda: moved() > before or done.is_set(), 30, "the cold read to start")
         served = 0
-        while not done.is_set() and served < 50:
+        while not done.is_set() and served < 10:  # a few, not many: a busy machine is slow
             os.stat(small)
             os.listdir(m.mountpoint)
             with open(small, "rb") as f:
@@ -52,5 +54,5 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
         finished_first = not done.is_set()
         t.join(60)
         group.remove()
-        assert finished_first and served == 50, \
+        assert finished_first and served == 10, \
             "small requests waited behind the slow read"

@@ -7,14 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 import kvfs.direct as kd
 from tests.cuda_stub import build as build_cuda_stub
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 
 MiB = 1 << 20
 SIZES = [0, 1, 4095, 4096, 65537, MiB, MiB + 1, 7 * MiB + 123]
@@ -66,7 +65,9 @@ def test_a_rewrite_during_a_direct_read_never_returns_wrong_bytes(blocks, monkey
     def rewrite_then_read(lay, k, dest, verify):
         if state["rewritten"] == 0:
             state["rewritten"] = 1
-            time.sleep(1.5)                    # the lease expires...
+            expired = m.stats()["files"]["expired_leases"]
+            wait_until(lambda: m.stats()["files"]["expired_leases"] > expired, 30,
+                       "the lease to expire")     # the lease expires...
             p.write_bytes(new)                 # ...the file gets a new version...
             for i in range(8):                 # ...and its old extents are reused by others
                 (m.mountpoint / f"filler{i}").write_bytes(os.urandom(MiB))
@@ -212,7 +213,8 @@ def test_direct_write_refusals(make_mount, pool_config):
         os.setxattr(fd, "user.kvfs.alloc", json.dumps({"size": MiB, "ttl": 0.2}).encode())
         a = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
         free = m.stats()["tiers"]["pool"]["free"]
-        time.sleep(0.3)                                 # let the allocation run out
+        wait_until(lambda: m.stats()["files"]["expired_allocations"] >= 1, 30,
+                   "the allocation to run out")
         with pytest.raises(OSError) as e:
             os.setxattr(fd, "user.kvfs.commit", json.dumps({"alloc": a["alloc"], "sums": [0]}).encode())
         assert e.value.errno == errno.ESTALE

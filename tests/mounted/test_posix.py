@@ -248,6 +248,23 @@ def test_name_longer_than_255_bytes_is_refused(mnt):
     assert e.value.errno == errno.ENAMETOOLONG
 
 
+def test_looking_up_a_name_longer_than_255_bytes_is_enametoolong(mnt):
+    """Not ENOENT: a name that long cannot exist (ext4 and tmpfs answer ENAMETOOLONG), also
+    when it is reached through a symlink."""
+    d = mnt.mountpoint
+    long = "z" * 262
+    os.symlink(long, d / "link")
+    for path, call in ((d / long, os.stat), (d / "link", os.stat), (d / "link", open),
+                       (d / long, os.unlink), (d / long, os.rmdir), (d / long, os.listdir)):
+        with pytest.raises(OSError) as e:
+            call(path)
+        assert e.value.errno == errno.ENAMETOOLONG, (path.name[:8], call)
+    with pytest.raises(OSError) as e:
+        os.rename(d / long, d / "x")
+    assert e.value.errno == errno.ENAMETOOLONG
+    assert os.listdir(d) == ["link"]
+
+
 def test_symlinks_work_and_hard_links_are_refused(mnt):
     d = mnt.mountpoint
     (d / "target").write_bytes(b"t")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import time
 
@@ -88,3 +89,35 @@ def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_p
         m.drop_caches()
         assert (m.mountpoint / "fresh.pt").read_bytes() == fresh
         assert os.listdir(m.mountpoint)                    # metadata is served throughout
+
+
+@pytest.mark.slow
+def test_adaptive_placement_learns_a_throttled_namespace(make_mount, tmp_path):
+    """Adaptive placement on real (throttled) devices, not only on fake namespaces: with one
+    namespace at a quarter of the others' bandwidth, the pool learns a lower weight for it and
+    places fewer units there, and everything still reads back bit-exact."""
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"a{i}", 96 * MiB) for i in range(4)]
+        m = make_mount(formatted(tmp_path, devs, dram="32MiB", pool='stripe_unit = "256KiB"'))
+        group = emu.cgroup("kvfs-adaptive")
+        for i, d in enumerate(devs):
+            bps = 10e6 if i == 3 else 40e6
+            group.limit(d, read_bps=bps, write_bps=bps)
+        group.add(m.pid)
+        try:
+            blocks = {}
+            for i in range(32):                     # 16 units each, written back to back
+                blocks[f"b{i}"] = os.urandom(4 * MiB)
+                (m.mountpoint / f"b{i}").write_bytes(blocks[f"b{i}"])
+            w = m.stats()["tiers"]["pool"]["placement_weights"]
+            layout = json.loads(os.getxattr(m.mountpoint / "b31", "user.kvfs.layout"))
+        finally:
+            group.remove()
+        assert w[3] < 0.6 * min(w[:3]), w
+        per_ns = [0] * 4
+        for unit in layout["unit_map"]:
+            per_ns[unit[0]] += 1
+        assert per_ns[3] < min(per_ns[:3]), (per_ns, w)
+        m.drop_caches()
+        for name, data in blocks.items():
+            assert (m.mountpoint / name).read_bytes() == data

@@ -81,17 +81,27 @@ def test_second_access_admission():
     assert a.admit("k", 1)
 
 
+# Capacities (fractions of a trace's distinct blocks) where the comparison can fail: LRU must
+# score above 0 there. The `loop` trace is a cyclic scan, so below its working set LRU scores 0
+# and "prefix >= LRU" holds for any policy; it is compared at and above the working set instead.
+CAPACITY_FRACTIONS = {"loop": (1.0, 1.1)}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRACES))
 def test_prefix_policy_does_not_fall_below_lru_on_other_traces(name):
+    """README: on these traces the default policy "stays within 0.1% of LRU or above"."""
     reqs = TRACES[name]()
     nblocks = len({h for r in reqs for h in r})
-    for frac in (0.02, 0.1, 0.3):
+    for frac in CAPACITY_FRACTIONS.get(name, (0.02, 0.1, 0.3)):
         cap = max(50, int(nblocks * frac))
         ours = replay(reqs, cap, "prefix")["hit_rate"]
         lru = replay(reqs, cap, "lru")["hit_rate"]
-        assert ours >= lru * 0.99, (name, cap, ours, lru)
+        assert lru > 0, ("a comparison that cannot fail", name, cap)
+        assert ours >= lru * 0.999, (name, cap, ours, lru)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(TRACE), reason="the production trace is in ../shared")
 def test_prefix_policy_on_the_production_trace():
     reqs = load(TRACE)
@@ -117,3 +127,11 @@ def test_a_pool_shared_by_nodes_against_node_local_caches():
     four = replay_nodes(reqs, 64, "lru", 4)
     assert four["node_local_hit_rate"] == 0.0
     assert four["pooled_hit_rate"] > 0.5
+
+
+def test_make_room_that_falls_short_still_returns_what_it_evicted():
+    t = TierIndex(3, LRUPolicy())
+    fill(t, ["a", "b", "c"])
+    victims = t.make_room(3, lambda k: k != "c")     # c may not go: only 2 of 3 freed
+    assert sorted(victims) == ["a", "b"] and not t.fits(3) and t.fits(2)
+    assert set(t.keys()) == {"c"} and t.used == 1

@@ -1,0 +1,568 @@
+#!/usr/bin/env python3
+"""Faults injected into a running (or stopped) kvfs, and what each one shows.
+
+Every scenario sets up its own pool (loop devices or files on a private tmpfs), injects one
+fault, and reports: the errno the client got, the daemon's log lines that name the problem,
+whether the blocks the fault does not touch still read back bit-exact, whether the daemon
+still serves (stat, listdir, a new file written and read back cold), what `kvfs doctor` says
+(on the mount, or with --config while it is down), and whether a remount recovers.
+
+  shrink_mid_write   a namespace (loop device) shrinks to 1 MiB while a close() commits to it
+  shrink_mid_read    the same while a cold read fetches from it
+  detached           losetup -d of a namespace while mounted (the kernel defers it to the
+                     last close: the next mount finds no device), then attached again
+  enospc_lru         8 writers fill a small pool that keeps evicting (evict = "lru")
+  enospc_never       the same with evict = "never": the losers get ENOSPC
+  state_dir_full     the state_dir's filesystem (a 2 MiB tmpfs) fills up
+  slow_namespace     one namespace throttled to an eighth of the others' bandwidth
+  torn_superblock    bytes of a namespace's first 4 KiB overwritten while unmounted
+  truncated_wal      catalog.sqlite-wal truncated while unmounted, after a kill -9
+
+    python bench/faults.py [--only NAME ...] [--json]
+
+tests/mounted/test_faults.py runs the same scenarios and asserts on their reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.emulate import Emulation, available  # noqa: E402
+from kvfs.testing import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
+
+MiB = 1 << 20
+
+
+# --- what every scenario observes ---------------------------------------------------------------
+def ename(e: OSError | None) -> str | None:
+    return None if e is None else errno.errorcode.get(e.errno, str(e.errno))
+
+
+def log_lines(m: MountedKvfs, *needles: str) -> list[str]:
+    """The daemon's WARNING/ERROR lines that contain every needle."""
+    try:
+        text = m.log.read_text(errors="replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines()
+            if (" ERROR " in ln or " WARNING " in ln) and all(n in ln for n in needles)]
+
+
+def doctor(mount: Path | None = None, config: Path | None = None) -> list[str]:
+    """kvfs doctor's fail and warn findings, as 'STATUS check: detail' lines."""
+    cmd = [sys.executable, "-m", "kvfs", "doctor", "--json"]
+    if mount is not None:
+        cmd.append(str(mount))
+    if config is not None:
+        cmd += ["--config", str(config)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    try:
+        found = json.loads(r.stdout)["findings"]
+    except (ValueError, KeyError):
+        return [f"FAIL doctor: no report ({r.returncode}): {r.stderr.strip()[-300:]}"]
+    return [f"{f['status'].upper()} {f['check']}: {f['detail']}" for f in found
+            if f["status"] in ("fail", "warn")]
+
+
+def serving(m: MountedKvfs, name: str = "probe") -> bool:
+    """Does the daemon still answer metadata, and write and read back a new file cold?"""
+    try:
+        os.stat(m.mountpoint)
+        os.listdir(m.mountpoint)
+        data = os.urandom(3 * MiB)
+        (m.mountpoint / name).write_bytes(data)
+        m.drop_caches()
+        return (m.mountpoint / name).read_bytes() == data
+    except OSError:
+        return False
+
+
+def read_errno(path: Path, data: bytes | None = None) -> str | None:
+    """None if the file reads back (bit-exact when `data` is given), else the errno (or
+    'WRONG' for wrong bytes)."""
+    try:
+        got = path.read_bytes()
+    except OSError as e:
+        return ename(e)
+    return None if data is None or got == data else "WRONG"
+
+
+def namespaces_of(path: Path) -> set[int]:
+    lay = json.loads(os.getxattr(path, "user.kvfs.layout"))
+    return {u[0] for u in lay["unit_map"]}
+
+
+def formatted(tmp: Path, paths: list[str], *, dram: str = "64MiB", pool: str = "",
+              extra: str = "", queue_depth: int | None = None) -> Path:
+    from kvfs.cli import main as kvfs_main
+    nss = [{"path": p} if queue_depth is None else {"path": p, "queue_depth": queue_depth}
+           for p in paths]
+    cfg = write_config(tmp / "k.toml", tmp / "state", nss, dram=dram, pool=pool, extra=extra)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert kvfs_main(["format", "--config", str(cfg)]) == 0
+    return cfg
+
+
+def singles(m: MountedKvfs, n: int = 6) -> dict[str, bytes]:
+    """Small files, one stripe unit each (the start namespace rotates)."""
+    out = {}
+    for i in range(n):
+        out[f"s{i}"] = os.urandom(4096 + i)
+        (m.mountpoint / f"s{i}").write_bytes(out[f"s{i}"])
+    return out
+
+
+def start(tmp: Path, cfg: Path) -> MountedKvfs:
+    return MountedKvfs(tmp / "mnt", cfg, tmp / "kvfs.log").start()
+
+
+# --- a namespace that goes away mid-write or mid-read ------------------------------------------
+def shrink(tmp: Path, phase: str) -> dict:
+    """A namespace ends (its loop device shrinks to 1 MiB) while a commit writes to it or a
+    cold read fetches from it; it comes back (the device's bytes restored) for the remount."""
+    with Emulation("2g") as emu:
+        devs = [emu.loop(f"ns{i}", 160 * MiB) for i in range(3)]
+        # one I/O at a time per namespace: I/Os the kernel already queued when the device
+        # shrinks still land (the loop driver extends its file again), later ones fail
+        cfg = formatted(tmp, [d.path for d in devs], dram="128MiB", queue_depth=1)
+        m = start(tmp, cfg)
+        try:
+            small = singles(m)
+            big = os.urandom(64 * MiB)
+            if phase == "read":
+                (m.mountpoint / "big").write_bytes(big)
+                m.drop_caches()
+            # what the device holds before the fault (all of it committed), to bring it back
+            saved = Path(str(devs[1].backing) + ".saved")
+            subprocess.run(["cp", "--sparse=always", str(devs[1].backing), str(saved)],
+                           check=True)
+            group = emu.cgroup("kvfs-fault")
+            for d in devs:                        # about 2 s for the big block's I/O
+                group.limit(d, read_bps=12e6, write_bps=12e6)
+            group.add(m.pid)
+            key = "bytes_written" if phase == "write" else "bytes_read"
+
+            def moved() -> int:              # bytes the namespaces moved (counted per I/O)
+                return sum(n[key] for n in m.stats()["namespaces"])
+            before = moved()
+            got: dict = {}
+
+            def client() -> None:
+                try:
+                    if phase == "write":
+                        with open(m.mountpoint / "big", "wb") as f:
+                            f.write(big)          # passthrough: into memory; close commits
+                    else:
+                        got["data"] = (m.mountpoint / "big").read_bytes()
+                    got["errno"] = None
+                except OSError as e:
+                    got["errno"] = ename(e)
+
+            t = threading.Thread(target=client)
+            t.start()
+            wait_until(lambda: moved() > before + 2 * MiB or not t.is_alive(), 60,
+                       f"the {phase} to reach the namespaces")
+            in_flight = t.is_alive()
+            devs[1].shrink_to(MiB)
+            t.join(120)
+            group.remove()
+            out = {"scenario": f"shrink_mid_{phase}", "client_errno": got.get("errno"),
+                   "in_flight_when_shrunk": in_flight}
+            out["log"] = log_lines(m, "marking the namespace failed")
+            m.drop_caches()
+            affected = {}
+            for name, data in small.items():
+                on_ns1 = 1 in namespaces_of(m.mountpoint / name)
+                affected[name] = {"on_failed_namespace": on_ns1,
+                                  "read": read_errno(m.mountpoint / name, data)}
+            out["small_files"] = affected
+            out["others_ok"] = all(v["read"] is None for v in affected.values()
+                                   if not v["on_failed_namespace"])
+            out["affected_fail_with"] = sorted({v["read"] for v in affected.values()
+                                               if v["on_failed_namespace"]} - {None})
+            out["namespace_states"] = [n["state"] for n in m.stats()["namespaces"]]
+            out["serving"] = serving(m, "after")
+            out["doctor"] = doctor(m.mountpoint)
+            m.stop()
+            shutil.copy(saved, devs[1].backing)            # the device comes back
+            subprocess.run(["losetup", "-c", devs[1].path], check=True)
+            m.start()
+            m.drop_caches()
+            out["after_remount"] = {
+                "namespace_states": [n["state"] for n in m.stats()["namespaces"]],
+                "small_files": {n: read_errno(m.mountpoint / n, d) for n, d in small.items()},
+                "big": read_errno(m.mountpoint / "big", big) if (m.mountpoint / "big").exists()
+                else "ENOENT",
+                "after": read_errno(m.mountpoint / "after")}
+            ar = out["after_remount"]
+            out["recovered"] = (all(s == "ok" for s in ar["namespace_states"]) and
+                                all(v is None for v in ar["small_files"].values()) and
+                                ar["after"] is None and
+                                (ar["big"] is None if phase == "read" else
+                                 ar["big"] in (None, "ENOENT")))
+            return out
+        finally:
+            m.stop()
+
+
+def shrink_mid_write(tmp: Path) -> dict:
+    return shrink(tmp, "write")
+
+
+def shrink_mid_read(tmp: Path) -> dict:
+    return shrink(tmp, "read")
+
+
+def detached(tmp: Path) -> dict:
+    """losetup -d while kvfs holds the device: deferred by the kernel until the last close,
+    so I/O goes on; the next mount finds the node without a device."""
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"ns{i}", 96 * MiB) for i in range(2)]
+        cfg = formatted(tmp, [d.path for d in devs])
+        m = start(tmp, cfg)
+        try:
+            data = os.urandom(6 * MiB)
+            (m.mountpoint / "f").write_bytes(data)
+            devs[1].detach()
+            m.drop_caches()
+            out = {"scenario": "detached", "read_while_mounted": read_errno(m.mountpoint / "f",
+                                                                           data),
+                   "serving": serving(m)}
+            m.stop()
+            (tmp / "mnt2").mkdir()
+            r = subprocess.run([sys.executable, "-m", "kvfs", "mount", str(tmp / "mnt2"),
+                                "--config", str(cfg)], capture_output=True, text=True,
+                               cwd=ROOT, timeout=120)
+            out["remount_status"] = r.returncode
+            out["remount_error"] = r.stderr.strip()
+            out["doctor"] = doctor(config=cfg)
+            subprocess.run(["losetup", devs[1].path, str(devs[1].backing)], check=True)
+            m.start()
+            m.drop_caches()
+            out["recovered"] = read_errno(m.mountpoint / "f", data) is None
+            return out
+        finally:
+            m.stop()
+
+
+# --- a full pool: writers racing eviction ---------------------------------------------------------
+def enospc(tmp: Path, evict: str, writers: int = 8, files: int = 24) -> dict:
+    cfg = write_config(tmp / "k.toml", tmp / "state",
+                       [{"path": str(tmp / f"ns{i}.img"), "size": "24MiB"} for i in range(2)],
+                       dram="16MiB", pool=f'evict = "{evict}"')
+    m = start(tmp, cfg)
+    try:
+        errors: dict[str, int] = {}
+        closed: dict[str, bytes] = {}
+        lock = threading.Lock()
+
+        def writer(w: int) -> None:
+            for i in range(files):
+                name = f"w{w}-{i}"
+                data = os.urandom(3 * MiB + 4096 * w)
+                try:
+                    with open(m.mountpoint / name, "wb") as f:
+                        f.write(data)
+                    with lock:
+                        closed[name] = data
+                except OSError as e:
+                    with lock:
+                        errors[ename(e)] = errors.get(ename(e), 0) + 1
+
+        ts = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        st = m.stats()["tiers"]["pool"]
+        m.drop_caches()
+        present = os.listdir(m.mountpoint)
+        reads: dict[str, int] = {}
+        for n in present:
+            r = read_errno(m.mountpoint / n, closed.get(n, b""))
+            reads[r or "ok"] = reads.get(r or "ok", 0) + 1
+        out = {"scenario": f"enospc_{evict}", "writes": writers * files,
+               "closed_ok": len(closed), "client_errnos": errors,
+               "evictions": st["evictions"], "reserved_after": st["reserved"],
+               "used_after": st["used"], "capacity": st["capacity"],
+               "present": len(present), "reads_of_present": reads,
+               "log": log_lines(m, "pool is full")[:3] + log_lines(m, "Traceback"),
+               "traceback": "Traceback" in m.log.read_text(errors="replace")}
+        if evict == "never":            # a full pool is the point: make room first
+            for n in present:
+                if n not in closed and n.startswith("w"):
+                    os.unlink(m.mountpoint / n)
+            victim = next(iter(closed))
+            os.unlink(m.mountpoint / victim)
+            del closed[victim]
+        out["serving"] = serving(m)
+        out["doctor"] = doctor(m.mountpoint)
+        m.stop()
+        m.start()
+        out["recovered"] = all(read_errno(m.mountpoint / n, closed[n]) is None
+                               for n in os.listdir(m.mountpoint) if n in closed)
+        return out
+    finally:
+        m.stop()
+
+
+def enospc_lru(tmp: Path) -> dict:
+    return enospc(tmp, "lru")
+
+
+def enospc_never(tmp: Path) -> dict:
+    return enospc(tmp, "never")
+
+
+# --- the state_dir's disk fills up ------------------------------------------------------------
+def state_dir_full(tmp: Path) -> dict:
+    sd = tmp / "state"
+    sd.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "kvfs-fault-sd", str(sd)],
+                   check=True)
+    try:
+        cfg = write_config(tmp / "k.toml", sd, [{"path": str(tmp / "ns0.img"),
+                                                 "size": "64MiB"}], dram="32MiB")
+        m = start(tmp, cfg)
+        try:
+            before = {f"b{i}": os.urandom(100_000 + i) for i in range(3)}
+            for n, d in before.items():
+                (m.mountpoint / n).write_bytes(d)
+            with open(sd / "filler", "wb") as f:          # the disk fills up
+                with contextlib.suppress(OSError):
+                    while True:
+                        f.write(bytes(65536))
+                        f.flush()
+            out = {"scenario": "state_dir_full"}
+            try:
+                (m.mountpoint / "new").write_bytes(os.urandom(5000))
+                out["client_errno"] = None
+            except OSError as e:
+                out["client_errno"] = ename(e)
+            try:
+                os.mkdir(m.mountpoint / "dir")
+                out["mkdir_errno"] = None
+            except OSError as e:
+                out["mkdir_errno"] = ename(e)
+            out["dir_exists"] = (m.mountpoint / "dir").exists()
+            out["new_file_reads"] = read_errno(m.mountpoint / "new")
+            out["log"] = log_lines(m, "catalog", "a write failed")
+            m.drop_caches()
+            out["others_ok"] = all(read_errno(m.mountpoint / n, d) is None
+                                   for n, d in before.items())
+            out["serving_reads"] = bool(os.listdir(m.mountpoint))
+            out["catalog_error"] = m.stats()["catalog"]["error"]
+            out["doctor"] = doctor(m.mountpoint)
+            (sd / "filler").unlink()                     # space again: a remount recovers
+            m.stop()
+            m.start()
+            out["after_remount"] = {
+                "files": sorted(os.listdir(m.mountpoint)),
+                "before_ok": all(read_errno(m.mountpoint / n, d) is None
+                                 for n, d in before.items())}
+            out["recovered"] = out["after_remount"]["before_ok"] and serving(m)
+            return out
+        finally:
+            m.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(sd)], capture_output=True)
+
+
+# --- a slow namespace ----------------------------------------------------------------------------
+def slow_namespace(tmp: Path) -> dict:
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"ns{i}", 128 * MiB) for i in range(4)]
+        cfg = formatted(tmp, [d.path for d in devs], pool='stripe_unit = "256KiB"',
+                        dram="32MiB")
+        m = start(tmp, cfg)
+        try:
+            group = emu.cgroup("kvfs-slow")
+            for i, d in enumerate(devs):
+                bps = 6e6 if i == 3 else 48e6
+                group.limit(d, read_bps=bps, write_bps=bps)
+            group.add(m.pid)
+            blocks = {}
+            errs = []
+            for i in range(24):
+                blocks[f"b{i}"] = os.urandom(4 * MiB)
+                try:
+                    (m.mountpoint / f"b{i}").write_bytes(blocks[f"b{i}"])
+                except OSError as e:
+                    errs.append(ename(e))
+            # a cold read that waits on the slow namespace (slower still now: 1 MB/s) does
+            # not stall other requests
+            slow = next(n for n in blocks if 3 in namespaces_of(m.mountpoint / n))
+            (m.mountpoint / "small").write_bytes(b"s" * 4096)
+            m.drop_caches()
+            group.limit(devs[3], read_bps=1e6, write_bps=6e6)
+            done = threading.Event()
+            t = threading.Thread(target=lambda: ((m.mountpoint / slow).read_bytes(),
+                                                 done.set()))
+            t.start()
+            served = 0
+            while not done.is_set() and served < 5:
+                os.stat(m.mountpoint / "small")
+                os.listdir(m.mountpoint)
+                served += 1
+            slow_read_finished_first = done.is_set()
+            t.join(120)
+            group.limit(devs[3], read_bps=6e6, write_bps=6e6)
+            m.drop_caches()
+            bad = [n for n, d in blocks.items() if read_errno(m.mountpoint / n, d) is not None]
+            st = m.stats()
+            out = {"scenario": "slow_namespace", "client_errnos": errs, "bad_reads": bad,
+                   "served_during_slow_read": served,
+                   "slow_read_finished_first": slow_read_finished_first,
+                   "placement_weights": st["tiers"]["pool"]["placement_weights"],
+                   "rate_mbps": [round(n["rate_bps"] / 1e6, 1) for n in st["namespaces"]],
+                   "namespace_states": [n["state"] for n in st["namespaces"]],
+                   "doctor": doctor(m.mountpoint), "serving": serving(m)}
+            group.remove()
+            m.stop()
+            m.start()
+            out["doctor_after_remount"] = doctor(m.mountpoint)
+            out["recovered"] = all(read_errno(m.mountpoint / n, d) is None
+                                   for n, d in blocks.items())
+            return out
+        finally:
+            m.stop()
+
+
+# --- damage while unmounted ----------------------------------------------------------------------
+def _flip(path: Path, offset: int, nbytes: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(nbytes)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in old))
+
+
+def torn_superblock(tmp: Path) -> dict:
+    from kvfs.superblock import SB_SIZE
+    cfg = write_config(tmp / "k.toml", tmp / "state",
+                       [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(3)])
+    m = start(tmp, cfg)
+    try:
+        data = {f"f{i}": os.urandom(3 * MiB + i) for i in range(4)}
+        for n, d in data.items():
+            (m.mountpoint / n).write_bytes(d)
+        m.stop()
+        ns1 = tmp / "ns1.img"
+        raw = ns1.read_bytes()[:SB_SIZE]
+        out = {"scenario": "torn_superblock"}
+        # 1. torn in its payload: rebuilt at the next mount
+        _flip(ns1, raw.index(b'"size"'), 12)
+        out["doctor_unmounted"] = doctor(config=cfg)
+        m.start()
+        out["log"] = log_lines(m, str(ns1), "superblock")
+        m.drop_caches()
+        out["data_ok"] = all(read_errno(m.mountpoint / n, d) is None for n, d in data.items())
+        out["doctor"] = doctor(m.mountpoint)
+        m.stop()
+        # 2. torn in its pool id: the mount is refused, with one line naming it
+        _flip(ns1, raw.index(b'"pool_id"') + 14, 6)
+        (tmp / "mnt2").mkdir()
+        r = subprocess.run([sys.executable, "-m", "kvfs", "mount", str(tmp / "mnt2"),
+                            "--config", str(cfg)], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120)
+        out["refused_status"] = r.returncode
+        out["refused_error"] = r.stderr.strip()
+        out["doctor_refused"] = doctor(config=cfg)
+        _flip(ns1, raw.index(b'"pool_id"') + 14, 6)       # the bytes restored
+        m.start()
+        m.drop_caches()
+        out["recovered"] = all(read_errno(m.mountpoint / n, d) is None for n, d in data.items())
+        out["serving"] = serving(m)
+        return out
+    finally:
+        m.stop()
+
+
+def truncated_wal(tmp: Path) -> dict:
+    cfg = write_config(tmp / "k.toml", tmp / "state",
+                       [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(2)],
+                       dram="32MiB")
+    m = start(tmp, cfg)
+    try:
+        data = {f"f{i:02d}": os.urandom(100_000 + i) for i in range(20)}
+        for n, d in data.items():
+            (m.mountpoint / n).write_bytes(d)
+        free_before_kill = os.statvfs(m.mountpoint).f_bfree
+        m.kill()                                       # kill -9: the WAL is not checkpointed
+        wal = tmp / "state" / "catalog.sqlite-wal"
+        size = wal.stat().st_size
+        with open(wal, "r+b") as f:
+            f.truncate(size // 2 + 100)
+        out = {"scenario": "truncated_wal", "wal_bytes": size,
+               "doctor_unmounted": doctor(config=cfg)}
+        m.start()
+        out["log"] = log_lines(m, "catalog", "partial frame")
+        out["opened_with"] = m.stats()["catalog"]["opened_with"]
+        present = set(os.listdir(m.mountpoint))
+        out["files_lost"] = sorted(set(data) - present)
+        m.drop_caches()
+        out["kept_ok"] = all(read_errno(m.mountpoint / n, data[n]) is None for n in present)
+        out["lost_errno"] = sorted({read_errno(m.mountpoint / n) for n in out["files_lost"]})
+        out["space_of_lost_files_free"] = os.statvfs(m.mountpoint).f_bfree > free_before_kill
+        out["doctor"] = doctor(m.mountpoint)
+        out["serving"] = serving(m)
+        m.stop()
+        m.start()
+        out["recovered"] = set(os.listdir(m.mountpoint)) == present | {"probe"} and \
+            m.stats()["catalog"]["opened_with"] is None
+        return out
+    finally:
+        m.stop()
+
+
+SCENARIOS = {f.__name__: f for f in (shrink_mid_write, shrink_mid_read, detached, enospc_lru,
+                                      enospc_never, state_dir_full, slow_namespace,
+                                      torn_superblock, truncated_wal)}
+
+
+def run(name: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"kvfs-fault-{name}-") as tmp:
+        t = time.monotonic()
+        out = SCENARIOS[name](Path(tmp))
+        out["seconds"] = round(time.monotonic() - t, 1)
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", choices=sorted(SCENARIOS))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    why = available()
+    if why:
+        print(f"bench/faults.py: {why}", file=sys.stderr)
+        return 2
+    report = [run(n) for n in (args.only or SCENARIOS)]
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    for r in report:
+        print(f"== {r['scenario']} ({r['seconds']} s)")
+        for k, v in r.items():
+            if k not in ("scenario", "seconds"):
+                print(f"   {k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

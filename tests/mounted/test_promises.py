@@ -1,0 +1,114 @@
+"""Promises the README makes that no other test checked: rename with RENAME_NOREPLACE and
+RENAME_EXCHANGE, durable when fsync() returns, and reads that are never short."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import random
+
+import pytest
+
+MiB = 1 << 20
+AT_FDCWD = -100
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def renameat2(old, new, flags: int) -> None:
+    if _libc.renameat2(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), str(old))
+
+
+def errno_of(fn, *args) -> int:
+    with pytest.raises(OSError) as e:
+        fn(*args)
+    return e.value.errno
+
+
+def test_rename_noreplace_and_exchange(mnt):
+    d = mnt.mountpoint
+    (d / "a").write_bytes(b"A" * 5000)
+    (d / "b").write_bytes(b"B" * 7)
+    (d / "dir").mkdir()
+    (d / "dir" / "inside").write_bytes(b"in")
+    # NOREPLACE: an existing target is left alone
+    assert errno_of(renameat2, d / "a", d / "b", RENAME_NOREPLACE) == errno.EEXIST
+    assert (d / "a").read_bytes() == b"A" * 5000 and (d / "b").read_bytes() == b"B" * 7
+    renameat2(d / "a", d / "c", RENAME_NOREPLACE)          # a free name: an ordinary rename
+    assert not (d / "a").exists() and (d / "c").read_bytes() == b"A" * 5000
+    # EXCHANGE: both names stay, their contents (inodes) trade places
+    ino_b, ino_c = os.stat(d / "b").st_ino, os.stat(d / "c").st_ino
+    renameat2(d / "b", d / "c", RENAME_EXCHANGE)
+    assert (d / "b").read_bytes() == b"A" * 5000 and (d / "c").read_bytes() == b"B" * 7
+    assert (os.stat(d / "b").st_ino, os.stat(d / "c").st_ino) == (ino_c, ino_b)
+    assert os.stat(d / "b").st_size == 5000
+    renameat2(d / "dir", d / "b", RENAME_EXCHANGE)          # a directory and a file
+    assert (d / "b" / "inside").read_bytes() == b"in" and (d / "dir").read_bytes() == b"A" * 5000
+    assert errno_of(renameat2, d / "c", d / "missing", RENAME_EXCHANGE) == errno.ENOENT
+    assert errno_of(renameat2, d / "c", d / "dir",
+                    RENAME_EXCHANGE | RENAME_NOREPLACE) == errno.EINVAL
+    assert errno_of(renameat2, d / "b", d / "b" / "sub", RENAME_NOREPLACE) == errno.EINVAL
+    assert sorted(os.listdir(d)) == ["b", "c", "dir"]
+    mnt.restart()                                           # and it is what the catalog holds
+    assert sorted(os.listdir(d)) == ["b", "c", "dir"]
+    assert (d / "b" / "inside").read_bytes() == b"in"
+    assert (d / "dir").read_bytes() == b"A" * 5000 and (d / "c").read_bytes() == b"B" * 7
+
+
+@pytest.mark.parametrize("rewrite", [False, True])
+def test_durable_when_fsync_returns(mnt, rewrite):
+    """kill -9 right after fsync() returned, the writer still holding the file open: after a
+    remount the file has exactly the fsynced bytes (writes after the fsync may be lost)."""
+    p = mnt.mountpoint / "f.pt"
+    if rewrite:
+        p.write_bytes(b"old version")
+    first = os.urandom(3 * MiB + 17)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        assert os.write(fd, first) == len(first)
+        os.fsync(fd)
+        os.pwrite(fd, b"after the fsync", len(first))      # not synced: may be lost
+        mnt.kill()                                          # kill -9, mount cleared
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass                                            # its daemon is gone
+    mnt.start()
+    assert p.read_bytes() == first
+
+
+@pytest.mark.parametrize("passthrough", ["on", "off"])
+def test_reads_within_the_file_are_never_short(make_mount, pool_config, monkeypatch,
+                                               passthrough):
+    """A read of N bytes that lies within the file returns N bytes (the right ones), cold or
+    resident, through FUSE passthrough and through the daemon (KVFS_PASSTHROUGH=off); one that
+    crosses the end returns the bytes up to it."""
+    if passthrough == "off":
+        monkeypatch.setenv("KVFS_PASSTHROUGH", "off")
+    m = make_mount(pool_config(dram="64MiB"))
+    if passthrough == "on" and not m.passthrough:
+        pytest.skip("this kernel or pyfuse3 cannot do FUSE passthrough")
+    assert m.passthrough == (passthrough == "on")
+    size = 9 * MiB + 12345                  # units of 1 MiB and a partial last one
+    data = os.urandom(size)
+    (m.mountpoint / "blk").write_bytes(data)
+    rng = random.Random(7)
+    for cold in (True, False, True):
+        if cold:
+            m.drop_caches()
+        fd = os.open(m.mountpoint / "blk", os.O_RDONLY)
+        try:
+            for _ in range(40):
+                off = rng.randrange(size)
+                n = rng.choice([1, 4096, MiB, 3 * MiB + 5, rng.randrange(1, 2 * MiB)])
+                got = os.pread(fd, n, off)
+                assert got == data[off:off + n], (off, n, len(got))
+            assert os.pread(fd, 16 * MiB, 0) == data            # one read of the whole file
+            assert os.pread(fd, 100, size - 10) == data[-10:]    # crosses the end
+            assert os.pread(fd, 100, size) == b""
+        finally:
+            os.close(fd)
