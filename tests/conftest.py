@@ -40,13 +40,25 @@ def pool_config(tmp_path: Path):
     return make
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed mounted test shows the end of each daemon's log (CI keeps nothing else)."""
+    report = yield
+    mounts = getattr(item, "kvfs_mounts", ())
+    if report.failed and call.when == "call":
+        for m in mounts:
+            report.sections.append((f"kvfs daemon log {m.log.name}", m.log_text()[-3000:]))
+    return report
+
+
 @pytest.fixture
-def make_mount(tmp_path: Path):
+def make_mount(tmp_path: Path, request):
     """Start kvfs mounts that are always stopped (unmounted) at the end of the test."""
     why = can_mount()
     if why:
         pytest.skip(why)
     mounts: list[Mount] = []
+    request.node.kvfs_mounts = mounts
 
     def start(config: Path, name: str = "mnt") -> Mount:
         m = Mount(tmp_path / name, config, tmp_path / f"{name}.log")
