@@ -140,6 +140,21 @@ class ExtentAllocator:
         if s + have > offset + length:
             self._insert(offset + length, s + have - offset - length)
 
+    def take_free(self, offset: int, length: int) -> int:
+        """Mark whatever part of [offset, offset+length) is free used; returns the bytes taken."""
+        end = offset + length
+        parts = []
+        i = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        while i < len(self._starts) and self._starts[i] < end:
+            s = self._starts[i]
+            a, b = max(s, offset), min(s + self._length[s], end)
+            if b > a:
+                parts.append((a, b - a))
+            i += 1
+        for a, n in parts:
+            self.take(a, n)
+        return sum(n for _, n in parts)
+
     def free_in(self, lo: int, hi: int) -> tuple[int, int]:
         """(free bytes, largest free extent) inside [lo, hi)."""
         total = largest = 0

@@ -77,6 +77,9 @@ class Pool:
             ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
         self.area = area or Area()      # where this node may allocate (see Area)
         self.created = False          # formatted by this open (a brand-new pool)
+        # shared pool: the extents of claimed blocks that were still counted as used here when
+        # claimed (see claim), by block layout
+        self._contested: dict[Layout, list] = {}
         self.frees_stopped: str | None = None    # see stop_freeing
         self.rebuilt_superblocks: list[str] = []   # damaged superblocks rewritten at open
         self._rotation = 0
@@ -329,28 +332,35 @@ class Pool:
 
     # --- blocks other nodes of a shared pool wrote ------------------------------------------------
     def claim(self, layout: Layout) -> bool:
-        """Mark a block another node published as used. False (and an error logged) if part
-        of it was free here: two nodes then wrote the same space, which the leases prevent."""
-        ok = True
+        """Mark a block another node published as used. Part of it may still be counted as
+        used here by a block whose purge this node has not applied yet (a node reads a file's
+        current state, which may be newer than the change log it has applied): that part
+        stays this block's when the old block is unclaimed. False (logged) if so."""
+        short = []
         for e in layout.unit_extents():
-            try:
-                self.allocators[e.ns].take(e.offset, e.length)
-            except ValueError:
-                ok = False
-        if not ok:
-            log.error("block of %d bytes published by another node overlaps space this node "
-                      "counted as in use (namespace extents %s)", layout.size,
-                      [(e.ns, e.offset, e.length) for e in layout.unit_extents()][:4])
-        return ok
+            if self.allocators[e.ns].take_free(e.offset, e.length) < e.length:
+                short.append(e)
+        if short:
+            self._contested[layout] = short
+            log.warning("block of %d bytes published by another node overlaps space this node "
+                        "still counts as in use (a purge not applied here yet, or two nodes "
+                        "wrote the same space) (namespace extents %s)", layout.size,
+                        [(e.ns, e.offset, e.length) for e in short][:4])
+        return not short
 
     def unclaim(self, layout: Layout) -> None:
-        """A retired block's grace period is over (shared pool): its space is free again."""
+        """A retired block's grace period is over (shared pool): its space is free again,
+        except where a block claimed since holds it."""
+        self._contested.pop(layout, None)
         for e in layout.unit_extents():
             try:
                 self.allocators[e.ns].free(e.offset, e.length)
             except ValueError:
                 log.error("freeing a purged block's extent (%d, %d, %d) twice", e.ns, e.offset,
                           e.length)
+        for extents in self._contested.values():
+            for e in extents:
+                self.allocators[e.ns].take_free(e.offset, e.length)
 
     def committed(self, layout: Layout) -> None:
         """The block is published: its extents are no longer this node's in-flight writes."""

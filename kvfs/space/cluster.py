@@ -45,8 +45,9 @@ VICTIM_BATCH = 64
 class Regions(Area):
     """A shared pool's regions: region r is [DATA_START + r*size, DATA_START + (r+1)*size) on
     every namespace. A held region's lease is valid until `deadline[r]` (trio's clock, a safety
-    margin before Redis would expire it). `inflight` counts extents allocated in a region and
-    not yet published or freed: a region with some is not given back. `used_at` is when this
+    margin before Redis would expire it). `inflight` counts the bytes allocated in a region
+    and not yet published or freed (bytes, not extents: one allocation may hold several units,
+    published or freed later unit by unit): a region with some is not given back. `used_at` is when this
     node last allocated in (or leased) a region."""
 
     def __init__(self, data_bytes: int, count: int, unit: int):
@@ -85,15 +86,19 @@ class Regions(Area):
                 out.append((lo, hi))
         return out
 
+    def _in_flight(self, offset: int, length: int, sign: int) -> None:
+        for r in self.touched(offset, length):
+            lo, hi = self.span(r, offset + length)
+            self.inflight[r] += sign * (hi - max(lo, offset))
+
     def allocated(self, offset: int, length: int) -> None:
         now = trio.current_time()
+        self._in_flight(offset, length, 1)
         for r in self.touched(offset, length):
-            self.inflight[r] += 1
             self.used_at[r] = now
 
     def freed(self, offset: int, length: int) -> None:
-        for r in self.touched(offset, length):
-            self.inflight[r] -= 1
+        self._in_flight(offset, length, -1)
 
     published = freed
 

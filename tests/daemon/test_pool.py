@@ -237,3 +237,32 @@ def test_a_torn_superblock_is_rebuilt_when_nothing_is_in_doubt(tmp_path, n):
 async def _read_back(fs, data):
     assert await fs.read("/f") == data
     assert fs.svc.statistics()["tiers"]["pool"]["rebuilt_superblocks"] == []
+
+
+@pytest.mark.parametrize("end", ["committed", "release"])
+def test_a_shared_pool_counts_a_published_or_released_block_out_of_its_regions(tmp_path, end):
+    """A shared pool must not give back a region while one of its blocks is being written there
+    (another node would allocate over it): `inflight` drops back to exactly zero once the
+    block is published or released, however allocate() cut it into extents (it takes one
+    extent for all the units a namespace gets; the layout lists them unit by unit)."""
+    from kvfs.layout import Layout
+    from kvfs.space.cluster import Regions
+
+    async def main():
+        cfg = config.load(cfg_for(tmp_path, ["ns0.img", "ns1.img"], unit="256KiB", size="64MiB"))
+        pool = Pool.open(cfg.pool, expect_pool_id=None, create_new=True)
+        try:
+            regions = Regions(pool.namespaces[0].size, 4, pool.unit)
+            pool.area = regions
+            for r in range(regions.count):
+                regions.deadline[r] = trio.current_time() + 600   # this node holds every lease
+            size = 8 * 256 * 1024 + 100                           # 9 units, 4-5 per namespace
+            ns, offsets = pool.allocate(size)
+            assert max(sum(1 for j in ns if j == k) for k in (0, 1)) > 1
+            assert sum(regions.inflight.values()) > 0             # being written: not given back
+            layout = Layout(size, pool.unit, ns, offsets, (0,) * len(ns))
+            getattr(pool, end)(layout)
+            assert all(v == 0 for v in regions.inflight.values()), dict(regions.inflight)
+        finally:
+            pool.close()
+    trio.run(main)

@@ -112,3 +112,13 @@ def test_ranged_alloc_and_take_match_a_page_bitmap(ops, ranges):
             run = 0 if used[p] else run + 1
             best = max(best, run)
         assert largest == best * P
+
+
+def test_take_free_takes_only_the_free_parts_of_a_range():
+    a = ExtentAllocator(0, 16 * P)
+    a.take(2 * P, 2 * P)                      # pages 2-3 used
+    a.take(6 * P, P)                          # page 6 used
+    assert a.take_free(P, 7 * P) == 4 * P     # pages 1, 4, 5, 7 were free
+    assert a.free_in(P, 8 * P) == (0, 0)
+    assert a.free_bytes == 16 * P - 7 * P
+    assert a.take_free(P, 7 * P) == 0         # nothing left to take there
