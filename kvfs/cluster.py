@@ -127,10 +127,14 @@ class ClusterLink:
                     reply = await fn(c)
             except trio.TooSlowError:
                 c.abort()
-                raise self.mark_down(f"no reply from Redis at {self.where} within "
-                                 f"{CALL_TIMEOUT:.0f} s") from None
+                err = self.mark_down(f"no reply from Redis at {self.where} within "
+                                     f"{CALL_TIMEOUT:.0f} s")
+                err.maybe_done = True          # the command may have run: its reply is lost
+                raise err from None
             except RedisUnavailable as e:
-                raise self.mark_down(str(e)) from None
+                err = self.mark_down(str(e))
+                err.maybe_done = True
+                raise err from None
             except RedisError as e:
                 self._up()
                 raise _translate(e) from None

@@ -16,6 +16,7 @@ kernel's caches told through the callbacks the FUSE layer registers.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import os
@@ -40,6 +41,20 @@ XATTR_NAME_MAX = 255
 XATTR_SIZE_MAX = 64 * 1024
 
 __all__ = ["Attr", "Files", "OpenResult", "PIN_XATTR"]
+
+
+def killed_while_exiting(pid: int) -> bool:
+    """Whether process (thread) `pid` is exiting because a signal killed it: its task flags
+    have PF_EXITING and its exit code is a signal's (/proc/PID/stat fields 9 and 52)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        flags, code = int(fields[6]), int(fields[49])
+    except (OSError, IndexError, ValueError):
+        return False
+    return bool(flags & 0x4) and code & 0x7F != 0      # PF_EXITING, WIFSIGNALED
 
 
 @dataclass
@@ -200,7 +215,8 @@ class Files:
         if src.is_file:
             # Like ext4's auto_da_alloc: a file renamed into place (write tmp, rename) has its
             # content committed first, so the rename never exposes an uncommitted file.
-            await self.sessions.commit_if_dirty(src, self.handles.states.get(src.ino))
+            async with self._telling():
+                await self.sessions.commit_if_dirty(src, self.handles.states.get(src.ino))
             if src.parent != parent_old or src.name != name_old or not src.linked:
                 raise KvfsError(errno.ENOENT, "file was renamed or removed meanwhile")
         replaced = await self.catalog.rename(parent_old, name_old, parent_new, name_new, flags)
@@ -295,7 +311,7 @@ class Files:
         st = self.handles.state(ino)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         passthrough = self._use_passthrough(node, st, writable)
-        h = self.handles.new(node, flags)
+        h = self.handles.new(node, flags, pid)
         try:
             if h.writable and flags & os.O_TRUNC:
                 async with st.lock:
@@ -387,7 +403,7 @@ class Files:
             self.readahead.created(node, pid)
         st = self.handles.state(node.ino)
         s = self.sessions.new(st)
-        h = self.handles.new(node, flags)
+        h = self.handles.new(node, flags, pid)
         try:
             if not h.writable:      # O_CREAT|O_RDONLY: the empty file exists once create returns
                 h.version = s
@@ -446,11 +462,37 @@ class Files:
 
     async def flush(self, fh: int) -> None:
         h = self.handles.get(fh)
-        if h.writable:
-            await self.sessions.commit_if_dirty(h.node, self.handles.states.get(h.node.ino))
+        if not h.writable:
+            return
+        st = self.handles.states.get(h.node.ino)
+        if killed_while_exiting(h.pid):
+            # The kernel is closing the files of a process a signal killed (kill -9, a crash)
+            # before it closed this one: it never closed it, so what it wrote is dropped
+            # (absent, or the previous version; never partial), not committed now or at the
+            # release. A process that exits normally without close() has closed its files.
+            s = st.session if st is not None else None
+            if s is not None and not s.frozen and s.failed is None and s.changed():
+                s.failed = KvfsError(errno.EIO, f"process {h.pid} was killed before it "
+                                                f"closed the file")
+            return
+        async with self._telling():
+            await self.sessions.commit_if_dirty(h.node, st)
+
+    @contextlib.asynccontextmanager
+    async def _telling(self):
+        """A commit that dropped a never-committed file's name (see Sessions._drop_failed)
+        tells the kernel, which may cache the name."""
+        try:
+            yield
+        except KvfsError as e:
+            removed = getattr(e, "removed", None)
+            if removed is not None and self.on_evict is not None:
+                self.on_evict(*removed)
+            raise
 
     async def fsync(self, fh: int) -> None:
         await self.flush(fh)
+
 
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh)
@@ -468,7 +510,8 @@ class Files:
         if h.writable and st.writers == 0:
             try:
                 # mmap(MAP_SHARED) and passthrough writers may write after the last flush
-                await self.sessions.finish(node, st)
+                async with self._telling():
+                    await self.sessions.finish(node, st)
             except KvfsError as e:
                 # (after a catalog failure, logged once where it happened, only at debug level)
                 log.log(logging.DEBUG if self.catalog.failure else logging.ERROR,

@@ -56,6 +56,7 @@ class Handle:
     writable: bool
     version: "Session | BlobRec | None" = None   # read-only handles: what they read
     backing: object = None                       # passthrough: the Buffer it is bound to
+    pid: int = 0                                 # the process that opened it (0: unknown)
 
 
 @dataclass(eq=False)
@@ -96,10 +97,10 @@ class Handles:
         except KeyError:
             raise KvfsError(errno.EBADF, f"bad file handle {fh}") from None
 
-    def new(self, node: Node, flags: int) -> Handle:
+    def new(self, node: Node, flags: int, pid: int = 0) -> Handle:
         acc = flags & os.O_ACCMODE
         h = Handle(self._next_fh, node, readable=acc in (os.O_RDONLY, os.O_RDWR),
-                   writable=acc in (os.O_WRONLY, os.O_RDWR))
+                   writable=acc in (os.O_WRONLY, os.O_RDWR), pid=pid)
         self._next_fh += 1
         self.handles[h.fh] = h
         st = self.state(node.ino)

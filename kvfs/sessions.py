@@ -39,7 +39,7 @@ class Session:
     """The mutable content of a file between writes and commit."""
 
     __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
-                 "next_early", "passthrough", "rdwr", "sig", "rec")
+                 "next_early", "passthrough", "rdwr", "sig", "rec", "failed")
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
@@ -50,6 +50,7 @@ class Session:
         self.writer = None        # BlockWriter: units written behind the writer (write-behind)
         self.contig = 0           # bytes written contiguously from offset 0
         self.next_early = 0       # next unit write-behind may start
+        self.failed: KvfsError | None = None   # a write or commit of it failed: never commit it
         # passthrough: the kernel writes into the buffer's memfd itself; the daemon learns of
         # writes from the memfd's (size, mtime, ctime) `sig` at the last commit, and of writes
         # through a shared mapping (possible when a handle was opened read-write, `rdwr`) by
@@ -128,12 +129,19 @@ class Sessions:
 
     async def write(self, node: Node, st: NodeState, offset: int, data) -> int:
         end = offset + len(data)
-        if end > self.max_block_size:
-            raise self.too_big(end)
         async with st.lock:
-            s = await self.writable(node, st)
-            if end > s.buffer.size:
-                await self._reserve(node, s, end)
+            try:
+                if end > self.max_block_size:
+                    raise self.too_big(end)
+                s = await self.writable(node, st)
+                if end > s.buffer.size:
+                    await self._reserve(node, s, end)
+            except KvfsError as e:
+                # The session now lacks bytes its writer meant it to have: committing it at
+                # close would publish a partial file (see commit_locked).
+                if st.session is not None and not st.session.frozen:
+                    st.session.failed = e
+                raise
             s.buffer.write(offset, data)
             self._charge(s)
             s.dirty = True
@@ -166,6 +174,8 @@ class Sessions:
         await self._reserve(node, s, size)
         unit = self.pool.unit
         s.buffer.resize(size)
+        if size == 0:
+            s.failed = None               # whatever failed before is gone with its bytes
         s.contig = min(s.contig, size)
         s.next_early = min(s.next_early, size // unit)
         if size == 0:
@@ -271,6 +281,8 @@ class Sessions:
         s = st.session
         if s is None or not s.changed():
             return
+        if s.failed is not None:
+            await self._drop_failed(node, s)
         if not node.linked:          # unlinked before its first/next commit: nothing to keep
             s.dirty = False
             self._abandon_writer(s)
@@ -286,17 +298,27 @@ class Sessions:
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
         self._charge(s)
+        tried = None                      # writable bytes when the allocation last failed
         while True:
             writer, s.writer = s.writer, None
             try:
                 layout = await self.store.write(s.buffer, size, writer)
                 break
             except KvfsError as e:
-                if e.errno == errno.ENOSPC and await self.space.make_room(node.ino, size):
+                # Retry only if making room changed what this node may write: room that
+                # still does not fit (free bytes fragmented below a unit) would loop for ever.
+                stuck, tried = self.pool.writable == tried, self.pool.writable
+                if e.errno == errno.ENOSPC and not stuck and \
+                        await self.space.make_room(node.ino, size):
                     continue
                 self.stats.commit_errors += 1
+                s.failed = e          # its closer is told; a later release must not commit it
                 raise
-        rec = await self.publish(node, layout)
+        try:
+            rec = await self.publish(node, layout)
+        except KvfsError as e:
+            s.failed = e              # its closer is told; a later release must not commit it
+            raise
         s.dirty = False
         s.sig, s.rec = sig, rec
         # The buffer becomes the version's resident copy, unless passthrough writers may still
@@ -305,6 +327,23 @@ class Sessions:
             self._adopt(node, s)
         await self.keep_pinned(node, rec)
 
+    async def _drop_failed(self, node: Node, s: Session) -> None:
+        """A write into this session failed (or its commit did, or its writer was killed), so
+        it holds less than its writer wrote: drop it (the file keeps its previous version, a
+        new file is gone) and raise, so whoever closes, syncs or renames it is told. The error
+        carries `removed` = (parent, name, ino) when the name went (for the kernel's cache)."""
+        s.dirty = False
+        s.sig = s.buffer.signature() if s.passthrough else None
+        self._abandon_writer(s)
+        err = KvfsError(s.failed.errno, f"{self.catalog.path_of(node)}: not committed, an "
+                                        f"earlier write or commit failed: {s.failed}")
+        if node.linked and not node.persisted and node.blob is None:
+            # never committed: the name goes too, rather than stay an empty file here
+            parent, name = node.parent, node.name
+            await self.catalog.remove(node)
+            err.removed = (parent, name, node.ino)
+        raise err
+
     async def publish(self, node: Node, layout) -> BlobRec:
         """Record a block that is durable in the pool as the file's current version (one
         catalog transaction); the old version is retired. The block's space is released if
@@ -312,8 +351,9 @@ class Sessions:
         published = node.linked        # the catalog publishes exactly when the node is linked
         try:
             rec, old = await self.catalog.commit(node, layout)
-        except BaseException:
-            self.pool.release(layout)
+        except BaseException as e:
+            if not getattr(e, "maybe_published", False):   # else another node may read it
+                self.pool.release(layout)
             self.stats.commit_errors += 1
             raise
         if published:

@@ -158,28 +158,41 @@ class ClusterSpace(Space):
                 self.grave[b] = self.used[b]
 
     async def settle(self, leaving: list[BlobRec], conn=None, retired: set[int] | None = None) -> None:
-        """Blocks that stopped being a file's content here: in the grave (space still used), or
-        already purged (space free). `retired`: ids known to be in the grave; others are asked."""
+        """Blocks that stopped being a file's content here: in the grave (space still used),
+        still live in Redis (space still used), or already purged (space free). `retired`: ids
+        known to be in the grave; others are asked."""
         leaving = [r for r in leaving if r.id in self.used and r.id not in self.grave]
         if not leaving:
             return
         unknown = [r for r in leaving if retired is None or r.id not in retired]
-        scores = {}
+        scores, live = {}, set()
         if unknown:
             c = conn or self.link
-            replies = await c.pipeline([("ZSCORE", self.link.key("grave"), r.id) for r in unknown])
-            scores = {r.id: s for r, s in zip(unknown, replies)}
+            replies = await c.pipeline([cmd for r in unknown for cmd in (
+                ("ZSCORE", self.link.key("grave"), r.id), ("EXISTS", self.link.key("b", r.id)))])
+            scores = {r.id: s for r, s in zip(unknown, replies[0::2])}
+            live = {r.id for r, e in zip(unknown, replies[1::2]) if e}
         for r in leaving:
             if (retired is not None and r.id in retired) or scores.get(r.id) is not None:
                 self.grave[r.id] = r
+            elif r.id in live:
+                # Not retired at all: the state this node read was older than what it knows
+                # (its own commit landed meanwhile). The block's space stays used; when it is
+                # retired, the log (or this node's own script) says so.
+                pass
             else:
                 self.used.pop(r.id, None)
                 self.pool.unclaim(r.layout)
 
-    def reconcile_grave(self, grave_ids: set[int], blobs: dict[int, BlobRec]) -> None:
-        """After a resync: the grave is what Redis says."""
-        for bid in list(self.grave):
-            if bid not in grave_ids:
+    async def reconcile_grave(self, grave_ids: set[int], blobs: dict[int, BlobRec]) -> None:
+        """After a resync: the grave is what Redis says. A block the snapshot's grave lacks was
+        purged, or retired by this node after the grave was read: only one whose record is
+        gone from Redis has free space."""
+        missing = [bid for bid in self.grave if bid not in grave_ids]
+        exists = await self.link.pipeline([("EXISTS", self.link.key("b", b))
+                                           for b in missing]) if missing else []
+        for bid, alive in zip(missing, exists):
+            if not alive and bid in self.grave:
                 rec = self.grave.pop(bid)
                 self.used.pop(bid, None)
                 self.pool.unclaim(rec.layout)

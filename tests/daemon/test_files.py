@@ -4,6 +4,7 @@ import errno
 import os
 
 import pytest
+import trio
 
 from kvfs.errors import KvfsError
 from tests.daemon.harness import eventually, run_service
@@ -154,7 +155,9 @@ def test_full_pool_with_evict_never_gives_enospc_at_write(pool_config):
         with pytest.raises(KvfsError) as e:
             await fs.files.setattr(fs.ino("/huge2"), fh, size=cap + 1)
         assert e.value.errno == errno.EFBIG
-        await fs.close(fh)
+        with pytest.raises(KvfsError) as e:          # a write failed: close() says so too
+            await fs.close(fh)
+        assert e.value.errno == errno.EFBIG
 
     run_service(cfg, body)
 
@@ -306,8 +309,9 @@ def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config):
             with pytest.raises(KvfsError) as e:
                 await fs.write(path, os.urandom(MiB))
             assert e.value.errno == errno.EIO
-        assert fs.files.catalog.get(fs.ino("/new")).blob is None      # pending, no content
-        assert await fs.read("/new") == b""
+        with pytest.raises(KvfsError) as e:       # never committed: the name is gone too
+            fs.ino("/new")
+        assert e.value.errno == errno.ENOENT
         assert await fs.read("/old") == b"o" * 5000
         with pytest.raises(KvfsError) as e:
             await fs.mkdir("/dir")
@@ -337,7 +341,9 @@ def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_conf
         for i in range(3):
             with pytest.raises(KvfsError) as e:
                 await fs.write(f"/other{i}", os.urandom(5 * MiB))
-            assert e.value.errno == errno.EIO
+            # EIO at close, or ENOSPC at a write once the space of the refused writers' early
+            # writes (not freed either) runs out
+            assert e.value.errno in (errno.EIO, errno.ENOSPC)
         assert fs.svc.store.stats.bytes_to_pool == written    # refused before the pool
         assert "a write failed" in fs.svc.statistics()["catalog"]["error"]
 
@@ -392,5 +398,107 @@ def test_opening_an_evicted_file_through_a_stale_name_is_enoent(pool_config):
         assert e.value.errno == errno.ENOENT
         fs.files.forget(ino, fs.files.handles.states[ino].lookups)
         assert ino not in fs.files.catalog.nodes and ino not in fs.files.handles.states
+
+    run_service(cfg, body)
+
+
+def test_a_commit_that_room_making_does_not_help_fails_with_enospc(pool_config, monkeypatch):
+    """If making room reports success but the block still cannot be placed (a shared pool whose
+    free bytes in this node's regions are fragmented below a stripe unit, say), close() must
+    fail with ENOSPC, not retry for ever with the writer hung in close()."""
+    from kvfs.errors import no_space
+
+    cfg = pool_config()
+
+    async def body(fs):
+        calls = []
+
+        async def room_that_does_not_fit(exclude, need):
+            calls.append(need)
+            await trio.lowlevel.checkpoint()
+            return True
+
+        async def no_fit(buf, size, writer=None):
+            raise no_space(f"pool is full: no room for a block of {size} bytes")
+
+        monkeypatch.setattr(fs.svc.space, "make_room", room_that_does_not_fit)
+        monkeypatch.setattr(fs.svc.store, "write", no_fit)
+        with trio.fail_after(20):
+            with pytest.raises(KvfsError) as e:
+                await fs.write("/f", b"x" * MiB)
+        assert e.value.errno == errno.ENOSPC
+        assert 1 <= len(calls) <= 4
+
+    run_service(cfg, body)
+
+
+def test_a_write_that_failed_makes_close_fail_and_keeps_the_previous_version(pool_config):
+    """A writer whose write() failed (pool full; in a cluster also EIO while Redis is away)
+    and that closes anyway (Python's `with`, any close-in-finally) must not get what it had
+    written so far committed: that would be a partial file. close() fails too; the file keeps
+    its previous version, or is gone if it is new."""
+    cfg = pool_config(size="16MiB", pool='evict = "never"')
+    old = os.urandom(2 * MiB)
+
+    async def first(fs):
+        cap = fs.svc.pool.capacity
+        await fs.write("/f", old)
+        for path in ("/f", "/new"):
+            free = fs.svc.pool.free
+            fh = await fs.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY)
+            data = os.urandom(cap)
+            with pytest.raises(KvfsError) as e:
+                for off in range(0, len(data), MiB):
+                    await fs.files.write(fh, off, data[off:off + MiB])
+            assert e.value.errno == errno.ENOSPC and off > 0      # some writes had worked
+            with pytest.raises(KvfsError):
+                await fs.files.flush(fh)                           # close() reports it
+            await fs.files.release(fh)
+            # what it wrote behind goes back to the free space (in the background)
+            await eventually(lambda: fs.svc.pool.free == free, 10)
+        assert await fs.read("/f") == old
+        with pytest.raises(KvfsError) as e:
+            fs.ino("/new")
+        assert e.value.errno == errno.ENOENT
+
+    async def second(fs):
+        assert await fs.read("/f") == old
+        with pytest.raises(KvfsError) as e:
+            fs.ino("/new")
+        assert e.value.errno == errno.ENOENT
+
+    run_service(cfg, first)
+    run_service(cfg, second)
+
+
+def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(pool_config,
+                                                                               monkeypatch):
+    """close() (FUSE flush) failed to commit, and said so; the release that follows must not
+    commit the same content behind the writer's back: the writer has moved on (in a cluster
+    it may already have written a newer version through another node, which this late commit
+    would replace)."""
+    from kvfs.errors import no_space
+
+    cfg = pool_config()
+    old = os.urandom(MiB)
+
+    async def body(fs):
+        await fs.write("/f", old)
+        real = fs.svc.store.write
+        fail = {"n": 1}
+
+        async def write_once_failing(buf, size, writer=None):
+            if fail["n"]:
+                fail["n"] -= 1
+                raise no_space("pool is full (test)")
+            return await real(buf, size, writer)
+        monkeypatch.setattr(fs.svc.store, "write", write_once_failing)
+        fh = await fs.open("/f", os.O_TRUNC | os.O_WRONLY)
+        await fs.files.write(fh, 0, b"new content")
+        with pytest.raises(KvfsError) as e:
+            await fs.files.flush(fh)
+        assert e.value.errno == errno.ENOSPC and fail["n"] == 0
+        await fs.files.release(fh)
+        assert await fs.read("/f") == old
 
     run_service(cfg, body)

@@ -126,33 +126,69 @@ class RedisCatalog(RedisMirror):
         except KvfsError:                 # the change is made; the follower reconciles later
             self._resync = True
 
+    async def _publish(self, script: str, args: list, rec: BlobRec) -> list:
+        """Run a script that publishes `rec` (COMMIT, MKNODE). If the connection broke after
+        the script was sent, Redis may have run it: ask (once Redis answers) whether the block
+        record exists. It does: the block is published, return as if the reply had come
+        (the follower reloads to learn exactly what the script retired). It does not: the
+        original error. Redis cannot tell in time: the error, marked `maybe_published`, so
+        the caller keeps the block's space instead of allocating it to someone else."""
+        try:
+            return await self.redis.eval(script, args)
+        except KvfsError as e:
+            if not getattr(e, "maybe_done", False):
+                raise
+            err = e
+        deadline = trio.current_time() + max(10.0, 2 * self.cfg.lease_seconds)
+        with trio.CancelScope(shield=True):
+            while True:
+                try:
+                    exists = await self.redis.call("EXISTS", self.redis.key("b", rec.id))
+                    break
+                except KvfsError:
+                    if trio.current_time() > deadline:
+                        log.error("cluster: block %d: Redis did not say whether it was "
+                                  "published; keeping its space", rec.id)
+                        err.maybe_published = True
+                        raise err from None
+                    await trio.sleep(0.5)
+        if not exists:
+            raise err
+        log.warning("cluster: block %d was published though Redis's reply was lost", rec.id)
+        self._resync = True
+        return []
+
     async def _publish_new(self, node: Node, policy: str) -> None:
         """Run MKNODE for a node not yet in Redis, then place it in the mirror."""
         t = time.perf_counter()
         rec = node.blob
         blob = blob_fields(rec, node.ino) if rec is not None else []
-        retired = await self.redis.eval(SCRIPTS.mknode, [
-            self.epoch, node.ino, node.parent, node.name, policy, self.redis.token,
-            self._regions_of(rec.layout) if rec else "", self.space.grace_ms, node.ctime_ns,
-            rec.id if rec else "", len(blob) // 2, *blob, *node_fields(node)])
-        self.commits += 1
-        self.commit_seconds += time.perf_counter() - t
-        leaving: list[BlobRec] = []
-        parent = self.nodes[node.parent]
-        occupant = parent.children.get(node.name)
-        if occupant is not None and occupant != node.ino:     # replaced another node's file
-            other = self.nodes[occupant]
-            self._vanish(other, leaving)
-        node.persisted = True
-        if rec is not None:
-            self.space.published_here(rec)
+        run = (lambda script, args: self._publish(script, args, rec)) if rec is not None \
+            else self.redis.eval
+        with self._changing(node.ino, node.parent):
+            retired = await run(SCRIPTS.mknode, [
+                self.epoch, node.ino, node.parent, node.name, policy, self.redis.token,
+                self._regions_of(rec.layout) if rec else "", self.space.grace_ms, node.ctime_ns,
+                rec.id if rec else "", len(blob) // 2, *blob, *node_fields(node)])
+            self.commits += 1
+            self.commit_seconds += time.perf_counter() - t
+            leaving: list[BlobRec] = []
+            parent = self.nodes[node.parent]
+            occupant = parent.children.get(node.name)
+            if occupant is not None and occupant != node.ino:     # replaced another node's file
+                other = self.nodes[occupant]
+                self._vanish(other, leaving)
+            node.persisted = True
+            if rec is not None:
+                self.space.published_here(rec)
         await self._own(retired, leaving)
 
     async def _add(self, node: Node) -> None:
         """A new directory or symlink: published in Redis first (EEXIST if another node took
         the name), then in the mirror."""
-        await self._publish_new(node, "excl")
-        self._place(node)
+        with self._changing(node.ino, node.parent):
+            await self._publish_new(node, "excl")
+            self._place(node)
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Publish `layout` as the file's content once it is durable on the namespaces: one
@@ -172,11 +208,13 @@ class RedisCatalog(RedisMirror):
                 return rec, old
             t = time.perf_counter()
             blob = blob_fields(rec, node.ino)
-            retired = await self.redis.eval(SCRIPTS.commit, [
-                self.epoch, node.ino, self.redis.token, self._regions_of(layout), self.space.grace_ms,
-                rec.id, len(blob) // 2, *blob,
-                b"t", now, b"k", now, b"m", node.mode, b"u", node.uid, b"g", node.gid,
-                b"a", node.atime_ns])
+            with self._changing(node.ino):
+                retired = await self._publish(SCRIPTS.commit, [
+                    self.epoch, node.ino, self.redis.token, self._regions_of(layout),
+                    self.space.grace_ms, rec.id, len(blob) // 2, *blob,
+                    b"t", now, b"k", now, b"m", node.mode, b"u", node.uid, b"g", node.gid,
+                    b"a", node.atime_ns], rec)
+                self.space.published_here(rec)
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
         except KvfsError as e:
@@ -191,18 +229,18 @@ class RedisCatalog(RedisMirror):
                 log.error("cluster: %s: %s", self.path_of(node), e)
                 raise KvfsError(errno.EIO, str(e)) from None
             raise
-        self.space.published_here(rec)
         await self._own(retired, [old] if old is not None else [])
         return rec, old
 
     async def _remove(self, node: Node, want: str, expect: BlobRec | None = None) -> Node:
         p = self.nodes[node.parent]
         now = _now()
-        retired = await self.redis.eval(SCRIPTS.remove, [
-            self.epoch, node.ino, node.parent, node.name, want,
-            expect.id if expect is not None else "", self.space.grace_ms, now])
+        with self._changing(node.ino, node.parent):
+            retired = await self.redis.eval(SCRIPTS.remove, [
+                self.epoch, node.ino, node.parent, node.name, want,
+                expect.id if expect is not None else "", self.space.grace_ms, now])
         self.commits += 1
-        self._detach(node)
+        self._detach_here(node)
         node.ctime_ns = now
         self._forget_links(node.ino)
         p.mtime_ns = p.ctime_ns = now
@@ -234,22 +272,36 @@ class RedisCatalog(RedisMirror):
             return await self._rename_local(src, pold, pnew, name_new, target, flags)
         now = _now()
         cookie = self._id("_next_cookie")
-        retired = await self.redis.eval(SCRIPTS.rename, [
-            self.epoch, src.ino, pold.ino, name_old, pnew.ino, name_new, flags, self.space.grace_ms,
-            cookie, target.cookie if target is not None else 0, now])
+        touched = [src.ino, pold.ino, pnew.ino] + ([target.ino] if target is not None else [])
+        with self._changing(*touched):
+            retired = await self.redis.eval(SCRIPTS.rename, [
+                self.epoch, src.ino, pold.ino, name_old, pnew.ino, name_new, flags,
+                self.space.grace_ms, cookie, target.cookie if target is not None else 0, now])
         self.commits += 1
         leaving: list[BlobRec] = []
         if flags & RENAME_EXCHANGE:
             self._swap(src, target, now)
             return None
         if target is not None:
-            self._detach(target)
+            self._detach_here(target)
             self._forget_links(target.ino)
             if target.blob is not None:
                 leaving.append(target.blob)
-        self._move(src, pold, pnew, name_new, now, cookie)
+        if pold.children.get(src.name) == src.ino:
+            self._move(src, pold, pnew, name_new, now, cookie)
+        # else the follower reloaded the catalog while the script ran: the mirror has it
         await self._own(retired, leaving)
         return target
+
+    def _detach_here(self, node: Node) -> None:
+        """`_detach` after this node's script removed the name in Redis, unless the follower
+        (reloading the catalog while the script ran) already took it out of the mirror."""
+        parent = self.nodes.get(node.parent)
+        if node.linked and parent is not None and parent.children is not None and \
+                parent.children.get(node.name) == node.ino:
+            self._detach(node)
+        else:
+            node.linked = False
 
     async def _rename_local(self, src: Node, pold: Node, pnew: Node, name_new: bytes,
                             target: Node | None, flags: int) -> Node | None:
@@ -265,8 +317,9 @@ class RedisCatalog(RedisMirror):
     async def _update(self, node: Node, fields: list, delete: list | None = None) -> None:
         if not node.persisted or not node.linked:
             return
-        await self.redis.eval(SCRIPTS.update, [self.epoch, node.ino, len(fields) // 2, *fields,
-                                       *(delete or [])])
+        with self._changing(node.ino):
+            await self.redis.eval(SCRIPTS.update, [self.epoch, node.ino, len(fields) // 2,
+                                                   *fields, *(delete or [])])
         self.commits += 1
 
     async def setattr(self, node: Node, *, mode: int | None = None, uid: int | None = None,

@@ -13,6 +13,7 @@ content, a new name) are reported through `on_change`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable
 
@@ -25,7 +26,7 @@ from kvfs.catalog.tree import TreeCatalog, _now
 from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError
-from kvfs.redis_client import RedisClient, RedisUnavailable
+from kvfs.redis_client import RedisClient, RedisError, RedisUnavailable
 
 log = logging.getLogger("kvfs.catalog")
 
@@ -49,6 +50,11 @@ class RedisMirror(TreeCatalog):
         self._progress = trio.Event()
         self._link_delta: dict[tuple[int, int], list] = {}
         self._resync = False
+        # This node's own changes, per inode: how many are in flight, and the sequence number
+        # of the last one to finish (see _changing and _refresh)
+        self._changes_in_flight: dict[int, int] = {}
+        self._changed_at: dict[int, int] = {}
+        self._change_seq = 0
         # Called as on_change(kind, node, old_blob, old_parent, old_name) after another node
         # changed something this node may cache: kind is "gone", "content", "new" or "moved".
         # Set by the layer above (Files); never calls back down.
@@ -72,6 +78,7 @@ class RedisMirror(TreeCatalog):
         """Load the whole catalog: the log position first, then every key (not atomically);
         replaying the log from that position afterwards makes the mirror exact."""
         c = conn or self.redis
+        mark = self._change_seq
         last = await c.call("XREVRANGE", self.redis.key("log"), "+", "-", "COUNT", 1)
         tail = last[0][0] if last else b"0-0"
         plen = len(self.redis.prefix)
@@ -97,7 +104,11 @@ class RedisMirror(TreeCatalog):
         if initial:
             self._build(states, blobs, grave_ids, links)
         else:
-            await self._reconcile(states, blobs, grave_ids, links)
+            # inodes this node changed while the snapshot was read: its mirror is newer than
+            # what was read (and whatever came after the log position is replayed anyway)
+            skip = set(self._changes_in_flight) | \
+                {i for i, seq in self._changed_at.items() if seq > mark}
+            await self._reconcile(states, blobs, grave_ids, links, skip)
         self.last_id = tail
         self.synced_at = trio.current_time()
 
@@ -187,9 +198,46 @@ class RedisMirror(TreeCatalog):
         replies = await conn.pipeline([("HGETALL", self.redis.key("n", i)) for i in inos])
         return {i: pairs(r) for i, r in zip(inos, replies)}
 
+    @contextlib.contextmanager
+    def _changing(self, *inos: int):
+        """This node is changing these inodes: a script in flight, then its mirror."""
+        for i in inos:
+            self._changes_in_flight[i] = self._changes_in_flight.get(i, 0) + 1
+        try:
+            yield
+        finally:
+            self._change_seq += 1
+            for i in inos:
+                n = self._changes_in_flight.pop(i) - 1
+                if n:
+                    self._changes_in_flight[i] = n
+                self._changed_at[i] = self._change_seq
+
     async def _refresh(self, inos, conn=None) -> None:
-        """Make the mirror's view of these inodes what Redis holds now."""
+        """Make the mirror's view of these inodes what Redis holds now.
+
+        What is read may be older than a change this node made to one of them while the read
+        was in flight (its script ran after Redis answered, its mirror changed before the
+        answer is applied): applying it would bring back the old state. Such inodes are read
+        again once this node's change is done."""
         c = conn or self.redis
+        for _ in range(10):
+            mark = self._change_seq
+            states, blobs = await self._read_states(c, inos)
+            if not any(i in self._changes_in_flight or self._changed_at.get(i, -1) > mark
+                       for i in states):
+                break
+            with trio.move_on_after(1.0):
+                while any(i in self._changes_in_flight for i in states):
+                    await trio.sleep(0.01)
+        leaving: list[BlobRec] = []
+        self._apply(states, blobs, leaving)
+        await self.space.settle(leaving, c)
+        self.refreshes += 1
+
+    async def _read_states(self, c, inos) -> tuple[dict[int, dict], dict[int, BlobRec]]:
+        """The inodes' hashes (and their parents' where the mirror lacks them), and the
+        records of the blocks they name that this node does not know."""
         todo = [i for i in dict.fromkeys(inos)]
         states: dict[int, dict] = {}
         for _ in range(64):                      # parents first, fetched as they are needed
@@ -206,10 +254,7 @@ class RedisMirror(TreeCatalog):
             for b, r in zip(need, replies):
                 if r:
                     blobs[b] = parse_blob(b, pairs(r))
-        leaving: list[BlobRec] = []
-        self._apply(states, blobs, leaving)
-        await self.space.settle(leaving, c)
-        self.refreshes += 1
+        return states, blobs
 
     def _known_blob(self, bid: int, blobs: dict[int, BlobRec]) -> BlobRec | None:
         return self.space.known(bid) or blobs.get(bid)
@@ -306,16 +351,17 @@ class RedisMirror(TreeCatalog):
                 self._notify("content", node, old, node.parent, node.name)
         return True
 
-    async def _reconcile(self, states, blobs, grave_ids, links) -> None:
-        """After a gap in the log: make the mirror equal to a full snapshot."""
+    async def _reconcile(self, states, blobs, grave_ids, links, skip=frozenset()) -> None:
+        """After a gap in the log: make the mirror equal to a full snapshot (but for the
+        inodes in `skip`, which this node changed since the snapshot was read)."""
         self.resyncs += 1
         leaving: list[BlobRec] = []
         gone = [n for n in self.nodes.values()
-                if n.persisted and n.linked and n.ino not in states]
+                if n.persisted and n.linked and n.ino not in states and n.ino not in skip]
         for node in gone:
             self._vanish(node, leaving)
-        self._apply(states, blobs, leaving)
-        self.space.reconcile_grave(grave_ids, blobs)
+        self._apply({i: h for i, h in states.items() if i not in skip}, blobs, leaving)
+        await self.space.reconcile_grave(grave_ids, blobs)
         await self.space.settle(leaving, retired=grave_ids)
         for pred in list(self.successors):
             if pred not in links:
@@ -360,11 +406,16 @@ class RedisMirror(TreeCatalog):
                     await self._apply_entries(reply[0][1], conn)
                 progress, self._progress = self._progress, trio.Event()
                 progress.set()
-            except RedisUnavailable as e:
+            except (RedisUnavailable, RedisError) as e:
+                # RedisError: an error reply on the follower's own connection, such as
+                # "LOADING" from a Redis restarting from its AOF: as unreachable, retry later
                 if conn is not None:
                     conn.abort()
                     conn = None
                 self.redis.mark_down(str(e))
+                # the batch in hand may be half applied (last_id is already past it), and
+                # changes may have been missed: reload once back (docs/cluster.md)
+                self._resync = True
                 await trio.sleep(0.5)
             except KvfsError as e:
                 log.error("cluster: following the change log failed: %s; reloading", e)
