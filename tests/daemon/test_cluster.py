@@ -330,3 +330,276 @@ def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
         assert not known(b, "/second")
 
     run_cluster(cluster_configs(2, lease=30.0), body)
+
+
+def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(cluster_configs):
+    """Node a removes a file (block X), purges X after the grace period and writes a new file
+    whose block Y reuses X's space. Node b learns all of it in one batch of the change log:
+    it reads the new file's current state (Y) before it gets to X's purge, so for a moment
+    Y's space is still X's here. Once b has caught up, Y's space must be used on b (else b
+    would count it free and could allocate over Y)."""
+    import contextlib
+
+    from kvfs.backend import open_layers
+    from kvfs.config import load
+    from kvfs.knobs import Knobs
+
+    cfgs = cluster_configs(2, grace=0.5, regions=2)
+
+    async def body(a):
+        await a.write("/f", data(1, MiB))
+        old = a.files.catalog.get(a.ino("/f")).blob
+        async with contextlib.AsyncExitStack() as stack:
+            cfg_b = load(cfgs[1])                    # b knows X; its follower does not run
+            b = await open_layers(cfg_b, Knobs.from_config(cfg_b), stack)
+            await a.files.unlink(1, b"f")
+            with trio.fail_after(10):
+                while old.id in a.svc.space.grave:
+                    await a.svc.space.purge()
+                    await trio.sleep(0.05)
+            await a.write("/g", data(2, MiB))
+            new = a.files.catalog.get(a.ino("/g")).blob
+            assert {(e.ns, e.offset) for e in new.layout.extents()} & \
+                   {(e.ns, e.offset) for e in old.layout.extents()}, "Y does not reuse X's space"
+            cat = b.catalog
+            entries = await cat.redis.call("XRANGE", cat.redis.key("log"),
+                                           b"(" + cat.last_id, "+")
+            await cat._apply_entries(entries, cat.redis)
+            assert old.id not in b.space.used and new.id in b.space.used
+            for e in new.layout.unit_extents():
+                free, _ = b.pool.allocators[e.ns].free_in(e.offset, e.offset + e.length)
+                assert free == 0, f"b counts {free} bytes of Y's extent {e} as free"
+            assert b.pool.free == b.pool.capacity - new.layout.stored_bytes()
+
+    run_cluster(cfgs[:1], body)
+
+
+def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeypatch):
+    """Redis ran a node's publishing script, then the connection broke before the reply came
+    (Redis killed after its AOF fsync, a network cut). The block is published: the node must
+    not give its space back (it would later allocate over a live block) and must not forget
+    it; once Redis answers again, it learns the block is there and close() succeeds."""
+    from kvfs.catalog.redis.scripts import SCRIPTS
+    from kvfs.redis_client import RedisClient, RedisUnavailable
+
+    real = RedisClient.eval
+    lose = {"replies": 0}
+
+    async def eval_losing_the_reply(self, script, keys, args):
+        reply = await real(self, script, keys, args)
+        if script in (SCRIPTS.commit, SCRIPTS.mknode) and lose["replies"] > 0:
+            lose["replies"] -= 1
+            raise RedisUnavailable("lost the connection to Redis (after the script ran)")
+        return reply
+    monkeypatch.setattr(RedisClient, "eval", eval_losing_the_reply)
+
+    async def body(a, b):
+        await a.write("/old", data(1, MiB))
+        for path, seed in (("/old", 2), ("/new", 3)):       # a rewrite (COMMIT), a new file
+            lose["replies"] = 1
+            await a.write(path, data(seed, MiB))
+            assert lose["replies"] == 0
+            blob = a.files.catalog.get(a.ino(path)).blob
+            assert blob is not None and blob.size == MiB
+            for e in blob.layout.unit_extents():
+                free, _ = a.svc.pool.allocators[e.ns].free_in(e.offset, e.offset + e.length)
+                assert free == 0, f"{path}: a counts the published block's {e} as free"
+            await eventually(lambda: known(b, path) and
+                             b.files.catalog.get(b.ino(path)).blob.id == blob.id)
+            assert await b.read(path) == data(seed, MiB)
+            assert await a.read(path) == data(seed, MiB)
+
+    run_cluster(cluster_configs(2), body)
+
+
+async def _refresh_racing_a_local_commit(a, b, path: str, seed: int):
+    """b's follower refreshes `path` (another node changed it) and, while its read of Redis is
+    in flight, b itself commits a new version of `path`: the state it read is older than b's
+    own commit. Returns b's new block."""
+    cat = b.files.catalog
+    ino = b.ino(path)
+    real_fetch = cat._fetch
+    done = []
+
+    async def fetch_then_commit_here(conn, inos):
+        states = await real_fetch(conn, inos)
+        if not done:
+            done.append(True)
+            await b.write(path, data(seed, MiB))        # b's own commit lands meanwhile
+        return states
+
+    cat._fetch = fetch_then_commit_here
+    try:
+        await cat._refresh([ino])
+    finally:
+        cat._fetch = real_fetch
+    assert done
+    return await _current_blob_in_redis(cat, ino)
+
+
+async def _current_blob_in_redis(cat, ino: int) -> int:
+    return int(await cat.redis.call("HGET", cat.redis.key("n", ino), "b"))
+
+
+def test_a_refresh_older_than_a_local_commit_keeps_that_commit_s_space(cluster_configs):
+    async def body(a, b):
+        await a.write("/f", data(1, MiB))
+        await eventually(lambda: known(b, "/f"))
+        bid = await _refresh_racing_a_local_commit(a, b, "/f", 2)
+        rec = b.svc.space.used.get(bid)
+        assert rec is not None, "b forgot its own published block"
+        for e in rec.layout.unit_extents():
+            free, _ = b.svc.pool.allocators[e.ns].free_in(e.offset, e.offset + e.length)
+            assert free == 0, f"b counts its live block's {e} as free"
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_a_refresh_older_than_a_local_commit_does_not_bring_back_the_old_version(
+        cluster_configs):
+    async def body(a, b):
+        await a.write("/f", data(1, MiB))
+        await eventually(lambda: known(b, "/f"))
+        bid = await _refresh_racing_a_local_commit(a, b, "/f", 2)
+        assert b.files.catalog.get(b.ino("/f")).blob.id == bid
+        assert await b.read("/f") == data(2, MiB)
+        await eventually(lambda: a.files.catalog.get(a.ino("/f")).blob.id == bid)
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading(
+        cluster_configs, monkeypatch):
+    """A Redis restarted with AOF answers `LOADING Redis is loading the dataset in memory` for
+    a while. The follower's reconnect meets that reply; it must wait and retry, not end the
+    daemon (it did: every node stopped, its mount with it, when Redis was restarted)."""
+    from kvfs.redis_client import RedisClient, RedisError
+
+    real = RedisClient.pipeline
+    loading = {"n": 0}
+
+    async def pipeline(self, commands, *, raise_errors=True):
+        if loading["n"] > 0 and commands and commands[0][0] == "HGETALL":
+            loading["n"] -= 1
+            raise RedisError("LOADING Redis is loading the dataset in memory")
+        return await real(self, commands, raise_errors=raise_errors)
+    monkeypatch.setattr(RedisClient, "pipeline", pipeline)
+
+    async def body(a, b):
+        cat = b.files.catalog
+        await eventually(lambda: cat._conn is not None)
+        loading["n"] = 2
+        cat._conn.abort()                   # the follower reconnects: meets LOADING twice
+        with trio.fail_after(20):
+            while loading["n"]:
+                await trio.sleep(0.05)
+        await a.write("/after", b"x" * 5000)
+        await eventually(lambda: known(b, "/after"), 20)
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_configs,
+                                                                    monkeypatch):
+    """The connection breaks while the follower applies a batch of the change log (it has
+    already moved its position past the batch): after reconnecting it must still learn what
+    the batch said, not skip it."""
+    from kvfs.catalog.redis import RedisCatalog
+    from kvfs.redis_client import RedisUnavailable
+
+    real = RedisCatalog._refresh
+    cut = {"n": 0}
+
+    async def refresh(self, inos, conn=None):
+        if cut["n"] > 0 and conn is not None:          # the follower's refresh, not a lookup
+            cut["n"] -= 1
+            raise RedisUnavailable("lost the connection to Redis (test)")
+        return await real(self, inos, conn)
+    monkeypatch.setattr(RedisCatalog, "_refresh", refresh)
+
+    async def body(a, b):
+        await a.write("/before", b"x" * 5000)
+        await eventually(lambda: known(b, "/before"))
+        cut["n"] = 1
+        await a.write("/during", b"y" * 5000)
+        await eventually(lambda: cut["n"] == 0)
+        await eventually(lambda: known(b, "/during"), 20)
+
+    run_cluster(cluster_configs(2), body)
+
+
+def test_a_rename_whose_result_a_resync_already_applied_succeeds(cluster_configs, monkeypatch):
+    """While a node's RENAME script is in flight its follower may reload the catalog (after a
+    reconnect) and so apply the rename itself; the rename must then still succeed, not fail
+    with EIO and a KeyError traceback (and the same for an unlink)."""
+    from kvfs.catalog.redis.scripts import SCRIPTS
+    from kvfs.cluster import ClusterLink
+
+    real = ClusterLink.eval
+    reload_after = {SCRIPTS.rename: 0, SCRIPTS.remove: 0}
+    catalogs = []
+
+    async def eval_then_resync(self, script, args):
+        reply = await real(self, script, args)
+        if reload_after.get(script):
+            reload_after[script] -= 1
+            await catalogs[0]._load_snapshot(initial=False)
+        return reply
+    monkeypatch.setattr(ClusterLink, "eval", eval_then_resync)
+
+    async def body(a, b):
+        await b.write("/t", b"t" * 5000)
+        await b.write("/x", b"x" * 5000)
+        catalogs.append(b.files.catalog)
+        reload_after[SCRIPTS.rename] = 1
+        await b.files.rename(1, b"t", 1, b"final", 0)
+        assert known(b, "/final") and not known(b, "/t")
+        reload_after[SCRIPTS.remove] = 1
+        await b.files.unlink(1, b"x")
+        assert not known(b, "/x")
+        await eventually(lambda: known(a, "/final") and not known(a, "/x"))
+
+    run_cluster(cluster_configs(2), body)
+
+
+@pytest.mark.parametrize("during", ["b:*", "l:*"])   # before / after the grave is read
+def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_old_space(
+        cluster_configs, monkeypatch, during):
+    """A node reloads the catalog (after reconnecting to Redis) while it commits a file: the
+    snapshot may be older than that commit. The mirror must keep the new version, and the
+    replaced block - in Redis's grave for the grace period - must keep its space until purged
+    (else the node could allocate over a block other nodes may still read, and Redis would
+    end up holding two blocks in the same space)."""
+    from kvfs.catalog.redis import mirror
+
+    real_scan = mirror.scan
+
+    async def body(a, b):
+        await a.write("/f", data(1, MiB))
+        await eventually(lambda: known(b, "/f"))
+        cat = b.files.catalog
+        old = cat.get(b.ino("/f")).blob
+        done = []
+
+        async def scan_then_commit_here(conn, pattern):
+            keys = await real_scan(conn, pattern)
+            if not done and conn is cat.redis and pattern.endswith(during):
+                done.append(True)
+                await b.write("/f", data(2, MiB))       # b's own commit lands meanwhile
+            return keys
+
+        monkeypatch.setattr(mirror, "scan", scan_then_commit_here)
+        try:
+            await cat._load_snapshot(initial=False)
+        finally:
+            monkeypatch.setattr(mirror, "scan", real_scan)
+        assert done
+        bid = await _current_blob_in_redis(cat, b.ino("/f"))
+        assert cat.get(b.ino("/f")).blob.id == bid != old.id
+        assert await b.read("/f") == data(2, MiB)
+        if await cat.redis.call("EXISTS", cat.redis.key("b", old.id)):   # not purged yet
+            for e in old.layout.unit_extents():
+                free, _ = b.svc.pool.allocators[e.ns].free_in(e.offset, e.offset + e.length)
+                assert free == 0, f"b counts the retired block's {e} as free before its purge"
+
+    run_cluster(cluster_configs(2, grace=30.0), body)
