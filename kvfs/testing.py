@@ -132,7 +132,16 @@ class MountedKvfs:
         """kill -9 the daemon, then clear the stale mount it leaves."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                # A thread of the killed daemon is stuck in the kernel: an entry invalidation
+                # (eviction) waits for a directory lock that a request to this very daemon holds
+                # (a rename waiting for its lookup). The process cannot finish dying, so its
+                # /dev/fuse is never closed and the requests never fail. Aborting the
+                # connection (umount -f) fails them, and the daemon exits.
+                subprocess.run(["umount", "-f", str(self.mountpoint)], capture_output=True)
+                self.proc.wait(30)
         self._clear_mount()
         self.proc = None
 

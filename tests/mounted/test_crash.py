@@ -59,3 +59,50 @@ def test_kill_9_during_writes_loses_nothing_committed(make_mount, pool_config, t
         m.start()
         n = verify(m.mountpoint, log_path)
         assert n > 0
+
+
+_HOLDER = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+os.write(fd, b"n" * 300_000)
+print("written", flush=True)
+if sys.argv[2] == "exit":
+    os._exit(0)             # exits without close(): the kernel closes the file (a close)
+time.sleep(600)             # killed here, the file still open
+"""
+
+
+def _run_holder(path, how: str) -> None:
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), how], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"written\n"
+        if how == "kill":
+            p.kill()
+        p.wait(30)
+    finally:
+        p.stdout.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_writer_killed_before_close_leaves_no_partial_file(mnt):
+    """A writer killed (kill -9, a crash) with its file open has not closed it: the kernel's
+    closing of its files must not commit what it had written (the README's promise: absent or
+    the previous version, never partial), also after a daemon crash. A writer that exits
+    normally without calling close() has closed it (exit closes files): that commits."""
+    old = mnt.mountpoint / "old"
+    old.write_bytes(b"o" * 5000)
+    _run_holder(mnt.mountpoint / "new", "kill")
+    _run_holder(old, "kill")
+    wait_until(lambda: mnt.stats()["files"]["open_handles"] == 0, 30, "the releases")
+    assert not (mnt.mountpoint / "new").exists()
+    assert old.read_bytes() == b"o" * 5000
+    _run_holder(mnt.mountpoint / "exited", "exit")
+    wait_until(lambda: mnt.stats()["files"]["open_handles"] == 0, 30, "the release")
+    assert (mnt.mountpoint / "exited").read_bytes() == b"n" * 300_000
+    mnt.kill()
+    mnt.start()
+    assert not (mnt.mountpoint / "new").exists()
+    assert old.read_bytes() == b"o" * 5000
+    assert (mnt.mountpoint / "exited").read_bytes() == b"n" * 300_000

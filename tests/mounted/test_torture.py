@@ -1,0 +1,36 @@
+"""The crash torture in its short form (bench/torture.py has the long one): writer processes,
+kill -9 of the daemon at random and at chosen moments (a big file's commit, a rename, an LRU
+eviction, a `kvfs format`, an unmount), remount, and every file checked against what its
+writer's close(), fsync() and rename() calls returned."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bench.torture import CLUSTER_SCENARIOS, SINGLE_SCENARIOS, Torture
+from tests.helpers import can_mount
+
+pytestmark = [pytest.mark.mounted, pytest.mark.slow,
+              pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))]
+
+
+def _check(report: dict) -> None:
+    assert report["cycles"] > 0 and report["commits"] > 0, report
+    bad = {k: report[k] for k in ("lost", "partial", "resurrected", "stray", "broken", "hung")}
+    assert not any(bad.values()), f"{bad}: {report['problems']}"
+
+
+def test_single_node_loses_nothing_committed_and_shows_nothing_partial(tmp_path):
+    t = Torture(tmp_path, writers=3, seed=5, scenarios=SINGLE_SCENARIOS)
+    report = t.run(len(SINGLE_SCENARIOS))
+    _check(report)
+    assert report["scenarios"]["evict"]["evicted"] + report["scenarios"]["evict"]["commits"] > 0
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_cluster_loses_nothing_committed_and_shows_nothing_partial(tmp_path):
+    t = Torture(tmp_path, writers=3, seed=5, cluster=True, scenarios=CLUSTER_SCENARIOS)
+    report = t.run(len(CLUSTER_SCENARIOS))
+    _check(report)
