@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
+
 from kvfs.aio import run_all
 from kvfs.alloc import ExtentAllocator
 from kvfs.buffer import Buffer, chunk_size_for, zero_chunk
@@ -236,19 +238,37 @@ class Pool:
     # --- space -------------------------------------------------------------------------------
     def attach(self, layouts: Iterable[Layout]) -> None:
         """Rebuild free space from the layouts of every block the catalog holds."""
-        used: list[list[tuple[int, int]]] = [[] for _ in self.namespaces]
+        ns: list[int] = []
+        off: list[int] = []
+        length: list[int] = []
+        units = set()
         for layout in layouts:
-            if layout.unit != self.unit:
-                raise StartupError(f"catalog holds a block with stripe unit {layout.unit}, "
-                                   f"the pool uses {self.unit}")
+            units.add(layout.unit)
             for e in layout.unit_extents():
-                if e.ns >= len(self.namespaces):
-                    raise StartupError(f"catalog refers to namespace {e.ns}, the pool has "
-                                       f"{len(self.namespaces)}")
-                used[e.ns].append((e.offset, e.length))
+                ns.append(e.ns)
+                off.append(e.offset)
+                length.append(e.length)
+        self.attach_extents(np.asarray(ns, dtype=np.int64), np.asarray(off, dtype=np.int64),
+                            np.asarray(length, dtype=np.int64), units)
+
+    def attach_extents(self, ns, off, length, units: Iterable[int] = ()) -> None:
+        """Rebuild free space from the (namespace, offset, length) arrays of every stripe unit
+        the catalog holds (`units`: the stripe units of its blocks), sorted here."""
+        for u in units:
+            if int(u) != self.unit:
+                raise StartupError(f"catalog holds a block with stripe unit {int(u)}, "
+                                   f"the pool uses {self.unit}")
+        if len(ns) and int(ns.max()) >= len(self.namespaces):
+            raise StartupError(f"catalog refers to namespace {int(ns.max())}, the pool has "
+                               f"{len(self.namespaces)}")
+        order = np.lexsort((off, ns))
+        ns, off, length = ns[order], off[order], length[order]
+        bounds = np.searchsorted(ns, np.arange(len(self.namespaces) + 1))
         try:
-            self.allocators = [ExtentAllocator.from_used(DATA_START, ns.size, u)
-                               for ns, u in zip(self.namespaces, used)]
+            self.allocators = [
+                ExtentAllocator.from_sorted(DATA_START, nsp.size, off[bounds[j]:bounds[j + 1]],
+                                            length[bounds[j]:bounds[j + 1]])
+                for j, nsp in enumerate(self.namespaces)]
         except ValueError as e:
             raise StartupError(f"catalog is inconsistent with the pool: {e}") from None
 

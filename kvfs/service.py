@@ -50,6 +50,8 @@ class Service:
                                    self.allocations, readahead=self.readahead)
         space.store = store
         space.evictor = files.evict
+        if hasattr(catalog, "lru_files"):
+            space.lru = catalog.lru_files       # one node: the catalog's LRU order
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()
         self.control = Control(catalog, store, files, knobs, statistics=self.statistics,
@@ -126,7 +128,7 @@ class Service:
         tiers = store["tiers"]
         tiers["pool"].update(pool["tier"])
         tiers["pool"].update(reserved=space["reserved"], evict=space["evict"],
-                             evictions=space["evictions"])
+                             evictions=space["evictions"], blocks=self.catalog.file_count)
         prefetch = store["prefetch"]
         prefetch.update(vars(self.readahead.stats))
         prefetch["enabled"] = self.knobs.prefetch_enabled
@@ -147,7 +149,8 @@ class Service:
             "latency": self.latency.summary(),
             "catalog": {"kind": "redis" if cat.shared else "sqlite",
                         "transactions": cat.commits, "statements": cat.statements,
-                        "commit_seconds": round(cat.commit_seconds, 4)},
+                        "commit_seconds": round(cat.commit_seconds, 4),
+                        **(cat.cache_statistics() if hasattr(cat, "cache_statistics") else {})},
         }
         if self.space.kind == "cluster":
             out["cluster"] = {**cat.statistics(), **space}

@@ -107,7 +107,6 @@ class BlockStore:
         self.charged = 0                   # write-session buffers
         self.inflight = 0                  # buffers of fetches in progress
         self.pinned_bytes = 0
-        self.recency: collections.OrderedDict[int, int] = collections.OrderedDict()  # blob -> ino
         self._prefetch_queue: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._prefetch_running = 0
         self.stats = StoreStats()
@@ -149,7 +148,6 @@ class BlockStore:
             "policy": policy.name,
             "policy_mode": getattr(policy, "mode_name", policy.name),
         })
-        tiers["pool"]["blocks"] = len(self.recency)
         if self.local is None:
             del tiers["local"]
         else:
@@ -164,16 +162,14 @@ class BlockStore:
     def _get(self, rec: BlobRec, owner: int = 0) -> CachedBlob:
         cb = self.blobs.get(rec.id)
         if cb is None:
-            cb = self.blobs[rec.id] = CachedBlob(rec, owner or self.recency.get(rec.id, 0))
+            cb = self.blobs[rec.id] = CachedBlob(rec, owner)
+        elif owner and not cb.owner:
+            cb.owner = owner
         return cb
 
-    def track(self, rec: BlobRec, ino: int) -> None:
-        """A block became (or at start-up, is) the current version of file `ino`."""
-        self.recency[rec.id] = ino
-        self.recency.move_to_end(rec.id)
-
-    def hold(self, rec: BlobRec) -> None:
-        self._get(rec).holders += 1
+    def hold(self, rec: BlobRec, owner: int = 0) -> None:
+        """Someone reads the block (`owner`: the file it is a version of, when known)."""
+        self._get(rec, owner).holders += 1
 
     def unhold(self, rec: BlobRec) -> None:
         cb = self.blobs.get(rec.id)
@@ -184,7 +180,6 @@ class BlockStore:
 
     def retire(self, rec: BlobRec) -> None:
         """The block is no longer any file's version: free it once nobody reads it."""
-        self.recency.pop(rec.id, None)
         cb = self._get(rec)
         cb.retired = True
         if cb.pinned:
@@ -207,13 +202,6 @@ class BlockStore:
     def is_held(self, blob_id: int) -> bool:
         cb = self.blobs.get(blob_id)
         return cb is not None and (cb.holders > 0 or cb.fetch is not None or cb.pinned)
-
-    def pool_victims(self):
-        """(blob id, inode) of current blocks from least to most recently used, skipping blocks
-        that are open, being fetched or pinned."""
-        for bid, ino in list(self.recency.items()):
-            if not self.is_held(bid):
-                yield bid, ino
 
     # --- DRAM accounting -----------------------------------------------------------------------
     def tier_of(self, rec: BlobRec) -> str:
@@ -315,7 +303,6 @@ class BlockStore:
     def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int, parent=None) -> None:
         """Keep a just-committed buffer as the resident copy of `rec`: the `charged` bytes it
         was accounted as a write buffer now count as a clean, evictable copy."""
-        self.track(rec, ino)
         cb = self._get(rec, ino)
         self.charged -= charged
         self._make_room(buf.nbytes)
@@ -365,8 +352,6 @@ class BlockStore:
 
         `parent`: the block the same reader read just before, if it precedes this one in a
         chain (the policy credits prefix hits with it)."""
-        if rec.id in self.recency:
-            self.recency.move_to_end(rec.id)
         tier = self.tier_of(rec)
         tiers = self.stats.tiers
         cb = self.blobs.get(rec.id)
@@ -393,8 +378,6 @@ class BlockStore:
 
     def access_direct(self, rec: BlobRec) -> None:
         """A direct reader (kvfs.direct) read the block from the namespaces."""
-        if rec.id in self.recency:
-            self.recency.move_to_end(rec.id)
         self.stats.tiers["pool"].hits += 1
         self.stats.tiers["pool"].bytes_out += rec.size
         self.stats.direct_reads += 1
@@ -567,8 +550,9 @@ class BlockStore:
             dropped += rec.size
         return dropped
 
-    def evict_cold(self, n: int) -> list[int]:
-        """Drop the `n` DRAM blocks the policy would evict first; returns their blob ids."""
+    def evict_cold(self, n: int) -> list[tuple[int, int]]:
+        """Drop the `n` DRAM blocks the policy would evict first; returns their (blob id,
+        inode of the file, 0 if not known)."""
         out = []
         ok = self._evictable(True)
         while len(out) < n:
@@ -581,7 +565,7 @@ class BlockStore:
                 cb.resident = None
                 self.stats.tiers["dram"].evictions += 1
                 self._maybe_forget(cb)
-            out.append(bid)
+            out.append((bid, cb.owner if cb is not None else 0))
         return out
 
     def warm(self, rec: BlobRec) -> bool:
