@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import errno
 import logging
+import resource
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,6 +46,14 @@ log = logging.getLogger("kvfs.store")
 
 # Prefetches fetched at the same time (more would share the bandwidth and delay the next block).
 PREFETCH_FETCHES = 2
+
+
+def resident_limit() -> int:
+    """How many blocks may be resident at once: each holds a file descriptor (its memfd), so
+    half of the descriptors the process may open (small blocks would otherwise exhaust them
+    long before the DRAM tier's bytes, and a commit would fail with EMFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 class CachedBlob:
@@ -101,6 +110,7 @@ class BlockStore:
         self.on_free = on_free
         self.capacity = dram_capacity
         self.dram = TierIndex(dram_capacity, make_policy(policy, dram_capacity, pool.chunk))
+        self.max_resident = resident_limit()     # resident blocks (each holds a descriptor)
         self.admission = AlwaysAdmit()
         self.local = local                 # LocalTier or None
         self.blobs: dict[int, CachedBlob] = {}
@@ -270,6 +280,27 @@ class BlockStore:
             self._maybe_forget(cb)
         return victims is not None
 
+    def _room_for_one(self) -> bool:
+        """Make room for one more resident block under `max_resident` (evicting by the policy,
+        blocks nobody holds); False if that is not possible."""
+        ok = self._evictable(True)
+        while len(self.dram.sizes) >= self.max_resident:
+            bid = self.dram.policy.victim(ok)
+            if bid is None:
+                return False
+            self.dram.used -= self.dram.sizes.pop(bid)
+            cb = self.blobs.get(bid)
+            if cb is None:
+                continue
+            self.stats.tiers["dram"].evictions += 1
+            buf, cb.resident = cb.resident, None
+            if cb.prefetched:
+                cb.prefetched = False
+                self.stats.prefetch_wasted += 1
+            self._demote(cb, buf)
+            self._maybe_forget(cb)
+        return True
+
     def _demote(self, cb: CachedBlob, buf: Buffer | None) -> None:
         """A block leaves DRAM: keep a copy in the local tier if its admission agrees."""
         local = self.local
@@ -306,6 +337,9 @@ class BlockStore:
         cb = self._get(rec, ino)
         self.charged -= charged
         self._make_room(buf.nbytes)
+        if not self._room_for_one():
+            self._maybe_forget(cb)           # durable in the pool; not kept in DRAM
+            return
         cb.resident = buf
         self.dram.add(rec.id, buf.nbytes, parent)
         self.stats.tiers["dram"].bytes_in += rec.size
@@ -520,6 +554,8 @@ class BlockStore:
                     and fetch.prefetch:
                 admit = False                    # readahead never displaces hotter blocks
                 self.stats.prefetch_wasted += 1
+            if admit and not self._room_for_one():
+                admit = False
             if admit:
                 cb.resident = fetch.buffer
                 cb.prefetched = fetch.prefetch
