@@ -12,6 +12,7 @@ that space writers may still claim is the space layer's business (kvfs/space/).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import errno
@@ -46,6 +47,8 @@ class Area:
     `Regions`): only the regions this node holds a lease on, with a write fence. The pool asks
     its area, and tells it what it allocates, frees and publishes; it never asks who it is.
     """
+
+    whole = True        # every namespace entirely: free space in the area is all free space
 
     def ranges(self, ns_size: int) -> list[tuple[int, int]]:
         """The [lo, hi) spans of a namespace of `ns_size` bytes this node may allocate in."""
@@ -284,6 +287,8 @@ class Pool:
     @property
     def writable(self) -> int:
         """Free bytes this node may allocate now (in its area)."""
+        if self.area.whole:
+            return self.free
         return sum(a.free_in(lo, hi)[0] for a, ns in zip(self.allocators, self.namespaces)
                    for lo, hi in self.area.ranges(ns.size))
 
@@ -404,8 +409,11 @@ class Pool:
         n = unit_count(size, self.unit)
         lengths = [stored_length(size, self.unit, k) for k in range(n)]
         weights = self.placement_weights()
-        room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
-                for a, ns in zip(self.allocators, self.namespaces)]
+        if self.area.whole:             # (free_in walks every free extent of the range)
+            room = [a.free_bytes for a in self.allocators]
+        else:
+            room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
+                    for a, ns in zip(self.allocators, self.namespaces)]
         try:
             assign = place_units(n, weights, self._rotation % len(self.namespaces), room, lengths)
         except ValueError:
@@ -474,6 +482,9 @@ class Pool:
         t0 = time.perf_counter()
         done: dict[int, float] = {}
 
+        runs = self.runs(ns_of, offsets, size)
+        per_ns = collections.Counter(ns_of[run[0]] for run in runs)
+
         def run_writer(run: list[int]):
             async def write() -> None:
                 units, lengths = [], []
@@ -483,7 +494,9 @@ class Pool:
                     units.append(buf.io_views(k * self.unit, stored, self.zero))
                     lengths.append(min(self.unit, size - k * self.unit))
                 j = ns_of[run[0]]
-                digests = await self.namespaces[j].write_units(units, offsets[run[0]], lengths)
+                # the only run on its namespace: written and made durable in one job
+                digests = await self.namespaces[j].write_units(units, offsets[run[0]], lengths,
+                                                               sync=per_ns[j] == 1)
                 for k, d in zip(run, digests):
                     sums[k] = d
                 done[j] = time.perf_counter() - t0
@@ -491,8 +504,8 @@ class Pool:
 
         layout_if_ok = Layout(size, self.unit, ns_of, offsets, (0,) * n)
         try:
-            await run_all(run_writer(run) for run in self.runs(ns_of, offsets, size))
-            await run_all(self.namespaces[j].sync for j in sorted(set(ns_of)))
+            await run_all(run_writer(run) for run in runs)
+            await run_all(self.namespaces[j].sync for j in sorted(per_ns) if per_ns[j] > 1)
         except BaseException:
             self.release(layout_if_ok)
             raise

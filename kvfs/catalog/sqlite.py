@@ -155,6 +155,8 @@ class SqliteCatalog(TreeCatalog):
         self._wal_fd: int | None = None
         self._failed: str | None = None
         self.syncs = 0                  # WAL fdatasyncs (for statistics)
+        self.sql_seconds = 0.0          # COMMITs on the trio thread
+        self.sync_seconds = 0.0         # WAL syncs (in a worker thread)
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
@@ -398,7 +400,9 @@ class SqliteCatalog(TreeCatalog):
         return self._files
 
     def cache_statistics(self) -> dict:
-        return {"cached_nodes": len(self._cache), "live_nodes": len(self._live),
+        return {"wal_syncs": self.syncs, "commit_sql_seconds": round(self.sql_seconds, 4),
+                "wal_sync_seconds": round(self.sync_seconds, 4),
+                "cached_nodes": len(self._cache), "live_nodes": len(self._live),
                 "pending_nodes": len(self._pending), "unlinked_nodes": len(self._unlinked),
                 "dirty_atimes": len(self._dirty_atime), "cache_limit": self.cache_nodes}
 
@@ -500,12 +504,14 @@ class SqliteCatalog(TreeCatalog):
             except sqlite3.Error as e:
                 self._fail(e)
                 return
+            self.sql_seconds += time.perf_counter() - t
             self._in_txn = False
             self._committed = self._txn
             self._txn += 1
             self.commits += 1
         target = self._committed
         if target > self._synced:
+            t1 = time.perf_counter()
             try:
                 await trio.to_thread.run_sync(self._sync_wal)
             except OSError as e:
@@ -513,6 +519,7 @@ class SqliteCatalog(TreeCatalog):
                 return
             self._synced = target
             self.syncs += 1
+            self.sync_seconds += time.perf_counter() - t1
         self.commit_seconds += time.perf_counter() - t
 
     def _sync_wal(self) -> None:
@@ -537,6 +544,8 @@ class SqliteCatalog(TreeCatalog):
 
     def statistics(self) -> dict:
         return {"wal_syncs": self.syncs, **self.cache_statistics(),
+                "commit_sql_seconds": round(self.sql_seconds, 4),
+                "wal_sync_seconds": round(self.sync_seconds, 4),
                 "nodes": self.node_count, "files": self.file_count}
 
     @staticmethod
