@@ -7,9 +7,10 @@ of files costs a few megabytes and opens in a moment:
   `_cache`: the `cache_nodes` most recently used nodes, kept alive (an LRU).
 * `_pending`: files created and never committed (no row: absent after a crash), by inode and
   by (parent, name); `_unlinked`: removed nodes that handles or the kernel still use, until
-  `drop`; `_dirty_atime`: nodes whose access time is not persisted yet (flushed in batches).
-  A node whose memory differs from its row is held by one of these, so evicting a node from
-  the cache never loses a change.
+  `drop`. A node whose memory differs from its row is held by one of these, so evicting a
+  node from the cache never loses a change.
+* `_dirty_atime`: access times not persisted yet (inode -> ns; written in batches, at the
+  latest every `DIRTY_ATIMES` accesses, and applied to a node read back from its row).
 
 Queries run on the trio thread against the one connection: a lookup is an index probe on
 (parent, name), readdir pages through an index on (parent, cookie), the pool's LRU order is
@@ -60,6 +61,7 @@ log = logging.getLogger("kvfs.catalog")
 
 SCHEMA_VERSION = 2
 CACHE_NODES = 8192          # nodes kept in memory beyond those in use
+DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
 PAGE_ROWS = 128             # rows per readdir / LRU page
 S_IFMT, S_IFDIR = 0o170000, 0o040000
 
@@ -141,7 +143,7 @@ class SqliteCatalog(TreeCatalog):
         self._pending: dict[int, Node] = {}
         self._pending_names: dict[tuple[int, bytes], int] = {}
         self._unlinked: dict[int, Node] = {}
-        self._dirty_atime: dict[int, Node] = {}
+        self._dirty_atime: dict[int, int] = {}
         self._nodes = 0                 # rows (persisted nodes)
         self._files = 0                 # rows with a block
         self._links_changed = 0
@@ -309,6 +311,9 @@ class SqliteCatalog(TreeCatalog):
                                                        row[16]), row[17])
         if node.mode & S_IFMT == S_IFDIR:
             node.subdirs = self._one(_SUBDIRS, (ino,))
+        atime = self._dirty_atime.get(ino)
+        if atime is not None:
+            node.atime_ns = atime
         for name, value in self._conn.execute("SELECT name, value FROM xattrs WHERE ino=?",
                                               (ino,)):
             node.xattrs[name] = value
@@ -387,9 +392,10 @@ class SqliteCatalog(TreeCatalog):
                     yield bid, ino
             if len(rows) < PAGE_ROWS:
                 break
-        for node in sorted(self._dirty_atime.values(), key=lambda n: n.atime_ns):
-            if node.linked and node.blob is not None:
-                yield node.blob.id, node.ino
+        for ino in sorted(self._dirty_atime, key=self._dirty_atime.get):
+            node = self.find(ino)
+            if node is not None and node.linked and node.blob is not None:
+                yield node.blob.id, ino
 
     @property
     def node_count(self) -> int:
@@ -441,7 +447,21 @@ class SqliteCatalog(TreeCatalog):
     def touch(self, node: Node, now_ns: int | None = None) -> None:
         node.atime_ns = now_ns or _now()
         if node.persisted and node.linked:
-            self._dirty_atime[node.ino] = node
+            self._dirty_atime[node.ino] = node.atime_ns
+            if len(self._dirty_atime) >= DIRTY_ATIMES:
+                self._write_atimes()
+
+    def _write_atimes(self) -> int:
+        """Write the recorded access times in the open transaction (they ride with the next
+        commit; `flush_atimes` makes them durable)."""
+        dirty, self._dirty_atime = self._dirty_atime, {}
+        stmts = [("UPDATE nodes SET atime_ns=? WHERE ino=?", (t, i)) for i, t in dirty.items()]
+        if stmts:
+            try:
+                self._execute(stmts)
+            except KvfsError:
+                pass                        # LRU hints: the next restart starts from older ones
+        return len(stmts)
 
     # ------------------------------------------------------------------------------ persistence
     def _fail(self, e: BaseException) -> None:
@@ -715,12 +735,9 @@ class SqliteCatalog(TreeCatalog):
 
     async def flush_atimes(self) -> int:
         """Persist the access times recorded since the last flush (for LRU order after restart)."""
-        dirty, self._dirty_atime = self._dirty_atime, {}
-        stmts = [("UPDATE nodes SET atime_ns=? WHERE ino=?", (n.atime_ns, i))
-                 for i, n in dirty.items() if n.linked and n.persisted]
-        if stmts:
-            await self._persist(stmts)
-        return len(stmts)
+        n = self._write_atimes()
+        await self.sync()
+        return n
 
     # ------------------------------------------------------------------------------ chains
     # Links are rows of `links`, written at once in the open transaction (they ride with the
