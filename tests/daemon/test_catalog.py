@@ -102,6 +102,8 @@ def test_lru_order_and_the_free_map_come_from_the_rows(pool_config):
         await fs.svc.flush()
         assert [ino for _, ino in cat.lru_files()] == order
         ns, off, length, units = cat.extents()
+        assert all(np.array_equal(x, y) for x, y in zip((ns, off, length, units),
+                                                        cat._extents_by_row()))
         ref = [(e.ns, e.offset, e.length) for n in cat.files() for e in n.blob.layout.unit_extents()]
         assert sorted(zip(ns.tolist(), off.tolist(), length.tolist())) == sorted(ref)
         pool = fs.svc.pool
