@@ -38,7 +38,7 @@ from kvfs.buffer import Buffer
 from kvfs.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
-from kvfs.layout import Layout, align_up, units_covering
+from kvfs.layout import PAGE, Layout, align_up, units_covering
 from kvfs.policy import AlwaysAdmit, TierIndex, make_policy
 from kvfs.pool import Pool
 
@@ -336,12 +336,15 @@ class BlockStore:
         was accounted as a write buffer now count as a clean, evictable copy."""
         cb = self._get(rec, ino)
         self.charged -= charged
-        self._make_room(buf.nbytes)
+        # an empty block counts as a page: the policy's history (ghosts, simulated experts) is
+        # bounded in bytes, and blocks of 0 bytes would otherwise fill it without bound
+        nbytes = max(buf.nbytes, PAGE)
+        self._make_room(nbytes)
         if not self._room_for_one():
             self._maybe_forget(cb)           # durable in the pool; not kept in DRAM
             return
         cb.resident = buf
-        self.dram.add(rec.id, buf.nbytes, parent)
+        self.dram.add(rec.id, nbytes, parent)
         self.stats.tiers["dram"].bytes_in += rec.size
 
     # --- pinning -------------------------------------------------------------------------------
