@@ -14,6 +14,10 @@ async def run_all(thunks: Iterable[Callable[[], Awaitable[object]]]) -> None:
     finish before the buffer can be reused. Raises the first exception, unwrapped from trio's
     exception groups (so callers can catch KvfsError).
     """
+    thunks = list(thunks)
+    if len(thunks) == 1:                 # nothing to run alongside: no nursery
+        await thunks[0]()
+        return
     errors: list[BaseException] = []
 
     async def guarded(fn: Callable[[], Awaitable[object]]) -> None:

@@ -124,7 +124,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo):
             undo.callback(_unlink, str(cfg.catalog_path) + suffix)
     if catalog.pool_id is None:
         catalog.set_pool_id(pool.pool_id)
-    pool.attach(catalog.layouts())
+    pool.attach_extents(*catalog.extents())
     catalog.on_failure = pool.stop_freeing
     return catalog, pool, LocalSpace(pool, knobs)
 

@@ -132,7 +132,7 @@ class Control:
             cat = self.catalog
 
             def name_of(ino):
-                n = cat.nodes.get(ino) if ino is not None else None
+                n = cat.find(ino) if ino is not None else None
                 return cat.path_of(n) if n is not None else None
             return json.dumps({"parent": name_of(cat.parent_of(node.ino)),
                                "next": name_of(cat.next_of(node.ino))}).encode()
@@ -150,7 +150,7 @@ class Control:
             return [PREFIX + b"stats"]
         if inode == CONTROL_INO:
             return [PREFIX + b"result"]
-        node = self.catalog.nodes.get(inode)
+        node = self.catalog.find(inode)
         if node is not None and node.is_file:
             return [PREFIX + k for k in self.FILE_ATTRS]
         return []
@@ -319,9 +319,10 @@ class Control:
         else:
             if isinstance(cold, bool) or not isinstance(cold, int) or cold < 1:
                 raise KvfsError(errno.EINVAL, "evict: cold must be a positive integer")
-            for bid in store.evict_cold(cold):
-                ino = store.recency.get(bid)
-                node = cat.nodes.get(ino) if ino is not None else None
+            for bid, ino in store.evict_cold(cold):
+                node = cat.find(ino) if ino else None
+                if node is not None and (node.blob is None or node.blob.id != bid):
+                    node = None
                 evicted.append(cat.path_of(node) if node is not None else f"block {bid}")
                 total += node.blob.size if node is not None and node.blob else 0
         return {"evicted": evicted, "bytes": total}
@@ -341,7 +342,7 @@ class Control:
                 store.warm(node.blob)
                 blocks.append(cat.path_of(node))
             nxt = cat.next_of(node.ino)
-            node = cat.nodes.get(nxt) if nxt is not None else None
+            node = cat.find(nxt) if nxt is not None else None
         return {"blocks": blocks}
 
     async def _set(self, args: dict) -> dict:

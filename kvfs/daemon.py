@@ -154,6 +154,17 @@ async def _terminate_on_signal() -> None:
             return
 
 
+def raise_fd_limit() -> None:
+    """Every block in DRAM holds a descriptor (its memfd): allow as many as the hard limit."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:
+            log.debug("raising the descriptor limit failed: %s", e)
+
+
 def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
         on_state_dir: Callable[[], None] | None = None) -> int:
     """Mount and serve until unmounted or signalled. `ready(None)` is called once the mount is
@@ -165,6 +176,7 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
         ready(str(e))
         raise
     real_mountpoint = os.path.realpath(mountpoint)     # resolved before it becomes ours
+    raise_fd_limit()
     if cfg.dram.huge_pages:
         # a backstop: writers get ENOSPC rather than the machine running out of memory
         why = MEMORY.use_private_tmpfs(mem_total() * 3 // 4)

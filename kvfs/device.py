@@ -17,6 +17,7 @@ import logging
 import os
 import stat
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,12 @@ class Namespace:
         self.weight = weight
         self.stats = NamespaceStats()
         self.slots = PrioritySlots(queue_depth)
+        # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
+        self._sync_started = 0
+        self._sync_done = 0
+        self._syncing = False
+        self._sync_round: trio.Event | None = None
+        self.syncs = 0
         self._limiter: trio.CapacityLimiter | None = None
         self._busy_mark = 0.0
         self._window_bytes = 0
@@ -320,22 +327,35 @@ class Namespace:
         return (await self.write_units([list(views)], offset, [digest_len]))[0]
 
     async def write_units(self, units: list[list[memoryview]], offset: int,
-                          digest_lens: list[int]) -> list[int]:
+                          digest_lens: list[int], sync: bool = False) -> list[int]:
         """Write several units back to back from `offset` with one pwritev; return each unit's
-        xxh3-64 over its first `digest_lens[i]` bytes (0 where that is negative)."""
+        xxh3-64 over its first `digest_lens[i]` bytes (0 where that is negative). With `sync`
+        the write is durable on return: the worker thread that wrote also fdatasyncs when no
+        sync is running (one hop for a small block), else the write joins the next shared
+        sync (`sync()`)."""
         flat = [v for u in units for v in u]
         nbytes = sum(len(v) for v in flat)
         if offset < 0 or offset + nbytes > self.size:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
-        async with self.slots.take():
-            self._begin()
-            try:
-                digests = await trio.to_thread.run_sync(self._write_sync, units, flat, offset,
-                                                        digest_lens, limiter=self.limiter)
-            except OSError as e:
-                raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
-            finally:
-                self._end(nbytes)
+        lead = sync and not self._syncing
+        if lead:                           # this job's fdatasync is the round others wait for
+            number = self._begin_sync()
+        try:
+            async with self.slots.take():
+                self._begin()
+                try:
+                    digests = await trio.to_thread.run_sync(self._write_sync, units, flat, offset,
+                                                            digest_lens, lead,
+                                                            limiter=self.limiter)
+                except OSError as e:
+                    raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
+                finally:
+                    self._end(nbytes)
+        finally:
+            if lead:
+                self._end_sync(number, ok=sys.exc_info()[0] is None)
+        if sync and not lead:
+            await self.sync()
         self.stats.writes += 1
         self.stats.bytes_written += nbytes
         self._ok()
@@ -348,18 +368,47 @@ class Namespace:
         return [i for i, (u, c) in enumerate(zip(units, checks))
                 if c is not None and _digest(u, c[0]) != c[1]]
 
-    def _write_sync(self, units, flat, offset: int, digest_lens) -> list[int]:
-        """In a worker thread: the checksums, then one pwritev."""
+    def _write_sync(self, units, flat, offset: int, digest_lens, then_sync: bool = False) -> list[int]:
+        """In a worker thread: the checksums, then one pwritev (and an fdatasync)."""
         digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, digest_lens)]
         _transfer(os.pwritev, self.fd, flat, offset)
+        if then_sync:
+            os.fdatasync(self.fd)
         return digests
 
+    def _begin_sync(self) -> int:
+        self._syncing = True
+        self._sync_started += 1
+        self._sync_round = trio.Event()
+        return self._sync_started
+
+    def _end_sync(self, number: int, ok: bool) -> None:
+        self._syncing = False
+        if ok:
+            self._sync_done = max(self._sync_done, number)
+            self.syncs += 1
+        self._sync_round.set()
+
     async def sync(self) -> None:
-        """Make completed writes durable (fdatasync: for a file, for a block device's cache)."""
-        try:
-            await trio.to_thread.run_sync(os.fdatasync, self.fd, limiter=self.limiter)
-        except OSError as e:
-            raise self._failed("fdatasync", e) from None
+        """Make completed writes durable (fdatasync: for a file, for a block device's cache).
+
+        Shared by concurrent committers: this returns once an fdatasync that started after the
+        call has completed; while one runs, callers wait for it to end and the first of them
+        starts the next, which covers them all (one sync for a burst of commits)."""
+        need = self._sync_started + 1           # the first sync that starts from now on
+        while self._sync_done < need:
+            if self._syncing:
+                await self._sync_round.wait()
+                continue
+            number = self._begin_sync()
+            ok = False
+            try:
+                await trio.to_thread.run_sync(os.fdatasync, self.fd, limiter=self.limiter)
+                ok = True
+            except OSError as e:
+                raise self._failed("fdatasync", e) from None
+            finally:
+                self._end_sync(number, ok)
 
     # --- throughput, for placement ---------------------------------------------------------------
     def _begin(self) -> None:

@@ -86,8 +86,6 @@ class Files:
         self.on_evict: Callable[[int, bytes, int], None] | None = None
         self.on_new_name: Callable[[int, bytes], None] | None = None
         self.on_new_content: Callable[[int], None] | None = None
-        for node in sorted(catalog.files(), key=lambda n: n.atime_ns):   # the pool's LRU order
-            store.track(node.blob, node.ino)
 
     @property
     def passthrough(self) -> bool:
@@ -100,17 +98,24 @@ class Files:
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _release_state(self, node: Node) -> None:
-        """Forget the inode's state once nothing uses it (and an unlinked node altogether)."""
-        st = self.handles.states.get(node.ino)
-        if st is None or not self.handles.idle(st):
-            return
-        if st.session is not None:
-            self.sessions.end(st)
-        if st.held is not None:
-            self.store.unhold(st.held)
-        del self.handles.states[node.ino]
-        if not node.linked:
-            self.catalog.drop(node.ino)
+        self._release(node.ino)
+
+    def _release(self, ino: int) -> None:
+        """Forget the inode's state once nothing uses it (ending an unlinked file's session that
+        its last readers read, giving back a block held for writers), and an unlinked node once
+        the kernel has forgotten it too (`catalog.drop` forgets unlinked nodes only)."""
+        handles = self.handles
+        st = handles.states.get(ino)
+        if st is not None:
+            if not handles.idle(ino, st):
+                return
+            if st.session is not None:
+                self.sessions.end(st)
+            if st.held is not None:
+                self.store.unhold(st.held)
+            del handles.states[ino]
+        if ino not in handles.lookups:
+            self.catalog.drop(ino)
 
     def attr(self, node: Node) -> Attr:
         st = self.handles.states.get(node.ino)
@@ -120,7 +125,8 @@ class Files:
 
     def counted(self, node: Node) -> Attr:
         """attr() for a reply that gives the kernel a reference (lookup, create, mkdir...)."""
-        self.handles.state(node.ino).lookups += 1
+        lookups = self.handles.lookups
+        lookups[node.ino] = lookups.get(node.ino, 0) + 1
         return self.attr(node)
 
     def _held_here(self, node: Node) -> bool:
@@ -134,13 +140,13 @@ class Files:
         return self.counted(await self.catalog.lookup_fresh(parent, name, self._held_here))
 
     def forget(self, ino: int, nlookup: int) -> None:
-        st = self.handles.states.get(ino)
-        if st is None:
+        lookups = self.handles.lookups
+        left = lookups.get(ino, 0) - nlookup
+        if left > 0:
+            lookups[ino] = left
             return
-        st.lookups = max(0, st.lookups - nlookup)
-        node = self.catalog.nodes.get(ino)
-        if node is not None:
-            self._release_state(node)
+        lookups.pop(ino, None)
+        self._release(ino)
 
     def getattr(self, ino: int) -> Attr:
         return self.attr(self.catalog.get(ino))
@@ -185,8 +191,9 @@ class Files:
             raise KvfsError(errno.EINVAL, "not a symbolic link")
         return node.target
 
-    def entries(self, ino: int) -> list[Node]:
-        return self.catalog.entries(ino)
+    def listing(self, ino: int):
+        """A directory's entries for readdir, by offset (`catalog.listing`)."""
+        return self.catalog.listing(ino)
 
     def _unlinked(self, node: Node) -> None:
         """A node lost its name: retire its content unless someone still uses the node."""
@@ -196,12 +203,9 @@ class Files:
                 # writers that have not written yet copy this version at their first write
                 # (readers pinned theirs at open): keep its space until they are done
                 st.held = node.blob
-                self.store.hold(node.blob)
+                self.store.hold(node.blob, node.ino)
             self.store.retire(node.blob)
-        if node.ino not in self.handles.states:
-            self.catalog.drop(node.ino)
-        else:
-            self._release_state(node)
+        self._release(node.ino)
 
     async def unlink(self, parent: int, name: bytes) -> None:
         self._unlinked(await self.catalog.unlink(parent, name))
@@ -373,7 +377,7 @@ class Files:
             h.version = st.session
         elif node.blob is not None:
             h.version = node.blob
-            self.store.hold(node.blob)
+            self.store.hold(node.blob, node.ino)
             st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
             if not access:
                 return      # O_NOATIME (a scan, a checksum run): no atime, hit or LRU move
@@ -545,7 +549,7 @@ class Files:
     async def evict(self, ino: int, exclude: int, bid: int | None = None) -> int:
         """Delete a closed, unpinned, unread file to free pool space; the bytes freed, or 0 if
         it may not go (or changed meanwhile, e.g. on another node)."""
-        node = self.catalog.nodes.get(ino)
+        node = self.catalog.find(ino)
         if not self._evictable(node, exclude, bid):
             return 0
         parent, name, rec = node.parent, node.name, node.blob
@@ -658,7 +662,7 @@ class Files:
     async def warm_pinned(self) -> int:
         """Bring the files pinned before a restart back into DRAM."""
         n = 0
-        for node in list(self.catalog.files()):
+        for node in self.catalog.pinned_files():
             if node.xattrs.get(PIN_XATTR) == b"1" and node.blob is not None:
                 try:
                     await self.store.pin(node.blob)
@@ -675,7 +679,7 @@ class Files:
             "bsize": 4096, "frsize": 4096,
             "blocks": self.space.pool.capacity // 4096,
             "bfree": free // 4096, "bavail": free // 4096,
-            "files": len(self.catalog.nodes),
+            "files": self.catalog.node_count,
             "ffree": 1 << 32,
             "namemax": 255,
         }
@@ -688,7 +692,8 @@ class Files:
                 "commits": s.commits, "commit_errors": s.commit_errors,
                 "bytes_written": s.bytes_written, "pool_evictions": self.space.evictions,
                 **vars(self.leases.stats), **vars(self.allocations.stats),
-                "open_handles": len(self.handles), "nodes": len(self.catalog.nodes),
+                "open_handles": len(self.handles), "nodes": self.catalog.node_count,
+                "kernel_refs": len(self.handles.lookups), "node_states": len(self.handles.states),
                 # what is held now (a leak shows here once clients are done)
                 "inode_states": len(self.handles.states),
                 "leases_held": sum(len(v) for v in self.leases.held.values()),

@@ -7,7 +7,6 @@ main loop).
 
 from __future__ import annotations
 
-import bisect
 import errno
 import functools
 import logging
@@ -111,7 +110,7 @@ class FuseOps(pyfuse3.Operations):
         self.enable_passthrough = why is None
         self.data_path = {"passthrough": False, "why": why or "INIT not answered yet"}
         self.backings = Backings()
-        self._dirs: dict[int, tuple[int, list[int], list]] = {}
+        self._dirs: dict[int, object] = {}          # fh -> the directory's listing
         self._next_dir = 1
         self.files.on_evict = self._evicted
         self.files.on_new_name = self._new_name
@@ -332,21 +331,19 @@ class FuseOps(pyfuse3.Operations):
     # --- directories ---------------------------------------------------------------------------
     @translate
     async def opendir(self, inode, ctx):
-        nodes = self.files.entries(inode)
+        listing = self.files.listing(inode)
         fh = self._next_dir
         self._next_dir += 1
-        self._dirs[fh] = (inode, [n.cookie for n in nodes], nodes)
+        self._dirs[fh] = listing
         return fh
 
     @translate
     async def readdir(self, fh, start_id, token):
-        ino, cookies, nodes = self._dirs[fh]
-        for i in range(bisect.bisect_right(cookies, start_id), len(nodes)):
-            node = nodes[i]
-            if not node.linked or node.parent != ino or node.cookie != cookies[i]:
-                continue    # removed or renamed since opendir
+        # entries stream from the catalog by offset (cookie): a directory of millions of
+        # entries is never held in memory
+        for node in self._dirs[fh].after(start_id):
             attr = self.files.attr(node)
-            if not pyfuse3.readdir_reply(token, node.name, self.entry(attr), cookies[i]):
+            if not pyfuse3.readdir_reply(token, node.name, self.entry(attr), node.cookie):
                 break
             self.files.counted(node)     # readdirplus: the kernel took a reference
 

@@ -61,8 +61,8 @@ class Handle:
 
 @dataclass(eq=False)
 class NodeState:
-    """Per-inode state that only matters while the kernel or a handle uses the inode."""
-    lookups: int = 0
+    """Per-inode state that only matters while a handle uses the inode (or the kernel's page
+    cache may hold a version of it)."""
     opens: int = 0
     writers: int = 0
     readers: dict[int, int] = field(default_factory=dict)   # blob id -> read-only handles
@@ -80,6 +80,9 @@ class Handles:
     def __init__(self) -> None:
         self.handles: dict[int, Handle] = {}
         self.states: dict[int, NodeState] = {}
+        # the kernel's references (lookup counts) per inode: a plain int per inode the kernel
+        # caches (millions after a walk of the tree), apart from the heavier NodeState
+        self.lookups: dict[int, int] = {}
         self._next_fh = 1
 
     def __len__(self) -> int:
@@ -119,6 +122,9 @@ class Handles:
                 st.writers -= 1
         return h
 
-    def idle(self, st: NodeState) -> bool:
-        """Nothing uses the inode: no lookup reference, no handle, no lock holder."""
-        return st.lookups <= 0 and st.opens <= 0 and not st.lock.locked()
+    def idle(self, ino: int, st: NodeState) -> bool:
+        """The inode's state may go: no handle, no lock holder, and no kernel reference to a
+        version whose pages the kernel may keep (`cache_version`)."""
+        if st.opens > 0 or st.lock.locked():
+            return False
+        return st.cache_version is None or not self.lookups.get(ino)

@@ -12,6 +12,7 @@ that space writers may still claim is the space layer's business (kvfs/space/).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import errno
@@ -20,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Iterable
+
+import numpy as np
 
 from kvfs.aio import run_all
 from kvfs.alloc import ExtentAllocator
@@ -44,6 +47,8 @@ class Area:
     `Regions`): only the regions this node holds a lease on, with a write fence. The pool asks
     its area, and tells it what it allocates, frees and publishes; it never asks who it is.
     """
+
+    whole = True        # every namespace entirely: free space in the area is all free space
 
     def ranges(self, ns_size: int) -> list[tuple[int, int]]:
         """The [lo, hi) spans of a namespace of `ns_size` bytes this node may allocate in."""
@@ -285,19 +290,37 @@ class Pool:
     # --- space -------------------------------------------------------------------------------
     def attach(self, layouts: Iterable[Layout]) -> None:
         """Rebuild free space from the layouts of every block the catalog holds."""
-        used: list[list[tuple[int, int]]] = [[] for _ in self.namespaces]
+        ns: list[int] = []
+        off: list[int] = []
+        length: list[int] = []
+        units = set()
         for layout in layouts:
-            if layout.unit != self.unit:
-                raise StartupError(f"catalog holds a block with stripe unit {layout.unit}, "
-                                   f"the pool uses {self.unit}")
+            units.add(layout.unit)
             for e in layout.unit_extents():
-                if e.ns >= len(self.namespaces):
-                    raise StartupError(f"catalog refers to namespace {e.ns}, the pool has "
-                                       f"{len(self.namespaces)}")
-                used[e.ns].append((e.offset, e.length))
+                ns.append(e.ns)
+                off.append(e.offset)
+                length.append(e.length)
+        self.attach_extents(np.asarray(ns, dtype=np.int64), np.asarray(off, dtype=np.int64),
+                            np.asarray(length, dtype=np.int64), units)
+
+    def attach_extents(self, ns, off, length, units: Iterable[int] = ()) -> None:
+        """Rebuild free space from the (namespace, offset, length) arrays of every stripe unit
+        the catalog holds (`units`: the stripe units of its blocks), sorted here."""
+        for u in units:
+            if int(u) != self.unit:
+                raise StartupError(f"catalog holds a block with stripe unit {int(u)}, "
+                                   f"the pool uses {self.unit}")
+        if len(ns) and int(ns.max()) >= len(self.namespaces):
+            raise StartupError(f"catalog refers to namespace {int(ns.max())}, the pool has "
+                               f"{len(self.namespaces)}")
+        order = np.lexsort((off, ns))
+        ns, off, length = ns[order], off[order], length[order]
+        bounds = np.searchsorted(ns, np.arange(len(self.namespaces) + 1))
         try:
-            self.allocators = [ExtentAllocator.from_used(DATA_START, ns.size, u)
-                               for ns, u in zip(self.namespaces, used)]
+            self.allocators = [
+                ExtentAllocator.from_sorted(DATA_START, nsp.size, off[bounds[j]:bounds[j + 1]],
+                                            length[bounds[j]:bounds[j + 1]])
+                for j, nsp in enumerate(self.namespaces)]
         except ValueError as e:
             raise StartupError(f"catalog is inconsistent with the pool: {e}") from None
 
@@ -313,6 +336,8 @@ class Pool:
     @property
     def writable(self) -> int:
         """Free bytes this node may allocate now (in its area)."""
+        if self.area.whole:
+            return self.free
         return sum(a.free_in(lo, hi)[0] for a, ns in zip(self.allocators, self.namespaces)
                    for lo, hi in self.area.ranges(ns.size))
 
@@ -450,8 +475,11 @@ class Pool:
         n = unit_count(size, self.unit)
         lengths = [stored_length(size, self.unit, k) for k in range(n)]
         weights = self.placement_weights()
-        room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
-                for a, ns in zip(self.allocators, self.namespaces)]
+        if self.area.whole:             # (free_in walks every free extent of the range)
+            room = [a.free_bytes for a in self.allocators]
+        else:
+            room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
+                    for a, ns in zip(self.allocators, self.namespaces)]
         try:
             assign = place_units(n, weights, self._rotation % len(self.namespaces), room, lengths)
         except ValueError:
@@ -520,6 +548,9 @@ class Pool:
         t0 = time.perf_counter()
         done: dict[int, float] = {}
 
+        runs = self.runs(ns_of, offsets, size)
+        per_ns = collections.Counter(ns_of[run[0]] for run in runs)
+
         def run_writer(run: list[int]):
             async def write() -> None:
                 units, lengths = [], []
@@ -529,7 +560,9 @@ class Pool:
                     units.append(buf.io_views(k * self.unit, stored, self.zero))
                     lengths.append(min(self.unit, size - k * self.unit))
                 j = ns_of[run[0]]
-                digests = await self.namespaces[j].write_units(units, offsets[run[0]], lengths)
+                # the only run on its namespace: written and made durable in one job
+                digests = await self.namespaces[j].write_units(units, offsets[run[0]], lengths,
+                                                               sync=per_ns[j] == 1)
                 for k, d in zip(run, digests):
                     sums[k] = d
                 done[j] = time.perf_counter() - t0
@@ -537,8 +570,8 @@ class Pool:
 
         layout_if_ok = Layout(size, self.unit, ns_of, offsets, (0,) * n)
         try:
-            await run_all(run_writer(run) for run in self.runs(ns_of, offsets, size))
-            await run_all(self.namespaces[j].sync for j in sorted(set(ns_of)))
+            await run_all(run_writer(run) for run in runs)
+            await run_all(self.namespaces[j].sync for j in sorted(per_ns) if per_ns[j] > 1)
         except BaseException:
             self.release(layout_if_ok)
             raise

@@ -125,7 +125,7 @@ class Readahead:
         if prev is not None and prev != node.ino:
             predicted = node.ino in s.ahead or self.catalog.next_of(prev) == node.ino
             self.catalog.link(prev, node.ino, LINK_READ)
-            pnode = self.catalog.nodes.get(prev)
+            pnode = self.catalog.find(prev)
             if pnode is not None and pnode.blob is not None:
                 parent = pnode.blob.id
             if predicted:
@@ -154,7 +154,7 @@ class Readahead:
             if nxt is None or nxt in seen:
                 break
             seen.add(nxt)
-            succ = cat.nodes.get(nxt)
+            succ = cat.find(nxt)
             if succ is None or succ.blob is None:
                 break
             if nxt not in s.ahead:

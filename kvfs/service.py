@@ -50,6 +50,8 @@ class Service:
                                    self.allocations, readahead=self.readahead)
         space.store = store
         space.evictor = files.evict
+        if hasattr(catalog, "lru_files"):
+            space.lru = catalog.lru_files       # one node: the catalog's LRU order
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()
         self.control = Control(catalog, store, files, knobs, statistics=self.statistics,
@@ -98,7 +100,9 @@ class Service:
             out["atimes"] = await self.catalog.flush_atimes()
             out["links"] = await self.catalog.flush_links()
         except KvfsError as e:
-            log.warning("persisting access times and chain links failed (retried later): %s", e)
+            # after a catalog failure (logged once where it happened) every round fails: debug
+            log.log(logging.DEBUG if self.catalog.failure else logging.WARNING,
+                    "persisting access times and chain links failed (retried later): %s", e)
         except Exception:  # noqa: BLE001 - logged; the next round retries
             log.exception("persisting access times and chain links failed")
         return out
@@ -126,7 +130,7 @@ class Service:
         tiers = store["tiers"]
         tiers["pool"].update(pool["tier"])
         tiers["pool"].update(reserved=space["reserved"], evict=space["evict"],
-                             evictions=space["evictions"])
+                             evictions=space["evictions"], blocks=self.catalog.file_count)
         prefetch = store["prefetch"]
         prefetch.update(vars(self.readahead.stats))
         prefetch["enabled"] = self.knobs.prefetch_enabled
@@ -149,7 +153,8 @@ class Service:
                         "transactions": cat.commits, "statements": cat.statements,
                         "commit_seconds": round(cat.commit_seconds, 4),
                         "error": cat.failure,
-                        "opened_with": getattr(cat, "opened_with", None)},
+                        "opened_with": getattr(cat, "opened_with", None),
+                        **(cat.cache_statistics() if hasattr(cat, "cache_statistics") else {})},
         }
         if self.space.kind == "cluster":
             out["cluster"] = {**cat.statistics(), **space}

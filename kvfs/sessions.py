@@ -364,8 +364,6 @@ class Sessions:
         # (published, then unlinked while the commit was in flight: the unlink retired it)
         if old is not None:
             self.store.retire(old)
-        if node.linked:
-            self.store.track(rec, node.ino)
         return rec
 
     async def keep_pinned(self, node: Node, rec: BlobRec) -> None:
@@ -382,7 +380,7 @@ class Sessions:
         s.buffer.seal()
         self._charge(s)
         pred = self.catalog.parent_of(node.ino)
-        pnode = self.catalog.nodes.get(pred) if pred is not None else None
+        pnode = self.catalog.find(pred) if pred is not None else None
         self.store.adopt(s.rec, s.buffer, node.ino, charged=s.charged,
                          parent=pnode.blob.id if pnode is not None and pnode.blob else None)
         s.charged = 0

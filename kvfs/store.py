@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import errno
 import logging
+import resource
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,7 +38,7 @@ from kvfs.buffer import Buffer
 from kvfs.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
-from kvfs.layout import Layout, align_up, units_covering
+from kvfs.layout import PAGE, Layout, align_up, units_covering
 from kvfs.policy import AlwaysAdmit, TierIndex, make_policy
 from kvfs.pool import Pool
 
@@ -45,6 +46,14 @@ log = logging.getLogger("kvfs.store")
 
 # Prefetches fetched at the same time (more would share the bandwidth and delay the next block).
 PREFETCH_FETCHES = 2
+
+
+def resident_limit() -> int:
+    """How many blocks may be resident at once: each holds a file descriptor (its memfd), so
+    half of the descriptors the process may open (small blocks would otherwise exhaust them
+    long before the DRAM tier's bytes, and a commit would fail with EMFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 class CachedBlob:
@@ -101,13 +110,13 @@ class BlockStore:
         self.on_free = on_free
         self.capacity = dram_capacity
         self.dram = TierIndex(dram_capacity, make_policy(policy, dram_capacity, pool.chunk))
+        self.max_resident = resident_limit()     # resident blocks (each holds a descriptor)
         self.admission = AlwaysAdmit()
         self.local = local                 # LocalTier or None
         self.blobs: dict[int, CachedBlob] = {}
         self.charged = 0                   # write-session buffers
         self.inflight = 0                  # buffers of fetches in progress
         self.pinned_bytes = 0
-        self.recency: collections.OrderedDict[int, int] = collections.OrderedDict()  # blob -> ino
         self._prefetch_queue: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._prefetch_running = 0
         self.stats = StoreStats()
@@ -149,7 +158,7 @@ class BlockStore:
             "policy": policy.name,
             "policy_mode": getattr(policy, "mode_name", policy.name),
         })
-        tiers["pool"]["blocks"] = len(self.recency)
+        # (tiers.pool.blocks, the files with a committed block, is the catalog's: service.py)
         # blocks held now (open handles, fetches, leases, copies): a leak shows here
         tiers["pool"]["held_blocks"] = sum(1 for cb in self.blobs.values() if cb.holders > 0)
         if self.local is None:
@@ -166,16 +175,14 @@ class BlockStore:
     def _get(self, rec: BlobRec, owner: int = 0) -> CachedBlob:
         cb = self.blobs.get(rec.id)
         if cb is None:
-            cb = self.blobs[rec.id] = CachedBlob(rec, owner or self.recency.get(rec.id, 0))
+            cb = self.blobs[rec.id] = CachedBlob(rec, owner)
+        elif owner and not cb.owner:
+            cb.owner = owner
         return cb
 
-    def track(self, rec: BlobRec, ino: int) -> None:
-        """A block became (or at start-up, is) the current version of file `ino`."""
-        self.recency[rec.id] = ino
-        self.recency.move_to_end(rec.id)
-
-    def hold(self, rec: BlobRec) -> None:
-        self._get(rec).holders += 1
+    def hold(self, rec: BlobRec, owner: int = 0) -> None:
+        """Someone reads the block (`owner`: the file it is a version of, when known)."""
+        self._get(rec, owner).holders += 1
 
     def unhold(self, rec: BlobRec) -> None:
         cb = self.blobs.get(rec.id)
@@ -186,7 +193,6 @@ class BlockStore:
 
     def retire(self, rec: BlobRec) -> None:
         """The block is no longer any file's version: free it once nobody reads it."""
-        self.recency.pop(rec.id, None)
         cb = self._get(rec)
         cb.retired = True
         if cb.pinned:
@@ -209,13 +215,6 @@ class BlockStore:
     def is_held(self, blob_id: int) -> bool:
         cb = self.blobs.get(blob_id)
         return cb is not None and (cb.holders > 0 or cb.fetch is not None or cb.pinned)
-
-    def pool_victims(self):
-        """(blob id, inode) of current blocks from least to most recently used, skipping blocks
-        that are open, being fetched or pinned."""
-        for bid, ino in list(self.recency.items()):
-            if not self.is_held(bid):
-                yield bid, ino
 
     # --- DRAM accounting -----------------------------------------------------------------------
     def tier_of(self, rec: BlobRec) -> str:
@@ -284,6 +283,27 @@ class BlockStore:
             self._maybe_forget(cb)
         return self.dram.fits(need)
 
+    def _room_for_one(self) -> bool:
+        """Make room for one more resident block under `max_resident` (evicting by the policy,
+        blocks nobody holds); False if that is not possible."""
+        ok = self._evictable(True)
+        while len(self.dram.sizes) >= self.max_resident:
+            bid = self.dram.policy.victim(ok)
+            if bid is None:
+                return False
+            self.dram.used -= self.dram.sizes.pop(bid)
+            cb = self.blobs.get(bid)
+            if cb is None:
+                continue
+            self.stats.tiers["dram"].evictions += 1
+            buf, cb.resident = cb.resident, None
+            if cb.prefetched:
+                cb.prefetched = False
+                self.stats.prefetch_wasted += 1
+            self._demote(cb, buf)
+            self._maybe_forget(cb)
+        return True
+
     def _demote(self, cb: CachedBlob, buf: Buffer | None) -> None:
         """A block leaves DRAM: keep a copy in the local tier if its admission agrees."""
         local = self.local
@@ -317,14 +337,19 @@ class BlockStore:
     def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int, parent=None) -> None:
         """Keep a just-committed buffer as the resident copy of `rec`: the `charged` bytes it
         was accounted as a write buffer now count as a clean, evictable copy."""
-        self.track(rec, ino)
         cb = self._get(rec, ino)
         self.charged -= charged
         if cb.resident is not None or cb.retired:    # it has a copy already, or is gone
             return
-        self._make_room(buf.nbytes)
+        # an empty block counts as a page: the policy's history (ghosts, simulated experts) is
+        # bounded in bytes, and blocks of 0 bytes would otherwise fill it without bound
+        nbytes = max(buf.nbytes, PAGE)
+        self._make_room(nbytes)
+        if not self._room_for_one():
+            self._maybe_forget(cb)           # durable in the pool; not kept in DRAM
+            return
         cb.resident = buf
-        self.dram.add(rec.id, buf.nbytes, parent)
+        self.dram.add(rec.id, nbytes, parent)
         self.stats.tiers["dram"].bytes_in += rec.size
 
     # --- pinning -------------------------------------------------------------------------------
@@ -369,8 +394,6 @@ class BlockStore:
 
         `parent`: the block the same reader read just before, if it precedes this one in a
         chain (the policy credits prefix hits with it)."""
-        if rec.id in self.recency:
-            self.recency.move_to_end(rec.id)
         tier = self.tier_of(rec)
         tiers = self.stats.tiers
         cb = self.blobs.get(rec.id)
@@ -397,8 +420,6 @@ class BlockStore:
 
     def access_direct(self, rec: BlobRec) -> None:
         """A direct reader (kvfs.direct) read the block from the namespaces."""
-        if rec.id in self.recency:
-            self.recency.move_to_end(rec.id)
         self.stats.tiers["pool"].hits += 1
         self.stats.tiers["pool"].bytes_out += rec.size
         self.stats.direct_reads += 1
@@ -542,6 +563,8 @@ class BlockStore:
                     and fetch.prefetch:
                 admit = False                    # readahead never displaces hotter blocks
                 self.stats.prefetch_wasted += 1
+            if admit and not self._room_for_one():
+                admit = False
             if admit:
                 cb.resident = fetch.buffer
                 cb.prefetched = fetch.prefetch
@@ -572,8 +595,9 @@ class BlockStore:
             dropped += rec.size
         return dropped
 
-    def evict_cold(self, n: int) -> list[int]:
-        """Drop the `n` DRAM blocks the policy would evict first; returns their blob ids."""
+    def evict_cold(self, n: int) -> list[tuple[int, int]]:
+        """Drop the `n` DRAM blocks the policy would evict first; returns their (blob id,
+        inode of the file, 0 if not known)."""
         out = []
         ok = self._evictable(True)
         while len(out) < n:
@@ -586,7 +610,7 @@ class BlockStore:
                 cb.resident = None
                 self.stats.tiers["dram"].evictions += 1
                 self._maybe_forget(cb)
-            out.append(bid)
+            out.append((bid, cb.owner if cb is not None else 0))
         return out
 
     def warm(self, rec: BlobRec) -> bool:

@@ -39,7 +39,7 @@ class BlobRec:
         return xxhash.xxh3_64_intdigest(self.layout.pack()[2])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Node:
     ino: int
     parent: int
@@ -54,7 +54,7 @@ class Node:
     blob: BlobRec | None = None                # files: the committed version
     target: bytes | None = None                # symlinks
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
-    children: dict[bytes, int] | None = None   # directories: name -> ino
+    children: dict[bytes, int] | None = None   # directories of a memory tree: name -> ino
     subdirs: int = 0                           # directories: how many children are directories
     persisted: bool = False                    # False while pending (created, never committed)
     linked: bool = True                        # False once unlinked (kept while open)
@@ -75,7 +75,7 @@ class Node:
     def nlink(self) -> int:
         if not self.linked:
             return 0
-        return 2 + self.subdirs if self.children is not None else 1
+        return 2 + self.subdirs if self.is_dir else 1
 
     @property
     def committed_size(self) -> int:

@@ -1,27 +1,51 @@
-"""The single-node catalog: an in-memory tree, persisted to SQLite in WAL mode.
+"""The single-node catalog: the tree lives in SQLite (WAL mode), a bounded cache of nodes in front.
 
-Reads never touch SQLite: the whole tree lives in memory (a few hundred bytes per file), so
-lookups, getattr and readdir cost no I/O and no thread hop. Every mutation is applied to memory
-first, on the trio thread, and then persisted; the caller's reply waits until SQLite has
-committed it with `synchronous=FULL` (fsync of the WAL). Mutations are persisted in the order
-they were applied, and concurrent ones share a transaction (group commit): one fsync for a burst
-of closes.
+SQLite is the truth. Memory holds only what is in use or recently used, so a catalog of millions
+of files costs a few megabytes and opens in a moment:
 
-Crash safety: a commit of a file version is one transaction (blob row + node row + the old
-blob's deletion), so after a crash a file has its old version or its new one, never a mix. A
-pending file (created, never committed) has no row at all and is absent after a crash. Space
-written for a version whose transaction never committed is not referenced by any row and is
-free again when the pool rebuilds its free map from the catalog at start-up.
+* `_live`: every `Node` object somebody holds (a weak map), so one inode is always one object;
+  `_cache`: the `cache_nodes` most recently used nodes, kept alive (an LRU).
+* `_pending`: files created and never committed (no row: absent after a crash), by inode and
+  by (parent, name); `_unlinked`: removed nodes that handles or the kernel still use, until
+  `drop`. A node whose memory differs from its row is held by one of these, so evicting a
+  node from the cache never loses a change.
+* `_dirty_atime`: access times not persisted yet (inode -> ns; written in batches, at the
+  latest every `DIRTY_ATIMES` accesses, and applied to a node read back from its row).
 
-If SQLite fails to commit (disk full, I/O error) the memory tree is ahead of the disk: the
-catalog then refuses every further mutation with EIO until the daemon is restarted, which
-reloads the last committed state; meanwhile the pool frees no extent (`on_failure`), so none
-that the disk's catalog references is written again. A failed commit or mkdir leaves the
-memory as the disk has it.
+Queries run on the trio thread against the one connection: a lookup is an index probe on
+(parent, name), readdir pages through an index on (parent, cookie), the pool's LRU order is
+an index on max(atime, mtime), chains are rows of `links`. With the database in the page
+cache each costs a few microseconds.
+
+Mutations are applied to memory and executed on the connection at once, in the transaction
+that is open (so every later query sees them), then wait for durability. Group commit: the
+first waiter commits the open transaction (on the trio thread; `synchronous=NORMAL` writes the
+WAL without syncing it) and `fdatasync`s the WAL in a worker thread; statements executed
+meanwhile go to the next transaction, whose waiters are served by the next round. A reply
+therefore waits for a WAL sync that started after its statements were committed: durable at
+close, with one transaction and one sync for every mutation of a burst.
+
+Crash safety: a commit of a file version is one transaction (the node's row with its block),
+so after a crash a file has its old version or its new one, never a mix; transactions reach
+the database in the order they were applied. A pending file has no row. Space written for a
+version whose transaction never committed is referenced by no row, so it is free again when
+the pool rebuilds its free map from the rows at start-up. The write-ahead log is checked
+before SQLite opens it (`wal_damage`): a log cut short is logged once and kept in
+`opened_with` (SQLite alone would silently drop the changes after its last intact commit).
+
+If SQLite fails (disk full, I/O error: a statement, a COMMIT or the WAL's sync) the open
+transaction is rolled back and memory may be ahead of the database: the catalog then sets
+`failure` and refuses every further mutation with EIO until the daemon is restarted, which
+starts from the last committed state. Meanwhile the pool frees no extent (`on_failure`,
+called once), so none that the disk's catalog references is written again (a transaction
+whose WAL sync failed may still reach the disk). A failed commit, mkdir or symlink leaves
+memory as the database has it: the file keeps its previous version (a new file is pending
+again, empty), the directory or symlink does not exist.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -29,36 +53,59 @@ import sqlite3
 import stat
 import struct
 import time
+import weakref
 from pathlib import Path
+from typing import Iterator
 
+import numpy as np
 import trio
 
-from kvfs.catalog.base import FIRST_INO, ROOT_INO, BlobRec, Node
-from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
-from kvfs.errors import KvfsError, StartupError
-from kvfs.layout import Layout
+from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
+from kvfs.catalog.tree import MAX_SUCCESSORS, RENAME_EXCHANGE, TreeCatalog, _now
+from kvfs.errors import KvfsError, StartupError, not_found
+from kvfs.layout import PAGE, Layout
 
 log = logging.getLogger("kvfs.catalog")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+CACHE_NODES = 8192          # nodes kept in memory beyond those in use
+DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
+PAGE_ROWS = 128             # rows per readdir / LRU page
+S_IFMT, S_IFDIR = 0o170000, 0o040000
 
-_SCHEMA = """
+_TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS blobs (
-    id INTEGER PRIMARY KEY, size INTEGER NOT NULL, unit INTEGER NOT NULL,
-    ns BLOB NOT NULL, offsets BLOB NOT NULL, sums BLOB NOT NULL, created_ns INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes (
-    ino INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
-    cookie INTEGER NOT NULL, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
-    atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
-    blob INTEGER REFERENCES blobs(id), target BLOB,
-    UNIQUE (parent, name));
 CREATE TABLE IF NOT EXISTS xattrs (
     ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name));
 CREATE TABLE IF NOT EXISTS links (
     pred INTEGER NOT NULL, succ INTEGER NOT NULL, source INTEGER NOT NULL, weight REAL NOT NULL,
     PRIMARY KEY (pred, succ));
 """
+# One row per node; a file's committed block (its generation, size, stripe unit and per-unit
+# namespace / offset / checksum arrays) is part of its row.
+_NODES = """
+CREATE TABLE nodes (
+    ino INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
+    cookie INTEGER NOT NULL, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+    target BLOB, blob INTEGER, size INTEGER, unit INTEGER, ns BLOB, offsets BLOB, sums BLOB,
+    blob_ns INTEGER);
+"""
+_INDEXES = f"""
+CREATE UNIQUE INDEX IF NOT EXISTS nodes_name ON nodes (parent, name);
+CREATE INDEX IF NOT EXISTS nodes_cookie ON nodes (parent, cookie);
+CREATE INDEX IF NOT EXISTS nodes_subdirs ON nodes (parent) WHERE (mode & {S_IFMT}) = {S_IFDIR};
+CREATE INDEX IF NOT EXISTS nodes_lru ON nodes (max(atime_ns, mtime_ns)) WHERE blob IS NOT NULL;
+CREATE INDEX IF NOT EXISTS links_succ ON links (succ);
+"""
+_COLS = ("ino, parent, name, cookie, mode, uid, gid, atime_ns, mtime_ns, ctime_ns, target, "
+         "blob, size, unit, ns, offsets, sums, blob_ns")
+_BY_INO = f"SELECT {_COLS} FROM nodes WHERE ino=?"
+_BY_NAME = f"SELECT {_COLS} FROM nodes WHERE parent=? AND name=?"
+_PAGE = f"SELECT {_COLS} FROM nodes WHERE parent=? AND cookie>? ORDER BY cookie LIMIT ?"
+_SUBDIRS = f"SELECT count(*) FROM nodes WHERE parent=? AND (mode & {S_IFMT}) = {S_IFDIR}"
+_LRU = ("SELECT max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL AND "
+        "(max(atime_ns, mtime_ns), ino) > (?, ?) ORDER BY max(atime_ns, mtime_ns), ino LIMIT ?")
 
 Stmt = tuple[str, tuple]
 
@@ -97,39 +144,79 @@ def wal_damage(path: Path) -> str | None:
     return None
 
 
-class _Batch:
-    __slots__ = ("stmts", "done", "error")
+class SqliteListing:
+    """A directory's entries for readdir, paged from the (parent, cookie) index: entries made
+    after opendir appear if their cookie is past the reader's offset, removed ones do not."""
 
-    def __init__(self) -> None:
-        self.stmts: list[Stmt] = []
-        self.done = False
-        self.error: BaseException | None = None
+    def __init__(self, cat: "SqliteCatalog", ino: int):
+        self.cat = cat
+        self.ino = ino
+
+    def after(self, cookie: int) -> Iterator[Node]:
+        cat = self.cat
+        while True:
+            rows = cat._conn.execute(_PAGE, (self.ino, cookie, PAGE_ROWS)).fetchall()
+            nodes = [cat._from_row(r) for r in rows]
+            hi = rows[-1][3] if len(rows) == PAGE_ROWS else None
+            extra = [n for n in cat._pending.values() if n.parent == self.ino and n.linked
+                     and n.cookie > cookie and (hi is None or n.cookie <= hi)]
+            if extra:
+                nodes = sorted(nodes + extra, key=lambda n: n.cookie)
+            yield from nodes
+            if hi is None:
+                return
+            cookie = hi
 
 
 class SqliteCatalog(TreeCatalog):
     """The catalog. Mutating methods are async (they wait for durability); queries are not."""
 
+    tree_children = False
+
     def __init__(self, conn: sqlite3.Connection, path: Path):
         super().__init__()
+        del self.nodes                  # no memory tree: see find() and the module doc
+        del self.successors, self.predecessors, self._dirty_links
         self._conn = conn
         self.path = path
-        self._batch = _Batch()
-        self._commit_lock = trio.Lock()
         self.opened_with: str | None = None    # what wal_damage found at open
+        self.cache_nodes = CACHE_NODES
+        self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
+        self._cache: collections.OrderedDict[int, Node] = collections.OrderedDict()
+        self._pending: dict[int, Node] = {}
+        self._pending_names: dict[tuple[int, bytes], int] = {}
+        self._unlinked: dict[int, Node] = {}
+        self._dirty_atime: dict[int, int] = {}
+        self._nodes = 0                 # rows (persisted nodes)
+        self._files = 0                 # rows with a block
+        self._links_changed = 0
+        # group commit (see the module doc)
+        self._in_txn = False
+        self._txn = 1                   # the transaction statements go to (open or next)
+        self._committed = 0             # the last transaction committed (in the WAL)
+        self._synced = 0                # the last transaction durable (WAL synced)
+        self._syncing = False
+        self._round: trio.Event | None = None
+        self._wal_fd: int | None = None
+        self.syncs = 0                  # WAL fdatasyncs (for statistics)
+        self.sql_seconds = 0.0          # COMMITs on the trio thread
+        self.sync_seconds = 0.0         # WAL syncs (in a worker thread)
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
     def open(cls, path: Path) -> "SqliteCatalog":
-        """Open (creating if absent) the catalog database and load it into memory."""
+        """Open (creating if absent) the catalog database; nothing is loaded but counters."""
         damage = wal_damage(path)       # before SQLite reads (and then resets) the log
         if damage:
             log.warning("catalog %s: %s", path, damage)
         try:
             conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            # the WAL is synced by the group commit (see the module doc), checkpoints by SQLite
+            conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=OFF")
-            conn.executescript(_SCHEMA)
+            conn.execute("PRAGMA cache_size=-8192")
+            conn.executescript(_TABLES)
         except sqlite3.Error as e:
             raise StartupError(f"catalog {path}: cannot open: {e}") from None
         cat = cls(conn, path)
@@ -145,80 +232,74 @@ class SqliteCatalog(TreeCatalog):
         row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
 
+    def _one(self, sql: str, params: tuple = ()):
+        return self._conn.execute(sql, params).fetchone()[0]
+
     def _load(self) -> None:
         c = self._conn
         version = self._meta("schema_version")
         if version is None:
             now = _now()
+            c.execute(_NODES.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
             with c:
                 c.execute("BEGIN")
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                c.execute("INSERT OR IGNORE INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
+                c.execute(f"INSERT OR IGNORE INTO nodes ({_COLS}) VALUES "
+                          f"(?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL)",
                           (ROOT_INO, ROOT_INO, b"", 0, stat.S_IFDIR | 0o755, os.geteuid(),
                            os.getegid(), now, now, now))
+        elif int(version) == 1:
+            self._migrate_v1()
         elif int(version) != SCHEMA_VERSION:
             raise StartupError(f"catalog {self.path}: schema version {version} is not supported "
                                f"(this kvfs uses {SCHEMA_VERSION})")
+        c.executescript(_INDEXES)
         self.pool_id = self._meta("pool_id")
-        blobs: dict[int, BlobRec] = {}
-        for bid, size, unit, ns, offs, sums, created in c.execute(
-                "SELECT id, size, unit, ns, offsets, sums, created_ns FROM blobs"):
-            blobs[bid] = BlobRec(bid, Layout.unpack(size, unit, ns, offs, sums), created)
-        used_blobs: set[int] = set()
-        for row in c.execute("SELECT ino, parent, name, cookie, mode, uid, gid, atime_ns, "
-                             "mtime_ns, ctime_ns, blob, target FROM nodes"):
-            ino, parent, name, cookie, mode, uid, gid, at, mt, ct, bid, target = row
-            node = Node(ino, parent, bytes(name), mode, uid, gid, at, mt, ct, cookie=cookie,
-                        target=bytes(target) if target is not None else None, persisted=True)
-            if stat.S_ISDIR(mode):
-                node.children = {}
-            if bid is not None:
-                node.blob = blobs.get(bid)
-                if node.blob is None:
-                    raise StartupError(f"catalog {self.path}: file {ino} refers to missing "
-                                       f"block {bid}")
-                used_blobs.add(bid)
-            self.nodes[ino] = node
-        for ino, name, value in c.execute("SELECT ino, name, value FROM xattrs"):
-            if ino in self.nodes:
-                self.nodes[ino].xattrs[bytes(name)] = bytes(value)
-        if ROOT_INO not in self.nodes:
+        if c.execute("SELECT 1 FROM nodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
             raise StartupError(f"catalog {self.path}: the root directory is missing")
-        orphans = []
-        for node in self.nodes.values():
-            if node.ino == ROOT_INO:
-                continue
-            parent = self.nodes.get(node.parent)
-            if parent is None or parent.children is None:
-                orphans.append(node)
-                continue
-            parent.children[node.name] = node.ino
-            if node.children is not None:
-                parent.subdirs += 1
-        if orphans:   # cannot happen with atomic transactions; repair rather than refuse
-            log.error("catalog: %d node(s) without a parent directory; removing them", len(orphans))
-            with c:
-                c.execute("BEGIN")
-                for node in orphans:
-                    c.execute("DELETE FROM nodes WHERE ino=?", (node.ino,))
-                    c.execute("DELETE FROM xattrs WHERE ino=?", (node.ino,))
-                    if node.blob is not None:
-                        used_blobs.discard(node.blob.id)
-                    del self.nodes[node.ino]
-        for pred, succ, source, weight in c.execute("SELECT pred, succ, source, weight FROM links"):
-            if pred in self.nodes and succ in self.nodes:
-                self.successors.setdefault(pred, {})[succ] = [source, weight]
-                self.predecessors.setdefault(succ, set()).add(pred)
-        unused = set(blobs) - used_blobs
-        if unused:
-            log.warning("catalog: dropping %d unreferenced block record(s)", len(unused))
-            with c:
-                c.execute("BEGIN")
-                c.executemany("DELETE FROM blobs WHERE id=?", [(b,) for b in unused])
-        self._next_ino = max([FIRST_INO - 1, *self.nodes]) + 1
-        self._next_cookie = max([0, *(n.cookie for n in self.nodes.values())]) + 1
+        # one scan of the table for the counters (a fraction of a second at a million rows)
+        nodes, files, ino, cookie, blob = c.execute(
+            "SELECT count(*), count(blob), max(ino), max(cookie), max(blob) FROM nodes").fetchone()
+        self._nodes, self._files = nodes, files
+        self._next_ino = max(FIRST_INO - 1, ino) + 1
+        self._next_cookie = (cookie or 0) + 1
         hwm = int(self._meta("blob_hwm") or 0)
-        self._next_blob = max([hwm, *blobs]) + 1
+        self._next_blob = max(hwm, blob or 0) + 1
+        # SQLite's own page cache grows with the catalog (64 bytes a node, 8 to 128 MiB: the
+        # interior pages of the indexes and the hottest leaves); the rest comes from the
+        # kernel's page cache, which is asked to read the database ahead now
+        kib = min(128 << 10, max(8 << 10, nodes * 64 >> 10))
+        c.execute(f"PRAGMA cache_size=-{kib}")
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        # links to inodes that were pending when the daemon stopped (never committed; their
+        # numbers will be given again)
+        with c:
+            c.execute("BEGIN")
+            c.execute("DELETE FROM links WHERE pred >= ?1 OR succ >= ?1", (self._next_ino,))
+
+    def _migrate_v1(self) -> None:
+        """Schema 1 (a `blobs` table) to 2 (the block in the node's row), in one transaction."""
+        c = self._conn
+        log.info("catalog %s: upgrading the schema from version 1 to %d", self.path,
+                 SCHEMA_VERSION)
+        with c:
+            c.execute("BEGIN")
+            c.execute(_NODES.replace("CREATE TABLE nodes", "CREATE TABLE nodes2"))
+            c.execute(f"INSERT INTO nodes2 ({_COLS}) SELECT n.ino, n.parent, n.name, n.cookie, "
+                      f"n.mode, n.uid, n.gid, n.atime_ns, n.mtime_ns, n.ctime_ns, n.target, b.id, "
+                      f"b.size, b.unit, b.ns, b.offsets, b.sums, b.created_ns FROM nodes n "
+                      f"LEFT JOIN blobs b ON b.id = n.blob")
+            c.execute("DROP TABLE nodes")
+            c.execute("DROP TABLE blobs")
+            c.execute("ALTER TABLE nodes2 RENAME TO nodes")
+            c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def set_pool_id(self, pool_id: str) -> None:
         """Bind a new catalog to its pool (synchronous: start-up and `kvfs format` only)."""
@@ -228,74 +309,392 @@ class SqliteCatalog(TreeCatalog):
         self.pool_id = pool_id
 
     def close(self) -> None:
+        """Commit and sync what is open, then close (SQLite checkpoints the WAL)."""
+        if self._in_txn and not self.failure:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                log.error("catalog %s: the last commit failed: %s", self.path, e)
+            self._in_txn = False
         self._conn.close()
+        if self._wal_fd is not None:
+            os.close(self._wal_fd)
+            self._wal_fd = None
+
+    def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(namespace, offset, length) of every stripe unit of every block, as arrays (the pool
+        rebuilds its free space from them), and the stripe units the blocks use.
+
+        SQLite concatenates the rows' packed arrays in one aggregate query (sizes and unit
+        counts as fixed-width hex), so no Python object is made per row: about a second for a
+        million blocks when the database is cached."""
+        try:
+            ns, off, sizes, counts, umin, umax = self._conn.execute(
+                "SELECT CAST(group_concat(ns, '') AS BLOB), CAST(group_concat(offsets, '') AS "
+                "BLOB), group_concat(printf('%016x', size), ''), "
+                "group_concat(printf('%08x', length(ns) / 2), ''), min(unit), max(unit) "
+                "FROM nodes WHERE blob IS NOT NULL").fetchone()
+        except sqlite3.Error:                    # too big for one value: row by row
+            return self._extents_by_row()
+        if sizes is None:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty, empty
+        units = np.unique(np.asarray([umin, umax], dtype=np.int64))
+        if len(units) > 1:                       # blocks of several stripe units: each one
+            units = np.asarray([u for (u,) in self._conn.execute(
+                "SELECT DISTINCT unit FROM nodes WHERE blob IS NOT NULL")], dtype=np.int64)
+            return (*self._extents_by_row()[:3], units)
+        return (*self._unit_extents(
+            np.frombuffer(ns or b"", dtype=np.uint16), np.frombuffer(off or b"", dtype=np.uint64),
+            np.frombuffer(bytes.fromhex(sizes), dtype=">u8").astype(np.int64),
+            np.frombuffer(bytes.fromhex(counts), dtype=">u4").astype(np.int64),
+            int(umin)), units)
+
+    @staticmethod
+    def _unit_extents(ns, off, sizes, counts, unit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-unit (namespace, offset, stored length) from per-block sizes and unit counts."""
+        ns = ns.astype(np.int64)
+        off = off.astype(np.int64)
+        first = np.cumsum(counts) - counts
+        k = np.arange(len(ns), dtype=np.int64) - np.repeat(first, counts)
+        size = np.repeat(sizes, counts)
+        unit = np.repeat(np.asarray(unit, dtype=np.int64), len(ns)) if np.ndim(unit) == 0 \
+            else np.repeat(unit, counts)
+        content = np.minimum(unit, size - k * unit)
+        return ns, off, (content + PAGE - 1) // PAGE * PAGE
+
+    def _extents_by_row(self):
+        ns_parts: list[bytes] = []
+        off_parts: list[bytes] = []
+        sizes: list[int] = []
+        units: list[int] = []
+        cur = self._conn.execute("SELECT size, unit, ns, offsets FROM nodes WHERE blob IS NOT NULL")
+        while True:
+            rows = cur.fetchmany(65536)
+            if not rows:
+                break
+            s, u, n, o = zip(*rows)
+            sizes += s
+            units += u
+            ns_parts += n
+            off_parts += o
+        counts = np.fromiter(map(len, ns_parts), dtype=np.int64, count=len(ns_parts)) // 2
+        u = np.asarray(units, dtype=np.int64)
+        return (*self._unit_extents(np.frombuffer(b"".join(ns_parts), dtype=np.uint16),
+                                    np.frombuffer(b"".join(off_parts), dtype=np.uint64),
+                                    np.asarray(sizes, dtype=np.int64), counts, u),
+                np.unique(u))
+
+    # ------------------------------------------------------------------------------ nodes
+    def _remember(self, node: Node) -> None:
+        c = self._cache
+        if node.ino in c:
+            c.move_to_end(node.ino)
+            return
+        c[node.ino] = node
+        if len(c) > self.cache_nodes:
+            c.popitem(last=False)
+
+    def _from_row(self, row) -> Node:
+        ino = row[0]
+        node = self._live.get(ino)
+        if node is not None:            # in use: its memory is the truth
+            self._remember(node)
+            return node
+        node = Node(ino, row[1], row[2], row[4], row[5], row[6], row[7], row[8], row[9],
+                    cookie=row[3], target=row[10], persisted=True)
+        if row[11] is not None:
+            node.blob = BlobRec(row[11], Layout.unpack(row[12], row[13], row[14], row[15],
+                                                       row[16]), row[17])
+        if node.mode & S_IFMT == S_IFDIR:
+            node.subdirs = self._one(_SUBDIRS, (ino,))
+        atime = self._dirty_atime.get(ino)
+        if atime is not None:
+            node.atime_ns = atime
+        for name, value in self._conn.execute("SELECT name, value FROM xattrs WHERE ino=?",
+                                              (ino,)):
+            node.xattrs[name] = value
+        self._live[ino] = node
+        self._remember(node)
+        return node
+
+    def find(self, ino: int) -> Node | None:
+        node = self._unlinked.get(ino)
+        if node is not None:
+            return node
+        node = self._live.get(ino)
+        if node is not None:
+            self._remember(node)
+            return node
+        row = self._conn.execute(_BY_INO, (ino,)).fetchone()
+        return self._from_row(row) if row is not None else None
+
+    def lookup(self, parent: int, name: bytes) -> Node:
+        if len(name) > NAME_MAX:      # no such name can exist; ext4 and tmpfs say so too
+            raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
+        self.dir(parent)
+        ino = self._pending_names.get((parent, name))
+        if ino is not None:
+            return self._pending[ino]
+        row = self._conn.execute(_BY_NAME, (parent, name)).fetchone()
+        if row is None:
+            raise not_found(name.decode(errors="replace"))
+        return self._from_row(row)
+
+    def _child(self, d: Node, name: bytes) -> int | None:
+        ino = self._pending_names.get((d.ino, name))
+        if ino is not None:
+            return ino
+        row = self._conn.execute("SELECT ino FROM nodes WHERE parent=? AND name=?",
+                                 (d.ino, name)).fetchone()
+        return row[0] if row is not None else None
+
+    def _has_children(self, d: Node) -> bool:
+        if any(n.parent == d.ino and n.linked for n in self._pending.values()):
+            return True
+        return self._conn.execute("SELECT 1 FROM nodes WHERE parent=? LIMIT 1",
+                                  (d.ino,)).fetchone() is not None
+
+    def listing(self, ino: int) -> SqliteListing:
+        self.dir(ino)
+        return SqliteListing(self, ino)
+
+    def files(self) -> Iterator[Node]:
+        """Every file with a committed block (a scan of the whole catalog: tests and tools)."""
+        last = 0
+        while True:
+            rows = self._conn.execute(f"SELECT {_COLS} FROM nodes WHERE ino>? AND blob IS NOT "
+                                      f"NULL ORDER BY ino LIMIT ?", (last, PAGE_ROWS)).fetchall()
+            if not rows:
+                return
+            for r in rows:
+                yield self._from_row(r)
+            last = rows[-1][0]
+
+    def layouts(self):
+        return (n.blob.layout for n in self.files())
+
+    def pinned_files(self) -> list[Node]:
+        rows = self._conn.execute("SELECT ino FROM xattrs WHERE name=? AND value=?",
+                                  (b"user.kvfs.pin", b"1")).fetchall()
+        nodes = [self.find(ino) for (ino,) in rows]
+        return [n for n in nodes if n is not None and n.blob is not None]
+
+    def lru_files(self) -> Iterator[tuple[int, int]]:
+        """(block id, inode) of the current blocks, least recently used (read or written)
+        first: the pool's eviction order. Accesses not yet flushed count as most recent."""
+        key, ino = -1, 0
+        while True:
+            rows = self._conn.execute(_LRU, (key, ino, PAGE_ROWS)).fetchall()
+            for key, ino, bid in rows:
+                if ino not in self._dirty_atime:
+                    yield bid, ino
+            if len(rows) < PAGE_ROWS:
+                break
+        for ino in sorted(self._dirty_atime, key=self._dirty_atime.get):
+            node = self.find(ino)
+            if node is not None and node.linked and node.blob is not None:
+                yield node.blob.id, ino
+
+    @property
+    def node_count(self) -> int:
+        return self._nodes + len(self._pending)
+
+    @property
+    def file_count(self) -> int:
+        return self._files
+
+    def cache_statistics(self) -> dict:
+        return {"wal_syncs": self.syncs, "commit_sql_seconds": round(self.sql_seconds, 4),
+                "wal_sync_seconds": round(self.sync_seconds, 4),
+                "cached_nodes": len(self._cache), "live_nodes": len(self._live),
+                "pending_nodes": len(self._pending), "unlinked_nodes": len(self._unlinked),
+                "dirty_atimes": len(self._dirty_atime), "cache_limit": self.cache_nodes}
+
+    def _register(self, node: Node) -> None:
+        self._live[node.ino] = node
+        self._remember(node)
+        if not node.persisted:
+            self._pending[node.ino] = node
+
+    def _enter(self, parent: Node, node: Node) -> None:
+        if not node.persisted:
+            self._pending_names[(parent.ino, node.name)] = node.ino
+
+    def _leave(self, parent: Node, node: Node) -> None:
+        if not node.persisted:
+            self._pending_names.pop((parent.ino, node.name), None)
+
+    def _persisted(self, node: Node) -> None:
+        """A pending node got its row."""
+        node.persisted = True
+        self._pending.pop(node.ino, None)
+        self._pending_names.pop((node.parent, node.name), None)
+        self._nodes += 1
+
+    def _detach(self, node: Node) -> None:
+        super()._detach(node)
+        self._pending.pop(node.ino, None)
+        self._unlinked[node.ino] = node
+
+    def drop(self, ino: int) -> None:
+        node = self._unlinked.pop(ino, None)
+        if node is not None:
+            self._cache.pop(ino, None)
+            self._dirty_atime.pop(ino, None)
+
+    def touch(self, node: Node, now_ns: int | None = None) -> None:
+        node.atime_ns = now_ns or _now()
+        if node.persisted and node.linked:
+            self._dirty_atime[node.ino] = node.atime_ns
+            if len(self._dirty_atime) >= DIRTY_ATIMES:
+                self._write_atimes()
+
+    def _write_atimes(self) -> int:
+        """Write the recorded access times in the open transaction (they ride with the next
+        commit; `flush_atimes` makes them durable)."""
+        dirty, self._dirty_atime = self._dirty_atime, {}
+        stmts = [("UPDATE nodes SET atime_ns=? WHERE ino=?", (t, i)) for i, t in dirty.items()]
+        if stmts:
+            try:
+                self._execute(stmts)
+            except KvfsError:
+                pass                        # LRU hints: the next restart starts from older ones
+        return len(stmts)
 
     # ------------------------------------------------------------------------------ persistence
-    async def _persist(self, stmts: list[Stmt]) -> None:
-        """Queue statements behind everything queued before; return once they are durable."""
+    def _fail(self, e: BaseException) -> None:
+        """A write failed: roll back the open transaction and refuse every later change
+        (`failure`); the first time, log it and tell whoever opened the catalog (`on_failure`:
+        the pool then frees no extent until a restart)."""
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+        self._in_txn = False
+        if self.failure:
+            return
+        self.failure = (f"catalog {self.path}: a write failed ({e}); refusing changes until "
+                        f"kvfs is restarted")
+        log.error(self.failure)
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
+
+    def _execute(self, stmts: list[Stmt]) -> int:
+        """Run statements in the open transaction (opening one); return its number."""
         if self.failure:
             raise KvfsError(errno.EIO, self.failure)
-        batch = self._batch
-        batch.stmts.extend(stmts)
-        with trio.CancelScope(shield=True):
-            async with self._commit_lock:
-                if not batch.done:
-                    self._batch = _Batch()
-                    try:
-                        await trio.to_thread.run_sync(self._apply, batch.stmts)
-                    except sqlite3.Error as e:
-                        batch.error = e
-                        self.failure = (f"catalog {self.path}: a write failed ({e}); refusing "
-                                        f"changes until kvfs is restarted")
-                        log.error(self.failure)
-                        if self.on_failure is not None:
-                            self.on_failure(self.failure)
-                    batch.done = True
-        if batch.error is not None:
-            raise KvfsError(errno.EIO, f"catalog write failed: {batch.error}")
-
-    def _apply(self, stmts: list[Stmt]) -> None:
         c = self._conn
-        t = time.perf_counter()
         try:
-            c.execute("BEGIN")
+            if not self._in_txn:
+                c.execute("BEGIN")
+                self._in_txn = True
             for sql, params in stmts:
                 c.execute(sql, params)
-            c.execute("COMMIT")
-        except BaseException:
-            if c.in_transaction:
-                c.execute("ROLLBACK")
-            raise
-        self.commits += 1
+        except sqlite3.Error as e:
+            self._fail(e)
+            raise KvfsError(errno.EIO, f"catalog write failed: {e}") from None
         self.statements += len(stmts)
+        return self._txn
+
+    async def _persist(self, stmts: list[Stmt]) -> None:
+        """Apply statements now (every later query sees them); return once they are durable."""
+        await self._durable(self._execute(stmts))
+
+    async def _durable(self, txn: int) -> None:
+        """Wait until transaction `txn` is committed and a WAL sync that started after its
+        commit has completed (the first waiter of a round does the work; see the module doc)."""
+        with trio.CancelScope(shield=True):
+            while self._synced < txn:
+                if self.failure:
+                    raise KvfsError(errno.EIO, self.failure)
+                if self._syncing:
+                    await self._round.wait()
+                    continue
+                self._syncing = True
+                self._round = trio.Event()
+                try:
+                    await self._commit_round()
+                finally:
+                    self._syncing = False
+                    self._round.set()
+            if self.failure and self._synced < txn:
+                raise KvfsError(errno.EIO, self.failure)
+
+    async def _commit_round(self) -> None:
+        t = time.perf_counter()
+        if self._in_txn:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                self._fail(e)
+                return
+            self.sql_seconds += time.perf_counter() - t
+            self._in_txn = False
+            self._committed = self._txn
+            self._txn += 1
+            self.commits += 1
+        target = self._committed
+        if target > self._synced:
+            t1 = time.perf_counter()
+            try:
+                await trio.to_thread.run_sync(self._sync_wal)
+            except OSError as e:
+                self._fail(e)
+                return
+            self._synced = target
+            self.syncs += 1
+            self.sync_seconds += time.perf_counter() - t1
         self.commit_seconds += time.perf_counter() - t
+
+    def _sync_wal(self) -> None:
+        """In a worker thread: fdatasync the WAL (reopened if SQLite made a new one)."""
+        wal = str(self.path) + "-wal"
+        fd = self._wal_fd
+        if fd is not None and os.fstat(fd).st_ino != os.stat(wal).st_ino:
+            os.close(fd)
+            fd = self._wal_fd = None
+        if fd is None:
+            fd = self._wal_fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+            d = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(d)                 # the WAL's directory entry, once
+            finally:
+                os.close(d)
+        os.fdatasync(fd)
+
+    async def sync(self) -> None:
+        """Make everything applied so far durable."""
+        await self._durable(self._txn if self._in_txn else self._committed)
+
+    def statistics(self) -> dict:
+        return {"wal_syncs": self.syncs, **self.cache_statistics(),
+                "commit_sql_seconds": round(self.sql_seconds, 4),
+                "wal_sync_seconds": round(self.sync_seconds, 4),
+                "nodes": self.node_count, "files": self.file_count}
 
     @staticmethod
     def _insert_node(node: Node) -> list[Stmt]:
+        b = node.blob
+        blob = (b.id, b.layout.size, b.layout.unit, *b.layout.pack(), b.created_ns) \
+            if b is not None else (None,) * 7
         out: list[Stmt] = [(
-            "INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO nodes ({_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (node.ino, node.parent, node.name, node.cookie, node.mode, node.uid, node.gid,
-             node.atime_ns, node.mtime_ns, node.ctime_ns,
-             node.blob.id if node.blob else None, node.target))]
+             node.atime_ns, node.mtime_ns, node.ctime_ns, node.target, *blob))]
         for name, value in node.xattrs.items():
             out.append(("INSERT INTO xattrs VALUES (?,?,?)", (node.ino, name, value)))
         return out
 
     def _delete_node(self, node: Node) -> list[Stmt]:
-        self._forget_links(node.ino)
-        out: list[Stmt] = [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
-                           ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
-                           ("DELETE FROM links WHERE pred=? OR succ=?", (node.ino, node.ino))]
+        self._nodes -= 1
         if node.blob is not None:
-            out.append(("DELETE FROM blobs WHERE id=?", (node.blob.id,)))
-        return out
-
-    @staticmethod
-    def _insert_blob(b: BlobRec) -> list[Stmt]:
-        ns, offs, sums = b.layout.pack()
-        return [("INSERT INTO blobs VALUES (?,?,?,?,?,?,?)",
-                 (b.id, b.layout.size, b.layout.unit, ns, offs, sums, b.created_ns)),
-                ("INSERT OR REPLACE INTO meta VALUES ('blob_hwm', ?)", (str(b.id),))]
+            self._files -= 1
+        self._dirty_atime.pop(node.ino, None)
+        return [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
+                ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
+                ("DELETE FROM links WHERE pred=?1 OR succ=?1", (node.ino,))]
 
     # ------------------------------------------------------------------------------ mutations
     def _parent_times(self, parent: Node) -> list[Stmt]:
@@ -309,25 +708,30 @@ class SqliteCatalog(TreeCatalog):
         again if that fails: the caller gets the error, and the name does not exist)."""
         node.persisted = True
         self._place(node)
+        self._nodes += 1
         try:
             await self._persist(self._insert_node(node) +
-                                self._parent_times(self.nodes[node.parent]))
+                                self._parent_times(self.get(node.parent)))
         except BaseException:
-            parent = self.nodes[node.parent]
-            if parent.children.get(node.name) == node.ino:
-                del parent.children[node.name]
-                if node.children is not None:
-                    parent.subdirs -= 1
-            self.nodes.pop(node.ino, None)
-            node.linked = False
+            # rolled back (or never executed): the row is not there, nor may the node be
+            if node.linked:
+                parent = self.find(node.parent)
+                if parent is not None:
+                    self._leave(parent, node)
+                    if node.is_dir:
+                        parent.subdirs -= 1
+                node.linked = False
+                self._nodes -= 1
+            self._live.pop(node.ino, None)
+            self._cache.pop(node.ino, None)
             raise
 
     async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
         """Make `layout` the file's committed content; return (new, old) versions.
 
         A pending node is persisted now, under its current name. A node unlinked meanwhile is
-        not persisted (its content is dropped by the caller). The old version's record is
-        deleted in the same transaction.
+        not persisted (its content is dropped by the caller). The old version goes with the
+        row's update, in the same transaction.
         """
         now = _now()
         rec = BlobRec(self.next_blob_id(), layout, now)
@@ -337,39 +741,54 @@ class SqliteCatalog(TreeCatalog):
         node.mtime_ns = node.ctime_ns = now
         if not node.linked:
             return rec, old
-        stmts = self._insert_blob(rec)
+        stmts: list[Stmt] = [("INSERT OR REPLACE INTO meta VALUES ('blob_hwm', ?)", (str(rec.id),))]
         if node.persisted:
-            stmts.append(("UPDATE nodes SET blob=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, "
-                          "atime_ns=? WHERE ino=?", (rec.id, now, now, node.mode, node.uid,
-                                                      node.gid, node.atime_ns, node.ino)))
+            ns, offs, sums = layout.pack()
+            stmts.append(("UPDATE nodes SET blob=?, size=?, unit=?, ns=?, offsets=?, sums=?, "
+                          "blob_ns=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, atime_ns=? "
+                          "WHERE ino=?", (rec.id, layout.size, layout.unit, ns, offs, sums, now,
+                                          now, now, node.mode, node.uid, node.gid,
+                                          node.atime_ns, node.ino)))
+            if old is None:
+                self._files += 1
         else:
-            node.persisted = True
+            self._persisted(node)
+            self._files += 1
             stmts += self._insert_node(node)
-        if old is not None:
-            stmts.append(("DELETE FROM blobs WHERE id=?", (old.id,)))
         try:
             await self._persist(stmts)
         except BaseException:
-            # not durable: the file keeps the version the disk has (the caller gives the new
-            # block's space back, so nothing may point at it)
+            # not durable: the file keeps the version the database has (the caller gives the
+            # new block's space back, so nothing may point at it); a new file is pending again
             node.blob = old
-            node.persisted, node.mtime_ns, node.ctime_ns = before
+            was_persisted, node.mtime_ns, node.ctime_ns = before
+            if node.linked:
+                if not was_persisted:
+                    node.persisted = False
+                    self._nodes -= 1
+                    self._files -= 1
+                    self._pending[node.ino] = node
+                    self._pending_names[(node.parent, node.name)] = node.ino
+                elif old is None:
+                    self._files -= 1
             raise
         return rec, old
 
     async def remove(self, node: Node, expect: BlobRec | None = None) -> Node:
         """Unlink a file by node (eviction uses this; on one node nothing else can have
         replaced `expect`)."""
-        p = self.nodes[node.parent]
+        p = self.get(node.parent)
         self._detach(node)
         node.ctime_ns = _now()
         if node.persisted:
             await self._persist(self._delete_node(node) + self._parent_times(p))
+        else:
+            self._forget_links(node.ino)
         return node
 
     async def rmdir(self, parent: int, name: bytes) -> Node:
         node = self._removable_dir(parent, name)
-        p = self.nodes[node.parent]
+        p = self.get(node.parent)
         self._detach(node)
         await self._persist(self._delete_node(node) + self._parent_times(p))
         return node
@@ -388,6 +807,8 @@ class SqliteCatalog(TreeCatalog):
             self._detach(target)
             if target.persisted:
                 stmts += self._delete_node(target)
+            else:
+                self._forget_links(target.ino)
         now = _now()
         self._move(src, pold, pnew, name_new, now)
         if src.persisted:
@@ -404,7 +825,7 @@ class SqliteCatalog(TreeCatalog):
         now = _now()
         self._swap(a, b, now)
         stmts: list[Stmt] = []
-        # Two rows swap names under a UNIQUE(parent, name) constraint: park one first.
+        # Two rows swap names under a UNIQUE(parent, name) index: park one first.
         if a.persisted and b.persisted:
             stmts.append(("UPDATE nodes SET parent=0, name=? WHERE ino=?", (b"\0swap", a.ino)))
         for n in (b, a):
@@ -430,7 +851,7 @@ class SqliteCatalog(TreeCatalog):
             node.mtime_ns = mtime_ns
         node.ctime_ns = _now()
         if node.persisted and node.linked:
-            self._dirty_atime.discard(node.ino)
+            self._dirty_atime.pop(node.ino, None)
             await self._persist([("UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
                                   "ctime_ns=? WHERE ino=?",
                                   (node.mode, node.uid, node.gid, node.atime_ns, node.mtime_ns,
@@ -453,28 +874,76 @@ class SqliteCatalog(TreeCatalog):
 
     async def flush_atimes(self) -> int:
         """Persist the access times recorded since the last flush (for LRU order after restart)."""
-        inos, self._dirty_atime = self._dirty_atime, set()
-        stmts = [("UPDATE nodes SET atime_ns=? WHERE ino=?", (self.nodes[i].atime_ns, i))
-                 for i in inos if i in self.nodes and self.nodes[i].linked]
-        if stmts:
-            await self._persist(stmts)
-        return len(stmts)
+        n = self._write_atimes()
+        await self.sync()
+        return n
 
     # ------------------------------------------------------------------------------ chains
+    # Links are rows of `links`, written at once in the open transaction (they ride with the
+    # next commit; `flush_links` makes them durable). A link may name a pending file: it goes
+    # with the file if the file is never committed (and after a crash, links to inode numbers
+    # past the last one are dropped at start-up).
+    def _links_from(self, pred: int) -> dict[int, list]:
+        return {s: [src, w] for s, src, w in self._conn.execute(
+            "SELECT succ, source, weight FROM links WHERE pred=?", (pred,))}
+
+    def links_of(self, pred: int) -> dict[int, tuple[int, float]]:
+        return {s: (v[0], v[1]) for s, v in self._links_from(pred).items()}
+
+    def _write_links(self, stmts: list[Stmt]) -> None:
+        try:
+            self._execute(stmts)
+            self._links_changed += 1
+        except KvfsError:
+            pass                        # a hint: nothing to undo
+
+    def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
+        if pred == succ:
+            return
+        p, s = self.find(pred), self.find(succ)
+        if p is None or s is None or not (p.linked and s.linked):
+            return
+        out = self._links_from(pred)
+        cur = out.get(succ)
+        if cur is None or source > cur[0]:
+            out[succ] = [source, weight]
+        elif source == cur[0]:
+            cur[1] += weight
+        else:
+            return
+        stmts: list[Stmt] = [("INSERT OR REPLACE INTO links VALUES (?,?,?,?)",
+                              (pred, succ, out[succ][0], out[succ][1]))]
+        if len(out) > MAX_SUCCESSORS:                       # keep the strongest few successors
+            weakest = min(out, key=lambda x: (out[x][0], out[x][1]))
+            stmts.append(("DELETE FROM links WHERE pred=? AND succ=?", (pred, weakest)))
+        self._write_links(stmts)
+
+    def unlink_chain(self, pred: int, succ: int) -> None:
+        self._write_links([("DELETE FROM links WHERE pred=? AND succ=?", (pred, succ))])
+
+    def _linked(self, ino: int) -> bool:
+        node = self.find(ino)
+        return node is not None and node.linked
+
+    def next_of(self, ino: int) -> int | None:
+        for (succ,) in self._conn.execute("SELECT succ FROM links WHERE pred=? ORDER BY source "
+                                          "DESC, weight DESC", (ino,)).fetchall():
+            if self._linked(succ):
+                return succ
+        return None
+
+    def parent_of(self, ino: int) -> int | None:
+        for (pred,) in self._conn.execute("SELECT pred FROM links WHERE succ=? ORDER BY source "
+                                          "DESC, weight DESC", (ino,)).fetchall():
+            if self._linked(pred):
+                return pred
+        return None
+
+    def _forget_links(self, ino: int) -> None:
+        self._write_links([("DELETE FROM links WHERE pred=?1 OR succ=?1", (ino,))])
+
     async def flush_links(self) -> int:
-        """Persist chain links changed since the last flush."""
-        dirty, self._dirty_links = self._dirty_links, set()
-        stmts: list[Stmt] = []
-        for pred, succ in dirty:
-            cur = self.successors.get(pred, {}).get(succ)
-            if cur is None:
-                stmts.append(("DELETE FROM links WHERE pred=? AND succ=?", (pred, succ)))
-            elif self.nodes.get(pred) and self.nodes[pred].persisted and \
-                    self.nodes.get(succ) and self.nodes[succ].persisted:
-                stmts.append(("INSERT OR REPLACE INTO links VALUES (?,?,?,?)",
-                              (pred, succ, cur[0], cur[1])))
-            else:
-                self._dirty_links.add((pred, succ))       # persisted with its files, later
-        if stmts:
-            await self._persist(stmts)
-        return len(stmts)
+        """Make the chain links written since the last flush durable."""
+        n, self._links_changed = self._links_changed, 0
+        await self.sync()
+        return n

@@ -1,10 +1,11 @@
-"""The in-memory tree every catalog serves from, and what all catalogs share.
+"""What every catalog shares, and the in-memory tree of the shared (Redis) catalog's mirror.
 
-A catalog keeps the whole namespace in memory (a few hundred bytes per file), so lookups,
-getattr and readdir cost no I/O and no thread hop; implementations differ in where they make
-changes durable: `SqliteCatalog` (one node, a local SQLite file) and `RedisCatalog` (many nodes
-sharing one pool, the catalog in Redis). Both give the layer above the same interface: queries
-are plain methods, mutations are async and return once the change is durable.
+Catalogs give the layer above one interface: queries are plain methods (`find`, `get`, `lookup`,
+`listing`...), mutations are async and return once the change is durable. `TreeCatalog` keeps
+the whole namespace in memory (the Redis catalog's mirror: a few hundred bytes per file);
+`SqliteCatalog` (one node) keeps it in SQLite with a bounded cache of nodes in front and
+overrides the few primitives the shared logic below uses (`find`, `_child`, `_has_children`,
+`_enter`, `_leave`, `_register`, the chains).
 
 Prefix chains (which block follows which) are kept here too: `link` records them in memory and
 each implementation persists them in batches (`flush_links`).
@@ -12,6 +13,7 @@ each implementation persists them in batches (`flush_links`).
 
 from __future__ import annotations
 
+import bisect
 import errno
 import stat
 import time
@@ -46,6 +48,7 @@ class TreeCatalog:
     """The memory tree and the chains; subclasses add durability."""
 
     shared = False           # True: other nodes change the same catalog (RedisCatalog)
+    tree_children = True     # directories hold their `children` in memory
     fresh = True             # False while a shared catalog may be out of date here
     # on_change(kind, node, old_blob, old_parent, old_name): set by the layer above; a shared
     # catalog calls it when another node changed something this node may cache
@@ -71,31 +74,47 @@ class TreeCatalog:
         self.commit_seconds = 0.0   # time spent making changes durable
 
     # ------------------------------------------------------------------------------ queries
+    def find(self, ino: int) -> Node | None:
+        """The node of an inode (linked, or unlinked and still used), or None."""
+        return self.nodes.get(ino)
+
     def get(self, ino: int) -> Node:
-        try:
-            return self.nodes[ino]
-        except KeyError:
-            raise KvfsError(errno.ENOENT, f"no such inode: {ino}") from None
+        node = self.find(ino)
+        if node is None:
+            raise KvfsError(errno.ENOENT, f"no such inode: {ino}")
+        return node
 
     def dir(self, ino: int) -> Node:
         node = self.get(ino)
-        if node.children is None:
+        if not node.is_dir:
             raise KvfsError(errno.ENOTDIR, f"not a directory: inode {ino}")
         return node
+
+    def _child(self, d: Node, name: bytes) -> int | None:
+        """The inode named `name` in directory `d`, or None."""
+        return d.children.get(name)
+
+    def _has_children(self, d: Node) -> bool:
+        return bool(d.children)
 
     def lookup(self, parent: int, name: bytes) -> Node:
         if len(name) > NAME_MAX:      # no such name can exist; ext4 and tmpfs say so too
             raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
         d = self.dir(parent)
-        ino = d.children.get(name)
+        ino = self._child(d, name)
         if ino is None:
             raise not_found(name.decode(errors="replace"))
-        return self.nodes[ino]
+        return self.get(ino)
+
+    def listing(self, ino: int) -> "Listing":
+        """A directory's entries for readdir (see `Listing`)."""
+        d = self.dir(ino)
+        return Listing(ino, sorted((self.nodes[i] for i in d.children.values()),
+                                   key=lambda n: n.cookie))
 
     def entries(self, ino: int) -> list[Node]:
         """The directory's children in readdir order (by cookie, which only grows)."""
-        d = self.dir(ino)
-        return sorted((self.nodes[i] for i in d.children.values()), key=lambda n: n.cookie)
+        return list(self.listing(ino).after(0))
 
     def path_of(self, node: Node) -> str:
         parts = []
@@ -103,11 +122,25 @@ class TreeCatalog:
             if not node.linked:
                 return "(unlinked)/" + node.name.decode(errors="replace")
             parts.append(node.name.decode(errors="replace"))
-            node = self.nodes[node.parent]
+            node = self.get(node.parent)
         return "/" + "/".join(reversed(parts))
 
     def files(self) -> Iterator[Node]:
         return (n for n in self.nodes.values() if n.blob is not None)
+
+    def pinned_files(self) -> list[Node]:
+        """Files whose block is pinned in DRAM (the attribute user.kvfs.pin = 1)."""
+        return [n for n in self.files() if n.xattrs.get(b"user.kvfs.pin") == b"1"]
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the catalog holds (files, directories, symlinks; pending ones included)."""
+        return len(self.nodes)
+
+    @property
+    def file_count(self) -> int:
+        """Files with a committed block."""
+        return sum(1 for _ in self.files())
 
     def layouts(self) -> Iterable[Layout]:
         return (n.blob.layout for n in self.files())
@@ -147,28 +180,41 @@ class TreeCatalog:
     def _make_node(self, parent: Node, name: bytes, mode: int, uid: int, gid: int) -> Node:
         """A new node named `name` in `parent` (checked), not yet in the tree."""
         check_name(name)
-        if parent.children is None:
+        if not parent.is_dir:
             raise KvfsError(errno.ENOTDIR, f"not a directory: {self.path_of(parent)}")
         if not parent.linked:
             raise KvfsError(errno.ENOENT, "directory was removed")
-        if name in parent.children:
+        if self._child(parent, name) is not None:
             raise exists(name.decode(errors="replace"))
         now = _now()
         return Node(self._id("_next_ino"), parent.ino, name, mode, uid, gid, now, now, now,
                     cookie=self._id("_next_cookie"))
 
+    def _register(self, node: Node) -> None:
+        """A new node exists (in memory)."""
+        self.nodes[node.ino] = node
+
+    def _enter(self, parent: Node, node: Node) -> None:
+        """`node` is now named node.name in `parent` (the name index)."""
+        parent.children[node.name] = node.ino
+
+    def _leave(self, parent: Node, node: Node) -> None:
+        """`node` no longer has its name node.name in `parent`."""
+        del parent.children[node.name]
+
     def _place(self, node: Node) -> None:
         """Put a node made by `_make_node` (a directory: with its `children` set) in the tree."""
-        parent = self.nodes[node.parent]
-        self.nodes[node.ino] = node
-        parent.children[node.name] = node.ino
-        if node.children is not None:
+        parent = self.get(node.parent)
+        self._register(node)
+        self._enter(parent, node)
+        if node.is_dir:
             parent.subdirs += 1
         parent.mtime_ns = parent.ctime_ns = node.ctime_ns
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Node:
         node = self._make_node(self.dir(parent), name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
-        node.children = {}
+        if self.tree_children:
+            node.children = {}
         await self._add(node)
         return node
 
@@ -195,34 +241,37 @@ class TreeCatalog:
               cookie: int | None = None) -> None:
         """Rename `src` to `name_new` in `pnew` (the target name is free); it gets a new readdir
         cookie (`cookie`, or the next one)."""
-        del pold.children[src.name]
-        if src.children is not None:
+        self._leave(pold, src)
+        if src.is_dir:
             pold.subdirs -= 1
             pnew.subdirs += 1
         if cookie is None:
             cookie = self._id("_next_cookie")
         src.parent, src.name, src.cookie = pnew.ino, name_new, cookie
         src.ctime_ns = now
-        pnew.children[name_new] = src.ino
+        self._enter(pnew, src)
         pold.mtime_ns = pold.ctime_ns = pnew.mtime_ns = pnew.ctime_ns = now
 
     def _swap(self, a: Node, b: Node, now: int) -> None:
         """RENAME_EXCHANGE: `a` and `b` trade names (and readdir cookies)."""
-        pa, pb = self.nodes[a.parent], self.nodes[b.parent]
+        pa, pb = self.get(a.parent), self.get(b.parent)
         na, nb = a.name, b.name
-        pa.children[na], pb.children[nb] = b.ino, a.ino
+        self._leave(pa, a)
+        self._leave(pb, b)
         if pa is not pb:
-            delta = (b.children is not None) - (a.children is not None)
+            delta = b.is_dir - a.is_dir
             pa.subdirs += delta
             pb.subdirs -= delta
         a.parent, a.name, b.parent, b.name = pb.ino, nb, pa.ino, na
         a.cookie, b.cookie = b.cookie, a.cookie
         a.ctime_ns = b.ctime_ns = now
+        self._enter(pb, a)
+        self._enter(pa, b)
 
     def _detach(self, node: Node) -> None:
-        parent = self.nodes[node.parent]
-        del parent.children[node.name]
-        if node.children is not None:
+        parent = self.get(node.parent)
+        self._leave(parent, node)
+        if node.is_dir:
             parent.subdirs -= 1
         parent.mtime_ns = parent.ctime_ns = _now()
         node.linked = False
@@ -234,7 +283,7 @@ class TreeCatalog:
                 return True
             if cur.ino == ROOT_INO:
                 return False
-            cur = self.nodes[cur.parent]
+            cur = self.get(cur.parent)
 
 
     async def unlink(self, parent: int, name: bytes) -> Node:
@@ -255,7 +304,7 @@ class TreeCatalog:
         node = self.lookup(parent, name)
         if not node.is_dir:
             raise KvfsError(errno.ENOTDIR, f"not a directory: {name.decode(errors='replace')}")
-        if node.children:
+        if self._has_children(node):
             raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}")
         return node
 
@@ -267,10 +316,10 @@ class TreeCatalog:
             raise KvfsError(errno.EINVAL, f"unsupported rename flags {flags:#x}")
         check_name(name_new)
         src = self.lookup(parent_old, name_old)
-        pold = self.nodes[parent_old]
+        pold = self.get(parent_old)
         pnew = self.dir(parent_new)
-        target_ino = pnew.children.get(name_new)
-        target = self.nodes[target_ino] if target_ino is not None else None
+        target_ino = self._child(pnew, name_new)
+        target = self.get(target_ino) if target_ino is not None else None
         if target is src:
             return src, pold, pnew, src
         if src.is_dir and self._is_ancestor(src, pnew):
@@ -287,7 +336,7 @@ class TreeCatalog:
                 raise KvfsError(errno.ENOTDIR, f"not a directory: {name_new.decode(errors='replace')}")
             if not src.is_dir and target.is_dir:
                 raise KvfsError(errno.EISDIR, f"is a directory: {name_new.decode(errors='replace')}")
-            if target.is_dir and target.children:
+            if target.is_dir and self._has_children(target):
                 raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name_new.decode(errors='replace')}")
         return src, pold, pnew, target
 
@@ -330,6 +379,10 @@ class TreeCatalog:
             self.predecessors.get(succ, set()).discard(pred)
             self._dirty_links.add((pred, succ))
 
+    def links_of(self, pred: int) -> dict[int, tuple[int, float]]:
+        """The successors recorded for `pred`: {succ: (source, weight)}."""
+        return {s: (v[0], v[1]) for s, v in self.successors.get(pred, {}).items()}
+
     def next_of(self, ino: int) -> int | None:
         """The most likely successor of a block: the strongest source, then the most weight."""
         out = self.successors.get(ino)
@@ -355,3 +408,20 @@ class TreeCatalog:
         node = self.nodes.get(ino)
         if node is not None and not node.linked:
             del self.nodes[ino]
+
+
+class Listing:
+    """A directory's entries for readdir, from readdir offset (cookie) to offset: here a
+    snapshot taken at opendir; entries removed or renamed since are skipped."""
+
+    def __init__(self, ino: int, nodes: list[Node]):
+        self.ino = ino
+        self.nodes = nodes
+        self.cookies = [n.cookie for n in nodes]
+
+    def after(self, cookie: int) -> Iterator[Node]:
+        """The entries whose cookie is greater than `cookie`, in cookie order."""
+        for i in range(bisect.bisect_right(self.cookies, cookie), len(self.nodes)):
+            node = self.nodes[i]
+            if node.linked and node.parent == self.ino and node.cookie == self.cookies[i]:
+                yield node

@@ -50,6 +50,8 @@ class Regions(Area):
     published or freed later unit by unit): a region with some is not given back. `used_at` is when this
     node last allocated in (or leased) a region."""
 
+    whole = False
+
     def __init__(self, data_bytes: int, count: int, unit: int):
         size = max(unit, align_up(-(-data_bytes // count), unit))
         self.size = size

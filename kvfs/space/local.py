@@ -8,10 +8,13 @@ from kvfs.space.base import Space
 
 class LocalSpace(Space):
     """Retired blocks are free at once (nobody else can read them); a full pool deletes this
-    node's least recently used closed files (the store's LRU order of blocks) when `pool.evict`
-    is "lru"."""
+    node's least recently used closed files (the catalog's order of last read or write,
+    `lru`, skipping blocks the store holds) when `pool.evict` is "lru"."""
 
     kind = "local"
+    # lru() -> (block id, inode) from least to most recently used: wired by the composer
+    # (the catalog's `lru_files`)
+    lru = None
 
     def retired(self, layout: Layout) -> None:
         self.pool.release(layout)
@@ -19,7 +22,9 @@ class LocalSpace(Space):
     async def make_room(self, exclude: int, need: int) -> bool:
         if self.knobs.pool_evict != "lru":
             return False
-        for bid, ino in self.store.pool_victims():
+        for bid, ino in self.lru():
+            if self.store.is_held(bid):
+                continue
             if await self._evict(ino, exclude, bid):
                 return True
         return False

@@ -288,23 +288,36 @@ def test_a_file_open_for_writing_keeps_its_content_after_unlink(pool_config, how
     run_service(cfg, body)
 
 
-def _fail_catalog_writes(catalog) -> None:
-    """From now on every SQLite transaction fails as on a full disk."""
+def _fail_catalog_writes(catalog, at: str = "statement") -> None:
+    """From now on every SQLite write fails as on a full disk (queries and ROLLBACK work):
+    each statement that writes (`at="statement"`), or only the group commit's COMMIT."""
     import sqlite3
+    failing = ("INSERT", "UPDATE", "DELETE", "COMMIT") if at == "statement" else ("COMMIT",)
 
-    def apply(stmts):
-        raise sqlite3.OperationalError("database or disk is full")
-    catalog._apply = apply
+    class FullDisk:
+        def __init__(self, conn):
+            self._conn = conn
+
+        def execute(self, sql, params=()):
+            if sql.split(None, 1)[0].upper() in failing:
+                raise sqlite3.OperationalError("database or disk is full")
+            return self._conn.execute(sql, params)
+
+        def __getattr__(self, name):
+            return getattr(self._conn, name)
+    catalog._conn = FullDisk(catalog._conn)
 
 
-def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config):
+@pytest.mark.parametrize("at", ["statement", "commit"])
+def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config, at):
     """A commit or mkdir whose catalog transaction failed answers EIO and leaves no trace: the
-    file keeps no version whose space was given back, the directory does not exist."""
+    file keeps no version whose space was given back, the directory does not exist. The
+    write may fail as it is executed, or when the group commit commits the transaction."""
     cfg = pool_config()
 
     async def body(fs):
         await fs.write("/old", b"o" * 5000)
-        _fail_catalog_writes(fs.files.catalog)
+        _fail_catalog_writes(fs.files.catalog, at)
         for path in ("/new", "/old"):
             with pytest.raises(KvfsError) as e:
                 await fs.write(path, os.urandom(MiB))
@@ -316,7 +329,9 @@ def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config):
         with pytest.raises(KvfsError) as e:
             await fs.mkdir("/dir")
         assert e.value.errno == errno.EIO
-        assert b"dir" not in fs.files.catalog.get(1).children
+        with pytest.raises(KvfsError) as e:
+            fs.files.catalog.lookup(1, b"dir")
+        assert e.value.errno == errno.ENOENT
 
     run_service(cfg, body)
 
@@ -354,6 +369,34 @@ def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_conf
     run_service(cfg, after_restart)
 
 
+def test_a_failed_wal_sync_is_a_catalog_failure(pool_config):
+    """With group commit the WAL is synced apart from the COMMIT: a failed sync is a catalog
+    failure like a failed statement (EIO, later changes refused, the pool frees nothing)."""
+    cfg = pool_config()
+
+    async def body(fs):
+        await fs.write("/keep", b"k" * 5000)
+        cat = fs.files.catalog
+
+        def sync_fails():
+            raise OSError(errno.EIO, "Input/output error")
+        cat._sync_wal = sync_fails
+        with pytest.raises(KvfsError) as e:
+            await fs.write("/new", os.urandom(MiB))
+        assert e.value.errno == errno.EIO
+        assert fs.svc.pool.frees_stopped and "a write failed" in cat.failure
+        with pytest.raises(KvfsError) as e:
+            await fs.mkdir("/dir")
+        assert e.value.errno == errno.EIO
+        assert "a write failed" in fs.svc.statistics()["catalog"]["error"]
+
+    async def after_restart(fs):
+        assert await fs.read("/keep") == b"k" * 5000
+
+    run_service(cfg, body)
+    run_service(cfg, after_restart)
+
+
 def test_readers_of_an_unlinked_file_keep_its_size_after_the_writer_closes(pool_config):
     """A reader that opened a file while its writer had unwritten bytes reads those bytes;
     after the file is unlinked and the writer closes (nothing is committed: the file has no
@@ -374,8 +417,8 @@ def test_readers_of_an_unlinked_file_keep_its_size_after_the_writer_closes(pool_
         assert fs.files.getattr(ino).size == len(data)
         assert await fs.read_fh(r, len(data)) == data
         await fs.close(r)
-        fs.files.forget(ino, fs.files.handles.states[ino].lookups)     # the kernel lets go
-        assert ino not in fs.files.handles.states and ino not in fs.files.catalog.nodes
+        fs.files.forget(ino, fs.files.handles.lookups.get(ino, 0))     # the kernel lets go
+        assert ino not in fs.files.handles.states and fs.files.catalog.find(ino) is None
 
     run_service(cfg, body)
 
@@ -396,8 +439,10 @@ def test_opening_an_evicted_file_through_a_stale_name_is_enoent(pool_config):
         with pytest.raises(KvfsError) as e:
             await fs.files.open(ino, os.O_RDONLY)
         assert e.value.errno == errno.ENOENT
-        fs.files.forget(ino, fs.files.handles.states[ino].lookups)
-        assert ino not in fs.files.catalog.nodes and ino not in fs.files.handles.states
+        fs.files.forget(ino, fs.files.handles.lookups[ino])
+        # the catalog keeps no unlinked node (the exception's traceback still holds this one)
+        assert fs.files.catalog.cache_statistics()["unlinked_nodes"] == 0
+        assert ino not in fs.files.handles.states
 
     run_service(cfg, body)
 

@@ -134,14 +134,14 @@ def test_chains_learned_from_write_order_read_order_and_hints(pool_config):
         cat = fs.files.catalog
         await write_chain(fs, ["/c0", "/c1", "/c2"], size=4096, pid=os.getpid())
         i0, i1, i2 = (fs.ino(p) for p in ("/c0", "/c1", "/c2"))
-        assert cat.next_of(i0) == i1 and cat.successors[i0][i1][0] == LINK_WRITE
+        assert cat.next_of(i0) == i1 and cat.links_of(i0)[i1][0] == LINK_WRITE
         await read_file(fs, "/c0", os.getpid())
         await read_file(fs, "/c2", os.getpid())       # a reader that skips c1
-        assert cat.successors[i0][i2][0] == LINK_READ
+        assert cat.links_of(i0)[i2][0] == LINK_READ
         assert cat.next_of(i0) == i2                   # read order outranks write order
         parent, name = fs.resolve("/c1")
         await fs.svc.control.setxattr(i0, b"user.kvfs.next", b"c1", 0)
-        assert cat.next_of(i0) == i1 and cat.successors[i0][i1][0] == LINK_HINT
+        assert cat.next_of(i0) == i1 and cat.links_of(i0)[i1][0] == LINK_HINT
         assert cat.parent_of(i1) == i0
 
     async def after_restart(fs):

@@ -15,8 +15,8 @@ def layout_of(mnt, path) -> dict:
     import sqlite3
     from kvfs.layout import Layout
     db = sqlite3.connect(mnt.config.parent / "state" / "catalog.sqlite")
-    row = db.execute("SELECT b.size, b.unit, b.ns, b.offsets, b.sums FROM nodes n JOIN blobs b "
-                     "ON n.blob = b.id WHERE n.name = ?", (path.name.encode(),)).fetchone()
+    row = db.execute("SELECT size, unit, ns, offsets, sums FROM nodes WHERE name = ?",
+                     (path.name.encode(),)).fetchone()
     db.close()
     return Layout.unpack(*row)
 

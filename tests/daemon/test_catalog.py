@@ -1,0 +1,172 @@
+"""The SQLite catalog at scale: a bounded node cache in front of the database, group commit,
+readdir by offset, the pool's LRU order, the free map rebuilt from the rows, schema 1 read."""
+
+import errno
+import os
+import sqlite3
+import stat
+
+import numpy as np
+import pytest
+import trio
+
+from kvfs.catalog.sqlite import SqliteCatalog
+from kvfs.errors import KvfsError
+from kvfs.layout import Layout
+from tests.daemon.harness import run_service
+
+MiB = 1 << 20
+
+
+def test_nodes_beyond_the_cache_are_read_back_from_the_database(pool_config):
+    cfg = pool_config()
+    names = [f"f{i:04d}".encode() for i in range(300)]
+
+    async def first(fs):
+        cat = fs.files.catalog
+        cat.cache_nodes = 16                       # far fewer than the files
+        await fs.mkdir("/d")
+        for i, n in enumerate(names):
+            await fs.write("/d/" + n.decode(), n * (i + 1))
+        d = fs.ino("/d")
+        assert len(cat._cache) <= 16
+        held = cat.lookup(d, names[0])             # a node somebody holds stays one object
+        for n in names[1:]:
+            cat.lookup(d, n)
+        assert cat.lookup(d, names[0]) is held and cat.find(held.ino) is held
+        assert [x.name for x in cat.entries(d)] == names
+        assert cat.get(d).nlink == 2 and cat.node_count == len(names) + 2
+        for i, n in enumerate(names[:20]):
+            assert await fs.read("/d/" + n.decode()) == n * (i + 1)
+        await fs.mkdir("/d/sub")
+        cat._cache.clear()
+        del held
+        assert cat.get(d).nlink == 3               # a directory's subdirectories, counted in SQL
+
+    async def second(fs):
+        cat = fs.files.catalog
+        assert len(cat._cache) < 16 and cat.file_count == len(names)
+        for i, n in enumerate(names):
+            assert await fs.read("/d/" + n.decode()) == n * (i + 1)
+
+    run_service(cfg, first)
+    run_service(cfg, second)
+
+
+def test_concurrent_commits_share_transactions_and_wal_syncs(pool_config):
+    cfg = pool_config()
+
+    async def run(fs):
+        cat = fs.files.catalog
+        await fs.write("/warm", b"x")
+        t0, s0 = cat.commits, cat.syncs
+        async with trio.open_nursery() as nursery:
+            for i in range(64):
+                nursery.start_soon(fs.write, f"/f{i}", os.urandom(4096))
+        assert cat.commits - t0 < 64 and cat.syncs - s0 < 64
+        assert cat._synced == cat._committed and not cat._in_txn
+
+    run_service(cfg, run)
+
+
+def test_readdir_pages_by_offset_with_pending_files_in_place(pool_config):
+    cfg = pool_config()
+
+    async def run(fs):
+        cat = fs.files.catalog
+        await fs.mkdir("/d")
+        for i in range(300):
+            await fs.write(f"/d/c{i}", b"")
+        fh = await fs.open("/d/pending", os.O_CREAT | os.O_WRONLY)   # no row yet
+        d = fs.ino("/d")
+        listing = cat.listing(d)
+        first = [n.name for _, n in zip(range(200), listing.after(0))]
+        mid = cat.lookup(d, first[-1]).cookie
+        await fs.files.unlink(d, b"c250")
+        rest = [n.name for n in listing.after(mid)]
+        names = first + rest
+        assert len(names) == len(set(names)) == 300 and b"pending" in names
+        assert b"c250" not in names
+        await fs.close(fh)
+
+    run_service(cfg, run)
+
+
+def test_lru_order_and_the_free_map_come_from_the_rows(pool_config):
+    cfg = pool_config()
+
+    async def first(fs):
+        for i in range(6):
+            await fs.write(f"/f{i}", os.urandom(300_000 + i))
+        await fs.read("/f0")                      # read: most recently used (not yet flushed)
+        cat = fs.files.catalog
+        order = [ino for _, ino in cat.lru_files()]
+        assert order[-1] == fs.ino("/f0") and order[0] == fs.ino("/f1")
+        await fs.svc.flush()
+        assert [ino for _, ino in cat.lru_files()] == order
+        ns, off, length, units = cat.extents()
+        assert all(np.array_equal(x, y) for x, y in zip((ns, off, length, units),
+                                                        cat._extents_by_row()))
+        ref = [(e.ns, e.offset, e.length) for n in cat.files() for e in n.blob.layout.unit_extents()]
+        assert sorted(zip(ns.tolist(), off.tolist(), length.tolist())) == sorted(ref)
+        pool = fs.svc.pool
+        before = [a.extents() for a in pool.allocators]
+        pool.attach(cat.layouts())
+        assert [a.extents() for a in pool.allocators] == before
+
+    run_service(cfg, first)
+
+
+def test_schema_1_is_upgraded_at_open(tmp_path):
+    path = tmp_path / "catalog.sqlite"
+    c = sqlite3.connect(path, isolation_level=None)
+    c.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE blobs (id INTEGER PRIMARY KEY, size INTEGER NOT NULL, unit INTEGER NOT NULL,
+            ns BLOB NOT NULL, offsets BLOB NOT NULL, sums BLOB NOT NULL, created_ns INTEGER NOT NULL);
+        CREATE TABLE nodes (ino INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
+            cookie INTEGER NOT NULL, mode INTEGER NOT NULL, uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL, atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+            ctime_ns INTEGER NOT NULL, blob INTEGER REFERENCES blobs(id), target BLOB,
+            UNIQUE (parent, name));
+        CREATE TABLE xattrs (ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
+            PRIMARY KEY (ino, name));
+        CREATE TABLE links (pred INTEGER NOT NULL, succ INTEGER NOT NULL, source INTEGER NOT NULL,
+            weight REAL NOT NULL, PRIMARY KEY (pred, succ));
+    """)
+    lay = Layout(5000, MiB, (0,), (MiB,), (1234,))
+    ns, offs, sums = lay.pack()
+    c.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    c.execute("INSERT INTO meta VALUES ('blob_hwm', '9')")
+    c.execute("INSERT INTO blobs VALUES (7, 5000, ?, ?, ?, ?, 1)", (MiB, ns, offs, sums))
+    c.execute("INSERT INTO nodes VALUES (1, 1, x'', 0, ?, 0, 0, 1, 1, 1, NULL, NULL)",
+              (stat.S_IFDIR | 0o755,))
+    c.execute("INSERT INTO nodes VALUES (16, 1, ?, 1, ?, 0, 0, 1, 1, 1, 7, NULL)",
+              (b"old.pt", stat.S_IFREG | 0o644))
+    c.execute("INSERT INTO xattrs VALUES (16, ?, ?)", (b"user.kvfs.pin", b"1"))
+    c.close()
+    cat = SqliteCatalog.open(path)
+    try:
+        node = cat.lookup(1, b"old.pt")
+        assert node.blob.id == 7 and node.blob.layout == lay and node.xattrs == {b"user.kvfs.pin": b"1"}
+        assert cat.next_blob_id() == 10 and cat.file_count == 1
+        assert [n.ino for n in cat.pinned_files()] == [16]
+        e = cat.extents()
+        assert e[0].tolist() == [0] and e[1].tolist() == [MiB] and e[2].tolist() == [8192]
+        assert np.array_equal(e[3], [MiB])
+    finally:
+        cat.close()
+
+
+def test_looking_up_a_name_longer_than_255_bytes_is_enametoolong(pool_config):
+    """SqliteCatalog.lookup (its own, not TreeCatalog's) answers as ext4 and tmpfs do."""
+    cfg = pool_config()
+
+    async def run(fs):
+        await fs.mkdir("/d")
+        for parent in (1, fs.ino("/d")):
+            with pytest.raises(KvfsError) as e:
+                fs.files.catalog.lookup(parent, b"L" * 256)
+            assert e.value.errno == errno.ENAMETOOLONG
+
+    run_service(cfg, run)
