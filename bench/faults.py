@@ -131,6 +131,18 @@ def start(tmp: Path, cfg: Path) -> MountedKvfs:
 
 
 # --- a namespace that goes away mid-write or mid-read ------------------------------------------
+_COPY = """
+import sys
+try:
+    data = open(sys.argv[1], "rb").read()
+    with open(sys.argv[2], "wb") as f:
+        f.write(data)             # passthrough: into memory; close commits
+except OSError as e:
+    print(e.errno)
+    sys.exit(1)
+"""
+
+
 def shrink(tmp: Path, phase: str) -> dict:
     """A namespace ends (its loop device shrinks to 1 MiB) while a commit writes to it or a
     cold read fetches from it; it comes back (the device's bytes restored) for the remount."""
@@ -164,8 +176,16 @@ def shrink(tmp: Path, phase: str) -> dict:
             def client() -> None:
                 try:
                     if phase == "write":
-                        with open(m.mountpoint / "big", "wb") as f:
-                            f.write(big)          # passthrough: into memory; close commits
+                        # in its own process: a fork+exec here (losetup, below) would close
+                        # a copy of the writer's descriptor in the child, which is a FUSE
+                        # flush - a close() - of a file still being written
+                        src = tmp / "big.src"
+                        src.write_bytes(big)
+                        r = subprocess.run(
+                            [sys.executable, "-c", _COPY, str(src), str(m.mountpoint / "big")],
+                            capture_output=True, text=True)
+                        if r.returncode:
+                            raise OSError(int(r.stdout.strip() or errno.EIO), r.stderr.strip())
                     else:
                         got["data"] = (m.mountpoint / "big").read_bytes()
                     got["errno"] = None
@@ -195,6 +215,7 @@ def shrink(tmp: Path, phase: str) -> dict:
             out["affected_fail_with"] = sorted({v["read"] for v in affected.values()
                                                if v["on_failed_namespace"]} - {None})
             out["namespace_states"] = [n["state"] for n in m.stats()["namespaces"]]
+            out["log_ok_again"] = log_lines(m, "I/O succeeds again")
             out["serving"] = serving(m, "after")
             out["doctor"] = doctor(m.mountpoint)
             m.stop()

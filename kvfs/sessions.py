@@ -35,6 +35,9 @@ log = logging.getLogger("kvfs.files")
 PIN_XATTR = b"user.kvfs.pin"
 
 
+ROOM_TRIES = 8          # a commit that met ENOSPC makes room and tries again this many times
+
+
 class Session:
     """The mutable content of a file between writes and commit."""
 
@@ -289,7 +292,8 @@ class Sessions:
             return
         if self.catalog.failure:     # it could not be recorded: do not write it to the pool
             self.stats.commit_errors += 1
-            raise KvfsError(errno.EIO, self.catalog.failure)
+            s.failed = KvfsError(errno.EIO, self.catalog.failure)
+            raise s.failed
         size = s.size
         sig = s.buffer.signature() if s.passthrough else None   # before its bytes are read
         if size > self.max_block_size:
@@ -298,18 +302,19 @@ class Sessions:
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
         self._charge(s)
-        tried = None                      # writable bytes when the allocation last failed
+        tries = 0
         while True:
             writer, s.writer = s.writer, None
             try:
                 layout = await self.store.write(s.buffer, size, writer)
                 break
             except KvfsError as e:
-                # Retry only if making room changed what this node may write: room that
-                # still does not fit (free bytes fragmented below a unit) would loop for ever.
-                stuck, tried = self.pool.writable == tried, self.pool.writable
-                if e.errno == errno.ENOSPC and not stuck and \
+                # Retry a bounded number of times: room that still does not fit (free bytes
+                # fragmented below a unit) would loop for ever, and other writers racing for
+                # the room just made may take it (so "nothing changed" is no sign to stop).
+                if e.errno == errno.ENOSPC and tries < ROOM_TRIES and \
                         await self.space.make_room(node.ino, size):
+                    tries += 1
                     continue
                 self.stats.commit_errors += 1
                 s.failed = e          # its closer is told; a later release must not commit it
