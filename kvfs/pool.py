@@ -481,7 +481,8 @@ class Pool:
             room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
                     for a, ns in zip(self.allocators, self.namespaces)]
         try:
-            assign = place_units(n, weights, self._rotation % len(self.namespaces), room, lengths)
+            assign = list(place_units(n, weights, self._rotation % len(self.namespaces), room,
+                                      lengths))
         except ValueError:
             raise no_space(f"pool is full: no room for a block of {size} bytes") from None
         self.next_rotation()
@@ -498,12 +499,18 @@ class Pool:
                         offsets[k] = off
                         off += lengths[k]
                     continue
-                for k in ks:   # fragmented: one extent per unit
-                    off = self.alloc_extent(j, lengths[k])
-                    if off is None:
-                        raise no_space(f"pool is full: namespace {j} has no room for a "
-                                       f"{lengths[k]}-byte stripe unit")
-                    taken.append((j, off, lengths[k]))
+                for k in ks:   # fragmented: one extent per unit, elsewhere if need be
+                    for j2 in [j] + sorted((i for i in range(len(room)) if i != j),
+                                           key=lambda i: -room[i]):
+                        off = self.alloc_extent(j2, lengths[k])
+                        if off is not None:
+                            break
+                    else:
+                        raise no_space(f"pool is full: no namespace has room for a "
+                                       f"{lengths[k]}-byte stripe unit (free space is "
+                                       f"fragmented)")
+                    taken.append((j2, off, lengths[k]))
+                    assign[k] = j2
                     offsets[k] = off
         except KvfsError:
             for j, off, length in taken:

@@ -35,7 +35,7 @@ log = logging.getLogger("kvfs.files")
 PIN_XATTR = b"user.kvfs.pin"
 
 
-ROOM_TRIES = 8          # a commit that met ENOSPC makes room and tries again this many times
+ROOM_TRIES = 64         # a commit that met ENOSPC makes room and tries again at most this often
 
 
 class Session:

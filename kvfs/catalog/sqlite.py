@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import heapq
 import logging
 import os
 import sqlite3
@@ -482,19 +483,27 @@ class SqliteCatalog(TreeCatalog):
 
     def lru_files(self) -> Iterator[tuple[int, int]]:
         """(block id, inode) of the current blocks, least recently used (read or written)
-        first: the pool's eviction order. Accesses not yet flushed count as most recent."""
+        first: the pool's eviction order. Accesses not yet flushed to the rows are merged in
+        at their place (a file read a minute ago is older than one written since)."""
+        dirty = []
+        for ino, atime in self._dirty_atime.items():
+            node = self.find(ino)
+            if node is not None and node.linked and node.blob is not None:
+                dirty.append((max(atime, node.mtime_ns), ino, node.blob.id))
+        dirty.sort()
+        for _, ino, bid in heapq.merge(self._lru_rows(), dirty):
+            yield bid, ino
+
+    def _lru_rows(self) -> Iterator[tuple[int, int, int]]:
+        """(last use, inode, block id) of the rows in LRU order, but for dirty access times."""
         key, ino = -1, 0
         while True:
             rows = self._conn.execute(_LRU, (key, ino, PAGE_ROWS)).fetchall()
             for key, ino, bid in rows:
                 if ino not in self._dirty_atime:
-                    yield bid, ino
+                    yield key, ino, bid
             if len(rows) < PAGE_ROWS:
                 break
-        for ino in sorted(self._dirty_atime, key=self._dirty_atime.get):
-            node = self.find(ino)
-            if node is not None and node.linked and node.blob is not None:
-                yield node.blob.id, ino
 
     @property
     def node_count(self) -> int:

@@ -104,6 +104,15 @@ def test_lru_order_and_the_free_map_come_from_the_rows(pool_config):
         assert order[-1] == fs.ino("/f0") and order[0] == fs.ino("/f1")
         await fs.svc.flush()
         assert [ino for _, ino in cat.lru_files()] == order
+        # a read not yet flushed is older than a write since: f6 is now the most recent
+        await fs.write("/f6", os.urandom(1000))
+        order = [ino for _, ino in cat.lru_files()]
+        await fs.read("/f2")
+        await fs.write("/f7", os.urandom(1000))
+        got = [ino for _, ino in cat.lru_files()]
+        assert got[-3:] == [fs.ino("/f6"), fs.ino("/f2"), fs.ino("/f7")], got
+        await fs.svc.flush()
+        assert [ino for _, ino in cat.lru_files()] == got
         ns, off, length, units = cat.extents()
         assert all(np.array_equal(x, y) for x, y in zip((ns, off, length, units),
                                                         cat._extents_by_row()))

@@ -16,6 +16,7 @@ from kvfs.cli import main as kvfs_main
 from kvfs.backend import open_layers
 from kvfs.knobs import Knobs
 from kvfs.errors import StartupError
+from kvfs.layout import Layout
 from kvfs.pool import Pool
 from tests.daemon.harness import run_service
 from tests.helpers import write_config
@@ -266,3 +267,23 @@ def test_a_shared_pool_counts_a_published_or_released_block_out_of_its_regions(t
         finally:
             pool.close()
     trio.run(main)
+
+
+def test_a_unit_that_does_not_fit_on_its_fragmented_namespace_goes_to_another(tmp_path):
+    """Free bytes on a namespace may be fragmented below a stripe unit (small files freed
+    between others): the unit is placed where it fits, not refused with ENOSPC."""
+    cfg = config.load(cfg_for(tmp_path, ["ns0.img", "ns1.img"], unit="256KiB", size="16MiB"))
+    pool = Pool.open(cfg.pool, expect_pool_id=None, create_new=True)
+    try:
+        a = pool.allocators[0]
+        page = 4096
+        # namespace 0: every other page used, so half of it is free but no unit fits
+        for off in range(0, pool.namespaces[0].size, 2 * page):
+            a.take_free(off, page)
+        assert a.largest() < pool.unit and a.free_bytes > 4 * pool.unit
+        ns, offsets = pool.allocate(4 * pool.unit)
+        assert set(ns) == {1}, ns
+        layout = Layout(4 * pool.unit, pool.unit, ns, offsets, (0,) * len(ns))
+        pool.release(layout)
+    finally:
+        pool.close()
