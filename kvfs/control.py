@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
 from kvfs.catalog.tree import LINK_HINT
+from kvfs.direct_access import DirectAccess
 from kvfs.errors import KvfsError
 from kvfs.files import Files
 from kvfs.handles import Attr
@@ -43,12 +44,14 @@ class Control:
     daemon's snapshot (kvfs/service.py composes it), `flush()` persists what is batched, and
     `pool_info` ({"pool_id", "namespace_paths"}) goes into every layout a direct reader gets."""
 
-    def __init__(self, catalog, store: BlockStore, files: Files, knobs: Knobs, *,
+    def __init__(self, catalog, store: BlockStore, files: Files, direct: DirectAccess,
+                 knobs: Knobs, *,
                  statistics: Callable[[], dict], flush: Callable[[], Awaitable[dict]],
                  pool_info: dict):
         self.catalog = catalog
         self.store = store
         self.files = files
+        self.direct = direct
         self.knobs = knobs
         self.statistics = statistics
         self.flush = flush
@@ -207,14 +210,14 @@ class Control:
         except (ValueError, KeyError, TypeError):
             raise KvfsError(errno.EINVAL, f"user.kvfs.{key.decode()} takes "
                                           f'{{"generation": N, ...}}') from None
-        files = self.files
+        direct = self.direct
         if key == b"lease":
             ttl = args.get("ttl", 30)
             if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
                 raise KvfsError(errno.EINVAL, "lease ttl must be 0 < ttl <= 3600 seconds")
-            files.lease_version(inode, gen, float(ttl))
+            direct.lease_version(inode, gen, float(ttl))
         else:
-            files.end_lease(inode, gen, bool(args.get("hit", True)))
+            direct.end_lease(inode, gen, bool(args.get("hit", True)))
 
     async def _direct_write(self, inode: int, key: bytes, value: bytes) -> None:
         """kvfs.direct's writes, on a file open for writing: {"size": N, "ttl": s} to allocate
@@ -231,12 +234,12 @@ class Control:
                 raise KvfsError(errno.EINVAL, 'user.kvfs.alloc takes {"size": bytes, "ttl": s}')
             if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
                 raise KvfsError(errno.EINVAL, "allocation ttl must be 0 < ttl <= 3600 seconds")
-            await self.files.direct_alloc(inode, size, float(ttl))
+            await self.direct.direct_alloc(inode, size, float(ttl))
         else:
             alloc, sums = args.get("alloc"), args.get("sums")
             if isinstance(alloc, bool) or not isinstance(alloc, int) or not isinstance(sums, list):
                 raise KvfsError(errno.EINVAL, 'user.kvfs.commit takes {"alloc": id, "sums": [...]}')
-            await self.files.direct_commit(inode, alloc, sums)
+            await self.direct.direct_commit(inode, alloc, sums)
 
     async def _set_file_attr(self, inode: int, key: bytes, value: bytes) -> None:
         node = self.catalog.get(inode)

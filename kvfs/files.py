@@ -29,7 +29,6 @@ from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.handles import Attr, Handle, Handles, NodeState, OpenResult
-from kvfs.layout import Layout
 from kvfs.leases import Allocations, Leases
 from kvfs.sessions import PIN_XATTR, Session, Sessions
 from kvfs.space import Space
@@ -564,54 +563,6 @@ class Files:
         if self.on_evict is not None:
             self.on_evict(parent, name, ino)
         return rec.layout.stored_bytes()
-
-    # --- direct writers ------------------------------------------------------------------------
-    async def direct_alloc(self, ino: int, size: int, ttl: float) -> dict:
-        """Place a `size`-byte block for a direct writer of this file (open for writing); the
-        writer writes its units straight to the namespaces, then `direct_commit`s them."""
-        node = self.catalog.get(ino)
-        self._regular(node)
-        st = self.handles.states.get(ino)
-        if st is None or st.writers == 0:
-            raise KvfsError(errno.EBADF, "a direct write needs the file open for writing")
-        if size > self.sessions.max_block_size:
-            raise self.sessions.too_big(size, "a block of")
-        return await self.allocations.allocate(ino, size, ttl)
-
-    async def direct_commit(self, ino: int, alloc_id: int, sums: list[int]) -> None:
-        """Make a direct writer's block durable and the file's current version, atomically as
-        close() does: ESTALE if its allocation expired (the space may be reused)."""
-        node = self.catalog.get(ino)
-        a = self.allocations.take(alloc_id, ino)
-        lay = a.layout
-        try:
-            if len(sums) != lay.nunits or not all(isinstance(x, int) and 0 <= x < 1 << 64
-                                                  for x in sums):
-                raise KvfsError(errno.EINVAL, f"commit of {lay.nunits} units needs "
-                                              f"{lay.nunits} 64-bit checksums")
-            layout = Layout(lay.size, lay.unit, lay.ns, lay.offsets, tuple(sums))
-            for e in layout.unit_extents():
-                self.space.pool.fence(e.offset, e.length)
-            await self.space.pool.sync(sorted(set(lay.ns)))
-        except BaseException:
-            self.space.pool.release(lay)
-            raise
-        st = self.handles.state(ino)
-        async with st.lock:
-            rec = await self.sessions.publish(node, layout)
-            self.sessions.end(st)       # what the writer wrote through the mount is superseded
-        self.allocations.stats.direct_writes += 1
-        self.allocations.stats.direct_write_bytes += layout.size
-        await self.sessions.keep_pinned(node, rec)
-
-    # --- direct readers ------------------------------------------------------------------------
-    def lease_version(self, ino: int, generation: int, ttl: float) -> None:
-        self.leases.lease(self.catalog.get(ino), generation, ttl)
-
-    def end_lease(self, ino: int, generation: int, hit: bool) -> None:
-        self.leases.release(generation, hit)
-        if hit:
-            self.hits[ino] += 1
 
     # --- extended attributes -------------------------------------------------------------------
     @staticmethod

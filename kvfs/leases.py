@@ -114,7 +114,7 @@ class AllocationStats:
 class Allocations:
     """Pool space for direct writers (kvfs.direct): `allocate` places a block's units like a
     commit would, the writer writes them straight to the namespaces, then commits them with
-    their checksums (Files.direct_commit). Space not committed within its time is given back,
+    their checksums (DirectAccess.direct_commit). Space not committed within its time is given back,
     as is an abandoned write session's."""
 
     def __init__(self, pool: Pool, space: Space):

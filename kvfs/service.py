@@ -16,6 +16,7 @@ from kvfs.buffer import MEMORY
 from kvfs.config import Config
 from kvfs.control import Control
 from kvfs.errors import KvfsError
+from kvfs.direct_access import DirectAccess
 from kvfs.files import Files
 from kvfs.knobs import Knobs
 from kvfs.latency import Latency
@@ -48,13 +49,16 @@ class Service:
                             max_block_size=cfg.pool.max_block_size or pool.capacity)
         self.files = files = Files(catalog, store, space, sessions, self.leases,
                                    self.allocations, readahead=self.readahead)
+        self.direct = DirectAccess(catalog, files.handles, sessions, space, self.leases,
+                                   self.allocations, files.hits)
         space.store = store
         space.evictor = files.evict
         if hasattr(catalog, "lru_files"):
             space.lru = catalog.lru_files       # one node: the catalog's LRU order
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()
-        self.control = Control(catalog, store, files, knobs, statistics=self.statistics,
+        self.control = Control(catalog, store, files, self.direct, knobs,
+                               statistics=self.statistics,
                                flush=self.flush,
                                pool_info={"pool_id": pool.pool_id, "namespace_paths":
                                           [str(ns.path) for ns in pool.namespaces]})

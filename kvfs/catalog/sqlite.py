@@ -52,97 +52,27 @@ import logging
 import os
 import sqlite3
 import stat
-import struct
-import time
 import weakref
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import trio
 
 from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
-from kvfs.catalog.tree import MAX_SUCCESSORS, RENAME_EXCHANGE, TreeCatalog, _now
+from kvfs.catalog.groupcommit import GroupCommit
+from kvfs.catalog.sqlite_chains import ChainRows
+from kvfs.catalog.sqlite_schema import (
+    BY_INO, BY_NAME, COLS, INDEXES, LRU_QUERY, NODES_TABLE, PAGE_QUERY, S_IFDIR, S_IFMT,
+    SCHEMA_VERSION, SUBDIRS, TABLES, Stmt, extents, extents_by_row, migrate_v1, wal_damage)
+from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
 from kvfs.errors import KvfsError, StartupError, not_found
-from kvfs.layout import PAGE, Layout
+from kvfs.layout import Layout
 
 log = logging.getLogger("kvfs.catalog")
 
-SCHEMA_VERSION = 2
 CACHE_NODES = 8192          # nodes kept in memory beyond those in use
 DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
 PAGE_ROWS = 128             # rows per readdir / LRU page
-S_IFMT, S_IFDIR = 0o170000, 0o040000
-
-_TABLES = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS xattrs (
-    ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name));
-CREATE TABLE IF NOT EXISTS links (
-    pred INTEGER NOT NULL, succ INTEGER NOT NULL, source INTEGER NOT NULL, weight REAL NOT NULL,
-    PRIMARY KEY (pred, succ));
-"""
-# One row per node; a file's committed block (its generation, size, stripe unit and per-unit
-# namespace / offset / checksum arrays) is part of its row.
-_NODES = """
-CREATE TABLE nodes (
-    ino INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
-    cookie INTEGER NOT NULL, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
-    atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
-    target BLOB, blob INTEGER, size INTEGER, unit INTEGER, ns BLOB, offsets BLOB, sums BLOB,
-    blob_ns INTEGER);
-"""
-_INDEXES = f"""
-CREATE UNIQUE INDEX IF NOT EXISTS nodes_name ON nodes (parent, name);
-CREATE INDEX IF NOT EXISTS nodes_cookie ON nodes (parent, cookie);
-CREATE INDEX IF NOT EXISTS nodes_subdirs ON nodes (parent) WHERE (mode & {S_IFMT}) = {S_IFDIR};
-CREATE INDEX IF NOT EXISTS nodes_lru ON nodes (max(atime_ns, mtime_ns)) WHERE blob IS NOT NULL;
-CREATE INDEX IF NOT EXISTS links_succ ON links (succ);
-"""
-_COLS = ("ino, parent, name, cookie, mode, uid, gid, atime_ns, mtime_ns, ctime_ns, target, "
-         "blob, size, unit, ns, offsets, sums, blob_ns")
-_BY_INO = f"SELECT {_COLS} FROM nodes WHERE ino=?"
-_BY_NAME = f"SELECT {_COLS} FROM nodes WHERE parent=? AND name=?"
-_PAGE = f"SELECT {_COLS} FROM nodes WHERE parent=? AND cookie>? ORDER BY cookie LIMIT ?"
-_SUBDIRS = f"SELECT count(*) FROM nodes WHERE parent=? AND (mode & {S_IFMT}) = {S_IFDIR}"
-_LRU = ("SELECT max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL AND "
-        "(max(atime_ns, mtime_ns), ino) > (?, ?) ORDER BY max(atime_ns, mtime_ns), ino LIMIT ?")
-
-Stmt = tuple[str, tuple]
-
-WAL_MAGIC = (0x377F0682, 0x377F0683)
-WAL_HEADER, WAL_FRAME_HEADER = 32, 24
-
-
-def wal_damage(path: Path) -> str | None:
-    """What is wrong with the catalog's write-ahead log (read before SQLite opens it), or None.
-    A log that ends in a partial frame was cut short: by a crash while a transaction was
-    being written (nothing committed is lost: close() had not returned), or by damage or
-    truncation of the file (then SQLite drops every change after the last intact commit)."""
-    wal = Path(str(path) + "-wal")
-    try:
-        size = wal.stat().st_size
-        with open(wal, "rb") as f:
-            head = f.read(WAL_HEADER)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"cannot read its write-ahead log {wal}: {e.strerror}"
-    if size == 0:
-        return None
-    if len(head) < WAL_HEADER:
-        return f"its write-ahead log {wal} is cut short ({size} bytes, less than its header)"
-    magic, _, page = struct.unpack(">III", head[:12])
-    if magic not in WAL_MAGIC or page < 512 or page & (page - 1):
-        return f"its write-ahead log {wal} has no valid header (damaged?)"
-    frame = WAL_FRAME_HEADER + page
-    partial = (size - WAL_HEADER) % frame
-    if partial:
-        return (f"its write-ahead log {wal} ends in a partial frame ({partial} of {frame} "
-                f"bytes): it was cut short. After a crash mid-transaction nothing committed is "
-                f"lost; if the file was truncated or damaged, the changes after its last intact "
-                f"commit are (files closed after it are missing)")
-    return None
 
 
 class SqliteListing:
@@ -156,7 +86,7 @@ class SqliteListing:
     def after(self, cookie: int) -> Iterator[Node]:
         cat = self.cat
         while True:
-            rows = cat._conn.execute(_PAGE, (self.ino, cookie, PAGE_ROWS)).fetchall()
+            rows = cat._conn.execute(PAGE_QUERY, (self.ino, cookie, PAGE_ROWS)).fetchall()
             nodes = [cat._from_row(r) for r in rows]
             hi = rows[-1][3] if len(rows) == PAGE_ROWS else None
             extra = [n for n in cat._pending.values() if n.parent == self.ino and n.linked
@@ -169,7 +99,7 @@ class SqliteListing:
             cookie = hi
 
 
-class SqliteCatalog(TreeCatalog):
+class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
     """The catalog. Mutating methods are async (they wait for durability); queries are not."""
 
     tree_children = False
@@ -191,17 +121,7 @@ class SqliteCatalog(TreeCatalog):
         self._nodes = 0                 # rows (persisted nodes)
         self._files = 0                 # rows with a block
         self._links_changed = 0
-        # group commit (see the module doc)
-        self._in_txn = False
-        self._txn = 1                   # the transaction statements go to (open or next)
-        self._committed = 0             # the last transaction committed (in the WAL)
-        self._synced = 0                # the last transaction durable (WAL synced)
-        self._syncing = False
-        self._round: trio.Event | None = None
-        self._wal_fd: int | None = None
-        self.syncs = 0                  # WAL fdatasyncs (for statistics)
-        self.sql_seconds = 0.0          # COMMITs on the trio thread
-        self.sync_seconds = 0.0         # WAL syncs (in a worker thread)
+        self._init_group_commit()
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
@@ -217,7 +137,7 @@ class SqliteCatalog(TreeCatalog):
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=OFF")
             conn.execute("PRAGMA cache_size=-8192")
-            conn.executescript(_TABLES)
+            conn.executescript(TABLES)
         except sqlite3.Error as e:
             raise StartupError(f"catalog {path}: cannot open: {e}") from None
         cat = cls(conn, path)
@@ -241,20 +161,20 @@ class SqliteCatalog(TreeCatalog):
         version = self._meta("schema_version")
         if version is None:
             now = _now()
-            c.execute(_NODES.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+            c.execute(NODES_TABLE.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
             with c:
                 c.execute("BEGIN")
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                c.execute(f"INSERT OR IGNORE INTO nodes ({_COLS}) VALUES "
+                c.execute(f"INSERT OR IGNORE INTO nodes ({COLS}) VALUES "
                           f"(?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL)",
                           (ROOT_INO, ROOT_INO, b"", 0, stat.S_IFDIR | 0o755, os.geteuid(),
                            os.getegid(), now, now, now))
         elif int(version) == 1:
-            self._migrate_v1()
+            migrate_v1(c, self.path)
         elif int(version) != SCHEMA_VERSION:
             raise StartupError(f"catalog {self.path}: schema version {version} is not supported "
                                f"(this kvfs uses {SCHEMA_VERSION})")
-        c.executescript(_INDEXES)
+        c.executescript(INDEXES)
         self.pool_id = self._meta("pool_id")
         if c.execute("SELECT 1 FROM nodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
             raise StartupError(f"catalog {self.path}: the root directory is missing")
@@ -285,22 +205,6 @@ class SqliteCatalog(TreeCatalog):
             c.execute("BEGIN")
             c.execute("DELETE FROM links WHERE pred >= ?1 OR succ >= ?1", (self._next_ino,))
 
-    def _migrate_v1(self) -> None:
-        """Schema 1 (a `blobs` table) to 2 (the block in the node's row), in one transaction."""
-        c = self._conn
-        log.info("catalog %s: upgrading the schema from version 1 to %d", self.path,
-                 SCHEMA_VERSION)
-        with c:
-            c.execute("BEGIN")
-            c.execute(_NODES.replace("CREATE TABLE nodes", "CREATE TABLE nodes2"))
-            c.execute(f"INSERT INTO nodes2 ({_COLS}) SELECT n.ino, n.parent, n.name, n.cookie, "
-                      f"n.mode, n.uid, n.gid, n.atime_ns, n.mtime_ns, n.ctime_ns, n.target, b.id, "
-                      f"b.size, b.unit, b.ns, b.offsets, b.sums, b.created_ns FROM nodes n "
-                      f"LEFT JOIN blobs b ON b.id = n.blob")
-            c.execute("DROP TABLE nodes")
-            c.execute("DROP TABLE blobs")
-            c.execute("ALTER TABLE nodes2 RENAME TO nodes")
-            c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def set_pool_id(self, pool_id: str) -> None:
         """Bind a new catalog to its pool (synchronous: start-up and `kvfs format` only)."""
@@ -324,67 +228,12 @@ class SqliteCatalog(TreeCatalog):
 
     def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(namespace, offset, length) of every stripe unit of every block, as arrays (the pool
-        rebuilds its free space from them), and the stripe units the blocks use.
-
-        SQLite concatenates the rows' packed arrays in one aggregate query (sizes and unit
-        counts as fixed-width hex), so no Python object is made per row: about a second for a
-        million blocks when the database is cached."""
-        try:
-            ns, off, sizes, counts, umin, umax = self._conn.execute(
-                "SELECT CAST(group_concat(ns, '') AS BLOB), CAST(group_concat(offsets, '') AS "
-                "BLOB), group_concat(printf('%016x', size), ''), "
-                "group_concat(printf('%08x', length(ns) / 2), ''), min(unit), max(unit) "
-                "FROM nodes WHERE blob IS NOT NULL").fetchone()
-        except sqlite3.Error:                    # too big for one value: row by row
-            return self._extents_by_row()
-        if sizes is None:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, empty, empty
-        units = np.unique(np.asarray([umin, umax], dtype=np.int64))
-        if len(units) > 1:                       # blocks of several stripe units: each one
-            units = np.asarray([u for (u,) in self._conn.execute(
-                "SELECT DISTINCT unit FROM nodes WHERE blob IS NOT NULL")], dtype=np.int64)
-            return (*self._extents_by_row()[:3], units)
-        return (*self._unit_extents(
-            np.frombuffer(ns or b"", dtype=np.uint16), np.frombuffer(off or b"", dtype=np.uint64),
-            np.frombuffer(bytes.fromhex(sizes), dtype=">u8").astype(np.int64),
-            np.frombuffer(bytes.fromhex(counts), dtype=">u4").astype(np.int64),
-            int(umin)), units)
-
-    @staticmethod
-    def _unit_extents(ns, off, sizes, counts, unit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-unit (namespace, offset, stored length) from per-block sizes and unit counts."""
-        ns = ns.astype(np.int64)
-        off = off.astype(np.int64)
-        first = np.cumsum(counts) - counts
-        k = np.arange(len(ns), dtype=np.int64) - np.repeat(first, counts)
-        size = np.repeat(sizes, counts)
-        unit = np.repeat(np.asarray(unit, dtype=np.int64), len(ns)) if np.ndim(unit) == 0 \
-            else np.repeat(unit, counts)
-        content = np.minimum(unit, size - k * unit)
-        return ns, off, (content + PAGE - 1) // PAGE * PAGE
+        rebuilds its free space from them), and the stripe units the blocks use."""
+        return extents(self._conn)
 
     def _extents_by_row(self):
-        ns_parts: list[bytes] = []
-        off_parts: list[bytes] = []
-        sizes: list[int] = []
-        units: list[int] = []
-        cur = self._conn.execute("SELECT size, unit, ns, offsets FROM nodes WHERE blob IS NOT NULL")
-        while True:
-            rows = cur.fetchmany(65536)
-            if not rows:
-                break
-            s, u, n, o = zip(*rows)
-            sizes += s
-            units += u
-            ns_parts += n
-            off_parts += o
-        counts = np.fromiter(map(len, ns_parts), dtype=np.int64, count=len(ns_parts)) // 2
-        u = np.asarray(units, dtype=np.int64)
-        return (*self._unit_extents(np.frombuffer(b"".join(ns_parts), dtype=np.uint16),
-                                    np.frombuffer(b"".join(off_parts), dtype=np.uint64),
-                                    np.asarray(sizes, dtype=np.int64), counts, u),
-                np.unique(u))
+        return extents_by_row(self._conn)
+
 
     # ------------------------------------------------------------------------------ nodes
     def _remember(self, node: Node) -> None:
@@ -408,7 +257,7 @@ class SqliteCatalog(TreeCatalog):
             node.blob = BlobRec(row[11], Layout.unpack(row[12], row[13], row[14], row[15],
                                                        row[16]), row[17])
         if node.mode & S_IFMT == S_IFDIR:
-            node.subdirs = self._one(_SUBDIRS, (ino,))
+            node.subdirs = self._one(SUBDIRS, (ino,))
         atime = self._dirty_atime.get(ino)
         if atime is not None:
             node.atime_ns = atime
@@ -427,7 +276,7 @@ class SqliteCatalog(TreeCatalog):
         if node is not None:
             self._remember(node)
             return node
-        row = self._conn.execute(_BY_INO, (ino,)).fetchone()
+        row = self._conn.execute(BY_INO, (ino,)).fetchone()
         return self._from_row(row) if row is not None else None
 
     def lookup(self, parent: int, name: bytes) -> Node:
@@ -437,7 +286,7 @@ class SqliteCatalog(TreeCatalog):
         ino = self._pending_names.get((parent, name))
         if ino is not None:
             return self._pending[ino]
-        row = self._conn.execute(_BY_NAME, (parent, name)).fetchone()
+        row = self._conn.execute(BY_NAME, (parent, name)).fetchone()
         if row is None:
             raise not_found(name.decode(errors="replace"))
         return self._from_row(row)
@@ -464,7 +313,7 @@ class SqliteCatalog(TreeCatalog):
         """Every file with a committed block (a scan of the whole catalog: tests and tools)."""
         last = 0
         while True:
-            rows = self._conn.execute(f"SELECT {_COLS} FROM nodes WHERE ino>? AND blob IS NOT "
+            rows = self._conn.execute(f"SELECT {COLS} FROM nodes WHERE ino>? AND blob IS NOT "
                                       f"NULL ORDER BY ino LIMIT ?", (last, PAGE_ROWS)).fetchall()
             if not rows:
                 return
@@ -498,7 +347,7 @@ class SqliteCatalog(TreeCatalog):
         """(last use, inode, block id) of the rows in LRU order, but for dirty access times."""
         key, ino = -1, 0
         while True:
-            rows = self._conn.execute(_LRU, (key, ino, PAGE_ROWS)).fetchall()
+            rows = self._conn.execute(LRU_QUERY, (key, ino, PAGE_ROWS)).fetchall()
             for key, ino, bid in rows:
                 if ino not in self._dirty_atime:
                     yield key, ino, bid
@@ -571,111 +420,6 @@ class SqliteCatalog(TreeCatalog):
                 pass                        # LRU hints: the next restart starts from older ones
         return len(stmts)
 
-    # ------------------------------------------------------------------------------ persistence
-    def _fail(self, e: BaseException) -> None:
-        """A write failed: roll back the open transaction and refuse every later change
-        (`failure`); the first time, log it and tell whoever opened the catalog (`on_failure`:
-        the pool then frees no extent until a restart)."""
-        if self._conn.in_transaction:
-            try:
-                self._conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-        self._in_txn = False
-        if self.failure:
-            return
-        self.failure = (f"catalog {self.path}: a write failed ({e}); refusing changes until "
-                        f"kvfs is restarted")
-        log.error(self.failure)
-        if self.on_failure is not None:
-            self.on_failure(self.failure)
-
-    def _execute(self, stmts: list[Stmt]) -> int:
-        """Run statements in the open transaction (opening one); return its number."""
-        if self.failure:
-            raise KvfsError(errno.EIO, self.failure)
-        c = self._conn
-        try:
-            if not self._in_txn:
-                c.execute("BEGIN")
-                self._in_txn = True
-            for sql, params in stmts:
-                c.execute(sql, params)
-        except sqlite3.Error as e:
-            self._fail(e)
-            raise KvfsError(errno.EIO, f"catalog write failed: {e}") from None
-        self.statements += len(stmts)
-        return self._txn
-
-    async def _persist(self, stmts: list[Stmt]) -> None:
-        """Apply statements now (every later query sees them); return once they are durable."""
-        await self._durable(self._execute(stmts))
-
-    async def _durable(self, txn: int) -> None:
-        """Wait until transaction `txn` is committed and a WAL sync that started after its
-        commit has completed (the first waiter of a round does the work; see the module doc)."""
-        with trio.CancelScope(shield=True):
-            while self._synced < txn:
-                if self.failure:
-                    raise KvfsError(errno.EIO, self.failure)
-                if self._syncing:
-                    await self._round.wait()
-                    continue
-                self._syncing = True
-                self._round = trio.Event()
-                try:
-                    await self._commit_round()
-                finally:
-                    self._syncing = False
-                    self._round.set()
-            if self.failure and self._synced < txn:
-                raise KvfsError(errno.EIO, self.failure)
-
-    async def _commit_round(self) -> None:
-        t = time.perf_counter()
-        if self._in_txn:
-            try:
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as e:
-                self._fail(e)
-                return
-            self.sql_seconds += time.perf_counter() - t
-            self._in_txn = False
-            self._committed = self._txn
-            self._txn += 1
-            self.commits += 1
-        target = self._committed
-        if target > self._synced:
-            t1 = time.perf_counter()
-            try:
-                await trio.to_thread.run_sync(self._sync_wal)
-            except OSError as e:
-                self._fail(e)
-                return
-            self._synced = target
-            self.syncs += 1
-            self.sync_seconds += time.perf_counter() - t1
-        self.commit_seconds += time.perf_counter() - t
-
-    def _sync_wal(self) -> None:
-        """In a worker thread: fdatasync the WAL (reopened if SQLite made a new one)."""
-        wal = str(self.path) + "-wal"
-        fd = self._wal_fd
-        if fd is not None and os.fstat(fd).st_ino != os.stat(wal).st_ino:
-            os.close(fd)
-            fd = self._wal_fd = None
-        if fd is None:
-            fd = self._wal_fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
-            d = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(d)                 # the WAL's directory entry, once
-            finally:
-                os.close(d)
-        os.fdatasync(fd)
-
-    async def sync(self) -> None:
-        """Make everything applied so far durable."""
-        await self._durable(self._txn if self._in_txn else self._committed)
 
     def statistics(self) -> dict:
         return {"wal_syncs": self.syncs, **self.cache_statistics(),
@@ -689,7 +433,7 @@ class SqliteCatalog(TreeCatalog):
         blob = (b.id, b.layout.size, b.layout.unit, *b.layout.pack(), b.created_ns) \
             if b is not None else (None,) * 7
         out: list[Stmt] = [(
-            f"INSERT INTO nodes ({_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO nodes ({COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (node.ino, node.parent, node.name, node.cookie, node.mode, node.uid, node.gid,
              node.atime_ns, node.mtime_ns, node.ctime_ns, node.target, *blob))]
         for name, value in node.xattrs.items():
@@ -884,75 +628,5 @@ class SqliteCatalog(TreeCatalog):
     async def flush_atimes(self) -> int:
         """Persist the access times recorded since the last flush (for LRU order after restart)."""
         n = self._write_atimes()
-        await self.sync()
-        return n
-
-    # ------------------------------------------------------------------------------ chains
-    # Links are rows of `links`, written at once in the open transaction (they ride with the
-    # next commit; `flush_links` makes them durable). A link may name a pending file: it goes
-    # with the file if the file is never committed (and after a crash, links to inode numbers
-    # past the last one are dropped at start-up).
-    def _links_from(self, pred: int) -> dict[int, list]:
-        return {s: [src, w] for s, src, w in self._conn.execute(
-            "SELECT succ, source, weight FROM links WHERE pred=?", (pred,))}
-
-    def links_of(self, pred: int) -> dict[int, tuple[int, float]]:
-        return {s: (v[0], v[1]) for s, v in self._links_from(pred).items()}
-
-    def _write_links(self, stmts: list[Stmt]) -> None:
-        try:
-            self._execute(stmts)
-            self._links_changed += 1
-        except KvfsError:
-            pass                        # a hint: nothing to undo
-
-    def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
-        if pred == succ:
-            return
-        p, s = self.find(pred), self.find(succ)
-        if p is None or s is None or not (p.linked and s.linked):
-            return
-        out = self._links_from(pred)
-        cur = out.get(succ)
-        if cur is None or source > cur[0]:
-            out[succ] = [source, weight]
-        elif source == cur[0]:
-            cur[1] += weight
-        else:
-            return
-        stmts: list[Stmt] = [("INSERT OR REPLACE INTO links VALUES (?,?,?,?)",
-                              (pred, succ, out[succ][0], out[succ][1]))]
-        if len(out) > MAX_SUCCESSORS:                       # keep the strongest few successors
-            weakest = min(out, key=lambda x: (out[x][0], out[x][1]))
-            stmts.append(("DELETE FROM links WHERE pred=? AND succ=?", (pred, weakest)))
-        self._write_links(stmts)
-
-    def unlink_chain(self, pred: int, succ: int) -> None:
-        self._write_links([("DELETE FROM links WHERE pred=? AND succ=?", (pred, succ))])
-
-    def _linked(self, ino: int) -> bool:
-        node = self.find(ino)
-        return node is not None and node.linked
-
-    def next_of(self, ino: int) -> int | None:
-        for (succ,) in self._conn.execute("SELECT succ FROM links WHERE pred=? ORDER BY source "
-                                          "DESC, weight DESC", (ino,)).fetchall():
-            if self._linked(succ):
-                return succ
-        return None
-
-    def parent_of(self, ino: int) -> int | None:
-        for (pred,) in self._conn.execute("SELECT pred FROM links WHERE succ=? ORDER BY source "
-                                          "DESC, weight DESC", (ino,)).fetchall():
-            if self._linked(pred):
-                return pred
-        return None
-
-    def _forget_links(self, ino: int) -> None:
-        self._write_links([("DELETE FROM links WHERE pred=?1 OR succ=?1", (ino,))])
-
-    async def flush_links(self) -> int:
-        """Make the chain links written since the last flush durable."""
-        n, self._links_changed = self._links_changed, 0
         await self.sync()
         return n

@@ -150,7 +150,7 @@ def check_config(path: str) -> list[Finding]:
     """What a kvfs mount of this config would run on, checked without the daemon: the
     state_dir's free space, the catalog's write-ahead log, every namespace's superblock."""
     from kvfs import config as config_mod
-    from kvfs.catalog.sqlite import wal_damage
+    from kvfs.catalog.sqlite_schema import wal_damage
     from kvfs.device import probe
     from kvfs.errors import KvfsError
     from kvfs.superblock import SB_SIZE, SuperblockError, decode

@@ -26,27 +26,27 @@ def test_a_direct_read_lease_holds_the_old_version_until_it_expires(pool_config)
         await fs.write("/f", os.urandom(3 * MiB))
         ino = fs.ino("/f")
         gen = fs.files.catalog.get(ino).blob.id
-        fs.files.lease_version(ino, gen, ttl=30)
+        fs.svc.direct.lease_version(ino, gen, ttl=30)
         free = fs.svc.space.free
         await fs.write("/f", os.urandom(3 * MiB))        # a new version: the old one is retired
         assert fs.svc.space.free == free - 3 * MiB       # ... but leased: its space is kept
         await wait_out(clock, 29)
         assert fs.files.leases.stats.expired_leases == 0
-        fs.files.end_lease(ino, gen, hit=True)            # released in time: counted as a read
+        fs.svc.direct.end_lease(ino, gen, hit=True)            # released in time: counted as a read
         assert fs.files.leases.stats.direct_reads == 1
         assert fs.svc.space.free == free                  # and now it is free
 
         gen = fs.files.catalog.get(ino).blob.id
-        fs.files.lease_version(ino, gen, ttl=30)
+        fs.svc.direct.lease_version(ino, gen, ttl=30)
         await fs.write("/f", os.urandom(3 * MiB))
         await wait_out(clock, 31.5)                       # the reader stalled: expired
         assert fs.files.leases.stats.expired_leases == 1
         assert fs.svc.space.free == free                  # the space went back
         with pytest.raises(KvfsError) as e:               # ... and its reader learns it
-            fs.files.end_lease(ino, gen, hit=True)
+            fs.svc.direct.end_lease(ino, gen, hit=True)
         assert e.value.errno == errno.ESTALE
         with pytest.raises(KvfsError) as e:               # a version that is not current
-            fs.files.lease_version(ino, gen, ttl=30)
+            fs.svc.direct.lease_version(ino, gen, ttl=30)
         assert e.value.errno == errno.ESTALE
 
     run_service(cfg, body, clock)
@@ -60,18 +60,18 @@ def test_a_direct_write_allocation_expires_and_its_space_returns(pool_config):
         fh = await fs.open("/g", os.O_CREAT | os.O_WRONLY)
         ino = fs.ino("/g")
         free = fs.svc.space.free
-        a = await fs.files.direct_alloc(ino, 2 * MiB, ttl=20)
+        a = await fs.svc.direct.direct_alloc(ino, 2 * MiB, ttl=20)
         assert fs.svc.space.free == free - 2 * MiB
         await wait_out(clock, 21.5)                       # expired by the periodic check
         assert fs.files.allocations.stats.expired_allocations == 1
         assert fs.svc.space.free == free
         with pytest.raises(KvfsError) as e:
-            await fs.files.direct_commit(ino, a.id, [0] * a.layout.nunits)
+            await fs.svc.direct.direct_commit(ino, a.id, [0] * a.layout.nunits)
         assert e.value.errno == errno.ESTALE
-        b = await fs.files.direct_alloc(ino, MiB, ttl=20)
+        b = await fs.svc.direct.direct_alloc(ino, MiB, ttl=20)
         await wait_out(clock, 20.5)                       # past its deadline, before the check
         with pytest.raises(KvfsError) as e:               # the commit itself refuses it
-            await fs.files.direct_commit(ino, b.id, [0])
+            await fs.svc.direct.direct_commit(ino, b.id, [0])
         assert e.value.errno == errno.ESTALE
         assert fs.svc.space.free == free
         await fs.close(fh)

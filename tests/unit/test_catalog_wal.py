@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 
-from kvfs.catalog.sqlite import wal_damage
+from kvfs.catalog.sqlite_schema import wal_damage
 
 
 def _wal_copy(tmp_path):

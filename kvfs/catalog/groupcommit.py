@@ -1,0 +1,145 @@
+"""Group commit for the SQLite catalog (a mix-in of SqliteCatalog; see its module doc).
+
+Mutations are executed at once in the open transaction (`_execute`), then wait for
+durability (`_durable`): the first waiter of a round commits the open transaction on the trio
+thread (`synchronous=NORMAL` writes the WAL without syncing it) and fdatasyncs the WAL in a
+worker thread; statements executed meanwhile go to the next transaction, served by the next
+round. A failure of any step rolls back, sets `failure` and refuses every later change.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import time
+
+import trio
+
+from kvfs.catalog.sqlite_schema import Stmt
+from kvfs.errors import KvfsError
+
+log = logging.getLogger("kvfs.catalog")
+
+
+class GroupCommit:
+    """Expects `_conn` (the connection), `path` (the database), and the catalog's `failure`,
+    `on_failure`, `commits`, `statements` and `commit_seconds` (kvfs/catalog/tree.py)."""
+
+    def _init_group_commit(self) -> None:
+        self._in_txn = False
+        self._txn = 1                   # the transaction statements go to (open or next)
+        self._committed = 0             # the last transaction committed (in the WAL)
+        self._synced = 0                # the last transaction durable (WAL synced)
+        self._syncing = False
+        self._round: trio.Event | None = None
+        self._wal_fd: int | None = None
+        self.syncs = 0                  # WAL fdatasyncs (for statistics)
+        self.sql_seconds = 0.0          # COMMITs on the trio thread
+        self.sync_seconds = 0.0         # WAL syncs (in a worker thread)
+
+    def _fail(self, e: BaseException) -> None:
+        """A write failed: roll back the open transaction and refuse every later change
+        (`failure`); the first time, log it and tell whoever opened the catalog (`on_failure`:
+        the pool then frees no extent until a restart)."""
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+        self._in_txn = False
+        if self.failure:
+            return
+        self.failure = (f"catalog {self.path}: a write failed ({e}); refusing changes until "
+                        f"kvfs is restarted")
+        log.error(self.failure)
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
+
+    def _execute(self, stmts: list[Stmt]) -> int:
+        """Run statements in the open transaction (opening one); return its number."""
+        if self.failure:
+            raise KvfsError(errno.EIO, self.failure)
+        c = self._conn
+        try:
+            if not self._in_txn:
+                c.execute("BEGIN")
+                self._in_txn = True
+            for sql, params in stmts:
+                c.execute(sql, params)
+        except sqlite3.Error as e:
+            self._fail(e)
+            raise KvfsError(errno.EIO, f"catalog write failed: {e}") from None
+        self.statements += len(stmts)
+        return self._txn
+
+    async def _persist(self, stmts: list[Stmt]) -> None:
+        """Apply statements now (every later query sees them); return once they are durable."""
+        await self._durable(self._execute(stmts))
+
+    async def _durable(self, txn: int) -> None:
+        """Wait until transaction `txn` is committed and a WAL sync that started after its
+        commit has completed (the first waiter of a round does the work; see the module doc)."""
+        with trio.CancelScope(shield=True):
+            while self._synced < txn:
+                if self.failure:
+                    raise KvfsError(errno.EIO, self.failure)
+                if self._syncing:
+                    await self._round.wait()
+                    continue
+                self._syncing = True
+                self._round = trio.Event()
+                try:
+                    await self._commit_round()
+                finally:
+                    self._syncing = False
+                    self._round.set()
+            if self.failure and self._synced < txn:
+                raise KvfsError(errno.EIO, self.failure)
+
+    async def _commit_round(self) -> None:
+        t = time.perf_counter()
+        if self._in_txn:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                self._fail(e)
+                return
+            self.sql_seconds += time.perf_counter() - t
+            self._in_txn = False
+            self._committed = self._txn
+            self._txn += 1
+            self.commits += 1
+        target = self._committed
+        if target > self._synced:
+            t1 = time.perf_counter()
+            try:
+                await trio.to_thread.run_sync(self._sync_wal)
+            except OSError as e:
+                self._fail(e)
+                return
+            self._synced = target
+            self.syncs += 1
+            self.sync_seconds += time.perf_counter() - t1
+        self.commit_seconds += time.perf_counter() - t
+
+    def _sync_wal(self) -> None:
+        """In a worker thread: fdatasync the WAL (reopened if SQLite made a new one)."""
+        wal = str(self.path) + "-wal"
+        fd = self._wal_fd
+        if fd is not None and os.fstat(fd).st_ino != os.stat(wal).st_ino:
+            os.close(fd)
+            fd = self._wal_fd = None
+        if fd is None:
+            fd = self._wal_fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+            d = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(d)                 # the WAL's directory entry, once
+            finally:
+                os.close(d)
+        os.fdatasync(fd)
+
+    async def sync(self) -> None:
+        """Make everything applied so far durable."""
+        await self._durable(self._txn if self._in_txn else self._committed)
