@@ -7,6 +7,8 @@ only has the rest to write. `BlockWriter` is one block's set of such early write
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from kvfs.aio import run_all
@@ -67,8 +69,12 @@ class BlockWriter:
             try:
                 views = buf.io_views(k * unit, unit, pool.zero)
                 pool.fence(off, unit)
+                t = time.perf_counter()
                 digest = await pool.namespaces[ns].write(views, off, unit)
                 self.units[k] = (ns, off, unit, digest)
+                # adaptive placement learns from units written behind too (with write-behind
+                # they are most of a block's units)
+                pool.observe({ns: 1}, {ns: time.perf_counter() - t})
             except KvfsError:
                 pool.free_extent(ns, off, unit)
                 self.early_bytes -= unit
