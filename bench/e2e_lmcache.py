@@ -202,6 +202,7 @@ def run_kvfs(tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk") ->
             st = m.stats()
             out["passthrough"] = st["data_path"]["passthrough"]
             out["memory"] = st["data_path"]["memory"]
+            out["prefetch"] = st.get("prefetch")
         import shutil
         shutil.rmtree(tmp / "state", ignore_errors=True)
         return out
