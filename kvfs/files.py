@@ -28,7 +28,7 @@ from typing import Callable
 from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
-from kvfs.handles import Attr, Handle, Handles, NodeState, OpenResult
+from kvfs.handles import Attr, Handle, Handles, NodeState, OpenResult, killed_while_exiting
 from kvfs.leases import Allocations, Leases
 from kvfs.sessions import PIN_XATTR, Session, Sessions
 from kvfs.space import Space
@@ -40,20 +40,6 @@ XATTR_NAME_MAX = 255
 XATTR_SIZE_MAX = 64 * 1024
 
 __all__ = ["Attr", "Files", "OpenResult", "PIN_XATTR"]
-
-
-def killed_while_exiting(pid: int) -> bool:
-    """Whether process (thread) `pid` is exiting because a signal killed it: its task flags
-    have PF_EXITING and its exit code is a signal's (/proc/PID/stat fields 9 and 52)."""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        flags, code = int(fields[6]), int(fields[49])
-    except (OSError, IndexError, ValueError):
-        return False
-    return bool(flags & 0x4) and code & 0x7F != 0      # PF_EXITING, WIFSIGNALED
 
 
 @dataclass

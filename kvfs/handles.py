@@ -48,6 +48,20 @@ class OpenResult:
     backing: object = None  # passthrough: the Buffer whose file the kernel reads and writes
 
 
+def killed_while_exiting(pid: int) -> bool:
+    """Whether process (thread) `pid` is exiting because a signal killed it: its task flags
+    have PF_EXITING and its exit code is a signal's (/proc/PID/stat fields 9 and 52)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        flags, code = int(fields[6]), int(fields[49])
+    except (OSError, IndexError, ValueError):
+        return False
+    return bool(flags & 0x4) and code & 0x7F != 0      # PF_EXITING, WIFSIGNALED
+
+
 @dataclass(eq=False)
 class Handle:
     fh: int
