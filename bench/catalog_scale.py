@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvfs.testing import MountedKvfs, wait_until, write_config  # noqa: E402
+from kvfs.testing import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
 PER_DIR = 64
 FILE = 4096
@@ -57,16 +57,6 @@ def name_of(i: int) -> tuple[str, str]:
 
 def content(i: int) -> bytes:
     return i.to_bytes(8, "little") * (FILE // 8)
-
-
-def rss(pid: int) -> dict:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                out[k] = int(v.split()[0]) * 1024
-    return out
 
 
 def drop_dentries() -> None:
@@ -193,7 +183,7 @@ def single(tmp: Path, args) -> dict:
     try:
         root = m.mountpoint
         time.sleep(1.0)
-        out["rss_empty"] = rss(m.pid)
+        out["rss_empty"] = process_memory(m.pid)
         t = time.perf_counter()
         make_dirs(root, n)
         out["mkdir_per_s"] = ((n + PER_DIR - 1) // PER_DIR) / (time.perf_counter() - t)
@@ -203,7 +193,7 @@ def single(tmp: Path, args) -> dict:
         log(f"  {out['create_per_s']:.0f}/s; {n1} more with 1 writer")
         out["create_per_s_1writer"] = create(root, n - n1, n1, 1)
         log(f"  {out['create_per_s_1writer']:.0f}/s")
-        out["rss_full"] = rss(m.pid)
+        out["rss_full"] = process_memory(m.pid)
         st = m.stats()
         out["catalog_full"] = st["catalog"]
         t = time.perf_counter()
@@ -216,21 +206,21 @@ def single(tmp: Path, args) -> dict:
         out["warm_mount_answer_s"] = time.perf_counter() - t
         log(f"remounted in {out['warm_mount_s']:.2f} s (unmount {out['unmount_s']:.2f} s)")
         time.sleep(1.0)
-        out["rss_after_remount"] = rss(m.pid)
+        out["rss_after_remount"] = process_memory(m.pid)
         drop_dentries()
         out["stat_per_s"] = stat_all(root, n)
         log(f"stat {out['stat_per_s']:.0f}/s")
-        out["rss_after_stat"] = rss(m.pid)
+        out["rss_after_stat"] = process_memory(m.pid)
         drop_dentries()
         out["stat_per_s_2nd"] = stat_all(root, n)
         ok, rate, bad = verify(root, n, args.writers)
         out.update(bit_exact=ok, read_per_s=rate, bad_examples=bad)
         log(f"verified: bit_exact={ok} ({rate:.0f} files/s)")
-        out["rss_after_read"] = rss(m.pid)
+        out["rss_after_read"] = process_memory(m.pid)
         if args.flat:
             log(f"flat directory of {args.flat} entries")
             out.update(flat_dir(root, args.flat, args.writers, args.lookups))
-            out["rss_after_flat"] = rss(m.pid)
+            out["rss_after_flat"] = process_memory(m.pid)
         out["stats_end"] = {k: m.stats()[k] for k in ("catalog", "files")}
     finally:
         m.stop(timeout=600)
@@ -267,19 +257,19 @@ def cluster(tmp: Path, args) -> dict:
         a.start(timeout=600)
         time.sleep(1.0)
         mem0 = redis_memory(redis.port)
-        rss_a0 = rss(a.pid)["VmRSS"]
+        rss_a0 = process_memory(a.pid)["VmRSS"]
         make_dirs(a.mountpoint, n + args.outage)
         log(f"cluster: creating {n} files with {args.writers} writers")
         out["cluster_create_per_s"] = create(a.mountpoint, 0, n, args.writers)
         log(f"  {out['cluster_create_per_s']:.0f}/s")
         out["redis_bytes_per_block"] = (redis_memory(redis.port) - mem0) / n
-        out["cluster_node_rss_bytes_per_file"] = (rss(a.pid)["VmRSS"] - rss_a0) / n
+        out["cluster_node_rss_bytes_per_file"] = (process_memory(a.pid)["VmRSS"] - rss_a0) / n
         t = time.perf_counter()
         b.start(timeout=600)
         out["cluster_new_node_ready_s"] = time.perf_counter() - t
         log(f"  second node ready in {out['cluster_new_node_ready_s']:.2f} s")
         time.sleep(1.0)
-        out["cluster_new_node_rss_bytes_per_file"] = rss(b.pid)["VmRSS"] / n
+        out["cluster_new_node_rss_bytes_per_file"] = process_memory(b.pid)["VmRSS"] / n
         # an outage: node B stopped while node A writes, then its mirror catches up
         os.kill(b.pid, signal.SIGSTOP)
         try:

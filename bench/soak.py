@@ -40,21 +40,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reads import digest  # noqa: E402
-from kvfs.testing import MountedKvfs, wait_until, write_config  # noqa: E402
+from kvfs.testing import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = 32 * MiB                       # an LMCache chunk of a large model
 ALLOWED = {"ENOENT"}
-
-
-def proc_status(pid: int) -> dict:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                out[k] = int(v.split()[0]) * 1024
-    return out
 
 
 def proc_fds(pid: int) -> dict:
@@ -234,7 +224,7 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
         while True:
             now = time.monotonic() - t0
             st = m.stats()
-            s = {"t_s": round(now, 1), **proc_status(pid), **proc_fds(pid),
+            s = {"t_s": round(now, 1), **process_memory(pid), **proc_fds(pid),
                  "evictions": st["tiers"]["pool"]["evictions"],
                  "pool_used": st["tiers"]["pool"]["used"],
                  "dram_used": st["tiers"]["dram"]["used"], **held(st)}
@@ -253,10 +243,10 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
             f.write("2")
         wait_until(lambda: held(m.stats())["open_handles"] == 0, 30, "handles to be released")
         st = m.stats()
-        quiet = {**proc_status(pid), **proc_fds(pid), **held(st),
+        quiet = {**process_memory(pid), **proc_fds(pid), **held(st),
                  "inode_states": st["files"]["inode_states"]}
         m.control("drop_dram")          # resident blocks hold descriptors too: let them go
-        dropped = {**proc_status(pid), **proc_fds(pid)}
+        dropped = {**process_memory(pid), **proc_fds(pid)}
         errors: dict[str, int] = {}
         for c in clients:
             for k, v in c.errors.items():

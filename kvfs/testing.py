@@ -161,3 +161,15 @@ class MountedKvfs:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def process_memory(pid: int) -> dict:
+    """A process's resident memory from /proc/PID/status, in bytes: VmRSS, RssAnon, RssFile,
+    RssShmem (what benchmarks report for the daemon)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[k] = int(v.split()[0]) * 1024
+    return out

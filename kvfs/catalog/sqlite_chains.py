@@ -10,7 +10,7 @@ dropped at start-up).
 from __future__ import annotations
 
 from kvfs.catalog.sqlite_schema import Stmt
-from kvfs.catalog.tree import MAX_SUCCESSORS
+from kvfs.catalog.tree import merge_link
 from kvfs.errors import KvfsError
 
 
@@ -38,18 +38,15 @@ class ChainRows:
         if p is None or s is None or not (p.linked and s.linked):
             return
         out = self._links_from(pred)
-        cur = out.get(succ)
-        if cur is None or source > cur[0]:
-            out[succ] = [source, weight]
-        elif source == cur[0]:
-            cur[1] += weight
-        else:
+        changed, weakest = merge_link(out, succ, source, weight)
+        if not changed:
             return
-        stmts: list[Stmt] = [("INSERT OR REPLACE INTO links VALUES (?,?,?,?)",
-                              (pred, succ, out[succ][0], out[succ][1]))]
-        if len(out) > MAX_SUCCESSORS:                       # keep the strongest few successors
-            weakest = min(out, key=lambda x: (out[x][0], out[x][1]))
+        stmts: list[Stmt] = []
+        if weakest is not None:                             # keep the strongest few successors
             stmts.append(("DELETE FROM links WHERE pred=? AND succ=?", (pred, weakest)))
+        if succ in out:
+            stmts.append(("INSERT OR REPLACE INTO links VALUES (?,?,?,?)",
+                          (pred, succ, out[succ][0], out[succ][1])))
         self._write_links(stmts)
 
     def unlink_chain(self, pred: int, succ: int) -> None:

@@ -44,6 +44,25 @@ def check_name(name: bytes) -> None:
         raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
 
 
+def merge_link(out: dict[int, list], succ: int, source: int, weight: float) -> tuple[bool, int | None]:
+    """Apply a learned link pred -> succ to pred's successors `out` ({succ: [source, weight]}):
+    a stronger source replaces a weaker one, the same source adds weight, a weaker one is
+    ignored. Returns (whether `out` changed, the weakest successor dropped to keep the
+    strongest MAX_SUCCESSORS, or None)."""
+    cur = out.get(succ)
+    if cur is None or source > cur[0]:
+        out[succ] = [source, weight]
+    elif source == cur[0]:
+        cur[1] += weight
+    else:
+        return False, None
+    if len(out) > MAX_SUCCESSORS:
+        weakest = min(out, key=lambda s: (out[s][0], out[s][1]))
+        del out[weakest]
+        return True, weakest
+    return True, None
+
+
 class TreeCatalog:
     """The memory tree and the chains; subclasses add durability."""
 
@@ -358,17 +377,11 @@ class TreeCatalog:
         if not (self.nodes[pred].linked and self.nodes[succ].linked):
             return
         out = self.successors.setdefault(pred, {})
-        cur = out.get(succ)
-        if cur is None or source > cur[0]:
-            out[succ] = [source, weight]
-        elif source == cur[0]:
-            cur[1] += weight
-        else:
+        changed, weakest = merge_link(out, succ, source, weight)
+        if not changed:
             return
         self.predecessors.setdefault(succ, set()).add(pred)
-        if len(out) > MAX_SUCCESSORS:                       # keep the strongest few successors
-            weakest = min(out, key=lambda s: (out[s][0], out[s][1]))
-            del out[weakest]
+        if weakest is not None:
             self.predecessors.get(weakest, set()).discard(pred)
             self._dirty_links.add((pred, weakest))
         self._dirty_links.add((pred, succ))
