@@ -842,6 +842,7 @@ class Torture:
             if not jp.exists():
                 continue
             started: dict[str, float] = {}
+            tmp_of: dict[str, str] = {}     # name -> the tmp file its operation in flight renames
             for line in jp.read_text().splitlines():
                 try:
                     rec = json.loads(line)
@@ -850,6 +851,7 @@ class Torture:
                 op, name = rec["op"], rec.get("name")
                 if op == "start":
                     started[name] = rec["t"]
+                    tmp_of.pop(name, None)
                     if rec["kind"] == "unlink":
                         exp[name].maybe.add(ABSENT)
                         continue
@@ -862,6 +864,7 @@ class Torture:
                         inst.recipes.setdefault(tmp, {})[v] = rec["recipe"]
                         exp.setdefault(tmp, Expect()).maybe.add(v)
                         started[tmp] = rec["t"]
+                        tmp_of[name] = tmp
                 elif op == "done":
                     fig.commits += 1
                     if rec.get("kind") == "unlink":
@@ -878,6 +881,11 @@ class Torture:
                     exp[name] = Expect(ABSENT, {v} if v is not None else set(), rec["t"])
                 elif op == "error":
                     fig.writer_errors += 1
+                    # a rename that failed may still have happened (Redis applied it, and its
+                    # reply was lost): the tmp file may be gone, its content under the final
+                    # name, which later operations may since have overwritten
+                    if name in tmp_of:
+                        exp[tmp_of.pop(name)].maybe.add(ABSENT)
                 elif op == "stale_view":
                     fig.stale_views += 1
                 elif op in ("badread", "badbase"):

@@ -412,6 +412,50 @@ def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeyp
     run_cluster(cluster_configs(2), body)
 
 
+def test_a_rename_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs, monkeypatch):
+    """Redis ran a node's RENAME script and the reply was lost (Redis killed after its AOF
+    fsync): the rename happened, so it must not fail (LMCache's fs connector would retry it
+    and get ENOENT, or drop its temporary file); the replaced file's block goes to the grave
+    as usual. A rename Redis did not run still fails with the error."""
+    from kvfs.catalog.redis.scripts import SCRIPTS
+    from kvfs.redis_client import RedisClient, RedisUnavailable
+
+    real = RedisClient.eval
+    lose = {"after": 0, "before": 0}
+
+    async def eval_losing_the_reply(self, script, keys, args):
+        if script == SCRIPTS.rename and lose["before"]:
+            lose["before"] -= 1
+            raise RedisUnavailable("lost the connection to Redis (before the script ran)")
+        reply = await real(self, script, keys, args)
+        if script == SCRIPTS.rename and lose["after"]:
+            lose["after"] -= 1
+            raise RedisUnavailable("lost the connection to Redis (after the script ran)")
+        return reply
+    monkeypatch.setattr(RedisClient, "eval", eval_losing_the_reply)
+
+    async def body(a, b):
+        await a.write("/final", data(1, MiB))
+        old = a.files.catalog.get(a.ino("/final")).blob
+        await a.write("/final.tmp", data(2, MiB))
+        lose["after"] = 1
+        await a.files.rename(1, b"final.tmp", 1, b"final", 0)
+        assert lose["after"] == 0
+        assert known(a, "/final") and not known(a, "/final.tmp")
+        assert await a.read("/final") == data(2, MiB)
+        await eventually(lambda: not known(b, "/final.tmp") and known(b, "/final") and
+                         b.files.catalog.get(b.ino("/final")).blob.id != old.id)
+        assert await b.read("/final") == data(2, MiB)
+        await eventually(lambda: old.id in a.svc.space.grave or old.id not in a.svc.space.used)
+        await a.write("/other.tmp", data(3, MiB))
+        lose["before"] = 1
+        with pytest.raises(KvfsError):
+            await a.files.rename(1, b"other.tmp", 1, b"other", 0)
+        assert known(a, "/other.tmp") and not known(a, "/other")
+
+    run_cluster(cluster_configs(2), body)
+
+
 async def _refresh_racing_a_local_commit(a, b, path: str, seed: int):
     """b's follower refreshes `path` (another node changed it) and, while its read of Redis is
     in flight, b itself commits a new version of `path`: the state it read is older than b's

@@ -139,24 +139,37 @@ class RedisCatalog(RedisMirror):
             if not getattr(e, "maybe_done", False):
                 raise
             err = e
+
+        async def published() -> bool:
+            return bool(await self.redis.call("EXISTS", self.redis.key("b", rec.id)))
+        done = await self._ran(err, published, f"block {rec.id}: published")
+        if done is None:
+            err.maybe_published = True
+            raise err from None
+        if not done:
+            raise err
+        return []
+
+    async def _ran(self, err: KvfsError, probe, what: str) -> bool | None:
+        """A script's reply was lost (`err.maybe_done`): ask Redis, once it answers again,
+        whether the script ran (`probe()`, which reads what the script writes). True: it ran
+        (the follower then reloads the catalog, to learn what else it changed); False: it did
+        not; None: Redis did not answer in time to tell."""
         deadline = trio.current_time() + max(10.0, 2 * self.cfg.lease_seconds)
         with trio.CancelScope(shield=True):
             while True:
                 try:
-                    exists = await self.redis.call("EXISTS", self.redis.key("b", rec.id))
+                    done = await probe()
                     break
                 except KvfsError:
                     if trio.current_time() > deadline:
-                        log.error("cluster: block %d: Redis did not say whether it was "
-                                  "published; keeping its space", rec.id)
-                        err.maybe_published = True
-                        raise err from None
+                        log.error("cluster: %s? Redis did not say in time (%s)", what, err)
+                        return None
                     await trio.sleep(0.5)
-        if not exists:
-            raise err
-        log.warning("cluster: block %d was published though Redis's reply was lost", rec.id)
-        self._resync = True
-        return []
+        if done:
+            log.warning("cluster: %s, though Redis's reply was lost", what)
+            self._resync = True
+        return done
 
     async def _publish_new(self, node: Node, policy: str) -> None:
         """Run MKNODE for a node not yet in Redis, then place it in the mirror."""
@@ -274,9 +287,22 @@ class RedisCatalog(RedisMirror):
         cookie = self._id("_next_cookie")
         touched = [src.ino, pold.ino, pnew.ino] + ([target.ino] if target is not None else [])
         with self._changing(*touched):
-            retired = await self.redis.eval(SCRIPTS.rename, [
-                self.epoch, src.ino, pold.ino, name_old, pnew.ino, name_new, flags,
-                self.space.grace_ms, cookie, target.cookie if target is not None else 0, now])
+            args = [self.epoch, src.ino, pold.ino, name_old, pnew.ino, name_new, flags,
+                    self.space.grace_ms, cookie, target.cookie if target is not None else 0, now]
+            try:
+                retired = await self.redis.eval(SCRIPTS.rename, args)
+            except KvfsError as e:
+                # The reply was lost: a plain rename gave the node our new cookie if it ran
+                # (the error it was is then no error: the caller must not retry it).
+                if not getattr(e, "maybe_done", False) or flags & RENAME_EXCHANGE:
+                    raise
+
+                async def renamed() -> bool:
+                    c = await self.redis.call("HGET", self.redis.key("n", src.ino), "c")
+                    return c is not None and int(c) == cookie
+                if not await self._ran(e, renamed, f"rename of inode {src.ino}: done"):
+                    raise
+                retired = []
         self.commits += 1
         leaving: list[BlobRec] = []
         if flags & RENAME_EXCHANGE:
