@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import trio
 import xxhash
 
+from kvfs.buffer import populate
 from kvfs.errors import KvfsError, StartupError
 from kvfs.layout import PAGE
 from kvfs.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode
@@ -365,6 +366,7 @@ class Namespace:
     def _read_sync(self, units, flat, offset: int, checks) -> list[int]:
         """In a worker thread: one preadv (looping over short transfers), then the checksums;
         the indices of the units that failed theirs."""
+        populate(flat)
         _transfer(os.preadv, self.fd, flat, offset)
         return [i for i, (u, c) in enumerate(zip(units, checks))
                 if c is not None and _digest(u, c[0]) != c[1]]

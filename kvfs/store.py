@@ -34,7 +34,7 @@ from typing import Callable
 
 import trio
 
-from kvfs.buffer import Buffer
+from kvfs.buffer import Buffer, Spares
 from kvfs.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
@@ -116,6 +116,8 @@ class BlockStore:
         self.blobs: dict[int, CachedBlob] = {}
         self.charged = 0                   # write-session buffers
         self.inflight = 0                  # buffers of fetches in progress
+        # memory of evicted blocks, kept (within the unused capacity) for the next fetches
+        self.spares = Spares(lambda: self.capacity - self.dram.used - self.charged - self.inflight)
         self.pinned_bytes = 0
         self._prefetch_queue: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._prefetch_running = 0
@@ -126,18 +128,22 @@ class BlockStore:
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the store's background work (fetches, demotions) until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self.spares.close()
 
     @property
     def dram_used(self) -> int:
         return self.dram.used
 
     def memfd_bytes(self) -> int:
-        """Memory the resident copies and fetches in flight occupy (their memfds' pages)."""
-        total = sum(cb.resident.nbytes for cb in self.blobs.values() if cb.resident is not None)
+        """Memory the resident copies, fetches in flight and spares occupy (their pages)."""
+        total = self.spares.bytes
+        total += sum(cb.resident.nbytes for cb in self.blobs.values() if cb.resident is not None)
         return total + sum(cb.fetch.buffer.nbytes for cb in self.blobs.values()
                            if cb.fetch is not None)
 
@@ -153,6 +159,7 @@ class BlockStore:
             "resident": self.dram.used,
             "write_buffers": self.charged,
             "fetching": self.inflight,
+            "spare": self.spares.bytes,
             "pinned": self.pinned_bytes,
             "blocks": len(self.dram.sizes),
             "policy": policy.name,
@@ -167,6 +174,8 @@ class BlockStore:
             tiers["local"].update(self.local.statistics())
         counters = dataclasses.asdict(st)
         del counters["tiers"]
+        counters["spares_kept"] = self.spares.kept
+        counters["spares_reused"] = self.spares.reused
         prefetch = {k[len("prefetch_"):]: counters.pop(k) for k in list(counters)
                     if k.startswith("prefetch_")}
         return {"tiers": tiers, "store": counters, "prefetch": prefetch}
@@ -244,8 +253,8 @@ class BlockStore:
 
     def _drop_resident(self, cb: CachedBlob) -> None:
         if cb.resident is not None:
+            self.dram.remove(cb.rec.id)          # first: the buffer may become a spare now
             cb.resident = None
-            self.dram.remove(cb.rec.id)
             if cb.prefetched:
                 cb.prefetched = False
                 self.stats.prefetch_wasted += 1
@@ -266,6 +275,7 @@ class BlockStore:
         someone holds open go last, and never while the kernel may read them itself
         (`passthrough`: dropping them would free no memory)."""
         self.dram.capacity = max(0, self.capacity - self.charged - self.inflight)
+        self.spares.trim(self.dram.capacity - self.dram.used)
         victims = self.dram.make_room(need, self._evictable(True), cold_only)
         if not self.dram.fits(need) and not cold_only and not self.passthrough:
             victims += self.dram.make_room(need, self._evictable(False))
@@ -339,6 +349,7 @@ class BlockStore:
         was accounted as a write buffer now count as a clean, evictable copy."""
         cb = self._get(rec, ino)
         self.charged -= charged
+        buf.recycle(self.spares)
         if cb.resident is not None or cb.retired:    # it has a copy already, or is gone
             return
         # an empty block counts as a page: the policy's history (ghosts, simulated experts) is
@@ -524,7 +535,9 @@ class BlockStore:
         source = "local" if self.local is not None and self.local.has(rec.id) else "pool"
         layout = self.local.layout(rec.id) if source == "local" else rec.layout
         # whole pages while it is filled (O_DIRECT); cut to the block's size when complete
-        fetch = Fetch(Buffer(chunk, align_up(rec.size)), layout.nunits, prefetch, source, parent,
+        # (a spare's old bytes are fine: the fetch overwrites every page)
+        fetch = Fetch(Buffer(chunk, align_up(rec.size), self.spares), layout.nunits, prefetch,
+                      source, parent,
                       run=1 if streaming else FETCH_RUN)
         for k in range(layout.nunits):
             fetch.queues.setdefault(layout.ns[k], collections.deque()).append(k)

@@ -73,3 +73,57 @@ def test_the_kernel_sees_the_same_bytes_through_the_memfd():
     import pytest
     with pytest.raises(OSError):
         os.ftruncate(b.fd, 10)            # sealed: the size is final
+
+
+def test_spares_keep_only_memory_nothing_else_can_see(tmp_path):
+    """A dead buffer's file is kept for reuse only on the private tmpfs, only while nothing
+    else has it open or mapped (asked of the kernel with a write lease), and only within the
+    room it is given; a fetch then gets it (one of its size first)."""
+    import mmap
+
+    from kvfs.buffer import MemorySource, Spares
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("the private tmpfs needs root")
+    src = MemorySource()
+    assert src.use_private_tmpfs(64 << 20) is None
+    room = [16 << 20]
+    spares = Spares(lambda: room[0], src)
+
+    def filled(size: int) -> int:
+        fd = src.new_fd()
+        os.pwrite(fd, b"x" * size, 0)
+        return fd
+
+    a, b = filled(1 << 20), filled(2 << 20)
+    spares.give(a)
+    spares.give(b)
+    assert spares.kept == 2 and spares.bytes == 3 << 20
+    assert spares.take(1 << 20) == a and spares.take(5) == b and spares.take(5) is None
+    assert spares.bytes == 0 and spares.reused == 2
+
+    # another open file (a FUSE passthrough open is one), or a mapping made through one that
+    # outlives it: the memory is not kept
+    other = os.open(f"/proc/self/fd/{a}", os.O_RDONLY)
+    spares.give(a)
+    assert spares.kept == 2
+    os.close(other)
+    c = filled(1 << 20)
+    other = os.open(f"/proc/self/fd/{c}", os.O_RDONLY)
+    m = mmap.mmap(other, 1 << 20, prot=mmap.PROT_READ)
+    os.close(other)
+    spares.give(c)
+    assert spares.kept == 2
+    m.close()
+    # no room, or memory of a memfd (not on the private tmpfs): closed
+    room[0] = 1 << 20
+    spares.give(filled(2 << 20))
+    memfd = os.memfd_create("x")
+    os.pwrite(memfd, b"y", 0)
+    Spares(lambda: 1 << 30).give(memfd)
+    assert spares.kept == 2 and spares.bytes == 0
+    d = filled(1 << 20)
+    spares.give(d)
+    assert spares.kept == 3
+    spares.close()
+    assert spares.bytes == 0 and not os.path.exists(f"/proc/self/fd/{d}")
