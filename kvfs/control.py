@@ -62,7 +62,9 @@ class Control:
         self._open: set[int] = set()
         self._results: dict[int, bytes] = {}
         self.actions: dict[str, tuple[Callable[[dict], Awaitable[Any]], str]] = {
-            "drop_dram": (self._drop_dram, "drop every DRAM-resident copy (all are in the pool)"),
+            "drop_dram": (self._drop_dram, 'drop every DRAM-resident copy (all are in the pool); '
+                                           'with {"memory": true} also give the memory kept '
+                                           'for reuse (spares) back to the system'),
             "flush": (self._flush, "persist access times and learned chain links now"),
             "evict": (self._evict, '{"paths": ["/a", ...]} or {"cold": N}: drop blocks from '
                                    'DRAM and the local tier'),
@@ -285,8 +287,13 @@ class Control:
 
     # --- actions -------------------------------------------------------------------------------
     async def _drop_dram(self, args: dict) -> dict:
-        self._no_args("drop_dram", args)
-        return {"bytes_dropped": self.store.drop_dram()}
+        if set(args) - {"memory"} or not isinstance(args.get("memory", False), bool):
+            raise KvfsError(errno.EINVAL, 'drop_dram: takes nothing, or {"memory": true}')
+        out = {"bytes_dropped": self.store.drop_dram()}
+        if args.get("memory"):
+            out["spare_bytes_freed"] = self.store.spares.bytes
+            self.store.spares.trim(0)
+        return out
 
     def _path_node(self, path, action: str):
         if not isinstance(path, str) or not path:

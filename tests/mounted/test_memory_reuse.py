@@ -4,6 +4,7 @@ made through a passthrough open and kept after close(), keeps its bytes."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import random
@@ -48,6 +49,15 @@ def test_fetches_reuse_the_memory_of_dropped_blocks(pt):
     # and the memory stays within the tier's capacity
     dram = pt.stats()["tiers"]["dram"]
     assert dram["used"] + dram["spare"] <= dram["capacity"]
+    # an operator (or a benchmark that wants fresh memory) gives it all back
+    out = pt.control("drop_dram", {"memory": True})
+    assert out["result"]["spare_bytes_freed"] >= len(names) * 4 * MiB
+    assert store_stats(pt)["spare"] == 0
+    with pytest.raises(OSError) as e:
+        pt.control("drop_dram", {"memory": "yes"})
+    assert e.value.errno == errno.EINVAL
+    for n in names:                                   # cold again, into fresh memory
+        assert (d / n).read_bytes() == content(n, 4 * MiB)
 
 
 def test_an_mmap_kept_after_close_keeps_its_bytes_when_the_block_is_evicted(pt):
