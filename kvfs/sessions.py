@@ -302,17 +302,22 @@ class Sessions:
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
         self._charge(s)
-        tries = 0
+        tries, give_up = 0, None
         while True:
             writer, s.writer = s.writer, None
             try:
                 layout = await self.store.write(s.buffer, size, writer)
                 break
             except KvfsError as e:
-                # Retry a bounded number of times: room that still does not fit (free bytes
-                # fragmented below a unit) would loop for ever, and other writers racing for
-                # the room just made may take it (so "nothing changed" is no sign to stop).
-                if e.errno == errno.ENOSPC and tries < ROOM_TRIES and \
+                # Retry a bounded number of times, for a bounded time: room that still does not
+                # fit (free bytes fragmented below a unit) would loop for ever, and other
+                # writers racing for the room just made may take it (so "nothing changed" is
+                # no sign to stop). The writer waits meanwhile, in a request the kernel does
+                # not let even SIGKILL interrupt: past about two waits for room, ENOSPC.
+                now = trio.current_time()
+                if give_up is None:
+                    give_up = now + 2 * self.space.room_wait + 1
+                if e.errno == errno.ENOSPC and tries < ROOM_TRIES and now < give_up and \
                         await self.space.make_room(node.ino, size):
                     tries += 1
                     continue

@@ -20,6 +20,10 @@ class Space:
     """Reservations and room-making over a `Pool`; subclasses say how room is made."""
 
     kind = "?"
+    # the longest one `make_room` may wait for room to appear (space in its grace period, or
+    # in regions other nodes give back); a writer that met ENOSPC waits about twice that at
+    # most (kvfs/sessions.py), so a full pool answers ENOSPC instead of holding it
+    room_wait = 0.0
 
     def __init__(self, pool: Pool, knobs: Knobs):
         self.pool = pool

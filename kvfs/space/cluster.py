@@ -125,6 +125,7 @@ class ClusterSpace(Space):
         data = max(ns.size for ns in pool.namespaces) - DATA_START
         self.regions = Regions(data, cfg.regions, pool.unit)
         pool.area = self.regions
+        self.room_wait = max(cfg.grace_seconds, cfg.lease_seconds) * 1.5 + 2
         self.grace_ms = int(cfg.grace_seconds * 1000)
         self.lease_ms = int(cfg.lease_seconds * 1000)
         self.grave: dict[int, BlobRec] = {}      # retired blocks whose space is not free yet
@@ -386,7 +387,7 @@ class ClusterSpace(Space):
                                        trio.current_time() > elsewhere_until)
         if hopeless():
             return False
-        with trio.move_on_after(max(cfg.grace_seconds, cfg.lease_seconds) * 1.5 + 2):
+        with trio.move_on_after(self.room_wait):
             while True:
                 await self.purge()
                 if pool.writable - self.reserved >= need or await self.grow(need):

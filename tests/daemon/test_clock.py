@@ -217,3 +217,39 @@ def test_the_cluster_link_times_out_waits_between_reconnects_and_comes_back():
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(pool_config):
+    """A full shared pool where room keeps appearing and being taken by others: each attempt
+    to make room may wait (grace periods, regions given back), and the writer waits in a
+    request even SIGKILL cannot interrupt, so the commit gives up with ENOSPC after about two
+    such waits, not after ROOM_TRIES of them (a torture writer hung for minutes)."""
+    from kvfs.sessions import ROOM_TRIES
+    cfg = pool_config(size="16MiB")
+    clock = mock_clock()
+
+    async def body(fs):
+        space, store = fs.svc.space, fs.svc.store
+        space.room_wait = 5.0
+        waits = []
+
+        async def make_room(exclude, need):          # waits out a grace period: "room"
+            waits.append(trio.current_time())
+            await trio.sleep(space.room_wait)
+            return True
+
+        async def full(buf, size, writer=None):
+            raise KvfsError(errno.ENOSPC, "pool is full (test)")
+        space.make_room, store.write = make_room, full
+        clock.autojump_threshold = 0
+        t0 = trio.current_time()
+        try:
+            with pytest.raises(KvfsError) as e:
+                await fs.write("/f", b"x" * MiB)
+        finally:
+            clock.autojump_threshold = float("inf")
+        assert e.value.errno == errno.ENOSPC
+        assert 2 <= len(waits) <= 3 < ROOM_TRIES
+        assert trio.current_time() - t0 <= 2 * space.room_wait + 1 + space.room_wait
+
+    run_service(cfg, body, clock)
