@@ -44,7 +44,7 @@ F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
 MADV_POPULATE_WRITE = 23              # Linux >= 5.14
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_populate = [os.environ.get("KVFS_NO_POPULATE") is None, False]   # [enabled, ever worked]
+_populate = [True, False]          # [enabled, ever worked]
 
 
 def populate(views) -> None:
