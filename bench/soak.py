@@ -245,7 +245,8 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
         st = m.stats()
         quiet = {**process_memory(pid), **proc_fds(pid), **held(st),
                  "inode_states": st["files"]["inode_states"]}
-        m.control("drop_dram")          # resident blocks hold descriptors too: let them go
+        m.control("drop_dram", {"memory": True})   # resident blocks and spare memory hold
+        # descriptors too: let them go
         dropped = {**process_memory(pid), **proc_fds(pid)}
         errors: dict[str, int] = {}
         for c in clients:
