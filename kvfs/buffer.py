@@ -162,12 +162,13 @@ class Spares:
             if not self.closed and (self.source or MEMORY).dirfd is not None:
                 st = os.fstat(fd)
                 nbytes = st.st_blocks * 512
-                if nbytes and nbytes + self.bytes <= self.room() and _only_ours(fd):
-                    with self._lock:
-                        self.fds.append((fd, st.st_size, nbytes))
-                        self.bytes += nbytes
-                        self.kept += 1
-                    return
+                if nbytes and _only_ours(fd):
+                    with self._lock:         # the room check too: buffers die on any thread
+                        if nbytes + self.bytes <= self.room():
+                            self.fds.append((fd, st.st_size, nbytes))
+                            self.bytes += nbytes
+                            self.kept += 1
+                            return
         except OSError:
             pass
         _close_fd(fd)

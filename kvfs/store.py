@@ -63,7 +63,7 @@ class BlockStore:
         self.charged = 0                   # write-session buffers
         self.inflight = 0                  # buffers of fetches in progress
         # memory of evicted blocks, kept (within the unused capacity) for the next fetches
-        self.spares = Spares(lambda: self.capacity - self.dram.used - self.charged - self.inflight)
+        self.spares = Spares(self._unused)
         self.pinned_bytes = 0
         self._prefetch_queue: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._prefetch_running = 0
@@ -81,6 +81,10 @@ class BlockStore:
                 await trio.sleep_forever()
         finally:
             self.spares.close()
+
+    def _unused(self) -> int:
+        """DRAM capacity no resident copy, write buffer or fetch takes (what spares may fill)."""
+        return self.capacity - self.dram.used - self.charged - self.inflight
 
     @property
     def dram_used(self) -> int:
@@ -221,7 +225,7 @@ class BlockStore:
         someone holds open go last, and never while the kernel may read them itself
         (`passthrough`: dropping them would free no memory)."""
         self.dram.capacity = max(0, self.capacity - self.charged - self.inflight)
-        self.spares.trim(self.dram.capacity - self.dram.used)
+        self.spares.trim(self._unused())
         victims = self.dram.make_room(need, self._evictable(True), cold_only)
         if not self.dram.fits(need) and not cold_only and not self.passthrough:
             victims += self.dram.make_room(need, self._evictable(False))

@@ -374,31 +374,42 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
     run_cluster(cfgs[:1], body)
 
 
+def losing_replies(monkeypatch, *scripts) -> dict:
+    """Make the next Redis calls of `scripts` fail as a broken connection does: set
+    `["before"]` to fail that many before the script runs, `["after"]` that many after Redis
+    ran it (the reply lost)."""
+    from kvfs.redis_client import RedisClient, RedisUnavailable
+
+    real = RedisClient.eval
+    lose = {"before": 0, "after": 0}
+
+    async def eval_losing_the_reply(self, script, keys, args):
+        if script in scripts and lose["before"] > 0:
+            lose["before"] -= 1
+            raise RedisUnavailable("lost the connection to Redis (before the script ran)")
+        reply = await real(self, script, keys, args)
+        if script in scripts and lose["after"] > 0:
+            lose["after"] -= 1
+            raise RedisUnavailable("lost the connection to Redis (after the script ran)")
+        return reply
+    monkeypatch.setattr(RedisClient, "eval", eval_losing_the_reply)
+    return lose
+
+
 def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeypatch):
     """Redis ran a node's publishing script, then the connection broke before the reply came
     (Redis killed after its AOF fsync, a network cut). The block is published: the node must
     not give its space back (it would later allocate over a live block) and must not forget
     it; once Redis answers again, it learns the block is there and close() succeeds."""
     from kvfs.catalog.redis.scripts import SCRIPTS
-    from kvfs.redis_client import RedisClient, RedisUnavailable
-
-    real = RedisClient.eval
-    lose = {"replies": 0}
-
-    async def eval_losing_the_reply(self, script, keys, args):
-        reply = await real(self, script, keys, args)
-        if script in (SCRIPTS.commit, SCRIPTS.mknode) and lose["replies"] > 0:
-            lose["replies"] -= 1
-            raise RedisUnavailable("lost the connection to Redis (after the script ran)")
-        return reply
-    monkeypatch.setattr(RedisClient, "eval", eval_losing_the_reply)
+    lose = losing_replies(monkeypatch, SCRIPTS.commit, SCRIPTS.mknode)
 
     async def body(a, b):
         await a.write("/old", data(1, MiB))
         for path, seed in (("/old", 2), ("/new", 3)):       # a rewrite (COMMIT), a new file
-            lose["replies"] = 1
+            lose["after"] = 1
             await a.write(path, data(seed, MiB))
-            assert lose["replies"] == 0
+            assert lose["after"] == 0
             blob = a.files.catalog.get(a.ino(path)).blob
             assert blob is not None and blob.size == MiB
             for e in blob.layout.unit_extents():
@@ -418,21 +429,7 @@ def test_a_rename_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs,
     and get ENOENT, or drop its temporary file); the replaced file's block goes to the grave
     as usual. A rename Redis did not run still fails with the error."""
     from kvfs.catalog.redis.scripts import SCRIPTS
-    from kvfs.redis_client import RedisClient, RedisUnavailable
-
-    real = RedisClient.eval
-    lose = {"after": 0, "before": 0}
-
-    async def eval_losing_the_reply(self, script, keys, args):
-        if script == SCRIPTS.rename and lose["before"]:
-            lose["before"] -= 1
-            raise RedisUnavailable("lost the connection to Redis (before the script ran)")
-        reply = await real(self, script, keys, args)
-        if script == SCRIPTS.rename and lose["after"]:
-            lose["after"] -= 1
-            raise RedisUnavailable("lost the connection to Redis (after the script ran)")
-        return reply
-    monkeypatch.setattr(RedisClient, "eval", eval_losing_the_reply)
+    lose = losing_replies(monkeypatch, SCRIPTS.rename)
 
     async def body(a, b):
         await a.write("/final", data(1, MiB))
