@@ -1,5 +1,7 @@
 """Promises the README makes that no other test checked: rename with RENAME_NOREPLACE and
-RENAME_EXCHANGE, durable when fsync() returns, and reads that are never short."""
+RENAME_EXCHANGE, durable when fsync() returns, reads that are never short, which call a full
+pool fails (and that the previous version stays, also after kill -9), a rename that commits a
+source still open for writing, and the one documented exception (a fork+exec while writing)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import ctypes
 import errno
 import os
 import random
+import subprocess
 
 import pytest
 
@@ -112,3 +115,108 @@ def test_reads_within_the_file_are_never_short(make_mount, pool_config, monkeypa
             assert os.pread(fd, 100, size) == b""
         finally:
             os.close(fd)
+
+
+@pytest.mark.parametrize("sync", ["close", "fsync"])
+def test_a_full_pool_fails_the_write_or_the_commit_and_keeps_the_previous_version(
+        make_mount, pool_config, sync):
+    """evict = "never" and no room: through the daemon write() itself fails with ENOSPC,
+    through passthrough (writes go straight to memory) the commit does, at fsync() or close().
+    Either way the fsync() or close() that follows fails, nothing is committed, the file keeps its previous version (a new
+    file is gone), and so it stays after kill -9 and a remount."""
+    m = make_mount(pool_config(size="32MiB", pool='evict = "never"'))
+    d = m.mountpoint
+    cap = m.stats()["tiers"]["pool"]["capacity"]
+    old = os.urandom(2 * MiB + 3)
+    (d / "f").write_bytes(old)
+    filler = os.urandom(cap - 8 * MiB)
+    (d / "filler").write_bytes(filler)
+    for name in ("f", "new"):
+        data = os.urandom(8 * MiB)
+        fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        write_errno = None
+        try:
+            for off in range(0, len(data), MiB):
+                assert os.pwrite(fd, data[off:off + MiB], off) == MiB
+        except OSError as e:
+            write_errno = e.errno
+        if m.passthrough:
+            assert write_errno is None, name
+        else:
+            assert write_errno == errno.ENOSPC, name
+        if sync == "fsync":
+            with pytest.raises(OSError) as e:
+                os.fsync(fd)
+            assert e.value.errno == errno.ENOSPC, name
+            try:            # the error was reported: close() may report it again, or not
+                os.close(fd)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, name
+        else:
+            with pytest.raises(OSError) as e:
+                os.close(fd)
+            assert e.value.errno == errno.ENOSPC, name
+        assert (d / "f").read_bytes() == old
+        assert not (d / "new").exists()
+    m.kill()
+    m.start()
+    assert (d / "f").read_bytes() == old and (d / "filler").read_bytes() == filler
+    assert not (d / "new").exists()
+    (d / "new").write_bytes(b"room is there for small files")      # the failed ones gave it back
+    assert (d / "new").read_bytes() == b"room is there for small files"
+
+
+def test_rename_commits_a_source_still_open_for_writing(mnt):
+    """tmp-then-rename with the tmp file still open: the rename commits what was written, so
+    the target is whole at once (for a new reader, and after kill -9 with the writer's file
+    still open); the tmp name is gone."""
+    d = mnt.mountpoint
+    (d / "final").write_bytes(b"previous version")
+    data = os.urandom(5 * MiB + 77)
+    fd = os.open(d / "final.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        assert os.write(fd, data) == len(data)
+        os.rename(d / "final.tmp", d / "final")
+        assert not (d / "final.tmp").exists()
+        assert (d / "final").read_bytes() == data
+        mnt.kill()
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass                                            # its daemon is gone
+    mnt.start()
+    assert (d / "final").read_bytes() == data
+    assert sorted(os.listdir(d)) == ["final"]
+
+
+def test_a_fork_and_exec_while_writing_commits_what_was_written_so_far(mnt):
+    """The documented exception to "never partial": every close of a descriptor is a close
+    (FUSE flush) to kvfs, and an exec closes the child's copy, so what the writer had written
+    is committed then (pyfuse3 does not say which process flushed): after a kill -9 the file
+    holds that part. The writer's own close() still commits the whole file."""
+    d = mnt.mountpoint
+    first, second = os.urandom(3 * MiB), os.urandom(MiB + 5)
+    fd = os.open(d / "cut", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        assert os.write(fd, first) == len(first)
+        subprocess.run(["true"], check=True)                   # fork + exec
+        assert os.write(fd, second) == len(second)
+        mnt.kill()                                             # before the writer's close
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass                                               # its daemon is gone
+    mnt.start()
+    assert (d / "cut").read_bytes() == first                  # what the exec's close committed
+    fd = os.open(d / "whole", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        assert os.write(fd, first) == len(first)
+        subprocess.run(["true"], check=True)
+        assert os.write(fd, second) == len(second)
+    finally:
+        os.close(fd)
+    mnt.kill()
+    mnt.start()
+    assert (d / "whole").read_bytes() == first + second
