@@ -314,13 +314,17 @@ def enospc(tmp: Path, evict: str, writers: int = 8, files: int = 24) -> dict:
         present = os.listdir(m.mountpoint)
         reads: dict[str, int] = {}
         for n in present:
-            r = read_errno(m.mountpoint / n, closed.get(n, b""))
-            reads[r or "ok"] = reads.get(r or "ok", 0) + 1
+            if n in closed:
+                r = read_errno(m.mountpoint / n, closed[n])
+                reads[r or "ok"] = reads.get(r or "ok", 0) + 1
+        # a new file whose write or commit failed is gone (not an empty or partial file)
+        failed_present = sorted(n for n in present if n not in closed)
         out = {"scenario": f"enospc_{evict}", "writes": writers * files,
                "closed_ok": len(closed), "client_errnos": errors,
                "evictions": st["evictions"], "reserved_after": st["reserved"],
                "used_after": st["used"], "capacity": st["capacity"],
                "present": len(present), "reads_of_present": reads,
+               "failed_present": failed_present,
                "log": log_lines(m, "pool is full")[:3] + log_lines(m, "Traceback"),
                "traceback": "Traceback" in m.log.read_text(errors="replace")}
         if evict == "never":            # a full pool is the point: make room first

@@ -53,7 +53,7 @@ def test_writers_racing_eviction_on_a_small_pool(tmp_path):
     assert r["client_errnos"] == {} and r["closed_ok"] == r["writes"], r
     assert r["evictions"] > 0 and r["reserved_after"] == 0
     assert r["used_after"] <= r["capacity"]
-    assert r["reads_of_present"] == {"ok": r["present"]}
+    assert r["failed_present"] == [] and r["reads_of_present"] == {"ok": r["present"]}
     assert not r["traceback"] and r["serving"] and r["recovered"]
 
 
@@ -62,7 +62,8 @@ def test_writers_racing_for_a_full_pool_that_never_evicts(tmp_path):
     assert set(r["client_errnos"]) == {"ENOSPC"} and r["closed_ok"] > 0, r
     assert r["closed_ok"] + r["client_errnos"]["ENOSPC"] == r["writes"]
     assert r["reserved_after"] == 0 and r["evictions"] == 0
-    # what closed reads back bit-exact; what failed is an empty file (never partial)
+    # what closed reads back bit-exact; a new file whose write or commit failed is gone
+    assert r["failed_present"] == [], r["failed_present"]
     assert r["reads_of_present"] == {"ok": r["present"]}
     assert r["log"] and all("pool is full" in ln for ln in r["log"])
     assert not r["traceback"] and r["serving"] and r["recovered"]
