@@ -16,21 +16,24 @@ pytestmark = [pytest.mark.mounted, pytest.mark.slow,
               pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))]
 
 
-def _check(report: dict) -> None:
+def _check(report: dict, aimed: tuple[str, ...]) -> None:
     assert report["cycles"] > 0 and report["commits"] > 0, report
     bad = {k: report[k] for k in ("lost", "partial", "resurrected", "stray", "broken", "hung")}
     assert not any(bad.values()), f"{bad}: {report['problems']}"
+    # each of these cycles killed at the moment it aims at, so it tested what it says
+    missed = {s: report["scenarios"][s]["unaimed"] for s in aimed}
+    assert not any(missed.values()), missed
 
 
 def test_single_node_loses_nothing_committed_and_shows_nothing_partial(tmp_path):
     t = Torture(tmp_path, writers=3, seed=5, scenarios=SINGLE_SCENARIOS)
     report = t.run(len(SINGLE_SCENARIOS))
-    _check(report)
-    assert report["scenarios"]["evict"]["evicted"] + report["scenarios"]["evict"]["commits"] > 0
+    _check(report, ("commit", "rename", "evict", "writer"))   # evict: killed amid evictions
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_cluster_loses_nothing_committed_and_shows_nothing_partial(tmp_path):
     t = Torture(tmp_path, writers=3, seed=5, cluster=True, scenarios=CLUSTER_SCENARIOS)
     report = t.run(len(CLUSTER_SCENARIOS))
-    _check(report)
+    # (evict is not among them: with both nodes writing, a cycle mostly sees ENOSPC)
+    _check(report, ("commit", "publish", "rename", "writer"))
