@@ -14,26 +14,35 @@ from kvfs.layout import PAGE
 
 
 class ExtentAllocator:
-    """First-fit allocator over [start, end) with coalescing frees."""
+    """First-fit allocator over [start, end) with coalescing frees.
 
-    def __init__(self, start: int, end: int):
+    `unit` (the pool's stripe unit): besides `free_bytes`, the allocator keeps `unit_bytes`,
+    the free bytes that lie in whole units (each free extent counts its length rounded down to
+    a multiple of `unit`). Free pieces smaller than a unit, left between blocks of other sizes,
+    cannot take a full stripe unit: a pool can have free bytes and no room for a big block."""
+
+    def __init__(self, start: int, end: int, unit: int = PAGE):
         if start % PAGE or end % PAGE or end < start:
             raise ValueError(f"bad data area [{start}, {end})")
-        self.start, self.end = start, end
+        if unit <= 0 or unit % PAGE:
+            raise ValueError(f"bad unit {unit}")
+        self.start, self.end, self.unit = start, end, unit
         self._starts: list[int] = []        # sorted starts of free extents
         self._length: dict[int, int] = {}   # start -> length
         self.free_bytes = 0
+        self.unit_bytes = 0                 # free bytes in whole units (see the class doc)
         if end > start:
             self._insert(start, end - start)
 
     @classmethod
-    def from_used(cls, start: int, end: int, used: Iterable[tuple[int, int]]) -> "ExtentAllocator":
+    def from_used(cls, start: int, end: int, used: Iterable[tuple[int, int]],
+                  unit: int = PAGE) -> "ExtentAllocator":
         """Build the map of [start, end) minus the (offset, length) extents in `used`.
 
         Raises ValueError if two used extents overlap or one lies outside the area: the catalog
         would then be corrupt, and serving it would hand the same bytes to two blocks.
         """
-        a = cls(start, start)
+        a = cls(start, start, unit)
         a.end = end
         pos = start
         for off, length in sorted(used):
@@ -48,11 +57,12 @@ class ExtentAllocator:
         return a
 
     @classmethod
-    def from_sorted(cls, start: int, end: int, off, length) -> "ExtentAllocator":
+    def from_sorted(cls, start: int, end: int, off, length,
+                    unit: int = PAGE) -> "ExtentAllocator":
         """`from_used` for used extents given as numpy arrays sorted by offset (millions of
         blocks: the gaps between them are found without a Python loop per extent)."""
         import numpy as np
-        a = cls(start, start)
+        a = cls(start, start, unit)
         a.end = end
         ends = off + length
         bad = (off % PAGE != 0) | (length % PAGE != 0) | (off < start) | (ends > end)
@@ -66,10 +76,12 @@ class ExtentAllocator:
         hi = np.concatenate((off, [end])).astype(np.int64)
         gap = hi > lo
         starts = lo[gap].tolist()
-        lengths = (hi - lo)[gap].tolist()
+        gaps = (hi - lo)[gap]
+        lengths = gaps.tolist()
         a._starts = starts
         a._length = dict(zip(starts, lengths))
         a.free_bytes = sum(lengths)
+        a.unit_bytes = int((gaps - gaps % unit).sum())
         return a
 
     @property
@@ -86,12 +98,14 @@ class ExtentAllocator:
         bisect.insort(self._starts, start)
         self._length[start] = length
         self.free_bytes += length
+        self.unit_bytes += length - length % self.unit
 
     def _remove(self, start: int) -> int:
         i = bisect.bisect_left(self._starts, start)
         del self._starts[i]
         length = self._length.pop(start)
         self.free_bytes -= length
+        self.unit_bytes -= length - length % self.unit
         return length
 
     def alloc(self, length: int) -> int | None:
@@ -183,12 +197,23 @@ class ExtentAllocator:
     def free_in(self, lo: int, hi: int) -> tuple[int, int]:
         """(free bytes, largest free extent) inside [lo, hi)."""
         total = largest = 0
+        for n in self._pieces_in(lo, hi):
+            total += n
+            largest = max(largest, n)
+        return total, largest
+
+    def unit_bytes_in(self, lo: int, hi: int, grain: int | None = None) -> int:
+        """`unit_bytes` of the free space inside [lo, hi) (each piece cut at lo and hi), in
+        pieces of `grain` bytes (default: the unit)."""
+        g = grain or self.unit
+        return sum(n - n % g for n in self._pieces_in(lo, hi))
+
+    def _pieces_in(self, lo: int, hi: int):
+        """The lengths of the free extents' parts that lie inside [lo, hi)."""
         i = max(0, bisect.bisect_right(self._starts, lo) - 1)
         while i < len(self._starts) and self._starts[i] < hi:
             s = self._starts[i]
             n = min(s + self._length[s], hi) - max(s, lo)
             if n > 0:
-                total += n
-                largest = max(largest, n)
+                yield n
             i += 1
-        return total, largest

@@ -79,7 +79,7 @@ class Pool:
         self._obs_seconds = [0.0] * len(namespaces)
         self.chunk = chunk_size_for(unit)
         self.allocators: list[ExtentAllocator] = [
-            ExtentAllocator(DATA_START, ns.size) for ns in namespaces]
+            ExtentAllocator(DATA_START, ns.size, unit) for ns in namespaces]
         self.area = area or Area()      # where this node may allocate (see Area)
         self.created = False          # formatted by this open (a brand-new pool)
         # shared pool: the extents of claimed blocks that were still counted as used here when
@@ -319,7 +319,7 @@ class Pool:
         try:
             self.allocators = [
                 ExtentAllocator.from_sorted(DATA_START, nsp.size, off[bounds[j]:bounds[j + 1]],
-                                            length[bounds[j]:bounds[j + 1]])
+                                            length[bounds[j]:bounds[j + 1]], self.unit)
                 for j, nsp in enumerate(self.namespaces)]
         except ValueError as e:
             raise StartupError(f"catalog is inconsistent with the pool: {e}") from None
@@ -339,6 +339,24 @@ class Pool:
         if self.area.whole:
             return self.free
         return sum(a.free_in(lo, hi)[0] for a, ns in zip(self.allocators, self.namespaces)
+                   for lo, hi in self.area.ranges(ns.size))
+
+    @property
+    def unit_free(self) -> int:
+        """Free bytes in whole stripe units (see ExtentAllocator): what blocks of several units
+        can use; free pieces smaller than a unit are left out."""
+        return sum(a.unit_bytes for a in self.allocators)
+
+    def writable_in(self, grain: int) -> int:
+        """The free bytes this node may allocate now (in its area) that lie in pieces of
+        `grain` bytes (a multiple of 4 KiB, at most the unit): what units of that length can
+        use. Each free extent counts its length rounded down to a multiple of `grain`."""
+        if self.area.whole and grain == self.unit:
+            return self.unit_free
+        if self.area.whole:
+            return sum(a.unit_bytes_in(a.start, a.end, grain) for a in self.allocators)
+        return sum(a.unit_bytes_in(lo, hi, grain)
+                   for a, ns in zip(self.allocators, self.namespaces)
                    for lo, hi in self.area.ranges(ns.size))
 
     def statistics(self) -> dict:

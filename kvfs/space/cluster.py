@@ -32,7 +32,7 @@ from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
-from kvfs.layout import DATA_START, Layout, align_up
+from kvfs.layout import DATA_START, PAGE, Layout, align_up
 from kvfs.pool import Area, Pool
 from kvfs.space.base import Space
 
@@ -221,18 +221,20 @@ class ClusterSpace(Space):
 
     # --- leases ----------------------------------------------------------------------------------
     def region_free(self) -> list[tuple[int, int]]:
-        """(free bytes, smallest namespace's largest free extent) of every region."""
+        """(free bytes, largest free extent on any namespace) of every region. A unit needs
+        one extent on one namespace (a block's units go to the namespaces with room), so a
+        region whose other namespaces are full still has room for units."""
         out = []
         for r in range(self.regions.count):
-            total, fit = 0, None
+            total = fit = 0
             for a, ns in zip(self.pool.allocators, self.pool.namespaces):
                 lo, hi = self.regions.span(r, ns.size)
                 if hi <= lo:
                     continue
                 f, largest = a.free_in(lo, hi)
                 total += f
-                fit = largest if fit is None else min(fit, largest)
-            out.append((total, fit or 0))
+                fit = max(fit, largest)
+            out.append((total, fit))
         return out
 
     async def grow(self, need: int) -> bool:
@@ -242,7 +244,8 @@ class ClusterSpace(Space):
         free = self.region_free()
         held = set(regions.held())
         cands = sorted((r for r in range(regions.count)
-                        if r not in held and free[r][1] >= min(need, self.pool.unit)),
+                        if r not in held and free[r][1] >= min(align_up(need, PAGE),
+                                                                self.pool.unit)),
                        key=lambda r: -free[r][0])[:16]
         if not cands:
             return False
@@ -367,13 +370,21 @@ class ClusterSpace(Space):
                     break
         return freed
 
+    def room_for(self, need: int) -> int:
+        """The room a block of `need` bytes has where this node may allocate now: free space
+        in pieces as long as its largest unit (a stripe unit, or the block itself if smaller);
+        shorter pieces take none of its units. The pool's free bytes also count those and the
+        space in regions other nodes hold: a pool can have plenty of them and no room."""
+        pool = self.pool
+        return pool.writable_in(min(align_up(need, PAGE), pool.unit))
+
     async def make_room(self, exclude: int, need: int) -> bool:
         if await self.grow(need):
             return True
         if self.knobs.pool_evict != "lru":
             return False
         pool = self.pool
-        short = need + self.reserved - pool.free - self.grave_bytes
+        short = need + self.reserved - self.room_for(need) - self.grave_bytes
         if short > 0:
             await self.evict_lru(exclude, short)
         # Evicted space is free once its grace period is over, and it may lie in a region
@@ -390,7 +401,7 @@ class ClusterSpace(Space):
         with trio.move_on_after(self.room_wait):
             while True:
                 await self.purge()
-                if pool.writable - self.reserved >= need or await self.grow(need):
+                if self.room_for(need) - self.reserved >= need or await self.grow(need):
                     return True
                 if hopeless():
                     return False
@@ -398,10 +409,11 @@ class ClusterSpace(Space):
         return False
 
     async def keep_free(self) -> int:
-        """Evict (cluster LRU) so that `free_target` of the pool stays free or in its grace
-        period, ahead of writers. One node at a time does it."""
+        """Evict (cluster LRU) so that `free_target` of the pool stays free (in whole stripe
+        units: pieces smaller than one take no unit of a big block) or in its grace period,
+        ahead of writers. One node at a time does it."""
         target = int(self.cfg.free_target * self.pool.capacity)
-        short = target - self.pool.free - self.grave_bytes
+        short = target - self.pool.unit_free - self.grave_bytes
         if short <= 0 or self.knobs.pool_evict != "lru":
             return 0
         if not await self.try_lock("cleaner", 5.0):

@@ -308,6 +308,44 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
     run_cluster(cluster_configs(2, grace=0.5), body)
 
 
+def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(
+        cluster_configs):
+    """Free bytes are not room: a pool whose free space lies in holes smaller than a stripe
+    unit (left by small files between others) has no place for a block of several units, so a
+    writer must evict (cluster LRU), not wait and fail with ENOSPC because the free bytes
+    seemed enough."""
+    async def body(a, b):
+        small = a.svc.pool.unit - 56 * 1024     # one unit each, a little shorter
+        n = 0
+        while a.svc.space.evictions == 0:           # a fills the pool (until it evicts)...
+            await a.write(f"/s{n}", data(n, small))
+            n += 1
+        # ...and unlinks every other file in each namespace's order of offsets
+        where = {}
+        for i in range(n):
+            if not known(a, f"/s{i}"):
+                continue
+            lay = a.svc.catalog.get(a.ino(f"/s{i}")).blob.layout
+            where.setdefault(lay.ns[0], []).append((lay.offsets[0], i))
+        for files in where.values():
+            for _, i in sorted(files)[1::2]:
+                await a.files.unlink(1, f"s{i}".encode())
+        payload = os.urandom(8 * MiB + 5)
+        for fs in (a, b):
+            await eventually(lambda: fs.svc.pool.free >= 2 * len(payload)
+                             and not fs.svc.space.grave, 10)
+        # twice the block is free, but not in pieces a unit fits in
+        assert b.svc.pool.unit_free < len(payload)
+        with trio.fail_after(30):
+            await b.write("/big", payload)
+        assert b.svc.space.evictions > 0
+        assert await b.read("/big") == payload
+        await eventually(lambda: known(a, "/big"))
+        assert await a.read("/big") == payload
+
+    run_cluster(cluster_configs(2, grace=0.5), body)
+
+
 def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
     async def body(a, b):
         await a.write("/first", b"x" * MiB)

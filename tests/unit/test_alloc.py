@@ -6,6 +6,19 @@ from kvfs.alloc import ExtentAllocator
 P = 4096
 
 
+def free_runs(used: list[bool], lo: int, hi: int) -> list[int]:
+    """The lengths, in pages, of the runs of free pages in used[lo:hi]."""
+    runs, run = [], 0
+    for u in used[lo:hi]:
+        if u:
+            if run:
+                runs.append(run)
+            run = 0
+        else:
+            run += 1
+    return runs + ([run] if run else [])
+
+
 @settings(max_examples=200)
 @given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 40)), max_size=80))
 def test_allocator_matches_a_page_bitmap(ops):
@@ -61,9 +74,10 @@ def test_double_free_and_overlap_are_refused():
                     max_size=80),
        ranges=st.lists(st.tuples(st.integers(0, 199), st.integers(1, 60)), min_size=1, max_size=4))
 def test_ranged_alloc_and_take_match_a_page_bitmap(ops, ranges):
-    """alloc_in stays inside its ranges, take marks exactly what it names, free_in counts."""
-    start, pages = 16 * P, 200
-    a = ExtentAllocator(start, start + pages * P)
+    """alloc_in stays inside its ranges, take marks exactly what it names, free_in counts, and
+    the free bytes in whole units (of 3 pages here) are what the runs of free pages hold."""
+    start, pages, unit = 16 * P, 200, 3
+    a = ExtentAllocator(start, start + pages * P, unit * P)
     used = [False] * pages
     spans = sorted({(lo, min(pages, lo + n)) for lo, n in ranges})
     merged: list[list[int]] = []
@@ -112,6 +126,18 @@ def test_ranged_alloc_and_take_match_a_page_bitmap(ops, ranges):
             run = 0 if used[p] else run + 1
             best = max(best, run)
         assert largest == best * P
+        assert a.unit_bytes == sum(r - r % unit for r in free_runs(used, 0, pages)) * P
+        assert a.unit_bytes_in(start + lo * P, start + hi * P) == \
+            sum(r - r % unit for r in free_runs(used, lo, hi)) * P
+    # rebuilt from the used extents (as at start-up), the counts are the same
+    import numpy as np
+    live.sort()
+    for b in (ExtentAllocator.from_used(start, start + pages * P, live, unit * P),
+              ExtentAllocator.from_sorted(start, start + pages * P,
+                                          np.array([o for o, _ in live], dtype=np.int64),
+                                          np.array([n for _, n in live], dtype=np.int64),
+                                          unit * P)):
+        assert (b.free_bytes, b.unit_bytes) == (a.free_bytes, a.unit_bytes)
 
 
 def test_take_free_takes_only_the_free_parts_of_a_range():
