@@ -47,10 +47,7 @@ Scenarios (one per cycle, in turn unless --scenarios says otherwise)
   rename    kill -9 0-3 ms after a writer entered rename() (often of a still-open tmp file,
             which the rename commits first)
   evict     on a second, small pool (with evict = "lru"): kill -9 just after the daemon log
-            shows an LRU eviction. In cluster mode half of these cycles write through one node
-            only: with both nodes writing, free space lies in regions the other node holds and
-            writers mostly get ENOSPC instead of evicting (docs/cluster.md, Limits); the kill
-            then comes after a minute, and counts as `unaimed`
+            shows an LRU eviction (in cluster mode, the cluster-wide LRU order)
   format    kill -9, verify, unmount cleanly, then run `kvfs format --force` and kill -9 IT at
             a random moment; mount again: kvfs must either serve the old files intact, serve
             an empty pool, or refuse to mount with a one-line reason (then a complete format
@@ -704,8 +701,7 @@ class Torture:
         self.say("  PROBLEM " + msg)
 
     # writers -----------------------------------------------------------------------------------
-    def start_writers(self, inst: Instance, cdir: Path, ctl_path: Path,
-                      mounts: list[Path]) -> list:
+    def start_writers(self, inst: Instance, cdir: Path, ctl_path: Path) -> list:
         procs = []
         for i in range(self.writers):
             state = cdir / f"w{i}.state.json"
@@ -716,7 +712,7 @@ class Torture:
                      str(i), "--writers", str(self.writers), "--control", str(ctl_path),
                      "--journal", str(cdir / f"w{i}.journal"), "--state", str(state),
                      "--seed", str(self.rng.randrange(1 << 30)),
-                     *[a for m in mounts for a in ("--mount", str(m))]],
+                     *[a for m in inst.mounts for a in ("--mount", str(m))]],
                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err))
         return procs
 
@@ -1108,12 +1104,7 @@ class Torture:
         ctl = Control(ctl_path, self.writers, create=True)
         t0 = time.monotonic()
         try:
-            mounts = inst.mounts
-            if scenario == "evict" and len(mounts) > 1 and self.rng.random() < 0.5:
-                # through one node: the other gives its regions back, so this one evicts
-                # (with both writing, they mostly get ENOSPC: docs/cluster.md, Limits)
-                mounts = mounts[:1]
-            procs = self.start_writers(inst, cdir, ctl_path, mounts)
+            procs = self.start_writers(inst, cdir, ctl_path)
             try:
                 self.run_scenario(scenario, inst, ctl, procs, fig)
             finally:
