@@ -353,8 +353,6 @@ class Pool:
         use. Each free extent counts its length rounded down to a multiple of `grain`."""
         if self.area.whole and grain == self.unit:
             return self.unit_free
-        if self.area.whole:
-            return sum(a.unit_bytes_in(a.start, a.end, grain) for a in self.allocators)
         return sum(a.unit_bytes_in(lo, hi, grain)
                    for a, ns in zip(self.allocators, self.namespaces)
                    for lo, hi in self.area.ranges(ns.size))

@@ -25,6 +25,14 @@ def renameat2(old, new, flags: int) -> None:
         raise OSError(e, os.strerror(e), str(old))
 
 
+def close_after_kill(fd: int) -> None:
+    """Close a descriptor whose daemon may have been killed meanwhile (close then fails)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def errno_of(fn, *args) -> int:
     with pytest.raises(OSError) as e:
         fn(*args)
@@ -76,10 +84,7 @@ def test_durable_when_fsync_returns(mnt, rewrite):
         os.pwrite(fd, b"after the fsync", len(first))      # not synced: may be lost
         mnt.kill()                                          # kill -9, mount cleared
     finally:
-        try:
-            os.close(fd)
-        except OSError:
-            pass                                            # its daemon is gone
+        close_after_kill(fd)
     mnt.start()
     assert p.read_bytes() == first
 
@@ -181,10 +186,7 @@ def test_rename_commits_a_source_still_open_for_writing(mnt):
         assert (d / "final").read_bytes() == data
         mnt.kill()
     finally:
-        try:
-            os.close(fd)
-        except OSError:
-            pass                                            # its daemon is gone
+        close_after_kill(fd)
     mnt.start()
     assert (d / "final").read_bytes() == data
     assert sorted(os.listdir(d)) == ["final"]
@@ -204,10 +206,7 @@ def test_a_fork_and_exec_while_writing_commits_what_was_written_so_far(mnt):
         assert os.write(fd, second) == len(second)
         mnt.kill()                                             # before the writer's close
     finally:
-        try:
-            os.close(fd)
-        except OSError:
-            pass                                               # its daemon is gone
+        close_after_kill(fd)
     mnt.start()
     assert (d / "cut").read_bytes() == first                  # what the exec's close committed
     fd = os.open(d / "whole", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
