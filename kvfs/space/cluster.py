@@ -32,7 +32,7 @@ from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
-from kvfs.layout import DATA_START, PAGE, Layout, align_up
+from kvfs.layout import DATA_START, Layout, align_up, stored_length
 from kvfs.pool import Area, Pool
 from kvfs.space.base import Space
 
@@ -244,8 +244,7 @@ class ClusterSpace(Space):
         free = self.region_free()
         held = set(regions.held())
         cands = sorted((r for r in range(regions.count)
-                        if r not in held and free[r][1] >= min(align_up(need, PAGE),
-                                                                self.pool.unit)),
+                        if r not in held and free[r][1] >= stored_length(need, self.pool.unit, 0)),
                        key=lambda r: -free[r][0])[:16]
         if not cands:
             return False
@@ -375,8 +374,7 @@ class ClusterSpace(Space):
         in pieces as long as its largest unit (a stripe unit, or the block itself if smaller);
         shorter pieces take none of its units. The pool's free bytes also count those and the
         space in regions other nodes hold: a pool can have plenty of them and no room."""
-        pool = self.pool
-        return pool.writable_in(min(align_up(need, PAGE), pool.unit))
+        return self.pool.writable_in(stored_length(need, self.pool.unit, 0))
 
     async def make_room(self, exclude: int, need: int) -> bool:
         if await self.grow(need):
