@@ -127,8 +127,8 @@ def test_a_full_pool_fails_the_write_or_the_commit_and_keeps_the_previous_versio
         make_mount, pool_config, sync):
     """evict = "never" and no room: through the daemon write() itself fails with ENOSPC,
     through passthrough (writes go straight to memory) the commit does, at fsync() or close().
-    Either way the fsync() or close() that follows fails, nothing is committed, the file keeps its previous version (a new
-    file is gone), and so it stays after kill -9 and a remount."""
+    Either way the fsync() or close() that follows fails, nothing is committed, the file keeps
+    its previous version (a new file is gone), and so it stays after kill -9 and a remount."""
     m = make_mount(pool_config(size="32MiB", pool='evict = "never"'))
     d = m.mountpoint
     cap = m.stats()["tiers"]["pool"]["capacity"]
