@@ -13,6 +13,8 @@ also after a failure.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import tempfile
@@ -32,11 +34,12 @@ def warm_memory(gib: float) -> None:
         f.flush()
 
 
-def available() -> str | None:
-    """None if loop devices and blkio throttling can be used here, else why not."""
+def available(throttle: bool = True) -> str | None:
+    """None if loop devices (and, with `throttle`, blkio throttling) can be used here, else
+    why not."""
     if os.geteuid() != 0:
         return "needs root"
-    if not (BLKIO / "blkio.throttle.read_bps_device").exists():
+    if throttle and not (BLKIO / "blkio.throttle.read_bps_device").exists():
         return "no cgroup v1 blkio controller at /sys/fs/cgroup/blkio"
     if not os.path.exists("/dev/loop-control"):
         return "no loop devices"
@@ -136,3 +139,101 @@ class Emulation:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# --- the two file systems benchmarks compare ---------------------------------------------------
+def _drop_kernel_caches() -> None:
+    """Page cache, dentries and inodes."""
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+class Ext4Setup:
+    """ext4 on one loop device (throttled by `group` when a limit was set)."""
+
+    kvfs = None
+
+    def __init__(self, root: Path, dev: LoopDevice, group: BlkioGroup):
+        self.root, self.dev, self.group = root, dev, group
+
+    def sync(self, threads: int = 8) -> None:
+        """Write back what is buffered with an fsync of every file, from this process (which
+        is in the device's cgroup): cgroup v1 throttles only the I/O a process of the group
+        submits itself, so the flusher threads' writeback (sync, syncfs) would not meet the
+        device's limit."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def fsync(path: str) -> None:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        paths = [os.path.join(d, f) for d, _, fs in os.walk(self.root) for f in fs]
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(fsync, paths))
+        os.sync()
+
+    def drop(self) -> None:
+        os.sync()
+        _drop_kernel_caches()
+
+
+class KvfsSetup:
+    """A kvfs mount over loop namespaces; its daemon in `group` (throttled when a limit was
+    set)."""
+
+    def __init__(self, kvfs, group: BlkioGroup):
+        self.kvfs, self.group = kvfs, group
+        self.root = kvfs.mountpoint
+
+    def sync(self) -> None:
+        """Nothing to do: a file is durable when close() returns."""
+
+    def drop(self) -> None:
+        """Cold: kvfs's DRAM tier, then the kernel's page cache, dentries and inodes."""
+        self.kvfs.control("drop_dram")
+        _drop_kernel_caches()
+
+
+@contextlib.contextmanager
+def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
+    dev = emu.loop(name, size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
+    mnt = tmp / f"{name}-mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", dev.path, str(mnt)], check=True)
+    group = emu.cgroup(name)
+    if bps:
+        group.limit(dev, read_bps=bps, write_bps=bps)
+    group.add(os.getpid())
+    try:
+        yield Ext4Setup(mnt, dev, group)
+    finally:
+        (BLKIO / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@contextlib.contextmanager
+def kvfs_on_loops(emu: Emulation, tmp: Path, name: str, count: int, size: int,
+                  bps: float | None, *, dram: str = "256MiB"):
+    """kvfs over `count` loop namespaces of `size` bytes in all, formatted and mounted; the
+    daemon runs in the namespaces' cgroup."""
+    from kvfs.cli import main as kvfs_main
+    from kvfs.testing import MountedKvfs, write_config
+    devs = [emu.loop(f"{name}-ns{i}", size // count + (64 << 20)) for i in range(count)]
+    cfg = write_config(tmp / f"{name}.toml", tmp / f"{name}-state",
+                       [{"path": d.path} for d in devs], dram=dram)
+    with contextlib.redirect_stdout(io.StringIO()):
+        if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
+            raise RuntimeError("kvfs format failed")
+    group = emu.cgroup(name)
+    if bps:
+        for d in devs:
+            group.limit(d, read_bps=bps, write_bps=bps)
+    m = MountedKvfs(tmp / f"{name}-mnt", cfg, tmp / f"{name}.log").start()
+    try:
+        group.add(m.pid)
+        yield KvfsSetup(m, group)
+    finally:
+        m.stop()

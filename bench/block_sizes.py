@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Block sizes: KV blocks one file each, stored, stat'ed and loaded through plain POSIX calls, on
+kvfs over 4 loop namespaces against ext4 on one loop device of the same kind, side by side.
+
+This is what vLLM's fs tier, SGLang's HiCacheFile and NIXL's POSIX backend do: a file per block.
+For each block size (about --total-mib MiB of blocks, at most --max-files files) and each device
+speed (unthrottled, and --bps bytes/s per device, read and write, by a cgroup throttle):
+
+  store   --threads threads each open(O_CREAT|O_TRUNC|O_WRONLY), write the whole block, close.
+          On kvfs the block is durable when close returns; on ext4 it is in the page cache.
+          Throttled, ext4's store ends with an fsync of every file from inside the cgroup
+          (cgroup v1 does not throttle the page cache's writeback, so without it ext4's store
+          would never meet the device's limit); unthrottled it does not.
+  stat    every name stat'ed (--threads threads) after the kernel dropped its dentries and
+          inodes (and, on kvfs, kvfs's DRAM tier)
+  load    every file opened, read whole and compared with what was stored (--threads
+          threads), cold: page cache (and kvfs's DRAM tier) dropped first
+
+Both file systems run on loop devices over files on one tmpfs, with the same page size and the
+same statistic (files per second of the whole phase, wall clock); in each round the order of the
+two alternates, and the ratios (kvfs files/s over ext4 files/s) are medians over --rounds
+rounds. For kvfs the table also gives the daemon's CPU time per file and the FUSE requests per
+file of each phase (from its statistics), the per-file budget of docs/architecture.md.
+
+    python bench/block_sizes.py [--sizes 256K,1M,4M,32M] [--rounds 1] [--bps 1e9]
+                                [--speeds fast,throttled] [--json]
+
+Keys of --json: `<size>_<op>_vs_ext4` (unthrottled) and `gbps<N>_<size>_<op>_vs_ext4`
+(throttled), with `<op>` store, stat or load; `rows` has every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import xxhash
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops  # noqa: E402
+
+MiB = 1 << 20
+SIZES = {"256K": 256 << 10, "1M": MiB, "4M": 4 * MiB, "32M": 32 * MiB}
+
+
+def parallel(n: int, threads: int, fn) -> float:
+    """Run fn(i) for i in range(n) on `threads` threads; return the wall-clock seconds."""
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(k, n, threads):
+                fn(i)
+        except BaseException as e:  # noqa: BLE001 - reported after the join
+            errors.append(e)
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    t = time.perf_counter()
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    dt = time.perf_counter() - t
+    if errors:
+        raise errors[0]
+    return dt
+
+
+class Blocks:
+    """The blocks of one size: distinct contents (each 8-byte word of block i is the base's
+    word xor i) and their xxh3-64 digests, made before anything is timed (a load compares the
+    digest of what it read: comparing a memoryview with bytes in Python costs more than the
+    read itself)."""
+
+    def __init__(self, size: int, n: int):
+        import numpy as np
+        base = np.random.default_rng(size).integers(0, 1 << 63, size // 8, dtype=np.uint64)
+        self.size, self.n = size, n
+        self.data = [(base ^ np.uint64(i)).tobytes() for i in range(n)]
+        self.digests = [xxhash.xxh3_64_intdigest(d) for d in self.data]
+
+    @staticmethod
+    def name(i: int) -> str:
+        return f"d{i % 16:02d}/block-{i:06d}.kv"
+
+
+def store(root: Path, blocks: Blocks, threads: int) -> float:
+    for d in range(16):
+        (root / f"d{d:02d}").mkdir(parents=True, exist_ok=True)
+
+    def one(i: int) -> None:
+        fd = os.open(root / blocks.name(i), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        try:
+            view = memoryview(blocks.data[i])
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    return parallel(blocks.n, threads, one)
+
+
+def stat_all(root: Path, blocks: Blocks, threads: int) -> float:
+    def one(i: int) -> None:
+        st = os.stat(root / blocks.name(i))
+        if st.st_size != blocks.size:
+            raise RuntimeError(f"{blocks.name(i)}: size {st.st_size}, stored {blocks.size}")
+    return parallel(blocks.n, threads, one)
+
+
+def load(root: Path, blocks: Blocks, threads: int) -> float:
+    local = threading.local()
+
+    def one(i: int) -> None:
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = bytearray(blocks.size + 4096)
+        view = memoryview(buf)
+        fd = os.open(root / blocks.name(i), os.O_RDONLY)
+        try:
+            got = 0
+            while True:
+                k = os.readv(fd, [view[got:]])
+                if k == 0:
+                    break
+                got += k
+        finally:
+            os.close(fd)
+        if got != blocks.size or xxhash.xxh3_64_intdigest(view[:got]) != blocks.digests[i]:
+            raise RuntimeError(f"{blocks.name(i)}: read {got} bytes, not the {blocks.size} "
+                               f"stored (or different bytes)")
+    return parallel(blocks.n, threads, one)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def request_counts(m) -> dict[str, int]:
+    return {op: v["count"] for op, v in m.stats().get("latency", {}).items()}
+
+
+def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> dict:
+    """Store, stat and load the blocks on one file system; files/s, and the daemon's cost."""
+    root = setup.root / "blocks"
+    m = setup.kvfs
+    out: dict = {}
+
+    def phase(name: str, fn) -> None:
+        if m is not None:
+            cpu0, req0 = cpu_seconds(m.pid), request_counts(m)
+        dt = fn()
+        out[f"{name}_per_s"] = blocks.n / dt
+        if m is not None:
+            out[f"{name}_daemon_us"] = (cpu_seconds(m.pid) - cpu0) / blocks.n * 1e6
+            req1 = request_counts(m)
+            per = {op: round((req1.get(op, 0) - req0.get(op, 0)) / blocks.n, 2)
+                   for op in req1 if req1.get(op, 0) != req0.get(op, 0)}
+            per.pop("getxattr", None)        # this bench's own statistics reads
+            out[f"{name}_requests"] = per
+
+    def do_store() -> float:
+        t = time.perf_counter()
+        store(root, blocks, threads)
+        if sync_store:
+            setup.sync()
+        return time.perf_counter() - t
+    phase("store", do_store)
+    setup.drop()
+    phase("stat", lambda: stat_all(root, blocks, threads))
+    setup.drop()
+    phase("load", lambda: load(root, blocks, threads))
+    shutil.rmtree(root)
+    setup.sync()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default=",".join(SIZES))
+    ap.add_argument("--total-mib", type=int, default=768, help="MiB of blocks per size")
+    ap.add_argument("--max-files", type=int, default=3000)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--bps", type=float, default=1e9, help="bytes/s per device, throttled")
+    ap.add_argument("--speeds", default="fast,throttled")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    why = available(throttle="throttled" in args.speeds.split(","))
+    if why:
+        print(f"bench/block_sizes.py: {why}", file=sys.stderr)
+        return 2
+    sizes = [s for s in args.sizes.split(",") if s]
+    for s in sizes:
+        if s not in SIZES:
+            ap.error(f"--sizes: {s!r} is not one of {', '.join(SIZES)}")
+    data = args.total_mib * MiB
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kvfs-sizes-") as tmp:
+        tmp = Path(tmp)
+        for speed in args.speeds.split(","):
+            bps = args.bps if speed == "throttled" else None
+            label = f"{bps / 1e9:g} GB/s" if bps else "unthrottled"
+            with Emulation(f"{3 * data // MiB + 2048}m") as emu, \
+                    ext4_on_loop(emu, tmp, "ext4", data + 512 * MiB, bps) as ext4, \
+                    kvfs_on_loops(emu, tmp, "kvfs", 4, data + 512 * MiB, bps,
+                                  dram=f"{data // MiB + 256}MiB") as kv:
+                for size_name in sizes:
+                    size = SIZES[size_name]
+                    blocks = Blocks(size, min(args.max_files, max(1, data // size)))
+                    for r in range(args.rounds):
+                        order = [ext4, kv] if r % 2 == 0 else [kv, ext4]
+                        for setup in order:
+                            fs = "kvfs" if setup is kv else "ext4"
+                            res = run_fs(fs, setup, blocks, args.threads,
+                                         sync_store=fs == "ext4" and bps is not None)
+                            rows.append({"fs": fs, "speed": label, "size": size_name,
+                                         "files": blocks.n, "round": r, **res})
+                    del blocks
+    out: dict = {"threads": args.threads, "rounds": args.rounds, "bps_per_device": args.bps,
+                 "rows": rows}
+    for speed in args.speeds.split(","):
+        label = f"{args.bps / 1e9:g} GB/s" if speed == "throttled" else "unthrottled"
+        prefix = "" if speed == "fast" else f"gbps{args.bps / 1e9:g}_"
+        for size_name in sizes:
+            for op in ("store", "stat", "load"):
+                ratios = []
+                for r in range(args.rounds):
+                    k = next(x for x in rows if x["fs"] == "kvfs" and x["speed"] == label
+                             and x["size"] == size_name and x["round"] == r)
+                    e = next(x for x in rows if x["fs"] == "ext4" and x["speed"] == label
+                             and x["size"] == size_name and x["round"] == r)
+                    ratios.append(k[f"{op}_per_s"] / e[f"{op}_per_s"])
+                out[f"{prefix}{size_name}_{op}_vs_ext4"] = round(statistics.median(ratios), 3)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{args.threads} threads; kvfs on 4 loop namespaces, ext4 on 1 loop device (loop over "
+          f"tmpfs); files/s of each phase; kvfs's daemon CPU and FUSE requests per file")
+    print(f"{'speed':<12}{'size':<6}{'files':>6}  {'fs':<5}{'store/s':>9}{'stat/s':>9}"
+          f"{'load/s':>9}{'cpu us store/stat/load':>24}")
+    for x in rows:
+        cpu = "/".join(f"{x[f'{op}_daemon_us']:.0f}" for op in ("store", "stat", "load")) \
+            if x["fs"] == "kvfs" else ""
+        print(f"{x['speed']:<12}{x['size']:<6}{x['files']:>6}  {x['fs']:<5}"
+              f"{x['store_per_s']:>9.0f}{x['stat_per_s']:>9.0f}{x['load_per_s']:>9.0f}{cpu:>24}")
+    print("\nkvfs requests per file (store | stat | load):")
+    for x in rows:
+        if x["fs"] == "kvfs":
+            print(f"  {x['speed']:<12}{x['size']:<6}" + " | ".join(
+                " ".join(f"{op}={n:g}" for op, n in sorted(x[f"{ph}_requests"].items()))
+                for ph in ("store", "stat", "load")))
+    print("\nkvfs / ext4 (files/s ratio, median of rounds):")
+    for k, v in out.items():
+        if k.endswith("_vs_ext4"):
+            print(f"  {k:<28}{v:>7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
