@@ -21,7 +21,7 @@ PY=$VENV/bin/python
 PREFIX=$VENV/opt/libfuse
 BUILD=$root/build/fuse
 # applied in this order: passthrough (FileInfo.backing_id, ...), then a fallocate handler
-PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch")
+PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch" "$here/pyfuse3-requests.patch")
 
 LIBFUSE_SERIES=3.17            # Debian trixie's fuse3 (3.17.2-3 when this was written)
 PYFUSE3_VERSION=3.5.0

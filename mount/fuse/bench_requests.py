@@ -1,0 +1,263 @@
+"""What one FUSE request costs through pyfuse3: a null file system, side by side with tmpfs.
+
+Run as root with the venv that `make install` built:
+
+    .venv/bin/python mount/fuse/bench_requests.py [--files 20000] [--compare DIR] [--json]
+
+It mounts a one-directory pyfuse3 file system (this script, in a subprocess) that answers every
+request from a dict and does no I/O: what remains is the cost of the request itself (the kernel
+round trip, libfuse, pyfuse3's request loop, a trio task). Measured, each side by side with the
+same calls on a tmpfs directory:
+
+  create   create+write(4 KiB)+close of new files, 1 and 8 threads (LOOKUP, CREATE, WRITE,
+           FLUSH, RELEASE, and a GETATTR of the directory per create, which the kernel's
+           default_permissions needs after the directory changed)
+  stat     stat of every name after the kernel dropped its dentries (one LOOKUP each), 1 and 4
+           threads
+
+and for each the daemon's CPU time per request (its /proc stat over the requests it counted).
+With `--compare DIR` the same runs are made a second time with the pyfuse3 package found in
+DIR (e.g. a copy of the stock build) in place of the installed one, alternating, and the table
+gives both: that is how mount/fuse/pyfuse3-requests.patch was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = 1
+TIMEOUT = 60.0
+
+
+def serve(mountpoint: str, counts_path: str) -> None:
+    import pyfuse3
+    import trio
+
+    class NullFS(pyfuse3.Operations):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: dict[bytes, int] = {}
+            self.attrs: dict[int, list] = {ROOT: [stat.S_IFDIR | 0o755, 0]}
+            self.next_ino = ROOT + 1
+            self.requests = 0
+
+        def entry(self, ino: int) -> pyfuse3.EntryAttributes:
+            mode, size = self.attrs[ino]
+            e = pyfuse3.EntryAttributes()
+            e.st_ino = ino
+            e.st_mode = mode
+            e.st_size = size
+            e.st_nlink = 1
+            e.entry_timeout = e.attr_timeout = TIMEOUT
+            return e
+
+        async def lookup(self, parent, name, ctx=None):
+            self.requests += 1
+            ino = self.names.get(name)
+            if ino is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self.entry(ino)
+
+        async def getattr(self, inode, ctx=None):
+            self.requests += 1
+            return self.entry(inode)
+
+        async def create(self, parent, name, mode, flags, ctx):
+            self.requests += 1
+            ino = self.next_ino
+            self.next_ino += 1
+            self.names[name] = ino
+            self.attrs[ino] = [stat.S_IFREG | 0o644, 0]
+            return pyfuse3.FileInfo(fh=ino), self.entry(ino)
+
+        async def open(self, inode, flags, ctx):
+            self.requests += 1
+            return pyfuse3.FileInfo(fh=inode)
+
+        async def write(self, fh, off, buf):
+            self.requests += 1
+            a = self.attrs[fh]
+            a[1] = max(a[1], off + len(buf))
+            return len(buf)
+
+        async def flush(self, fh):
+            self.requests += 1
+
+        async def release(self, fh):
+            self.requests += 1
+
+        async def forget(self, inode_list):
+            self.requests += 1
+
+        async def getxattr(self, inode, name, ctx):
+            if name == b"user.requests":
+                return str(self.requests).encode()
+            raise pyfuse3.FUSEError(errno.ENODATA)
+
+    ops = NullFS()
+    pyfuse3.init(ops, mountpoint, set(pyfuse3.default_options) | {"fsname=nullfs"})
+    with open(counts_path, "w") as f:
+        f.write(pyfuse3.__file__)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            async def stop_on_signal() -> None:
+                import signal
+                with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        pyfuse3.terminate()
+                        return
+            nursery.start_soon(stop_on_signal)
+            await pyfuse3.main(min_tasks=4)
+            nursery.cancel_scope.cancel()
+    try:
+        trio.run(run)
+    finally:
+        pyfuse3.close(unmount=True)
+
+
+def parallel(n: int, threads: int, fn) -> float:
+    def work(k: int) -> None:
+        for i in range(k, n, threads):
+            fn(i)
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    t = time.perf_counter()
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    return time.perf_counter() - t
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drop_dentries() -> None:
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2")
+
+
+def measure(root: str, n: int, pid: int | None) -> dict:
+    """create (1 and 8 threads) then cold stat (1 and 4 threads) of n files under root."""
+    data = b"x" * 4096
+    out = {}
+
+    def requests() -> int:
+        return int(os.getxattr(root, "user.requests")) if pid else 0
+
+    def timed(name: str, threads: int, fn, count: int) -> None:
+        r0, c0 = requests(), cpu_seconds(pid) if pid else 0.0
+        dt = parallel(count, threads, fn)
+        out[f"{name}_per_s"] = count / dt
+        if pid:
+            nreq = requests() - r0
+            out[f"{name}_requests_per_op"] = round(nreq / count, 2)
+            out[f"{name}_us_per_request"] = (cpu_seconds(pid) - c0) / max(1, nreq) * 1e6
+
+    for threads in (1, 8):
+        d = os.path.join(root, f"c{threads}")
+
+        def create(i: int, d=d) -> None:
+            fd = os.open(f"{d}-{i}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            os.write(fd, data)
+            os.close(fd)
+        timed(f"create_{threads}t", threads, create, n)
+    for threads in (1, 4):
+        drop_dentries()
+        timed(f"stat_{threads}t", threads, lambda i: os.stat(f"{root}/c8-{i}"), n)
+    return out
+
+
+def run_null(n: int, pyfuse3_dir: str | None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kvfs-null-") as tmp:
+        mnt = os.path.join(tmp, "mnt")
+        os.mkdir(mnt)
+        which = os.path.join(tmp, "which")
+        env = dict(os.environ)
+        if pyfuse3_dir:
+            env["PYTHONPATH"] = pyfuse3_dir + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.Popen([sys.executable, __file__, "--serve", mnt, which], env=env)
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.ismount(mnt):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the null file system did not mount")
+                time.sleep(0.02)
+            res = measure(mnt, n, proc.pid)
+            with open(which) as f:
+                res["pyfuse3"] = f.read()
+            return res
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:
+        serve(argv[1], argv[2])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=20000)
+    ap.add_argument("--compare", metavar="DIR", help="a directory holding another pyfuse3")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_requests.py: needs root (mounting)", file=sys.stderr)
+        return 2
+    rows: dict[str, list[dict]] = {"installed": [], "compare": []}
+    with tempfile.TemporaryDirectory(prefix="kvfs-tmpfs-") as t:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", t], check=True)
+        try:
+            tmpfs = measure(t, args.files, None)
+        finally:
+            subprocess.run(["umount", t], check=True)
+    for r in range(args.rounds):
+        order = ["installed", "compare"] if r % 2 == 0 else ["compare", "installed"]
+        for which in order:
+            if which == "compare" and not args.compare:
+                continue
+            rows[which].append(run_null(args.files, args.compare if which == "compare"
+                                        else None))
+
+    def median(which: str, key: str) -> float:
+        xs = sorted(x[key] for x in rows[which])
+        return xs[len(xs) // 2]
+    keys = [k for k in rows["installed"][0] if k != "pyfuse3"]
+    out = {"files": args.files, "tmpfs": tmpfs,
+           "installed": {k: median("installed", k) for k in keys},
+           "pyfuse3": rows["installed"][0]["pyfuse3"]}
+    if args.compare:
+        out["compare"] = {k: median("compare", k) for k in keys}
+        out["compare_pyfuse3"] = rows["compare"][0]["pyfuse3"]
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    cols = ["tmpfs", "installed"] + (["compare"] if args.compare else [])
+    print(f"{args.files} files; installed pyfuse3: {out['pyfuse3']}"
+          + (f"; compare: {out['compare_pyfuse3']}" if args.compare else ""))
+    print(f"{'':<28}" + "".join(f"{c:>12}" for c in cols))
+    for k in keys:
+        vals = [tmpfs.get(k)] + [out[c].get(k) for c in cols[1:]]
+        print(f"{k:<28}" + "".join(f"{v:>12.1f}" if v is not None else f"{'':>12}"
+                                   for v in vals))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
