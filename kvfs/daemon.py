@@ -37,6 +37,11 @@ log = logging.getLogger("kvfs.daemon")
 
 FUSE_DEVICE = "/dev/fuse"
 READ_AHEAD_KB = 1024     # page-cache readahead of the mount: 1 MiB FUSE read requests
+# pyfuse3 request tasks kept waiting for requests: a task whose handler waits (a commit, a
+# fetch) is replaced by a new one while none waits, and one is ended while more than this
+# many wait. Under a steady load of concurrent files four went back and forth, a task
+# started and ended for every few requests; idle tasks cost a little memory each.
+IDLE_TASKS = 32
 
 
 def mount_entry(mountpoint: str | os.PathLike, *, resolve: bool = True) -> dict | None:
@@ -226,7 +231,7 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
                 await nursery.start(service.serve)
                 nursery.start_soon(_terminate_on_signal)
                 nursery.start_soon(_tune_readahead, ops, real_mountpoint)
-                await pyfuse3.main(min_tasks=4, max_tasks=cfg.mount.max_tasks)
+                await pyfuse3.main(min_tasks=IDLE_TASKS, max_tasks=cfg.mount.max_tasks)
                 with trio.CancelScope(shield=True):
                     await service.stop()
                 nursery.cancel_scope.cancel()

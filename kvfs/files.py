@@ -249,18 +249,20 @@ class Files:
     @staticmethod
     def _open_result(h: Handle, st: NodeState) -> OpenResult:
         node = h.node
+        noflush = not h.writable          # closing a read-only handle commits nothing
         if h.backing is not None:
             st.cache_version = None
-            return OpenResult(h.fh, keep_cache=False, direct_io=False, backing=h.backing)
+            return OpenResult(h.fh, keep_cache=False, direct_io=False, backing=h.backing,
+                              noflush=noflush)
         # A writer opened while read-only handles pin a committed version bypasses the page
         # cache, so its new bytes never reach those readers through cached pages.
         direct = h.writable and bool(st.readers)
         if st.session is not None or node.blob is None:
             st.cache_version = None
-            return OpenResult(h.fh, keep_cache=False, direct_io=direct)
+            return OpenResult(h.fh, keep_cache=False, direct_io=direct, noflush=noflush)
         keep = st.cache_version == node.blob.id
         st.cache_version = node.blob.id
-        return OpenResult(h.fh, keep_cache=keep, direct_io=direct)
+        return OpenResult(h.fh, keep_cache=keep, direct_io=direct, noflush=noflush)
 
     @staticmethod
     def _regular(node: Node) -> None:

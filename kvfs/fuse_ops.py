@@ -84,6 +84,18 @@ class Backings:
                 log.warning("closing passthrough backing id %d failed: %s", entry[0], e)
 
 
+def _has_noflush() -> bool:
+    """Does this pyfuse3 take FileInfo(noflush=...) (mount/fuse/pyfuse3-requests.patch)?"""
+    try:
+        pyfuse3.FileInfo(noflush=True)
+    except TypeError:
+        return False
+    return True
+
+
+NOFLUSH = _has_noflush()      # read-only opens ask the kernel to send no FLUSH at close
+
+
 def passthrough_available() -> str | None:
     """None if this pyfuse3 can do FUSE passthrough, else why not."""
     if not hasattr(pyfuse3, "passthrough_open"):
@@ -131,10 +143,12 @@ class FuseOps(pyfuse3.Operations):
         self.initialized.set()
 
     def _file_info(self, r) -> pyfuse3.FileInfo:
+        extra = {"noflush": True} if r.noflush and NOFLUSH else {}
         if r.backing is not None:
             return pyfuse3.FileInfo(fh=r.fh, backing_id=self.backings.bind(r.fh, r.backing),
-                                    direct_io=False, keep_cache=False)
-        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
+                                    direct_io=False, keep_cache=False, **extra)
+        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache,
+                                **extra)
 
     # --- helpers -------------------------------------------------------------------------------
     def entry(self, a: Attr) -> pyfuse3.EntryAttributes:
@@ -259,7 +273,8 @@ class FuseOps(pyfuse3.Operations):
     @translate
     async def open(self, inode, flags, ctx):
         if inode == CONTROL_INO:
-            return pyfuse3.FileInfo(fh=self.control.open(), direct_io=True, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self.control.open(), direct_io=True, keep_cache=False,
+                                    **({"noflush": True} if NOFLUSH else {}))
         r = await self.files.open(inode, flags, ctx.pid)
         try:
             return self._file_info(r)

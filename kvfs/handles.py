@@ -46,6 +46,7 @@ class OpenResult:
     keep_cache: bool      # the kernel may keep page-cache pages from an earlier open
     direct_io: bool       # bypass the page cache for this handle
     backing: object = None  # passthrough: the Buffer whose file the kernel reads and writes
+    noflush: bool = False   # its close needs no FLUSH request (read-only: nothing to commit)
 
 
 def killed_while_exiting(pid: int) -> bool:
@@ -53,9 +54,12 @@ def killed_while_exiting(pid: int) -> bool:
     have PF_EXITING and its exit code is a signal's (/proc/PID/stat fields 9 and 52)."""
     if pid <= 0:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+    try:        # (os.open and one read: a third of the cost of open() with its buffering)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+        finally:
+            os.close(fd)
         flags, code = int(fields[6]), int(fields[49])
     except (OSError, IndexError, ValueError):
         return False
