@@ -73,6 +73,7 @@ log = logging.getLogger("kvfs.catalog")
 CACHE_NODES = 8192          # nodes kept in memory beyond those in use
 DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
 PAGE_ROWS = 128             # rows per readdir / LRU page
+BLOB_ID_STEP = 4096         # block ids the meta row's high-water mark runs ahead by
 
 
 class SqliteListing:
@@ -121,6 +122,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._nodes = 0                 # rows (persisted nodes)
         self._files = 0                 # rows with a block
         self._links_changed = 0
+        self._init_chains()
         self._init_group_commit()
 
     # ------------------------------------------------------------------------------ opening
@@ -186,6 +188,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._next_cookie = (cookie or 0) + 1
         hwm = int(self._meta("blob_hwm") or 0)
         self._next_blob = max(hwm, blob or 0) + 1
+        self._blob_hwm = self._next_blob - 1      # the highest block id the meta row covers
         # SQLite's own page cache grows with the catalog (64 bytes a node, 8 to 128 MiB: the
         # interior pages of the indexes and the hottest leaves); the rest comes from the
         # kernel's page cache, which is asked to read the database ahead now
@@ -372,6 +375,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
     def _register(self, node: Node) -> None:
         self._live[node.ino] = node
         self._remember(node)
+        self._new_chain_node(node.ino)
         if not node.persisted:
             self._pending[node.ino] = node
 
@@ -445,6 +449,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         if node.blob is not None:
             self._files -= 1
         self._dirty_atime.pop(node.ino, None)
+        self._uncache_links(node.ino)
         return [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
                 ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
                 ("DELETE FROM links WHERE pred=?1 OR succ=?1", (node.ino,))]
@@ -494,7 +499,14 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         node.mtime_ns = node.ctime_ns = now
         if not node.linked:
             return rec, old
-        stmts: list[Stmt] = [("INSERT OR REPLACE INTO meta VALUES ('blob_hwm', ?)", (str(rec.id),))]
+        stmts: list[Stmt] = []
+        if rec.id > self._blob_hwm:
+            # Block ids are never reused (a reader's lease names one): the meta row records
+            # one beyond the ids given, BLOB_ID_STEP at a time, rather than every id in every
+            # commit. A restart then starts past it (ids skip at most one step).
+            self._blob_hwm = rec.id + BLOB_ID_STEP
+            stmts.append(("INSERT OR REPLACE INTO meta VALUES ('blob_hwm', ?)",
+                          (str(self._blob_hwm),)))
         if node.persisted:
             ns, offs, sums = layout.pack()
             stmts.append(("UPDATE nodes SET blob=?, size=?, unit=?, ns=?, offsets=?, sums=?, "

@@ -179,3 +179,90 @@ def test_looking_up_a_name_longer_than_255_bytes_is_enametoolong(pool_config):
             assert e.value.errno == errno.ENAMETOOLONG
 
     run_service(cfg, run)
+
+
+def test_cached_chain_links_agree_with_the_rows(pool_config, monkeypatch):
+    """The links of recently used blocks are kept in memory (kvfs/catalog/sqlite_chains.py);
+    with a cache far smaller than the chain, what the catalog answers (next, parent, the
+    links) is what its rows say, while links are learned, after a block in the middle is
+    removed, and after a restart (rows only)."""
+    from kvfs.catalog import sqlite_chains
+    from kvfs.catalog.tree import LINK_READ, LINK_WRITE
+    monkeypatch.setattr(sqlite_chains, "CHAIN_CACHE", 4)
+    cfg = pool_config()
+    answers = {}
+
+    def from_rows(cat, ino):
+        succ = cat._conn.execute("SELECT succ FROM links WHERE pred=? ORDER BY source DESC, "
+                                 "weight DESC", (ino,)).fetchall()
+        pred = cat._conn.execute("SELECT pred FROM links WHERE succ=? ORDER BY source DESC, "
+                                 "weight DESC", (ino,)).fetchall()
+        live = lambda rows: next((x for (x,) in rows if cat._linked(x)), None)  # noqa: E731
+        return live(succ), live(pred)
+
+    def check(cat, inos):
+        for ino in inos:
+            assert (cat.next_of(ino), cat.parent_of(ino)) == from_rows(cat, ino), ino
+            rows = {s: (src, w) for s, src, w in cat._conn.execute(
+                "SELECT succ, source, weight FROM links WHERE pred=?", (ino,))}
+            assert cat.links_of(ino) == rows
+
+    async def first(fs):
+        cat = fs.files.catalog
+        for i in range(12):
+            await fs.write(f"/c{i}", b"x" * (i + 1))
+        inos = [fs.ino(f"/c{i}") for i in range(12)]
+        for a, b in zip(inos, inos[1:]):
+            check(cat, [a, b])                   # (both ways now in the cache)
+            cat.link(a, b, LINK_WRITE)
+            check(cat, [a, b])
+        for _ in range(2):                       # a stronger source, then more weight
+            for a, b in zip(inos[::2], inos[2::2]):
+                check(cat, [a, b])
+                cat.link(a, b, LINK_READ)
+                check(cat, [a, b])
+        check(cat, inos)
+        check(cat, inos[4:7])
+        await fs.files.unlink(fs.resolve("/c5")[0], b"c5")
+        check(cat, inos[:5] + inos[6:])
+        assert cat.next_of(inos[4]) != inos[5] and cat.parent_of(inos[6]) != inos[5]
+        await cat.flush_links()
+        answers.update({ino: (cat.next_of(ino), cat.parent_of(ino)) for ino in inos})
+        answers["inos"] = inos
+
+    async def second(fs):
+        cat = fs.files.catalog
+        inos = answers.pop("inos")
+        check(cat, inos[:5] + inos[6:])
+        assert {ino: (cat.next_of(ino), cat.parent_of(ino)) for ino in inos} == answers
+
+    run_service(cfg, first)
+    run_service(cfg, second)
+
+
+def test_block_ids_are_never_given_twice_across_restarts(pool_config, monkeypatch):
+    """A block id names a version to direct readers (their lease): after the newest files are
+    removed and the daemon restarts, new versions still get ids past every id given before,
+    although the high-water mark is written only once per BLOB_ID_STEP ids."""
+    from kvfs.catalog import sqlite as sqlite_cat
+    monkeypatch.setattr(sqlite_cat, "BLOB_ID_STEP", 8)
+    cfg = pool_config()
+    given = []
+
+    async def first(fs):
+        for i in range(20):
+            await fs.write(f"/f{i}", b"x" * (i + 1))
+            given.append(fs.files.catalog.find(fs.ino(f"/f{i}")).blob.id)
+        writes = fs.files.catalog.statements
+        await fs.write("/f0", b"y")             # a new version: no high-water mark row
+        assert fs.files.catalog.statements - writes == 1
+        given.append(fs.files.catalog.find(fs.ino("/f0")).blob.id)
+        for i in [0] + list(range(5, 20)):      # the newest go: their ids leave the rows
+            await fs.files.unlink(fs.resolve(f"/f{i}")[0], f"f{i}".encode())
+
+    async def second(fs):
+        await fs.write("/new", b"z")
+        assert fs.files.catalog.find(fs.ino("/new")).blob.id > max(given)
+
+    run_service(cfg, first)
+    run_service(cfg, second)
