@@ -35,6 +35,8 @@ log = logging.getLogger("kvfs.device")
 
 BLKGETSIZE64 = 0x80081272
 RATE_WINDOW = 16 << 20        # bytes per throughput sample
+GROUP_WRITE_BYTES = 1 << 20   # durable writes up to this size share a job and an fdatasync
+DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
 @dataclass
@@ -177,6 +179,9 @@ class Namespace:
         self._syncing = False
         self._sync_round: trio.Event | None = None
         self.syncs = 0
+        # small durable writes grouped into one job and one sync (see `_write_grouped`)
+        self._group: list[_GroupWrite] = []
+        self._group_running = False
         self._limiter: trio.CapacityLimiter | None = None
         self._busy_mark = 0.0
         self._window_bytes = 0
@@ -267,8 +272,13 @@ class Namespace:
         return self._limiter
 
     def _failed(self, what: str, e: OSError) -> KvfsError:
-        self.stats.errors += 1
         msg = f"namespace {self.index} ({self.path}): {what}: {e.strerror or e}"
+        if e.errno in DAEMON_SHORTAGES:
+            # the daemon ran short (descriptors, memory) making the I/O: no sign the device
+            # failed, so it is not marked failed; the request fails with the errno itself
+            log.error(msg)
+            return KvfsError(e.errno, msg)
+        self.stats.errors += 1
         if self.stats.state != "failed":
             log.error("%s; marking the namespace failed", msg)
         self.stats.state = "failed"
@@ -289,18 +299,26 @@ class Namespace:
         if bad:
             raise KvfsError(errno.EIO, self._mismatch(offset, sum(len(v) for v in views)))
 
-    async def read_units(self, units: list[list[memoryview]], offset: int,
-                         checks: list[tuple[int, int] | None], prefetch: bool = False) -> list[int]:
+    async def read_units(self, units, offset: int, checks: list[tuple[int, int] | None],
+                         prefetch: bool = False, *, sizes: list[int] | None = None,
+                         after=None) -> list[int]:
         """Fill several units that lie back to back from `offset` with one preadv, and verify
         each unit's checksum (`checks[i]` = (length, digest) or None). Returns the indices of
-        the units whose checksum did not match (each logged); raises EIO if the read failed."""
-        flat = [v for u in units for v in u]
-        nbytes = sum(len(v) for v in flat)
+        the units whose checksum did not match (each logged); raises EIO if the read failed.
+        `units` is a list of each unit's views, or a function that makes them (called in the
+        worker thread; `sizes`, each unit's length, is then given); `after(units)`, if given,
+        runs in the worker thread once they are read."""
+        if callable(units):
+            flat = None
+        else:
+            flat = [v for u in units for v in u]
+            sizes = [sum(len(v) for v in u) for u in units]
+        nbytes = sum(sizes)
         async with self.slots.take(prefetch):
             self._begin()
             try:
                 bad = await trio.to_thread.run_sync(self._read_sync, units, flat, offset, checks,
-                                                    limiter=self.limiter)
+                                                    after, limiter=self.limiter)
             except OSError as e:
                 raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
             finally:
@@ -309,14 +327,9 @@ class Namespace:
         self.stats.bytes_read += nbytes
         if not bad:          # bytes that fail their checksums are no sign the device is back
             self._ok()
-        pos = offset
-        starts = []
-        for u in units:
-            starts.append(pos)
-            pos += sum(len(v) for v in u)
         for i in bad:
             self.stats.errors += 1
-            log.error(self._mismatch(starts[i], sum(len(v) for v in units[i])))
+            log.error(self._mismatch(offset + sum(sizes[:i]), sizes[i]))
         return bad
 
     def _mismatch(self, offset: int, nbytes: int) -> str:
@@ -328,17 +341,23 @@ class Namespace:
         off the trio thread), or 0 when digest_len is negative."""
         return (await self.write_units([list(views)], offset, [digest_len]))[0]
 
-    async def write_units(self, units: list[list[memoryview]], offset: int,
-                          digest_lens: list[int], sync: bool = False) -> list[int]:
+    async def write_units(self, units, offset: int, digest_lens: list[int], sync: bool = False,
+                          nbytes: int | None = None) -> list[int]:
         """Write several units back to back from `offset` with one pwritev; return each unit's
         xxh3-64 over its first `digest_lens[i]` bytes (0 where that is negative). With `sync`
         the write is durable on return: the worker thread that wrote also fdatasyncs when no
         sync is running (one hop for a small block), else the write joins the next shared
-        sync (`sync()`)."""
-        flat = [v for u in units for v in u]
-        nbytes = sum(len(v) for v in flat)
+        sync (`sync()`). `units` is a list of each unit's views, or a function that makes
+        them (called in the worker thread; `nbytes`, their total length, is then given)."""
+        if callable(units):
+            flat = None
+        else:
+            flat = [v for u in units for v in u]
+            nbytes = sum(len(v) for v in flat)
         if offset < 0 or offset + nbytes > self.size:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
+        if sync and nbytes <= GROUP_WRITE_BYTES:
+            return await self._write_grouped(_GroupWrite(units, flat, offset, digest_lens, nbytes))
         lead = sync and not self._syncing
         if lead:                           # this job's fdatasync is the round others wait for
             number = self._begin_sync()
@@ -363,16 +382,109 @@ class Namespace:
         self._ok()
         return digests
 
-    def _read_sync(self, units, flat, offset: int, checks) -> list[int]:
+    async def _write_grouped(self, req: "_GroupWrite") -> list[int]:
+        """A small write that must be durable on return, grouped with the others queued on
+        this namespace: one worker job writes every queued request (a pwritev each) and then
+        fdatasyncs once, so a burst of small commits costs one thread hop and one sync per
+        namespace instead of one or two per block. While a group runs, new requests queue;
+        the first of them leads the next group once it is done."""
+        self._group.append(req)
+        if self._group_running:
+            with trio.CancelScope(shield=True):     # a lost leader would stall the queue
+                await req.done.wait()
+            if not req.lead:
+                return req.result()
+        self._group_running = True
+        batch, self._group = self._group, []
+        try:
+            with trio.CancelScope(shield=True):
+                await self._run_group(batch)
+        finally:
+            for r in batch:
+                r.done.set()
+            if self._group:                 # hand the queue to the first request waiting
+                nxt = self._group[0]
+                nxt.lead = True
+                nxt.done.set()
+            else:
+                self._group_running = False
+        return req.result()
+
+    async def _run_group(self, batch: list["_GroupWrite"]) -> None:
+        nbytes = sum(r.nbytes for r in batch)
+        lead = not self._syncing            # else a sync is running: join the next one
+        number = self._begin_sync() if lead else 0
+        ok = False
+        try:
+            async with self.slots.take():
+                self._begin()
+                try:
+                    sync_error = await trio.to_thread.run_sync(
+                        self._write_group_sync, batch, lead, limiter=self.limiter)
+                finally:
+                    self._end(nbytes)
+            ok = sync_error is None
+        finally:
+            if lead:
+                self._end_sync(number, ok)
+        written = [r for r in batch if r.error is None]
+        if sync_error is not None:
+            err = self._failed("fdatasync", sync_error)
+            for r in written:
+                r.error = err
+            return
+        if written and not lead:
+            try:
+                await self.sync()
+            except KvfsError as e:
+                for r in written:
+                    r.error = e
+                return
+        for r in batch:
+            if isinstance(r.error, OSError):
+                r.error = self._failed(f"write of {r.nbytes} bytes at {r.offset}", r.error)
+        for r in written:
+            self.stats.writes += 1
+            self.stats.bytes_written += r.nbytes
+        if written:
+            self._ok()
+
+    def _write_group_sync(self, batch: list["_GroupWrite"], then_sync: bool) -> OSError | None:
+        """In a worker thread: each request's checksums and pwritev (an error fails that
+        request only), then one fdatasync if any was written; returns its error, or None."""
+        any_written = False
+        for r in batch:
+            try:
+                r.digests = self._write_sync(r.units, r.flat, r.offset, r.digest_lens)
+                any_written = True
+            except OSError as e:
+                r.error = e
+        if then_sync and any_written:
+            try:
+                os.fdatasync(self.fd)
+            except OSError as e:
+                return e
+        return None
+
+    def _read_sync(self, units, flat, offset: int, checks, after=None) -> list[int]:
         """In a worker thread: one preadv (looping over short transfers), then the checksums;
         the indices of the units that failed theirs."""
+        if callable(units):
+            units = units()
+            flat = [v for u in units for v in u]
         populate(flat)
         _transfer(os.preadv, self.fd, flat, offset)
-        return [i for i, (u, c) in enumerate(zip(units, checks))
-                if c is not None and _digest(u, c[0]) != c[1]]
+        bad = [i for i, (u, c) in enumerate(zip(units, checks))
+               if c is not None and _digest(u, c[0]) != c[1]]
+        if after is not None:
+            after(units)
+        return bad
 
     def _write_sync(self, units, flat, offset: int, digest_lens, then_sync: bool = False) -> list[int]:
         """In a worker thread: the checksums, then one pwritev (and an fdatasync)."""
+        if callable(units):
+            units = units()
+            flat = [v for u in units for v in u]
         digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, digest_lens)]
         _transfer(os.pwritev, self.fd, flat, offset)
         if then_sync:
@@ -432,6 +544,28 @@ class Namespace:
             self.stats.rate_bps = rate if old == 0 else 0.5 * old + 0.5 * rate
             self._window_bytes = 0
             self._window_busy = 0.0
+
+
+class _GroupWrite:
+    """One small durable write waiting in a namespace's group (`Namespace._write_grouped`)."""
+
+    __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "done", "lead",
+                 "digests", "error")
+
+    def __init__(self, units, flat, offset: int, digest_lens, nbytes: int):
+        self.units, self.flat, self.offset = units, flat, offset
+        self.digest_lens, self.nbytes = digest_lens, nbytes
+        self.done = trio.Event()
+        self.lead = False             # woken to run the next group, not with a result
+        self.digests: list[int] | None = None
+        self.error: BaseException | None = None
+
+    def result(self) -> list[int]:
+        if self.error is not None:
+            raise self.error
+        if self.digests is None:      # its group ended without reaching it (cancelled)
+            raise KvfsError(errno.EIO, "write was not carried out")
+        return self.digests
 
 
 def _digest(views: Sequence[memoryview], length: int) -> int:

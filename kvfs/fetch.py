@@ -133,6 +133,14 @@ class Fetcher:
                 done[j] = time.perf_counter() - t0
 
         while True:
+            if len(fetch.queues) == 1:
+                (j, q), = fetch.queues.items()
+                if len(q) <= fetch.run:          # (one I/O at most, a small block: no nursery)
+                    await worker(j, q)
+                    if fetch.cancelled and not fetch.prefetch:
+                        fetch.cancelled = False
+                        continue
+                    return units, done
             async with trio.open_nursery() as nursery:
                 for j, q in fetch.queues.items():
                     qd = self.local.queue_depth if local else self.pool.namespaces[j].queue_depth

@@ -570,37 +570,45 @@ class Pool:
         sums = [0] * n
         t0 = time.perf_counter()
         done: dict[int, float] = {}
+        # A block no larger than a chunk keeps no mapping of its memory: its views are made
+        # (and dropped) in the worker thread that writes it, off the trio thread.
+        small = size <= buf.chunk
 
         runs = self.runs(ns_of, offsets, size)
         per_ns = collections.Counter(ns_of[run[0]] for run in runs)
 
-        def run_writer(run: list[int]):
-            async def write() -> None:
-                units, lengths = [], []
-                for k in run:
-                    stored = stored_length(size, self.unit, k)
-                    self.fence(offsets[k], stored)
-                    units.append(buf.io_views(k * self.unit, stored, self.zero))
-                    lengths.append(min(self.unit, size - k * self.unit))
-                j = ns_of[run[0]]
-                # the only run on its namespace: written and made durable in one job
-                digests = await self.namespaces[j].write_units(units, offsets[run[0]], lengths,
-                                                               sync=per_ns[j] == 1)
-                for k, d in zip(run, digests):
-                    sums[k] = d
-                done[j] = time.perf_counter() - t0
-            return write
+        async def write(run: list[int]) -> None:
+            lengths, spans = [], []
+            for k in run:
+                stored = stored_length(size, self.unit, k)
+                self.fence(offsets[k], stored)
+                spans.append((k * self.unit, stored))
+                lengths.append(min(self.unit, size - k * self.unit))
 
-        layout_if_ok = Layout(size, self.unit, ns_of, offsets, (0,) * n)
+            def views() -> list[list[memoryview]]:
+                return [buf.io_views(start, stored, self.zero) for start, stored in spans]
+            j = ns_of[run[0]]
+            # the only run on its namespace: written and made durable in one job
+            digests = await self.namespaces[j].write_units(
+                views if small else views(), offsets[run[0]], lengths, sync=per_ns[j] == 1,
+                nbytes=sum(stored for _, stored in spans))
+            for k, d in zip(run, digests):
+                sums[k] = d
+            done[j] = time.perf_counter() - t0
+
         try:
-            await run_all(run_writer(run) for run in runs)
-            await run_all(self.namespaces[j].sync for j in sorted(per_ns) if per_ns[j] > 1)
+            if len(runs) == 1:                  # one I/O (a small block): no nursery
+                await write(runs[0])
+            else:
+                await run_all((lambda r=r: write(r)) for r in runs)
+                await run_all(self.namespaces[j].sync for j in sorted(per_ns) if per_ns[j] > 1)
         except BaseException:
-            self.release(layout_if_ok)
+            self.release(Layout(size, self.unit, ns_of, offsets, (0,) * n))
             raise
         counts = {j: ns_of.count(j) for j in done}
-        log.debug("wrote %d bytes in %.3f s: units per namespace %s, seconds %s", size,
-                  time.perf_counter() - t0, counts, {j: round(t, 3) for j, t in done.items()})
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("wrote %d bytes in %.3f s: units per namespace %s, seconds %s", size,
+                      time.perf_counter() - t0, counts, {j: round(t, 3) for j, t in done.items()})
         self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
@@ -633,17 +641,24 @@ class Pool:
         """Read units that lie back to back on one namespace (`runs`) into their places in
         `buf` with one I/O, and verify their checksums; returns the units that failed theirs.
         Raises EIO if the read itself failed. A `prefetch` read yields to demand reads."""
-        units, checks = [], []
+        checks, spans = [], []
         for k in run:
             start, length = layout.unit_span(k)
-            units.append(buf.io_views(start, layout.stored(k)))
+            spans.append((start, layout.stored(k), length))
             checks.append((length, layout.sums[k]))
+
+        def views() -> list[list[memoryview]]:
+            return [buf.io_views(start, stored) for start, stored, _ in spans]
+
+        def zero_padding(units: list[list[memoryview]]) -> None:
+            for (_, stored, length), unit_views in zip(spans, units):
+                pad = stored - length
+                if pad:   # keep the bytes past the content zero, whatever the padding held
+                    last = unit_views[-1]
+                    last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
+        # a block no larger than a chunk keeps no mapping: its views are made in the worker
+        small = buf.size <= buf.chunk
         bad = await self.namespaces[layout.ns[run[0]]].read_units(
-            units, layout.offsets[run[0]], checks, prefetch)
-        for k, views in zip(run, units):
-            start, length = layout.unit_span(k)
-            pad = layout.stored(k) - length
-            if pad:   # keep the bytes past the content zero, whatever the padding held
-                last = views[-1]
-                last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
+            views if small else views(), layout.offsets[run[0]], checks, prefetch,
+            sizes=[stored for _, stored, _ in spans], after=zero_padding)
         return [run[i] for i in bad]

@@ -47,6 +47,8 @@ class Service:
         self.allocations = Allocations(pool, space)
         sessions = Sessions(catalog, store, pool, space,
                             max_block_size=cfg.pool.max_block_size or pool.capacity)
+        if hasattr(catalog, "before_commit"):      # group commit waits for writing commits
+            catalog.before_commit = sessions.writes_settled
         self.files = files = Files(catalog, store, space, sessions, self.leases,
                                    self.allocations, readahead=self.readahead)
         self.direct = DirectAccess(catalog, files.handles, sessions, space, self.leases,

@@ -93,6 +93,19 @@ class Sessions:
         self.space = space
         self.max_block_size = max_block_size
         self.stats = SessionStats()
+        self.writing = 0                 # commits writing their block to the pool now
+        self._written: trio.Event | None = None     # set when `writing` drops to 0
+
+    async def writes_settled(self, timeout: float) -> None:
+        """Return once no commit is writing its block to the pool (they are about to ask the
+        catalog to record them), or after `timeout` seconds (the catalog's group commit
+        waits for them: kvfs/catalog/groupcommit.py)."""
+        if self.writing == 0:
+            return
+        if self._written is None:
+            self._written = trio.Event()
+        with trio.move_on_after(timeout):
+            await self._written.wait()
 
     def new(self, st: NodeState) -> Session:
         """An empty session for a file just created (pending until its first commit)."""
@@ -302,28 +315,15 @@ class Sessions:
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
         self._charge(s)
-        tries, give_up = 0, None
-        while True:
-            writer, s.writer = s.writer, None
-            try:
-                layout = await self.store.write(s.buffer, size, writer)
-                break
-            except KvfsError as e:
-                # Retry a bounded number of times, for a bounded time: room that still does not
-                # fit (free bytes fragmented below a unit) would loop for ever, and other
-                # writers racing for the room just made may take it (so "nothing changed" is
-                # no sign to stop). The writer waits meanwhile, in a request the kernel does
-                # not let even SIGKILL interrupt: past about two waits for room, ENOSPC.
-                now = trio.current_time()
-                if give_up is None:
-                    give_up = now + 2 * self.space.room_wait + 1
-                if e.errno == errno.ENOSPC and tries < ROOM_TRIES and now < give_up and \
-                        await self.space.make_room(node.ino, size):
-                    tries += 1
-                    continue
-                self.stats.commit_errors += 1
-                s.failed = e          # its closer is told; a later release must not commit it
-                raise
+        self.writing += 1
+        try:
+            layout = await self._write_retrying(node, s, size)
+        finally:
+            self.writing -= 1
+            if self.writing == 0 and self._written is not None:
+                self._written.set()
+                self._written = None
+        # (no checkpoint from here to the catalog's statements: `writing` says when it joins)
         try:
             rec = await self.publish(node, layout)
         except KvfsError as e:
@@ -336,6 +336,30 @@ class Sessions:
         if node.linked and not (s.passthrough and st.writers > 0):
             self._adopt(node, s)
         await self.keep_pinned(node, rec)
+
+    async def _write_retrying(self, node: Node, s: Session, size: int):
+        """Write the session's block to the pool (its units written behind so far included);
+        the layout. A full pool makes room and tries again, a bounded number of times for a
+        bounded time: room that still does not fit (free bytes fragmented below a unit) would
+        loop for ever, and other writers racing for the room just made may take it (so
+        "nothing changed" is no sign to stop). The writer waits meanwhile, in a request the
+        kernel does not let even SIGKILL interrupt: past about two waits for room, ENOSPC."""
+        tries, give_up = 0, None
+        while True:
+            writer, s.writer = s.writer, None
+            try:
+                return await self.store.write(s.buffer, size, writer)
+            except KvfsError as e:
+                now = trio.current_time()
+                if give_up is None:
+                    give_up = now + 2 * self.space.room_wait + 1
+                if e.errno == errno.ENOSPC and tries < ROOM_TRIES and now < give_up and \
+                        await self.space.make_room(node.ino, size):
+                    tries += 1
+                    continue
+                self.stats.commit_errors += 1
+                s.failed = e          # its closer is told; a later release must not commit it
+                raise
 
     async def _drop_failed(self, node: Node, s: Session) -> None:
         """A write into this session failed (or its commit did, or its writer was killed), so

@@ -287,3 +287,61 @@ def test_a_unit_that_does_not_fit_on_its_fragmented_namespace_goes_to_another(tm
         pool.release(layout)
     finally:
         pool.close()
+
+
+def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatch):
+    """Small writes that must be durable on return, issued together on one namespace, are
+    written by fewer worker jobs with fewer fdatasyncs than writes (a group: kvfs/device.py
+    `_write_grouped`); each gets its own checksums, a write that fails fails alone with EIO,
+    and the others' bytes are on the namespace."""
+    import errno
+    import mmap
+
+    import xxhash
+
+    from kvfs import device
+    from kvfs.device import Namespace
+    from kvfs.errors import KvfsError
+
+    ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
+    jobs = []
+    real_job = Namespace._write_group_sync
+    monkeypatch.setattr(Namespace, "_write_group_sync",
+                        lambda self, batch, lead: jobs.append(len(batch)) or
+                        real_job(self, batch, lead))
+    bad_offset = 8 * MiB + 5 * 8192
+    real_pwritev = os.pwritev
+
+    def pwritev(fd, views, offset):
+        if offset == bad_offset:
+            raise OSError(errno.EIO, "injected")
+        return real_pwritev(fd, views, offset)
+    monkeypatch.setattr(device.os, "pwritev", pwritev)
+    data = [os.urandom(8192) for _ in range(16)]
+    results: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        buf = mmap.mmap(-1, 8192)
+        buf[:] = data[i]
+        try:
+            results[i] = await ns.write_units([[memoryview(buf)]], 8 * MiB + i * 8192, [8192],
+                                              sync=True)
+        except KvfsError as e:
+            results[i] = e
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for i in range(16):
+                n.start_soon(one, i)
+    trio.run(main)
+    assert sum(jobs) == 16 and len(jobs) < 16, jobs
+    assert ns.syncs <= len(jobs) < 16
+    assert isinstance(results[5], KvfsError) and results[5].errno == errno.EIO
+    monkeypatch.setattr(device.os, "pwritev", real_pwritev)
+    ns.close()
+    on_disk = (tmp_path / "ns.img").read_bytes()
+    for i in range(16):
+        if i == 5:
+            continue
+        assert results[i] == [xxhash.xxh3_64_intdigest(data[i])]
+        assert on_disk[8 * MiB + i * 8192:8 * MiB + (i + 1) * 8192] == data[i]
