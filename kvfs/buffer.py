@@ -1,7 +1,8 @@
 """Block content in memory: one shared-memory file per block, which the kernel can read directly.
 
-A `Buffer` is an anonymous file in shared memory (`MEMORY`: a memfd, or an unnamed file on the
-daemon's private tmpfs with transparent huge pages) of the block's size. The kernel serves reads and
+A `Buffer` is a file in shared memory (`MEMORY`: a memfd, or a file of the daemon's private
+tmpfs with transparent huge pages, named so that it can be closed while unused) of the block's
+size. The kernel serves reads and
 writes of a passthrough-opened file straight from it (FUSE passthrough: the bytes never reach
 the daemon), and the daemon reaches it through mappings of fixed-size chunks, made on demand:
 O_DIRECT preads of a block's stripe units land in them and O_DIRECT writes leave from them.
@@ -20,6 +21,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import itertools
 import logging
 import mmap
 import os
@@ -79,17 +81,65 @@ class MemorySource:
     """Where block memory comes from. By default a memfd per block. `use_private_tmpfs()`
     (the daemon, as root) mounts a tmpfs with `huge=within_size` and detaches it at once: it
     is then reachable only through the daemon's directory fd, and the kernel frees it when the
-    daemon exits, however it exits. Its files are unnamed (O_TMPFILE), and a block written or
-    fetched whole gets 2 MiB pages, which the kernel reads faster than 4 KiB ones."""
+    daemon exits, however it exits. A block written or fetched whole gets 2 MiB pages there,
+    which the kernel reads faster than 4 KiB ones.
+
+    Files on the private tmpfs have names (a counter), so a block's file need not stay open:
+    a buffer nobody uses can close its descriptor (`Buffer.park`) and reopen it by name when
+    it is used again, and the number of blocks kept in memory is not bounded by the
+    descriptors the daemon may open (RLIMIT_NOFILE). A memfd has no name: it stays open as
+    long as its buffer lives. `open_files` counts the buffers' descriptors open now."""
 
     def __init__(self) -> None:
         self.dirfd: int | None = None
         self.kind = "memfd"
+        self.open_files = 0
+        self._names = itertools.count(1)
+        self._lock = threading.Lock()      # buffers die (and close) on any thread
+
+    @property
+    def named(self) -> bool:
+        """Files have names (and may be closed while unused and reopened)."""
+        return self.dirfd is not None
+
+    def _count(self, n: int) -> None:
+        with self._lock:
+            self.open_files += n
+
+    def new_file(self) -> tuple[int, bytes | None]:
+        """A new empty file: (its descriptor, its name or None for a memfd)."""
+        if self.dirfd is not None:
+            name = b"b%x" % next(self._names)
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.dirfd)
+        else:
+            name = None
+            fd = os.memfd_create("kvfs-block", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self._count(1)
+        return fd, name
 
     def new_fd(self) -> int:
-        if self.dirfd is not None:
-            return os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=self.dirfd)
-        return os.memfd_create("kvfs-block", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        """A new file's descriptor (a test helper: the name is dropped, the file stays)."""
+        return self.new_file()[0]
+
+    def reopen(self, name: bytes) -> int:
+        fd = os.open(name, os.O_RDWR | os.O_CLOEXEC, dir_fd=self.dirfd)
+        self._count(1)
+        return fd
+
+    def stat(self, name: bytes) -> os.stat_result:
+        return os.stat(name, dir_fd=self.dirfd)
+
+    def close(self, fd: int) -> None:
+        self._count(-1)
+        _close_fd(fd)
+
+    def unlink(self, name: bytes | None) -> None:
+        if name is not None and self.dirfd is not None:
+            try:
+                os.unlink(name, dir_fd=self.dirfd)
+            except OSError:
+                pass
 
     def use_private_tmpfs(self, size: int) -> str | None:
         """Switch to a private huge-page tmpfs of at most `size` bytes; None, or why not."""
@@ -143,58 +193,69 @@ class Spares:
     A buffer joins the spares when its last reference dies, only where that is safe and cheap
     to prove: files of the private tmpfs (not memfds), that nothing else has open or mapped
     (`_only_ours`: a client's mmap of an old version keeps its bytes), and while `room()`
-    (the DRAM tier's unused capacity) has space for them. A fetch overwrites every page of
-    the block it is given, so old bytes never show. Thread-safe: buffers may die anywhere."""
+    (the DRAM tier's unused capacity) has space for them. A spare is kept by name, with no
+    descriptor open. A fetch overwrites every page of the block it is given, so old bytes
+    never show. Thread-safe: buffers may die anywhere."""
 
     def __init__(self, room: Callable[[], int], source: "MemorySource | None" = None):
         self.room = room
         self.source = source
-        self.fds: list[tuple[int, int, int]] = []     # (fd, size, bytes of memory)
+        self.files: list[tuple[bytes, int, int]] = []     # (name, size, bytes of memory)
         self.bytes = 0
         self.reused = 0             # fetches that got a spare's memory
         self.kept = 0               # dead buffers kept
         self.closed = False
         self._lock = threading.Lock()
 
-    def give(self, fd: int) -> None:
-        """A buffer died: keep its file if it may be reused, else close it."""
+    def give(self, fd: int | None, name: bytes | None) -> None:
+        """A buffer died: keep its file if it may be reused, else close and remove it (`fd`
+        is None where the buffer's file was not open)."""
+        src = self.source or MEMORY
         try:
-            if not self.closed and (self.source or MEMORY).dirfd is not None:
+            if not self.closed and name is not None and src.named:
+                if fd is None:
+                    fd = src.reopen(name)
                 st = os.fstat(fd)
                 nbytes = st.st_blocks * 512
                 if nbytes and _only_ours(fd):
                     with self._lock:         # the room check too: buffers die on any thread
                         if nbytes + self.bytes <= self.room():
-                            self.fds.append((fd, st.st_size, nbytes))
+                            self.files.append((name, st.st_size, nbytes))
                             self.bytes += nbytes
                             self.kept += 1
-                            return
+                            name = None       # kept: not removed below
         except OSError:
             pass
-        _close_fd(fd)
+        if fd is not None:
+            src.close(fd)
+        src.unlink(name)
 
-    def take(self, size: int) -> int | None:
+    def take(self, size: int) -> tuple[int, bytes] | None:
         """A spare file for a buffer of `size` bytes (the last one kept of that size, if there
-        is one: its pages are the likeliest to be in the CPU's caches), or None."""
+        is one: its pages are the likeliest to be in the CPU's caches): (descriptor, name),
+        or None."""
         with self._lock:
-            if not self.fds:
+            if not self.files:
                 return None
-            i = next((i for i in range(len(self.fds) - 1, -1, -1) if self.fds[i][1] == size),
-                     len(self.fds) - 1)
-            fd, _, nbytes = self.fds.pop(i)
+            i = next((i for i in range(len(self.files) - 1, -1, -1) if self.files[i][1] == size),
+                     len(self.files) - 1)
+            name, _, nbytes = self.files.pop(i)
             self.bytes -= nbytes
             self.reused += 1
-        return fd
+        try:
+            return (self.source or MEMORY).reopen(name), name
+        except OSError:
+            return None
 
     def trim(self, limit: int) -> None:
-        """Close spares until they hold at most `limit` bytes."""
+        """Remove spares until they hold at most `limit` bytes."""
         while self.bytes > max(0, limit):
             with self._lock:
-                if not self.fds:
+                if not self.files:
                     return
-                fd, _, nbytes = self.fds.pop()
+                name, _, nbytes = self.files.pop()
                 self.bytes -= nbytes
-            _close_fd(fd)
+            (self.source or MEMORY).unlink(name)
 
     def close(self) -> None:
         self.closed = True
@@ -202,19 +263,22 @@ class Spares:
 
 
 def _release(box: list) -> None:
-    """A buffer died: its file goes to its spares, if it has any, else is closed."""
-    fd, spares = box
+    """A buffer died: its file goes to its spares, if it has any, else is closed (and its
+    name removed)."""
+    fd, name, spares, source = box
     if spares is not None:
-        spares.give(fd)
-    else:
-        _close_fd(fd)
+        spares.give(fd, name)
+        return
+    if fd is not None:
+        source.close(fd)
+    source.unlink(name)
 
 
 class Buffer:
     """Growable block content in a memfd. Not thread-safe: one writer at a time (the caller's
     lock); worker threads only fill or drain the views they are given."""
 
-    __slots__ = ("chunk", "fd", "size", "_map", "sealed", "_box", "__weakref__")
+    __slots__ = ("chunk", "size", "_map", "sealed", "_box", "__weakref__")
 
     def __init__(self, chunk: int, size: int = 0, spares: Spares | None = None):
         """A buffer of `size` bytes. With `spares`, its memory may come from a dead buffer's
@@ -223,23 +287,51 @@ class Buffer:
         if chunk % PAGE:
             raise ValueError("chunk size must be a multiple of 4 KiB")
         self.chunk = chunk
-        fd = spares.take(size) if spares is not None else None
-        self.fd = MEMORY.new_fd() if fd is None else fd
-        self._box = [self.fd, spares]
+        got = spares.take(size) if spares is not None else None
+        fd, name = MEMORY.new_file() if got is None else got
+        self._box = [fd, name, spares, MEMORY]        # what _release needs, kept current
         weakref.finalize(self, _release, self._box)
         self.size = 0
         self._map: mmap.mmap | None = None
         self.sealed = False
         self.resize(size)
 
+    @property
+    def fd(self) -> int:
+        """The file's descriptor (reopened by name if the buffer was parked)."""
+        box = self._box
+        fd = box[0]
+        if fd is None:
+            fd = box[0] = box[3].reopen(box[1])
+        return fd
+
+    @property
+    def parked(self) -> bool:
+        return self._box[0] is None
+
+    def park(self) -> bool:
+        """Close the file's descriptor while nothing uses the buffer (a named file only: it is
+        reopened when used again); whether it was closed. The caller makes sure no I/O
+        (worker thread) is using it."""
+        box = self._box
+        if box[0] is None or box[1] is None:
+            return False
+        fd, box[0] = box[0], None
+        box[3].close(fd)
+        return True
+
+    def _stat(self) -> os.stat_result:
+        box = self._box
+        return os.fstat(box[0]) if box[0] is not None else box[3].stat(box[1])
+
     def recycle(self, spares: Spares) -> None:
         """When this buffer dies, offer its memory to `spares`."""
-        self._box[1] = spares
+        self._box[2] = spares
 
     @property
     def nbytes(self) -> int:
         """Memory the content occupies (its written pages; holes take none)."""
-        return os.fstat(self.fd).st_blocks * 512
+        return self._stat().st_blocks * 512
 
     @property
     def reserved_bytes(self) -> int:
@@ -249,7 +341,7 @@ class Buffer:
     def sync_size(self) -> int:
         """Re-read the size from the file (the kernel writes into it directly under FUSE
         passthrough) and return it."""
-        size = os.fstat(self.fd).st_size
+        size = self._stat().st_size
         if size < self.size:
             self._map = None
         self.size = size
@@ -258,7 +350,7 @@ class Buffer:
     def signature(self) -> tuple[int, int, int]:
         """(size, mtime, ctime) of the file: changes whenever its content is written through
         a file descriptor."""
-        st = os.fstat(self.fd)
+        st = self._stat()
         return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
     def mapping(self, end: int) -> mmap.mmap:

@@ -32,14 +32,14 @@ from typing import Callable
 
 import trio
 
-from kvfs.buffer import Buffer, Spares
+from kvfs.buffer import MEMORY, Buffer, Spares
 from kvfs.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
 from kvfs.layout import PAGE, Layout, align_up, units_covering
 from kvfs.policy import AlwaysAdmit, TierIndex, make_policy
 from kvfs.pool import Pool
-from kvfs.store_records import CachedBlob, StoreStats, resident_limit
+from kvfs.store_records import CachedBlob, StoreStats, open_file_limit, resident_limit
 
 log = logging.getLogger("kvfs.store")
 
@@ -56,7 +56,12 @@ class BlockStore:
         self.on_free = on_free
         self.capacity = dram_capacity
         self.dram = TierIndex(dram_capacity, make_policy(policy, dram_capacity, pool.chunk))
-        self.max_resident = resident_limit()     # resident blocks (each holds a descriptor)
+        # A resident block's file holds a descriptor while it is open. Named files (the private
+        # tmpfs) are closed when unused and too many are open (`_park_idle`): the blocks in
+        # DRAM are then bounded by its bytes alone. Memfds cannot be reopened: their count is.
+        self.max_resident = resident_limit() if not MEMORY.named else 1 << 62
+        self.max_open_files = open_file_limit()
+        self._open: collections.OrderedDict[int, CachedBlob] = collections.OrderedDict()
         self.admission = AlwaysAdmit()
         self.local = local                 # LocalTier or None
         self.blobs: dict[int, CachedBlob] = {}
@@ -125,6 +130,7 @@ class BlockStore:
         counters = dataclasses.asdict(st)
         del counters["tiers"]
         counters["spares_kept"] = self.spares.kept
+        counters["open_block_files"] = MEMORY.open_files
         counters["spares_reused"] = self.spares.reused
         prefetch = {k[len("prefetch_"):]: counters.pop(k) for k in list(counters)
                     if k.startswith("prefetch_")}
@@ -141,7 +147,10 @@ class BlockStore:
 
     def hold(self, rec: BlobRec, owner: int = 0) -> None:
         """Someone reads the block (`owner`: the file it is a version of, when known)."""
-        self._get(rec, owner).holders += 1
+        cb = self._get(rec, owner)
+        cb.holders += 1
+        if cb.resident is not None:
+            self._used(cb)
 
     def unhold(self, rec: BlobRec) -> None:
         cb = self.blobs.get(rec.id)
@@ -149,6 +158,32 @@ class BlockStore:
             return
         cb.holders -= 1
         self._maybe_forget(cb)
+        if cb.holders == 0:
+            self._park_idle()
+
+    # --- descriptors of resident blocks ------------------------------------------------------
+    def _used(self, cb: CachedBlob) -> None:
+        """A resident block is used (its file may be open now): most recently used last."""
+        self._open[cb.rec.id] = cb
+        self._open.move_to_end(cb.rec.id)
+
+    def _park_idle(self) -> None:
+        """Over `max_open_files` open block files, close those of the resident blocks used
+        least recently that nobody holds, down to three quarters of it (they are reopened by
+        name when used again). Only the trio thread parks, and only blocks no handle, lease,
+        copy or fetch holds: no worker thread has their descriptor then."""
+        if not MEMORY.named or MEMORY.open_files <= self.max_open_files:
+            return
+        target = self.max_open_files * 3 // 4
+        for bid, cb in list(self._open.items()):
+            if cb.resident is None or self.blobs.get(bid) is not cb:
+                del self._open[bid]
+            elif cb.holders == 0 and cb.fetch is None:
+                cb.resident.park()
+                del self._open[bid]
+                self.stats.parked += 1
+            if MEMORY.open_files <= target:
+                return
 
     def retire(self, rec: BlobRec) -> None:
         """The block is no longer any file's version: free it once nobody reads it."""
@@ -312,6 +347,8 @@ class BlockStore:
         cb.resident = buf
         self.dram.add(rec.id, nbytes, parent)
         self.stats.tiers["dram"].bytes_in += rec.size
+        self._used(cb)
+        self._park_idle()
 
     # --- pinning -------------------------------------------------------------------------------
     def _set_pinned(self, cb: CachedBlob, on: bool) -> None:
@@ -531,6 +568,7 @@ class BlockStore:
             if admit:
                 cb.resident = fetch.buffer
                 cb.prefetched = fetch.prefetch
+                self._used(cb)
                 self.dram.add(rec.id, fetch.buffer.reserved_bytes, fetch.parent)
                 self.stats.tiers["dram"].bytes_in += rec.size
                 if fetch.source == "pool" and self.local is not None and \
@@ -538,6 +576,7 @@ class BlockStore:
                     self.hold(rec)
                     self._nursery.start_soon(self._copy_to_local, cb, fetch.buffer)
         self._maybe_forget(cb)
+        self._park_idle()
 
     # --- explicit eviction and warming (control actions) ----------------------------------------
     def evict(self, rec: BlobRec) -> int:

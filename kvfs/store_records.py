@@ -10,12 +10,25 @@ from kvfs.catalog.base import BlobRec
 from kvfs.fetch import Fetch
 
 
-def resident_limit() -> int:
-    """How many blocks may be resident at once: each holds a file descriptor (its memfd), so
-    half of the descriptors the process may open (small blocks would otherwise exhaust them
-    long before the DRAM tier's bytes, and a commit would fail with EMFILE)."""
+def _soft_nofile() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(64, soft // 2) if soft != resource.RLIM_INFINITY else 1 << 20
+    return soft if soft != resource.RLIM_INFINITY else 1 << 22
+
+
+def resident_limit() -> int:
+    """How many blocks may be resident at once where each holds a descriptor for as long as
+    it is resident (memfds): half of the descriptors the process may open (small blocks
+    would otherwise exhaust them long before the DRAM tier's bytes, and a commit would fail
+    with EMFILE). Named files (the private tmpfs) need no such limit: see `open_file_limit`."""
+    return max(64, _soft_nofile() // 2)
+
+
+def open_file_limit() -> int:
+    """How many block files (on the private tmpfs) may be open at once before the store
+    closes those of resident blocks nobody uses (`Buffer.park`): a quarter of the
+    descriptors the process may open. Blocks in use (open handles, I/O, fetches, write
+    sessions) keep theirs."""
+    return max(32, _soft_nofile() // 4)
 
 
 class CachedBlob:
@@ -53,6 +66,7 @@ class StoreStats:
     fetch_errors: int = 0
     blocks_written: int = 0
     direct_reads: int = 0         # blocks read by direct readers (kvfs.direct), not through FUSE
+    parked: int = 0               # resident blocks' files closed while unused (Buffer.park)
     prefetch_issued: int = 0
     prefetch_used: int = 0        # prefetched blocks a reader then read
     prefetch_joined: int = 0      # readers that arrived while the block's prefetch was running

@@ -55,10 +55,13 @@ def is_mounted(path: Path) -> bool:
 class MountedKvfs:
     """A kvfs daemon in the foreground in a subprocess, mounted at `mountpoint`."""
 
-    def __init__(self, mountpoint: Path, config: Path, log: Path):
+    def __init__(self, mountpoint: Path, config: Path, log: Path, *, nofile: int | None = None):
+        """`nofile`: run the daemon with at most this many open descriptors (RLIMIT_NOFILE,
+        soft and hard)."""
         self.mountpoint = mountpoint
         self.config = config
         self.log = log
+        self.nofile = nofile
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "MountedKvfs":
@@ -67,7 +70,8 @@ class MountedKvfs:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvfs", "mount", str(self.mountpoint), "--foreground",
              "--config", str(self.config)],
-            stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT if (ROOT / 'kvfs').is_dir() else None)
+            stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT if (ROOT / 'kvfs').is_dir() else None,
+            preexec_fn=self._limit if self.nofile else None)
         logf.close()
         deadline = time.monotonic() + timeout
         while not is_mounted(self.mountpoint):
@@ -79,6 +83,14 @@ class MountedKvfs:
                 raise TimeoutError("kvfs did not mount in time:\n" + self.log_text())
             time.sleep(0.02)
         return self
+
+    def _limit(self) -> None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+
+    def open_descriptors(self) -> int:
+        """How many descriptors the daemon holds open now."""
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
 
     def log_text(self) -> str:
         try:

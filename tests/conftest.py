@@ -60,8 +60,8 @@ def make_mount(tmp_path: Path, request):
     mounts: list[Mount] = []
     request.node.kvfs_mounts = mounts
 
-    def start(config: Path, name: str = "mnt") -> Mount:
-        m = Mount(tmp_path / name, config, tmp_path / f"{name}.log")
+    def start(config: Path, name: str = "mnt", nofile: int | None = None) -> Mount:
+        m = Mount(tmp_path / name, config, tmp_path / f"{name}.log", nofile=nofile)
         mounts.append(m)
         return m.start()
 

@@ -90,40 +90,80 @@ def test_spares_keep_only_memory_nothing_else_can_see(tmp_path):
     room = [16 << 20]
     spares = Spares(lambda: room[0], src)
 
-    def filled(size: int) -> int:
-        fd = src.new_fd()
+    def filled(size: int) -> tuple[int, bytes]:
+        fd, name = src.new_file()
         os.pwrite(fd, b"x" * size, 0)
-        return fd
+        return fd, name
 
-    a, b = filled(1 << 20), filled(2 << 20)
-    spares.give(a)
-    spares.give(b)
+    def names() -> set[bytes]:
+        return {os.fsencode(n) for n in os.listdir(src.dirfd)}
+
+    (a, an), (b, bn) = filled(1 << 20), filled(2 << 20)
+    spares.give(a, an)
+    src.close(b)
+    spares.give(None, bn)                  # a buffer that died with its file closed (parked)
     assert spares.kept == 2 and spares.bytes == 3 << 20
-    assert spares.take(1 << 20) == a and spares.take(5) == b and spares.take(5) is None
+    assert src.open_files == 0             # spares are kept by name, no descriptor open
+    got_a, got_b = spares.take(1 << 20), spares.take(5)
+    assert got_a[1] == an and got_b[1] == bn and spares.take(5) is None
+    assert os.pread(got_a[0], 1, 0) == b"x"          # reopened: the same file
     assert spares.bytes == 0 and spares.reused == 2
+    src.close(got_b[0])
+    a = got_a[0]
 
     # another open file (a FUSE passthrough open is one), or a mapping made through one that
-    # outlives it: the memory is not kept
+    # outlives it: the memory is not kept (and the file is removed)
     other = os.open(f"/proc/self/fd/{a}", os.O_RDONLY)
-    spares.give(a)
-    assert spares.kept == 2
+    spares.give(a, an)
+    assert spares.kept == 2 and an not in names()
     os.close(other)
-    c = filled(1 << 20)
+    c, cn = filled(1 << 20)
     other = os.open(f"/proc/self/fd/{c}", os.O_RDONLY)
     m = mmap.mmap(other, 1 << 20, prot=mmap.PROT_READ)
     os.close(other)
-    spares.give(c)
-    assert spares.kept == 2
+    spares.give(c, cn)
+    assert spares.kept == 2 and cn not in names()
     m.close()
     # no room, or memory of a memfd (not on the private tmpfs): closed
     room[0] = 1 << 20
-    spares.give(filled(2 << 20))
+    spares.give(*filled(2 << 20))
     memfd = os.memfd_create("x")
     os.pwrite(memfd, b"y", 0)
-    Spares(lambda: 1 << 30).give(memfd)
+    Spares(lambda: 1 << 30).give(memfd, None)
     assert spares.kept == 2 and spares.bytes == 0
-    d = filled(1 << 20)
-    spares.give(d)
-    assert spares.kept == 3
+    d, dn = filled(1 << 20)
+    spares.give(d, dn)
+    assert spares.kept == 3 and dn in names()
     spares.close()
-    assert spares.bytes == 0 and not os.path.exists(f"/proc/self/fd/{d}")
+    assert spares.bytes == 0 and dn not in names() and src.open_files == 0
+
+
+def test_a_parked_buffer_keeps_its_bytes_and_reopens_by_name():
+    """On the private tmpfs a buffer nobody uses can close its descriptor (the daemon then
+    holds none for it) and is reopened by name when used; a memfd cannot be parked."""
+    from kvfs import buffer as buffer_mod
+    from kvfs.buffer import MemorySource
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("the private tmpfs needs root")
+    src = MemorySource()
+    assert src.use_private_tmpfs(64 << 20) is None
+    saved = buffer_mod.MEMORY
+    buffer_mod.MEMORY = src
+    try:
+        b = Buffer(C)
+        b.write(0, b"z" * (C + 7))
+        assert src.open_files == 1
+        assert b.park() and b.parked and src.open_files == 0
+        assert b.nbytes >= C + 7 and b.sync_size() == C + 7      # stat by name, not reopened
+        assert b.parked
+        assert bytes(b.view(C, 100)) == b"z" * 7 and not b.parked and src.open_files == 1
+        name = b._box[1]
+        del b
+        import gc
+        gc.collect()
+        assert src.open_files == 0 and os.fsdecode(name) not in os.listdir(src.dirfd)
+    finally:
+        buffer_mod.MEMORY = saved
+    m = Buffer(C)                # a memfd (this process has no private tmpfs): stays open
+    assert not m.park() and not m.parked
