@@ -469,10 +469,11 @@ class Namespace:
     def _read_sync(self, units, flat, offset: int, checks, after=None) -> list[int]:
         """In a worker thread: one preadv (looping over short transfers), then the checksums;
         the indices of the units that failed theirs."""
-        if callable(units):
+        if callable(units):          # (the caller's memory, already present: staging)
             units = units()
             flat = [v for u in units for v in u]
-        populate(flat)
+        else:
+            populate(flat)
         _transfer(os.preadv, self.fd, flat, offset)
         bad = [i for i, (u, c) in enumerate(zip(units, checks))
                if c is not None and _digest(u, c[0]) != c[1]]

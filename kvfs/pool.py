@@ -570,8 +570,8 @@ class Pool:
         sums = [0] * n
         t0 = time.perf_counter()
         done: dict[int, float] = {}
-        # A block no larger than a chunk keeps no mapping of its memory: its views are made
-        # (and dropped) in the worker thread that writes it, off the trio thread.
+        # A block no larger than a chunk goes through the worker thread's staging memory
+        # (Buffer.stage_out): its file is never mapped.
         small = size <= buf.chunk
 
         runs = self.runs(ns_of, offsets, size)
@@ -582,16 +582,19 @@ class Pool:
             for k in run:
                 stored = stored_length(size, self.unit, k)
                 self.fence(offsets[k], stored)
-                spans.append((k * self.unit, stored))
-                lengths.append(min(self.unit, size - k * self.unit))
+                length = min(self.unit, size - k * self.unit)
+                spans.append((k * self.unit, stored, length))
+                lengths.append(length)
 
-            def views() -> list[list[memoryview]]:
-                return [buf.io_views(start, stored, self.zero) for start, stored in spans]
+            def staged() -> list[list[memoryview]]:
+                return buf.stage_out(spans)
             j = ns_of[run[0]]
             # the only run on its namespace: written and made durable in one job
             digests = await self.namespaces[j].write_units(
-                views if small else views(), offsets[run[0]], lengths, sync=per_ns[j] == 1,
-                nbytes=sum(stored for _, stored in spans))
+                staged if small else
+                [buf.io_views(start, stored, self.zero) for start, stored, _ in spans],
+                offsets[run[0]], lengths, sync=per_ns[j] == 1,
+                nbytes=sum(stored for _, stored, _ in spans))
             for k, d in zip(run, digests):
                 sums[k] = d
             done[j] = time.perf_counter() - t0
@@ -647,18 +650,22 @@ class Pool:
             spans.append((start, layout.stored(k), length))
             checks.append((length, layout.sums[k]))
 
-        def views() -> list[list[memoryview]]:
-            return [buf.io_views(start, stored) for start, stored, _ in spans]
-
         def zero_padding(units: list[list[memoryview]]) -> None:
             for (_, stored, length), unit_views in zip(spans, units):
                 pad = stored - length
                 if pad:   # keep the bytes past the content zero, whatever the padding held
                     last = unit_views[-1]
                     last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
-        # a block no larger than a chunk keeps no mapping: its views are made in the worker
-        small = buf.size <= buf.chunk
-        bad = await self.namespaces[layout.ns[run[0]]].read_units(
-            views if small else views(), layout.offsets[run[0]], checks, prefetch,
-            sizes=[stored for _, stored, _ in spans], after=zero_padding)
+        ns = self.namespaces[layout.ns[run[0]]]
+        sizes = [stored for _, stored, _ in spans]
+        if buf.size <= buf.chunk:
+            # a small block: read into the worker thread's staging memory, then its content
+            # into the buffer's file (Buffer.stage_in); the file is never mapped
+            bad = await ns.read_units(lambda: buf.stage_in(spans), layout.offsets[run[0]],
+                                      checks, prefetch, sizes=sizes,
+                                      after=lambda units: buf.unstage(spans, units))
+        else:
+            bad = await ns.read_units([buf.io_views(start, stored) for start, stored, _ in spans],
+                                      layout.offsets[run[0]], checks, prefetch, sizes=sizes,
+                                      after=zero_padding)
         return [run[i] for i in bad]
