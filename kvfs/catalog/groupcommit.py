@@ -86,6 +86,25 @@ class GroupCommit:
         self.statements += len(stmts)
         return self._txn
 
+    def _execute_many(self, batches: list[tuple[str, list[tuple]]]) -> int:
+        """Run each statement once per parameter tuple (executemany) in the open transaction;
+        return its number."""
+        if self.failure:
+            raise KvfsError(errno.EIO, self.failure)
+        c = self._conn
+        try:
+            if not self._in_txn:
+                c.execute("BEGIN")
+                self._in_txn = True
+            for sql, rows in batches:
+                if rows:
+                    c.executemany(sql, rows)
+                    self.statements += len(rows)
+        except sqlite3.Error as e:
+            self._fail(e)
+            raise KvfsError(errno.EIO, f"catalog write failed: {e}") from None
+        return self._txn
+
     async def _persist(self, stmts: list[Stmt]) -> None:
         """Apply statements now (every later query sees them); return once they are durable."""
         await self._durable(self._execute(stmts))

@@ -451,8 +451,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._dirty_atime.pop(node.ino, None)
         self._uncache_links(node.ino)
         return [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
-                ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
-                ("DELETE FROM links WHERE pred=?1 OR succ=?1", (node.ino,))]
+                ("DELETE FROM xattrs WHERE ino=?", (node.ino,))] + self._delete_links(node.ino)
 
     # ------------------------------------------------------------------------------ mutations
     def _parent_times(self, parent: Node) -> list[Stmt]:

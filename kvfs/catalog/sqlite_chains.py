@@ -1,8 +1,8 @@
 """Prefix chains of the SQLite catalog (a mix-in of SqliteCatalog): the links between blocks
 that readahead learns, as rows of the `links` table.
 
-Links are written at once in the open transaction (they ride with the next commit;
-`flush_links` makes them durable). A link may name a pending file: it goes with the file if
+Links learned are queued and written in batches into the open transaction (they ride with the
+next commit; `flush_links` makes them durable). A link may name a pending file: it goes with the file if
 the file is never committed (and after a crash, links to inode numbers past the last one are
 dropped at start-up).
 
@@ -24,6 +24,7 @@ from kvfs.catalog.tree import merge_link
 from kvfs.errors import KvfsError
 
 CHAIN_CACHE = 8192          # blocks whose links are kept in memory, each way
+LINK_BATCH = 256            # learned links written together (executemany)
 
 
 class ChainRows:
@@ -33,10 +34,13 @@ class ChainRows:
     def _init_chains(self) -> None:
         self._succ: collections.OrderedDict[int, dict[int, list]] = collections.OrderedDict()
         self._pred: collections.OrderedDict[int, dict[int, list]] = collections.OrderedDict()
+        self._link_queue: dict[tuple[int, int], tuple | None] = {}
 
     def _cached(self, cache: collections.OrderedDict, key: int, query: str) -> dict[int, list]:
         out = cache.get(key)
         if out is None:
+            if self._link_queue:            # the rows must hold what was learned
+                self._write_queued_links()
             out = cache[key] = {other: [src, w] for other, src, w in
                                 self._conn.execute(query, (key,))}
             if len(cache) > CHAIN_CACHE:
@@ -81,6 +85,29 @@ class ChainRows:
         except KvfsError:
             pass                        # a hint: nothing to undo
 
+    def _queue_link(self, pred: int, succ: int, value: list | None) -> None:
+        """A link to write (`value` [source, weight]) or delete (None). Links are learned at
+        every create and open: they are queued, latest value per pair, and written in one
+        batch (`_write_queued_links`) before the rows are next read, at the next flush, or
+        once LINK_BATCH are waiting; the cache answers meanwhile."""
+        self._link_queue[(pred, succ)] = None if value is None else (value[0], value[1])
+        if len(self._link_queue) >= LINK_BATCH:
+            self._write_queued_links()
+
+    def _write_queued_links(self) -> None:
+        """Write the queued links into the open transaction (they ride with the next commit)."""
+        queue, self._link_queue = self._link_queue, {}
+        if not queue:
+            return
+        gone = [k for k, v in queue.items() if v is None]
+        kept = [(p, s, v[0], v[1]) for (p, s), v in queue.items() if v is not None]
+        try:
+            self._execute_many([("DELETE FROM links WHERE pred=? AND succ=?", gone),
+                                ("INSERT OR REPLACE INTO links VALUES (?,?,?,?)", kept)])
+            self._links_changed += 1
+        except KvfsError:
+            pass                        # hints: nothing to undo
+
     def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
         if pred == succ:
             return
@@ -91,19 +118,16 @@ class ChainRows:
         changed, weakest = merge_link(out, succ, source, weight)
         if not changed:
             return
-        stmts: list[Stmt] = []
         if weakest is not None:                             # keep the strongest few successors
-            stmts.append(("DELETE FROM links WHERE pred=? AND succ=?", (pred, weakest)))
+            self._queue_link(pred, weakest, None)
             w = self._pred.get(weakest)
             if w is not None:
                 w.pop(pred, None)
         if succ in out:
-            stmts.append(("INSERT OR REPLACE INTO links VALUES (?,?,?,?)",
-                          (pred, succ, out[succ][0], out[succ][1])))
+            self._queue_link(pred, succ, out[succ])
             back = self._pred.get(succ)
             if back is not None:
                 back[pred] = out[succ]
-        self._write_links(stmts)
 
     def unlink_chain(self, pred: int, succ: int) -> None:
         s, p = self._succ.get(pred), self._pred.get(succ)
@@ -111,7 +135,7 @@ class ChainRows:
             s.pop(succ, None)
         if p is not None:
             p.pop(pred, None)
-        self._write_links([("DELETE FROM links WHERE pred=? AND succ=?", (pred, succ))])
+        self._queue_link(pred, succ, None)
 
     def _linked(self, ino: int) -> bool:
         node = self.find(ino)
@@ -135,10 +159,17 @@ class ChainRows:
 
     def _forget_links(self, ino: int) -> None:
         self._uncache_links(ino)
-        self._write_links([("DELETE FROM links WHERE pred=?1 OR succ=?1", (ino,))])
+        self._write_links(self._delete_links(ino))
+
+    def _delete_links(self, ino: int) -> list[Stmt]:
+        """Statements deleting every link of a block (queued ones first)."""
+        if self._link_queue:
+            self._write_queued_links()
+        return [("DELETE FROM links WHERE pred=?1 OR succ=?1", (ino,))]
 
     async def flush_links(self) -> int:
-        """Make the chain links written since the last flush durable."""
+        """Make the chain links learned since the last flush durable."""
+        self._write_queued_links()
         n, self._links_changed = self._links_changed, 0
         await self.sync()
         return n
