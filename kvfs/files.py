@@ -73,6 +73,13 @@ class Files:
         self.on_new_content: Callable[[int], None] | None = None
 
     @property
+    def misses_cacheable(self) -> bool:
+        """May the kernel cache that a name does not exist? Only where every name is made
+        through this mount: with a shared pool another node may make it any moment (a miss
+        then asks Redis)."""
+        return not self.catalog.shared
+
+    @property
     def passthrough(self) -> bool:
         """The kernel agreed to FUSE passthrough (set by the FUSE layer after INIT)."""
         return self._passthrough

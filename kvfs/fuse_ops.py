@@ -196,7 +196,18 @@ class FuseOps(pyfuse3.Operations):
     async def lookup(self, parent_inode, name, ctx=None):
         if parent_inode == ROOT_INO and name == CONTROL_NAME:
             return self.entry(self.control.attr())
-        return self.entry(await self.files.lookup(parent_inode, name))
+        try:
+            return self.entry(await self.files.lookup(parent_inode, name))
+        except KvfsError as e:
+            if e.errno != errno.ENOENT or not self.files.misses_cacheable:
+                raise
+            # A negative entry: the kernel answers "no such file" itself for a while, and an
+            # O_CREAT open of the name goes straight to CREATE. Every name is made through
+            # this mount (one node: nothing else makes names), which updates the cache.
+            miss = pyfuse3.EntryAttributes()
+            miss.st_ino = 0
+            miss.entry_timeout = self.timeout
+            return miss
 
     async def forget(self, inode_list):
         for ino, n in inode_list:

@@ -1,0 +1,54 @@
+"""What the kernel may answer without asking the daemon, and what makes it ask again.
+
+The fewer requests a file operation costs, the more files a second the daemon serves
+(docs/architecture.md, "The per-file budget"). Whatever the kernel caches must never be
+stale: every change is either made through the kernel (which updates its cache) or
+announced to it (eviction, another node's change)."""
+
+from __future__ import annotations
+
+import os
+
+
+def requests(m, op: str) -> int:
+    return m.stats()["latency"].get(op, {}).get("count", 0)
+
+
+def test_a_missing_name_is_answered_by_the_kernel_until_it_is_made(mnt):
+    """One node: a lookup that finds nothing is cached as a negative entry, so asking again
+    (LMCache asks whether a chunk exists before storing it) costs no request, and the store
+    that follows goes straight to CREATE; the file is then seen at once."""
+    p = mnt.mountpoint / "chunk-absent"
+    before = requests(mnt, "lookup")
+    for _ in range(50):
+        assert not p.exists()
+    assert requests(mnt, "lookup") - before == 1
+    p.write_bytes(b"made")                       # through the mount: the entry is updated
+    assert p.read_bytes() == b"made"
+    assert requests(mnt, "lookup") - before == 1  # O_CREAT used the cached miss
+    os.unlink(p)
+    assert not p.exists()
+
+
+def test_read_only_closes_send_no_flush(mnt):
+    """Closing a file opened read-only commits nothing: the daemon asks the kernel not to
+    send FLUSH for it (FOPEN_NOFLUSH); a writer's close still flushes (it commits)."""
+    p = mnt.mountpoint / "f"
+    p.write_bytes(b"x" * 4096)
+    flushes = requests(mnt, "flush")
+    for _ in range(20):
+        assert p.read_bytes() == b"x" * 4096
+    assert requests(mnt, "flush") == flushes
+    p.write_bytes(b"y" * 4096)
+    assert requests(mnt, "flush") == flushes + 1
+
+
+def test_a_name_made_on_another_node_is_seen_at_once(cluster_nodes):
+    """A shared pool: a miss is never cached by the kernel (another node may make the name
+    any moment), so a name looked up in vain on one node and then made on another is found
+    on the first without waiting."""
+    a, b = cluster_nodes(2)
+    pa, pb = a.mountpoint / "late", b.mountpoint / "late"
+    assert not pa.exists()
+    pb.write_bytes(b"from b")
+    assert pa.exists() and pa.read_bytes() == b"from b"
