@@ -18,6 +18,7 @@ import faulthandler
 import logging
 import os
 import signal
+import sys
 import stat
 from pathlib import Path
 from typing import Callable
@@ -42,6 +43,11 @@ READ_AHEAD_KB = 1024     # page-cache readahead of the mount: 1 MiB FUSE read re
 # many wait. Under a steady load of concurrent files four went back and forth, a task
 # started and ended for every few requests; idle tasks cost a little memory each.
 IDLE_TASKS = 32
+# How long a worker thread that finished its I/O may wait for the GIL while the trio thread
+# runs Python (5 ms by default): its result waits as long. With 0.5 ms, 256 KiB loads went
+# from 2,530-2,590 to 2,830-2,860 files/s and stores from 1,330-1,450 to 1,490-1,510 (side by
+# side; 0.1 ms was no better).
+GIL_SWITCH_SECONDS = 0.0005
 
 
 def mount_entry(mountpoint: str | os.PathLike, *, resolve: bool = True) -> dict | None:
@@ -182,6 +188,7 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
         raise
     real_mountpoint = os.path.realpath(mountpoint)     # resolved before it becomes ours
     raise_fd_limit()
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     if cfg.dram.huge_pages:
         # a backstop: writers get ENOSPC rather than the machine running out of memory
         why = MEMORY.use_private_tmpfs(mem_total() * 3 // 4)
