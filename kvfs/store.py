@@ -473,7 +473,12 @@ class BlockStore:
         cb = self._get(rec)
         fetch = cb.fetch
         if fetch is None:
-            fetch = self._start_fetch(cb, prefetch=False)
+            # the opener runs the fetch itself (shielded: others may join it), rather than
+            # starting a task and waiting for it
+            fetch = self._start_fetch(cb, prefetch=False, run=False)
+            if fetch is not None:
+                with trio.CancelScope(shield=True):
+                    await self._run_fetch(cb, fetch)
         elif fetch.prefetch:
             fetch.prefetch = False
         await fetch.done.wait()
@@ -510,10 +515,11 @@ class BlockStore:
         return bytes(tmp.view(offset, min(length, rec.size - offset)))
 
     def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None, on_done=None,
-                     streaming: bool = False) -> Fetch | None:
+                     streaming: bool = False, run: bool = True) -> Fetch | None:
         """Start bringing a whole block into DRAM. A `streaming` fetch (a reader waits for its
         units in order) reads one unit per I/O, so its first bytes come early; others read
-        runs of FETCH_RUN units back to back on a namespace per I/O."""
+        runs of FETCH_RUN units back to back on a namespace per I/O. With `run` False the
+        caller runs it (`_run_fetch`) instead of a task of the store's."""
         rec = cb.rec
         chunk = self.pool.chunk
         need = (rec.size + chunk - 1) // chunk * chunk
@@ -531,8 +537,9 @@ class BlockStore:
         cb.fetch = fetch
         self.inflight += fetch.buffer.reserved_bytes
         self.stats.fetches += 1
-        assert self._nursery is not None, "BlockStore.serve() is not running"
-        self._nursery.start_soon(self._run_fetch, cb, fetch, on_done)
+        if run:
+            assert self._nursery is not None, "BlockStore.serve() is not running"
+            self._nursery.start_soon(self._run_fetch, cb, fetch, on_done)
         return fetch
 
     async def _run_fetch(self, cb: CachedBlob, fetch: Fetch, on_done=None) -> None:
