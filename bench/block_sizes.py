@@ -146,8 +146,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def request_counts(m) -> dict[str, int]:
-    return {op: v["count"] for op, v in m.stats().get("latency", {}).items()}
+def daemon_counters(m) -> dict:
+    """Requests per operation, and (with --handlers) the trio thread's CPU seconds in all and
+    in each handler."""
+    st = m.stats()
+    lat = st.get("latency", {})
+    return {"requests": {op: v["count"] for op, v in lat.items()},
+            "handler_cpu": {op: v["cpu_us"] / 1e6 for op, v in lat.items() if "cpu_us" in v},
+            "trio_cpu": st.get("trio_thread_cpu_s", 0.0)}
 
 
 def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> dict:
@@ -158,14 +164,23 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
 
     def phase(name: str, fn) -> None:
         if m is not None:
-            cpu0, req0 = cpu_seconds(m.pid), request_counts(m)
+            cpu0, c0 = cpu_seconds(m.pid), daemon_counters(m)
         dt = fn()
         out[f"{name}_per_s"] = blocks.n / dt
         if m is not None:
             out[f"{name}_daemon_us"] = (cpu_seconds(m.pid) - cpu0) / blocks.n * 1e6
-            req1 = request_counts(m)
+            c1 = daemon_counters(m)
+            req0, req1 = c0["requests"], c1["requests"]
             per = {op: round((req1.get(op, 0) - req0.get(op, 0)) / blocks.n, 2)
                    for op in req1 if req1.get(op, 0) != req0.get(op, 0)}
+            if c1["handler_cpu"]:
+                h0, h1 = c0["handler_cpu"], c1["handler_cpu"]
+                handlers = {op: round((h1[op] - h0.get(op, 0.0)) / blocks.n * 1e6, 1)
+                            for op in h1 if h1[op] != h0.get(op, 0.0)}
+                handlers.pop("getxattr", None) if per.get("getxattr", 0) <= 0 else None
+                out[f"{name}_trio_us"] = round((c1["trio_cpu"] - c0["trio_cpu"]) / blocks.n
+                                               * 1e6, 1)
+                out[f"{name}_handler_us"] = handlers
             if "getxattr" in per:            # less this bench's own statistics read
                 per["getxattr"] = round(per["getxattr"] - 1 / blocks.n, 2)
                 if not per["getxattr"]:
@@ -198,8 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bps", type=float, default=1e9, help="bytes/s per device, throttled")
     ap.add_argument("--speeds", default="fast,throttled")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--handlers", action="store_true",
+                    help="also the trio thread's CPU per file and per handler (the daemon runs "
+                         "with KVFS_HANDLER_CPU=1, which costs a little)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.handlers:
+        os.environ["KVFS_HANDLER_CPU"] = "1"        # read by the daemon (kvfs/fuse_ops.py)
     why = available(throttle="throttled" in args.speeds.split(","))
     if why:
         print(f"bench/block_sizes.py: {why}", file=sys.stderr)
@@ -265,6 +285,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {x['speed']:<12}{x['size']:<6}" + " | ".join(
                 " ".join(f"{op}={n:g}" for op, n in sorted(x[f"{ph}_requests"].items()))
                 for ph in ("store", "stat", "load")))
+    if args.handlers:
+        print("\nkvfs's trio thread, CPU us per file (store | stat | load): all, and in each "
+              "handler (the rest is the request loop and background tasks)")
+        for x in rows:
+            if x["fs"] == "kvfs":
+                print(f"  {x['speed']:<12}{x['size']:<6}" + " | ".join(
+                    f"{x[f'{ph}_trio_us']:.0f}: " + " ".join(
+                        f"{op}={v:g}" for op, v in sorted(x[f"{ph}_handler_us"].items(),
+                                                         key=lambda kv: -kv[1]))
+                    for ph in ("store", "stat", "load")))
     print("\nkvfs / ext4 (files/s ratio, median of rounds):")
     for k, v in out.items():
         if k.endswith("_vs_ext4"):

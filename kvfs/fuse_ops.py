@@ -28,6 +28,48 @@ CONTROL_NAME = b".kvfs-control"
 PREFERRED_IO = 1 << 20      # st_blksize: buffered writers then send 1 MiB writes
 
 
+# KVFS_HANDLER_CPU=1: count the trio thread's CPU time in each handler's own steps (not the
+# time it waits, nor the request loop around it), reported as `cpu_us` in the statistics'
+# latency of each operation (bench/block_sizes.py --handlers; docs/architecture.md, "The
+# per-file budget"). It costs a clock read per step, so it is off by default.
+HANDLER_CPU = os.environ.get("KVFS_HANDLER_CPU") == "1"
+
+
+class _Timed:
+    """Awaits a handler's coroutine, adding the thread's CPU time of each of its steps."""
+
+    __slots__ = ("coro", "latency", "op")
+
+    def __init__(self, coro, latency: Latency, op: str):
+        self.coro, self.latency, self.op = coro, latency, op
+
+    def __await__(self):
+        return self
+
+    def __iter__(self):
+        return self
+
+    def close(self):
+        self.coro.close()
+
+    def __next__(self):
+        return self.send(None)
+
+    def send(self, value):
+        t = time.thread_time()
+        try:
+            return self.coro.send(value)
+        finally:
+            self.latency.add_cpu(self.op, time.thread_time() - t)
+
+    def throw(self, *exc):
+        t = time.thread_time()
+        try:
+            return self.coro.throw(*exc)
+        finally:
+            self.latency.add_cpu(self.op, time.thread_time() - t)
+
+
 def translate(fn):
     name = fn.__name__
 
@@ -35,6 +77,8 @@ def translate(fn):
     async def wrapper(self, *args, **kwargs):
         t0 = time.perf_counter()
         try:
+            if HANDLER_CPU:
+                return await _Timed(fn(self, *args, **kwargs), self.latency, name)
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise

@@ -11,6 +11,10 @@ class Latency:
     def __init__(self) -> None:
         self.counts: dict[str, list[int]] = {}
         self.maxima: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}       # trio-thread CPU seconds in each handler (opt-in)
+
+    def add_cpu(self, op: str, seconds: float) -> None:
+        self.cpu[op] = self.cpu.get(op, 0.0) + seconds
 
     def record(self, op: str, seconds: float) -> None:
         us = seconds * 1e6
@@ -27,6 +31,8 @@ class Latency:
         for op, c in self.counts.items():
             n = sum(c)
             res = {"count": n, "max_us": round(self.maxima[op], 1)}
+            if op in self.cpu:
+                res["cpu_us"] = round(self.cpu[op] * 1e6, 1)
             for q, name in ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us")):
                 acc, target = 0, q * n
                 for b, k in enumerate(c):
