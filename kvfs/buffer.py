@@ -341,11 +341,15 @@ class Buffer:
     def sync_size(self) -> int:
         """Re-read the size from the file (the kernel writes into it directly under FUSE
         passthrough) and return it."""
-        size = self._stat().st_size
-        if size < self.size:
+        return self.refresh().st_size
+
+    def refresh(self) -> os.stat_result:
+        """The file's stat, with the size re-read from it (as `sync_size`)."""
+        st = self._stat()
+        if st.st_size < self.size:
             self._map = None
-        self.size = size
-        return size
+        self.size = st.st_size
+        return st
 
     def signature(self) -> tuple[int, int, int]:
         """(size, mtime, ctime) of the file: changes whenever its content is written through
@@ -504,6 +508,8 @@ class Buffer:
         longer change, so a reader's mmap of it can never see it shrink."""
         if not self.sealed:
             self.sealed = True
+            if self._box[1] is not None:
+                return                    # a file on the private tmpfs: it takes no seals
             try:
                 fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
             except OSError:

@@ -16,7 +16,6 @@ kernel's caches told through the callbacks the FUSE layer registers.
 from __future__ import annotations
 
 import collections
-import contextlib
 import errno
 import logging
 import os
@@ -211,8 +210,11 @@ class Files:
         if src.is_file:
             # Like ext4's auto_da_alloc: a file renamed into place (write tmp, rename) has its
             # content committed first, so the rename never exposes an uncommitted file.
-            async with self._telling():
+            try:
                 await self.sessions.commit_if_dirty(src, self.handles.states.get(src.ino))
+            except KvfsError as e:
+                self._tell_removed(e)
+                raise
             if src.parent != parent_old or src.name != name_old or not src.linked:
                 raise KvfsError(errno.ENOENT, "file was renamed or removed meanwhile")
         replaced = await self.catalog.rename(parent_old, name_old, parent_new, name_new, flags)
@@ -473,20 +475,18 @@ class Files:
                 s.failed = KvfsError(errno.EIO, f"process {h.pid} was killed before it "
                                                 f"closed the file")
             return
-        async with self._telling():
+        try:
             await self.sessions.commit_if_dirty(h.node, st)
+        except KvfsError as e:
+            self._tell_removed(e)
+            raise
 
-    @contextlib.asynccontextmanager
-    async def _telling(self):
+    def _tell_removed(self, e: KvfsError) -> None:
         """A commit that dropped a never-committed file's name (see Sessions._drop_failed)
         tells the kernel, which may cache the name."""
-        try:
-            yield
-        except KvfsError as e:
-            removed = getattr(e, "removed", None)
-            if removed is not None and self.on_evict is not None:
-                self.on_evict(*removed)
-            raise
+        removed = getattr(e, "removed", None)
+        if removed is not None and self.on_evict is not None:
+            self.on_evict(*removed)
 
     async def fsync(self, fh: int) -> None:
         await self.flush(fh)
@@ -508,8 +508,11 @@ class Files:
         if h.writable and st.writers == 0:
             try:
                 # mmap(MAP_SHARED) and passthrough writers may write after the last flush
-                async with self._telling():
+                try:
                     await self.sessions.finish(node, st)
+                except KvfsError as e:
+                    self._tell_removed(e)
+                    raise
             except KvfsError as e:
                 # (after a catalog failure, logged once where it happened, only at debug level)
                 log.log(logging.DEBUG if self.catalog.failure else logging.ERROR,

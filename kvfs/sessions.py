@@ -238,8 +238,8 @@ class Sessions:
         """Account the session's memory (its buffer's pages) in the DRAM tier."""
         self._charge(s)
 
-    def _charge(self, s: Session) -> None:
-        delta = s.buffer.nbytes - s.charged
+    def _charge(self, s: Session, nbytes: int | None = None) -> None:
+        delta = (s.buffer.nbytes if nbytes is None else nbytes) - s.charged
         if delta:
             s.charged += delta
             self.store.charge(delta)
@@ -307,14 +307,18 @@ class Sessions:
             self.stats.commit_errors += 1
             s.failed = KvfsError(errno.EIO, self.catalog.failure)
             raise s.failed
-        size = s.size
-        sig = s.buffer.signature() if s.passthrough else None   # before its bytes are read
+        if s.passthrough:            # one stat: the size, and the signature before the read
+            fst = s.buffer.refresh()
+            size, sig = fst.st_size, (fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns)
+            nbytes = fst.st_blocks * 512
+        else:
+            size, sig, nbytes = s.buffer.size, None, None
         if size > self.max_block_size:
             self.stats.commit_errors += 1
             raise self.too_big(size, "a file of")
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
-        self._charge(s)
+        self._charge(s, nbytes)
         self.writing += 1
         try:
             layout = await self._write_retrying(node, s, size)
