@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Clients: the same KV blocks stored and loaded through each engine's own file tier, on kvfs
 over 4 namespaces and on ext4 over 1 device, every device a loop device over tmpfs, throttled
-to --bps bytes/s (read and write; cgroup v1 blkio) and unthrottled.
+to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, bench/emulate.py) and unthrottled.
 
   vLLM fs tier      FileSystemTierManager: O_DIRECT, O_EXCL temp + rename; every block its own
                     TransferJob, all submitted at once (16 read + 16 write threads)
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import BLKIO, Emulation, available  # noqa: E402
+from bench.emulate import Emulation, available  # noqa: E402
 from kvfs.testing import MountedKvfs, write_config  # noqa: E402
 from tests.clients.engine import Engine  # noqa: E402
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                         try:
                             r = run_client(e, engine, native, root, keys, block, drop)
                         finally:
-                            (BLKIO / "cgroup.procs").write_text(f"{e.proc.pid}\n")
+                            g.release(e.proc.pid)
                         shutil.rmtree(root)
                         rows.append({"client": name, "fs": fs, "throttle": label, **r})
             finally:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Direct reads: kvfs.direct against reads through the FUSE mount and against raw preads.
 
-Four emulated namespaces (loop devices over a private tmpfs, throttled to --bps each with cgroup
-v1 blkio, as in bench/stripe.py) hold --blocks blocks of 32 MiB. The kvfs daemon and this
+Four emulated namespaces (loop devices over a private tmpfs, throttled to --bps each with a
+cgroup limit, as in bench/stripe.py) hold --blocks blocks of 32 MiB. The kvfs daemon and this
 process (which issues the direct and raw reads itself) are both in the throttled cgroup. Each
 round, every path reads all the blocks back to back, cold (kvfs's DRAM tier and the page cache
 dropped; the direct and raw paths read with O_DIRECT), the paths taking turns in a rotating
@@ -74,12 +74,6 @@ def read_direct(dr: direct.Direct, path: Path, buf: mmap.mmap) -> None:
         raise ShortRead(f"kvfs.direct read {got} bytes of {path}, which holds {BLOCK}")
 
 
-def in_cgroup(pid: int, group) -> bool:
-    with open(f"/proc/{pid}/cgroup") as f:
-        return any(line.split(":")[1] == "blkio" and line.strip().endswith("/" + group.dir.name)
-                   for line in f)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=24)
@@ -117,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             check = digest(first)
             group.add(m.pid)
             group.add(os.getpid())           # direct and raw reads are this process's I/O
-            assert in_cgroup(m.pid, group) and in_cgroup(os.getpid(), group), \
+            assert group.contains(m.pid) and group.contains(os.getpid()), \
                 "the readers must be in the throttled cgroup"
             buf = mmap.mmap(-1, BLOCK + MiB)
             fds = {d.path: os.open(d.path, os.O_RDONLY | os.O_DIRECT) for d in devs}
@@ -147,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             for fd in fds.values():
                 os.close(fd)
             st = m.stats()
-        from bench.emulate import BLKIO
-        (BLKIO / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        group.release(os.getpid())
         group.remove()
     total = args.blocks * BLOCK
     gbps = {k: total / statistics.median(v) / 1e9 for k, v in times.items()}

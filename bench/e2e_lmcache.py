@@ -11,7 +11,8 @@ state: the cold read fetches every byte from the namespaces, checksums verified,
 memory (`--fresh-memory` gives the spares back first). The same run also drives kvfs's LMCache
 plugin (kvfs/integrations/lmcache_backend.py: direct writes and direct reads, no FUSE copy).
 
-Devices are loop devices over files on a tmpfs, throttled per device with cgroup v1 blkio:
+Devices are loop devices over files on a tmpfs, throttled per device (cgroup v1 blkio or v2
+io.max, whichever the machine has):
   throttled   100 MB/s per device (devices are the limit, slow ones)
   gbps1       1 GB/s per device (devices are the limit, as NVMe-oF namespaces are)
   fast        unthrottled (the "devices" run at memory speed: every extra copy shows)

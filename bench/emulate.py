@@ -1,7 +1,9 @@
 """Emulated NVMe-oF namespaces for benchmarks and tests: loop devices over files on a private
-tmpfs, each throttled with a cgroup v1 blkio limit (this kernel has no cgroup v2 io.max, no
-dm-delay, no null_blk). Everything set up here is torn down by `close()` / the context manager,
-also after a failure.
+tmpfs, each throttled by a cgroup: cgroup v1's blkio controller (`blkio.throttle.*`, a hybrid
+layout such as this machine's) or cgroup v2's io controller (`io.max`, the unified hierarchy
+of a standard Debian 12 server), whichever the machine has, chosen at run time. (This kernel
+has no dm-delay, no null_blk.) Everything set up here is torn down by `close()` / the context
+manager, also after a failure.
 
     with Emulation() as emu:
         devs = [emu.loop(f"ns{i}", 256 << 20) for i in range(4)]
@@ -9,6 +11,9 @@ also after a failure.
         for d in devs:
             group.limit(d, read_bps=200e6, write_bps=200e6)
         group.add(pid)
+
+`KVFS_THROTTLE` = `v1`, `v2` or `none` uses only that (`v2` hides v1 blkio: a cgroup-v2-only
+run on a hybrid machine); the default, `auto`, takes v1 blkio where it is mounted, else v2.
 """
 
 from __future__ import annotations
@@ -21,6 +26,36 @@ import tempfile
 from pathlib import Path
 
 BLKIO = Path("/sys/fs/cgroup/blkio")
+V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+
+
+def throttle_support(*, blkio: Path = BLKIO, v2_roots=V2_ROOTS,
+                     choice: str | None = None) -> tuple[str | None, str]:
+    """("v1", blkio directory) or ("v2", hierarchy root) where devices can be throttled here,
+    else (None, why not)."""
+    choice = choice or os.environ.get("KVFS_THROTTLE", "auto")
+    if choice not in ("auto", "v1", "v2", "none"):
+        return None, f"KVFS_THROTTLE={choice!r}: not one of auto, v1, v2, none"
+    if choice == "none":
+        return None, "throttling turned off (KVFS_THROTTLE=none)"
+    why = []
+    if choice in ("auto", "v1"):
+        if (blkio / "blkio.throttle.read_bps_device").exists():
+            return "v1", str(blkio)
+        why.append(f"no cgroup v1 blkio controller at {blkio}")
+    if choice in ("auto", "v2"):
+        for root in v2_roots:
+            ctl = root / "cgroup.controllers"
+            if not ctl.exists():
+                continue
+            if "io" in ctl.read_text().split():
+                return "v2", str(root)
+            why.append(f"cgroup v2 at {root} has no io controller (it offers: "
+                       f"{ctl.read_text().strip() or 'nothing'})")
+            break
+        else:
+            why.append("no cgroup v2 hierarchy")
+    return None, "; ".join(why)
 
 
 def warm_memory(gib: float) -> None:
@@ -35,14 +70,16 @@ def warm_memory(gib: float) -> None:
 
 
 def available(throttle: bool = True) -> str | None:
-    """None if loop devices (and, with `throttle`, blkio throttling) can be used here, else
-    why not."""
+    """None if loop devices (and, with `throttle`, a way to throttle them: cgroup v1 blkio or
+    v2 io.max) can be used here, else why not."""
     if os.geteuid() != 0:
         return "needs root"
-    if throttle and not (BLKIO / "blkio.throttle.read_bps_device").exists():
-        return "no cgroup v1 blkio controller at /sys/fs/cgroup/blkio"
     if not os.path.exists("/dev/loop-control"):
         return "no loop devices"
+    if throttle:
+        kind, why = throttle_support()
+        if kind is None:
+            return f"needs a device throttle: {why}"
     return None
 
 
@@ -67,8 +104,11 @@ class LoopDevice:
 
 
 class BlkioGroup:
-    def __init__(self, name: str):
-        self.dir = BLKIO / name
+    """A cgroup v1 blkio group: per-device limits in `blkio.throttle.*`."""
+
+    def __init__(self, name: str, root: Path = BLKIO):
+        self.root = root
+        self.dir = root / name
         self.dir.mkdir(exist_ok=True)
 
     def limit(self, dev: LoopDevice, *, read_bps: float = 0, write_bps: float = 0,
@@ -80,18 +120,60 @@ class BlkioGroup:
     def add(self, pid: int) -> None:
         (self.dir / "cgroup.procs").write_text(f"{pid}\n")
 
+    def release(self, pid: int) -> None:
+        """Move a process back to the root group (unthrottled)."""
+        (self.root / "cgroup.procs").write_text(f"{pid}\n")
+
+    controller = "blkio"          # its field in /proc/PID/cgroup ("" for cgroup v2)
+
+    def contains(self, pid: int) -> bool:
+        """Is the process in this group?"""
+        with open(f"/proc/{pid}/cgroup") as f:
+            return any(line.split(":")[1] == self.controller and
+                       line.strip().endswith("/" + self.dir.name) for line in f)
+
     def remove(self) -> None:
         if not self.dir.exists():
             return
         for pid in (self.dir / "cgroup.procs").read_text().split():
             try:
-                (BLKIO / "cgroup.procs").write_text(pid + "\n")
+                self.release(int(pid))
             except OSError:
                 pass
         try:
             self.dir.rmdir()
         except OSError:
             pass
+
+
+class IoMaxGroup(BlkioGroup):
+    """A cgroup v2 group with the io controller: per-device limits in `io.max`
+    ("MAJ:MIN rbps=N wbps=N riops=N wiops=N", `max` for no limit). The io controller is
+    enabled for the root's children first (`+io` in its cgroup.subtree_control)."""
+
+    controller = ""
+
+    def __init__(self, name: str, root: Path):
+        ctl = root / "cgroup.subtree_control"
+        if "io" not in ctl.read_text().split():
+            ctl.write_text("+io\n")
+        super().__init__(name, root)
+
+    def limit(self, dev: LoopDevice, *, read_bps: float = 0, write_bps: float = 0,
+              read_iops: float = 0, write_iops: float = 0) -> None:
+        values = " ".join(f"{key}={int(v) if v else 'max'}" for key, v in (
+            ("rbps", read_bps), ("wbps", write_bps), ("riops", read_iops), ("wiops", write_iops)))
+        (self.dir / "io.max").write_text(f"{dev.devno} {values}\n")
+
+
+def make_group(name: str) -> BlkioGroup:
+    """A throttle group of the kind this machine has (see `throttle_support`)."""
+    kind, where = throttle_support()
+    if kind == "v1":
+        return BlkioGroup(name, Path(where))
+    if kind == "v2":
+        return IoMaxGroup(name, Path(where))
+    raise RuntimeError(f"cannot throttle devices here: {where}")
 
 
 class Emulation:
@@ -119,7 +201,8 @@ class Emulation:
         return dev
 
     def cgroup(self, name: str) -> BlkioGroup:
-        g = BlkioGroup(f"{name}-{os.getpid()}")
+        """A throttle group (cgroup v1 blkio or v2 io.max, whichever this machine has)."""
+        g = make_group(f"{name}-{os.getpid()}")
         self.groups.append(g)
         return g
 
@@ -149,7 +232,8 @@ def _drop_kernel_caches() -> None:
 
 
 class Ext4Setup:
-    """ext4 on one loop device (throttled by `group` when a limit was set)."""
+    """ext4 on one loop device (throttled by `group`, this process in it, when a limit was
+    set)."""
 
     kvfs = None
 
@@ -158,9 +242,9 @@ class Ext4Setup:
 
     def sync(self, threads: int = 8) -> None:
         """Write back what is buffered with an fsync of every file, from this process (which
-        is in the device's cgroup): cgroup v1 throttles only the I/O a process of the group
-        submits itself, so the flusher threads' writeback (sync, syncfs) would not meet the
-        device's limit."""
+        is in the device's cgroup when throttled): cgroup v1 throttles only the I/O a process
+        of the group submits itself, so the flusher threads' writeback (sync, syncfs) would
+        not meet the device's limit."""
         from concurrent.futures import ThreadPoolExecutor
 
         def fsync(path: str) -> None:
@@ -180,8 +264,7 @@ class Ext4Setup:
 
 
 class KvfsSetup:
-    """A kvfs mount over loop namespaces; its daemon in `group` (throttled when a limit was
-    set)."""
+    """A kvfs mount over loop namespaces; its daemon in `group` when a limit was set."""
 
     def __init__(self, kvfs, group: BlkioGroup):
         self.kvfs, self.group = kvfs, group
@@ -203,14 +286,15 @@ def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | N
     mnt = tmp / f"{name}-mnt"
     mnt.mkdir()
     subprocess.run(["mount", dev.path, str(mnt)], check=True)
-    group = emu.cgroup(name)
-    if bps:
+    group = emu.cgroup(name) if bps else None      # this process's I/O to ext4 is throttled
+    if group is not None:
         group.limit(dev, read_bps=bps, write_bps=bps)
-    group.add(os.getpid())
+        group.add(os.getpid())
     try:
         yield Ext4Setup(mnt, dev, group)
     finally:
-        (BLKIO / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        if group is not None:
+            group.release(os.getpid())
         subprocess.run(["umount", str(mnt)], check=False)
 
 
@@ -227,13 +311,14 @@ def kvfs_on_loops(emu: Emulation, tmp: Path, name: str, count: int, size: int,
     with contextlib.redirect_stdout(io.StringIO()):
         if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
             raise RuntimeError("kvfs format failed")
-    group = emu.cgroup(name)
-    if bps:
+    group = emu.cgroup(name) if bps else None
+    if group is not None:
         for d in devs:
             group.limit(d, read_bps=bps, write_bps=bps)
     m = MountedKvfs(tmp / f"{name}-mnt", cfg, tmp / f"{name}.log").start()
     try:
-        group.add(m.pid)
+        if group is not None:
+            group.add(m.pid)
         yield KvfsSetup(m, group)
     finally:
         m.stop()

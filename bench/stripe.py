@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Striping: cold reads and writes of 32 MiB blocks through kvfs on 1, 2 and 4 namespaces.
 
-Every namespace is a loop device over a file on a private tmpfs, throttled with a cgroup v1
-blkio limit of --bps bytes/s for reads and for writes (cgroup v2 io.max is absent here); the
-kvfs daemon runs in that cgroup. In one run:
+Every namespace is a loop device over a file on a private tmpfs, throttled with a cgroup limit
+(v1 blkio or v2 io.max, whichever the machine has: bench/emulate.py) of --bps bytes/s for reads
+and for writes; the kvfs daemon runs in that cgroup. In one run:
 
   kvfs Nns     write B blocks through the mount (open, one write, close: durable), then read
                them back cold (DRAM tier and page cache dropped) with one thread, 1 MiB reads
@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import BLKIO, Emulation, available  # noqa: E402
+from bench.emulate import Emulation, available  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
 from kvfs.testing import MountedKvfs, write_config  # noqa: E402
 
@@ -143,7 +143,7 @@ def run_plainfs(emu: Emulation, tmp: Path, bps: float, blocks: list[bytes]) -> d
         drop_page_cache()
         verify_one(paths[0], blocks[0])
     finally:
-        (BLKIO / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        group.release(os.getpid())
         group.remove()
         subprocess.run(["umount", str(mnt)], check=True)
     total = len(blocks) * BLOCK

@@ -115,3 +115,16 @@ def cluster_nodes(tmp_path, redis, make_mount):
             mounts.append(make_mount(cfg, name=f"mnt{i}"))
         return mounts
     return start
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line at the end counting the skipped tests by reason (tests/helpers.py and each test
+    say why they skip: no GPU, no device throttle, no passthrough...)."""
+    reasons: dict[str, int] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        longrepr = rep.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    line = "; ".join(f"{n} x {r}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
+    terminalreporter.write_line(f"skipped by reason: {line or 'none'}")

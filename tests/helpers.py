@@ -22,3 +22,15 @@ def can_mount() -> str | None:
 
 
 requires_mount = pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))
+
+
+def _emulation(throttle: bool) -> str | None:
+    from bench.emulate import available
+    return available(throttle=throttle)
+
+
+# Tests on emulated namespaces: loop devices alone, or loop devices throttled by a cgroup (v1
+# blkio or v2 io.max, whichever the machine has; bench/emulate.py). Each says why it skips.
+requires_loops = pytest.mark.skipif(_emulation(False) is not None, reason=str(_emulation(False)))
+requires_throttle = pytest.mark.skipif(_emulation(True) is not None,
+                                       reason=str(_emulation(True)))

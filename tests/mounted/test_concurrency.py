@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from bench.emulate import Emulation, available
-from tests.helpers import wait_until, write_config
+from bench.emulate import Emulation
+from tests.helpers import requires_throttle, wait_until, write_config
 
 MiB = 1 << 20
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+pytestmark = requires_throttle
 
 
 def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from bench import faults
-from bench.emulate import available
+from tests.helpers import requires_loops, requires_throttle
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = pytest.mark.slow
 
 
 def run(name: str, tmp_path) -> dict:
@@ -22,6 +21,7 @@ def named(findings: list[str], *needles: str) -> list[str]:
     return [f for f in findings if all(n in f for n in needles)]
 
 
+@requires_throttle          # (slowed down, so that the device ends while I/O is in flight)
 @pytest.mark.parametrize("name", ["shrink_mid_write", "shrink_mid_read"])
 def test_a_namespace_that_ends_mid_io(tmp_path, name):
     r = run(name, tmp_path)
@@ -39,6 +39,7 @@ def test_a_namespace_that_ends_mid_io(tmp_path, name):
     assert r["recovered"], r["after_remount"]
 
 
+@requires_loops
 def test_a_detached_namespace(tmp_path):
     r = run("detached", tmp_path)
     assert r["read_while_mounted"] is None and r["serving"]   # the kernel defers the detach
@@ -81,6 +82,7 @@ def test_a_full_state_dir_disk(tmp_path):
     assert r["recovered"]
 
 
+@requires_throttle
 def test_a_slow_namespace(tmp_path):
     r = run("slow_namespace", tmp_path)
     assert r["client_errnos"] == [] and r["bad_reads"] == [], r

@@ -32,9 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.emulate import Emulation, available
+from bench.emulate import Emulation
+from tests.helpers import requires_loops
 
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+pytestmark = requires_loops
 
 AT_FDCWD = -100
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2

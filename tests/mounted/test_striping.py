@@ -1,4 +1,4 @@
-"""Striping through a real mount on emulated namespaces (loop devices, cgroup v1 throttles)."""
+"""Striping through a real mount on emulated namespaces (loop devices, cgroup throttles: v1 blkio or v2 io.max)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import time
 
 import pytest
 
-from bench.emulate import Emulation, available
+from bench.emulate import Emulation
+from tests.helpers import requires_throttle
 from kvfs.cli import main as kvfs_main
 from tests.helpers import write_config
 
 MiB = 1 << 20
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+pytestmark = requires_throttle
 
 
 def formatted(tmp_path, devs, **kw):
