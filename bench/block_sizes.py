@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             bps = args.bps if speed == "throttled" else None
             label = f"{bps / 1e9:g} GB/s" if bps else "unthrottled"
             with Emulation(f"{3 * data // MiB + 2048}m") as emu, \
-                    ext4_on_loop(emu, tmp, "ext4", data + 512 * MiB, bps) as ext4, \
-                    kvfs_on_loops(emu, tmp, "kvfs", 4, data + 512 * MiB, bps,
+                    ext4_on_loop(emu, tmp, f"ext4-{speed}", data + 512 * MiB, bps) as ext4, \
+                    kvfs_on_loops(emu, tmp, f"kvfs-{speed}", 4, data + 512 * MiB, bps,
                                   dram=f"{data // MiB + 256}MiB") as kv:
                 for size_name in sizes:
                     size = SIZES[size_name]

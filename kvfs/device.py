@@ -36,6 +36,7 @@ log = logging.getLogger("kvfs.device")
 BLKGETSIZE64 = 0x80081272
 RATE_WINDOW = 16 << 20        # bytes per throughput sample
 GROUP_WRITE_BYTES = 1 << 20   # durable writes up to this size share a job and an fdatasync
+GROUPS_IN_FLIGHT = 2          # groups a namespace runs at once (the next forms meanwhile)
 DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
@@ -181,7 +182,7 @@ class Namespace:
         self.syncs = 0
         # small durable writes grouped into one job and one sync (see `_write_grouped`)
         self._group: list[_GroupWrite] = []
-        self._group_running = False
+        self._groups_running = 0
         self._limiter: trio.CapacityLimiter | None = None
         self._busy_mark = 0.0
         self._window_bytes = 0
@@ -389,12 +390,13 @@ class Namespace:
         namespace instead of one or two per block. While a group runs, new requests queue;
         the first of them leads the next group once it is done."""
         self._group.append(req)
-        if self._group_running:
+        if self._groups_running >= GROUPS_IN_FLIGHT:
             with trio.CancelScope(shield=True):     # a lost leader would stall the queue
                 await req.done.wait()
             if not req.lead:
                 return req.result()
-        self._group_running = True
+        else:
+            self._groups_running += 1
         batch, self._group = self._group, []
         try:
             with trio.CancelScope(shield=True):
@@ -407,39 +409,28 @@ class Namespace:
                 nxt.lead = True
                 nxt.done.set()
             else:
-                self._group_running = False
+                self._groups_running -= 1
         return req.result()
 
     async def _run_group(self, batch: list["_GroupWrite"]) -> None:
+        """One group's job: its writes, then its own fdatasync (groups in flight at once each
+        sync after their own writes)."""
         nbytes = sum(r.nbytes for r in batch)
-        lead = not self._syncing            # else a sync is running: join the next one
-        number = self._begin_sync() if lead else 0
-        ok = False
-        try:
-            async with self.slots.take():
-                self._begin()
-                try:
-                    sync_error = await trio.to_thread.run_sync(
-                        self._write_group_sync, batch, lead, limiter=self.limiter)
-                finally:
-                    self._end(nbytes)
-            ok = sync_error is None
-        finally:
-            if lead:
-                self._end_sync(number, ok)
+        async with self.slots.take():
+            self._begin()
+            try:
+                sync_error = await trio.to_thread.run_sync(
+                    self._write_group_sync, batch, True, limiter=self.limiter)
+            finally:
+                self._end(nbytes)
         written = [r for r in batch if r.error is None]
         if sync_error is not None:
             err = self._failed("fdatasync", sync_error)
             for r in written:
                 r.error = err
             return
-        if written and not lead:
-            try:
-                await self.sync()
-            except KvfsError as e:
-                for r in written:
-                    r.error = e
-                return
+        if written:
+            self.syncs += 1
         for r in batch:
             if isinstance(r.error, OSError):
                 r.error = self._failed(f"write of {r.nbytes} bytes at {r.offset}", r.error)
