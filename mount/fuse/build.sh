@@ -6,7 +6,8 @@
 #   2. pyfuse3 3.5.0 from its sdist with pyfuse3-passthrough.patch (FileInfo.backing_id,
 #      Operations.enable_passthrough, pyfuse3.passthrough_open/close/enabled), Cython-regenerated and
 #      linked against that libfuse with an rpath, installed into $VENV as 3.5.0+kvfs.passthrough;
-#      and pyfuse3-fallocate.patch (FUSE_FALLOCATE dispatched to Operations.fallocate).
+#      pyfuse3-fallocate.patch (FUSE_FALLOCATE dispatched to Operations.fallocate); and
+#      pyfuse3-requests.patch (a queued request is read without waiting for the fd; FileInfo.noflush).
 # Run by `make install` as root. Idempotent: returns at once when that pyfuse3 is already installed
 # from the same build.sh and patch. Build tools (meson, ninja, Cython) live in a throwaway venv under
 # build/, not in the project venv.
