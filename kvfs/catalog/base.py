@@ -23,15 +23,46 @@ FIRST_INO = 16           # inodes below this are reserved
 NAME_MAX = 255
 
 
-@dataclass(frozen=True)
 class BlobRec:
-    id: int                  # the generation: unique for the life of the pool
-    layout: Layout
-    created_ns: int
+    """A committed block version: its id (the generation: unique for the life of the pool),
+    layout and creation time. Immutable. Read from a catalog row it keeps the layout packed
+    until something needs it (`BlobRec.packed`): a lookup or stat needs only the size."""
+
+    __slots__ = ("id", "created_ns", "size", "_layout", "_packed")
+
+    def __init__(self, id: int, layout: Layout, created_ns: int):
+        self.id = id
+        self.created_ns = created_ns
+        self.size = layout.size
+        self._layout = layout
+        self._packed = None
+
+    @classmethod
+    def packed(cls, id: int, size: int, unit: int, ns: bytes, offsets: bytes, sums: bytes,
+               created_ns: int) -> "BlobRec":
+        rec = cls.__new__(cls)
+        rec.id, rec.created_ns, rec.size = id, created_ns, size
+        rec._layout, rec._packed = None, (size, unit, ns, offsets, sums)
+        return rec
 
     @property
-    def size(self) -> int:
-        return self.layout.size
+    def layout(self) -> Layout:
+        lay = self._layout
+        if lay is None:
+            lay = self._layout = Layout.unpack(*self._packed)
+            self._packed = None
+        return lay
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, BlobRec):
+            return NotImplemented
+        return (self.id, self.created_ns, self.layout) == (other.id, other.created_ns, other.layout)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.created_ns, self.layout))
+
+    def __repr__(self) -> str:
+        return f"BlobRec(id={self.id}, size={self.size}, created_ns={self.created_ns})"
 
     @property
     def checksum(self) -> int:

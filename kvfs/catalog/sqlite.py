@@ -74,6 +74,7 @@ CACHE_NODES = 8192          # nodes kept in memory beyond those in use
 DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
 PAGE_ROWS = 128             # rows per readdir / LRU page
 BLOB_ID_STEP = 4096         # block ids the meta row's high-water mark runs ahead by
+XATTR_COUNT = 18            # the column of BY_NAME and BY_INO that counts the node's xattrs
 
 
 class SqliteListing:
@@ -256,17 +257,18 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             return node
         node = Node(ino, row[1], row[2], row[4], row[5], row[6], row[7], row[8], row[9],
                     cookie=row[3], target=row[10], persisted=True)
-        if row[11] is not None:
-            node.blob = BlobRec(row[11], Layout.unpack(row[12], row[13], row[14], row[15],
-                                                       row[16]), row[17])
+        if row[11] is not None:         # (the layout is unpacked when something needs it)
+            node.blob = BlobRec.packed(row[11], row[12], row[13], row[14], row[15], row[16],
+                                       row[17])
         if node.mode & S_IFMT == S_IFDIR:
             node.subdirs = self._one(SUBDIRS, (ino,))
         atime = self._dirty_atime.get(ino)
         if atime is not None:
             node.atime_ns = atime
-        for name, value in self._conn.execute("SELECT name, value FROM xattrs WHERE ino=?",
-                                              (ino,)):
-            node.xattrs[name] = value
+        if len(row) <= XATTR_COUNT or row[XATTR_COUNT]:     # (BY_NAME/BY_INO count them)
+            for name, value in self._conn.execute("SELECT name, value FROM xattrs WHERE ino=?",
+                                                  (ino,)):
+                node.xattrs[name] = value
         self._live[ino] = node
         self._remember(node)
         return node

@@ -45,8 +45,11 @@ CREATE INDEX IF NOT EXISTS links_succ ON links (succ);
 """
 COLS = ("ino, parent, name, cookie, mode, uid, gid, atime_ns, mtime_ns, ctime_ns, target, "
          "blob, size, unit, ns, offsets, sums, blob_ns")
-BY_INO = f"SELECT {COLS} FROM nodes WHERE ino=?"
-BY_NAME = f"SELECT {COLS} FROM nodes WHERE parent=? AND name=?"
+# a lookup's row also says how many xattrs the node has, so a node without any (most) needs no
+# second query for them
+_XATTR_COUNT = "(SELECT count(*) FROM xattrs WHERE xattrs.ino = nodes.ino)"
+BY_INO = f"SELECT {COLS}, {_XATTR_COUNT} FROM nodes WHERE ino=?"
+BY_NAME = f"SELECT {COLS}, {_XATTR_COUNT} FROM nodes WHERE parent=? AND name=?"
 PAGE_QUERY = f"SELECT {COLS} FROM nodes WHERE parent=? AND cookie>? ORDER BY cookie LIMIT ?"
 SUBDIRS = f"SELECT count(*) FROM nodes WHERE parent=? AND (mode & {S_IFMT}) = {S_IFDIR}"
 LRU_QUERY = ("SELECT max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL AND "
