@@ -6,13 +6,16 @@ cgroup limit, as in bench/stripe.py) hold --blocks blocks of 32 MiB. The kvfs da
 process (which issues the direct and raw reads itself) are both in the throttled cgroup. Each
 round, every path reads all the blocks back to back, cold (kvfs's DRAM tier and the page cache
 dropped; the direct and raw paths read with O_DIRECT), the paths taking turns in a rotating
-order (round r starts with path r mod 3):
+order (round r starts with path r mod 4):
 
-  fuse     through the mount, 1 MiB reads
-  direct   with kvfs.direct into a host buffer (layout and lease through the mount, then every
-           stripe unit in parallel from the namespaces)
-  raw      the same extents with parallel O_DIRECT preads and no kvfs at all (the physical
-           reference: what the devices give)
+  fuse        through the mount, 1 MiB reads
+  direct      with kvfs.direct into a host buffer (layout and lease through the mount, then every
+              stripe unit in parallel from the namespaces), every unit's checksum verified (the
+              default)
+  raw         the same extents with parallel O_DIRECT preads and no kvfs at all (the physical
+              reference: what the devices give)
+  unverified  kvfs.direct with verify=False (the opt-out): `verify_cost` is its speed over
+              `direct`'s
 
 Why a batch of blocks, not one block, per timed sample: blk-throttle grants a device that idled
 a burst of about --bps x 0.1 s (its time slice, rounded up), so a single 32 MiB block (8 MiB
@@ -68,8 +71,8 @@ def read_raw(lay: direct.BlockLayout, fds: dict, pool: concurrent.futures.Execut
     list(pool.map(unit, range(len(lay.ns))))
 
 
-def read_direct(dr: direct.Direct, path: Path, buf: mmap.mmap) -> None:
-    got = dr.read_into(str(path), buf)
+def read_direct(dr: direct.Direct, path: Path, buf: mmap.mmap, verify: bool = True) -> None:
+    got = dr.read_into(str(path), buf, verify)
     if got != BLOCK:
         raise ShortRead(f"kvfs.direct read {got} bytes of {path}, which holds {BLOCK}")
 
@@ -86,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"bench/direct.py: {why}", file=sys.stderr)
         return 2
-    paths_order = ("fuse", "direct", "raw")
+    # direct: kvfs.direct as shipped (every unit's checksum verified); unverified: the same
+    # with verify=False (the opt-out), for the cost of verifying
+    paths_order = ("fuse", "direct", "raw", "unverified")
     times: dict[str, list[float]] = {k: [] for k in paths_order}
     with Emulation(f"{(args.blocks * BLOCK * 2) // MiB + 1024}m") as emu, \
             tempfile.TemporaryDirectory(prefix="kvfs-direct-") as tmp:
@@ -130,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
                     "fuse": lambda: [read_fuse(p, buf) for p in paths],
                     "direct": lambda: [read_direct(dr, p, buf) for p in paths],
                     "raw": lambda: [read_raw(lay, fds, pool, buf) for lay in layouts],
+                    "unverified": lambda: [read_direct(dr, p, buf, False) for p in paths],
                 }
                 for r in range(args.rounds):
-                    for k in paths_order[r % 3:] + paths_order[:r % 3]:
+                    n = len(paths_order)
+                    for k in paths_order[r % n:] + paths_order[:r % n]:
                         m.drop_caches()
                         t = time.perf_counter()
                         batch[k]()
@@ -152,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
            "vs_limit": {k: round(v / limit, 3) for k, v in gbps.items()},
            "direct_vs_raw": round(gbps["direct"] / gbps["raw"], 3),
            "direct_vs_fuse": round(gbps["direct"] / gbps["fuse"], 3),
+           # what verifying every unit's checksum costs kvfs.direct (>= 1: verified is slower)
+           "verify_cost": round(gbps["unverified"] / gbps["direct"], 3),
            # cold reads through the mount against the devices' own limit (raw parallel
            # O_DIRECT preads of the same extents), both inside the throttle
            "cold_vs_raw": round(gbps["fuse"] / gbps["raw"], 3),
@@ -169,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in paths_order:
         print(f"{k:<8}{gbps[k]:>8.3f}{gbps[k] / limit:>10.3f}")
     print(f"direct_vs_raw = {out['direct_vs_raw']}  direct_vs_fuse = {out['direct_vs_fuse']}  "
-          f"cold_vs_raw = {out['cold_vs_raw']}")
+          f"cold_vs_raw = {out['cold_vs_raw']}  verify_cost = {out['verify_cost']}")
     if escaped:
         print(out["error"], file=sys.stderr)
         return 1

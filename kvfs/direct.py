@@ -20,8 +20,11 @@ otherwise); `use_kvikio=True` sends host buffers through kvikio too.
 Safety: the lease is tied to the block's generation. Leasing fails with ESTALE if the file
 has a newer version (the client then re-reads the layout); releasing fails with ESTALE if the
 lease expired meanwhile, since the extents may then have been reused: the read is retried, and
-after `retries` attempts `StaleBlock` is raised. Bytes of another block are never returned;
-`verify=True` also checks every unit's xxh3-64 checksum (host buffers).
+after `retries` attempts `StaleBlock` is raised. Bytes of another block are never returned,
+and every unit read into a host buffer is checked against its xxh3-64 checksum (EIO on a
+mismatch), as a read through the mount is; `verify=False` is the explicit opt-out (it saves
+about one pass over the bytes: README, "Performance"). CUDA buffers are not checked (the
+bytes would have to come back to the host).
 
 Writes: the file is opened for writing through the mount, the daemon places the block's stripe
 units (`user.kvfs.alloc`), the client writes every unit in parallel with O_DIRECT from its own
@@ -109,7 +112,7 @@ def _address(mv: memoryview) -> int:
 class Direct:
     """Direct reads for one kvfs mount. Thread-safe; keep one per process and mount."""
 
-    def __init__(self, mountpoint: str, *, threads: int = 16, verify: bool = False,
+    def __init__(self, mountpoint: str, *, threads: int = 16, verify: bool = True,
                  use_kvikio: bool | None = None, ttl: float = DEFAULT_TTL, retries: int = 3):
         self.mountpoint = os.path.abspath(mountpoint)
         self.verify = verify
@@ -294,6 +297,7 @@ class Direct:
         for _ in range(self.retries):
             lays = {}
             read: set[int] = set()
+            failed: dict[int, OSError] = {}     # a unit that failed its checksum (or its read)
             try:
                 for i in pending:
                     lays[i] = self._leased_layout(paths[i])
@@ -315,12 +319,21 @@ class Direct:
                             self._read_run, lay, run, dest, verify)
                             for run in self._runs(lay, dest)]))
                 for kind, i, futures in jobs:
-                    for f in futures:
-                        f.get() if kind == "kvikio" else f.result()
-                    sizes[i] = lays[i].size
-                    read.add(i)
+                    for f in futures:           # every unit's read ends before the release
+                        try:
+                            f.get() if kind == "kvikio" else f.result()
+                        except OSError as e:
+                            failed.setdefault(i, e)
+                    if i not in failed:
+                        sizes[i] = lays[i].size
+                        read.add(i)
             finally:
                 stale = [i for i, lay in lays.items() if not self._release(lay, hit=i in read)]
+            for i, e in failed.items():
+                if i not in stale:
+                    raise e         # the lease held: the block's bytes on the device are bad
+                # else its lease expired during the read: the extents may have been reused
+                # (a checksum mismatch is then expected), so it is read again
             pending = stale
             if not pending:
                 return sizes

@@ -9,7 +9,8 @@ LMCache (0.5.6) loads it as a storage plugin:
       storage_plugin.kvfs.module_path: kvfs.integrations.lmcache_backend
       storage_plugin.kvfs.class_name: KvfsBackend
       kvfs.path: /mnt/kvfs/lmcache          # a directory in the mount
-      kvfs.verify: false                    # check every unit's checksum on direct reads
+      kvfs.verify: true                     # check every unit's checksum on direct reads
+                                            # (the default; false opts out)
       kvfs.threads: 8                       # concurrent writes
       kvfs.direct_writes: true              # false: write through the mount (FUSE) instead
 
@@ -62,7 +63,7 @@ class KvfsBackend(StoragePluginInterface):
         os.makedirs(self.path, exist_ok=True)
         from kvfs.cli.common import find_mount
         self.mount = find_mount(self.path)
-        self.direct = direct.Direct(self.mount, verify=bool(extra.get("kvfs.verify", False)))
+        self.direct = direct.Direct(self.mount, verify=bool(extra.get("kvfs.verify", True)))
         self._writers = concurrent.futures.ThreadPoolExecutor(int(extra.get("kvfs.threads", 8)),
                                                               thread_name_prefix="kvfs-put")
         self.direct_writes = bool(extra.get("kvfs.direct_writes", True))

@@ -40,7 +40,7 @@ class KvfsHiCacheStorage(HiCacheFile):
         from kvfs.cli.common import find_mount
         self._direct = direct.Direct(find_mount(os.path.abspath(self.file_path)),
                                      threads=int(extra.get("kvfs_threads", 16)),
-                                     verify=bool(extra.get("kvfs_verify", False)))
+                                     verify=bool(extra.get("kvfs_verify", True)))
 
     def _path(self, suffixed: str) -> str:
         return os.path.join(self.file_path, f"{suffixed}.bin")

