@@ -221,7 +221,8 @@ def single(tmp: Path, args) -> dict:
             log(f"flat directory of {args.flat} entries")
             out.update(flat_dir(root, args.flat, args.writers, args.lookups))
             out["rss_after_flat"] = process_memory(m.pid)
-        out["stats_end"] = {k: m.stats()[k] for k in ("catalog", "files")}
+        end = m.stats()
+        out["stats_end"] = {k: end[k] for k in ("catalog", "files", "latency", "tiers")}
     finally:
         m.stop(timeout=600)
     empty = out["rss_empty"]["VmRSS"]

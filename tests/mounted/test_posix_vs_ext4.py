@@ -394,6 +394,9 @@ def test_random_operations_match_ext4_more_seeds(make_mount, pool_config, ext4, 
     if data_path == "daemon":
         monkeypatch.setenv("KVFS_PASSTHROUGH", "off")
     m = make_mount(pool_config(dram="16MiB"))
+    if data_path == "passthrough" and not m.passthrough:
+        pytest.skip(f"FUSE passthrough is not in use: {m.stats()['data_path']['why']}")
+    assert m.passthrough == (data_path == "passthrough")      # the path this case names
     roots = []
     for seed in range(2, 8):
         k, e = m.mountpoint / f"w{seed}", ext4 / f"w{seed}"
