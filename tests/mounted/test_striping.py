@@ -64,10 +64,14 @@ def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_p
         m = make_mount(formatted(tmp_path, devs))
         striped = os.urandom(8 * MiB)                     # units on every namespace
         (m.mountpoint / "striped.pt").write_bytes(striped)
-        singles = {}
+        singles, on_ns1 = {}, set()
         for i in range(6):                                 # one unit each, rotating
             singles[f"s{i}"] = os.urandom(4096)
             (m.mountpoint / f"s{i}").write_bytes(singles[f"s{i}"])
+            lay = json.loads(os.getxattr(m.mountpoint / f"s{i}", "user.kvfs.layout"))
+            if any(ns == 1 for ns, _ in lay["unit_map"]):
+                on_ns1.add(f"s{i}")
+        assert 0 < len(on_ns1) < len(singles)              # both kinds, by the rotation
         devs[1].shrink_to(MiB)                             # namespace 1 "goes away"
         m.drop_caches()
         with pytest.raises(OSError) as e:
@@ -77,14 +81,13 @@ def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_p
         assert st["namespaces"][1]["state"] == "failed"
         assert st["namespaces"][0]["state"] == "ok" and st["namespaces"][2]["state"] == "ok"
         assert "marking the namespace failed" in m.log_text()
-        readable = 0
-        for name, d in singles.items():                    # files without units on ns 1 still read
-            try:
-                assert (m.mountpoint / name).read_bytes() == d
-                readable += 1
-            except OSError as err:
-                assert err.errno == errno.EIO
-        assert readable >= 3
+        for name, d in singles.items():
+            if name in on_ns1:                             # its unit is gone: EIO, no bytes
+                with pytest.raises(OSError) as err:
+                    (m.mountpoint / name).read_bytes()
+                assert err.value.errno == errno.EIO, name
+            else:                                          # the others read bit-exact
+                assert (m.mountpoint / name).read_bytes() == d, name
         fresh = os.urandom(6 * MiB)                        # new blocks avoid the failed namespace
         (m.mountpoint / "fresh.pt").write_bytes(fresh)
         m.drop_caches()
