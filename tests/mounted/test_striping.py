@@ -7,7 +7,6 @@ import errno
 import io
 import json
 import os
-import time
 
 import pytest
 
@@ -41,21 +40,21 @@ def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_pa
         m.drop_caches()
         group = emu.cgroup("kvfs-stream")
         for d in devs:
-            group.limit(d, read_bps=20 * MiB)      # the whole block takes ~0.4 s
+            # the whole block takes ~4 s: what has arrived when the first read returns says
+            # whether it waited for the block (a count of bytes, not a race on time)
+            group.limit(d, read_bps=2 * MiB)
         group.add(m.pid)
         try:
-            t0 = time.perf_counter()
             with open(m.mountpoint / "blk.pt", "rb", buffering=0) as f:
                 first = f.read(MiB)
-                t_first = time.perf_counter() - t0
                 fetched_then = m.stats()["store"]["bytes_from_pool"]
+                for d in devs:
+                    group.limit(d)                 # then unthrottled: the rest streams on
                 rest = f.read()
-            t_all = time.perf_counter() - t0
         finally:
             group.remove()
         assert first + rest == data
-        assert fetched_then < 16 * MiB, ("the first read waited for most of the block", t_first, t_all)
-        assert t_first < t_all / 3
+        assert fetched_then < 16 * MiB, f"the first read waited for {fetched_then} bytes"
 
 
 def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_path):
