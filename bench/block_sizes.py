@@ -42,13 +42,13 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.catalog_scale import parallel as per_second  # noqa: E402
 from bench.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
                            warm_memory)
 
@@ -58,24 +58,7 @@ SIZES = {"256K": 256 << 10, "1M": MiB, "4M": 4 * MiB, "32M": 32 * MiB}
 
 def parallel(n: int, threads: int, fn) -> float:
     """Run fn(i) for i in range(n) on `threads` threads; return the wall-clock seconds."""
-    errors: list[BaseException] = []
-
-    def work(k: int) -> None:
-        try:
-            for i in range(k, n, threads):
-                fn(i)
-        except BaseException as e:  # noqa: BLE001 - reported after the join
-            errors.append(e)
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    t = time.perf_counter()
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
-    dt = time.perf_counter() - t
-    if errors:
-        raise errors[0]
-    return dt
+    return n / per_second(n, threads, fn)
 
 
 class Blocks:

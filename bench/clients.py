@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io as io_mod
 import json
 import shutil
 import subprocess
@@ -37,8 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import Emulation, available  # noqa: E402
-from kvfs.testing import MountedKvfs, write_config  # noqa: E402
+from bench.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops  # noqa: E402
 from tests.clients.engine import Engine  # noqa: E402
 
 MiB = 1 << 20
@@ -90,35 +88,6 @@ def run_client(e: Engine, engine: str, native: bool, d: Path, keys: list[int], b
     return {"store_gbps": total / store_s / 1e9, "load_gbps": total / load_s / 1e9}
 
 
-def setup_ext4(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
-    dev = emu.loop(name, size)
-    subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
-    mnt = tmp / f"{name}-mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", dev.path, str(mnt)], check=True)
-    group = emu.cgroup(name)
-    if bps:
-        group.limit(dev, read_bps=bps, write_bps=bps)
-    return mnt, group
-
-
-def setup_kvfs(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
-    devs = [emu.loop(f"{name}-ns{i}", size // 4 + 64 * MiB) for i in range(4)]
-    cfg = write_config(tmp / f"{name}.toml", tmp / f"{name}-state",
-                       [{"path": d.path} for d in devs], dram="256MiB")
-    from kvfs.cli import main as kvfs_main
-    with contextlib.redirect_stdout(io_mod.StringIO()):
-        if kvfs_main(["format", "--config", str(cfg)]) != 0:
-            raise RuntimeError("kvfs format failed")
-    group = emu.cgroup(name)
-    if bps:
-        for d in devs:
-            group.limit(d, read_bps=bps, write_bps=bps)
-    m = MountedKvfs(tmp / f"{name}-mnt", cfg, tmp / f"{name}.log").start()
-    group.add(m.pid)
-    return m, group
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,27 +119,24 @@ def main(argv: list[str] | None = None) -> int:
         for throttle in (args.bps, None):
             label = f"{args.bps / 1e6:.0f} MB/s" if throttle else "unthrottled"
             tag = "t" if throttle else "u"
-            ext4, g_ext4 = setup_ext4(emu, tmp, f"ext4{tag}", data + 256 * MiB, throttle)
-            m, g_kvfs = setup_kvfs(emu, tmp, f"kvfs{tag}", data + 256 * MiB, throttle)
-            try:
+            with ext4_on_loop(emu, tmp, f"ext4{tag}", data + 256 * MiB, throttle) as on_ext4, \
+                    kvfs_on_loops(emu, tmp, f"kvfs{tag}", 4, data + 256 * MiB, throttle) as on_kvfs:
+                m = on_kvfs.kvfs
                 for name, engine, native in wanted:
                     e = engines[engine]
                     for fs in (["kvfs"] if native else ["ext4", "kvfs"]):
-                        g = g_kvfs if fs == "kvfs" else g_ext4
-                        root = (m.mountpoint if fs == "kvfs" else ext4) / f"{engine}-{native}"
+                        setup = on_kvfs if fs == "kvfs" else on_ext4
+                        root = setup.root / f"{engine}-{native}"
                         drop = m.drop_caches if fs == "kvfs" else drop_page_cache
-                        g.add(e.proc.pid)
+                        if setup.group is not None:      # the engine's I/O meets the throttle
+                            setup.group.add(e.proc.pid)
                         try:
                             r = run_client(e, engine, native, root, keys, block, drop)
                         finally:
-                            g.release(e.proc.pid)
+                            if setup.group is not None:
+                                setup.group.release(e.proc.pid)
                         shutil.rmtree(root)
                         rows.append({"client": name, "fs": fs, "throttle": label, **r})
-            finally:
-                m.stop()
-                subprocess.run(["umount", str(ext4)], check=False)
-                g_ext4.remove()
-                g_kvfs.remove()
     out = {"bps_per_device": args.bps, "blocks": args.blocks, "block_bytes": block,
            "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                     for r in rows], "ratios": {}}

@@ -71,38 +71,32 @@ class GroupCommit:
 
     def _execute(self, stmts: list[Stmt]) -> int:
         """Run statements in the open transaction (opening one); return its number."""
-        if self.failure:
-            raise KvfsError(errno.EIO, self.failure)
-        c = self._conn
-        try:
-            if not self._in_txn:
-                c.execute("BEGIN")
-                self._in_txn = True
-            for sql, params in stmts:
-                c.execute(sql, params)
-        except sqlite3.Error as e:
-            self._fail(e)
-            raise KvfsError(errno.EIO, f"catalog write failed: {e}") from None
-        self.statements += len(stmts)
-        return self._txn
+        return self._in_open_transaction(
+            [(self._conn.execute, sql, params) for sql, params in stmts])
 
     def _execute_many(self, batches: list[tuple[str, list[tuple]]]) -> int:
         """Run each statement once per parameter tuple (executemany) in the open transaction;
         return its number."""
+        return self._in_open_transaction(
+            [(self._conn.executemany, sql, rows) for sql, rows in batches if rows],
+            count=sum(len(rows) for _, rows in batches))
+
+    def _in_open_transaction(self, calls: list, count: int | None = None) -> int:
+        """Make the calls (method, sql, parameters) in the open transaction, opening one; a
+        failure rolls back and refuses every later change (`_fail`). Returns the
+        transaction's number."""
         if self.failure:
             raise KvfsError(errno.EIO, self.failure)
-        c = self._conn
         try:
             if not self._in_txn:
-                c.execute("BEGIN")
+                self._conn.execute("BEGIN")
                 self._in_txn = True
-            for sql, rows in batches:
-                if rows:
-                    c.executemany(sql, rows)
-                    self.statements += len(rows)
+            for call, sql, params in calls:
+                call(sql, params)
         except sqlite3.Error as e:
             self._fail(e)
             raise KvfsError(errno.EIO, f"catalog write failed: {e}") from None
+        self.statements += len(calls) if count is None else count
         return self._txn
 
     async def _persist(self, stmts: list[Stmt]) -> None:
