@@ -393,20 +393,21 @@ class Namespace:
         if self._groups_running >= GROUPS_IN_FLIGHT:
             with trio.CancelScope(shield=True):     # a lost leader would stall the queue
                 await req.done.wait()
-            if not req.lead:
+            if req.batch is None:
                 return req.result()
+            batch = req.batch               # handed the queue by a group that ended
         else:
             self._groups_running += 1
-        batch, self._group = self._group, []
+            batch, self._group = self._group, []
         try:
             with trio.CancelScope(shield=True):
                 await self._run_group(batch)
         finally:
             for r in batch:
                 r.done.set()
-            if self._group:                 # hand the queue to the first request waiting
-                nxt = self._group[0]
-                nxt.lead = True
+            if self._group:                 # the queue becomes the next group, which the
+                nxt = self._group[0]        # first request waiting leads (this group's slot)
+                nxt.batch, self._group = self._group, []
                 nxt.done.set()
             else:
                 self._groups_running -= 1
@@ -541,14 +542,14 @@ class Namespace:
 class _GroupWrite:
     """One small durable write waiting in a namespace's group (`Namespace._write_grouped`)."""
 
-    __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "done", "lead",
+    __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "done", "batch",
                  "digests", "error")
 
     def __init__(self, units, flat, offset: int, digest_lens, nbytes: int):
         self.units, self.flat, self.offset = units, flat, offset
         self.digest_lens, self.nbytes = digest_lens, nbytes
         self.done = trio.Event()
-        self.lead = False             # woken to run the next group, not with a result
+        self.batch: list | None = None   # set when woken to run this group, not with a result
         self.digests: list[int] | None = None
         self.error: BaseException | None = None
 

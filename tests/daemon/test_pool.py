@@ -338,6 +338,7 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
             for i in range(16):
                 n.start_soon(one, i)
     trio.run(main)
+    assert ns._groups_running == 0 and not ns._group      # every group's slot given back
     assert sum(jobs) == 16 and len(jobs) < 16, jobs
     assert ns.syncs <= len(jobs) < 16
     assert isinstance(results[5], KvfsError) and results[5].errno == errno.EIO
