@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import errno
+import itertools
 import logging
 from typing import Callable
 
@@ -175,7 +176,10 @@ class BlockStore:
         if not MEMORY.named or MEMORY.open_files <= self.max_open_files:
             return
         target = self.max_open_files * 3 // 4
-        for bid, cb in list(self._open.items()):
+        # (a bounded look at the least recently used: blocks held open stay at the front, and
+        # a long scan past them at every release would be quadratic)
+        scan = 4 * (MEMORY.open_files - target) + 64
+        for bid, cb in list(itertools.islice(self._open.items(), scan)):
             if cb.resident is None or self.blobs.get(bid) is not cb:
                 del self._open[bid]
             elif cb.holders == 0 and cb.fetch is None:
