@@ -146,6 +146,7 @@ class Files:
                           name: bytes) -> None:
         """Another node changed the shared catalog (the mirror's `on_change`)."""
         if kind == "gone":
+            node.removed_elsewhere = True     # a writer here must not take its close for a commit
             self._unlinked(node)
             if self.on_evict is not None:
                 self.on_evict(parent, name, node.ino)

@@ -302,6 +302,9 @@ class Sessions:
         if not node.linked:          # unlinked before its first/next commit: nothing to keep
             s.dirty = False
             self._abandon_writer(s)
+            if node.removed_elsewhere:
+                s.failed = self._removed_elsewhere(node)
+                raise s.failed
             return
         if self.catalog.failure:     # it could not be recorded: do not write it to the pool
             self.stats.commit_errors += 1
@@ -387,6 +390,9 @@ class Sessions:
         catalog transaction); the old version is retired. The block's space is released if
         the catalog refuses it, or if the file was unlinked before it was ever published."""
         published = node.linked        # the catalog publishes exactly when the node is linked
+        if node.removed_elsewhere:     # while its block was being written
+            self.pool.release(layout)
+            raise self._removed_elsewhere(node)
         try:
             rec, old = await self.catalog.commit(node, layout)
         except BaseException as e:
@@ -403,6 +409,14 @@ class Sessions:
         if old is not None:
             self.store.retire(old)
         return rec
+
+    def _removed_elsewhere(self, node: Node) -> KvfsError:
+        """Another node removed the file while it was open for writing here (an eviction there
+        cannot know of this node's open files; or an unlink): the writer's bytes are not kept,
+        and its close or fsync says so rather than return as if they were committed."""
+        self.stats.commit_errors += 1
+        return KvfsError(errno.ESTALE, f"{node.name.decode(errors='replace')}: removed by "
+                                       f"another node while open for writing here; not committed")
 
     async def keep_pinned(self, node: Node, rec: BlobRec) -> None:
         """A pinned file's new version stays pinned."""

@@ -89,6 +89,7 @@ class Node:
     subdirs: int = 0                           # directories: how many children are directories
     persisted: bool = False                    # False while pending (created, never committed)
     linked: bool = True                        # False once unlinked (kept while open)
+    removed_elsewhere: bool = False            # unlinked by another node of a shared pool
 
     @property
     def is_dir(self) -> bool:

@@ -253,6 +253,42 @@ def test_renaming_a_file_another_node_removed_fails_cleanly(cluster_configs):
     run_cluster(cluster_configs(2), body)
 
 
+def test_a_writer_whose_file_another_node_removed_is_told_at_close(cluster_configs):
+    """Another node cannot know of the files open for writing here (its eviction may pick
+    one): the close reports ESTALE and the file stays removed, whether the removal arrived
+    before the close or while the close was writing the block."""
+    async def body(a, b):
+        for name, during in ((b"f", False), (b"g", True)):
+            path = "/" + name.decode()
+            await a.write(path, b"old" * 100)
+            await eventually(lambda: known(b, path))
+            fh = await b.open(path, os.O_WRONLY | os.O_TRUNC)
+            await b.files.write(fh, 0, b"new" * 1000)
+            if during:
+                store = b.svc.files.sessions.store
+                write = store.write
+
+                async def write_then_removed(*args, **kw):
+                    out = await write(*args, **kw)
+                    await a.files.unlink(1, name)
+                    await eventually(lambda: not known(b, path))
+                    return out
+                store.write = write_then_removed
+            else:
+                await a.files.unlink(1, name)
+                await eventually(lambda: not known(b, path))
+            try:
+                with pytest.raises(KvfsError) as e:
+                    await b.close(fh)
+            finally:
+                if during:
+                    store.write = write
+            assert e.value.errno == errno.ESTALE, e.value
+            assert not known(a, path) and not known(b, path)
+
+    run_cluster(cluster_configs(2), body)
+
+
 def test_concurrent_writers_never_share_space(cluster_configs):
     """Three nodes write at once; every block's extents are disjoint and every checksum holds."""
     async def body(*nodes):
