@@ -135,6 +135,16 @@ SINGLE_SCENARIOS = ["random", "commit", "rename", "evict", "format", "unmount", 
 CLUSTER_SCENARIOS = ["random", "publish", "rename", "redis", "evict", "commit", "format",
                      "unmount", "writer"]
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED, errno.ENODEV)
+# Writer errors a scenario explains (any other fails the run): the daemon killed under the
+# writer (every scenario), a full small pool (evict: ENOSPC, ENOENT for a file the pool
+# evicted under the writer, ESTALE for a file another node evicted while this one wrote it),
+# Redis down (redis: EIO, or ETIMEDOUT).
+EXPLAINED = {"*": set(DEAD_MOUNT), "evict": {errno.ENOSPC, errno.ENOENT, errno.ESTALE},
+             "redis": {errno.EIO, errno.ETIMEDOUT}}
+STALE_SECONDS = 5.0           # a node that does not see another's change by then: a stale view
+# How long a change made on one node may take to be seen on the other (docs/cluster.md): the
+# longest wait measured (`seen_after`) must stay under it.
+STALE_BOUND_MS = 2000
 
 
 # --- content -------------------------------------------------------------------------------------
@@ -238,6 +248,7 @@ class Writer:
         rec["w"] = self.i
         if rec["op"] == "start":
             self.started = rec["name"]
+            rec.setdefault("node", getattr(self, "node", 0))    # which node's mount it used
         self.journal.write(json.dumps(rec) + "\n")
         self.journal.flush()
         os.fsync(self.journal.fileno())
@@ -286,7 +297,7 @@ class Writer:
     def set_state(self, name: str, v: int | None, recipe: list | None, node: int) -> None:
         st = self.state[name]
         st.update(v=v, recipe=recipe, size=len(build(recipe)) if recipe else 0, unknown=False,
-                  node=node)
+                  node=node, t_done=time.monotonic())
 
     def root(self, name: str) -> tuple[int, int]:
         """The node for the next operation on `name` (cluster: either). Nodes learn each
@@ -453,14 +464,20 @@ class Writer:
     def sees(self, root: int, name: str, st: dict) -> bool:
         """Whether the node of `root` sees `name` as this writer left it (polled: its
         follower applies the other node's change a moment later)."""
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + STALE_SECONDS
+        first = True
         while time.monotonic() < deadline:
             try:
-                if st["v"] is not None and os.stat(name, dir_fd=root).st_size == st["size"]:
-                    return True
+                size = os.stat(name, dir_fd=root).st_size
+                seen = st["v"] is not None and size == st["size"]
             except FileNotFoundError:
-                if st["v"] is None:
-                    return True
+                seen = st["v"] is None      # (the stat must run: a name left absent is seen so)
+            if seen:
+                if not first and "t_done" in st:     # how long the change took to be seen
+                    self.log(op="seen_after", name=name,
+                             ms=round((time.monotonic() - st["t_done"]) * 1000, 1))
+                return True
+            first = False
             time.sleep(0.01)
         return False
 
@@ -538,19 +555,27 @@ class Figures:
     broken: int = 0                # the torture could not go on (kvfs did not mount again)
     hung: int = 0                  # a writer stuck in a request kvfs never answered
     unaimed: int = 0               # an aimed kill whose moment never came (killed anyway)
+    unexplained_errors: int = 0    # writer errors the cycle's scenario does not explain
     format_outcomes: dict = field(default_factory=dict)
+    errnos: dict = field(default_factory=dict)     # writer errors by errno name
+    seen_after_ms: list = field(default_factory=list)   # (cluster) waits for the other node
 
     def add(self, o: "Figures") -> None:
         for k, v in o.__dict__.items():
             if isinstance(v, int):
                 setattr(self, k, getattr(self, k) + v)
+            elif isinstance(v, list):
+                getattr(self, k).extend(v)
             else:
+                mine = getattr(self, k)
                 for kk, vv in v.items():
-                    self.format_outcomes[kk] = self.format_outcomes.get(kk, 0) + vv
+                    mine[kk] = mine.get(kk, 0) + vv
 
     @property
     def failures(self) -> int:
-        return self.lost + self.partial + self.resurrected + self.stray + self.broken + self.hung
+        return (self.lost + self.partial + self.resurrected + self.stray + self.broken +
+                self.hung + self.divergent + self.unexplained_evictions +
+                self.unexplained_errors + self.stale_views)
 
 
 @dataclass
@@ -838,7 +863,8 @@ class Torture:
             raise ValueError(f"unknown scenario {scenario}")
 
     # verification -----------------------------------------------------------------------------------
-    def replay(self, inst: Instance, cdir: Path, fig: Figures) -> tuple[dict, list]:
+    def replay(self, inst: Instance, cdir: Path, fig: Figures,
+               scenario: str = "random") -> tuple[dict, list]:
         exp: dict[str, Expect] = {}
         for name, v in inst.state.items():
             exp[name] = Expect(durable=v if v is not None else ABSENT)
@@ -889,6 +915,12 @@ class Torture:
                     exp[name] = Expect(ABSENT, {v} if v is not None else set(), rec["t"])
                 elif op == "error":
                     fig.writer_errors += 1
+                    code = errno.errorcode.get(rec.get("errno"), str(rec.get("errno")))
+                    fig.errnos[code] = fig.errnos.get(code, 0) + 1
+                    if rec.get("errno") not in EXPLAINED["*"] | EXPLAINED.get(scenario, set()):
+                        fig.unexplained_errors += 1
+                        self.problem(f"writer {i} in a {scenario} cycle: {code} "
+                                     f"{json.dumps(rec)}")
                     # a rename that failed may still have happened (Redis applied it, and its
                     # reply was lost): the tmp file may be gone, its content under the final
                     # name, which later operations may since have overwritten
@@ -896,6 +928,10 @@ class Torture:
                         exp[tmp_of.pop(name)].maybe.add(ABSENT)
                 elif op == "stale_view":
                     fig.stale_views += 1
+                    self.problem(f"writer {i}: node {rec.get('node')} did not see {name} as "
+                                 f"left within {STALE_SECONDS:.0f} s")
+                elif op == "seen_after":
+                    fig.seen_after_ms.append(rec["ms"])
                 elif op in ("badread", "badbase"):
                     fig.partial += 1
                     self.problem(f"writer {i}: {op} {json.dumps(rec)}")
@@ -914,8 +950,8 @@ class Torture:
         return views
 
     def verify(self, inst: Instance, cdir: Path, fig: Figures,
-               evictions: list[Eviction]) -> None:
-        exp, vanished = self.replay(inst, cdir, fig)
+               evictions: list[Eviction], scenario: str = "random") -> None:
+        exp, vanished = self.replay(inst, cdir, fig, scenario)
         views = self.read_views(inst)
         if len(views) > 1:
             def agree() -> bool:
@@ -1063,7 +1099,7 @@ class Torture:
             # the old pool must be intact: verify it as it was
             empty = Figures()
             before = dict(inst.state)
-            self.verify(inst, self.work / "empty-cycle", empty, [])
+            self.verify(inst, self.work / "empty-cycle", empty, [], "format")
             if inst.state != before or empty.failures:
                 self.problem(f"after a killed format: {len(names)} names, not the old pool "
                              f"intact ({empty.failures} failures)")
@@ -1121,7 +1157,7 @@ class Torture:
         if evictions and inst is not self.small:
             fig.unexplained_evictions += len(evictions)
             self.problem(f"{len(evictions)} eviction(s) in the large pool")
-        self.verify(inst, cdir, fig, evictions)
+        self.verify(inst, cdir, fig, evictions, scenario)
         if scenario == "format":
             self.format_cycle(inst, fig)
         if not fig.failures:
@@ -1141,13 +1177,26 @@ class Torture:
         finally:
             self.close()
         seconds = time.monotonic() - t0
+        waits = sorted(total.seen_after_ms)
+
+        def q(f: float) -> float | None:
+            return waits[min(len(waits) - 1, int(f * len(waits)))] if waits else None
+        staleness = {"waits": len(waits), "p50_ms": q(0.5), "p99_ms": q(0.99),
+                     "max_ms": waits[-1] if waits else None, "bound_ms": STALE_BOUND_MS}
+        over = int(bool(waits) and waits[-1] > STALE_BOUND_MS)
+        if over:
+            self.problems.append(f"a change took {waits[-1]:.0f} ms to be seen on the other "
+                                 f"node (bound {STALE_BOUND_MS} ms)")
         return {
             "mode": "cluster" if self.cluster else "single",
             "writers": self.writers, "seed": self.seed,
-            **{k: v for k, v in total.__dict__.items()},
+            **{k: v for k, v in total.__dict__.items() if k != "seen_after_ms"},
+            "staleness": staleness, "stale_over_bound": over,
             "seconds": round(seconds, 1),
             "cycles_per_minute": round(total.cycles / seconds * 60, 2) if seconds else 0,
-            "scenarios": {k: {kk: vv for kk, vv in f.__dict__.items()}
+            "scenarios": {k: {**{kk: vv for kk, vv in f.__dict__.items()
+                                 if kk != "seen_after_ms"},
+                              "staleness_max_ms": max(f.seen_after_ms, default=None)}
                           for k, f in self.figures.items()},
             "problems": self.problems[:100],
         }
@@ -1208,7 +1257,10 @@ def _compare(inst: Instance, name: str, data: bytes, versions) -> str:
 
 # --- command line ----------------------------------------------------------------------------------
 COLUMNS = ["cycles", "commits", "lost", "partial", "zero_byte", "resurrected", "stray", "evicted",
-           "writer_errors", "broken", "hung", "unaimed"]
+           "writer_errors", "unexplained_errors", "broken", "hung", "unaimed"]
+# outcomes any one of which fails the run (and the short form's test)
+FAILING = ("lost", "partial", "resurrected", "stray", "broken", "hung", "divergent",
+           "unexplained_evictions", "unexplained_errors", "stale_views", "stale_over_bound")
 
 
 def table(report: dict) -> str:
@@ -1226,6 +1278,13 @@ def table(report: dict) -> str:
     if report["format_outcomes"]:
         tail.append("format outcomes: " + ", ".join(f"{k} {v}" for k, v in
                                                     report["format_outcomes"].items()))
+    tail.append("writer errors by errno: " + (", ".join(
+        f"{k} {v}" for k, v in sorted(report["errnos"].items())) or "none"))
+    st = report["staleness"]
+    if st["waits"]:
+        tail.append(f"changes seen on the other node after a wait: {st['waits']}, p50 "
+                    f"{st['p50_ms']} ms, p99 {st['p99_ms']} ms, max {st['max_ms']} ms (bound "
+                    f"{st['bound_ms']} ms)")
     if report["unexplained_evictions"] or report["divergent"] or report["stale_views"]:
         tail.append(f"evictions in the large pool {report['unexplained_evictions']}, divergent "
                     f"{report['divergent']}, stale views {report['stale_views']}")
@@ -1268,7 +1327,7 @@ def main(argv=None) -> int:
                 quiet=not a.verbose)
     report = t.run(a.cycles, a.minutes)
     report["workdir"] = str(work)
-    failed = sum(report[k] for k in ("lost", "partial", "resurrected", "stray", "broken", "hung"))
+    failed = sum(report[k] for k in FAILING)
     if not failed and a.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(report) if a.json else table(report))

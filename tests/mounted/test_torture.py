@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from bench.torture import CLUSTER_SCENARIOS, SINGLE_SCENARIOS, Torture
+from bench.torture import CLUSTER_SCENARIOS, FAILING, SINGLE_SCENARIOS, Torture
 from tests.helpers import can_mount
 
 pytestmark = [pytest.mark.mounted, pytest.mark.slow,
@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.mounted, pytest.mark.slow,
 
 def _check(report: dict, aimed: tuple[str, ...]) -> None:
     assert report["cycles"] > 0 and report["commits"] > 0, report
-    bad = {k: report[k] for k in ("lost", "partial", "resurrected", "stray", "broken", "hung")}
+    # lost, partial, resurrected, stray, broken, hung; divergent views, evictions and writer
+    # errors the scenario does not explain, stale views, a change seen later than the bound
+    bad = {k: report[k] for k in FAILING}
     assert not any(bad.values()), f"{bad}: {report['problems']}"
     # each of these cycles killed at the moment it aims at, so it tested what it says
     missed = {s: report["scenarios"][s]["unaimed"] for s in aimed}
