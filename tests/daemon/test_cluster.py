@@ -30,13 +30,15 @@ def redis(tmp_path_factory):
 def cluster_configs(tmp_path, redis):
     """cluster_configs(n, ...) -> n config paths: same namespaces, same Redis, own state."""
     def make(n: int = 2, size: str = "32MiB", grace: float = 1.0, lease: float = 3.0,
-             regions: int = 8, evict: str = "lru", free_target: float = 0.0) -> list:
+             regions: int = 8, evict: str = "lru", free_target: float = 0.0,
+             urls: list | None = None) -> list:
         name = f"t{os.getpid()}-{next(_names)}"
         nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": size} for i in range(2)]
         (tmp_path / "shared").mkdir(exist_ok=True)
         out = []
         for i in range(n):
-            extra = (f'[cluster]\nredis = "{redis.url}"\nnode_id = "n{i}"\nname = "{name}"\n'
+            url = urls[i] if urls else redis.url
+            extra = (f'[cluster]\nredis = "{url}"\nnode_id = "n{i}"\nname = "{name}"\n'
                      f'grace_seconds = {grace}\nlease_seconds = {lease}\nregions = {regions}\n'
                      f'free_target = {free_target}\n')
             out.append(write_config(tmp_path / f"n{i}.toml", tmp_path / f"state{i}", nss,
@@ -188,7 +190,14 @@ def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_co
         old = a.files.catalog.get(a.ino("/f")).blob.id
         await b.write("/f", data(2, 2 * MiB))
         await eventually(lambda: old in a.svc.space.grave)
-        await trio.sleep(3.0)                        # three grace periods
+        link = b.svc.space.link
+        first = float(await link.call("ZSCORE", link.key("grave"), old))
+        # a pushes the deadline back while it reads: wait (no fixed sleep) until Redis's
+        # deadline is two grace periods past the first one, then purge on both nodes
+        with trio.fail_after(15):
+            while float(await link.call("ZSCORE", link.key("grave"), old)) < first + 2000:
+                await trio.sleep(0.05)
+        assert await a.svc.space.purge() == 0 and await b.svc.space.purge() == 0
         assert old in a.svc.space.grave and old in b.svc.space.grave   # not purged
         a.svc.store.drop_dram()                      # read the old version from the pool
         assert await a.read_fh(fh, 2 * MiB) == data(1, 2 * MiB)
@@ -404,6 +413,167 @@ def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
         assert not known(b, "/second")
 
     run_cluster(cluster_configs(2, lease=30.0), body)
+
+
+def test_a_file_pinned_on_one_node_is_spared_when_another_evicts(cluster_configs):
+    """The pin is an attribute in the shared catalog: a node that evicts in the cluster's LRU
+    order passes over a file another node pinned, though it is the least recently used."""
+    async def body(a, b):
+        cap = a.svc.pool.capacity
+        n = int(cap * 0.8) // (2 * MiB)
+        for i in range(n):                          # a fills most of the pool
+            await a.write(f"/old{i}", data(i, 2 * MiB))
+        await a.files.set_pin(a.ino("/old0"), True)
+        await eventually(lambda: known(b, f"/old{n - 1}") and b.files.catalog.get(
+            b.ino("/old0")).xattrs.get(b"user.kvfs.pin") == b"1")
+        await a.svc.catalog.flush_atimes()
+        assert (await b.svc.space.victims(1)) == [b.ino("/old0")]   # first in the LRU order
+        for i in range(n // 2):                     # b writes as much again: must evict
+            await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
+        await eventually(lambda: not known(a, "/old1"))
+        assert b.svc.space.evictions > 0
+        assert known(a, "/old0") and known(b, "/old0")
+        b.svc.store.drop_dram()
+        assert await b.read("/old0") == data(0, 2 * MiB)
+
+    run_cluster(cluster_configs(2, grace=0.5), body)
+
+
+def test_a_direct_write_whose_lease_ran_out_is_fenced(cluster_configs, redis):
+    """A node that cannot reach Redis cannot renew its region leases. Once a lease may have
+    run out (by this node's clock, a margin before Redis expires it) another node may own the
+    region: a commit of bytes written there is refused at once with EIO and counted, without
+    asking Redis, and the space is given back."""
+    import signal
+
+    async def body(a, b):
+        fh = await a.open("/d", os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+        ino = a.ino("/d")
+        al = await a.svc.direct.direct_alloc(ino, 2 * MiB, ttl=60)
+        regions = a.svc.space.regions
+        rs = {regions.of(e.offset) for e in al.layout.unit_extents()}
+        assert rs and all(regions.valid(r) for r in rs)
+        free = a.svc.pool.free
+        os.kill(redis.proc.pid, signal.SIGSTOP)     # a (and b) cut off from Redis
+        try:
+            with trio.fail_after(15):
+                while any(regions.valid(r) for r in rs):
+                    await trio.sleep(0.05)
+            with trio.fail_after(5), pytest.raises(KvfsError) as e:   # no wait for Redis
+                await a.svc.direct.direct_commit(ino, al.id, [0] * al.layout.nunits)
+            assert e.value.errno == errno.EIO and "lease" in str(e.value)
+            assert a.svc.space.statistics()["fenced_writes"] >= 1
+        finally:
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        assert a.svc.pool.free == free + al.layout.stored_bytes()
+        await a.close(fh)
+        assert a.files.getattr(ino).size == 0           # the fenced block was not published
+
+    run_cluster(cluster_configs(2, lease=1.0), body)
+
+
+class Relay:
+    """A TCP relay to Redis for one node, which the test can cut: that node's network to Redis
+    fails (connections reset, new ones refused) while the other node's does not."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+        self.target = port
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.cut = False
+        self.socks: list = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+        while True:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            if self.cut:
+                c.close()
+                continue
+            u = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                self.socks += [c, u]
+            for src, dst in ((c, u), (u, c)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src, dst) -> None:
+        import socket
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for x in (src, dst):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut_off(self) -> None:
+        import socket
+        self.cut = True
+        with self.lock:
+            for x in self.socks:
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.cut_off()
+        self.lsock.close()
+
+
+@pytest.mark.slow
+def test_a_reader_cut_off_from_redis_past_the_grace_gets_eio_not_other_bytes(cluster_configs,
+                                                                            redis):
+    """docs/cluster.md: a node that cannot reach Redis for longer than the grace period cannot
+    hold the old version its reader still uses; another node purges it and reuses its space.
+    The cut-off reader then gets EIO (the units' checksums), never the new block's bytes."""
+    relay = Relay(redis.port)
+    cfgs = cluster_configs(2, grace=0.5, regions=2, urls=[relay.url, redis.url])
+
+    async def body(a, b):
+        await a.write("/f", data(1, 2 * MiB))
+        await eventually(lambda: known(b, "/f"))
+        fh = await a.open("/f", os.O_RDONLY)
+        old = a.files.catalog.get(a.ino("/f")).blob
+        relay.cut_off()                              # a can no longer hold the old version
+        await b.files.unlink(1, b"f")
+        with trio.fail_after(15):                    # b purges it after the grace period ...
+            while old.id in b.svc.space.grave or old.id in b.svc.space.used:
+                await b.svc.space.purge()
+                await trio.sleep(0.05)
+        old_extents = {(e.ns, e.offset) for e in old.layout.extents()}
+        for i in range(64):                          # ... and writes over its space
+            await b.write(f"/new{i}", data(100 + i, 2 * MiB))
+            new = b.files.catalog.get(b.ino(f"/new{i}")).blob
+            if {(e.ns, e.offset) for e in new.layout.extents()} & old_extents:
+                break
+        else:
+            raise AssertionError("b never reused the old version's space")
+        a.svc.store.drop_dram()
+        with pytest.raises(KvfsError) as e:          # part of its space holds b's block now
+            await a.read_fh(fh, 2 * MiB)
+        assert e.value.errno == errno.EIO
+        await a.close(fh)
+
+    try:
+        run_cluster(cfgs, body)
+    finally:
+        relay.close()
 
 
 def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(cluster_configs):

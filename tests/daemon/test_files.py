@@ -179,6 +179,27 @@ def test_full_pool_with_lru_evicts_least_recently_used_closed_files(pool_config)
     run_service(cfg, body)
 
 
+def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
+    """A pinned file is never evicted from the pool, however long unused: the next least
+    recently used file goes instead."""
+    cfg = pool_config(size="16MiB")
+
+    async def body(fs):
+        cap = fs.svc.pool.capacity
+        size = cap // 4 - 4096
+        for name in "abcd":
+            await fs.write(f"/{name}", os.urandom(size))
+        await fs.files.set_pin(fs.ino("/a"), True)      # a: the least recently used
+        fs.svc.store.unpin(fs.files.catalog.get(fs.ino("/a")).blob)  # the attribute alone
+        assert not fs.svc.store.is_held(fs.files.catalog.get(fs.ino("/a")).blob.id)
+        await fs.write("/e", os.urandom(size))          # needs room: b goes, not a
+        names = {n.name for n in fs.files.catalog.entries(1)}
+        assert names == {b"a", b"c", b"d", b"e"}
+        assert fs.svc.space.evictions == 1
+
+    run_service(cfg, body)
+
+
 def test_corrupted_block_reads_as_eio(pool_config, tmp_path):
     cfg = pool_config()
     data = os.urandom(2 * MiB)
