@@ -3,15 +3,21 @@
 
 One run, side by side, block by block, so machine noise hits every case alike:
 
-  tmpfs         the same bytes as plain files on tmpfs (the memory-speed reference)
+  tmpfs         the same bytes as plain files on a tmpfs with the same pages as kvfs's block
+                memory (huge pages where the daemon's DRAM tier has them): the memory-speed
+                reference
   dram          kvfs, blocks resident in its DRAM tier (kernel page cache dropped first)
   pool          kvfs, DRAM tier and page cache dropped: every byte comes from the pool
-  pagecache     kvfs, a re-read that the kernel page cache serves (kept across opens)
+  pagecache     kvfs, a re-read that the kernel page cache serves (kept across opens); only
+                without FUSE passthrough: with it the kernel reads the block's memory for
+                every read, so a re-read is the `dram` path again and is not reported
 
-The pool is one namespace file on the same tmpfs, so `pool` measures kvfs's software path
-(stripe reads, checksums, FUSE), not a disk. Reads use one thread and READ_SIZE requests;
-every read must return the whole block (a short read fails the run, it is not counted as
-speed), and one block per run is checked bit-exact through each path.
+Like with like: every path is timed per block (one block, one read of it, one sample), the
+statistic is the median of the samples with their range, the order of the paths alternates
+from round to round, and one thread reads with READ_SIZE requests on every path. The pool is
+one namespace file on tmpfs, so `pool` measures kvfs's software path (stripe reads,
+checksums, FUSE), not a disk. Every read must return the whole block (a short read fails the
+run, it is not counted as speed), and one block per run is checked bit-exact through each path.
 
     python bench/fuse_read.py [--blocks 8] [--rounds 5] [--read-size 1MiB] [--json]
 """
@@ -23,6 +29,7 @@ import json
 import mmap
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +63,30 @@ def drop_page_cache(paths: list[Path]) -> None:
         os.close(fd)
 
 
+class ReferenceTmpfs:
+    """A tmpfs for the reference files, with huge pages when `huge` (as the daemon's DRAM tier
+    mounts its block memory, kvfs/buffer.py); `pages` says what it got."""
+
+    def __init__(self, size: int, huge: bool):
+        self.root = Path(tempfile.mkdtemp(prefix="kvfs-ref-"))
+        self.pages = "4 KiB"
+        if huge:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"huge=within_size,size={size}",
+                                "kvfs-ref", str(self.root)], capture_output=True, check=False)
+            if r.returncode == 0:
+                self.pages = "huge"
+                return
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "kvfs-ref",
+                        str(self.root)], check=True)
+
+    def __enter__(self) -> ReferenceTmpfs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["umount", "-l", str(self.root)], capture_output=True, check=False)
+        os.rmdir(self.root)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=8)
@@ -67,63 +98,83 @@ def main(argv: list[str] | None = None) -> int:
     total = args.blocks * BLOCK
     results: dict[str, list[float]] = {"tmpfs": [], "dram": [], "pool": [], "pagecache": []}
 
-    with Emulation(f"{(2 * total + 512 * MiB) // MiB}m") as emu, \
+    with Emulation(f"{(total + 512 * MiB) // MiB}m") as emu, \
             tempfile.TemporaryDirectory(prefix="kvfs-bench-") as tmp:
         tmp = Path(tmp)
         cfg = write_config(tmp / "kvfs.toml", tmp / "state",
                            [{"path": str(emu.root / "ns0.img"), "size": f"{total // MiB + 256}MiB"}],
                            dram=f"{total // MiB + 128}MiB")
         with MountedKvfs(tmp / "mnt", cfg, tmp / "kvfs.log") as m:
-            ref, kv = [], []
-            for i in range(args.blocks):
-                data = os.urandom(BLOCK)
-                if i == 0:
-                    check = digest(data)
-                (emu.root / f"block{i}.pt").write_bytes(data)
-                ref.append(emu.root / f"block{i}.pt")
-                (m.mountpoint / f"block{i}.pt").write_bytes(data)
-                kv.append(m.mountpoint / f"block{i}.pt")
-            buf = mmap.mmap(-1, read_size)
-            read_all(ref, read_size, buf)           # warm-up
-            for _ in range(args.rounds):
-                # block by block, tmpfs and kvfs side by side: noise hits both alike
-                for r, k in zip(ref, kv):
-                    results["tmpfs"].append(read_all([r], read_size, buf))
-                    drop_page_cache([k])
-                    results["dram"].append(read_all([k], read_size, buf))
-                    results["pagecache"].append(read_all([k], read_size, buf))
+            path = m.stats()["data_path"]
+            passthrough = bool(path["passthrough"])
+            if passthrough:
+                del results["pagecache"]
+            with ReferenceTmpfs(total + 64 * MiB, "huge" in path.get("memory", "")) as refdir:
+                ref, kv = [], []
+                for i in range(args.blocks):
+                    data = os.urandom(BLOCK)
+                    if i == 0:
+                        check = digest(data)
+                    (refdir.root / f"block{i}.pt").write_bytes(data)
+                    ref.append(refdir.root / f"block{i}.pt")
+                    (m.mountpoint / f"block{i}.pt").write_bytes(data)
+                    kv.append(m.mountpoint / f"block{i}.pt")
+                buf = mmap.mmap(-1, read_size)
+                read_all(ref, read_size, buf)           # warm-up
+                for rnd in range(args.rounds):
+                    # block by block, tmpfs and kvfs side by side, the order alternating
+                    for r, k in zip(ref, kv):
+                        for path_name in (("tmpfs", "dram") if rnd % 2 == 0 else ("dram", "tmpfs")):
+                            if path_name == "tmpfs":
+                                results["tmpfs"].append(read_all([r], read_size, buf))
+                                continue
+                            drop_page_cache([k])
+                            results["dram"].append(read_all([k], read_size, buf))
+                            if not passthrough:
+                                results["pagecache"].append(read_all([k], read_size, buf))
+                    for k in (kv if rnd % 2 == 0 else kv[::-1]):    # cold, one block at a time
+                        m.control("drop_dram")     # (also what a read prefetched)
+                        drop_page_cache([k])
+                        results["pool"].append(read_all([k], read_size, buf))
+                # One block per run, through every path measured, must come back bit-exact
+                # (untimed): a fast path that returns the wrong bytes fails the run.
+                read_all(ref[:1], read_size, buf, check)
                 m.control("drop_dram")
-                drop_page_cache(kv)
-                t = read_all(kv, read_size, buf)
-                results["pool"] += [t / len(kv)] * len(kv)
-            # One block per run, through every path measured, must come back bit-exact
-            # (untimed): a fast path that returns the wrong bytes fails the run.
-            read_all(ref[:1], read_size, buf, check)
-            m.control("drop_dram")
-            drop_page_cache(kv[:1])
-            read_all(kv[:1], read_size, buf, check)       # pool
-            drop_page_cache(kv[:1])
-            read_all(kv[:1], read_size, buf, check)       # dram
-            read_all(kv[:1], read_size, buf, check)       # page cache
-            stats = m.stats()
+                drop_page_cache(kv[:1])
+                read_all(kv[:1], read_size, buf, check)       # pool
+                drop_page_cache(kv[:1])
+                read_all(kv[:1], read_size, buf, check)       # dram
+                read_all(kv[:1], read_size, buf, check)       # page cache, or dram again
+                stats = m.stats()
+                ref_pages = refdir.pages
 
     gbps = {k: BLOCK / statistics.median(v) / 1e9 for k, v in results.items()}
+    spread = {k: [round(BLOCK / max(v) / 1e9, 3), round(BLOCK / min(v) / 1e9, 3)]
+              for k, v in results.items()}
     out = {
         "block_bytes": BLOCK, "blocks": args.blocks, "rounds": args.rounds, "read_size": read_size,
-        "gbps": {k: round(v, 3) for k, v in gbps.items()},
+        "samples_per_path": len(results["tmpfs"]), "passthrough": passthrough,
+        "kvfs_memory": path.get("memory"), "reference_pages": ref_pages,
+        "gbps": {k: round(v, 3) for k, v in gbps.items()}, "gbps_range": spread,
         "dram_vs_tmpfs": round(gbps["dram"] / gbps["tmpfs"], 3),
         "pool_vs_tmpfs": round(gbps["pool"] / gbps["tmpfs"], 3),
-        "pagecache_vs_tmpfs": round(gbps["pagecache"] / gbps["tmpfs"], 3),
+        "pagecache_vs_tmpfs": (round(gbps["pagecache"] / gbps["tmpfs"], 3)
+                               if "pagecache" in gbps else None),
         "dram_request_hits": stats["store"]["dram_request_hits"], "fetches": stats["store"]["fetches"],
     }
     if args.json:
         print(json.dumps(out))
     else:
         print(f"32 MiB blocks x {args.blocks}, {args.rounds} rounds, {read_size // 1024} KiB reads, "
-              f"one reader (median per block; ratio to tmpfs)")
-        print(f"{'path':<12}{'GB/s':>8}{'vs tmpfs':>10}")
-        for k in ("tmpfs", "dram", "pool", "pagecache"):
-            print(f"{k:<12}{gbps[k]:>8.2f}{gbps[k] / gbps['tmpfs']:>10.2f}")
+              f"one reader on every path, order alternated; median per block [slowest, fastest]; "
+              f"reference tmpfs with {ref_pages} pages, kvfs memory: {path.get('memory')}")
+        print(f"{'path':<12}{'GB/s':>8}{'range':>16}{'vs tmpfs':>10}")
+        for k in results:
+            lo, hi = spread[k]
+            print(f"{k:<12}{gbps[k]:>8.2f}{f'[{lo:.2f}, {hi:.2f}]':>16}"
+                  f"{gbps[k] / gbps['tmpfs']:>10.2f}")
+        if passthrough:
+            print("pagecache: not reported (with passthrough a re-read is the dram path)")
         print(f"dram_vs_tmpfs={out['dram_vs_tmpfs']}  pool_vs_tmpfs={out['pool_vs_tmpfs']}")
     return 0
 
