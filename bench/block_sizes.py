@@ -49,7 +49,7 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.catalog_scale import parallel as per_second  # noqa: E402
-from bench.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
+from testing.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
                            warm_memory)
 
 MiB = 1 << 20

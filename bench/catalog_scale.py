@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvfs.testing import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
+from testing.mount import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
 PER_DIR = 64
 FILE = 4096
@@ -240,7 +240,7 @@ def redis_memory(port: int) -> int:
 
 
 def cluster(tmp: Path, args) -> dict:
-    from tests.redis_server import RedisServer
+    from testing.redis_server import RedisServer
     n = args.cluster_files or args.files
     redis = RedisServer(tmp / "redis").start()
     shared = tmp / "cluster-ns"

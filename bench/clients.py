@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Clients: the same KV blocks stored and loaded through each engine's own file tier, on kvfs
 over 4 namespaces and on ext4 over 1 device, every device a loop device over tmpfs, throttled
-to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, bench/emulate.py) and unthrottled.
+to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, testing/emulate.py) and unthrottled.
 
   vLLM fs tier      FileSystemTierManager: O_DIRECT, O_EXCL temp + rename; every block its own
                     TransferJob, all submitted at once (16 read + 16 write threads)
@@ -12,7 +12,7 @@ to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, bench/em
                     loads read from the namespaces with kvfs.direct
 
 Loads are cold: kvfs's DRAM tier and the page cache are dropped first (after a sync on ext4).
-The engine runs in its own process (tests/clients/engine.py) inside the setup's cgroup, with the
+The engine runs in its own process (testing/engine.py) inside the setup's cgroup, with the
 kvfs daemon. Store times are what the engine waits for: kvfs is durable at close; on ext4 the
 buffered writes of SGLang's file backend are in the page cache when set() returns (and cgroup v1
 does not throttle their writeback).
@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops  # noqa: E402
-from tests.clients.engine import Engine  # noqa: E402
+from testing.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops  # noqa: E402
+from testing.engine import Engine  # noqa: E402
 
 MiB = 1 << 20
 

@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import Emulation, available  # noqa: E402
 from bench.stripe import BLOCK, drop_page_cache, read_cold, write_blocks  # noqa: E402
-from kvfs.testing import MountedKvfs, write_config  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from testing.emulate import Emulation, available  # noqa: E402
+from testing.mount import MountedKvfs, write_config  # noqa: E402
+from testing.redis_server import RedisServer  # noqa: E402
 
 MiB = 1 << 20
 ROUNDS = 5

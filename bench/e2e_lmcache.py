@@ -25,7 +25,7 @@ Ratios (kvfs / ext4; for stores, ext4's store time / kvfs's): `<speed>_read_vs_e
 `plugin_<speed>_read_vs_ext4` / `plugin_<speed>_store_vs_ext4` for the plugin. Each ratio is the
 median of `--repeat` rounds, each round running ext4, kvfs and the plugin back to back (noise
 hits all alike); `ratios_range` has each ratio's lowest and highest round. Memory is touched
-once first (bench/emulate.py `warm_memory`): on a virtual machine fresh memory is slow once.
+once first (testing/emulate.py `warm_memory`): on a virtual machine fresh memory is slow once.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import Emulation, available, warm_memory  # noqa: E402
+from testing.emulate import Emulation, available, warm_memory  # noqa: E402
 
 MiB = 1 << 20
 KV_SHAPE = (32, 2, 256, 8, 128)        # Llama-3.1-8B: layers, K/V, tokens, kv heads, head dim
@@ -183,7 +183,7 @@ def run_ext4(tmp: Path, n: int, bps, odirect: bool) -> dict:
 def run_kvfs(tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk",
              fresh_memory: bool = False) -> dict:
     from kvfs.cli import main as kvfs_main
-    from kvfs.testing import MountedKvfs, write_config
+    from testing.mount import MountedKvfs, write_config
     per_ns = n * CHUNK // 4 + 256 * MiB
     with Emulation(f"{4 * per_ns // MiB + 512}m") as emu:
         devs = [emu.loop(f"ns{i}", per_ns) for i in range(4)]

@@ -41,8 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import Emulation, available  # noqa: E402
-from kvfs.testing import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
+from testing.emulate import Emulation, available  # noqa: E402
+from testing.mount import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
 
 MiB = 1 << 20
 

@@ -39,10 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import Emulation, available  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
-from kvfs.testing import MountedKvfs, write_config  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
+from testing.emulate import Emulation, available  # noqa: E402
+from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 MiB = 1 << 20
 CHAIN = 16

@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reads import digest  # noqa: E402
-from kvfs.testing import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
+from testing.mount import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = 32 * MiB                       # an LMCache chunk of a large model

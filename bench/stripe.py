@@ -2,7 +2,7 @@
 """Striping: cold reads and writes of 32 MiB blocks through kvfs on 1, 2 and 4 namespaces.
 
 Every namespace is a loop device over a file on a private tmpfs, throttled with a cgroup limit
-(v1 blkio or v2 io.max, whichever the machine has: bench/emulate.py) of --bps bytes/s for reads
+(v1 blkio or v2 io.max, whichever the machine has: testing/emulate.py) of --bps bytes/s for reads
 and for writes; the kvfs daemon runs in that cgroup. In one run:
 
   kvfs Nns     write B blocks through the mount (open, one write, close: durable), then read
@@ -39,9 +39,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.emulate import Emulation, available  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
-from kvfs.testing import MountedKvfs, write_config  # noqa: E402
+from testing.emulate import Emulation, available  # noqa: E402
+from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 MiB = 1 << 20
 BLOCK = 32 * MiB

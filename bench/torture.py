@@ -124,7 +124,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvfs.testing import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
+from testing.mount import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 MIN_SIZE = 41
@@ -700,7 +700,7 @@ class Torture:
         self.cycle = 0
         self.redis = None
         if cluster:
-            from tests.redis_server import RedisServer
+            from testing.redis_server import RedisServer
             self.redis = RedisServer(work / "redis").start()
         n = 2 if cluster else 1
         # main: large enough that nothing is evicted (40 names of at most ~18 MiB each, plus

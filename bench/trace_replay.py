@@ -106,7 +106,7 @@ def replay_mounted(requests: list[list[int]], capacity: int, policy: str, block:
     import os
     import tempfile
 
-    from kvfs.testing import MountedKvfs, write_config
+    from testing.mount import MountedKvfs, write_config
     uniq = len({h for r in requests for h in r})
     with tempfile.TemporaryDirectory(prefix="kvfs-replay-") as tmp:
         tmp = Path(tmp)

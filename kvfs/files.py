@@ -29,7 +29,8 @@ from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.handles import Attr, Handle, Handles, NodeState, OpenResult, killed_while_exiting
 from kvfs.leases import Allocations, Leases
-from kvfs.sessions import PIN_XATTR, Session, Sessions
+from kvfs.session import Session
+from kvfs.sessions import PIN_XATTR, Sessions
 from kvfs.space import Space
 from kvfs.store import BlockStore
 

@@ -2,7 +2,7 @@
 
 `Handles` hands out file handles, keeps the kernel's lookup counts (a node that was unlinked
 is forgotten only when the kernel and every handle are done with it) and owns each inode's
-`NodeState`: its open handles, its write session (kvfs/sessions.py), its lock, and which
+`NodeState`: its open handles, its write session (kvfs/session.py), its lock, and which
 version the kernel's page cache may hold.
 """
 
@@ -11,15 +11,12 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
-
-if TYPE_CHECKING:
-    from kvfs.sessions import Session
+from kvfs.session import Session
 
 
 @dataclass
@@ -72,7 +69,7 @@ class Handle:
     node: Node
     readable: bool
     writable: bool
-    version: "Session | BlobRec | None" = None   # read-only handles: what they read
+    version: Session | BlobRec | None = None     # read-only handles: what they read
     backing: object = None                       # passthrough: the Buffer it is bound to
     pid: int = 0                                 # the process that opened it (0: unknown)
 
@@ -84,7 +81,7 @@ class NodeState:
     opens: int = 0
     writers: int = 0
     readers: dict[int, int] = field(default_factory=dict)   # blob id -> read-only handles
-    session: "Session | None" = None
+    session: Session | None = None
     lock: trio.Lock = field(default_factory=trio.Lock)
     cache_version: int | None = None     # blob id the kernel's page cache may hold
     backing: object = None               # passthrough: the Buffer every open handle is bound to

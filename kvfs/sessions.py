@@ -27,6 +27,7 @@ from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.handles import NodeState
 from kvfs.pool import Pool
+from kvfs.session import Session
 from kvfs.space import Space
 from kvfs.store import BlockStore
 
@@ -36,45 +37,6 @@ PIN_XATTR = b"user.kvfs.pin"
 
 
 ROOM_TRIES = 64         # a commit that met ENOSPC makes room and tries again at most this often
-
-
-class Session:
-    """The mutable content of a file between writes and commit."""
-
-    __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
-                 "next_early", "passthrough", "rdwr", "sig", "rec", "failed")
-
-    def __init__(self, buffer: Buffer, dirty: bool):
-        self.buffer = buffer
-        self.dirty = dirty        # has bytes (or existence) not yet committed
-        self.frozen = False       # committed: the buffer is now a resident clean copy
-        self.reserved = 0         # pool bytes set aside for it
-        self.charged = 0          # DRAM bytes accounted for its buffer
-        self.writer = None        # BlockWriter: units written behind the writer (write-behind)
-        self.contig = 0           # bytes written contiguously from offset 0
-        self.next_early = 0       # next unit write-behind may start
-        self.failed: KvfsError | None = None   # a write or commit of it failed: never commit it
-        # passthrough: the kernel writes into the buffer's memfd itself; the daemon learns of
-        # writes from the memfd's (size, mtime, ctime) `sig` at the last commit, and of writes
-        # through a shared mapping (possible when a handle was opened read-write, `rdwr`) by
-        # comparing the content with the checksums of the last commit (`rec`)
-        self.passthrough = False
-        self.rdwr = False
-        self.sig: tuple | None = None
-        self.rec = None
-
-    @property
-    def early(self) -> int:
-        """Pool bytes already allocated for units written behind."""
-        return self.writer.early_bytes if self.writer is not None else 0
-
-    @property
-    def size(self) -> int:
-        return self.buffer.sync_size() if self.passthrough else self.buffer.size
-
-    def changed(self) -> bool:
-        """Bytes (or existence) not yet committed, as far as a signature tells."""
-        return self.dirty or (self.passthrough and self.buffer.signature() != self.sig)
 
 
 @dataclass

@@ -9,8 +9,8 @@ from hypothesis import settings
 settings.register_profile("kvfs", deadline=None)
 settings.load_profile("kvfs")
 
+from testing.redis_server import RedisServer
 from tests.helpers import Mount, can_mount, write_config
-from tests.redis_server import RedisServer
 
 TESTS = Path(__file__).resolve().parent
 # Tests that mount kvfs: everything under these directories, and any test using these fixtures.

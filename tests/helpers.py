@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvfs.testing import (ROOT, MountedKvfs as Mount, is_mounted, wait_until,  # noqa: F401
+from testing.mount import (ROOT, MountedKvfs as Mount, is_mounted, wait_until,  # noqa: F401
                           write_config)
 
 MiB = 1 << 20
@@ -25,12 +25,12 @@ requires_mount = pytest.mark.skipif(can_mount() is not None, reason=str(can_moun
 
 
 def _emulation(throttle: bool) -> str | None:
-    from bench.emulate import available
+    from testing.emulate import available
     return available(throttle=throttle)
 
 
 # Tests on emulated namespaces: loop devices alone, or loop devices throttled by a cgroup (v1
-# blkio or v2 io.max, whichever the machine has; bench/emulate.py). Each says why it skips.
+# blkio or v2 io.max, whichever the machine has; testing/emulate.py). Each says why it skips.
 requires_loops = pytest.mark.skipif(_emulation(False) is not None, reason=str(_emulation(False)))
 requires_throttle = pytest.mark.skipif(_emulation(True) is not None,
                                        reason=str(_emulation(True)))

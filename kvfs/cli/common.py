@@ -1,5 +1,6 @@
-"""What every kvfs command shares: finding the mount, reading kvfs attributes, running control
-actions, and printing either tables for people or JSON for scripts.
+"""What every kvfs command shares: finding the mount (kvfs.mounts, which the integrations use
+too), reading kvfs attributes, running control actions, and printing either tables for people
+or JSON for scripts.
 
 The commands talk to the daemon only through the mount (getxattr/setxattr), so they work
 wherever the mount is visible and need no socket or privilege beyond the files' own.
@@ -13,6 +14,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
+from kvfs.mounts import find_mount
 from kvfs.units import format_size
 
 CONTROL = ".kvfs-control"
@@ -29,31 +31,6 @@ class CliError(Exception):
 def fail(message: str, code: int = 1) -> int:
     print(f"kvfs: {message}", file=sys.stderr)
     return code
-
-
-def _mounts() -> list[tuple[str, str]]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            point = left.split()[4].encode().decode("unicode_escape")
-            out.append((point, right.split()[0]))
-    return out
-
-
-def find_mount(path: str) -> str:
-    """The kvfs mount point that holds `path`; CliError naming the path otherwise."""
-    real = os.path.realpath(path) if os.path.lexists(path) else os.path.abspath(path)
-    best = None
-    for point, fstype in _mounts():
-        if real == point or real.startswith(point.rstrip("/") + "/"):
-            if best is None or len(point) >= len(best[0]):
-                best = (point, fstype)
-    if best is None or best[1] != "fuse.kvfs":
-        if not os.path.exists(path) and best is None:
-            raise CliError(f"no such file or directory: {path}")
-        raise CliError(f"not a kvfs mount: {path}")
-    return best[0]
 
 
 def _getxattr(path: str, name: str) -> bytes:

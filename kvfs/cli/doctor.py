@@ -15,20 +15,14 @@ import json
 import os
 import stat
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from kvfs.cli.common import CliError, find_mount, stats, table
+from kvfs.cli.doctor_clients import check_clients
+from kvfs.cli.findings import Finding
 
 SYS = Path("/sys")
-
-
-@dataclass
-class Finding:
-    status: str          # ok, info, warn, fail
-    check: str
-    detail: str
-    fix: str = ""
 
 
 def _read(p: Path) -> str | None:
@@ -421,7 +415,6 @@ def run_checks(mounts: list[str]) -> list[Finding]:
         findings += fs
         if st is None:
             continue
-        from kvfs.cli.doctor_clients import check_clients
         findings += check_clients(m, st)      # the engines' directories in the mount
         for ns in st["namespaces"]:
             fs, numa = describe_namespace(ns)

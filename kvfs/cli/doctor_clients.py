@@ -21,7 +21,7 @@ import math
 import os
 import re
 
-from kvfs.cli.doctor import Finding
+from kvfs.cli.findings import Finding
 from kvfs.units import format_size
 
 SAMPLE = 64          # file names looked at per directory
@@ -104,7 +104,7 @@ def find_client_dirs(mount: str, depth: int = 3) -> list[tuple[str, str]]:
     return out
 
 
-def check_clients(mount: str, st: dict) -> list:
+def check_clients(mount: str, st: dict) -> list[Finding]:
     """Findings for the engines' directories in one mount (st: the mount's statistics)."""
     pool = st["tiers"]["pool"]
     cap, evict = pool["capacity"], pool["evict"]

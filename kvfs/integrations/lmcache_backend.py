@@ -38,6 +38,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvfs import direct
+from kvfs.mounts import find_mount
 
 log = logging.getLogger("kvfs.lmcache")
 
@@ -61,7 +62,6 @@ class KvfsBackend(StoragePluginInterface):
                              "kvfs mount")
         self.path = os.path.abspath(path)
         os.makedirs(self.path, exist_ok=True)
-        from kvfs.cli.common import find_mount
         self.mount = find_mount(self.path)
         self.direct = direct.Direct(self.mount, verify=bool(extra.get("kvfs.verify", True)))
         self._writers = concurrent.futures.ThreadPoolExecutor(int(extra.get("kvfs.threads", 8)),

@@ -27,6 +27,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
 
 from kvfs import direct
+from kvfs.mounts import find_mount
 
 log = logging.getLogger("kvfs.sglang")
 
@@ -37,7 +38,6 @@ class KvfsHiCacheStorage(HiCacheFile):
         # directory from SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR or extra_config
         super().__init__(storage_config)
         extra = storage_config.extra_config or {}
-        from kvfs.cli.common import find_mount
         self._direct = direct.Direct(find_mount(os.path.abspath(self.file_path)),
                                      threads=int(extra.get("kvfs_threads", 16)),
                                      verify=bool(extra.get("kvfs_verify", True)))

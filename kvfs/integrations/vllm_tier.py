@@ -27,6 +27,7 @@ from vllm.v1.kv_offload.tiering.fs.io import _ensure_dirs
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
 from kvfs import direct
+from kvfs.mounts import find_mount
 
 log = logging.getLogger("kvfs.vllm")
 
@@ -34,7 +35,6 @@ log = logging.getLogger("kvfs.vllm")
 class KvfsTier(FileSystemTierManager):
     def __init__(self, *args, verify: bool = True, direct_threads: int = 16, **kwargs):
         super().__init__(*args, **kwargs)
-        from kvfs.cli.common import find_mount
         root = os.path.abspath(kwargs["root_dir"])
         self._direct = direct.Direct(find_mount(root), threads=direct_threads, verify=verify)
 

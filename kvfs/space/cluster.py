@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, Iterable
 import trio
 
 from kvfs.catalog.base import BlobRec
-from kvfs.catalog.redis.scripts import SCRIPTS
+from kvfs.catalog.redis.leases import RegionLeases
 from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError
@@ -118,6 +118,7 @@ class ClusterSpace(Space):
     def __init__(self, pool: Pool, knobs: Knobs, link: ClusterLink, cfg: ClusterConfig):
         super().__init__(pool, knobs)
         self.link = link
+        self.leases = RegionLeases(link)     # acquire, renew, release; purge, hold
         self.cfg = cfg
         # catch_up(tail): wait until the catalog's mirror has applied the change log up to
         # `tail` (set by the start-up code once the catalog exists)
@@ -249,14 +250,14 @@ class ClusterSpace(Space):
         if not cands:
             return False
         t = trio.current_time()
-        got, tail = await self.link.eval(SCRIPTS.acquire, [self.link.token, self.lease_ms, *cands])
+        got, tail = await self.leases.acquire(cands, self.lease_ms)
         if not got:
             return False
         r = int(got)
         # Whoever held the region before published everything it wrote there before giving
         # it up (or its lease expired): apply the log up to now before allocating in it.
         if not await self.catch_up(tail):
-            await self.link.eval(SCRIPTS.release, [self.link.token, r])
+            await self.leases.release([r])
             raise KvfsError(errno.EIO, "cluster: could not catch up with the change log")
         regions.deadline[r] = t + self.cfg.lease_seconds * LEASE_MARGIN
         regions.used_at[r] = t
@@ -272,8 +273,7 @@ class ClusterSpace(Space):
                 continue
             t = trio.current_time()
             try:
-                ok = {int(r) for r in await self.link.eval(
-                    SCRIPTS.renew, [self.link.token, self.lease_ms, *held])}
+                ok = {int(r) for r in await self.leases.renew(held, self.lease_ms)}
             except KvfsError:
                 continue                     # the deadlines run out by themselves
             for r in held:
@@ -303,7 +303,7 @@ class ClusterSpace(Space):
         for r in rs:
             self.regions.deadline.pop(r, None)
         try:
-            await self.link.eval(SCRIPTS.release, [self.link.token, *rs])
+            await self.leases.release(rs)
         except KvfsError:
             pass                              # they expire instead
 
@@ -316,7 +316,7 @@ class ClusterSpace(Space):
     # --- the grave ---------------------------------------------------------------------------------
     async def purge(self) -> int:
         """Free the space of retired blocks whose grace period is over (any node may do it)."""
-        ids = await self.link.eval(SCRIPTS.purge, [self.link.epoch, 256])
+        ids = await self.leases.purge(256)
         for b in ids:
             self.purged(int(b))
         return len(ids)
@@ -339,7 +339,7 @@ class ClusterSpace(Space):
             if not held:
                 continue
             try:
-                await self.link.eval(SCRIPTS.hold, [self.grace_ms, *held])
+                await self.leases.hold(held, self.grace_ms)
             except KvfsError as e:
                 log.debug("cluster: holding retired blocks that are still read failed: %s", e)
 

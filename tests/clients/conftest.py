@@ -1,4 +1,4 @@
-"""Engines (tests/clients/engine.py) started once per test module, two per client: two inference
+"""Engines (testing/engine.py) started once per test module, two per client: two inference
 servers sharing a node's kvfs mount, or one per node in cluster tests."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from tests.clients.engine import Engine
+from testing.engine import Engine
 from tests.helpers import can_mount
 
 CLIENT_MODULES = {"vllm": "vllm", "sglang": "sglang", "nixl": "nixl_cu12"}

@@ -11,9 +11,9 @@ import pytest
 import trio
 
 from kvfs.errors import KvfsError
+from testing.redis_server import RedisServer
 from tests.daemon.harness import eventually, run_cluster
 from tests.helpers import write_config
-from tests.redis_server import RedisServer
 
 MiB = 1 << 20
 _names = itertools.count()

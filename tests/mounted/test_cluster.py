@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.redis_server import RedisServer
 from tests.helpers import MiB, wait_until, write_config
-from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.mounted
 
@@ -229,7 +229,7 @@ def _writes(path: Path) -> bool:
 
 
 def test_redis_unreachable_at_start_is_a_clear_error(tmp_path):
-    from tests.redis_server import free_port
+    from testing.redis_server import free_port
     cfg = write_config(tmp_path / "k.toml", tmp_path / "state",
                        [{"path": str(tmp_path / "ns0.img"), "size": "64MiB"}],
                        extra=f'[cluster]\nredis = "redis://127.0.0.1:{free_port()}/0"\n')

@@ -6,7 +6,7 @@ import os
 import threading
 
 
-from bench.emulate import Emulation
+from testing.emulate import Emulation
 from tests.helpers import requires_throttle, wait_until, write_config
 
 MiB = 1 << 20

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from kvfs.testing import wait_until
+from testing.mount import wait_until
 
 MiB = 1 << 20
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.emulate import Emulation
+from testing.emulate import Emulation
 from tests.helpers import requires_loops
 
 pytestmark = requires_loops

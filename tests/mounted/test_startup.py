@@ -124,7 +124,7 @@ def test_a_detached_loop_namespace_is_a_one_line_error(tmp_path, make_mount):
     """losetup -d while kvfs holds the device only takes effect at unmount (the kernel defers
     it); the next mount then finds a device node with no device (ENXIO): one line naming the
     namespace, not a traceback. Attaching the same file again brings everything back."""
-    from bench.emulate import Emulation, available
+    from testing.emulate import Emulation, available
     if available(throttle=False):
         pytest.skip(available(throttle=False))
     from kvfs.cli import main as kvfs_main

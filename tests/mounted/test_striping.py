@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from bench.emulate import Emulation
+from testing.emulate import Emulation
 from tests.helpers import requires_throttle
 from kvfs.cli import main as kvfs_main
 from tests.helpers import write_config

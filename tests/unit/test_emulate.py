@@ -1,4 +1,4 @@
-"""The device throttles of bench/emulate.py, on directories laid out like each cgroup version
+"""The device throttles of testing/emulate.py, on directories laid out like each cgroup version
 (this machine's cgroup v2 hierarchy has no io controller, so io.max is checked here against a
 copy of its layout; on a machine that has one, the mounted tests throttle through it)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.emulate import BlkioGroup, IoMaxGroup, throttle_support
+from testing.emulate import BlkioGroup, IoMaxGroup, throttle_support
 
 
 class Dev:

@@ -4,7 +4,7 @@ import pytest
 import trio
 
 from kvfs.redis_client import RedisClient, RedisError, RedisUnavailable
-from tests.redis_server import RedisServer, free_port
+from testing.redis_server import RedisServer, free_port
 
 
 @pytest.fixture(scope="module")

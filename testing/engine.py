@@ -9,7 +9,7 @@ descriptors, page cache use, threads), as two inference servers on one node woul
         a.call("open", root="/mnt/kvfs/vllm")
         a.call("store", keys=[1, 2, 3])
 
-The operations live in tests/clients/<client>_ops.py as a dict OPS of functions taking the
+The operations live in testing/<client>_ops.py as a dict OPS of functions taking the
 engine's state (a dict kept between calls) and the command's keyword arguments.
 
 Block contents are derived from the block's key (`content`), so any process can check what
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def content(key: int, nbytes: int) -> np.ndarray:
@@ -52,7 +52,7 @@ class Engine:
         self._res_r, res_w = os.pipe()
         logf = open(log, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.clients.engine", client, str(cmd_r), str(res_w)],
+            [sys.executable, "-m", "testing.engine", client, str(cmd_r), str(res_w)],
             pass_fds=(cmd_r, res_w), stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, **(env or {})})
         logf.close()
@@ -120,7 +120,7 @@ class Engine:
 
 
 def serve(client: str, cmd_fd: int, res_fd: int) -> None:
-    ops = importlib.import_module(f"tests.clients.{client}_ops").OPS
+    ops = importlib.import_module(f"testing.{client}_ops").OPS
     state: dict = {}
     with os.fdopen(cmd_fd, "r") as cmds, os.fdopen(res_fd, "w", buffering=1) as out:
         out.write(json.dumps({"ok": True, "result": "ready"}) + "\n")

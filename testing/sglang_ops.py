@@ -17,7 +17,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-from tests.clients.engine import content
+from testing.engine import content
 
 PAGE = 2 << 20
 

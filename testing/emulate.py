@@ -304,7 +304,7 @@ def kvfs_on_loops(emu: Emulation, tmp: Path, name: str, count: int, size: int,
     """kvfs over `count` loop namespaces of `size` bytes in all, formatted and mounted; the
     daemon runs in the namespaces' cgroup."""
     from kvfs.cli import main as kvfs_main
-    from kvfs.testing import MountedKvfs, write_config
+    from testing.mount import MountedKvfs, write_config
     devs = [emu.loop(f"{name}-ns{i}", size // count + (64 << 20)) for i in range(count)]
     cfg = write_config(tmp / f"{name}.toml", tmp / f"{name}-state",
                        [{"path": d.path} for d in devs], dram=dram)

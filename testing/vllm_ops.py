@@ -23,7 +23,7 @@ from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig,
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
-from tests.clients.engine import content
+from testing.engine import content
 
 BLOCK = 2 << 20          # bytes per KV block (one chunk of one block)
 

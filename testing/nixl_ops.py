@@ -29,7 +29,7 @@ from lmcache.v1.pin_monitor import PinMonitor
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.nixl_storage_backend import NixlStorageBackend
 
-from tests.clients.engine import content
+from testing.engine import content
 
 LAYERS = 4
 KV_SHAPE = (LAYERS, 2, 256, 8, 64)  # layers, K/V, tokens, kv heads, head dim: 2 MiB in bf16

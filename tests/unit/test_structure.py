@@ -1,0 +1,154 @@
+"""The import structure: kvfs/ (the package) <- testing/ (the shared harness) <- bench/ <- tests/.
+
+Every module is parsed with `ast` (imports inside functions and under TYPE_CHECKING count: they
+are dependencies all the same) and the import graph is checked:
+
+- no import cycle inside kvfs/, testing/ or bench/;
+- kvfs/ imports none of testing, tests, bench (it is what ships);
+- testing/ imports neither tests nor bench, and bench/ does not import tests (nor names a
+  tests module in a string: `python -m tests.x`, importlib);
+- outside kvfs/catalog/ nothing imports kvfs.catalog.redis.scripts (the Lua scripts are the
+  Redis catalog's own; the space layer calls kvfs/catalog/redis/leases.py). Tests of the
+  scripts themselves (tests/unit/test_lua_scripts.py) may.
+
+On the tree before testing/ existed this failed three ways: the cycles kvfs.handles <->
+kvfs.sessions and kvfs.cli.doctor <-> kvfs.cli.doctor_clients, bench importing
+tests.redis_server and tests.clients.engine, and kvfs.space.cluster importing the scripts.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("kvfs", "testing", "bench", "tests")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the four top-level directories, by dotted name."""
+    found = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules `name` imports anywhere in its source: the module itself where it is one of
+    ours (`from pkg import mod` names pkg.mod), else the dotted name as written."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                out.add(sub if sub in known else mod)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imported(name, path, known) for name, path in known.items()}
+
+
+def top(mod: str) -> str:
+    return mod.split(".")[0]
+
+
+def cycles(g: dict[str, set[str]], within: tuple[str, ...]) -> list[list[str]]:
+    """One cycle through each strongly connected component of more than one module (or a
+    module importing itself), among the modules of `within`."""
+    nodes = [n for n in g if top(n) in within]
+    edges = {n: sorted(m for m in g[n] if m in g and top(m) in within) for n in nodes}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:        # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in edges[v]:
+                comps.append(sorted(comp))
+
+    for n in nodes:
+        if n not in index:
+            visit(n)
+    return comps
+
+
+def offending(g: dict[str, set[str]], importer: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{m} imports {i}" for m, deps in g.items() if top(m) == importer
+                  for i in deps if top(i) in forbidden)
+
+
+def test_the_graph_sees_every_package_and_imports_inside_functions():
+    g = graph()
+    assert {"kvfs", "kvfs.space.cluster", "kvfs.catalog.redis.catalog"} <= g.keys()
+    # sessions imports the writer inside a function: the parse must see it
+    assert "kvfs.writer" in g["kvfs.sessions"]
+
+
+def test_no_import_cycles():
+    assert cycles(graph(), ("kvfs", "testing", "bench")) == []
+
+
+def test_the_package_imports_no_harness_benchmark_or_test():
+    assert offending(graph(), "kvfs", ("testing", "tests", "bench")) == []
+
+
+def test_the_harness_and_the_benchmarks_import_no_test():
+    g = graph()
+    assert offending(g, "testing", ("tests", "bench")) == []
+    assert offending(g, "bench", ("tests",)) == []
+
+
+def test_the_harness_and_the_benchmarks_name_no_test_module_in_strings():
+    """A subprocess `python -m tests.x` or importlib.import_module("tests.x") is an import too."""
+    found = []
+    for name, path in modules().items():
+        if top(name) not in ("testing", "bench"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.startswith("tests."):
+                found.append(f"{name}: {node.value!r}")
+    assert found == []
+
+
+def test_only_the_catalog_reaches_the_redis_lua_scripts():
+    g = graph()
+    assert sorted(m for m, deps in g.items() if "kvfs.catalog.redis.scripts" in deps
+                  and not m.startswith("kvfs.catalog.") and top(m) != "tests") == []
