@@ -32,6 +32,7 @@ from kvfs.config import Config, mem_total
 from kvfs.errors import StartupError
 from kvfs.fuse_ops import FuseOps
 from kvfs.knobs import Knobs
+from kvfs.mounts import abort_connection, mount_entry
 from kvfs.service import Service
 
 log = logging.getLogger("kvfs.daemon")
@@ -48,26 +49,6 @@ IDLE_TASKS = 32
 # from 2,530-2,590 to 2,830-2,860 files/s and stores from 1,330-1,450 to 1,490-1,510 (side by
 # side; 0.1 ms was no better).
 GIL_SWITCH_SECONDS = 0.0005
-
-
-def mount_entry(mountpoint: str | os.PathLike, *, resolve: bool = True) -> dict | None:
-    """The /proc/self/mountinfo entry for a mount point, or None.
-
-    `resolve=False` when the path is already canonical: the daemon must never stat its own
-    mountpoint from the thread that serves it (the request would wait for itself).
-    """
-    target = os.path.realpath(mountpoint) if resolve else os.fspath(mountpoint)
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            point = fields[4].encode().decode("unicode_escape")
-            if point == target:
-                rfields = right.split()
-                found = {"dev": fields[2], "mountpoint": point, "fstype": rfields[0],
-                         "source": rfields[1] if len(rfields) > 1 else ""}
-    return found          # the last entry wins: it is the one on top
 
 
 def _writable_dir_or_creatable(path: Path) -> None:
@@ -227,6 +208,8 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
             ready(msg)
             raise StartupError(msg) from None
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        conn = mount_entry(real_mountpoint, resolve=False)
+        conn_dev = conn["dev"] if conn is not None else None
         log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
                  mountpoint, pool.pool_id, len(pool.namespaces), pool.capacity, cfg.dram.capacity,
                  os.getpid(), f"; shared, catalog in Redis at {cfg.cluster.where} (node "
@@ -244,6 +227,14 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
                 nursery.cancel_scope.cancel()
             clean = True
         finally:
+            # Nothing answers requests any more. A request still waiting would wait until
+            # /dev/fuse closes at exit, but the process cannot exit while a thread of it is
+            # blocked on an entry invalidation that such a request holds up (kvfs/mounts.py,
+            # abort_connection): fail them first. (Skipped if the mount is gone: unmounted by
+            # the kernel, its device number may already belong to another mount.)
+            now = mount_entry(real_mountpoint, resolve=False)
+            if conn_dev is not None and now is not None and now["dev"] == conn_dev:
+                abort_connection(conn_dev)
             pyfuse3.close(unmount=True)
             dirty = service.dirty_files()
             if dirty:

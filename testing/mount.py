@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from kvfs.mounts import abort_connection, mount_entry
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -46,8 +48,12 @@ def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: s
     return path
 
 
+def mount_device(path: Path) -> str | None:
+    e = mount_entry(path)
+    return e["dev"] if e is not None and e["fstype"] == "fuse.kvfs" else None
+
+
 def is_mounted(path: Path) -> bool:
-    from kvfs.daemon import mount_entry
     e = mount_entry(path)
     return e is not None and e["fstype"] == "fuse.kvfs"
 
@@ -63,6 +69,7 @@ class MountedKvfs:
         self.log = log
         self.nofile = nofile
         self.proc: subprocess.Popen | None = None
+        self.dev: str | None = None          # the mount's device ("0:53"), once mounted
 
     def start(self, timeout: float = 30.0) -> "MountedKvfs":
         self.mountpoint.mkdir(parents=True, exist_ok=True)
@@ -82,6 +89,7 @@ class MountedKvfs:
                 self.kill()
                 raise TimeoutError("kvfs did not mount in time:\n" + self.log_text())
             time.sleep(0.02)
+        self.dev = mount_device(self.mountpoint)
         return self
 
     def _limit(self) -> None:
@@ -151,8 +159,10 @@ class MountedKvfs:
                 # (eviction) waits for a directory lock that a request to this very daemon holds
                 # (a rename waiting for its lookup). The process cannot finish dying, so its
                 # /dev/fuse is never closed and the requests never fail. Aborting the
-                # connection (umount -f) fails them, and the daemon exits.
-                subprocess.run(["umount", "-f", str(self.mountpoint)], capture_output=True)
+                # connection fails them, and the daemon exits (kvfs/mounts.py; by the device
+                # number: the mount may already be detached from its mountpoint).
+                if self.dev is None or not abort_connection(self.dev):
+                    subprocess.run(["umount", "-f", str(self.mountpoint)], capture_output=True)
                 self.proc.wait(30)
         self._clear_mount()
         self.proc = None

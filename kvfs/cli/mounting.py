@@ -102,7 +102,7 @@ def _umount2(path: str, flags: int = 0) -> None:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from kvfs.daemon import mount_entry
+    from kvfs.mounts import abort_connection, mount_entry
     mp = os.path.realpath(args.mountpoint)
     entry = mount_entry(mp)
     if entry is None:
@@ -110,10 +110,12 @@ def cmd_umount(args: argparse.Namespace) -> int:
     if entry["fstype"] != "fuse.kvfs":
         return _fail(f"not a kvfs mount: {args.mountpoint} ({entry['fstype']})")
     pid = None
+    if args.abort and not abort_connection(entry["dev"]):
+        return _fail(f"{args.mountpoint}: no FUSE connection found for device {entry['dev']}")
     try:
         pid = json.loads(os.getxattr(mp, "user.kvfs.stats"))["pid"]
     except OSError as e:
-        if e.errno != errno.ENOTCONN:
+        if e.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
             return _fail(f"{args.mountpoint}: cannot reach the daemon: {e.strerror}")
     except (ValueError, KeyError):
         pass
@@ -133,7 +135,8 @@ def cmd_umount(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.05)
         else:
-            return _fail(f"{args.mountpoint}: unmounted, but daemon {pid} is still running")
+            return _fail(f"{args.mountpoint}: unmounted, but daemon {pid} is still running (if it "
+                         f"cannot finish exiting, `kvfs umount --abort` fails what it waits for)")
     return 0
 
 
@@ -163,6 +166,9 @@ def add_parsers(sub) -> None:
     u.add_argument("mountpoint")
     u.add_argument("--lazy", "-l", action="store_true", help="detach now even if files are open")
     u.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the daemon")
+    u.add_argument("--abort", action="store_true",
+                   help="abort the FUSE connection first: requests still waiting fail (for a "
+                        "daemon that died, or was killed and cannot finish exiting)")
     u.set_defaults(func=cmd_umount)
 
     f = sub.add_parser("format", help="initialise a pool (and the local tier) on the configured devices")

@@ -73,6 +73,35 @@ def test_sigterm_unmounts_cleanly(make_mount, pool_config):
     assert (m.mountpoint / "f").read_bytes() == b"data"
 
 
+def test_aborting_a_mounts_fuse_connection_fails_its_requests_and_ends_the_daemon(
+        make_mount, pool_config):
+    """kvfs.mounts.abort_connection finds a mount's connection from its device number (the
+    daemon does it at shutdown, the harness for a killed daemon that cannot finish dying)."""
+    import errno
+
+    from kvfs.mounts import abort_connection
+    m = make_mount(pool_config())
+    (m.mountpoint / "f").write_bytes(b"data")
+    assert m.dev is not None and abort_connection(m.dev)
+    with pytest.raises(OSError) as e:
+        os.stat(m.mountpoint / "f")
+    assert e.value.errno in (errno.ECONNABORTED, errno.ENOTCONN)
+    m.proc.wait(30)                                  # its reads of /dev/fuse fail: it ends
+    m.stop()
+    assert not is_mounted(m.mountpoint) and not abort_connection(m.dev)
+
+
+def test_umount_abort(make_mount, pool_config):
+    m = make_mount(pool_config())
+    (m.mountpoint / "f").write_bytes(b"data")
+    r = kvfs("umount", "--abort", str(m.mountpoint))
+    assert r.returncode == 0, r.stderr
+    m.proc.wait(30)
+    assert not is_mounted(m.mountpoint)
+    m.start()
+    assert (m.mountpoint / "f").read_bytes() == b"data"       # committed before: kept
+
+
 @pytest.mark.skipif(not os.path.exists("/usr/sbin/mount.fuse.kvfs"),
                     reason="the mount helper is installed by `make install`")
 def test_mount_helper_and_fstab_style_options(tmp_path, pool_config):
