@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
 from bench.synthetic_traces import TRACES
-from bench.trace_replay import load, replay
+from bench.trace_replay import load, replay, serve
 from kvfs.policy import (LRUPolicy, PrefixPolicy, ProbationFrequencyPolicy, SecondAccessAdmit,
                          TierIndex, make_policy)
 
@@ -81,24 +82,67 @@ def test_second_access_admission():
     assert a.admit("k", 1)
 
 
-# Capacities (fractions of a trace's distinct blocks) where the comparison can fail: LRU must
-# score above 0 there. The `loop` trace is a cyclic scan, so below its working set LRU scores 0
-# and "prefix >= LRU" holds for any policy; it is compared at and above the working set instead.
-CAPACITY_FRACTIONS = {"loop": (1.0, 1.1)}
+class RandomPolicy(LRUPolicy):
+    """Evicts a random evictable block: what a comparison must be able to tell apart."""
+
+    name = "random"
+
+    def __init__(self, capacity: int = 0, seed: int = 7):
+        super().__init__(capacity)
+        self.rng = random.Random(seed)
+
+    def victim(self, evictable, cold_only: bool = False):
+        keys = [k for k in self.order if evictable(k)]
+        if not keys:
+            return None
+        k = self.rng.choice(keys)
+        del self.order[k]
+        return k
+
+
+def replay_policy(reqs, capacity: int, policy) -> float:
+    tier = TierIndex(capacity, policy)
+    hits = total = 0
+    for ids in reqs:
+        hits += serve(tier, ids)
+        total += len(ids)
+    return hits / total
+
+
+# Capacities (fractions of a trace's distinct blocks) where the policies differ; the cyclic
+# scan (`loop`) is compared apart below: there LRU scores 0 below the working set, so "not below
+# LRU" holds for any policy, and at or above it every policy scores the same.
+CAPACITY_FRACTIONS = (0.02, 0.1, 0.3)
+OTHER_TRACES = sorted(set(TRACES) - {"loop"})
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TRACES))
+@pytest.mark.parametrize("name", OTHER_TRACES)
 def test_prefix_policy_does_not_fall_below_lru_on_other_traces(name):
-    """README: on these traces the default policy "stays within 0.1% of LRU or above"."""
+    """README: on these traces the default policy "stays within 0.1% of LRU or above"; and the
+    comparison can fail: a random policy falls below LRU at the smallest capacity."""
     reqs = TRACES[name]()
     nblocks = len({h for r in reqs for h in r})
-    for frac in CAPACITY_FRACTIONS.get(name, (0.02, 0.1, 0.3)):
+    for frac in CAPACITY_FRACTIONS:
         cap = max(50, int(nblocks * frac))
         ours = replay(reqs, cap, "prefix")["hit_rate"]
         lru = replay(reqs, cap, "lru")["hit_rate"]
         assert lru > 0, ("a comparison that cannot fail", name, cap)
         assert ours >= lru * 0.999, (name, cap, ours, lru)
+        if frac == CAPACITY_FRACTIONS[0]:
+            rnd = replay_policy(reqs, cap, RandomPolicy(cap))
+            assert rnd < lru * 0.999, ("random passes this comparison", name, cap, rnd, lru)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 22: the prefix policy keeps nothing of a cyclic "
+                                       "scan larger than the tier (nor does LRU; a random "
+                                       "policy keeps ~2.5% of its prefix hits)")
+def test_prefix_policy_keeps_part_of_a_scan_larger_than_the_tier():
+    reqs = TRACES["loop"]()
+    cap = len({h for r in reqs for h in r}) // 2
+    assert replay_policy(reqs, cap, RandomPolicy(cap)) > 0.02      # something can be kept
+    assert replay(reqs, cap, "prefix")["hit_rate"] > 0.2           # half fits: keep a part
 
 
 @pytest.mark.slow
