@@ -11,7 +11,9 @@ TierIndex` (the DRAM tier's index) of `--capacity-blocks` blocks with the chosen
     python bench/trace_replay.py --trace TRACE --capacity-blocks 6000 [--policy prefix] [--json]
 
 `hit_rate` is for --policy; `lru_hit_rate` for LRU at the same capacity (the baseline), both
-from this run.
+from this run; `bound_hit_rate` the offline bound at that capacity (`replay_bound`: furthest
+next use, knowing the future) and `pct_of_bound` the policy's share of it; `us_per_access` the
+policy's replay time per block access.
 
 With --nodes N, the requests are also spread round-robin over N nodes, and the prefix hit rate
 of N node-local pools of --capacity-blocks each is compared with one pool of N times that
@@ -78,6 +80,50 @@ def replay(requests: list[list[int]], capacity: int, policy: str) -> dict:
     if mode:
         out["final_mode"] = mode
     return out
+
+
+def replay_bound(requests: list[list[int]], capacity: int) -> dict:
+    """The offline bound at `capacity` blocks: knowing the future, keep the blocks used soonest
+    (Belady's rule: when room is needed, drop the resident block whose next use is furthest
+    away, and do not keep a block needed later than all of them, nor one never used again).
+    Same semantics as `serve`: a request's hit is the leading run of its blocks found kept,
+    then every block of it is used. No online policy can beat this on block hits; on prefix
+    hits it is the yardstick the policy work is measured against (`pct_of_bound`)."""
+    import heapq
+    seq = [h for ids in requests for h in ids]
+    never = len(seq) + 1
+    nxt = [never] * len(seq)
+    last: dict[int, int] = {}
+    for i in range(len(seq) - 1, -1, -1):
+        nxt[i] = last.get(seq[i], never)
+        last[seq[i]] = i
+    kept: dict[int, int] = {}            # block -> its next use
+    heap: list[tuple[int, int]] = []     # (-next use, block), stale entries skipped
+    hits = total = pos = 0
+    for ids in requests:
+        k = 0
+        while k < len(ids) and ids[k] in kept:
+            k += 1
+        hits += k
+        total += len(ids)
+        for h in ids:
+            n = nxt[pos]
+            pos += 1
+            if h in kept:
+                kept[h] = n
+                heapq.heappush(heap, (-n, h))
+                continue
+            if n == never:
+                continue
+            if len(kept) >= capacity:
+                while kept.get(heap[0][1]) != -heap[0][0]:
+                    heapq.heappop(heap)
+                if -heap[0][0] <= n:
+                    continue                 # every kept block is needed before this one
+                del kept[heapq.heappop(heap)[1]]
+            kept[h] = n
+            heapq.heappush(heap, (-n, h))
+    return {"capacity_blocks": capacity, "hit_rate": hits / max(1, total)}
 
 
 POOL_EVICTION = "lru"      # what kvfs's pools evict by, on one node and shared (see above)
@@ -170,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         base = replay(requests, cap, "lru")
         r["lru_hit_rate"] = base["hit_rate"]
         r["vs_lru"] = r["hit_rate"] / base["hit_rate"] if base["hit_rate"] else float("inf")
+        bound = replay_bound(requests, cap)["hit_rate"]
+        r["bound_hit_rate"] = bound
+        r["pct_of_bound"] = 100 * r["hit_rate"] / bound if bound else float("nan")
+        r["lru_pct_of_bound"] = 100 * base["hit_rate"] / bound if bound else float("nan")
+        r["us_per_access"] = 1e6 * r["seconds"] / max(1, r["blocks"])
         rows.append(r)
     mounted = None
     if args.mounted:
@@ -189,10 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
         return 0
     print(f"{args.trace}: {rows[0]['requests']} requests, {rows[0]['blocks']} block reads")
-    print(f"{'capacity':>9}{'policy':>10}{'hit rate':>10}{'LRU':>9}{'vs LRU':>8}  mode")
+    print(f"{'capacity':>9}{'policy':>10}{'hit rate':>10}{'LRU':>9}{'bound':>9}{'vs LRU':>8}"
+          f"{'% bound':>9}{'LRU %':>7}{'us/access':>11}  mode")
     for r in rows:
         print(f"{r['capacity_blocks']:>9}{r['policy']:>10}{r['hit_rate']:>10.4f}{r['lru_hit_rate']:>9.4f}"
-              f"{r['vs_lru']:>8.3f}  {r.get('final_mode', '')}")
+              f"{r['bound_hit_rate']:>9.4f}{r['vs_lru']:>8.3f}{r['pct_of_bound']:>9.1f}"
+              f"{r['lru_pct_of_bound']:>7.1f}{r['us_per_access']:>11.2f}  {r.get('final_mode', '')}")
     if args.nodes:
         print(f"\n{args.nodes} nodes, requests round-robin; pools evict by {POOL_EVICTION} "
               f"(node-local and cluster-wide), as kvfs's pools do")
