@@ -461,6 +461,15 @@ class Writer:
         self.log(op="vanished", name=name, v=self.state[name]["v"])
         self.state[name].update(v=None, recipe=None, size=0, unknown=False)
 
+    def gone_everywhere(self, name: str, st: dict) -> bool:
+        """The name is gone on the node that left it too (an eviction, in the evict scenario:
+        the node that evicted it knows first, the other one a moment later)."""
+        try:
+            os.stat(name, dir_fd=self.roots[st["node"]])
+            return False
+        except FileNotFoundError:
+            return True
+
     def sees(self, root: int, name: str, st: dict) -> bool:
         """Whether the node of `root` sees `name` as this writer left it (polled: its
         follower applies the other node's change a moment later)."""
@@ -472,6 +481,9 @@ class Writer:
                 seen = st["v"] is not None and size == st["size"]
             except FileNotFoundError:
                 seen = st["v"] is None      # (the stat must run: a name left absent is seen so)
+                if not seen and self.gone_everywhere(name, st):
+                    return True             # evicted meanwhile: not a stale view (the next
+                                            # operation finds it vanished and says so)
             if seen:
                 if not first and "t_done" in st:     # how long the change took to be seen
                     self.log(op="seen_after", name=name,
