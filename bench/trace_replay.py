@@ -27,7 +27,10 @@ With --mounted N, the first N requests are also replayed end to end through a re
 pool large enough for all of them, under a DRAM tier of --capacity-blocks blocks; a request
 looks its blocks up in order (`user.kvfs.tier`), reads the ones that exist and writes the ones
 that do not, as LMCache's fs connector does. Reported per tier (from kvfs's own statistics):
-the DRAM prefix hit rate and block hit rate, for --policy and for LRU, readahead off.
+the DRAM prefix hit rate and block hit rate, for --policy and for LRU, readahead off. Then the
+same requests again with the pool as the tier that evicts: a pool of --capacity-blocks blocks
+with `pool.evict` = the policy (and LRU), its prefix hit rate (the leading blocks that exist
+as files) beside the simulation's at the pool's capacity (`points_from_simulation`).
 """
 
 from __future__ import annotations
@@ -197,6 +200,53 @@ def replay_mounted(requests: list[list[int]], capacity: int, policy: str, block:
                 "policy_mode": dram["policy_mode"], "seconds": time.perf_counter() - t}
 
 
+def replay_mounted_pool(requests: list[list[int]], capacity: int, policy: str,
+                        block: int) -> dict:
+    """Replay requests through a real mount whose pool is the tier that evicts: a pool of
+    about `capacity` blocks (each a file of `block` bytes, one stripe unit) with `pool.evict =
+    policy`, a DRAM tier of a few blocks. A request's hit is the leading run of its blocks that
+    exist as files (the pool kept them); then it reads those and writes the others, as
+    LMCache's fs connector does. Returns the prefix hit rate and the pool's capacity in blocks
+    (what the simulation is run at to compare)."""
+    import os
+    import tempfile
+
+    from kvfs.layout import DATA_START
+    from testing.mount import MountedKvfs, write_config
+    with tempfile.TemporaryDirectory(prefix="kvfs-replay-") as tmp:
+        tmp = Path(tmp)
+        ns_bytes = DATA_START + capacity * block
+        cfg = write_config(tmp / "kvfs.toml", tmp / "state",
+                           [{"path": str(tmp / "ns0.img"), "size": ns_bytes}],
+                           dram=str(8 * block), extra='[prefetch]\nenabled = false\n',
+                           pool=f'stripe_unit = "{block}"\nevict = "{policy}"')
+        payload = os.urandom(block)
+        hits = blocks = 0
+        t = time.perf_counter()
+        with MountedKvfs(tmp / "mnt", cfg, tmp / "kvfs.log") as m:
+            d = m.mountpoint
+            pool_blocks = m.stats()["tiers"]["pool"]["capacity"] // block
+            for ids in requests:
+                k = 0
+                while k < len(ids) and os.path.exists(d / f"{ids[k]}.kv"):
+                    k += 1
+                hits += k
+                blocks += len(ids)
+                for h in ids:
+                    p = d / f"{h}.kv"
+                    try:
+                        with open(p, "rb") as f:
+                            f.read()
+                    except FileNotFoundError:
+                        p.write_bytes(payload)
+            st = m.stats()
+        return {"policy": policy, "requests": len(requests), "blocks": blocks,
+                "pool_capacity_blocks": pool_blocks, "pool_prefix_hit_rate": hits / blocks,
+                "pool_evictions": st["files"]["pool_evictions"],
+                "evict_mode": st["tiers"]["pool"].get("evict_mode", policy),
+                "seconds": time.perf_counter() - t}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", required=True)
@@ -231,6 +281,18 @@ def main(argv: list[str] | None = None) -> int:
         mounted = {"capacity_blocks": cap, args.policy: ours, "lru": base,
                    "dram_prefix_vs_lru": ours["dram_prefix_hit_rate"] /
                    max(base["dram_prefix_hit_rate"], 1e-9)}
+        # the pool as the tier that evicts (pool.evict = the policy), against the simulation
+        # of the same requests at the pool's capacity in blocks
+        pool = {}
+        for name in (args.policy, "lru"):
+            x = replay_mounted_pool(sub, cap, name, args.block_size)
+            x["simulated_hit_rate"] = replay(sub, x["pool_capacity_blocks"], name)["hit_rate"]
+            x["points_from_simulation"] = 100 * (x["pool_prefix_hit_rate"] -
+                                                 x["simulated_hit_rate"])
+            pool[name] = x
+        pool["pool_vs_lru"] = (pool[args.policy]["pool_prefix_hit_rate"] /
+                               max(pool["lru"]["pool_prefix_hit_rate"], 1e-9))
+        mounted["pool"] = pool
         for r in rows:
             r["mounted"] = mounted
     if args.nodes:
@@ -264,6 +326,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>10}{x['dram_prefix_hit_rate']:>13.4f}{x['dram_block_hit_rate']:>12.4f}"
                   f"{x['dram_hits']:>11}{x['pool_block_hits']:>11}{x['dram_evictions']:>11}")
         print(f"dram prefix hit rate vs LRU: {mounted['dram_prefix_vs_lru']:.3f}")
+        pool = mounted["pool"]
+        print(f"\nmounted replay, the pool as the tier that evicts (pool.evict = policy), "
+              f"{pool['lru']['pool_capacity_blocks']} blocks:")
+        print(f"{'policy':>10}{'pool prefix':>13}{'simulated':>11}{'points off':>12}{'evictions':>11}")
+        for name in (args.policy, "lru"):
+            x = pool[name]
+            print(f"{name:>10}{x['pool_prefix_hit_rate']:>13.4f}{x['simulated_hit_rate']:>11.4f}"
+                  f"{x['points_from_simulation']:>12.2f}{x['pool_evictions']:>11}")
+        print(f"pool prefix hit rate vs LRU: {pool['pool_vs_lru']:.3f}")
     return 0
 
 

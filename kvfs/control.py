@@ -376,8 +376,9 @@ class Control:
                 except ValueError as e:
                     raise KvfsError(errno.EINVAL, f"set: dram.capacity: {e}") from None
             elif key == "pool.evict":
-                if value not in ("lru", "never"):
-                    raise KvfsError(errno.EINVAL, "set: pool.evict takes \"lru\" or \"never\"")
+                if value not in ("lru", "prefix", "never"):
+                    raise KvfsError(errno.EINVAL, "set: pool.evict takes \"lru\", \"prefix\" "
+                                                  "or \"never\"")
             else:
                 raise KvfsError(errno.EINVAL, f"set: unknown knob {key!r} (known: "
                                               f"{', '.join(known)})")

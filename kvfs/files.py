@@ -22,12 +22,20 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.tree import RENAME_EXCHANGE
 from kvfs.errors import KvfsError
-from kvfs.handles import Attr, Handle, Handles, NodeState, OpenResult, killed_while_exiting
+from kvfs.handles import (
+    Attr,
+    Handle,
+    Handles,
+    NodeState,
+    OpenResult,
+    killed_while_exiting,
+)
 from kvfs.leases import Allocations, Leases
 from kvfs.session import Session
 from kvfs.sessions import PIN_XATTR, Sessions
@@ -220,6 +228,13 @@ class Files:
             if src.parent != parent_old or src.name != name_old or not src.linked:
                 raise KvfsError(errno.ENOENT, "file was renamed or removed meanwhile")
         replaced = await self.catalog.rename(parent_old, name_old, parent_new, name_new, flags)
+        if flags & RENAME_EXCHANGE:
+            other = self.catalog.find(self.catalog.lookup(parent_old, name_old).ino)
+            for n in (src, other):
+                if n is not None and n.blob is not None:
+                    self.store.renamed(n.blob, (n.parent, n.name), exchange=True)
+        elif src.blob is not None:
+            self.store.renamed(src.blob, (src.parent, src.name))
         if replaced is not None:
             self._unlinked(replaced)
 
@@ -544,6 +559,25 @@ class Files:
             return False
         st = self.handles.states.get(node.ino)
         return st is None or (st.opens == 0 and st.session is None)
+
+    def evictable(self, ino: int, exclude: int, bid: int | None = None) -> bool:
+        """Would `evict` delete this file now (closed, unpinned, unread, still that block)?"""
+        return self._evictable(self.catalog.find(ino), exclude, bid)
+
+    def pool_files(self) -> Iterator[tuple[int, int, int, tuple, int | None, int]]:
+        """(block id, inode, bytes stored, (directory inode, name), the block of the file before
+        it in its chain, reads since the mount) of every current block, least recently used
+        first: what a pool order is built from."""
+        # the order first (a list: the caller pauses between files, the catalog changes)
+        for bid, ino in list(self.catalog.lru_files()):
+            node = self.catalog.find(ino)
+            if node is None or not node.linked or node.blob is None or node.blob.id != bid:
+                continue
+            pred = self.catalog.parent_of(ino)
+            pnode = self.catalog.find(pred) if pred is not None else None
+            yield (bid, ino, node.blob.layout.stored_bytes(), (node.parent, node.name),
+                   pnode.blob.id if pnode is not None and pnode.blob is not None else None,
+                   self.hits.get(ino, 0))
 
     async def evict(self, ino: int, exclude: int, bid: int | None = None) -> int:
         """Delete a closed, unpinned, unread file to free pool space; the bytes freed, or 0 if

@@ -594,3 +594,98 @@ class TierIndex:
 
     def keys(self) -> Iterable[Key]:
         return self.sizes.keys()
+
+
+# --------------------------------------------------------------------------------------------
+# A pool's order of eviction
+
+class PoolOrder:
+    """Which files a pool full on one node deletes first: an `EvictionPolicy` over the pool's
+    current blocks, told of every commit, read (with the block the reader read before it in a
+    chain), rename and removal, with the file each block is.
+
+    The policy knows a block by its file's name (directory inode, name), not its block id: an
+    engine stores a chunk again under the same name after the pool evicted it, and the policy's
+    memory of evicted keys (the ghosts that bring reused blocks back to its main part) must
+    recognise it; a new block id every time would make every such chunk look new (measured on
+    the conversation trace through the daemon: 0.041 prefix hits, as LRU's 0.039, against the
+    simulation's 0.062). A rename (written under a temporary name, then renamed into place, as
+    many engines do) moves it to the new name. Sizes are bytes stored.
+
+    The pool is the tier that holds almost all of the cache, so the policy that keeps prefix
+    chains in DRAM keeps them here too (`pool.evict = "prefix"`)."""
+
+    def __init__(self, policy: EvictionPolicy):
+        self.policy = policy
+        self.files: dict[Key, int] = {}                 # name -> block id
+        self.names: dict[int, Key] = {}                 # block id -> name
+        self.meta: dict[int, tuple[int, int]] = {}      # block id -> (inode, bytes stored)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def _name(self, bid: int | None) -> Key | None:
+        return self.names.get(bid) if bid is not None else None
+
+    def added(self, bid: int, ino: int, size: int, name: Key, parent: int | None = None) -> None:
+        """Block `bid` (`parent`: the block before it in its chain) is now the current version
+        of file `ino` called `name`."""
+        old = self.files.get(name)
+        self.files[name] = bid
+        self.names[bid] = name
+        self.meta[bid] = (ino, size)
+        if old is not None:                   # a new version of a name it knows: a use
+            if old != bid:
+                self.names.pop(old, None)
+                self.meta.pop(old, None)
+            self.policy.touch(name, self._name(parent))
+            return
+        self.policy.insert(name, max(1, size), self._name(parent))
+
+    def used(self, bid: int, parent: int | None = None) -> None:
+        name = self.names.get(bid)
+        if name is not None:
+            self.policy.touch(name, self._name(parent))
+
+    def removed(self, bid: int) -> None:
+        name = self.names.pop(bid, None)
+        self.meta.pop(bid, None)
+        if name is not None and self.files.get(name) == bid:
+            del self.files[name]
+            self.policy.remove(name)
+
+    def renamed(self, bid: int, name: Key, exchange: bool = False) -> None:
+        """The file of block `bid` is now called `name`: known under it from now on (what the
+        policy remembers of the new name, if anything, applies). The file that had that name
+        is gone (replaced), unless the two were exchanged (`exchange`: told for both)."""
+        old = self.names.get(bid)
+        if old is None or old == name:
+            return
+        ino, size = self.meta[bid]
+        if self.files.get(old) == bid:
+            del self.files[old]
+            self.policy.remove(old)
+        occupant = self.files.get(name)
+        if occupant is not None:
+            if exchange:                      # it is told its new name next
+                del self.files[name]
+                self.policy.remove(name)
+            else:
+                self.removed(occupant)
+        self.added(bid, ino, size, name)
+
+    def victim(self, evictable: Callable[[int, int], bool]) -> tuple[int, int, int] | None:
+        """The block to delete first among those `evictable(block id, inode)` allows: (block
+        id, inode, bytes); it leaves the order. None if no block may go."""
+        files, meta = self.files, self.meta
+
+        def ok(name: Key) -> bool:
+            bid = files.get(name)
+            return bid is not None and evictable(bid, meta[bid][0])
+        name = self.policy.victim(ok)
+        if name is None:
+            return None
+        bid = files.pop(name)
+        self.names.pop(bid, None)
+        ino, size = self.meta.pop(bid)
+        return bid, ino, size

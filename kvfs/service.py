@@ -57,6 +57,8 @@ class Service:
         space.evictor = files.evict
         if hasattr(catalog, "lru_files"):
             space.lru = catalog.lru_files       # one node: the catalog's LRU order
+            space.files = files.pool_files      # ... and what a policy's order is built from
+            space.evictable = files.evictable
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()
         self.control = Control(catalog, store, files, self.direct, knobs,
@@ -137,6 +139,9 @@ class Service:
         tiers["pool"].update(pool["tier"])
         tiers["pool"].update(reserved=space["reserved"], evict=space["evict"],
                              evictions=space["evictions"], blocks=self.catalog.file_count)
+        order = self.store.pool_order
+        if order is not None:      # evicting by a policy: the expert it follows now
+            tiers["pool"]["evict_mode"] = getattr(order.policy, "mode_name", order.policy.name)
         prefetch = store["prefetch"]
         prefetch.update(vars(self.readahead.stats))
         prefetch["enabled"] = self.knobs.prefetch_enabled

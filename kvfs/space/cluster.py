@@ -379,7 +379,7 @@ class ClusterSpace(Space):
     async def make_room(self, exclude: int, need: int) -> bool:
         if await self.grow(need):
             return True
-        if self.knobs.pool_evict != "lru":
+        if self.knobs.pool_evict == "never":   # "prefix" too evicts in the cluster's LRU order
             return False
         pool = self.pool
         short = need + self.reserved - self.room_for(need) - self.grave_bytes
@@ -412,7 +412,7 @@ class ClusterSpace(Space):
         ahead of writers. One node at a time does it."""
         target = int(self.cfg.free_target * self.pool.capacity)
         short = target - self.pool.unit_free - self.grave_bytes
-        if short <= 0 or self.knobs.pool_evict != "lru":
+        if short <= 0 or self.knobs.pool_evict == "never":
             return 0
         if not await self.try_lock("cleaner", 5.0):
             return 0
@@ -444,6 +444,8 @@ class ClusterSpace(Space):
             "regions": regions.count, "region_size": regions.size,
             "regions_held": len(regions.held()), "leases_lost": self.leases_lost,
             "fenced_writes": regions.fenced,
+            # the shared pool keeps no policy state in Redis yet: it evicts by LRU
+            "evict_order": "never" if self.knobs.pool_evict == "never" else "lru",
             "grave_blocks": len(self.grave), "grave_bytes": self.grave_bytes,
             "purged": self.purged_count,
         })

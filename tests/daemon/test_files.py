@@ -568,3 +568,30 @@ def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(
         assert await fs.read("/f") == old
 
     run_service(cfg, body)
+
+
+@pytest.mark.parametrize("evict", ["lru", "prefix"])
+def test_a_full_pool_keeps_reused_files_over_files_read_once_with_prefix(pool_config, evict):
+    """pool.evict = "prefix": the pool evicts by the prefix-aware policy, which keeps files read
+    again over a stream of newer files nobody reads again (twice the pool); LRU drops them with
+    the rest."""
+    cfg = pool_config(size="64MiB", pool=f'evict = "{evict}"')
+
+    async def body(fs):
+        size = 256 * 1024 - 4096
+        per_pool = fs.svc.pool.capacity // (256 * 1024)
+        for i in range(20):
+            await fs.write(f"/h{i}", os.urandom(size))
+            await fs.read(f"/h{i}")
+            await fs.read(f"/h{i}")                 # reused ...
+        for i in range(2 * per_pool):               # ... these are not
+            await fs.write(f"/s{i}", os.urandom(size))
+        names = {n.name for n in fs.files.catalog.entries(1)}
+        kept = sum(f"h{i}".encode() in names for i in range(20))
+        assert fs.svc.space.evictions >= per_pool
+        if evict == "prefix":
+            assert kept >= 15, kept
+        else:
+            assert kept == 0, kept
+
+    run_service(cfg, body)

@@ -73,7 +73,7 @@ NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
     ("colour = 1\n", "config: unknown key colour"),
     ("[dram]\ncapacity = 'lots'\n", "config: dram.capacity: expected a size like '4GiB', got 'lots'"),
     ("[dram]\ncapacity = 0\n", "config: dram.capacity: must be greater than zero"),
-    ("[pool]\nevict = 'fifo'\n", "config: pool.evict: expected 'lru' or 'never', got 'fifo'"),
+    ("[pool]\nevict = 'fifo'\n", "config: pool.evict: expected 'lru' or 'prefix' or 'never', got 'fifo'"),
     ("[pool]\nstripe_unit = '3MiB'\n", "config: pool.stripe_unit: must be a power of two"),
     ("[[pool.namespace]]\nsize = '1GiB'\n", "config: pool.namespace[0].path: missing"),
     ("[[pool.namespace]]\npath = 'a'\nqueue_depth = 0\n",

@@ -179,3 +179,41 @@ def test_make_room_that_falls_short_still_returns_what_it_evicted():
     victims = t.make_room(3, lambda k: k != "c")     # c may not go: only 2 of 3 freed
     assert sorted(victims) == ["a", "b"] and not t.fits(3) and t.fits(2)
     assert set(t.keys()) == {"c"} and t.used == 1
+
+
+def test_pool_order_knows_blocks_by_name_across_versions_renames_and_evictions():
+    from kvfs.policy import PoolOrder
+    o = PoolOrder(LRUPolicy())
+    o.added(1, 10, 4096, ("d", "a"))
+    o.added(2, 11, 4096, ("d", "tmp"))
+    o.renamed(2, ("d", "b"))                        # written as tmp, renamed into place
+    assert o.files == {("d", "a"): 1, ("d", "b"): 2}
+    o.added(3, 10, 4096, ("d", "a"))                # a new version of a: a use, not a new name
+    assert o.files[("d", "a")] == 3 and 1 not in o.names
+    o.removed(1)                                    # the old version retired: nothing changes
+    assert len(o) == 2
+    o.renamed(2, ("d", "a"))                        # b replaces a
+    assert o.files == {("d", "a"): 2} and 3 not in o.names
+    o.added(4, 12, 4096, ("d", "c"))
+    o.renamed(4, ("d", "a"), exchange=True)         # c and a exchange names
+    o.renamed(2, ("d", "c"), exchange=True)
+    assert o.files == {("d", "a"): 4, ("d", "c"): 2}
+    assert o.victim(lambda bid, ino: bid != 4) == (2, 11, 4096)
+    assert o.files == {("d", "a"): 4} and o.victim(lambda bid, ino: False) is None
+
+
+def test_pool_order_recognises_a_chunk_stored_again_after_its_eviction():
+    """The policy's ghosts bring a name evicted and stored again to its main part; with block
+    ids as keys every new version looked new."""
+    from kvfs.policy import PoolOrder, ProbationFrequencyPolicy
+    p = ProbationFrequencyPolicy(4, small=0.25)
+    o = PoolOrder(p)
+    bid = iter(range(100))
+    for name in ("x", "a", "b", "c", "d", "e"):
+        while sum(o.meta[b][1] for b in o.files.values()) + 1 > 4:
+            o.victim(lambda b, ino: True)
+        o.added(next(bid), 0, 1, name)
+    assert "x" not in o.files
+    o.victim(lambda b, ino: True)
+    o.added(next(bid), 0, 1, "x")                   # stored again under its name
+    assert p.is_hot("x")
