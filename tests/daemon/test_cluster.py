@@ -888,3 +888,52 @@ def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_ol
                 assert free == 0, f"b counts the retired block's {e} as free before its purge"
 
     run_cluster(cluster_configs(2, grace=30.0), body)
+
+
+def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_configs,
+                                                                      monkeypatch):
+    """A start-up reads the catalog's keys batch after batch while other nodes write: here a
+    rewrite, the purge of the old version and a new file land between the read of the files
+    and the read of the blocks, so the files read point at a block already gone (or its space
+    is read as two blocks'). Start-up must not refuse the pool for that: the log moved, so it
+    reads the catalog again, and the node serves the current state."""
+    import contextlib
+
+    import kvfs.catalog.redis.mirror as mirror_mod
+    from kvfs.backend import open_layers
+    from kvfs.config import load
+    from kvfs.knobs import Knobs
+
+    cfgs = cluster_configs(2, grace=0.5, regions=2)
+    orig = mirror_mod.RedisMirror._hgetall
+
+    async def body(a):
+        await a.write("/f", data(1, MiB))
+        old = a.files.catalog.get(a.ino("/f")).blob
+        fired = []
+
+        async def hgetall_then_changes(self, conn, keys):
+            out = await orig(self, conn, keys)
+            if not fired and keys and bytes(keys[0]).startswith(self.redis.key("n", "").encode()):
+                fired.append(True)                   # the files are read: now a changes
+                await a.write("/f", data(2, MiB))
+                with trio.fail_after(10):
+                    while old.id in a.svc.space.grave:
+                        await a.svc.space.purge()
+                        await trio.sleep(0.05)
+                await a.write("/g", data(3, MiB))
+            return out
+
+        monkeypatch.setattr(mirror_mod.RedisMirror, "_hgetall", hgetall_then_changes)
+        async with contextlib.AsyncExitStack() as stack:
+            cfg_b = load(cfgs[1])
+            b = await open_layers(cfg_b, Knobs.from_config(cfg_b), stack)
+            assert fired
+            cat = b.catalog
+            f = cat.lookup(1, b"f")
+            g = cat.lookup(1, b"g")
+            assert f.blob.id == a.files.catalog.get(a.ino("/f")).blob.id != old.id
+            assert g.blob.id == a.files.catalog.get(a.ino("/g")).blob.id
+            assert old.id not in b.space.used
+
+    run_cluster(cfgs[:1], body)

@@ -29,6 +29,7 @@ from kvfs.errors import KvfsError, StartupError
 from kvfs.redis_client import RedisClient, RedisError, RedisUnavailable
 
 log = logging.getLogger("kvfs.catalog")
+SNAPSHOT_ATTEMPTS = 8      # start-up reads of a catalog that kept changing while it was read
 
 
 class RedisMirror(TreeCatalog):
@@ -45,6 +46,7 @@ class RedisMirror(TreeCatalog):
         base = self.epoch << EPOCH_SHIFT
         self._next_ino = self._next_cookie = self._next_blob = base + 1
         self.last_id = b"0-0"                    # the last log entry applied
+        self._snapshot_tail = b"0-0"             # the log position the last snapshot read
         self.synced_at = trio.current_time()     # when the follower last heard from Redis
         self.catalog_lost = False                # Redis came back without this pool's catalog
         self._progress = trio.Event()
@@ -64,8 +66,33 @@ class RedisMirror(TreeCatalog):
         self.resyncs = 0
 
     async def load(self) -> None:
-        """Start-up: the whole catalog into memory."""
-        await self._load_snapshot(initial=True)
+        """Start-up: the whole catalog into memory.
+
+        Its keys are read batch after batch, not atomically, while other nodes keep writing:
+        a file may be read pointing at a block that was purged before the blocks were read, or
+        a purged block's space may be read as two blocks' (the old one still named by a file
+        read early, the new one written there since). Either makes the snapshot inconsistent
+        and start-up would refuse it, though replaying the log would make it exact (seen in
+        the cluster torture: "used extent overlaps another", 2 starts in about 300). If the
+        log moved while the keys were read, that is what happened: read them again."""
+        for attempt in range(SNAPSHOT_ATTEMPTS):
+            try:
+                await self._load_snapshot(initial=True)
+                return
+            except StartupError as e:
+                moved = await self._log_moved()
+                if attempt == SNAPSHOT_ATTEMPTS - 1 or not moved:
+                    raise
+                log.info("cluster: the catalog changed while it was read (%s); reading it "
+                         "again", e)
+                self.nodes.clear()
+                self.successors.clear()
+                self.predecessors.clear()
+
+    async def _log_moved(self) -> bool:
+        """Whether the change log has entries after the position the last snapshot read."""
+        last = await self.redis.call("XREVRANGE", self.redis.key("log"), "+", "-", "COUNT", 1)
+        return (last[0][0] if last else b"0-0") != self._snapshot_tail
 
     async def _hgetall(self, conn, keys: list[bytes]) -> list[dict[bytes, bytes]]:
         out = []
@@ -81,6 +108,7 @@ class RedisMirror(TreeCatalog):
         mark = self._change_seq
         last = await c.call("XREVRANGE", self.redis.key("log"), "+", "-", "COUNT", 1)
         tail = last[0][0] if last else b"0-0"
+        self._snapshot_tail = tail
         plen = len(self.redis.prefix)
         nkeys = await scan(c, self.redis.key("n:*"))
         nhashes = await self._hgetall(c, nkeys)
