@@ -181,6 +181,11 @@ class ExtentAllocator:
 
     def take_free(self, offset: int, length: int) -> int:
         """Mark whatever part of [offset, offset+length) is free used; returns the bytes taken."""
+        return sum(n for _, n in self.take_free_parts(offset, length))
+
+    def take_free_parts(self, offset: int, length: int) -> list[tuple[int, int]]:
+        """Mark whatever part of [offset, offset+length) is free used; returns the (offset,
+        length) pieces taken."""
         end = offset + length
         parts = []
         i = max(0, bisect.bisect_right(self._starts, offset) - 1)
@@ -192,7 +197,7 @@ class ExtentAllocator:
             i += 1
         for a, n in parts:
             self.take(a, n)
-        return sum(n for _, n in parts)
+        return parts
 
     def free_in(self, lo: int, hi: int) -> tuple[int, int]:
         """(free bytes, largest free extent) inside [lo, hi)."""

@@ -376,32 +376,45 @@ class Pool:
         """Mark a block another node published as used. Part of it may still be counted as
         used here by a block whose purge this node has not applied yet (a node reads a file's
         current state, which may be newer than the change log it has applied): that part
-        stays this block's when the old block is unclaimed. False (logged) if so."""
-        short = []
+        becomes this block's when the old block is unclaimed. False (logged) if so."""
+        short = []                # (extent, the pieces of it this block holds so far)
         for e in layout.unit_extents():
-            if self.allocators[e.ns].take_free(e.offset, e.length) < e.length:
-                short.append(e)
+            parts = self.allocators[e.ns].take_free_parts(e.offset, e.length)
+            if sum(n for _, n in parts) < e.length:
+                short.append((e, parts))
         if short:
             self._contested[layout] = short
             log.warning("block of %d bytes published by another node overlaps space this node "
                         "still counts as in use (a purge not applied here yet, or two nodes "
                         "wrote the same space) (namespace extents %s)", layout.size,
-                        [(e.ns, e.offset, e.length) for e in short][:4])
+                        [(e.ns, e.offset, e.length) for e, _ in short][:4])
         return not short
 
     def unclaim(self, layout: Layout) -> None:
-        """A retired block's grace period is over (shared pool): its space is free again,
-        except where a block claimed since holds it."""
-        self._contested.pop(layout, None)
+        """A retired block's grace period is over (shared pool): the space it holds here is
+        free again. Only that: of an extent it shares with a block whose purge this node has
+        not applied yet (it was claimed contested), it frees the pieces it took, never the
+        other block's, or that block's purge, applied later, would free space allocated here
+        since (two blocks in one place: seen in the cluster torture as two current blocks of
+        one node sharing an extent). Then blocks still contested take what became free."""
+        contested = self._contested.pop(layout, None)
+        held = {(e.ns, e.offset): parts for e, parts in contested} if contested else {}
         for e in layout.unit_extents():
-            try:
-                self.allocators[e.ns].free(e.offset, e.length)
-            except ValueError:
-                log.error("freeing a purged block's extent (%d, %d, %d) twice", e.ns, e.offset,
-                          e.length)
-        for extents in self._contested.values():
-            for e in extents:
-                self.allocators[e.ns].take_free(e.offset, e.length)
+            for off, n in held.get((e.ns, e.offset), [(e.offset, e.length)]):
+                try:
+                    self.allocators[e.ns].free(off, n)
+                except ValueError:
+                    log.error("freeing a purged block's extent (%d, %d, %d) twice", e.ns, off, n)
+        for other, short in list(self._contested.items()):
+            still = []
+            for e, parts in short:
+                parts = parts + self.allocators[e.ns].take_free_parts(e.offset, e.length)
+                if sum(n for _, n in parts) < e.length:
+                    still.append((e, parts))
+            if still:
+                self._contested[other] = still
+            else:
+                del self._contested[other]
 
     def committed(self, layout: Layout) -> None:
         """The block is published: its extents are no longer this node's in-flight writes."""

@@ -350,3 +350,31 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
             continue
         assert results[i] == [xxhash.xxh3_64_intdigest(data[i])]
         assert on_disk[8 * MiB + i * 8192:8 * MiB + (i + 1) * 8192] == data[i]
+
+
+def test_a_contested_block_unclaimed_first_frees_only_what_it_took(tmp_path, caplog):
+    """Shared pool bookkeeping: a node that has not applied X's purge yet claims Y, published
+    by another node in X's space (contested). If Y is purged first, its unclaim must leave X's
+    space used here: freeing it let this node allocate there again, and X's purge, applied
+    later, then freed that new block's space (the cluster torture found two current blocks of
+    one node sharing an extent)."""
+    from kvfs.layout import DATA_START
+    cfg = cfg_for(tmp_path, ["ns0.img"], size="16MiB")
+
+    async def body(fs):
+        pool = fs.svc.pool
+        a = pool.allocators[0]
+        u = pool.unit
+        off = DATA_START + 8 * u                     # space no block of this test uses
+        x = Layout(u, u, (0,), (off,), (1,))
+        y = Layout(u + 4096, u, (0, 0), (off, off + u), (2, 3))   # X's unit and the next
+        assert pool.claim(x)
+        assert not pool.claim(y)                     # X's unit: contested
+        pool.unclaim(y)                              # Y purged before X, here
+        assert a.free_in(off, off + u)[0] == 0       # still X's
+        assert a.free_in(off + u, off + 2 * u)[0] == u    # what Y took is free again
+        pool.unclaim(x)
+        assert a.free_in(off, off + u)[0] == u
+        assert "twice" not in caplog.text
+
+    run_service(cfg, body)
