@@ -937,3 +937,26 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
             assert old.id not in b.space.used
 
     run_cluster(cfgs[:1], body)
+
+
+def test_an_unlink_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs, monkeypatch):
+    """Redis ran a node's REMOVE script and the reply was lost: the file is gone, so the unlink
+    must not fail (the writer would take the file for still there; the torture counted it as
+    vanished under its writer). An unlink Redis did not run still fails, the file kept."""
+    from kvfs.catalog.redis.scripts import SCRIPTS
+    lose = losing_replies(monkeypatch, SCRIPTS.remove)
+
+    async def body(a, b):
+        await a.write("/f", data(1, MiB))
+        await a.write("/g", data(2, MiB))
+        await eventually(lambda: known(b, "/f") and known(b, "/g"))
+        lose["after"] = 1
+        await a.files.unlink(1, b"f")
+        assert lose["after"] == 0 and not known(a, "/f")
+        await eventually(lambda: not known(b, "/f"))
+        lose["before"] = 1
+        with pytest.raises(KvfsError):
+            await a.files.unlink(1, b"g")
+        assert known(a, "/g") and await a.read("/g") == data(2, MiB)
+
+    run_cluster(cluster_configs(2), body)
