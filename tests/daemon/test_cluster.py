@@ -534,6 +534,10 @@ class Relay:
     def close(self) -> None:
         self.cut_off()
         self.lsock.close()
+        with self.lock:
+            for x in self.socks:
+                x.close()
+            self.socks.clear()
 
 
 @pytest.mark.slow
