@@ -380,8 +380,9 @@ class Sessions:
         cannot know of this node's open files; or an unlink): the writer's bytes are not kept,
         and its close or fsync says so rather than return as if they were committed."""
         self.stats.commit_errors += 1
-        return KvfsError(errno.ESTALE, f"{node.name.decode(errors='replace')}: removed by "
-                                       f"another node while open for writing here; not committed")
+        return KvfsError(errno.ESTALE, f"{node.name.decode(errors='replace')}: removed (by "
+                                       f"another node, or evicted) while open for writing "
+                                       f"here; not committed")
 
     async def keep_pinned(self, node: Node, rec: BlobRec) -> None:
         """A pinned file's new version stays pinned."""

@@ -89,7 +89,8 @@ class Node:
     subdirs: int = 0                           # directories: how many children are directories
     persisted: bool = False                    # False while pending (created, never committed)
     linked: bool = True                        # False once unlinked (kept while open)
-    removed_elsewhere: bool = False            # unlinked by another node of a shared pool
+    removed_elsewhere: bool = False            # removed while open for writing here: by
+                                               # another node, or by an eviction here
 
     @property
     def is_dir(self) -> bool:

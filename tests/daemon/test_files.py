@@ -595,3 +595,33 @@ def test_a_full_pool_keeps_reused_files_over_files_read_once_with_prefix(pool_co
             assert kept == 0, kept
 
     run_service(cfg, body)
+
+
+def test_a_writer_that_opens_a_file_being_evicted_is_told_at_close(pool_config, monkeypatch):
+    """An eviction checks the file is closed, then removes it (a catalog round: an await). A
+    writer that opens it meanwhile writes into a file that is going: its close must fail
+    (ESTALE), not return 0 for bytes nobody will read."""
+    cfg = pool_config(size="16MiB")
+
+    async def body(fs):
+        await fs.write("/f", b"old" * 100)
+        cat = fs.files.catalog
+        real = type(cat).remove
+        fhs = []
+
+        async def remove_racing_a_writer(self, node, expect=None):
+            fh = await fs.open("/f", os.O_WRONLY | os.O_TRUNC)
+            await fs.files.write(fh, 0, b"new")
+            fhs.append(fh)
+            return await real(self, node, expect)
+
+        monkeypatch.setattr(type(cat), "remove", remove_racing_a_writer)
+        assert await fs.files.evict(fs.ino("/f"), 0) > 0
+        monkeypatch.undo()
+        with pytest.raises(KvfsError) as e:
+            await fs.close(fhs[0])
+        assert e.value.errno == errno.ESTALE
+        with pytest.raises(KvfsError):
+            fs.ino("/f")
+
+    run_service(cfg, body)
