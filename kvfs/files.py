@@ -229,9 +229,8 @@ class Files:
                 raise KvfsError(errno.ENOENT, "file was renamed or removed meanwhile")
         replaced = await self.catalog.rename(parent_old, name_old, parent_new, name_new, flags)
         if flags & RENAME_EXCHANGE:
-            other = self.catalog.find(self.catalog.lookup(parent_old, name_old).ino)
-            for n in (src, other):
-                if n is not None and n.blob is not None:
+            for n in (src, self.catalog.lookup(parent_old, name_old)):
+                if n.blob is not None:
                     self.store.renamed(n.blob, (n.parent, n.name), exchange=True)
         elif src.blob is not None:
             self.store.renamed(src.blob, (src.parent, src.name))
@@ -573,11 +572,8 @@ class Files:
             node = self.catalog.find(ino)
             if node is None or not node.linked or node.blob is None or node.blob.id != bid:
                 continue
-            pred = self.catalog.parent_of(ino)
-            pnode = self.catalog.find(pred) if pred is not None else None
             yield (bid, ino, node.blob.layout.stored_bytes(), (node.parent, node.name),
-                   pnode.blob.id if pnode is not None and pnode.blob is not None else None,
-                   self.hits.get(ino, 0))
+                   self.sessions.chain_parent(node), self.hits.get(ino, 0))
 
     async def evict(self, ino: int, exclude: int, bid: int | None = None) -> int:
         """Delete a closed, unpinned, unread file to free pool space; the bytes freed, or 0 if

@@ -366,7 +366,7 @@ class Sessions:
             self.space.committed(layout)
             if node.linked and self.store.pool_order is not None:
                 self.store.published(rec, node.ino, (node.parent, node.name),
-                                     self._chain_parent(node))
+                                     self.chain_parent(node))
         self.stats.commits += 1
         if not node.linked and not published:
             self.pool.release(rec.layout)      # never published: nobody can read it
@@ -398,10 +398,10 @@ class Sessions:
         s.buffer.seal()
         self._charge(s)
         self.store.adopt(s.rec, s.buffer, node.ino, charged=s.charged,
-                         parent=self._chain_parent(node))
+                         parent=self.chain_parent(node))
         s.charged = 0
 
-    def _chain_parent(self, node: Node) -> int | None:
+    def chain_parent(self, node: Node) -> int | None:
         """The current block of the file before `node`'s in its prefix chain, if known."""
         pred = self.catalog.parent_of(node.ino)
         pnode = self.catalog.find(pred) if pred is not None else None

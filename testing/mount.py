@@ -54,8 +54,7 @@ def mount_device(path: Path) -> str | None:
 
 
 def is_mounted(path: Path) -> bool:
-    e = mount_entry(path)
-    return e is not None and e["fstype"] == "fuse.kvfs"
+    return mount_device(path) is not None
 
 
 class MountedKvfs:

@@ -162,14 +162,20 @@ def test_full_pool_with_evict_never_gives_enospc_at_write(pool_config):
     run_service(cfg, body)
 
 
+async def fill_in_quarters(fs) -> int:
+    """Write /a, /b, /c, /d, a quarter of the pool each, in that order: the pool is full.
+    Returns their size."""
+    size = fs.svc.pool.capacity // 4 - 4096
+    for name in "abcd":
+        await fs.write(f"/{name}", os.urandom(size))
+    return size
+
+
 def test_full_pool_with_lru_evicts_least_recently_used_closed_files(pool_config):
     cfg = pool_config(size="16MiB")
 
     async def body(fs):
-        cap = fs.svc.pool.capacity
-        size = cap // 4 - 4096
-        for name in "abcd":
-            await fs.write(f"/{name}", os.urandom(size))
+        size = await fill_in_quarters(fs)
         await fs.read("/a")                         # a is now more recent than b
         await fs.write("/e", os.urandom(size))      # needs room: b goes
         names = {n.name for n in fs.files.catalog.entries(1)}
@@ -185,10 +191,7 @@ def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
     cfg = pool_config(size="16MiB")
 
     async def body(fs):
-        cap = fs.svc.pool.capacity
-        size = cap // 4 - 4096
-        for name in "abcd":
-            await fs.write(f"/{name}", os.urandom(size))
+        size = await fill_in_quarters(fs)
         await fs.files.set_pin(fs.ino("/a"), True)      # a: the least recently used
         fs.svc.store.unpin(fs.files.catalog.get(fs.ino("/a")).blob)  # the attribute alone
         assert not fs.svc.store.is_held(fs.files.catalog.get(fs.ino("/a")).blob.id)
