@@ -404,7 +404,7 @@ class Namespace:
                 await self._run_group(batch)
         finally:
             for r in batch:
-                r.done.set()
+                r.finished()
             if self._group:                 # the queue becomes the next group, which the
                 nxt = self._group[0]        # first request waiting leads (this group's slot)
                 nxt.batch, self._group = self._group, []
@@ -552,6 +552,14 @@ class _GroupWrite:
         self.batch: list | None = None   # set when woken to run this group, not with a result
         self.digests: list[int] | None = None
         self.error: BaseException | None = None
+
+    def finished(self) -> None:
+        """Its group is done: let go of the block memory it wrote and of the group's list
+        (the request that led it held the list it is in: a reference cycle that kept the
+        views, so the blocks' mappings and files, until the cyclic collector ran), and wake
+        its waiter."""
+        self.units = self.flat = self.batch = None
+        self.done.set()
 
     def result(self) -> list[int]:
         if self.error is not None:

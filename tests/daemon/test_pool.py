@@ -352,6 +352,42 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
         assert on_disk[8 * MiB + i * 8192:8 * MiB + (i + 1) * 8192] == data[i]
 
 
+def test_grouped_writes_keep_no_view_of_the_blocks_they_wrote(tmp_path):
+    """A group's requests let go of the block memory they wrote once they are done. The
+    request that leads the next group held that group's list, itself in it: a reference
+    cycle that kept every member's views (and so its block's mapping and file, deleted,
+    with a descriptor open) until Python's cyclic collector ran, which on a quiet daemon
+    may be never (the soak test saw block descriptors left after the DRAM tier was
+    dropped). With the collector off, every mapping can be closed as soon as its write
+    returns."""
+    import gc
+    import mmap
+
+    from kvfs.device import Namespace, _GroupWrite
+
+    ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
+    maps = [mmap.mmap(-1, 8192) for _ in range(16)]
+
+    async def one(i: int) -> None:
+        await ns.write_units([[memoryview(maps[i])]], 8 * MiB + i * 8192, [8192], sync=True)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for i in range(16):
+                n.start_soon(one, i)
+    gc.collect()                # what earlier tests left in cycles
+    gc.disable()
+    try:
+        trio.run(main)
+        left = [o for o in gc.get_objects() if isinstance(o, _GroupWrite)]
+        assert not left, f"{len(left)} group requests still alive"
+        for m in maps:
+            m.close()           # BufferError while a view of it is still held
+    finally:
+        gc.enable()
+        ns.close()
+
+
 def test_a_contested_block_unclaimed_first_frees_only_what_it_took(tmp_path, caplog):
     """Shared pool bookkeeping: a node that has not applied X's purge yet claims Y, published
     by another node in X's space (contested). If Y is purged first, its unclaim must leave X's
