@@ -476,19 +476,25 @@ class Files:
         if await self.sessions.extend(node, self.handles.state(node.ino), offset + length):
             node.mtime_ns = node.ctime_ns = time.time_ns()
 
-    async def flush(self, fh: int) -> None:
+    async def flush(self, fh: int, pid: int | None = None) -> None:
+        """A close of a descriptor of `fh` (or an fsync) by thread `pid` (None: unknown, the
+        opener is asked instead): commits what was written."""
         h = self.handles.get(fh)
         if not h.writable:
             return
         st = self.handles.states.get(h.node.ino)
-        if killed_while_exiting(h.pid):
+        closer = pid if pid else h.pid
+        if killed_while_exiting(closer):
             # The kernel is closing the files of a process a signal killed (kill -9, a crash)
             # before it closed this one: it never closed it, so what it wrote is dropped
             # (absent, or the previous version; never partial), not committed now or at the
             # release. A process that exits normally without close() has closed its files.
+            # The closing thread is asked: the killed process's last thread closes its files,
+            # and the thread that opened the file may have ended before (then the opener's
+            # pid tells nothing).
             s = st.session if st is not None else None
             if s is not None and not s.frozen and s.failed is None and s.changed():
-                s.failed = KvfsError(errno.EIO, f"process {h.pid} was killed before it "
+                s.failed = KvfsError(errno.EIO, f"process {closer} was killed before it "
                                                 f"closed the file")
             return
         try:

@@ -372,9 +372,11 @@ class FuseOps(pyfuse3.Operations):
         return await self.files.write(fh, off, buf)
 
     @translate
-    async def flush(self, fh):
+    async def flush(self, fh, ctx=None):
+        # ctx (mount/fuse/pyfuse3-flush-ctx.patch): the thread that closes, which tells a
+        # close from the kernel closing the files of a killed process
         if not self.control.owns(fh):
-            await self.files.flush(fh)
+            await self.files.flush(fh, ctx.pid if ctx is not None else None)
 
     @translate
     async def fsync(self, fh, datasync):

@@ -22,7 +22,8 @@ PY=$VENV/bin/python
 PREFIX=$VENV/opt/libfuse
 BUILD=$root/build/fuse
 # applied in this order: passthrough (FileInfo.backing_id, ...), then a fallocate handler
-PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch" "$here/pyfuse3-requests.patch")
+PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch" "$here/pyfuse3-requests.patch"
+         "$here/pyfuse3-flush-ctx.patch")
 
 LIBFUSE_SERIES=3.17            # Debian trixie's fuse3 (3.17.2-3 when this was written)
 PYFUSE3_VERSION=3.5.0
@@ -47,7 +48,7 @@ build_id=$(cat "$here/build.sh" "${PATCHES[@]}" | sha256sum | cut -c1-16)
 # The extension module of the installed pyfuse3, if it is ours and linked against $PREFIX.
 installed_ok() {
   local so
-  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; pyfuse3.Operations.fallocate
+  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; pyfuse3.Operations.fallocate; pyfuse3._takes_ctx
 print(pyfuse3.__file__)' 2>/dev/null) || return 1
   [[ "$(ldd "$so")" == *"=> $PREFIX/lib/libfuse3.so"* ]] || return 1
   [ "$(cat "$PREFIX/kvfs-build-id" 2>/dev/null)" = "$build_id" ]

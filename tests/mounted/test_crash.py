@@ -62,9 +62,15 @@ def test_kill_9_during_writes_loses_nothing_committed(make_mount, pool_config, t
 
 
 _HOLDER = """
-import os, sys, time
-fd = os.open(sys.argv[1], os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
-os.write(fd, b"n" * 300_000)
+import os, sys, threading, time
+def write():
+    os.write(os.open(sys.argv[1], os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644), b"n" * 300_000)
+if sys.argv[2] == "thread-kill":   # another thread opens and writes, and has ended
+    t = threading.Thread(target=write)
+    t.start()
+    t.join()
+else:
+    write()
 print("written", flush=True)
 if sys.argv[2] == "exit":
     os._exit(0)             # exits without close(): the kernel closes the file (a close)
@@ -76,7 +82,7 @@ def _run_holder(path, how: str) -> None:
     p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), how], stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"written\n"
-        if how == "kill":
+        if how.endswith("kill"):
             p.kill()
         p.wait(30)
     finally:
@@ -95,8 +101,13 @@ def test_a_writer_killed_before_close_leaves_no_partial_file(mnt):
     old.write_bytes(b"o" * 5000)
     _run_holder(mnt.mountpoint / "new", "kill")
     _run_holder(old, "kill")
+    # the file opened and written by a thread that ended before the process was killed:
+    # what the kernel's close tells is who closes it (the last thread, killed), not who
+    # opened it (that thread is gone)
+    _run_holder(mnt.mountpoint / "by-thread", "thread-kill")
     wait_until(lambda: mnt.stats()["files"]["open_handles"] == 0, 30, "the releases")
     assert not (mnt.mountpoint / "new").exists()
+    assert not (mnt.mountpoint / "by-thread").exists()
     assert old.read_bytes() == b"o" * 5000
     _run_holder(mnt.mountpoint / "exited", "exit")
     wait_until(lambda: mnt.stats()["files"]["open_handles"] == 0, 30, "the release")
@@ -104,5 +115,6 @@ def test_a_writer_killed_before_close_leaves_no_partial_file(mnt):
     mnt.kill()
     mnt.start()
     assert not (mnt.mountpoint / "new").exists()
+    assert not (mnt.mountpoint / "by-thread").exists()
     assert old.read_bytes() == b"o" * 5000
     assert (mnt.mountpoint / "exited").read_bytes() == b"n" * 300_000

@@ -195,7 +195,7 @@ def test_rename_commits_a_source_still_open_for_writing(mnt):
 def test_a_fork_and_exec_while_writing_commits_what_was_written_so_far(mnt):
     """The documented exception to "never partial": every close of a descriptor is a close
     (FUSE flush) to kvfs, and an exec closes the child's copy, so what the writer had written
-    is committed then (pyfuse3 does not say which process flushed): after a kill -9 the file
+    is committed then (a close by any process commits): after a kill -9 the file
     holds that part. The writer's own close() still commits the whole file."""
     d = mnt.mountpoint
     first, second = os.urandom(3 * MiB), os.urandom(MiB + 5)
