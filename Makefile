@@ -28,7 +28,7 @@ install: system-packages $(STAMP) fuse-passthrough install-system
 # libfuse 3.17 (in $(VENV)/opt/libfuse) and pyfuse3 patched for FUSE passthrough, see
 # docs/passthrough.md. Also run on every install (a second or less when nothing changed), so that a
 # pyfuse3 replaced by hand is rebuilt.
-FUSE_BUILD := mount/fuse/build.sh mount/fuse/pyfuse3-passthrough.patch
+FUSE_BUILD := mount/fuse/build.sh $(wildcard mount/fuse/*.patch)
 fuse-passthrough: $(STAMP)
 	@VENV=$(VENV) bash mount/fuse/build.sh
 
@@ -71,6 +71,7 @@ $(STAMP): pyproject.toml Makefile $(FUSE_BUILD)
 	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) install $(TORCH_PIN) 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PIP) install -e '.[test,lmcache]' 2>&1 | grep -v '^WARNING: Location' || true
 	@$(MAKE) --no-print-directory install-clients
+	@$(MAKE) --no-print-directory install-engine
 	@$(PY) -c 'import lmcache, torch'
 	@$(PY) -c 'import pyfuse3; pyfuse3.passthrough_open' || \
 	  { echo "pip replaced the passthrough pyfuse3 (see mount/fuse/build.sh)" >&2; exit 1; }
@@ -88,7 +89,7 @@ test: install
 	KVFS_PASSTHROUGH=off $(PY) -m pytest -q tests/mounted tests/lmcache
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not lmcache and not clients" tests
+	$(PY) -m pytest -q -m "not slow and not lmcache and not clients and not engine" tests
 
 bench: install
 	$(PY) bench/fuse_read.py
@@ -106,3 +107,19 @@ install-clients:
 	@$(PIP) install --no-deps $$($(PY) -c 'import tomllib; x = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; print(*(p for e in "$(CLIENT_EXTRAS)".split() for p in x[e]))') 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PY) -c 'import nixl._api, torch, lmcache, vllm.v1.kv_offload.tiering.fs.manager, sglang.srt.mem_cache.hicache_storage' || \
 	  { echo "make install-clients: an engine's file tier does not import" >&2; exit 1; }
+
+# A real engine for bench/ttft.py and tests/engine/: vLLM (CPU) runs a model and LMCache's
+# multiprocess server keeps its KV cache in a directory. .venv-engine is a layer over $(VENV)
+# (a .pth file makes $(VENV)'s packages visible under its own), holding only what running a
+# model needs beyond the file-tier pins: pyproject.toml's extra "engine", with --no-deps.
+.PHONY: install-engine
+ENGINE_VENV := .venv-engine
+install-engine:
+	@echo "installing what vLLM needs to run a model (extra: engine) into $(ENGINE_VENV)"
+	@test -x $(ENGINE_VENV)/bin/python || $(PY) -m venv $(ENGINE_VENV)
+	@base=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  layer=$$($(ENGINE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  echo "$$base" > $$layer/zz-kvfs-base-venv.pth
+	@$(ENGINE_VENV)/bin/python -m pip --disable-pip-version-check -q install --no-deps $$($(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["engine"])') 2>&1 | grep -v '^WARNING: Location' || true
+	@$(ENGINE_VENV)/bin/python -c 'import vllm.entrypoints.llm, lmcache.v1.multiprocess.server, kvfs' >/dev/null 2>&1 || \
+	  { echo "make install-engine: vLLM or LMCache's server does not import in $(ENGINE_VENV)" >&2; exit 1; }

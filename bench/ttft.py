@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Time to first token with a real engine: vLLM (CPU) + LMCache's multiprocess server whose L2
+(its `fs` adapter: one file per 256-token chunk) is a directory on kvfs over 4 loop namespaces,
+or on ext4 over 1 loop device of the same kind and limit; against recomputing the prompt.
+
+Per directory and device speed, every prompt goes through three phases:
+  cold       the engine computes the prompt and LMCache stores its KV chunks (the first
+             request of a prompt: compute + store)
+  directory  LMCache's server and the engine restarted, the page cache and kvfs's DRAM tier
+             dropped: the prompt's KV is loaded from the directory (the figure kvfs is for)
+  DRAM       the same prompt again: from LMCache's own DRAM (L1), for context
+and "recompute" is the engine with no connector. The first token must be the same in every
+phase, every chunk of the directory phase must come from the directory (the server's log
+counts them: a run that loads nothing fails instead of timing a recompute), and the
+directory must hold the chunk files after the cold phase.
+
+The model is a Llama of 32 layers x hidden 512 with dummy weights (testing/inference.py):
+64 KiB of KV cache per token, a 16 MiB file per chunk, so storage shows against compute on
+two cores. Rounds alternate which directory goes first; figures are medians with ranges.
+
+    python bench/ttft.py [--sizes 2048,8192,16384] [--throttles none,1e9,2e8] [--rounds 1]
+                         [--json]
+
+Keys of --json: `ttft_<tokens>_<fs>_<speed>` (fs kvfs or ext4, the directory phase; speed
+`unthrottled` or e.g. `200MBps`), `ttft_<tokens>_recompute`, `cold_<tokens>_<fs>_<speed>`,
+`dram_<tokens>_<fs>_<speed>`, and for the largest prompt `ttft_speedup_vs_ext4_<speed>`,
+`ttft_speedup_vs_recompute_<speed>` and `cold_vs_ext4_<speed>` (ext4's cold time over kvfs's:
+above 1, kvfs's first request is faster). Needs root, /dev/fuse, loop devices and
+`make install-engine`. One round of the defaults takes about 20 minutes here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from testing import inference  # noqa: E402
+from testing.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def speed_label(bps: float | None) -> str:
+    return "unthrottled" if not bps else f"{bps / 1e6:.0f}MBps"
+
+
+class Grouped:
+    """A process of ours inside a set-up's throttle group while it runs (its I/O to the
+    set-up's devices then meets the limit, as the kvfs daemon's does)."""
+
+    def __init__(self, setup, proc):
+        self.group, self.pid = setup.group, proc.pid
+
+    def __enter__(self):
+        if self.group is not None:
+            self.group.add(self.pid)
+        return self
+
+    def __exit__(self, *exc):
+        if self.group is not None:
+            self.group.release(self.pid)
+
+
+def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Path,
+           l1_gb: float, kv_gib: int, max_tokens: int) -> dict:
+    """The three phases of every prompt on one directory; {tokens: {cold, directory, dram,
+    first, loaded}}."""
+    d = setup.root / "lmcache"
+    d.mkdir()
+    out: dict[int, dict] = {n: {} for n in prompts}
+    chunks = {n: n // inference.CHUNK_TOKENS for n in prompts}
+
+    def run(phase_names: tuple[str, ...]) -> None:
+        with inference.LMCacheServer(d, logs / f"server-{fs}.log", l1_gb=l1_gb) as server, \
+                Grouped(setup, server.proc), \
+                inference.Engine(model, logs / f"engine-{fs}.log", port=server.port,
+                                 kv_cache_gib=kv_gib, max_tokens=max_tokens) as engine:
+            for n, ids in prompts.items():
+                for phase in phase_names:
+                    before = len(server.loads())
+                    seconds, first = engine.ttft(ids)
+                    out[n][phase] = seconds
+                    if out[n].setdefault("first", first) != first:
+                        raise SystemExit(f"bench/ttft.py: {fs}, {n} tokens: first token {first} "
+                                         f"in the {phase} phase, {out[n]['first']} before")
+                    if phase == "directory":
+                        got = server.loads()[before:]
+                        l2 = sum(x["l2"] for x in got)
+                        if l2 < chunks[n]:
+                            raise SystemExit(
+                                f"bench/ttft.py: {fs}, {n} tokens: {l2} of {chunks[n]} chunks "
+                                f"loaded from the directory (server log: {got}); nothing to time")
+                        out[n]["load_ms"] = sum(x["ms"] for x in got)
+    run(("cold",))
+    files = [f for f in d.iterdir() if f.is_file()]
+    if len(files) < sum(chunks.values()):
+        raise SystemExit(f"bench/ttft.py: {fs}: {len(files)} chunk files after the cold phase, "
+                         f"{sum(chunks.values())} expected (is LMCache storing anything?)")
+    out["stored_bytes"] = sum(f.stat().st_size for f in files)
+    setup.sync()
+    setup.drop()                     # the page cache (and kvfs's DRAM tier)
+    run(("directory", "dram"))
+    shutil.rmtree(d)
+    setup.sync()
+    return out
+
+
+def recompute(model: Path, prompts: dict[int, list[int]], logs: Path, kv_gib: int,
+              max_tokens: int, firsts: dict[int, int]) -> dict[int, float]:
+    out = {}
+    with inference.Engine(model, logs / "engine-recompute.log", kv_cache_gib=kv_gib,
+                          max_tokens=max_tokens) as engine:
+        for n, ids in prompts.items():
+            out[n], first = engine.ttft(ids)
+            if n in firsts and firsts[n] != first:
+                raise SystemExit(f"bench/ttft.py: recompute of {n} tokens gave first token "
+                                 f"{first}, the directories {firsts[n]}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="2048,8192,16384", help="prompt lengths in tokens")
+    ap.add_argument("--throttles", default="none,1e9,2e8",
+                    help="bytes/s per device (read and write), 'none' for unthrottled")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--logs", help="keep the servers' and engines' logs here")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    for why in (available(), inference.available()):
+        if why:
+            print(f"bench/ttft.py: {why}", file=sys.stderr)
+            return 2
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    if any(n % inference.CHUNK_TOKENS for n in sizes):
+        ap.error(f"prompt lengths are multiples of {inference.CHUNK_TOKENS} tokens")
+    throttles = [None if t == "none" else float(t) for t in args.throttles.split(",")]
+    started = time.monotonic()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kvfs-ttft-") as tmp:
+        tmp = Path(tmp)
+        logs = Path(args.logs) if args.logs else tmp / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        model = inference.write_model(tmp / "model")
+        per_token = inference.kv_bytes_per_token(model)
+        data = sum(sizes) * per_token
+        l1_gb = round(data / GiB + 0.5, 1)
+        kv_gib = max(1, -(-max(sizes) * per_token // GiB) + 1)
+        max_tokens = max(sizes) + 64
+        prompts = {n: inference.prompt(n, seed=n) for n in sizes}
+        with Emulation(f"{(2 * data + 2 * GiB) // MiB}m") as emu:
+            for r in range(args.rounds):
+                firsts: dict[int, int] = {}
+                for bps in throttles:
+                    speed = speed_label(bps)
+                    with ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB,
+                                      bps) as on_ext4, \
+                            kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB,
+                                          bps, dram="1GiB") as on_kvfs:
+                        order = [("kvfs", on_kvfs), ("ext4", on_ext4)]
+                        for fs, setup in (order if r % 2 == 0 else order[::-1]):
+                            got = phases(setup, fs, model, prompts, logs, l1_gb, kv_gib,
+                                         max_tokens)
+                            for n in sizes:
+                                g = got[n]
+                                if firsts.setdefault(n, g["first"]) != g["first"]:
+                                    raise SystemExit(f"bench/ttft.py: {n} tokens: first token "
+                                                     f"{g['first']} on {fs}, {firsts[n]} before")
+                                rows.append({"round": r, "fs": fs, "speed": speed, "tokens": n,
+                                             **{k: g[k] for k in ("cold", "directory", "dram",
+                                                                  "load_ms", "first")}})
+                            print(f"round {r} {speed:>11} {fs}: " + ", ".join(
+                                f"{n}: {got[n]['directory']:.2f} s" for n in sizes),
+                                file=sys.stderr, flush=True)
+                for n, s in recompute(model, prompts, logs, kv_gib, max_tokens,
+                                      firsts).items():
+                    rows.append({"round": r, "fs": "recompute", "speed": "-", "tokens": n,
+                                 "directory": s})
+    out = summarize(rows, sizes, [speed_label(b) for b in throttles])
+    out["minutes"] = round((time.monotonic() - started) / 60, 1)
+    out["rounds"] = args.rounds
+    print_table(out, sizes, [speed_label(b) for b in throttles])
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+def _median(xs: list[float]) -> tuple[float, float, float]:
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def summarize(rows: list[dict], sizes: list[int], speeds: list[str]) -> dict:
+    out: dict = {"rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                          for r in rows]}
+
+    def pick(fs, speed, n, key):
+        return [r[key] for r in rows if r["fs"] == fs and r["tokens"] == n
+                and (fs == "recompute" or r["speed"] == speed)]
+    for n in sizes:
+        out[f"ttft_{n}_recompute"] = round(_median(pick("recompute", "-", n, "directory"))[0], 3)
+        for speed in speeds:
+            for fs in ("kvfs", "ext4"):
+                for key, name in (("directory", "ttft"), ("cold", "cold"), ("dram", "dram")):
+                    out[f"{name}_{n}_{fs}_{speed}"] = round(_median(pick(fs, speed, n, key))[0], 3)
+    big = max(sizes)
+    rounds = sorted({r["round"] for r in rows})
+    for speed in speeds:
+        def ratios(num_fs, den_fs, key, den_key="directory"):
+            xs = []
+            for r in rounds:
+                a = [x[key if num_fs != "recompute" else "directory"] for x in rows
+                     if x["round"] == r and x["fs"] == num_fs and x["tokens"] == big
+                     and (num_fs == "recompute" or x["speed"] == speed)]
+                b = [x[den_key] for x in rows if x["round"] == r and x["fs"] == den_fs
+                     and x["tokens"] == big and x["speed"] == speed]
+                if a and b:
+                    xs.append(a[0] / b[0])
+            return xs
+        for key, xs in ((f"ttft_speedup_vs_ext4_{speed}", ratios("ext4", "kvfs", "directory")),
+                        (f"ttft_speedup_vs_recompute_{speed}",
+                         ratios("recompute", "kvfs", "directory")),
+                        (f"cold_vs_ext4_{speed}", ratios("ext4", "kvfs", "cold", "cold"))):
+            if xs:
+                med, lo, hi = _median(xs)
+                out[key] = round(med, 2)
+                out[key + "_range"] = [round(lo, 2), round(hi, 2)]
+    return out
+
+
+def print_table(out: dict, sizes: list[int], speeds: list[str]) -> None:
+    print(f"TTFT in seconds, median of {out['rounds']} round(s) ({out['minutes']} min); "
+          "directory: served from the chunk files after both processes restarted and the "
+          "caches dropped; cold: compute + store; DRAM: from LMCache's memory")
+    print(f"{'devices':>12} {'tokens':>7} {'recompute':>10} {'kvfs dir':>9} {'ext4 dir':>9} "
+          f"{'kvfs cold':>10} {'ext4 cold':>10} {'kvfs DRAM':>10} {'ext4 DRAM':>10}")
+    for speed in speeds:
+        for n in sizes:
+            g = lambda k: out.get(k, float("nan"))  # noqa: E731
+            print(f"{speed:>12} {n:>7} {g(f'ttft_{n}_recompute'):>10.2f} "
+                  f"{g(f'ttft_{n}_kvfs_{speed}'):>9.2f} {g(f'ttft_{n}_ext4_{speed}'):>9.2f} "
+                  f"{g(f'cold_{n}_kvfs_{speed}'):>10.2f} {g(f'cold_{n}_ext4_{speed}'):>10.2f} "
+                  f"{g(f'dram_{n}_kvfs_{speed}'):>10.2f} {g(f'dram_{n}_ext4_{speed}'):>10.2f}")
+    print(f"largest prompt ({max(sizes)} tokens), kvfs's speed-up (median [range]):")
+    for speed in speeds:
+        for key in (f"ttft_speedup_vs_ext4_{speed}", f"ttft_speedup_vs_recompute_{speed}",
+                    f"cold_vs_ext4_{speed}"):
+            if key in out:
+                print(f"  {key:<40} {out[key]:>6} {out[key + '_range']}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
