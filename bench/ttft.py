@@ -71,7 +71,7 @@ class Grouped:
 
 
 def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Path,
-           l1_gb: float, kv_gib: int, max_tokens: int) -> dict:
+           l1_gb: float, kv_gib: int, max_tokens: int, adapter: dict) -> dict:
     """The three phases of every prompt on one directory; {tokens: {cold, directory, dram,
     first, loaded}}."""
     d = setup.root / "lmcache"
@@ -80,7 +80,8 @@ def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Pat
     chunks = {n: n // inference.CHUNK_TOKENS for n in prompts}
 
     def run(phase_names: tuple[str, ...]) -> None:
-        with inference.LMCacheServer(d, logs / f"server-{fs}.log", l1_gb=l1_gb) as server, \
+        with inference.LMCacheServer(d, logs / f"server-{fs}.log", l1_gb=l1_gb,
+                                     adapter=adapter) as server, \
                 Grouped(setup, server.proc), \
                 inference.Engine(model, logs / f"engine-{fs}.log", port=server.port,
                                  kv_cache_gib=kv_gib, max_tokens=max_tokens) as engine:
@@ -108,7 +109,11 @@ def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Pat
     out["stored_bytes"] = sum(f.stat().st_size for f in files)
     setup.sync()
     setup.drop()                     # the page cache (and kvfs's DRAM tier)
+    before = setup.kvfs.stats()["prefetch"] if setup.kvfs is not None else None
     run(("directory", "dram"))
+    if before is not None:           # kvfs's readahead along the chunks' chain while loading
+        after = setup.kvfs.stats()["prefetch"]
+        out["prefetch"] = {k: after[k] - before[k] for k in ("issued", "used", "wasted")}
     shutil.rmtree(d)
     setup.sync()
     return out
@@ -134,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--throttles", default="none,1e9,2e8",
                     help="bytes/s per device (read and write), 'none' for unthrottled")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--adapter", default='{"type": "fs"}',
+                    help="LMCache's L2 adapter as JSON, without base_path (e.g. "
+                         "'{\"type\": \"fs_native\", \"num_workers\": 8}')")
     ap.add_argument("--logs", help="keep the servers' and engines' logs here")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -145,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(n % inference.CHUNK_TOKENS for n in sizes):
         ap.error(f"prompt lengths are multiples of {inference.CHUNK_TOKENS} tokens")
     throttles = [None if t == "none" else float(t) for t in args.throttles.split(",")]
+    adapter = json.loads(args.adapter)
     started = time.monotonic()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvfs-ttft-") as tmp:
@@ -158,37 +167,42 @@ def main(argv: list[str] | None = None) -> int:
         kv_gib = max(1, -(-max(sizes) * per_token // GiB) + 1)
         max_tokens = max(sizes) + 64
         prompts = {n: inference.prompt(n, seed=n) for n in sizes}
-        with Emulation(f"{(2 * data + 2 * GiB) // MiB}m") as emu:
-            for r in range(args.rounds):
-                firsts: dict[int, int] = {}
-                for bps in throttles:
-                    speed = speed_label(bps)
-                    with ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB,
-                                      bps) as on_ext4, \
-                            kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB,
-                                          bps, dram="1GiB") as on_kvfs:
-                        order = [("kvfs", on_kvfs), ("ext4", on_ext4)]
-                        for fs, setup in (order if r % 2 == 0 else order[::-1]):
-                            got = phases(setup, fs, model, prompts, logs, l1_gb, kv_gib,
-                                         max_tokens)
-                            for n in sizes:
-                                g = got[n]
-                                if firsts.setdefault(n, g["first"]) != g["first"]:
-                                    raise SystemExit(f"bench/ttft.py: {n} tokens: first token "
-                                                     f"{g['first']} on {fs}, {firsts[n]} before")
-                                rows.append({"round": r, "fs": fs, "speed": speed, "tokens": n,
-                                             **{k: g[k] for k in ("cold", "directory", "dram",
-                                                                  "load_ms", "first")}})
-                            print(f"round {r} {speed:>11} {fs}: " + ", ".join(
-                                f"{n}: {got[n]['directory']:.2f} s" for n in sizes),
-                                file=sys.stderr, flush=True)
-                for n, s in recompute(model, prompts, logs, kv_gib, max_tokens,
-                                      firsts).items():
-                    rows.append({"round": r, "fs": "recompute", "speed": "-", "tokens": n,
-                                 "directory": s})
+        for r in range(args.rounds):
+            firsts: dict[int, int] = {}
+            for bps in throttles:
+                speed = speed_label(bps)
+                # devices of their own per speed (a loop device's file keeps every page
+                # written to it)
+                with Emulation(f"{(2 * data + 2 * GiB) // MiB}m") as emu, \
+                        ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB,
+                                     bps) as on_ext4, \
+                        kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB,
+                                      bps, dram="1GiB") as on_kvfs:
+                    order = [("kvfs", on_kvfs), ("ext4", on_ext4)]
+                    for fs, setup in (order if r % 2 == 0 else order[::-1]):
+                        got = phases(setup, fs, model, prompts, logs, l1_gb, kv_gib,
+                                     max_tokens, adapter)
+                        for n in sizes:
+                            g = got[n]
+                            if firsts.setdefault(n, g["first"]) != g["first"]:
+                                raise SystemExit(f"bench/ttft.py: {n} tokens: first token "
+                                                 f"{g['first']} on {fs}, {firsts[n]} before")
+                            rows.append({"round": r, "fs": fs, "speed": speed, "tokens": n,
+                                         **{k: g[k] for k in ("cold", "directory", "dram",
+                                                              "load_ms", "first")},
+                                         **({"prefetch": got["prefetch"]}
+                                            if "prefetch" in got else {})})
+                        print(f"round {r} {speed:>11} {fs}: " + ", ".join(
+                            f"{n}: {got[n]['directory']:.2f} s" for n in sizes),
+                            file=sys.stderr, flush=True)
+            for n, s in recompute(model, prompts, logs, kv_gib, max_tokens,
+                                  firsts).items():
+                rows.append({"round": r, "fs": "recompute", "speed": "-", "tokens": n,
+                             "directory": s})
     out = summarize(rows, sizes, [speed_label(b) for b in throttles])
     out["minutes"] = round((time.monotonic() - started) / 60, 1)
     out["rounds"] = args.rounds
+    out["adapter"] = adapter
     print_table(out, sizes, [speed_label(b) for b in throttles])
     if args.json:
         print(json.dumps(out))

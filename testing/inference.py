@@ -105,8 +105,13 @@ class LMCacheServer:
     LOADED = re.compile(r"Prefetch request completed \(L1\+L2\): (\d+)/(\d+) retained keys "
                         r"\((\d+) L1, (\d+) L2\) in ([\d.]+) ms")
 
-    def __init__(self, directory: Path, log: Path, *, l1_gb: float = 4.0, port: int | None = None):
+    def __init__(self, directory: Path, log: Path, *, l1_gb: float = 4.0, port: int | None = None,
+                 adapter: dict | None = None):
+        """`adapter`: the L2 adapter's type and options (default {"type": "fs"}: Python, one
+        file at a time; {"type": "fs_native", "num_workers": 8}: LMCache's C++ connector, files
+        in parallel); its base_path is `directory`."""
         self.directory, self.log, self.l1_gb = Path(directory), Path(log), l1_gb
+        self.adapter = {"type": "fs", **(adapter or {}), "base_path": str(self.directory)}
         self.port = port or free_port()
         self.shm = f"kvfs-{os.getpid()}-{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -114,7 +119,7 @@ class LMCacheServer:
 
     def start(self, timeout: float = 300) -> LMCacheServer:
         self._log_start = self.log.stat().st_size if self.log.exists() else 0
-        adapter = json.dumps({"type": "fs", "base_path": str(self.directory)})
+        adapter = json.dumps(self.adapter)
         with open(self.log, "ab") as f:
             self.proc = subprocess.Popen(
                 [str(ENGINE_PYTHON), "-m", "lmcache.v1.multiprocess.server",
