@@ -138,12 +138,11 @@ async def _tune_readahead(ops: FuseOps, mountpoint: str) -> None:
         log.info("could not raise %s: %s", path, e)
 
 
-async def _terminate_on_signal() -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for signum in signals:
-            log.info("received %s: unmounting", signal.Signals(signum).name)
-            pyfuse3.terminate()
-            return
+async def _terminate_on_signal(signals) -> None:
+    async for signum in signals:
+        log.info("received %s: unmounting", signal.Signals(signum).name)
+        pyfuse3.terminate()
+        return
 
 
 def raise_fd_limit() -> None:
@@ -208,6 +207,10 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
             ready(msg)
             raise StartupError(msg) from None
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # Catch the stopping signals before saying the mount is up: one sent as soon as it
+        # is (a harness, systemd) killed the daemon by the default action, uncleanly.
+        signals = stack.enter_context(
+            trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
         conn = mount_entry(real_mountpoint, resolve=False)
         conn_dev = conn["dev"] if conn is not None else None
         log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
@@ -219,7 +222,7 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(service.serve)
-                nursery.start_soon(_terminate_on_signal)
+                nursery.start_soon(_terminate_on_signal, signals)
                 nursery.start_soon(_tune_readahead, ops, real_mountpoint)
                 await pyfuse3.main(min_tasks=IDLE_TASKS, max_tasks=cfg.mount.max_tasks)
                 with trio.CancelScope(shield=True):

@@ -73,6 +73,34 @@ def test_sigterm_unmounts_cleanly(make_mount, pool_config):
     assert (m.mountpoint / "f").read_bytes() == b"data"
 
 
+_SIGNAL_AT_READY = """
+import os, signal, sys
+from pathlib import Path
+from kvfs import config, daemon
+cfg = config.load(sys.argv[1])
+sys.exit(daemon.run(cfg, Path(sys.argv[2]), lambda msg: os.kill(os.getpid(), signal.SIGTERM)))
+"""
+
+
+def test_a_sigterm_as_soon_as_the_mount_is_up_unmounts_cleanly(tmp_path, pool_config):
+    """The daemon says the mount is up (ready) only once it catches SIGTERM: a signal sent at
+    that moment (here by the ready callback itself) killed it by the default action, with
+    the mount left behind and status -15."""
+    cfg = pool_config()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run([sys.executable, "-m", "kvfs", "format", "--config", str(cfg)], cwd=ROOT,
+                   check=True, capture_output=True)
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_AT_READY, str(cfg), str(mnt)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    try:
+        assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+        assert not is_mounted(mnt)
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 def test_aborting_a_mounts_fuse_connection_fails_its_requests_and_ends_the_daemon(
         make_mount, pool_config):
     """kvfs.mounts.abort_connection finds a mount's connection from its device number (the
