@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from testing.mount import log_tail
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -89,10 +91,7 @@ class Engine:
         return res["result"]
 
     def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log)
 
     def close(self) -> None:
         if self.proc.poll() is None:

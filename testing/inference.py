@@ -23,11 +23,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from testing.mount import log_tail
+from testing.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
@@ -37,7 +39,8 @@ CHUNK_TOKENS = 256                  # LMCache's chunk: one file per 256 tokens o
 def available() -> str | None:
     """None, or why a real engine cannot run here."""
     if not ENGINE_PYTHON.exists():
-        return f"needs vLLM and LMCache's server in {ENGINE_PYTHON.parent.parent} (make install-engine)"
+        return (f"needs vLLM and LMCache's server in {ENGINE_PYTHON.parent.parent} "
+                "(make install-engine)")
     return None
 
 
@@ -69,12 +72,6 @@ def prompt(tokens: int, seed: int) -> list[int]:
     return [rng.randrange(100, 31000) for _ in range(tokens)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop_group(p: subprocess.Popen, timeout: float) -> None:
     """Stop a process started in its own session, and whatever it started."""
     if p.poll() is None:
@@ -87,13 +84,6 @@ def _stop_group(p: subprocess.Popen, timeout: float) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)       # its children too (vLLM's engine core)
     p.wait()
-
-
-def _tail(path: Path, n: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
 
 
 class LMCacheServer:
@@ -133,7 +123,7 @@ class LMCacheServer:
         while self.READY not in self._text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"LMCache's server did not start:\n{_tail(self.log)}")
+                raise RuntimeError(f"LMCache's server did not start:\n{log_tail(self.log)}")
             time.sleep(0.5)
         return self
 
@@ -166,10 +156,10 @@ class LMCacheServer:
 
 
 class Engine:
-    """vLLM (CPU) in its own process with dummy weights, given prompts one at a time: with
-    `port`, connected to an LMCacheServer there (LMCacheMPConnector), else computing every
-    prompt. vLLM's own prefix cache is off, so a prompt is either computed or loaded. A start
-    takes 30-60 s here."""
+    """vLLM (CPU) in its own process (`python -m testing.inference serve`) with dummy
+    weights, given prompts one at a time: with `port`, connected to an LMCacheServer there
+    (LMCacheMPConnector), else computing every prompt. vLLM's own prefix cache is off, so a
+    prompt is either computed or loaded. A start takes 30-60 s here."""
 
     def __init__(self, model: Path, log: Path, *, port: int | None = None,
                  kv_cache_gib: int = 4, max_tokens: int = 20000):
@@ -183,7 +173,8 @@ class Engine:
                "TOKENIZERS_PARALLELISM": "false"}
         with open(self.log, "ab") as f:
             self.proc = subprocess.Popen(
-                [str(ENGINE_PYTHON), __file__, "serve", json.dumps(self.cfg), str(w)],
+                [str(ENGINE_PYTHON), "-m", "testing.inference", "serve", json.dumps(self.cfg),
+                 str(w)],
                 stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, pass_fds=(w,),
                 start_new_session=True, cwd=ROOT, env=env)
         os.close(w)
@@ -191,7 +182,7 @@ class Engine:
         ready = self._read(timeout)
         if ready is None or "ready" not in ready:
             self.stop()
-            raise RuntimeError(f"vLLM did not start:\n{_tail(self.log)}")
+            raise RuntimeError(f"vLLM did not start:\n{log_tail(self.log)}")
         self.start_seconds = ready["ready"]
         return self
 
@@ -209,7 +200,7 @@ class Engine:
         out = self._read(timeout)
         if out is None or "error" in out:
             raise RuntimeError(f"vLLM failed on a prompt of {len(ids)} tokens: "
-                               f"{out and out.get('error')}\n{_tail(self.log)}")
+                               f"{out and out.get('error')}\n{log_tail(self.log)}")
         return out["seconds"], out["first"]
 
     def stop(self) -> None:

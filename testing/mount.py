@@ -48,6 +48,14 @@ def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: s
     return path
 
 
+def log_tail(path: Path, nchars: int = 4000) -> str:
+    """The end of a log file ("" if it cannot be read): for error messages."""
+    try:
+        return path.read_text(errors="replace")[-nchars:]
+    except OSError:
+        return ""
+
+
 def mount_device(path: Path) -> str | None:
     e = mount_entry(path)
     return e["dev"] if e is not None and e["fstype"] == "fuse.kvfs" else None
@@ -100,10 +108,7 @@ class MountedKvfs:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
     def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log)
 
     @property
     def pid(self) -> int:

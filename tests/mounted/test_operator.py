@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from testing.redis_server import free_port
 from tests.helpers import ROOT
 
 MiB = 1 << 20
@@ -167,9 +167,7 @@ def test_top_in_a_real_terminal(chain_mount):
 
 
 def test_prometheus_metrics(make_mount, pool_config):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     m = make_mount(pool_config(extra=f"metrics_port = {port}\n"))
     (m.mountpoint / "f").write_bytes(b"x" * 10000)
     (m.mountpoint / "f").read_bytes()
