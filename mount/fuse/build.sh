@@ -21,7 +21,8 @@ VENV=$(cd "${VENV:-.venv}" && pwd)
 PY=$VENV/bin/python
 PREFIX=$VENV/opt/libfuse
 BUILD=$root/build/fuse
-# applied in this order: passthrough (FileInfo.backing_id, ...), then a fallocate handler
+# applied in this order: passthrough (FileInfo.backing_id, ...), a fallocate handler, cheaper
+# requests (and FileInfo.noflush), then the flush handler's request context
 PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch" "$here/pyfuse3-requests.patch"
          "$here/pyfuse3-flush-ctx.patch")
 
