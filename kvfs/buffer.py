@@ -492,6 +492,17 @@ class Buffer:
     def copy(self) -> "Buffer":
         """A private copy (copy-on-write when a committed version is modified)."""
         b = Buffer(self.chunk, self.size)
+        self._copy_into(b)
+        return b
+
+    def become(self, other: "Buffer") -> None:
+        """Take `other`'s content in place: the same file, so whoever maps it or reads it by
+        passthrough reads `other`'s bytes from now on (a failed session rolled back)."""
+        self.resize(0)                  # no page of the old content survives
+        self.resize(other.size)
+        other._copy_into(self)
+
+    def _copy_into(self, b: "Buffer") -> None:
         for lo, hi, is_data in self._data_runs(0, self.size):
             if not is_data:
                 continue
@@ -501,7 +512,6 @@ class Buffer:
                 if n <= 0:
                     raise OSError(errno.EIO, "copy of a block's content ended early")
                 pos += n
-        return b
 
     def seal(self) -> None:
         """The content is final: where the memory supports seals (memfds), its size can no

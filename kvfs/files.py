@@ -386,6 +386,8 @@ class Files:
     def _pin_version(self, h: Handle, st: NodeState, pid: int, access: bool = True) -> None:
         node = h.node
         if st.session is not None:
+            if st.session.unreadable is not None:
+                raise st.session.unreadable
             h.version = st.session
         elif node.blob is not None:
             h.version = node.blob
@@ -449,6 +451,8 @@ class Files:
         if version is None:
             return b""
         if isinstance(version, Session):
+            if version.unreadable is not None:
+                raise version.unreadable
             return version.buffer.view(offset, length)
         return await self.store.read(version, offset, length)
 
@@ -497,15 +501,15 @@ class Files:
                 s.failed = KvfsError(errno.EIO, f"process {closer} was killed before it "
                                                 f"closed the file")
             return
-        try:
-            await self.sessions.commit_if_dirty(h.node, st)
-        except KvfsError as e:
-            self._tell_removed(e)
-            raise
+        # A failed commit raises an error that says what the kernel may cache wrongly now
+        # (`dropped`, `removed`: see Sessions._drop); the FUSE layer tells the kernel before
+        # the closer hears of it.
+        await self.sessions.commit_if_dirty(h.node, st)
 
     def _tell_removed(self, e: KvfsError) -> None:
-        """A commit that dropped a never-committed file's name (see Sessions._drop_failed)
-        tells the kernel, which may cache the name."""
+        """A commit that dropped a never-committed file's name (see Sessions._drop) tells the
+        kernel, which may cache the name (asynchronously: a rename holds the directory's
+        lock, and a release has nobody waiting for it)."""
         removed = getattr(e, "removed", None)
         if removed is not None and self.on_evict is not None:
             self.on_evict(*removed)

@@ -228,8 +228,9 @@ class FuseOps(pyfuse3.Operations):
             log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
 
     def _new_content(self, ino: int) -> None:
-        """Another node rewrote the file: drop its cached attributes (the size). Cached pages
-        go at the next open, which sees a new version (keep_cache is per version)."""
+        """Another node rewrote the file, or a failed commit dropped what was written: drop its
+        cached attributes (the size). Cached pages go at the next open, which sees a new
+        version (keep_cache is per version; an open beside a session keeps none)."""
         try:
             pyfuse3.invalidate_inode(ino, attr_only=True)
         except Exception:   # noqa: BLE001 - the kernel may not know the inode
@@ -376,12 +377,40 @@ class FuseOps(pyfuse3.Operations):
         # ctx (mount/fuse/pyfuse3-flush-ctx.patch): the thread that closes, which tells a
         # close from the kernel closing the files of a killed process
         if not self.control.owns(fh):
-            await self.files.flush(fh, ctx.pid if ctx is not None else None)
+            await self._commit(self.files.flush(fh, ctx.pid if ctx is not None else None))
 
     @translate
     async def fsync(self, fh, datasync):
         if not self.control.owns(fh):
-            await self.files.fsync(fh)
+            await self._commit(self.files.fsync(fh))
+
+    async def _commit(self, commit) -> None:
+        """Await a flush's or fsync's commit. One that failed dropped what was written (see
+        Sessions._drop): the kernel forgets the size those writes gave the inode, and the name
+        of a file never committed, before the caller hears of the failure, so a stat or an
+        open right after the failed close() finds the previous version or no file, never
+        the cached one. The name is invalidated synchronously, in a worker thread: the kernel
+        takes the directory's lock, which neither request holds (this loop goes on serving
+        whoever does meanwhile). Only the entry, not as deleted (`deleted=` would take the
+        file's own lock too, which the kernel holds for an fsync until it is answered: a
+        deadlock); a lookup then asks, and hears there is no such file."""
+        try:
+            await commit
+        except KvfsError as e:
+            ino = getattr(e, "dropped", None)
+            if ino is not None:
+                self._new_content(ino)
+            removed = getattr(e, "removed", None)
+            if removed is not None:
+                await trio.to_thread.run_sync(self._forget_name, *removed)
+            raise
+
+    @staticmethod
+    def _forget_name(parent: int, name: bytes, ino: int) -> None:
+        try:
+            pyfuse3.invalidate_entry(parent, name)
+        except OSError as e:    # the kernel may not know the entry (ENOENT): nothing to undo
+            log.debug("invalidate_entry(%d, %r) failed: %s", parent, name, e)
 
     @translate
     async def fallocate(self, fh, mode, offset, length):

@@ -15,7 +15,7 @@ class Session:
     """The mutable content of a file between writes and commit."""
 
     __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
-                 "next_early", "passthrough", "rdwr", "sig", "rec", "failed")
+                 "next_early", "passthrough", "rdwr", "sig", "rec", "failed", "unreadable")
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
@@ -27,6 +27,9 @@ class Session:
         self.contig = 0           # bytes written contiguously from offset 0
         self.next_early = 0       # next unit write-behind may start
         self.failed: KvfsError | None = None   # a write or commit of it failed: never commit it
+        # rolled back after `failed`, but the previous version could not be read: its readers
+        # get this error (kvfs/sessions.py, Sessions._roll_back)
+        self.unreadable: KvfsError | None = None
         # passthrough: the kernel writes into the buffer's memfd itself; the daemon learns of
         # writes from the memfd's (size, mtime, ctime) `sig` at the last commit, and of writes
         # through a shared mapping (possible when a handle was opened read-write, `rdwr`) by

@@ -153,7 +153,7 @@ class Sessions:
         unit = self.pool.unit
         s.buffer.resize(size)
         if size == 0:
-            s.failed = None               # whatever failed before is gone with its bytes
+            s.failed = s.unreadable = None    # whatever failed before is gone with its bytes
         s.contig = min(s.contig, size)
         s.next_early = min(s.next_early, size // unit)
         if size == 0:
@@ -166,6 +166,8 @@ class Sessions:
     def _write_behind(self, s: Session, offset: int, end: int) -> None:
         """Start writing the units a sequential writer has completed and moved past, so its
         transfer overlaps the namespaces' I/O; close() then only has the rest to write."""
+        if s.failed is not None:
+            return                          # never committed: nothing to write ahead for
         unit = self.pool.unit
         if s.writer is not None and end > offset:
             s.writer.touch(offset // unit, (end - 1) // unit)
@@ -260,7 +262,9 @@ class Sessions:
         if s is None or not s.changed():
             return
         if s.failed is not None:
-            await self._drop_failed(node, s)
+            raise await self._drop(node, st, KvfsError(
+                s.failed.errno, f"{self.catalog.path_of(node)}: not committed, an earlier "
+                                f"write or commit failed: {s.failed}"))
         if not node.linked:          # unlinked before its first/next commit: nothing to keep
             s.dirty = False
             self._abandon_writer(s)
@@ -287,17 +291,21 @@ class Sessions:
         self.writing += 1
         try:
             layout = await self._write_retrying(node, s, size)
+        except KvfsError as e:
+            layout, failed = None, e
         finally:
             self.writing -= 1
             if self.writing == 0 and self._written is not None:
                 self._written.set()
                 self._written = None
+        if layout is None:      # (dropped once `writing` no longer waits for it: see above)
+            raise await self._drop(node, st, failed) from None
         # (no checkpoint from here to the catalog's statements: `writing` says when it joins)
         try:
             rec = await self.publish(node, layout)
         except KvfsError as e:
             s.failed = e              # its closer is told; a later release must not commit it
-            raise
+            raise await self._drop(node, st, e) from None
         s.dirty = False
         s.sig, s.rec = sig, rec
         # The buffer becomes the version's resident copy, unless passthrough writers may still
@@ -330,22 +338,65 @@ class Sessions:
                 s.failed = e          # its closer is told; a later release must not commit it
                 raise
 
-    async def _drop_failed(self, node: Node, s: Session) -> None:
-        """A write into this session failed (or its commit did, or its writer was killed), so
-        it holds less than its writer wrote: drop it (the file keeps its previous version, a
-        new file is gone) and raise, so whoever closes, syncs or renames it is told. The error
-        carries `removed` = (parent, name, ino) when the name went (for the kernel's cache)."""
+    async def _drop(self, node: Node, st: NodeState, err: KvfsError) -> KvfsError:
+        """A write into this session failed, or its commit did, or its writer was killed: it
+        holds less than its writer wrote, and is never committed (`failed` stays set until a
+        truncate to 0). Drop it now, as its closer (or fsync, or rename) is told: from here on
+        the file reads as its previous version. Handles still open on the inode read the
+        session (the writer; readers that opened while it was written; with passthrough,
+        every handle until the writer's release arrives, which the kernel sends after the
+        close returns: they share its memfd), so its bytes are rolled back to that version
+        in place; a file never committed loses its name too, rather than stay an empty file.
+        Returns `err` for the caller to raise, with `dropped` = the inode (the kernel may
+        cache the size the writes made) and `removed` = (parent, name, ino) when the name
+        went (the kernel may cache it)."""
+        s = st.session
         s.dirty = False
-        s.sig = s.buffer.signature() if s.passthrough else None
         self._abandon_writer(s)
-        err = KvfsError(s.failed.errno, f"{self.catalog.path_of(node)}: not committed, an "
-                                        f"earlier write or commit failed: {s.failed}")
-        if node.linked and not node.persisted and node.blob is None:
+        err.dropped = node.ino
+        if node.linked and not node.persisted and node.blob is None and \
+                not node.removed_elsewhere:      # (else its removal is under way)
             # never committed: the name goes too, rather than stay an empty file here
             parent, name = node.parent, node.name
             await self.catalog.remove(node)
             err.removed = (parent, name, node.ino)
-        raise err
+        if st.opens > 0:
+            await self._roll_back(node, s)
+        s.sig = s.buffer.signature() if s.passthrough else None
+        return err
+
+    async def _roll_back(self, node: Node, s: Session) -> None:
+        """The session takes the file's committed content again (none for a file never
+        committed), and its reservation shrinks to what that needs."""
+        rec, old = node.blob, None
+        if rec is not None:
+            self.store.hold(rec)
+            try:
+                old = await self.store.read_all(rec)
+            except KvfsError as e:
+                # the previous version cannot be read here now: handles on the session read
+                # that error instead of bytes that were never committed (kvfs/files.py)
+                log.error("%s: the previous version could not be read back after a failed "
+                          "write: %s", self.catalog.path_of(node), e)
+                s.unreadable = e
+            finally:
+                self.store.unhold(rec)
+        if s.passthrough:
+            # the kernel reads and writes this very memfd for every handle on the inode: it
+            # changes in place (no daemon I/O uses it: write-behind serves daemon writes only)
+            if old is not None:
+                s.buffer.become(old)
+            else:
+                s.buffer.resize(0)
+        else:
+            # write-behind units the abandoned writer still has in flight read the old buffer
+            # in worker threads: it stays as it is (shrinking it under them would fault)
+            s.buffer = old.copy() if old is not None else Buffer(self.pool.chunk)
+        keep = self.pool.stored_size(s.buffer.size)
+        if s.reserved > keep:
+            self.space.unreserve(s.reserved - keep)
+            s.reserved = keep
+        self._charge(s)
 
     async def publish(self, node: Node, layout) -> BlobRec:
         """Record a block that is durable in the pool as the file's current version (one

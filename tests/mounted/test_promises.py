@@ -171,6 +171,40 @@ def test_a_full_pool_fails_the_write_or_the_commit_and_keeps_the_previous_versio
     assert (d / "new").read_bytes() == b"room is there for small files"
 
 
+def test_after_a_failed_fsync_the_file_reads_as_before_while_its_writer_still_has_it_open(
+        make_mount, pool_config):
+    """A failed fsync() drops what was written at once, not when the writer lets the file go
+    (the kernel tells kvfs of that after close() returns, or much later: a writer may keep its
+    descriptor): from the moment fsync() fails, a file rewritten reads as its previous version
+    (content and size) to anyone who opens it, and to the writer itself; a new file is gone."""
+    m = make_mount(pool_config(size="32MiB", pool='evict = "never"'))
+    d = m.mountpoint
+    cap = m.stats()["tiers"]["pool"]["capacity"]
+    old = os.urandom(2 * MiB + 3)
+    (d / "f").write_bytes(old)
+    (d / "filler").write_bytes(os.urandom(cap - 8 * MiB))
+    for name in ("f", "new"):
+        fd = os.open(d / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            try:
+                for off in range(0, 8 * MiB, MiB):
+                    os.pwrite(fd, os.urandom(MiB), off)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC and not m.passthrough, name
+            assert errno_of(os.fsync, fd) == errno.ENOSPC, name
+            assert (d / "f").read_bytes() == old, name
+            assert (d / "f").stat().st_size == len(old), name
+            assert not (d / "new").exists(), name
+            assert os.pread(fd, 4 * MiB, 0) == (old if name == "f" else b""), name
+        finally:
+            try:
+                os.close(fd)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, name
+    assert sorted(os.listdir(d)) == ["f", "filler"]
+    assert (d / "f").read_bytes() == old
+
+
 def test_rename_commits_a_source_still_open_for_writing(mnt):
     """tmp-then-rename with the tmp file still open: the rename commits what was written, so
     the target is whole at once (for a new reader, and after kill -9 with the writer's file
