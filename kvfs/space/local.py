@@ -31,24 +31,36 @@ class LocalSpace(Space):
         self.pool.release(layout)
 
     async def make_room(self, exclude: int, need: int) -> bool:
+        """Delete files, in the policy's order, until `need` bytes beyond what writers reserved
+        are free, or nothing more may go; whether any went. For a need of a stripe unit or
+        more, free in whole units: small files leave free pieces below a unit that a large
+        block's units cannot use (then one more file freed is often not enough, and a commit
+        that tried again after each one ran out of time under load: "free space is
+        fragmented")."""
+        evicted = False
         if self.knobs.pool_evict == "lru":
-            for bid, ino in self.lru():
-                if self.store.is_held(bid):
-                    continue
-                if await self._evict(ino, exclude, bid):
-                    return True
-            return False
-        if self.knobs.pool_evict == "prefix":
+            went = True
+            while went and not (evicted and self._roomy(need)):
+                went = False
+                for bid, ino in self.lru():      # (from the start again: the order changed)
+                    if not self.store.is_held(bid) and await self._evict(ino, exclude, bid):
+                        evicted = went = True
+                        break
+        elif self.knobs.pool_evict == "prefix":
             order = await self._order()
-            while True:
+            while not (evicted and self._roomy(need)):
                 v = order.victim(lambda b, ino: self.evictable(ino, exclude, b))
                 if v is None:
-                    return False
+                    break
                 bid, ino, _ = v
                 if await self._evict(ino, exclude, bid):
-                    return True
-                # changed meanwhile (rewritten, opened, removed): its new state is told anew
-        return False
+                    evicted = True
+                # else changed meanwhile (rewritten, opened, removed): its new state is told anew
+        return evicted
+
+    def _roomy(self, need: int) -> bool:
+        free = self.pool.unit_free if need >= self.pool.unit else self.pool.writable
+        return free - self.reserved >= need
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -185,6 +185,30 @@ def test_full_pool_with_lru_evicts_least_recently_used_closed_files(pool_config)
     run_service(cfg, body)
 
 
+@pytest.mark.parametrize("evict", ["lru", "prefix"])
+def test_a_pool_fragmented_by_small_files_makes_room_for_a_large_block_at_once(pool_config,
+                                                                              evict):
+    """Small files leave free pieces below a stripe unit, which a large block's units cannot
+    use: making room for it deletes files until the room lies in whole units, in one call (a
+    commit that deleted one file per attempt ran out of attempts, and time, under load)."""
+    cfg = pool_config(size="16MiB", pool=f'evict = "{evict}"')
+
+    async def body(fs):
+        pool, space = fs.svc.pool, fs.svc.space
+        small = 300 * 1024
+        for i in range(pool.capacity // small - 1):
+            await fs.write(f"/s{i}", os.urandom(small))
+        assert pool.unit_free < 2 * MiB and space.evictions == 0
+        assert await space.make_room(0, 6 * MiB)
+        assert pool.unit_free - space.reserved >= 6 * MiB
+        assert space.evictions >= 6 * MiB // small
+        big = os.urandom(6 * MiB)
+        await fs.write("/big", big)             # room for it without deleting more
+        assert await fs.read("/big") == big
+
+    run_service(cfg, body)
+
+
 def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
     """A pinned file is never evicted from the pool, however long unused: the next least
     recently used file goes instead."""
