@@ -359,8 +359,10 @@ class Sessions:
         s.dirty = False
         self._abandon_writer(s)
         err.dropped = node.ino
-        # the writer hears of it; the log says it too, for whoever runs the node (a full pool)
-        log.warning("%s: what was written is dropped: %s", self.catalog.path_of(node), err)
+        # the writer hears of it; the log says it too, for whoever runs the node (a full pool;
+        # a catalog failure is logged once, where it happened)
+        log.log(logging.DEBUG if self.catalog.failure else logging.WARNING,
+                "%s: what was written is dropped: %s", self.catalog.path_of(node), err)
         if node.linked and not node.persisted and node.blob is None and \
                 not node.removed_elsewhere:      # (else its removal is under way)
             # never committed: the name goes too, rather than stay an empty file here
