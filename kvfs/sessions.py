@@ -93,11 +93,7 @@ class Sessions:
         if s is not None:
             base = s.buffer
         elif node.blob is not None and keep != 0:
-            self.store.hold(node.blob)
-            try:
-                base = await self.store.read_all(node.blob)
-            finally:
-                self.store.unhold(node.blob)
+            base = await self._content(node.blob)
         else:
             base = None
         buf = base.copy() if base is not None else Buffer(self.pool.chunk)
@@ -374,22 +370,27 @@ class Sessions:
         s.sig = s.buffer.signature() if s.passthrough else None
         return err
 
+    async def _content(self, rec: BlobRec) -> Buffer:
+        """A committed version's whole content (the block held while it is read)."""
+        self.store.hold(rec)
+        try:
+            return await self.store.read_all(rec)
+        finally:
+            self.store.unhold(rec)
+
     async def _roll_back(self, node: Node, s: Session) -> None:
         """The session takes the file's committed content again (none for a file never
         committed), and its reservation shrinks to what that needs."""
-        rec, old = node.blob, None
-        if rec is not None:
-            self.store.hold(rec)
+        old = None
+        if node.blob is not None:
             try:
-                old = await self.store.read_all(rec)
+                old = await self._content(node.blob)
             except KvfsError as e:
                 # the previous version cannot be read here now: handles on the session read
                 # that error instead of bytes that were never committed (kvfs/files.py)
                 log.error("%s: the previous version could not be read back after a failed "
                           "write: %s", self.catalog.path_of(node), e)
                 s.unreadable = e
-            finally:
-                self.store.unhold(rec)
         if s.passthrough:
             # the kernel reads and writes this very memfd for every handle on the inode: it
             # changes in place (no daemon I/O uses it: write-behind serves daemon writes only)
