@@ -13,7 +13,10 @@ TierIndex` (the DRAM tier's index) of `--capacity-blocks` blocks with the chosen
 `hit_rate` is for --policy; `lru_hit_rate` for LRU at the same capacity (the baseline), both
 from this run; `bound_hit_rate` the offline bound at that capacity (`replay_bound`: furthest
 next use, knowing the future) and `pct_of_bound` the policy's share of it; `us_per_access` the
-policy's replay time per block access.
+policy's replay time per block access. `admission_oracle_pct_of_bound` ("oracle %") is LRU told,
+by an oracle, whether each block will ever be used again (`replay_admission_oracle`): what
+perfect prediction of reuse, without its time, reaches. A policy far below it can still learn;
+a target above it needs knowing *when* blocks come back.
 
 With --nodes N, the requests are also spread round-robin over N nodes, and the prefix hit rate
 of N node-local pools of --capacity-blocks each is compared with one pool of N times that
@@ -93,13 +96,8 @@ def replay_bound(requests: list[list[int]], capacity: int) -> dict:
     then every block of it is used. No online policy can beat this on block hits; on prefix
     hits it is the yardstick the policy work is measured against (`pct_of_bound`)."""
     import heapq
-    seq = [h for ids in requests for h in ids]
-    never = len(seq) + 1
-    nxt = [never] * len(seq)
-    last: dict[int, int] = {}
-    for i in range(len(seq) - 1, -1, -1):
-        nxt[i] = last.get(seq[i], never)
-        last[seq[i]] = i
+    nxt = _next_uses(requests)
+    never = len(nxt) + 1
     kept: dict[int, int] = {}            # block -> its next use
     heap: list[tuple[int, int]] = []     # (-next use, block), stale entries skipped
     hits = total = pos = 0
@@ -126,6 +124,48 @@ def replay_bound(requests: list[list[int]], capacity: int) -> dict:
                 del kept[heapq.heappop(heap)[1]]
             kept[h] = n
             heapq.heappush(heap, (-n, h))
+    return {"capacity_blocks": capacity, "hit_rate": hits / max(1, total)}
+
+
+def _next_uses(requests: list[list[int]]) -> list[int]:
+    """For each block access in order, the position of the next access of that block
+    (len + 1 if none)."""
+    seq = [h for ids in requests for h in ids]
+    never = len(seq) + 1
+    nxt = [never] * len(seq)
+    last: dict[int, int] = {}
+    for i in range(len(seq) - 1, -1, -1):
+        nxt[i] = last.get(seq[i], never)
+        last[seq[i]] = i
+    return nxt
+
+
+def replay_admission_oracle(requests: list[list[int]], capacity: int) -> dict:
+    """What knowing *whether* a block is used again is worth, without knowing *when*: LRU
+    that keeps a block only if it will be used again (an oracle no online policy has). Same
+    semantics as `serve`. Between the policy and the bound: the part of the bound an online
+    policy could reach by predicting reuse perfectly and keeping the rest in recency order;
+    the rest of the bound is knowing when."""
+    import collections
+    nxt = _next_uses(requests)
+    never = len(nxt) + 1
+    lru: collections.OrderedDict[int, None] = collections.OrderedDict()
+    hits = total = pos = 0
+    for ids in requests:
+        k = 0
+        while k < len(ids) and ids[k] in lru:
+            k += 1
+        hits += k
+        total += len(ids)
+        for h in ids:
+            n = nxt[pos]
+            pos += 1
+            if h in lru:
+                lru.move_to_end(h)
+            elif n != never:
+                lru[h] = None
+                if len(lru) > capacity:
+                    lru.popitem(last=False)
     return {"capacity_blocks": capacity, "hit_rate": hits / max(1, total)}
 
 
@@ -270,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         r["bound_hit_rate"] = bound
         r["pct_of_bound"] = 100 * r["hit_rate"] / bound if bound else float("nan")
         r["lru_pct_of_bound"] = 100 * base["hit_rate"] / bound if bound else float("nan")
+        oracle = replay_admission_oracle(requests, cap)["hit_rate"]
+        r["admission_oracle_hit_rate"] = oracle
+        r["admission_oracle_pct_of_bound"] = 100 * oracle / bound if bound else float("nan")
         r["us_per_access"] = 1e6 * r["seconds"] / max(1, r["blocks"])
         rows.append(r)
     mounted = None
@@ -303,11 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{args.trace}: {rows[0]['requests']} requests, {rows[0]['blocks']} block reads")
     print(f"{'capacity':>9}{'policy':>10}{'hit rate':>10}{'LRU':>9}{'bound':>9}{'vs LRU':>8}"
-          f"{'% bound':>9}{'LRU %':>7}{'us/access':>11}  mode")
+          f"{'% bound':>9}{'LRU %':>7}{'oracle %':>9}{'us/access':>11}  mode")
     for r in rows:
         print(f"{r['capacity_blocks']:>9}{r['policy']:>10}{r['hit_rate']:>10.4f}{r['lru_hit_rate']:>9.4f}"
               f"{r['bound_hit_rate']:>9.4f}{r['vs_lru']:>8.3f}{r['pct_of_bound']:>9.1f}"
-              f"{r['lru_pct_of_bound']:>7.1f}{r['us_per_access']:>11.2f}  {r.get('final_mode', '')}")
+              f"{r['lru_pct_of_bound']:>7.1f}{r['admission_oracle_pct_of_bound']:>9.1f}"
+              f"{r['us_per_access']:>11.2f}  {r.get('final_mode', '')}")
     if args.nodes:
         print(f"\n{args.nodes} nodes, requests round-robin; pools evict by {POOL_EVICTION} "
               f"(node-local and cluster-wide), as kvfs's pools do")
