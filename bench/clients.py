@@ -36,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testing.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops  # noqa: E402
+from testing.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
+                             throttled)
 from testing.engine import Engine  # noqa: E402
 
 MiB = 1 << 20
@@ -128,13 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                         setup = on_kvfs if fs == "kvfs" else on_ext4
                         root = setup.root / f"{engine}-{native}"
                         drop = m.drop_caches if fs == "kvfs" else drop_page_cache
-                        if setup.group is not None:      # the engine's I/O meets the throttle
-                            setup.group.add(e.proc.pid)
-                        try:
+                        with throttled(setup, e.proc.pid):   # the engine's I/O meets it
                             r = run_client(e, engine, native, root, keys, block, drop)
-                        finally:
-                            if setup.group is not None:
-                                setup.group.release(e.proc.pid)
                         shutil.rmtree(root)
                         rows.append({"client": name, "fs": fs, "throttle": label, **r})
     out = {"bps_per_device": args.bps, "blocks": args.blocks, "block_bytes": block,

@@ -43,7 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testing import inference  # noqa: E402
-from testing.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops  # noqa: E402
+from testing.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
+                             throttled)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -51,23 +52,6 @@ GiB = 1 << 30
 
 def speed_label(bps: float | None) -> str:
     return "unthrottled" if not bps else f"{bps / 1e6:.0f}MBps"
-
-
-class Grouped:
-    """A process of ours inside a set-up's throttle group while it runs (its I/O to the
-    set-up's devices then meets the limit, as the kvfs daemon's does)."""
-
-    def __init__(self, setup, proc):
-        self.group, self.pid = setup.group, proc.pid
-
-    def __enter__(self):
-        if self.group is not None:
-            self.group.add(self.pid)
-        return self
-
-    def __exit__(self, *exc):
-        if self.group is not None:
-            self.group.release(self.pid)
 
 
 def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Path,
@@ -82,7 +66,7 @@ def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Pat
     def run(phase_names: tuple[str, ...]) -> None:
         with inference.LMCacheServer(d, logs / f"server-{fs}.log", l1_gb=l1_gb,
                                      adapter=adapter) as server, \
-                Grouped(setup, server.proc), \
+                throttled(setup, server.proc.pid), \
                 inference.Engine(model, logs / f"engine-{fs}.log", port=server.port,
                                  kv_cache_gib=kv_gib, max_tokens=max_tokens) as engine:
             for n, ids in prompts.items():

@@ -280,6 +280,21 @@ class KvfsSetup:
 
 
 @contextlib.contextmanager
+def throttled(setup, pid: int):
+    """Process `pid` (a client of ours: an engine, LMCache's server) inside the set-up's
+    throttle group while the block runs, so its I/O to the set-up's devices meets the limit as
+    the kvfs daemon's does; nothing where the set-up is not throttled."""
+    if setup.group is None:
+        yield
+        return
+    setup.group.add(pid)
+    try:
+        yield
+    finally:
+        setup.group.release(pid)
+
+
+@contextlib.contextmanager
 def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
     dev = emu.loop(name, size)
     subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
