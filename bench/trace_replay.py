@@ -88,18 +88,19 @@ def replay(requests: list[list[int]], capacity: int, policy: str) -> dict:
     return out
 
 
-def replay_bound(requests: list[list[int]], capacity: int) -> dict:
-    """The offline bound at `capacity` blocks: knowing the future, keep the blocks used soonest
-    (Belady's rule: when room is needed, drop the resident block whose next use is furthest
-    away, and do not keep a block needed later than all of them, nor one never used again).
-    Same semantics as `serve`: a request's hit is the leading run of its blocks found kept,
-    then every block of it is used. No online policy can beat this on block hits; on prefix
-    hits it is the yardstick the policy work is measured against (`pct_of_bound`)."""
-    import heapq
-    nxt = _next_uses(requests)
-    never = len(nxt) + 1
-    kept: dict[int, int] = {}            # block -> its next use
-    heap: list[tuple[int, int]] = []     # (-next use, block), stale entries skipped
+NEVER = float("inf")       # the next use of a block that is not used again
+
+
+def _replay_knowing_next_uses(requests: list[list[int]], kept, use) -> dict:
+    """Replay with the future known, for the offline yardsticks: the same semantics as
+    `serve` (a request's hit is the leading run of its blocks in `kept`, then every block of it
+    is used), each use told to `use(block, position of its next use, or NEVER)`."""
+    seq = [h for ids in requests for h in ids]
+    nxt: list[float] = [NEVER] * len(seq)
+    last: dict[int, int] = {}
+    for i in range(len(seq) - 1, -1, -1):
+        nxt[i] = last.get(seq[i], NEVER)
+        last[seq[i]] = i
     hits = total = pos = 0
     for ids in requests:
         k = 0
@@ -108,36 +109,38 @@ def replay_bound(requests: list[list[int]], capacity: int) -> dict:
         hits += k
         total += len(ids)
         for h in ids:
-            n = nxt[pos]
+            use(h, nxt[pos])
             pos += 1
-            if h in kept:
-                kept[h] = n
-                heapq.heappush(heap, (-n, h))
-                continue
-            if n == never:
-                continue
-            if len(kept) >= capacity:
-                while kept.get(heap[0][1]) != -heap[0][0]:
-                    heapq.heappop(heap)
-                if -heap[0][0] <= n:
-                    continue                 # every kept block is needed before this one
-                del kept[heapq.heappop(heap)[1]]
+    return {"hit_rate": hits / max(1, total)}
+
+
+def replay_bound(requests: list[list[int]], capacity: int) -> dict:
+    """The offline bound at `capacity` blocks: knowing the future, keep the blocks used soonest
+    (Belady's rule: when room is needed, drop the resident block whose next use is furthest
+    away, and do not keep a block needed later than all of them, nor one never used again).
+    Same semantics as `serve`: a request's hit is the leading run of its blocks found kept,
+    then every block of it is used. No online policy can beat this on block hits; on prefix
+    hits it is the yardstick the policy work is measured against (`pct_of_bound`)."""
+    import heapq
+    kept: dict[int, float] = {}          # block -> its next use
+    heap: list[tuple[float, int]] = []   # (-next use, block), stale entries skipped
+
+    def use(h: int, n: float) -> None:
+        if h in kept:
             kept[h] = n
             heapq.heappush(heap, (-n, h))
-    return {"capacity_blocks": capacity, "hit_rate": hits / max(1, total)}
-
-
-def _next_uses(requests: list[list[int]]) -> list[int]:
-    """For each block access in order, the position of the next access of that block
-    (len + 1 if none)."""
-    seq = [h for ids in requests for h in ids]
-    never = len(seq) + 1
-    nxt = [never] * len(seq)
-    last: dict[int, int] = {}
-    for i in range(len(seq) - 1, -1, -1):
-        nxt[i] = last.get(seq[i], never)
-        last[seq[i]] = i
-    return nxt
+            return
+        if n == NEVER:
+            return
+        if len(kept) >= capacity:
+            while kept.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)
+            if -heap[0][0] <= n:
+                return                       # every kept block is needed before this one
+            del kept[heapq.heappop(heap)[1]]
+        kept[h] = n
+        heapq.heappush(heap, (-n, h))
+    return {"capacity_blocks": capacity, **_replay_knowing_next_uses(requests, kept, use)}
 
 
 def replay_admission_oracle(requests: list[list[int]], capacity: int) -> dict:
@@ -147,26 +150,16 @@ def replay_admission_oracle(requests: list[list[int]], capacity: int) -> dict:
     policy could reach by predicting reuse perfectly and keeping the rest in recency order;
     the rest of the bound is knowing when."""
     import collections
-    nxt = _next_uses(requests)
-    never = len(nxt) + 1
     lru: collections.OrderedDict[int, None] = collections.OrderedDict()
-    hits = total = pos = 0
-    for ids in requests:
-        k = 0
-        while k < len(ids) and ids[k] in lru:
-            k += 1
-        hits += k
-        total += len(ids)
-        for h in ids:
-            n = nxt[pos]
-            pos += 1
-            if h in lru:
-                lru.move_to_end(h)
-            elif n != never:
-                lru[h] = None
-                if len(lru) > capacity:
-                    lru.popitem(last=False)
-    return {"capacity_blocks": capacity, "hit_rate": hits / max(1, total)}
+
+    def use(h: int, n: float) -> None:
+        if h in lru:
+            lru.move_to_end(h)
+        elif n != NEVER:
+            lru[h] = None
+            if len(lru) > capacity:
+                lru.popitem(last=False)
+    return {"capacity_blocks": capacity, **_replay_knowing_next_uses(requests, lru, use)}
 
 
 POOL_EVICTION = "lru"      # what kvfs's pools evict by, on one node and shared (see above)
