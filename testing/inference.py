@@ -145,7 +145,7 @@ class LMCacheServer:
             return                  # (a server that names its pool otherwise: left as is)
         try:                        # (written, not fallocated: tmpfs clears a fallocated page
             size = os.fstat(fd).st_size     # only when it is first used)
-            zeros = bytes(64 << 20)
+            zeros = memoryview(bytes(64 << 20))
             for off in range(0, size, len(zeros)):
                 os.pwrite(fd, zeros[:size - off], off)
         finally:
