@@ -24,7 +24,12 @@ rounds. For kvfs the table also gives the daemon's CPU time per file and the FUS
 file of each phase (from its statistics), the per-file budget of docs/architecture.md.
 
     python bench/block_sizes.py [--sizes 256K,1M,4M,32M] [--rounds 1] [--bps 1e9]
-                                [--speeds fast,throttled] [--json]
+                                [--speeds fast,throttled] [--floor] [--json]
+
+With --floor the same phases also run (unthrottled) on bench/floorfs.py, pyfuse3 with
+passthrough that keeps files in memory and does nothing else: the floor of kvfs's stack. Keys
+`<size>_<op>_floor_vs_ext4` and `<size>_<op>_vs_floor` (kvfs over the floor) split the gap to
+ext4 into the stack's part and kvfs's own (docs/architecture.md, "The floor of the stack").
 
 Keys of --json: `<size>_<op>_vs_ext4` (unthrottled) and `gbps<N>_<size>_<op>_vs_ext4`
 (throttled), with `<op>` store, stat or load; `<size>_store_vs_ext4_fsync` against ext4 whose
@@ -35,6 +40,7 @@ pass, the "(fsync)" column); `rows` has every measurement.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -48,9 +54,15 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.catalog_scale import parallel as per_second  # noqa: E402
-from testing.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
-                           warm_memory)
+from bench.catalog_scale import parallel as per_second
+from bench.floorfs import floor_mounted
+from testing.emulate import (
+    Emulation,
+    available,
+    ext4_on_loop,
+    kvfs_on_loops,
+    warm_memory,
+)
 
 MiB = 1 << 20
 SIZES = {"256K": 256 << 10, "1M": MiB, "4M": 4 * MiB, "32M": 32 * MiB}
@@ -148,13 +160,21 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
     """Store, stat and load the blocks on one file system; files/s, and the daemon's cost."""
     root = setup.root / "blocks"
     m = setup.kvfs
+    floor = fs == "floor"
     out: dict = {}
 
     def phase(name: str, fn) -> None:
         if m is not None:
             cpu0, c0 = cpu_seconds(m.pid), daemon_counters(m)
+        elif floor:
+            cpu0, r0 = cpu_seconds(setup.pid), setup.requests()
         dt = fn()
         out[f"{name}_per_s"] = blocks.n / dt
+        if floor:
+            out[f"{name}_daemon_us"] = (cpu_seconds(setup.pid) - cpu0) / blocks.n * 1e6
+            r1 = setup.requests()
+            out[f"{name}_requests"] = {op: round((r1[op] - r0.get(op, 0)) / blocks.n, 2)
+                                       for op in r1 if r1[op] != r0.get(op, 0)}
         if m is not None:
             out[f"{name}_daemon_us"] = (cpu_seconds(m.pid) - cpu0) / blocks.n * 1e6
             c1 = daemon_counters(m)
@@ -174,7 +194,7 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
                     del per["getxattr"]
             out[f"{name}_requests"] = per
 
-    if m is None and not sync_store:
+    if fs == "ext4" and not sync_store:
         # for context: ext4 durable at close too (each writer fsyncs before closing)
         durable = setup.root / "durable"
         out["store_fsync_per_s"] = blocks.n / store(durable, blocks, threads, fsync=True)
@@ -203,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--handlers", action="store_true",
                     help="also the trio thread's CPU per file and per handler (the daemon runs "
                          "with KVFS_HANDLER_CPU=1, which costs a little)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also the floor of the stack (bench/floorfs.py: pyfuse3 with "
+                         "passthrough, files in memory, nothing else), unthrottled only")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.handlers:
@@ -226,14 +249,19 @@ def main(argv: list[str] | None = None) -> int:
             with Emulation(f"{3 * data // MiB + 2048}m") as emu, \
                     ext4_on_loop(emu, tmp, f"ext4-{speed}", data + 512 * MiB, bps) as ext4, \
                     kvfs_on_loops(emu, tmp, f"kvfs-{speed}", 4, data + 512 * MiB, bps,
-                                  dram=f"{data // MiB + 256}MiB") as kv:
+                                  dram=f"{data // MiB + 256}MiB") as kv, \
+                    (floor_mounted(tmp, f"floor-{speed}") if args.floor and bps is None
+                     else contextlib.nullcontext()) as floor:
+                names = {id(ext4): "ext4", id(kv): "kvfs", id(floor): "floor"}
                 for size_name in sizes:
                     size = SIZES[size_name]
                     blocks = Blocks(size, min(args.max_files, max(1, data // size)))
                     for r in range(args.rounds):
-                        order = [ext4, kv] if r % 2 == 0 else [kv, ext4]
+                        order = [ext4, kv] + ([floor] if floor is not None else [])
+                        if r % 2:
+                            order.reverse()
                         for setup in order:
-                            fs = "kvfs" if setup is kv else "ext4"
+                            fs = names[id(setup)]
                             res = run_fs(fs, setup, blocks, args.threads,
                                          sync_store=fs == "ext4" and bps is not None)
                             rows.append({"fs": fs, "speed": label, "size": size_name,
@@ -254,6 +282,14 @@ def main(argv: list[str] | None = None) -> int:
                              and x["size"] == size_name and x["round"] == r)
                     ratios.append(k[f"{op}_per_s"] / e[f"{op}_per_s"])
                 out[f"{prefix}{size_name}_{op}_vs_ext4"] = round(statistics.median(ratios), 3)
+                floors = [(k, f, e) for k, f, e in zip(
+                    *([x for x in rows if x["fs"] == fs and x["speed"] == label
+                       and x["size"] == size_name] for fs in ("kvfs", "floor", "ext4")))]
+                if floors:      # where kvfs stands between the stack's floor and ext4
+                    out[f"{prefix}{size_name}_{op}_floor_vs_ext4"] = round(statistics.median(
+                        f[f"{op}_per_s"] / e[f"{op}_per_s"] for _, f, e in floors), 3)
+                    out[f"{prefix}{size_name}_{op}_vs_floor"] = round(statistics.median(
+                        k[f"{op}_per_s"] / f[f"{op}_per_s"] for k, f, _ in floors), 3)
             durable = [k["store_per_s"] / e["store_fsync_per_s"] for k, e in zip(
                 (x for x in rows if x["fs"] == "kvfs" and x["speed"] == label
                  and x["size"] == size_name),
@@ -271,15 +307,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{'stat/s':>9}{'load/s':>9}{'cpu us store/stat/load':>24}")
     for x in rows:
         cpu = "/".join(f"{x[f'{op}_daemon_us']:.0f}" for op in ("store", "stat", "load")) \
-            if x["fs"] == "kvfs" else ""
+            if x["fs"] != "ext4" else ""
         durable = f"{x['store_fsync_per_s']:>9.0f}" if "store_fsync_per_s" in x else f"{'':>9}"
         print(f"{x['speed']:<12}{x['size']:<6}{x['files']:>6}  {x['fs']:<5}"
               f"{x['store_per_s']:>9.0f}{durable}{x['stat_per_s']:>9.0f}{x['load_per_s']:>9.0f}"
               f"{cpu:>24}")
-    print("\nkvfs requests per file (store | stat | load):")
+    print("\nrequests per file (store | stat | load):")
     for x in rows:
-        if x["fs"] == "kvfs":
-            print(f"  {x['speed']:<12}{x['size']:<6}" + " | ".join(
+        if x["fs"] != "ext4":
+            print(f"  {x['fs']:<6}{x['speed']:<12}{x['size']:<6}" + " | ".join(
                 " ".join(f"{op}={n:g}" for op, n in sorted(x[f"{ph}_requests"].items()))
                 for ph in ("store", "stat", "load")))
     if args.handlers:
@@ -292,9 +328,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"{op}={v:g}" for op, v in sorted(x[f"{ph}_handler_us"].items(),
                                                          key=lambda kv: -kv[1]))
                     for ph in ("store", "stat", "load")))
-    print("\nkvfs / ext4 (files/s ratio, median of rounds):")
+    print("\nkvfs / ext4 (files/s ratio, median of rounds; with --floor also the floor / ext4 "
+          "and kvfs / the floor):")
     for k, v in out.items():
-        if "_vs_ext4" in k:
+        if "_vs_" in k:
             print(f"  {k:<28}{v:>7.2f}")
     return 0
 
