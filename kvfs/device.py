@@ -1,8 +1,8 @@
 """One namespace: a block device or a preallocated file, read and written with O_DIRECT.
 
-All blocking calls (preadv, pwritev, fsync) run in worker threads through `trio.to_thread`,
-bounded by a per-namespace `CapacityLimiter` whose size is the namespace's queue depth; the
-trio thread never blocks on the device. A failing device (EIO, a device that went away, a short
+All blocking calls (preadv, pwritev, fsync) run in worker threads (`kvfs.threads.run_sync`),
+as many at once as the namespace's I/O slots allow (its queue depth; the one shared fdatasync
+besides); the trio thread never blocks on the device. A failing device (EIO, a device that went away, a short
 transfer) fails only the I/O that touched it, with EIO; the namespace is reported as failed in
 its statistics until an I/O succeeds again.
 """
@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import trio
 import xxhash
 
+from kvfs import threads
 from kvfs.buffer import populate
 from kvfs.errors import KvfsError, StartupError
 from kvfs.layout import PAGE
@@ -183,7 +184,6 @@ class Namespace:
         # small durable writes grouped into one job and one sync (see `_write_grouped`)
         self._group: list[_GroupWrite] = []
         self._groups_running = 0
-        self._limiter: trio.CapacityLimiter | None = None
         self._busy_mark = 0.0
         self._window_bytes = 0
         self._window_busy = 0.0
@@ -266,12 +266,6 @@ class Namespace:
                                e.errno) from None
 
     # --- data I/O (async) --------------------------------------------------------------------
-    @property
-    def limiter(self) -> trio.CapacityLimiter:
-        if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(self.queue_depth)
-        return self._limiter
-
     def _failed(self, what: str, e: OSError) -> KvfsError:
         msg = f"namespace {self.index} ({self.path}): {what}: {e.strerror or e}"
         if e.errno in DAEMON_SHORTAGES:
@@ -318,8 +312,8 @@ class Namespace:
         async with self.slots.take(prefetch):
             self._begin()
             try:
-                bad = await trio.to_thread.run_sync(self._read_sync, units, flat, offset, checks,
-                                                    after, limiter=self.limiter)
+                bad = await threads.run_sync(self._read_sync, units, flat, offset, checks,
+                                             after)
             except OSError as e:
                 raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
             finally:
@@ -366,9 +360,8 @@ class Namespace:
             async with self.slots.take():
                 self._begin()
                 try:
-                    digests = await trio.to_thread.run_sync(self._write_sync, units, flat, offset,
-                                                            digest_lens, lead,
-                                                            limiter=self.limiter)
+                    digests = await threads.run_sync(self._write_sync, units, flat, offset,
+                                                     digest_lens, lead)
                 except OSError as e:
                     raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
                 finally:
@@ -420,8 +413,7 @@ class Namespace:
         async with self.slots.take():
             self._begin()
             try:
-                sync_error = await trio.to_thread.run_sync(
-                    self._write_group_sync, batch, True, limiter=self.limiter)
+                sync_error = await threads.run_sync(self._write_group_sync, batch, True)
             finally:
                 self._end(nbytes)
         written = [r for r in batch if r.error is None]
@@ -511,7 +503,7 @@ class Namespace:
             number = self._begin_sync()
             ok = False
             try:
-                await trio.to_thread.run_sync(os.fdatasync, self.fd, limiter=self.limiter)
+                await threads.run_sync(os.fdatasync, self.fd)
                 ok = True
             except OSError as e:
                 raise self._failed("fdatasync", e) from None

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 
 import trio
 
+from kvfs import threads
 from kvfs.catalog.sqlite_schema import Stmt
 from kvfs.errors import KvfsError
 
@@ -142,7 +143,7 @@ class GroupCommit:
         if target > self._synced:
             t1 = time.perf_counter()
             try:
-                await trio.to_thread.run_sync(self._sync_wal)
+                await threads.run_sync(self._sync_wal)
             except OSError as e:
                 self._fail(e)
                 return
