@@ -45,19 +45,26 @@ def available() -> str | None:
 
 
 def write_model(path: Path, layers: int = 32, hidden: int = 512, heads: int = 8,
-                vocab: int = 32000) -> Path:
-    """A Llama of `layers` x `hidden` with dummy weights: 2 x layers x hidden x 2 bytes of KV
-    cache per token (64 KiB for the default: a 256-token chunk is a 16 MiB file)."""
+                vocab: int = 32000, kv_heads: int | None = None,
+                intermediate: int | None = None) -> Path:
+    """A Llama of `layers` x `hidden` with dummy weights: 2 x layers x kv_heads x head_dim x 2
+    bytes of KV cache per token (64 KiB for the default: a 256-token chunk is a 16 MiB file;
+    Llama-3.1-8B's shape, `LLAMA_8B`, has 128 KiB: 32 MiB chunks)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": hidden, "intermediate_size": 2 * hidden,
+        "hidden_size": hidden, "intermediate_size": intermediate or 2 * hidden,
         "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": heads, "head_dim": hidden // heads,
+        "num_key_value_heads": kv_heads or heads, "head_dim": hidden // heads,
         "vocab_size": vocab, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0, "torch_dtype": "bfloat16", "bos_token_id": 1,
         "eos_token_id": 2, "tie_word_embeddings": False}))
     return path
+
+
+# Llama-3.1-8B's shape (dummy weights: nothing to download), for a GPU
+LLAMA_8B = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336,
+            "vocab": 128256}
 
 
 def kv_bytes_per_token(model: Path) -> int:
@@ -186,19 +193,28 @@ class Engine:
     prompt is either computed or loaded. A start takes 30-60 s here."""
 
     def __init__(self, model: Path, log: Path, *, port: int | None = None,
-                 kv_cache_gib: int = 4, max_tokens: int = 20000, nice: int = 0):
-        """`nice`: the engine's processes run at this niceness (see bench/ttft.py)."""
-        self.cfg = {"model": str(model), "port": port, "max_len": max_tokens + 16}
+                 kv_cache_gib: int = 4, max_tokens: int = 20000, nice: int = 0,
+                 connector: dict | None = None, env: dict | None = None,
+                 python: Path | None = None):
+        """`nice`: the engine's processes run at this niceness (see bench/ttft.py).
+        `connector`: another kv_transfer_config than the server's at `port` (e.g. LMCache's
+        in-process LMCacheConnectorV1, configured by LMCACHE_CONFIG_FILE in `env`);
+        `python`: the interpreter that has vLLM (default .venv-engine's)."""
+        if connector is None and port:
+            connector = {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                         "kv_connector_extra_config": {"lmcache.mp.port": port}}
+        self.cfg = {"model": str(model), "connector": connector, "max_len": max_tokens + 16}
         self.log, self.kv_cache_gib, self.nice = Path(log), kv_cache_gib, nice
+        self.env, self.python = dict(env or {}), Path(python or ENGINE_PYTHON)
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 600) -> Engine:
         r, w = os.pipe()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
-               "TOKENIZERS_PARALLELISM": "false"}
+               "TOKENIZERS_PARALLELISM": "false", **self.env}
         with open(self.log, "ab") as f:
             self.proc = subprocess.Popen(
-                [str(ENGINE_PYTHON), "-m", "testing.inference", "serve", json.dumps(self.cfg),
+                [str(self.python), "-m", "testing.inference", "serve", json.dumps(self.cfg),
                  str(w)],
                 stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, pass_fds=(w,),
                 start_new_session=True, cwd=ROOT, env=env,
@@ -256,10 +272,8 @@ def _serve(cfg: dict, result_fd: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     kw = {}
-    if cfg["port"]:
-        kw["kv_transfer_config"] = {
-            "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"lmcache.mp.port": cfg["port"]}}
+    if cfg["connector"]:
+        kw["kv_transfer_config"] = cfg["connector"]
     llm = LLM(model=cfg["model"], load_format="dummy", skip_tokenizer_init=True,
               enforce_eager=True, enable_prefix_caching=False, dtype="bfloat16", seed=0,
               max_model_len=cfg["max_len"], max_num_batched_tokens=cfg["max_len"],
