@@ -2,9 +2,9 @@
 
 All blocking calls (preadv, pwritev, fsync) run in worker threads (`kvfs.threads.run_sync`),
 as many at once as the namespace's I/O slots allow (its queue depth; the one shared fdatasync
-besides); the trio thread never blocks on the device. A failing device (EIO, a device that went away, a short
-transfer) fails only the I/O that touched it, with EIO; the namespace is reported as failed in
-its statistics until an I/O succeeds again.
+besides); the trio thread never blocks on the device. A failing device (EIO, a device that
+went away, a short transfer) fails only the I/O that touched it, with EIO; the namespace is
+reported as failed in its statistics until an I/O succeeds again.
 """
 
 from __future__ import annotations
