@@ -160,39 +160,40 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
     """Store, stat and load the blocks on one file system; files/s, and the daemon's cost."""
     root = setup.root / "blocks"
     m = setup.kvfs
-    floor = fs == "floor"
+    # the daemon whose cost is counted (ext4 has none), and how to read its requests by kind
+    # (the floor does not count the reads of its statistics; kvfs counts them as a getxattr)
+    if m is not None:
+        pid, counters = m.pid, lambda: daemon_counters(m)
+    elif fs == "floor":
+        pid, counters = setup.pid, lambda: {"requests": setup.requests(), "handler_cpu": {}}
+    else:
+        pid = counters = None
     out: dict = {}
 
     def phase(name: str, fn) -> None:
-        if m is not None:
-            cpu0, c0 = cpu_seconds(m.pid), daemon_counters(m)
-        elif floor:
-            cpu0, r0 = cpu_seconds(setup.pid), setup.requests()
+        if pid is not None:
+            cpu0, c0 = cpu_seconds(pid), counters()
         dt = fn()
         out[f"{name}_per_s"] = blocks.n / dt
-        if floor:
-            out[f"{name}_daemon_us"] = (cpu_seconds(setup.pid) - cpu0) / blocks.n * 1e6
-            r1 = setup.requests()
-            out[f"{name}_requests"] = {op: round((r1[op] - r0.get(op, 0)) / blocks.n, 2)
-                                       for op in r1 if r1[op] != r0.get(op, 0)}
-        if m is not None:
-            out[f"{name}_daemon_us"] = (cpu_seconds(m.pid) - cpu0) / blocks.n * 1e6
-            c1 = daemon_counters(m)
-            req0, req1 = c0["requests"], c1["requests"]
-            per = {op: round((req1.get(op, 0) - req0.get(op, 0)) / blocks.n, 2)
-                   for op in req1 if req1.get(op, 0) != req0.get(op, 0)}
-            if c1["handler_cpu"]:
-                h0, h1 = c0["handler_cpu"], c1["handler_cpu"]
-                handlers = {op: round((h1[op] - h0.get(op, 0.0)) / blocks.n * 1e6, 1)
-                            for op in h1 if h1[op] != h0.get(op, 0.0)}
-                out[f"{name}_trio_us"] = round((c1["trio_cpu"] - c0["trio_cpu"]) / blocks.n
-                                               * 1e6, 1)
-                out[f"{name}_handler_us"] = handlers
-            if "getxattr" in per:            # less this bench's own statistics read
-                per["getxattr"] = round(per["getxattr"] - 1 / blocks.n, 2)
-                if not per["getxattr"]:
-                    del per["getxattr"]
-            out[f"{name}_requests"] = per
+        if pid is None:
+            return
+        out[f"{name}_daemon_us"] = (cpu_seconds(pid) - cpu0) / blocks.n * 1e6
+        c1 = counters()
+        req0, req1 = c0["requests"], c1["requests"]
+        per = {op: round((req1.get(op, 0) - req0.get(op, 0)) / blocks.n, 2)
+               for op in req1 if req1.get(op, 0) != req0.get(op, 0)}
+        if c1["handler_cpu"]:
+            h0, h1 = c0["handler_cpu"], c1["handler_cpu"]
+            handlers = {op: round((h1[op] - h0.get(op, 0.0)) / blocks.n * 1e6, 1)
+                        for op in h1 if h1[op] != h0.get(op, 0.0)}
+            out[f"{name}_trio_us"] = round((c1["trio_cpu"] - c0["trio_cpu"]) / blocks.n
+                                           * 1e6, 1)
+            out[f"{name}_handler_us"] = handlers
+        if m is not None and "getxattr" in per:     # less this bench's own statistics read
+            per["getxattr"] = round(per["getxattr"] - 1 / blocks.n, 2)
+            if not per["getxattr"]:
+                del per["getxattr"]
+        out[f"{name}_requests"] = per
 
     if fs == "ext4" and not sync_store:
         # for context: ext4 durable at close too (each writer fsyncs before closing)

@@ -29,6 +29,11 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from testing.emulate import drop_kernel_caches
+from testing.mount import wait_until
+
 ATTR_TIMEOUT = 1.0       # kvfs's default mount.attr_timeout
 IDLE_TASKS = 32          # as kvfs/daemon.py
 
@@ -232,8 +237,7 @@ class FloorSetup:
 
     def drop(self) -> None:
         """The kernel's dentries, inodes and page cache (the files stay in its memory)."""
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
+        drop_kernel_caches()
 
 
 @contextlib.contextmanager
@@ -242,11 +246,10 @@ def floor_mounted(tmp: Path, name: str = "floor"):
     mnt.mkdir()
     proc = subprocess.Popen([sys.executable, __file__, str(mnt)])
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("bench/floorfs.py: the floor file system did not mount")
-            time.sleep(0.02)
+        wait_until(lambda: proc.poll() is not None or os.path.ismount(mnt),
+                   what="the floor's mount")
+        if not os.path.ismount(mnt):
+            raise RuntimeError("bench/floorfs.py: the floor file system did not mount")
         yield FloorSetup(mnt, proc)
     finally:
         proc.terminate()

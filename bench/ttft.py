@@ -49,6 +49,7 @@ above 1, kvfs's first request is faster). Needs root, /dev/fuse, loop devices an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -69,6 +70,20 @@ GiB = 1 << 30
 
 def speed_label(bps: float | None) -> str:
     return "unthrottled" if not bps else f"{bps / 1e6:.0f}MBps"
+
+
+@contextlib.contextmanager
+def directories(tmp: Path, r: int, bps: float | None, data: int):
+    """Round `r`'s two directories at one device speed, for `data` bytes of chunks: kvfs over 4
+    loop namespaces and ext4 over 1, on devices of their own (a loop device's file keeps every
+    page written to it); [(fs, set-up)] in the round's order (rounds alternate the first)."""
+    speed = speed_label(bps)
+    with Emulation(f"{(2 * data + 2 * GiB) // MiB}m") as emu, \
+            ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB, bps) as on_ext4, \
+            kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB, bps,
+                          dram="1GiB") as on_kvfs:
+        order = [("kvfs", on_kvfs), ("ext4", on_ext4)]
+        yield order if r % 2 == 0 else order[::-1]
 
 
 def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Path,
@@ -175,15 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             firsts: dict[int, int] = {}
             for bps in throttles:
                 speed = speed_label(bps)
-                # devices of their own per speed (a loop device's file keeps every page
-                # written to it)
-                with Emulation(f"{(2 * data + 2 * GiB) // MiB}m") as emu, \
-                        ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB,
-                                     bps) as on_ext4, \
-                        kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB,
-                                      bps, dram="1GiB") as on_kvfs:
-                    order = [("kvfs", on_kvfs), ("ext4", on_ext4)]
-                    for fs, setup in (order if r % 2 == 0 else order[::-1]):
+                with directories(tmp, r, bps, data) as order:
+                    for fs, setup in order:
                         got = phases(setup, fs, model, prompts, logs, l1_gb, kv_gib,
                                      max_tokens, adapter, args.engine_nice)
                         for n in sizes:

@@ -48,11 +48,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ttft import print_table, speed_label, summarize
+from bench.ttft import directories, print_table, speed_label, summarize
 from testing import inference
-from testing.emulate import Emulation, available, ext4_on_loop, kvfs_on_loops
+from testing.emulate import available
 
-MiB = 1 << 20
 GiB = 1 << 30
 # "[req_id=...] Retrieved 8192 out of 8192 required tokens (from 8192 total tokens). ..."
 RETRIEVED = re.compile(r"Retrieved (\d+) out of (\d+) required tokens")
@@ -169,13 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for bps in throttles:
                 speed = speed_label(bps)
-                with Emulation(f"{(2 * data + 2 * GiB) // MiB}m") as emu, \
-                        ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB,
-                                     bps) as on_ext4, \
-                        kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB,
-                                      bps, dram="1GiB") as on_kvfs:
-                    order = [("kvfs", on_kvfs), ("ext4", on_ext4)]
-                    for fs, setup in (order if r % 2 == 0 else order[::-1]):
+                with directories(tmp, r, bps, data) as order:
+                    for fs, setup in order:
                         got = phases(setup, fs, model, sizes, logs, Path(args.python),
                                      per_token, max_tokens)
                         for n in sizes:

@@ -225,7 +225,7 @@ class Emulation:
 
 
 # --- the two file systems benchmarks compare ---------------------------------------------------
-def _drop_kernel_caches() -> None:
+def drop_kernel_caches() -> None:
     """Page cache, dentries and inodes."""
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3")
@@ -260,7 +260,7 @@ class Ext4Setup:
 
     def drop(self) -> None:
         os.sync()
-        _drop_kernel_caches()
+        drop_kernel_caches()
 
 
 class KvfsSetup:
@@ -276,7 +276,7 @@ class KvfsSetup:
     def drop(self) -> None:
         """Cold: kvfs's DRAM tier, then the kernel's page cache, dentries and inodes."""
         self.kvfs.control("drop_dram")
-        _drop_kernel_caches()
+        drop_kernel_caches()
 
 
 @contextlib.contextmanager
