@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         per_token = inference.kv_bytes_per_token(model)
         data = 2 * max(sizes) * per_token           # prompts A and B of the largest size
         max_tokens = max(sizes) + 64
+        firsts: dict[int, int] = {}     # the first token of each prompt: the same everywhere
         for r in range(args.rounds):
             for bps in throttles:
                 speed = speed_label(bps)
@@ -173,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                         got = phases(setup, fs, model, sizes, logs, Path(args.python),
                                      per_token, max_tokens)
                         for n in sizes:
+                            if firsts.setdefault(n, got[n]["first"]) != got[n]["first"]:
+                                raise SystemExit(f"bench/ttft_gpu.py: {n} tokens: first token "
+                                                 f"{got[n]['first']} on {fs}, {firsts[n]} before")
                             rows.append({"round": r, "fs": fs, "speed": speed, "tokens": n,
                                          **{k: got[n][k] for k in ("cold", "directory", "dram",
                                                                    "first")}})
@@ -182,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             with inference.Engine(model, logs / "engine-recompute.log", max_tokens=max_tokens,
                                   python=Path(args.python)) as engine:
                 for n in sizes:
-                    seconds, _ = engine.ttft(inference.prompt(n, seed=n))
+                    seconds, first = engine.ttft(inference.prompt(n, seed=n))
+                    if n in firsts and firsts[n] != first:
+                        raise SystemExit(f"bench/ttft_gpu.py: recompute of {n} tokens gave "
+                                         f"first token {first}, the directories {firsts[n]}")
                     rows.append({"round": r, "fs": "recompute", "speed": "-", "tokens": n,
                                  "directory": seconds})
     out = summarize(rows, sizes, [speed_label(b) for b in throttles])
