@@ -20,10 +20,12 @@ a target above it needs knowing *when* blocks come back.
 
 With --nodes N, the requests are also spread round-robin over N nodes, and the prefix hit rate
 of N node-local pools of --capacity-blocks each is compared with one pool of N times that
-shared by all of them (what kvfs's [cluster] mode gives). What is modelled is what runs: a
-pool evicts by LRU in both set-ups (one node: its least recently used closed files; a shared
-pool: the cluster-wide LRU order in Redis), whatever --policy says (that is the DRAM tier's
-policy). Each node's DRAM tier in front of the pool is not modelled.
+shared by all of them (what kvfs's [cluster] mode gives). What is modelled is what runs,
+whatever --policy says (that is the DRAM tier's policy): a node's own pool evicts by the score
+policy (`pool.evict = "prefix"`, the default: kvfs.policy.PrefixScore, kept in the catalog),
+a shared pool by the cluster-wide LRU order in Redis; `--nodes-policy lru` gives the
+node-local pools LRU too (the same policy on both sides). Each node's DRAM tier in front of the
+pool is not modelled.
 
 With --mounted N, the first N requests are also replayed end to end through a real kvfs mount
 (root and /dev/fuse needed): every block is a small file (--block-size, default 64 KiB) in a
@@ -162,23 +164,28 @@ def replay_admission_oracle(requests: list[list[int]], capacity: int) -> dict:
     return {"capacity_blocks": capacity, **_replay_knowing_next_uses(requests, lru, use)}
 
 
-POOL_EVICTION = "lru"      # what kvfs's pools evict by, on one node and shared (see above)
+# what kvfs's pools evict by: a node's own (pool.evict = "prefix", the default) and a shared one
+POOL_SIMULATION = {"prefix": "score", "lru": "lru"}
+NODE_POOL, SHARED_POOL = "score", "lru"
 
 
-def replay_nodes(requests: list[list[int]], capacity: int, policy: str, nodes: int) -> dict:
+def replay_nodes(requests: list[list[int]], capacity: int, policy: str, nodes: int,
+                 shared: str | None = None) -> dict:
     """Requests spread round-robin over `nodes` inference nodes (a load balancer that does not
-    route by prefix): each node with its own pool of `capacity` blocks, against one pool of
-    `nodes * capacity` blocks shared by all (kvfs [cluster]). Prefix hit rates of both, both
-    evicting by `policy` (main() passes POOL_EVICTION, what kvfs's pools run)."""
+    route by prefix): each node with its own pool of `capacity` blocks evicting by `policy`,
+    against one pool of `nodes * capacity` blocks shared by all (kvfs [cluster]) evicting by
+    `shared` (default: the same). Prefix hit rates of both."""
+    shared = shared or policy
     local = [TierIndex(capacity, make_policy(policy, capacity, typical_size=1))
              for _ in range(nodes)]
-    pooled = TierIndex(nodes * capacity, make_policy(policy, nodes * capacity, typical_size=1))
+    pooled = TierIndex(nodes * capacity, make_policy(shared, nodes * capacity, typical_size=1))
     hl = hp = total = 0
     for i, ids in enumerate(requests):
         hl += serve(local[i % nodes], ids)
         hp += serve(pooled, ids)
         total += len(ids)
     return {"nodes": nodes, "capacity_blocks_per_node": capacity, "pool_eviction": policy,
+            "shared_pool_eviction": shared,
             "node_local_hit_rate": hl / total, "pooled_hit_rate": hp / total,
             "pooled_vs_node_local": hp / hl if hl else float("inf")}
 
@@ -290,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=64 * 1024)
     ap.add_argument("--nodes", type=int, metavar="N",
                     help="also compare N node-local caches with one pool shared by N nodes")
+    ap.add_argument("--nodes-policy", default=NODE_POOL, choices=POLICIES,
+                    help=f"what the node-local pools evict by with --nodes (default "
+                         f"{NODE_POOL}, as kvfs's; the shared pool: {SHARED_POOL})")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     requests = load(args.trace)
@@ -319,21 +329,24 @@ def main(argv: list[str] | None = None) -> int:
                    max(base["dram_prefix_hit_rate"], 1e-9)}
         # the pool as the tier that evicts (pool.evict = the policy), against the simulation
         # of the same requests at the pool's capacity in blocks
+        # (a pool's "prefix" is the score policy, kvfs.policy.PrefixScore, kept in the catalog)
         pool = {}
-        for name in (args.policy, "lru"):
+        for name in ("prefix", "lru"):
             x = replay_mounted_pool(sub, cap, name, args.block_size)
-            x["simulated_hit_rate"] = replay(sub, x["pool_capacity_blocks"], name)["hit_rate"]
+            x["simulated_hit_rate"] = replay(sub, x["pool_capacity_blocks"],
+                                             POOL_SIMULATION[name])["hit_rate"]
             x["points_from_simulation"] = 100 * (x["pool_prefix_hit_rate"] -
                                                  x["simulated_hit_rate"])
             pool[name] = x
-        pool["pool_vs_lru"] = (pool[args.policy]["pool_prefix_hit_rate"] /
+        pool["pool_vs_lru"] = (pool["prefix"]["pool_prefix_hit_rate"] /
                                max(pool["lru"]["pool_prefix_hit_rate"], 1e-9))
         mounted["pool"] = pool
         for r in rows:
             r["mounted"] = mounted
     if args.nodes:
         for r in rows:
-            r["pooling"] = replay_nodes(requests, r["capacity_blocks"], POOL_EVICTION, args.nodes)
+            r["pooling"] = replay_nodes(requests, r["capacity_blocks"], args.nodes_policy,
+                                        args.nodes, SHARED_POOL)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
         return 0
@@ -346,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['lru_pct_of_bound']:>7.1f}{r['admission_oracle_pct_of_bound']:>9.1f}"
               f"{r['us_per_access']:>11.2f}  {r.get('final_mode', '')}")
     if args.nodes:
-        print(f"\n{args.nodes} nodes, requests round-robin; pools evict by {POOL_EVICTION} "
-              f"(node-local and cluster-wide), as kvfs's pools do")
+        print(f"\n{args.nodes} nodes, requests round-robin; node-local pools evict by "
+              f"{args.nodes_policy}, the shared pool by {SHARED_POOL} (cluster-wide)")
         print(f"{'per node':>9}{'node-local':>12}{'pooled':>9}{'pooled/local':>14}")
         for r in rows:
             x = r["pooling"]
@@ -367,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nmounted replay, the pool as the tier that evicts (pool.evict = policy), "
               f"{pool['lru']['pool_capacity_blocks']} blocks:")
         print(f"{'policy':>10}{'pool prefix':>13}{'simulated':>11}{'points off':>12}{'evictions':>11}")
-        for name in (args.policy, "lru"):
+        for name in ("prefix", "lru"):
             x = pool[name]
             print(f"{name:>10}{x['pool_prefix_hit_rate']:>13.4f}{x['simulated_hit_rate']:>11.4f}"
                   f"{x['points_from_simulation']:>12.2f}{x['pool_evictions']:>11}")

@@ -60,8 +60,9 @@ class NamespaceConfig:
 @dataclass(frozen=True)
 class PoolConfig:
     namespaces: tuple[NamespaceConfig, ...]
-    evict: str = "lru"               # "lru": a full pool drops least recently used files; "prefix":
-                                     # by the prefix-aware policy (one node); "never": ENOSPC
+    evict: str = "prefix"            # a full pool drops closed files: "prefix" by the prefix-aware
+                                     # policy (one node; shared: LRU), "lru" least recently used
+                                     # first; "never": ENOSPC
     stripe_unit: int = DEFAULT_STRIPE_UNIT
     max_block_size: int | None = None  # default: the pool's capacity
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
@@ -405,7 +406,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     pool_t.take("io", _removed_io)
     pool = PoolConfig(
         namespaces=namespaces,
-        evict=pool_t.take("evict", _choice("lru", "prefix", "never"), "lru"),
+        evict=pool_t.take("evict", _choice("lru", "prefix", "never"), "prefix"),
         stripe_unit=pool_t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
         max_block_size=max_block,
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),

@@ -76,3 +76,7 @@ class DirectAccess:
         self.leases.release(generation, hit)
         if hit:
             self.hits[ino] += 1
+            node = self.catalog.find(ino)
+            if node is not None and node.linked:
+                self.space.score_read(node)
+                self.catalog.rescore(node)

@@ -22,7 +22,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
@@ -228,12 +228,8 @@ class Files:
             if src.parent != parent_old or src.name != name_old or not src.linked:
                 raise KvfsError(errno.ENOENT, "file was renamed or removed meanwhile")
         replaced = await self.catalog.rename(parent_old, name_old, parent_new, name_new, flags)
-        if flags & RENAME_EXCHANGE:
-            for n in (src, self.catalog.lookup(parent_old, name_old)):
-                if n.blob is not None:
-                    self.store.renamed(n.blob, (n.parent, n.name), exchange=True)
-        elif src.blob is not None:
-            self.store.renamed(src.blob, (src.parent, src.name))
+        if not flags & RENAME_EXCHANGE and self.space.score_renamed(src, replaced):
+            self.catalog.rescore(src)
         if replaced is not None:
             self._unlinked(replaced)
 
@@ -399,6 +395,7 @@ class Files:
             # with the block this reader read before it in the chain, readahead looks ahead
             parent = self.readahead.opened(node, pid) if self.readahead else None
             self.store.access(node.blob, parent)
+            self.space.score_read(node)
             self.catalog.touch(node)
             self.hits[node.ino] += 1
 
@@ -573,18 +570,6 @@ class Files:
         """Would `evict` delete this file now (closed, unpinned, unread, still that block)?"""
         return self._evictable(self.catalog.find(ino), exclude, bid)
 
-    def pool_files(self) -> Iterator[tuple[int, int, int, tuple, int | None, int]]:
-        """(block id, inode, bytes stored, (directory inode, name), the block of the file before
-        it in its chain, reads since the mount) of every current block, least recently used
-        first: what a pool order is built from."""
-        # the order first (a list: the caller pauses between files, the catalog changes)
-        for bid, ino in list(self.catalog.lru_files()):
-            node = self.catalog.find(ino)
-            if node is None or not node.linked or node.blob is None or node.blob.id != bid:
-                continue
-            yield (bid, ino, node.blob.layout.stored_bytes(), (node.parent, node.name),
-                   self.sessions.chain_parent(node), self.hits.get(ino, 0))
-
     async def evict(self, ino: int, exclude: int, bid: int | None = None) -> int:
         """Delete a closed, unpinned, unread file to free pool space; the bytes freed, or 0 if
         it may not go (or changed meanwhile, e.g. on another node)."""
@@ -599,7 +584,7 @@ class Files:
         # absent", opened 0.6 ms after the eviction began).
         node.removed_elsewhere = True
         try:
-            await self.catalog.remove(node, expect=rec)
+            await self.catalog.remove(node, expect=rec, ghosts=self.space.ghosts())
         except BaseException as e:
             node.removed_elsewhere = False
             if isinstance(e, KvfsError) and e.errno in (errno.ENOENT, errno.ESTALE):

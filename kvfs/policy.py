@@ -475,7 +475,7 @@ class PrefixPolicy:
         return None
 
 
-POLICIES = ("prefix", "lru", "probation")
+POLICIES = ("prefix", "lru", "probation", "score")
 
 
 def make_policy(name: str, capacity: int, typical_size: int = 1 << 20):
@@ -485,6 +485,8 @@ def make_policy(name: str, capacity: int, typical_size: int = 1 << 20):
         return PrefixPolicy(capacity, typical_size)
     if name == "probation":
         return ProbationFrequencyPolicy(capacity)
+    if name == "score":
+        return ScorePolicy(capacity, typical_size)
     raise ValueError(f"unknown eviction policy {name!r} (known: {', '.join(POLICIES)})")
 
 
@@ -597,95 +599,195 @@ class TierIndex:
 
 
 # --------------------------------------------------------------------------------------------
-# A pool's order of eviction
+# The pool's policy: a score per file
 
-class PoolOrder:
-    """Which files a pool full on one node deletes first: an `EvictionPolicy` over the pool's
-    current blocks, told of every commit, read (with the block the reader read before it in a
-    chain), rename and removal, with the file each block is.
+class PrefixScore:
+    """The prefix-aware policy as a rule over two numbers per file, so that a pool of millions
+    of files keeps its policy's state in its catalog (a column beside the file's atime, an
+    index to evict by) rather than in the daemon's memory, and keeps it across restarts.
 
-    The policy knows a block by its file's name (directory inode, name), not its block id: an
-    engine stores a chunk again under the same name after the pool evicted it, and the policy's
-    memory of evicted keys (the ghosts that bring reused blocks back to its main part) must
-    recognise it; a new block id every time would make every such chunk look new (measured on
-    the conversation trace through the daemon: 0.041 prefix hits, as LRU's 0.039, against the
-    simulation's 0.062). A rename (written under a temporary name, then renamed into place, as
-    many engines do) moves it to the new name. Sizes are bytes stored.
+    A file has `uses` (stores and reads of its name, remembered for a while after it was
+    evicted) and a priority; the pool evicts the file of lowest priority first. The rule is
+    GreedyDual-Frequency with a probation credit:
 
-    The pool is the tier that holds almost all of the cache, so the policy that keeps prefix
-    chains in DRAM keeps them here too (`pool.evict = "prefix"`)."""
+    * a file read or stored again gets priority `floor + uses`;
+    * a new name gets `floor + credit`: with a small credit (0.01) new files leave first, in
+      the order they came, unless read again soon (a probation FIFO in front: most KV blocks
+      are never read again); with credit 1 it is plain GreedyDual-Frequency;
+    * a name stored again after its eviction comes back with its old uses plus one (the
+      catalog's ghosts: the names evicted last, five pool capacities of them) — a
+      conversation's prefix comes back after its next turn's think time;
+    * `floor` is the priority of the last file evicted: a file not used ages as files are
+      evicted past it (units of one use).
 
-    def __init__(self, policy: EvictionPolicy):
-        self.policy = policy
-        self.files: dict[Key, int] = {}                 # name -> block id
-        self.names: dict[int, Key] = {}                 # block id -> name
-        self.meta: dict[int, tuple[int, int]] = {}      # block id -> (inode, bytes stored)
+    Which mode suits a workload is not fixed: credit 0.01 doubles LRU's prefix hits on the
+    conversation trace at small capacities; at large ones credit 1 (GreedyDual-Frequency)
+    does better; on workloads whose blocks come back soon or never, plain recency does (every
+    access gets `floor + 1`: LRU, ties broken by inode in the catalog). Miniature simulations
+    of the rule in each mode run on a hash-sampled subset of the accesses (at most `SAMPLE`
+    blocks' worth of capacity, so their memory is bounded whatever the pool holds: SHARDS,
+    Waldspurger et al., ATC '17), and the rule follows the one that hits most, once a sign
+    test on the accesses where exactly one of two hit says so beyond chance (Z standard
+    deviations over a decayed window of about 8 of their capacities).
+    """
+
+    # (credit of a new name, whether uses count): probation, GreedyDual-Frequency, LRU
+    MODES = ((0.01, True), (1.0, True), (1.0, False))
+    SAMPLE = 2048            # blocks in each miniature simulation, at most
+    Z = 3.0
+
+    def __init__(self, capacity: int, typical_size: int = 1, adaptive: bool = True,
+                 mode: int = 0):
+        self.floor = 0.0
+        self.mode = mode
+        self.credit, self.frequency = self.MODES[mode]
+        self.shadows: list[TierIndex] = []
+        self.typical = max(1, typical_size)
+        self.lead = mode
+        if adaptive:
+            self.resize(capacity)
+
+    def resize(self, capacity: int) -> None:
+        """A new capacity (bytes): the miniature simulations start again at its scale."""
+        blocks = max(1.0, capacity / self.typical)
+        self.rate = min(1.0, self.SAMPLE / blocks)
+        self._threshold = int(self.rate * (1 << 64))
+        mini = max(self.typical, int(capacity * self.rate))
+        self.shadows = [TierIndex(mini, ScorePolicy(mini, adaptive=False, mode=m))
+                        for m in range(len(self.MODES))]
+        n = len(self.MODES)
+        self.beats = [[0.0] * n for _ in range(n)]
+        self._decay = 1.0 - 1.0 / (8.0 * max(1.0, mini / self.typical))
+
+    @property
+    def mode_name(self) -> str:
+        return f"credit {self.credit:g}" if self.frequency else "lru"
+
+    def priority(self, uses: int) -> float:
+        if uses <= 1:
+            return self.floor + self.credit
+        return self.floor + (float(uses) if self.frequency else 1.0)
+
+    def evicted(self, priority: float) -> None:
+        if priority > self.floor:
+            self.floor = priority
+
+    def observe(self, key: Key, size: int) -> None:
+        """An access (a store or a read) of `key`: fed to the miniature simulations if the key
+        is in the sample; the rule may change its credit."""
+        if not self.shadows or \
+                (hash(key) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF >= self._threshold:
+            return
+        status = []
+        for t in self.shadows:
+            hit = t.lookup(key)
+            if not hit:
+                t.make_room(size)
+                if t.fits(size):
+                    t.add(key, size)
+            status.append(hit)
+        n, d, beats = len(status), self._decay, self.beats
+        for i in range(n):
+            row = beats[i]
+            for j in range(n):
+                if i != j:
+                    row[j] *= d
+                    if status[i] and not status[j]:
+                        row[j] += 1.0
+        lead = self.lead
+        for i in range(n):
+            if i != lead:
+                w, l = beats[i][lead], beats[lead][i]
+                if w - l > self.Z * math.sqrt(w + l) + 1.0:
+                    self.lead = self.mode = i
+                    self.credit, self.frequency = self.MODES[i]
+                    break
+
+
+
+class ScorePolicy:
+    """`PrefixScore` as an in-memory `EvictionPolicy` (the `score` policy): what a pool with
+    `evict = "prefix"` does, for trace replays (bench/trace_replay.py) and as the rule's own
+    miniature simulations (`adaptive=False`, one fixed mode). Its ghosts remember the uses
+    of the names evicted last (five capacities of them, as the pool's catalog does)."""
+
+    name = "score"
+    GHOSTS = 5.0
+
+    def __init__(self, capacity: int, typical_size: int = 1, adaptive: bool = True,
+                 mode: int = 0):
+        self.rule = PrefixScore(capacity, typical_size, adaptive, mode)
+        self.prio: dict[Key, float] = {}
+        self.uses: dict[Key, int] = {}
+        self.at: dict[Key, int] = {}         # the sequence number of a key's live heap entry
+        self.heap: list[tuple[float, int, Key]] = []
+        self.ghost = _Ghost(int(self.GHOSTS * max(1, capacity)))
+        self.sizes: dict[Key, int] = {}
+        self._seq = 0
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.prio
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.prio)
 
-    def _name(self, bid: int | None) -> Key | None:
-        return self.names.get(bid) if bid is not None else None
+    @property
+    def mode_name(self) -> str:
+        return self.rule.mode_name
 
-    def added(self, bid: int, ino: int, size: int, name: Key, parent: int | None = None) -> None:
-        """Block `bid` (`parent`: the block before it in its chain) is now the current version
-        of file `ino` called `name`."""
-        old = self.files.get(name)
-        self.files[name] = bid
-        self.names[bid] = name
-        self.meta[bid] = (ino, size)
-        if old is not None:                   # a new version of a name it knows: a use
-            if old != bid:
-                self.names.pop(old, None)
-                self.meta.pop(old, None)
-            self.policy.touch(name, self._name(parent))
+    def _set(self, key: Key, uses: int) -> None:
+        p = self.rule.priority(uses)
+        self.uses[key] = uses
+        self.prio[key] = p
+        self._seq += 1
+        self.at[key] = self._seq
+        heapq.heappush(self.heap, (p, self._seq, key))
+
+    def insert(self, key: Key, size: int, parent: Key | None = None) -> None:
+        self.rule.observe(key, size)
+        if key in self.prio:
+            self._set(key, self.uses[key] + 1)
             return
-        self.policy.insert(name, max(1, size), self._name(parent))
+        self.sizes[key] = size
+        self._set(key, (self.ghost.take(key) or 0) + 1)
 
-    def used(self, bid: int, parent: int | None = None) -> None:
-        name = self.names.get(bid)
-        if name is not None:
-            self.policy.touch(name, self._name(parent))
+    def touch(self, key: Key, parent: Key | None = None) -> None:
+        if key in self.prio:
+            self.rule.observe(key, self.sizes[key])
+            self._set(key, self.uses[key] + 1)
 
-    def removed(self, bid: int) -> None:
-        name = self.names.pop(bid, None)
-        self.meta.pop(bid, None)
-        if name is not None and self.files.get(name) == bid:
-            del self.files[name]
-            self.policy.remove(name)
+    def remove(self, key: Key) -> None:
+        if self.prio.pop(key, None) is not None:
+            self.uses.pop(key)
+            self.sizes.pop(key)
+            self.at.pop(key)
 
-    def renamed(self, bid: int, name: Key, exchange: bool = False) -> None:
-        """The file of block `bid` is now called `name`: known under it from now on (what the
-        policy remembers of the new name, if anything, applies). The file that had that name
-        is gone (replaced), unless the two were exchanged (`exchange`: told for both)."""
-        old = self.names.get(bid)
-        if old is None or old == name:
-            return
-        ino, size = self.meta[bid]
-        if self.files.get(old) == bid:
-            del self.files[old]
-            self.policy.remove(old)
-        occupant = self.files.get(name)
-        if occupant is not None:
-            if exchange:                      # it is told its new name next
-                del self.files[name]
-                self.policy.remove(name)
-            else:
-                self.removed(occupant)
-        self.added(bid, ino, size, name)
+    def end_chain(self, key: Key) -> None:
+        """Not used: a pool does not know where a reader's chain walk ended (and on traces
+        whose chains are read again whole, sending their last block out first loses)."""
 
-    def victim(self, evictable: Callable[[int, int], bool]) -> tuple[int, int, int] | None:
-        """The block to delete first among those `evictable(block id, inode)` allows: (block
-        id, inode, bytes); it leaves the order. None if no block may go."""
-        files, meta = self.files, self.meta
+    def is_hot(self, key: Key) -> bool:
+        return self.uses.get(key, 0) > 1
 
-        def ok(name: Key) -> bool:
-            bid = files.get(name)
-            return bid is not None and evictable(bid, meta[bid][0])
-        name = self.policy.victim(ok)
-        if name is None:
-            return None
-        bid = files.pop(name)
-        self.names.pop(bid, None)
-        ino, size = self.meta.pop(bid)
-        return bid, ino, size
+    def resize(self, capacity: int) -> None:
+        self.rule.resize(capacity)
+        self.ghost.capacity = int(self.GHOSTS * max(1, capacity))
+
+    def victim(self, evictable: Evictable, cold_only: bool = False) -> Key | None:
+        held = []
+        try:
+            while self.heap:
+                p, seq, key = heapq.heappop(self.heap)
+                if self.at.get(key) != seq:
+                    continue                               # stale heap entry
+                if not evictable(key) or (cold_only and self.uses[key] > 1):
+                    held.append((p, seq, key))
+                    continue
+                self.rule.evicted(p)
+                self.ghost.add(key, self.uses[key], self.sizes[key])
+                self.remove(key)
+                return key
+        finally:
+            for item in held:
+                heapq.heappush(self.heap, item)
+        return None

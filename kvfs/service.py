@@ -55,9 +55,11 @@ class Service:
                                    self.allocations, files.hits)
         space.store = store
         space.evictor = files.evict
-        if hasattr(catalog, "lru_files"):
-            space.lru = catalog.lru_files       # one node: the catalog's LRU order
-            space.files = files.pool_files      # ... and what a policy's order is built from
+        if hasattr(catalog, "lru_files"):       # one node: the catalog keeps the pool's order
+            space.lru, space.scored = catalog.lru_files, catalog.scored_files
+            space.lowest, space.unscored = catalog.lowest_priority, catalog.score_unscored
+            space.take_ghost = catalog.take_ghost
+            space.file_count = lambda: catalog.file_count
             space.evictable = files.evictable
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()
@@ -139,9 +141,8 @@ class Service:
         tiers["pool"].update(pool["tier"])
         tiers["pool"].update(reserved=space["reserved"], evict=space["evict"],
                              evictions=space["evictions"], blocks=self.catalog.file_count)
-        order = self.store.pool_order
-        if order is not None:      # evicting by a policy: the expert it follows now
-            tiers["pool"]["evict_mode"] = getattr(order.policy, "mode_name", order.policy.name)
+        if "evict_mode" in space:  # evicting by the policy: the credit it follows now
+            tiers["pool"]["evict_mode"] = space["evict_mode"]
         prefetch = store["prefetch"]
         prefetch.update(vars(self.readahead.stats))
         prefetch["enabled"] = self.knobs.prefetch_enabled

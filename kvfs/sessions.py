@@ -416,8 +416,9 @@ class Sessions:
         if node.removed_elsewhere:     # while its block was being written
             self.pool.release(layout)
             raise self._removed_elsewhere(node)
+        score = self.space.score_stored(node, layout.size) if published else None
         try:
-            rec, old = await self.catalog.commit(node, layout)
+            rec, old = await self.catalog.commit(node, layout, score)
         except BaseException as e:
             if not getattr(e, "maybe_published", False):   # else another node may read it
                 self.pool.release(layout)
@@ -425,9 +426,6 @@ class Sessions:
             raise
         if published:
             self.space.committed(layout)
-            if node.linked and self.store.pool_order is not None:
-                self.store.published(rec, node.ino, (node.parent, node.name),
-                                     self.chain_parent(node))
         self.stats.commits += 1
         if not node.linked and not published:
             self.pool.release(rec.layout)      # never published: nobody can read it

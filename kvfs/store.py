@@ -38,7 +38,7 @@ from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
 from kvfs.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.layout import PAGE, Layout, align_up, units_covering
-from kvfs.policy import AlwaysAdmit, PoolOrder, TierIndex, make_policy
+from kvfs.policy import AlwaysAdmit, TierIndex, make_policy
 from kvfs.pool import Pool
 from kvfs.store_records import CachedBlob, StoreStats, open_file_limit, resident_limit
 
@@ -57,9 +57,6 @@ class BlockStore:
         self.on_free = on_free
         self.capacity = dram_capacity
         self.dram = TierIndex(dram_capacity, make_policy(policy, dram_capacity, pool.chunk))
-        # the pool's order of eviction, when the space layer evicts by a policy (it builds it
-        # at its first eviction, kvfs/space/local.py); told of every commit, read and removal
-        self.pool_order: PoolOrder | None = None
         # A resident block's file holds a descriptor while it is open. Named files (the private
         # tmpfs) are closed when unused and too many are open (`_park_idle`): the blocks in
         # DRAM are then bounded by its bytes alone. Memfds cannot be reopened: their count is.
@@ -196,8 +193,6 @@ class BlockStore:
         """The block is no longer any file's version: free it once nobody reads it."""
         cb = self._get(rec)
         cb.retired = True
-        if self.pool_order is not None:
-            self.pool_order.removed(rec.id)
         if cb.pinned:
             self._set_pinned(cb, False)
         if self.local is not None:
@@ -338,19 +333,6 @@ class BlockStore:
                 self._maybe_forget(cb)
         return before - self.dram.used
 
-    def published(self, rec: BlobRec, ino: int, name, parent=None) -> None:
-        """A block is now the current version of file `ino`, `name` (its directory's inode and
-        its name): a commit through the mount or a direct write; `parent`: the current block
-        of the file before it in its chain."""
-        if self.pool_order is not None:
-            self.pool_order.added(rec.id, ino, rec.layout.stored_bytes(), name, parent)
-
-    def renamed(self, rec: BlobRec, name, exchange: bool = False) -> None:
-        """The file whose current version `rec` is is now called `name` (`exchange`: the file
-        that had that name took this one's, RENAME_EXCHANGE)."""
-        if self.pool_order is not None:
-            self.pool_order.renamed(rec.id, name, exchange)
-
     def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int, parent=None) -> None:
         """Keep a just-committed buffer as the resident copy of `rec`: the `charged` bytes it
         was accounted as a write buffer now count as a clean, evictable copy."""
@@ -414,8 +396,6 @@ class BlockStore:
 
         `parent`: the block the same reader read just before, if it precedes this one in a
         chain (the policy credits prefix hits with it)."""
-        if self.pool_order is not None:
-            self.pool_order.used(rec.id, parent)
         tier = self.tier_of(rec)
         tiers = self.stats.tiers
         cb = self.blobs.get(rec.id)

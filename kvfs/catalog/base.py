@@ -91,6 +91,8 @@ class Node:
     linked: bool = True                        # False once unlinked (kept while open)
     removed_elsewhere: bool = False            # removed while open for writing here: by
                                                # another node, or by an eviction here
+    prio: float | None = None                  # files: place in the pool's eviction order
+    uses: int = 0                              # and stores + reads (pool.evict = "prefix")
 
     @property
     def is_dir(self) -> bool:

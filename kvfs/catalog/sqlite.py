@@ -9,12 +9,14 @@ of files costs a few megabytes and opens in a moment:
   by (parent, name); `_unlinked`: removed nodes that handles or the kernel still use, until
   `drop`. A node whose memory differs from its row is held by one of these, so evicting a
   node from the cache never loses a change.
-* `_dirty_atime`: access times not persisted yet (inode -> ns; written in batches, at the
-  latest every `DIRTY_ATIMES` accesses, and applied to a node read back from its row).
+* `_dirty_atime`: accesses not persisted yet (inode -> (atime in ns, the pool order's priority
+  and uses); written in batches, at the latest every `DIRTY_ATIMES` accesses, and applied to a
+  node read back from its row).
 
 Queries run on the trio thread against the one connection: a lookup is an index probe on
 (parent, name), readdir pages through an index on (parent, cookie), the pool's LRU order is
-an index on max(atime, mtime), chains are rows of `links`. With the database in the page
+an index on max(atime, mtime) (or on the policy's priority under `pool.evict = "prefix"`),
+chains are rows of `links`. With the database in the page
 cache each costs a few microseconds.
 
 Mutations are applied to memory and executed on the connection at once, in the transaction
@@ -57,13 +59,16 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import xxhash
 
 from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
 from kvfs.catalog.groupcommit import GroupCommit
 from kvfs.catalog.sqlite_chains import ChainRows
 from kvfs.catalog.sqlite_schema import (
-    BY_INO, BY_NAME, COLS, INDEXES, LRU_QUERY, NODES_TABLE, PAGE_QUERY, S_IFDIR, S_IFMT,
-    SCHEMA_VERSION, SUBDIRS, TABLES, Stmt, extents, extents_by_row, migrate_v1, wal_damage)
+    BY_INO, BY_NAME, COLS, INDEXES, LRU_QUERY, NODES_TABLE, PAGE_QUERY, PRIO_QUERY,
+    SCORE_UNSCORED, S_IFDIR, S_IFMT,
+    SCHEMA_VERSION, SUBDIRS, TABLES, Stmt, extents, extents_by_row, migrate_v1, migrate_v2,
+    wal_damage)
 from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
 from kvfs.errors import KvfsError, StartupError, not_found
 from kvfs.layout import Layout
@@ -74,7 +79,7 @@ CACHE_NODES = 8192          # nodes kept in memory beyond those in use
 DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
 PAGE_ROWS = 128             # rows per readdir / LRU page
 BLOB_ID_STEP = 4096         # block ids the meta row's high-water mark runs ahead by
-XATTR_COUNT = 18            # the column of BY_NAME and BY_INO that counts the node's xattrs
+XATTR_COUNT = 20            # the column of BY_NAME and BY_INO that counts the node's xattrs
 
 
 class SqliteListing:
@@ -119,7 +124,8 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._pending: dict[int, Node] = {}
         self._pending_names: dict[tuple[int, bytes], int] = {}
         self._unlinked: dict[int, Node] = {}
-        self._dirty_atime: dict[int, int] = {}
+        self._dirty_atime: dict[int, tuple[int, float | None, int]] = {}
+        self._ghost_puts = 0
         self._nodes = 0                 # rows (persisted nodes)
         self._files = 0                 # rows with a block
         self._links_changed = 0
@@ -169,11 +175,13 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
                 c.execute("BEGIN")
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 c.execute(f"INSERT OR IGNORE INTO nodes ({COLS}) VALUES "
-                          f"(?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL)",
+                          f"(?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,0)",
                           (ROOT_INO, ROOT_INO, b"", 0, stat.S_IFDIR | 0o755, os.geteuid(),
                            os.getegid(), now, now, now))
         elif int(version) == 1:
             migrate_v1(c, self.path)
+        elif int(version) == 2:
+            migrate_v2(c, self.path)
         elif int(version) != SCHEMA_VERSION:
             raise StartupError(f"catalog {self.path}: schema version {version} is not supported "
                                f"(this kvfs uses {SCHEMA_VERSION})")
@@ -256,15 +264,15 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             self._remember(node)
             return node
         node = Node(ino, row[1], row[2], row[4], row[5], row[6], row[7], row[8], row[9],
-                    cookie=row[3], target=row[10], persisted=True)
+                    cookie=row[3], target=row[10], persisted=True, prio=row[18], uses=row[19])
         if row[11] is not None:         # (the layout is unpacked when something needs it)
             node.blob = BlobRec.packed(row[11], row[12], row[13], row[14], row[15], row[16],
                                        row[17])
         if node.mode & S_IFMT == S_IFDIR:
             node.subdirs = self._one(SUBDIRS, (ino,))
-        atime = self._dirty_atime.get(ino)
-        if atime is not None:
-            node.atime_ns = atime
+        dirty = self._dirty_atime.get(ino)
+        if dirty is not None:
+            node.atime_ns, node.prio, node.uses = dirty
         if len(row) <= XATTR_COUNT or row[XATTR_COUNT]:     # (BY_NAME/BY_INO count them)
             for name, value in self._conn.execute("SELECT name, value FROM xattrs WHERE ino=?",
                                                   (ino,)):
@@ -340,7 +348,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         first: the pool's eviction order. Accesses not yet flushed to the rows are merged in
         at their place (a file read a minute ago is older than one written since)."""
         dirty = []
-        for ino, atime in self._dirty_atime.items():
+        for ino, (atime, _, _) in self._dirty_atime.items():
             node = self.find(ino)
             if node is not None and node.linked and node.blob is not None:
                 dirty.append((max(atime, node.mtime_ns), ino, node.blob.id))
@@ -358,6 +366,87 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
                     yield key, ino, bid
             if len(rows) < PAGE_ROWS:
                 break
+
+    def scored_files(self) -> Iterator[tuple[int, int, float]]:
+        """(block id, inode, priority) of the current blocks with a priority, lowest first
+        (equal priorities: least recently used first): the pool's eviction order under
+        `pool.evict = "prefix"` (accesses not yet flushed to the rows are merged in at their
+        place)."""
+        dirty = []
+        for ino, (atime, prio, _) in self._dirty_atime.items():
+            node = self.find(ino)
+            if prio is not None and node is not None and node.linked and node.blob is not None:
+                dirty.append((prio, max(atime, node.mtime_ns), ino, node.blob.id))
+        dirty.sort()
+        for prio, _, ino, bid in heapq.merge(self._prio_rows(), dirty):
+            yield bid, ino, prio
+
+    def _prio_rows(self) -> Iterator[tuple[float, int, int, int]]:
+        key, last, ino = float("-inf"), -1, 0
+        while True:
+            rows = self._conn.execute(PRIO_QUERY, (key, last, ino, PAGE_ROWS)).fetchall()
+            for key, last, ino, bid in rows:
+                if ino not in self._dirty_atime:
+                    yield key, last, ino, bid
+            if len(rows) < PAGE_ROWS:
+                break
+
+    def lowest_priority(self) -> float | None:
+        """The lowest priority of a file in the pool's order (where the policy's floor was)."""
+        row = self._conn.execute("SELECT min(prio) FROM nodes WHERE blob IS NOT NULL AND prio "
+                                 "IS NOT NULL").fetchone()
+        low = row[0] if row else None
+        dirty = [p for (_, p, _) in self._dirty_atime.values() if p is not None]
+        return min([x for x in (low, *dirty) if x is not None], default=None)
+
+    async def score_unscored(self) -> int:
+        """Give the files that have no priority (stored under `pool.evict = "lru"`, or before
+        schema 3) one below every scored file, in their order of last use; how many."""
+        self._write_atimes()
+        n = self._one("SELECT count(*) FROM nodes WHERE blob IS NOT NULL AND prio IS NULL")
+        if n:
+            await self._persist([(SCORE_UNSCORED, ())])
+            for node in [*self._cache.values(), *self._live.values()]:   # the rows are the truth
+                if node.prio is None and node.persisted and node.blob is not None:
+                    row = self._conn.execute("SELECT prio FROM nodes WHERE ino=?",
+                                             (node.ino,)).fetchone()
+                    if row is not None:
+                        node.prio = row[0]
+        return n
+
+    @staticmethod
+    def ghost_key(parent: int, name: bytes) -> int:
+        return xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + name) - (1 << 63)
+
+    def take_ghost(self, parent: int, name: bytes) -> int | None:
+        """The uses the name had when it was evicted, if it is still remembered (then it is
+        forgotten: the file it names now carries them)."""
+        key = self.ghost_key(parent, name)
+        row = self._conn.execute("SELECT uses FROM ghosts WHERE key=?", (key,)).fetchone()
+        if row is None:
+            return None
+        self._execute([("DELETE FROM ghosts WHERE key=?", (key,))])
+        return row[0]
+
+    def _ghost(self, node: Node, limit: int) -> list[Stmt]:
+        """Remember the uses of an evicted file's name (the `limit` names evicted last)."""
+        self._ghost_puts += 1
+        out: list[Stmt] = [("INSERT OR REPLACE INTO ghosts (key, uses) VALUES (?, ?)",
+                            (self.ghost_key(node.parent, node.name), node.uses))]
+        if self._ghost_puts % 256 == 0:
+            out.append(("DELETE FROM ghosts WHERE seq <= (SELECT max(seq) FROM ghosts) - ?",
+                        (max(1, limit),)))
+        return out
+
+    def ghost_count(self) -> int:
+        return self._one("SELECT count(*) FROM ghosts")
+
+    def rescore(self, node: Node) -> None:
+        """The node's priority or uses changed (not its atime): written with the next batch."""
+        if node.persisted and node.linked:
+            self._dirty_atime[node.ino] = (node.atime_ns, node.prio, node.uses)
+            if len(self._dirty_atime) >= DIRTY_ATIMES:
+                self._write_atimes()
 
     @property
     def node_count(self) -> int:
@@ -410,7 +499,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
     def touch(self, node: Node, now_ns: int | None = None) -> None:
         node.atime_ns = now_ns or _now()
         if node.persisted and node.linked:
-            self._dirty_atime[node.ino] = node.atime_ns
+            self._dirty_atime[node.ino] = (node.atime_ns, node.prio, node.uses)
             if len(self._dirty_atime) >= DIRTY_ATIMES:
                 self._write_atimes()
 
@@ -418,7 +507,8 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         """Write the recorded access times in the open transaction (they ride with the next
         commit; `flush_atimes` makes them durable)."""
         dirty, self._dirty_atime = self._dirty_atime, {}
-        stmts = [("UPDATE nodes SET atime_ns=? WHERE ino=?", (t, i)) for i, t in dirty.items()]
+        stmts = [("UPDATE nodes SET atime_ns=?, prio=?, uses=? WHERE ino=?", (t, p, u, i))
+                 for i, (t, p, u) in dirty.items()]
         if stmts:
             try:
                 self._execute(stmts)
@@ -439,9 +529,10 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         blob = (b.id, b.layout.size, b.layout.unit, *b.layout.pack(), b.created_ns) \
             if b is not None else (None,) * 7
         out: list[Stmt] = [(
-            f"INSERT INTO nodes ({COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO nodes ({COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (node.ino, node.parent, node.name, node.cookie, node.mode, node.uid, node.gid,
-             node.atime_ns, node.mtime_ns, node.ctime_ns, node.target, *blob))]
+             node.atime_ns, node.mtime_ns, node.ctime_ns, node.target, *blob, node.prio,
+             node.uses))]
         for name, value in node.xattrs.items():
             out.append(("INSERT INTO xattrs VALUES (?,?,?)", (node.ino, name, value)))
         return out
@@ -485,8 +576,10 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             self._cache.pop(node.ino, None)
             raise
 
-    async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
-        """Make `layout` the file's committed content; return (new, old) versions.
+    async def commit(self, node: Node, layout: Layout,
+                     score: tuple[float, int] | None = None) -> tuple[BlobRec, BlobRec | None]:
+        """Make `layout` the file's committed content; return (new, old) versions. `score`:
+        the file's new (priority, uses) in the pool's order, if the pool keeps one.
 
         A pending node is persisted now, under its current name. A node unlinked meanwhile is
         not persisted (its content is dropped by the caller). The old version goes with the
@@ -495,9 +588,11 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         now = _now()
         rec = BlobRec(self.next_blob_id(), layout, now)
         old = node.blob
-        before = (node.persisted, node.mtime_ns, node.ctime_ns)
+        before = (node.persisted, node.mtime_ns, node.ctime_ns, node.prio, node.uses)
         node.blob = rec
         node.mtime_ns = node.ctime_ns = now
+        if score is not None:
+            node.prio, node.uses = score
         if not node.linked:
             return rec, old
         stmts: list[Stmt] = []
@@ -511,10 +606,12 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         if node.persisted:
             ns, offs, sums = layout.pack()
             stmts.append(("UPDATE nodes SET blob=?, size=?, unit=?, ns=?, offsets=?, sums=?, "
-                          "blob_ns=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, atime_ns=? "
-                          "WHERE ino=?", (rec.id, layout.size, layout.unit, ns, offs, sums, now,
-                                          now, now, node.mode, node.uid, node.gid,
-                                          node.atime_ns, node.ino)))
+                          "blob_ns=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, atime_ns=?, "
+                          "prio=?, uses=? WHERE ino=?",
+                          (rec.id, layout.size, layout.unit, ns, offs, sums, now, now, now,
+                           node.mode, node.uid, node.gid, node.atime_ns, node.prio, node.uses,
+                           node.ino)))
+            self._dirty_atime.pop(node.ino, None)
             if old is None:
                 self._files += 1
         else:
@@ -527,7 +624,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             # not durable: the file keeps the version the database has (the caller gives the
             # new block's space back, so nothing may point at it); a new file is pending again
             node.blob = old
-            was_persisted, node.mtime_ns, node.ctime_ns = before
+            was_persisted, node.mtime_ns, node.ctime_ns, node.prio, node.uses = before
             if node.linked:
                 if not was_persisted:
                     node.persisted = False
@@ -540,14 +637,17 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             raise
         return rec, old
 
-    async def remove(self, node: Node, expect: BlobRec | None = None) -> Node:
+    async def remove(self, node: Node, expect: BlobRec | None = None,
+                     ghosts: int = 0) -> Node:
         """Unlink a file by node (eviction uses this; on one node nothing else can have
-        replaced `expect`)."""
+        replaced `expect`). `ghosts`: remember the name's uses among the `ghosts` names
+        evicted last (in the same transaction)."""
         p = self.get(node.parent)
         self._detach(node)
         node.ctime_ns = _now()
         if node.persisted:
-            await self._persist(self._delete_node(node) + self._parent_times(p))
+            ghost = self._ghost(node, ghosts) if ghosts and node.uses else []
+            await self._persist(self._delete_node(node) + self._parent_times(p) + ghost)
         else:
             self._forget_links(node.ino)
         return node
@@ -619,9 +719,9 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         if node.persisted and node.linked:
             self._dirty_atime.pop(node.ino, None)
             await self._persist([("UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
-                                  "ctime_ns=? WHERE ino=?",
+                                  "ctime_ns=?, prio=?, uses=? WHERE ino=?",
                                   (node.mode, node.uid, node.gid, node.atime_ns, node.mtime_ns,
-                                   node.ctime_ns, node.ino))])
+                                   node.ctime_ns, node.prio, node.uses, node.ino))])
 
     async def set_xattr(self, node: Node, name: bytes, value: bytes) -> None:
         node.xattrs[name] = value

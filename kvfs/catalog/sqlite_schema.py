@@ -1,5 +1,5 @@
 """The SQLite catalog's database: its schema and queries, the check of its write-ahead log
-before SQLite opens it, the upgrade from schema 1, and the free map's rebuild from the rows
+before SQLite opens it, the upgrades from schemas 1 and 2, and the free map's rebuild from the rows
 (kvfs/catalog/sqlite.py is the catalog that uses them)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kvfs.layout import PAGE
 
 log = logging.getLogger("kvfs.catalog")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 S_IFMT, S_IFDIR = 0o170000, 0o040000
 
 TABLES = """
@@ -25,26 +25,33 @@ CREATE TABLE IF NOT EXISTS xattrs (
 CREATE TABLE IF NOT EXISTS links (
     pred INTEGER NOT NULL, succ INTEGER NOT NULL, source INTEGER NOT NULL, weight REAL NOT NULL,
     PRIMARY KEY (pred, succ));
+CREATE TABLE IF NOT EXISTS ghosts (
+    seq INTEGER PRIMARY KEY, key INTEGER NOT NULL UNIQUE, uses INTEGER NOT NULL);
 """
 # One row per node; a file's committed block (its generation, size, stripe unit and per-unit
-# namespace / offset / checksum arrays) is part of its row.
+# namespace / offset / checksum arrays) is part of its row, and so is its place in the pool's
+# eviction order under `pool.evict = "prefix"` (`prio`, `uses`: kvfs.policy.PrefixScore; NULL
+# and 0 under "lru"). `ghosts` remembers the uses of names evicted last (key: a hash of the
+# directory's inode and the name).
 NODES_TABLE = """
 CREATE TABLE nodes (
     ino INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
     cookie INTEGER NOT NULL, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
     atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
     target BLOB, blob INTEGER, size INTEGER, unit INTEGER, ns BLOB, offsets BLOB, sums BLOB,
-    blob_ns INTEGER);
+    blob_ns INTEGER, prio REAL, uses INTEGER NOT NULL DEFAULT 0);
 """
 INDEXES = f"""
 CREATE UNIQUE INDEX IF NOT EXISTS nodes_name ON nodes (parent, name);
 CREATE INDEX IF NOT EXISTS nodes_cookie ON nodes (parent, cookie);
 CREATE INDEX IF NOT EXISTS nodes_subdirs ON nodes (parent) WHERE (mode & {S_IFMT}) = {S_IFDIR};
 CREATE INDEX IF NOT EXISTS nodes_lru ON nodes (max(atime_ns, mtime_ns)) WHERE blob IS NOT NULL;
+CREATE INDEX IF NOT EXISTS nodes_prio ON nodes (prio, max(atime_ns, mtime_ns), ino)
+    WHERE blob IS NOT NULL AND prio IS NOT NULL;
 CREATE INDEX IF NOT EXISTS links_succ ON links (succ);
 """
 COLS = ("ino, parent, name, cookie, mode, uid, gid, atime_ns, mtime_ns, ctime_ns, target, "
-         "blob, size, unit, ns, offsets, sums, blob_ns")
+         "blob, size, unit, ns, offsets, sums, blob_ns, prio, uses")
 # a lookup's row also says how many xattrs the node has, so a node without any (most) needs no
 # second query for them
 _XATTR_COUNT = "(SELECT count(*) FROM xattrs WHERE xattrs.ino = nodes.ino)"
@@ -54,6 +61,16 @@ PAGE_QUERY = f"SELECT {COLS} FROM nodes WHERE parent=? AND cookie>? ORDER BY coo
 SUBDIRS = f"SELECT count(*) FROM nodes WHERE parent=? AND (mode & {S_IFMT}) = {S_IFDIR}"
 LRU_QUERY = ("SELECT max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL AND "
         "(max(atime_ns, mtime_ns), ino) > (?, ?) ORDER BY max(atime_ns, mtime_ns), ino LIMIT ?")
+
+# (equal priorities: least recently used first)
+PRIO_QUERY = ("SELECT prio, max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL "
+              "AND prio IS NOT NULL AND (prio, max(atime_ns, mtime_ns), ino) > (?, ?, ?) "
+              "ORDER BY prio, max(atime_ns, mtime_ns), ino LIMIT ?")
+# Files stored under "lru" (no priority) get one when "prefix" takes over: below every scored
+# file (-1 to 0), in their order of last use.
+SCORE_UNSCORED = ("UPDATE nodes SET prio = r.p FROM (SELECT ino, (row_number() OVER (ORDER BY "
+                  "max(atime_ns, mtime_ns), ino)) * 1.0 / (count(*) OVER ()) - 1.0 AS p FROM "
+                  "nodes WHERE blob IS NOT NULL AND prio IS NULL) AS r WHERE nodes.ino = r.ino")
 
 Stmt = tuple[str, tuple]
 
@@ -102,12 +119,23 @@ def migrate_v1(conn: sqlite3.Connection, path) -> None:
         c.execute(NODES_TABLE.replace("CREATE TABLE nodes", "CREATE TABLE nodes2"))
         c.execute(f"INSERT INTO nodes2 ({COLS}) SELECT n.ino, n.parent, n.name, n.cookie, "
                   f"n.mode, n.uid, n.gid, n.atime_ns, n.mtime_ns, n.ctime_ns, n.target, b.id, "
-                  f"b.size, b.unit, b.ns, b.offsets, b.sums, b.created_ns FROM nodes n "
+                  f"b.size, b.unit, b.ns, b.offsets, b.sums, b.created_ns, NULL, 0 FROM nodes n "
                   f"LEFT JOIN blobs b ON b.id = n.blob")
         c.execute("DROP TABLE nodes")
         c.execute("DROP TABLE blobs")
         c.execute("ALTER TABLE nodes2 RENAME TO nodes")
         c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+
+
+def migrate_v2(conn: sqlite3.Connection, path) -> None:
+    """Schema 2 to 3: the pool policy's columns (the index and the ghosts' table are made by
+    TABLES and INDEXES, as for a new catalog)."""
+    log.info("catalog %s: upgrading the schema from version 2 to %d", path, SCHEMA_VERSION)
+    with conn:
+        conn.execute("BEGIN")
+        conn.execute("ALTER TABLE nodes ADD COLUMN prio REAL")
+        conn.execute("ALTER TABLE nodes ADD COLUMN uses INTEGER NOT NULL DEFAULT 0")
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
 def extents(conn: sqlite3.Connection) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -312,7 +312,7 @@ class TreeCatalog:
             raise KvfsError(errno.EISDIR, f"is a directory: {name.decode(errors='replace')}")
         return await self.remove(node)
 
-    async def remove(self, node: Node, expect=None) -> Node:
+    async def remove(self, node: Node, expect=None, ghosts: int = 0) -> Node:
         """Unlink a file by node (each catalog makes it durable its own way). `expect`: the
         version the caller chose to delete (a shared catalog refuses with ESTALE if another
         node replaced it meanwhile)."""
@@ -358,6 +358,9 @@ class TreeCatalog:
             if target.is_dir and self._has_children(target):
                 raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name_new.decode(errors='replace')}")
         return src, pold, pnew, target
+
+    def rescore(self, node: Node) -> None:
+        """The node's place in the pool's order changed (kept by the SQLite catalog)."""
 
     def touch(self, node: Node, now_ns: int | None = None) -> None:
         """Record an access in memory; `flush_atimes` persists accesses in one batch."""

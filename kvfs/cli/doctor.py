@@ -90,7 +90,7 @@ def check_mount(mount: str) -> tuple[list[Finding], dict | None]:
     if used > 0.95 and pool["evict"] == "never":
         out.append(Finding("warn", "mount", f"{mount}: pool {100 * used:.0f}% full and evict = "
                                             f"\"never\": writes will fail with ENOSPC",
-                           "delete files, add namespaces, or set [pool] evict = \"lru\""))
+                           "delete files, add namespaces, or set [pool] evict = \"prefix\""))
     out += check_data_path(mount, st.get("data_path"))
     out += check_catalog(mount, st.get("catalog"))
     for msg in pool.get("rebuilt_superblocks") or []:

@@ -115,7 +115,7 @@ def check_clients(mount: str, st: dict) -> list[Finding]:
         where = f"{path}: "
         if kind == "lmcache_disk":
             detail = (where + "LMCache local_disk keeps its index in the engine's memory: if "
-                      "max_local_disk_size is more than the pool holds, kvfs's LRU deletes chunks "
+                      "max_local_disk_size is more than the pool holds, kvfs's eviction deletes chunks "
                       "LMCache still lists (contains() says yes, get_blocking raises KeyError)")
             if evict == "never":
                 detail = (where + "LMCache local_disk counts its own bytes and does not check "
@@ -133,7 +133,7 @@ def check_clients(mount: str, st: dict) -> list[Finding]:
                 where + "LMCache NIXL static pool (nixl_pool_size > 0): the engine keeps its slot "
                         "files open, so their chunks stay uncommitted in kvfs's memory until it "
                         "exits; its index is in memory and a restarted engine writes new slot "
-                        "files, leaving the old ones for kvfs's LRU",
+                        "files, leaving the old ones for kvfs's eviction",
                 "use nixl_pool_size: 0 (one file per chunk, looked up by name, survives "
                 "restarts, evicted by kvfs as a clean miss)"))
         elif kind in ("nixl_dynamic", "vllm"):
@@ -142,18 +142,19 @@ def check_clients(mount: str, st: dict) -> list[Finding]:
             if evict == "never":
                 out.append(Finding("warn", "clients", where + f"{name} never deletes a chunk "
                                     f"and evict = \"never\": the pool fills and its stores fail",
-                                    "set [pool] evict = \"lru\": kvfs's LRU is its eviction"))
+                                    "set [pool] evict = \"prefix\" (or \"lru\"): kvfs's eviction "
+                                    "is its eviction"))
             else:
                 out.append(Finding("ok", "clients", where + f"{name}: no eviction of its own, "
-                                    f"looks chunks up by name: kvfs's LRU evicts, as clean "
+                                    f"looks chunks up by name: kvfs evicts them as clean "
                                     f"misses"))
         elif kind == "sglang":
             out.append(Finding(
-                "ok" if evict == "lru" else "info", "clients",
+                "ok" if evict != "never" else "info", "clients",
                 where + "SGLang HiCacheFile looks pages up by name: pages kvfs evicts are clean "
                         "misses",
                 f"set min_free_space (e.g. {format_size(cap // 10)}) so that SGLang evicts by "
-                f"statvfs before kvfs has to" + ("" if evict == "lru" else
+                f"statvfs before kvfs has to" + ("" if evict != "never" else
                                                 " (with evict = \"never\" it must)")))
         elif kind == "lmcache_plugin":
             out.append(Finding("ok", "clients", where + "kvfs's LMCache plugin: no index of its "

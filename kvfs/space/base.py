@@ -66,6 +66,26 @@ class Space:
         flight)."""
         self.pool.committed(layout)
 
+    # The pool's policy hears of every store, read and rename of a file (`pool.evict =
+    # "prefix"`: LocalSpace scores them; a shared pool evicts in the cluster's LRU order).
+    def score_stored(self, node, size: int) -> tuple[float, int] | None:
+        """(priority, uses) a file about to be committed gets, or None if the pool keeps no
+        score."""
+        return None
+
+    def score_read(self, node) -> None:
+        """A file was opened for reading (or read directly): its score changes, in memory
+        (the caller records it in the catalog)."""
+
+    def score_renamed(self, node, replaced=None) -> bool:
+        """A file took a new name (`replaced`: the file that had it); whether its score
+        changed."""
+        return False
+
+    def ghosts(self) -> int:
+        """How many evicted names the catalog remembers the uses of (0: none)."""
+        return 0
+
     def retired(self, layout: Layout) -> None:
         """A block that is no longer any file's version and that nobody here reads any more."""
         raise NotImplementedError

@@ -1,5 +1,6 @@
 """The SQLite catalog at scale: a bounded node cache in front of the database, group commit,
-readdir by offset, the pool's LRU order, the free map rebuilt from the rows, schema 1 read."""
+readdir by offset, the pool's LRU and policy orders, the free map rebuilt from the rows, schemas 1
+and 2 read."""
 
 import errno
 import os
@@ -165,6 +166,74 @@ def test_schema_1_is_upgraded_at_open(tmp_path):
         assert np.array_equal(e[3], [MiB])
     finally:
         cat.close()
+
+
+def test_schema_2_is_upgraded_at_open_and_its_files_join_the_policys_order_first(tmp_path):
+    from kvfs.catalog.sqlite_schema import NODES_TABLE
+    path = tmp_path / "catalog.sqlite"
+    c = sqlite3.connect(path, isolation_level=None)
+    c.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);" +
+                    NODES_TABLE.replace(", prio REAL, uses INTEGER NOT NULL DEFAULT 0", ""))
+    lay = Layout(5000, MiB, (0,), (MiB,), (1234,))
+    ns, offs, sums = lay.pack()
+    c.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    c.execute("INSERT INTO nodes VALUES (1, 1, x'', 0, ?, 0, 0, 1, 1, 1, NULL, NULL, NULL, NULL, "
+              "NULL, NULL, NULL, NULL)", (stat.S_IFDIR | 0o755,))
+    for ino, name, atime in ((16, b"a", 50), (17, b"b", 10), (18, b"c", 30)):
+        c.execute("INSERT INTO nodes VALUES (?, 1, ?, 1, ?, 0, 0, ?, 1, 1, NULL, ?, 5000, ?, ?, "
+                  "?, ?, 1)", (ino, name, stat.S_IFREG | 0o644, atime, ino, MiB, ns, offs, sums))
+    c.close()
+    cat = SqliteCatalog.open(path)
+    try:
+        node = cat.lookup(1, b"a")
+        assert node.blob.layout == lay and node.prio is None and node.uses == 0
+        assert list(cat.scored_files()) == [] and cat.lowest_priority() is None
+        assert trio.run(cat.score_unscored) == 3
+        order = list(cat.scored_files())
+        assert [ino for _, ino, _ in order] == [17, 18, 16]          # oldest use first
+        assert all(-1.0 < p <= 0.0 for _, _, p in order) and node.prio == order[-1][2]
+        assert cat._meta("schema_version") == "3"
+    finally:
+        cat.close()
+
+
+def test_the_policys_order_and_ghosts_live_in_the_rows_across_restarts(pool_config):
+    """pool.evict = "prefix": each file's priority and uses are in its row (the daemon keeps
+    no order in memory), flushed with the access times; a restart finds the same order, and
+    an evicted name's uses come back when it is stored again."""
+    cfg = pool_config(pool='evict = "prefix"')
+    seen = {}
+
+    async def first(fs):
+        cat = fs.files.catalog
+        for i in range(4):
+            await fs.write(f"/f{i}", os.urandom(10_000))
+        await fs.read("/f2")
+        for _ in range(3):
+            await fs.read("/f1")                 # reused most, and last: last to go
+        order = [ino for _, ino, _ in cat.scored_files()]
+        assert order[-2:] == [fs.ino("/f2"), fs.ino("/f1")], order
+        assert cat.find(fs.ino("/f1")).uses == 4
+        await fs.svc.flush()
+        assert [ino for _, ino, _ in cat.scored_files()] == order
+        seen["order"] = [(bid, ino) for bid, ino, _ in cat.scored_files()]
+        seen["prio"] = [p for _, _, p in cat.scored_files()]
+        seen["f1"] = fs.ino("/f1")
+        assert await fs.files.evict(fs.ino("/f1"), 0) > 0           # evicted: its ghost stays
+        assert cat.ghost_count() == 1
+
+    async def second(fs):
+        cat = fs.files.catalog
+        got = list(cat.scored_files())
+        assert [(b, i) for b, i, _ in got] == [x for x in seen["order"] if x[1] != seen["f1"]]
+        assert [p for _, _, p in got] == seen["prio"][:-1]
+        assert fs.svc.space._rule().floor >= 0.0
+        await fs.write("/f1", os.urandom(10_000))                  # stored again
+        assert cat.find(fs.ino("/f1")).uses == 5 and cat.ghost_count() == 0
+        assert [i for _, i, _ in cat.scored_files()][-1] == fs.ino("/f1")
+
+    run_service(cfg, first)
+    run_service(cfg, second)
 
 
 def test_looking_up_a_name_longer_than_255_bytes_is_enametoolong(pool_config):

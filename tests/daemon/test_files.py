@@ -636,11 +636,11 @@ def test_a_writer_that_opens_a_file_being_evicted_is_told_at_close(pool_config, 
         real = type(cat).remove
         fhs = []
 
-        async def remove_racing_a_writer(self, node, expect=None):
+        async def remove_racing_a_writer(self, node, expect=None, **kw):
             fh = await fs.open("/f", os.O_WRONLY | os.O_TRUNC)
             await fs.files.write(fh, 0, b"new")
             fhs.append(fh)
-            return await real(self, node, expect)
+            return await real(self, node, expect, **kw)
 
         monkeypatch.setattr(type(cat), "remove", remove_racing_a_writer)
         assert await fs.files.evict(fs.ino("/f"), 0) > 0

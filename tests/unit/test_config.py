@@ -32,7 +32,7 @@ def test_embedded_default_is_one_file_namespace_under_the_state_dir():
     assert cfg.state_dir in ns.path.parents
     assert ns.size is not None and ns.size <= config.DEFAULT_POOL_FILE_SIZE
     assert 0 < cfg.dram.capacity <= config.DEFAULT_DRAM_CAPACITY
-    assert cfg.pool.evict == "lru"
+    assert cfg.pool.evict == "prefix"
     assert cfg.pool.stripe_unit == 1 << 20
 
 

@@ -203,7 +203,8 @@ class RedisCatalog(RedisMirror):
             await self._publish_new(node, "excl")
             self._place(node)
 
-    async def commit(self, node: Node, layout: Layout) -> tuple[BlobRec, BlobRec | None]:
+    async def commit(self, node: Node, layout: Layout,
+                     score: tuple[float, int] | None = None) -> tuple[BlobRec, BlobRec | None]:
         """Publish `layout` as the file's content once it is durable on the namespaces: one
         script checks this node still holds the leases of the space and swaps the block in."""
         now = _now()
@@ -273,7 +274,8 @@ class RedisCatalog(RedisMirror):
         await self._own(retired, [node.blob] if node.blob is not None else [])
         return node
 
-    async def remove(self, node: Node, expect: BlobRec | None = None) -> Node:
+    async def remove(self, node: Node, expect: BlobRec | None = None,
+                     ghosts: int = 0) -> Node:
         """Unlink a file by node (eviction passes the version it chose: if another node has
         rewritten the file meanwhile, ESTALE and nothing changes)."""
         if not node.persisted:
