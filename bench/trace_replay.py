@@ -22,9 +22,9 @@ With --nodes N, the requests are also spread round-robin over N nodes, and the p
 of N node-local pools of --capacity-blocks each is compared with one pool of N times that
 shared by all of them (what kvfs's [cluster] mode gives). What is modelled is what runs,
 whatever --policy says (that is the DRAM tier's policy): a node's own pool evicts by the score
-policy (`pool.evict = "prefix"`, the default: kvfs.policy.PrefixScore, kept in the catalog),
-a shared pool by the cluster-wide LRU order in Redis; `--nodes-policy lru` gives the
-node-local pools LRU too (the same policy on both sides). Each node's DRAM tier in front of the
+policy (`pool.evict = "prefix"`, the default: kvfs.policy.PrefixScore, kept in the catalog,
+and for a shared pool in Redis); `--nodes-policy lru` gives the node-local pools LRU (the
+shared pool keeps the policy). Each node's DRAM tier in front of the
 pool is not modelled.
 
 With --mounted N, the first N requests are also replayed end to end through a real kvfs mount
@@ -166,7 +166,7 @@ def replay_admission_oracle(requests: list[list[int]], capacity: int) -> dict:
 
 # what kvfs's pools evict by: a node's own (pool.evict = "prefix", the default) and a shared one
 POOL_SIMULATION = {"prefix": "score", "lru": "lru"}
-NODE_POOL, SHARED_POOL = "score", "lru"
+NODE_POOL = SHARED_POOL = "score"
 
 
 def replay_nodes(requests: list[list[int]], capacity: int, policy: str, nodes: int,

@@ -61,8 +61,7 @@ class NamespaceConfig:
 class PoolConfig:
     namespaces: tuple[NamespaceConfig, ...]
     evict: str = "prefix"            # a full pool drops closed files: "prefix" by the prefix-aware
-                                     # policy (one node; shared: LRU), "lru" least recently used
-                                     # first; "never": ENOSPC
+                                     # policy, "lru" least recently used first; "never": ENOSPC
     stripe_unit: int = DEFAULT_STRIPE_UNIT
     max_block_size: int | None = None  # default: the pool's capacity
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput

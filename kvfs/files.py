@@ -228,7 +228,7 @@ class Files:
             if src.parent != parent_old or src.name != name_old or not src.linked:
                 raise KvfsError(errno.ENOENT, "file was renamed or removed meanwhile")
         replaced = await self.catalog.rename(parent_old, name_old, parent_new, name_new, flags)
-        if not flags & RENAME_EXCHANGE and self.space.score_renamed(src, replaced):
+        if not flags & RENAME_EXCHANGE and await self.space.score_renamed(src, replaced):
             self.catalog.rescore(src)
         if replaced is not None:
             self._unlinked(replaced)

@@ -13,7 +13,7 @@ from kvfs.config import Config
 class Knobs:
     prefetch_enabled: bool = True
     prefetch_max_window: int = 16
-    pool_evict: str = "prefix"         # "prefix" (one node; a shared pool: lru), "lru" or "never"
+    pool_evict: str = "prefix"         # "prefix", "lru" or "never"
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Knobs":

@@ -58,9 +58,14 @@ class Service:
         if hasattr(catalog, "lru_files"):       # one node: the catalog keeps the pool's order
             space.lru, space.scored = catalog.lru_files, catalog.scored_files
             space.lowest, space.unscored = catalog.lowest_priority, catalog.score_unscored
-            space.take_ghost = catalog.take_ghost
-            space.file_count = lambda: catalog.file_count
             space.evictable = files.evictable
+
+            async def take_ghost(parent: int, name: bytes) -> int | None:
+                return catalog.take_ghost(parent, name)
+            space.take_ghost = take_ghost
+        elif hasattr(catalog, "take_ghost"):    # a shared pool: ghosts and floor in Redis
+            space.take_ghost = catalog.take_ghost
+        space.file_count = lambda: catalog.file_count
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()
         self.control = Control(catalog, store, files, self.direct, knobs,

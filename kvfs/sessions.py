@@ -412,13 +412,18 @@ class Sessions:
         """Record a block that is durable in the pool as the file's current version (one
         catalog transaction); the old version is retired. The block's space is released if
         the catalog refuses it, or if the file was unlinked before it was ever published."""
+        # the file's place in the pool's order (a shared pool may look up the name's ghost)
+        try:
+            score = await self.space.score_stored(node, layout.size) if node.linked else None
+        except BaseException:
+            self.pool.release(layout)          # (cancelled) nothing points at it
+            raise
         published = node.linked        # the catalog publishes exactly when the node is linked
         if node.removed_elsewhere:     # while its block was being written
             self.pool.release(layout)
             raise self._removed_elsewhere(node)
-        score = self.space.score_stored(node, layout.size) if published else None
         try:
-            rec, old = await self.catalog.commit(node, layout, score)
+            rec, old = await self.catalog.commit(node, layout, score if published else None)
         except BaseException as e:
             if not getattr(e, "maybe_published", False):   # else another node may read it
                 self.pool.release(layout)

@@ -70,6 +70,12 @@ class BlobRec:
         return xxhash.xxh3_64_intdigest(self.layout.pack()[2])
 
 
+def ghost_key(parent: int, name: bytes) -> int:
+    """A name (its directory's inode and the name) as a signed 64-bit key: how the catalogs
+    remember evicted names' uses for the pool's policy (kvfs.policy.PrefixScore)."""
+    return xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + name) - (1 << 63)
+
+
 @dataclass(eq=False, slots=True, weakref_slot=True)
 class Node:
     ino: int

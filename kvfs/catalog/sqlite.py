@@ -59,9 +59,8 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import xxhash
 
-from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
+from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node, ghost_key
 from kvfs.catalog.groupcommit import GroupCommit
 from kvfs.catalog.sqlite_chains import ChainRows
 from kvfs.catalog.sqlite_schema import (
@@ -414,14 +413,10 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
                         node.prio = row[0]
         return n
 
-    @staticmethod
-    def ghost_key(parent: int, name: bytes) -> int:
-        return xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + name) - (1 << 63)
-
     def take_ghost(self, parent: int, name: bytes) -> int | None:
         """The uses the name had when it was evicted, if it is still remembered (then it is
         forgotten: the file it names now carries them)."""
-        key = self.ghost_key(parent, name)
+        key = ghost_key(parent, name)
         row = self._conn.execute("SELECT uses FROM ghosts WHERE key=?", (key,)).fetchone()
         if row is None:
             return None
@@ -432,7 +427,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         """Remember the uses of an evicted file's name (the `limit` names evicted last)."""
         self._ghost_puts += 1
         out: list[Stmt] = [("INSERT OR REPLACE INTO ghosts (key, uses) VALUES (?, ?)",
-                            (self.ghost_key(node.parent, node.name), node.uses))]
+                            (ghost_key(node.parent, node.name), node.uses))]
         if self._ghost_puts % 256 == 0:
             out.append(("DELETE FROM ghosts WHERE seq <= (SELECT max(seq) FROM ghosts) - ?",
                         (max(1, limit),)))

@@ -360,7 +360,10 @@ class TreeCatalog:
         return src, pold, pnew, target
 
     def rescore(self, node: Node) -> None:
-        """The node's place in the pool's order changed (kept by the SQLite catalog)."""
+        """The node's place in the pool's order changed: persisted with the next batch of
+        accesses (`flush_atimes`)."""
+        if node.persisted and node.linked:
+            self._dirty_atime.add(node.ino)
 
     def touch(self, node: Node, now_ns: int | None = None) -> None:
         """Record an access in memory; `flush_atimes` persists accesses in one batch."""

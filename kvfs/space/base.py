@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Awaitable, Callable
 
 import trio
 
-from kvfs.errors import no_space
+from kvfs.errors import KvfsError, no_space
 from kvfs.knobs import Knobs
 from kvfs.layout import Layout
+from kvfs.policy import PrefixScore
 from kvfs.pool import Pool
+
+log = logging.getLogger("kvfs.space")
 
 # evict(ino, exclude, blob_id) -> bytes freed, 0 if the file may not (or no longer) be deleted:
 # set by the layer above (Files), which knows open files, pins and the kernel's caches.
@@ -34,6 +38,7 @@ class Space:
         # store, which knows what is read here and the local LRU order.
         self.evictor: Evictor | None = None
         self.store = None
+        self.rule: PrefixScore | None = None
 
     # --- reservations --------------------------------------------------------------------------
     @property
@@ -66,25 +71,83 @@ class Space:
         flight)."""
         self.pool.committed(layout)
 
-    # The pool's policy hears of every store, read and rename of a file (`pool.evict =
-    # "prefix"`: LocalSpace scores them; a shared pool evicts in the cluster's LRU order).
-    def score_stored(self, node, size: int) -> tuple[float, int] | None:
+    # --- the pool's policy (pool.evict = "prefix") ------------------------------------------------
+    # It hears of every store, read and rename of a file and keeps each file's priority and uses
+    # on its node (the catalog persists them: its rows on one node, Redis for a shared pool).
+    GHOSTS = 5               # evicted names remembered, in pool capacities
+    # Wired by the composer from the catalog: take_ghost(parent, name) -> (async) the uses of an
+    # evicted name, forgotten once taken; file_count() -> files in the pool.
+    take_ghost = None
+    file_count = None
+
+    def _typical(self) -> int:
+        n = self.file_count() if self.file_count else 0
+        used = self.pool.capacity - self.pool.free
+        return max(4096, used // n) if n else self.pool.unit
+
+    def _start_floor(self) -> float:
+        """Where a new rule's floor starts (the lowest priority left, on one node)."""
+        return 0.0
+
+    def _rule(self) -> PrefixScore | None:
+        if self.knobs.pool_evict != "prefix" or self.take_ghost is None:
+            return None
+        if self.rule is None:
+            self.rule = PrefixScore(self.pool.capacity, self._typical())
+            self.rule.floor = max(0.0, self._start_floor())
+        return self.rule
+
+    async def score_stored(self, node, size: int) -> tuple[float, int] | None:
         """(priority, uses) a file about to be committed gets, or None if the pool keeps no
-        score."""
-        return None
+        score: a new name takes the uses it had when it was evicted (its ghost), a new version
+        of a name is a use."""
+        rule = self._rule()
+        if rule is None:
+            return None
+        if node.blob is None and node.uses == 0:
+            uses = (await self._ghost(node) or 0) + 1
+        else:
+            uses = node.uses + 1
+        rule.observe((node.parent, node.name), size)
+        return rule.priority(uses), uses
 
     def score_read(self, node) -> None:
-        """A file was opened for reading (or read directly): its score changes, in memory
-        (the caller records it in the catalog)."""
+        """A file was opened for reading (or read directly): a use, in memory (the caller
+        records it in the catalog)."""
+        rule = self._rule()
+        if rule is None or node.blob is None:
+            return
+        node.uses += 1
+        node.prio = rule.priority(node.uses)
+        rule.observe((node.parent, node.name), node.blob.size)
 
-    def score_renamed(self, node, replaced=None) -> bool:
-        """A file took a new name (`replaced`: the file that had it); whether its score
-        changed."""
-        return False
+    async def score_renamed(self, node, replaced=None) -> bool:
+        """Written under a temporary name and renamed into place (as many engines do): the
+        file is its new name's next version, with the uses the name had (the file it
+        replaced, or the name's ghost); whether its score changed."""
+        rule = self._rule()
+        if rule is None or node.blob is None:
+            return False
+        had = replaced.uses if replaced is not None and replaced.blob is not None else \
+            (await self._ghost(node) or 0)
+        if not had:
+            return False
+        node.uses = max(node.uses, had + 1)
+        node.prio = rule.priority(node.uses)
+        return True
+
+    async def _ghost(self, node) -> int | None:
+        try:
+            return await self.take_ghost(node.parent, node.name)
+        except KvfsError as e:          # a hint: the file is scored as new
+            log.debug("pool order: the ghost of %r: %s", node.name, e)
+            return None
 
     def ghosts(self) -> int:
         """How many evicted names the catalog remembers the uses of (0: none)."""
-        return 0
+        if self._rule() is None:
+            return 0
+        return self.GHOSTS * max(1, self.pool.capacity // self._typical())
 
     def retired(self, layout: Layout) -> None:
         """A block that is no longer any file's version and that nobody here reads any more."""
@@ -111,5 +174,9 @@ class Space:
         """Unmounting."""
 
     def statistics(self) -> dict:
-        return {"kind": self.kind, "reserved": self.reserved, "evictions": self.evictions,
-                "evict": self.knobs.pool_evict}
+        out = {"kind": self.kind, "reserved": self.reserved, "evictions": self.evictions,
+               "evict": self.knobs.pool_evict}
+        if self.rule is not None and self.knobs.pool_evict == "prefix":
+            out["evict_mode"] = self.rule.mode_name
+            out["evict_floor"] = round(self.rule.floor, 3)
+        return out

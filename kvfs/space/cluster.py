@@ -12,7 +12,7 @@
   every node learns the purge from the change log (`purged`). A node whose readers still hold a
   retired block pushes its deadline back (`_hold_graves`), so it is not reused while read.
 * **Making room.** A writer first leases another region; then files are evicted in the cluster's
-  LRU order (`victims`), and the writer waits (bounded) for the grave to empty or for other
+  order (`evict_in_order`: the pool's policy, `scored_victims`, or LRU, `victims`), and the writer waits (bounded) for the grave to empty or for other
   nodes to give back regions. One node at a time (a short Redis lock) evicts ahead of writers to
   keep `free_target` of the pool free.
 """
@@ -28,6 +28,7 @@ import trio
 
 from kvfs.catalog.base import BlobRec
 from kvfs.catalog.redis.leases import RegionLeases
+from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError
@@ -133,6 +134,7 @@ class ClusterSpace(Space):
         self.used: dict[int, BlobRec] = {}       # published blocks whose space is used here
         self.leases_lost = 0
         self.purged_count = 0
+        self._scored_all = False     # files stored without a priority joined the order
 
     # --- blocks, as the catalog's mirror reports them --------------------------------------------
     def attach(self, current: Iterable[BlobRec], grave: Iterable[BlobRec]) -> None:
@@ -353,10 +355,58 @@ class ClusterSpace(Space):
         return bool(await self.link.call("SET", self.link.key("lock", name), self.link.token,
                                          "NX", "PX", int(seconds * 1000)))
 
-    async def evict_lru(self, exclude: int, nbytes: int) -> int:
-        """Evict at least `nbytes` in the cluster's LRU order (files another node holds open
-        may be among them: their space stays in the grave while they are read)."""
-        freed, seen = 0, 0
+    async def scored_victims(self, n: int) -> list[tuple[int, float]]:
+        """(inode, priority) of the `n` files lowest in the cluster's policy order."""
+        got = await self.link.call("ZRANGE", self.link.key("prio"), 0, n - 1, "WITHSCORES")
+        return [(int(got[i]), float(got[i + 1])) for i in range(0, len(got), 2)]
+
+    async def _score_unscored(self) -> None:
+        """Once per pool (the first node that evicts by "prefix"): files stored without a
+        priority (under "lru", or by an older kvfs) join the policy's order below every scored
+        file, in their LRU order, so they go first."""
+        if not await self.link.call("SET", self.link.key("prio_init"), 1, "NX"):
+            return
+        total = await self.link.call("ZCARD", self.link.key("atime"))
+        for start in range(0, total, 1000):
+            inos = await self.link.call("ZRANGE", self.link.key("atime"), start, start + 999)
+            if not inos:
+                break
+            args: list = []
+            for k, ino in enumerate(inos):
+                args += [-1.0 + (start + k + 1) / (total + 1), ino]
+            await self.link.call("ZADD", self.link.key("prio"), "NX", *args)
+
+    async def evict_in_order(self, exclude: int, nbytes: int) -> int:
+        """Evict at least `nbytes`: in the cluster's order of the pool's policy under
+        `pool.evict = "prefix"` (then in LRU order, files no node has scored), else in the
+        cluster's LRU order (files another node holds open may be among them: their space
+        stays in the grave while they are read)."""
+        freed = 0
+        rule = self._rule()
+        if rule is not None:
+            if not self._scored_all:
+                self._scored_all = True
+                await self._score_unscored()
+            freed, seen, top = 0, 0, None
+            while freed < nbytes:
+                batch = await self.scored_victims(seen + VICTIM_BATCH)
+                fresh = batch[seen:]
+                if not fresh:
+                    break
+                seen = len(batch)
+                for ino, prio in fresh:
+                    got = await self._evict(ino, exclude)
+                    if got:
+                        freed += got
+                        top = prio
+                    if freed >= nbytes:
+                        break
+            if top is not None:
+                rule.evicted(top)
+                rule.evicted(float(await self.link.eval(SCRIPTS.floor, [repr(top)])))
+            if freed >= nbytes:
+                return freed
+        seen = 0
         while freed < nbytes:
             batch = await self.victims(seen + VICTIM_BATCH)
             fresh = batch[seen:]
@@ -364,6 +414,9 @@ class ClusterSpace(Space):
                 break
             seen = len(batch)
             for ino in fresh:
+                if rule is not None and await self.link.call(
+                        "ZSCORE", self.link.key("prio"), ino) is not None:
+                    continue                     # scored: its turn was above
                 freed += await self._evict(ino, exclude)
                 if freed >= nbytes:
                     break
@@ -379,12 +432,12 @@ class ClusterSpace(Space):
     async def make_room(self, exclude: int, need: int) -> bool:
         if await self.grow(need):
             return True
-        if self.knobs.pool_evict == "never":   # "prefix" too evicts in the cluster's LRU order
+        if self.knobs.pool_evict == "never":
             return False
         pool = self.pool
         short = need + self.reserved - self.room_for(need) - self.grave_bytes
         if short > 0:
-            await self.evict_lru(exclude, short)
+            await self.evict_in_order(exclude, short)
         # Evicted space is free once its grace period is over, and it may lie in a region
         # another node holds until that node gives its idle regions back (within a lease
         # period): wait while the grave, or free space in others' regions, may make room.
@@ -416,12 +469,17 @@ class ClusterSpace(Space):
             return 0
         if not await self.try_lock("cleaner", 5.0):
             return 0
-        return await self.evict_lru(0, short + target // 2)
+        return await self.evict_in_order(0, short + target // 2)
 
     async def _keep_free_periodically(self) -> None:
         while True:
             await trio.sleep(1.0)
             try:
+                rule = self._rule()
+                if rule is not None:          # other nodes' evictions raise the floor
+                    floor = await self.link.call("GET", self.link.key("floor"))
+                    if floor is not None:
+                        rule.evicted(float(floor))
                 n = await self.keep_free()
                 if n:
                     log.info("cluster: evicted %d bytes to keep the pool's free target", n)
@@ -444,8 +502,8 @@ class ClusterSpace(Space):
             "regions": regions.count, "region_size": regions.size,
             "regions_held": len(regions.held()), "leases_lost": self.leases_lost,
             "fenced_writes": regions.fenced,
-            # the shared pool keeps no policy state in Redis yet: it evicts by LRU
-            "evict_order": "never" if self.knobs.pool_evict == "never" else "lru",
+            "evict_order": {"never": "never", "lru": "lru"}.get(self.knobs.pool_evict,
+                                                                 "policy"),
             "grave_blocks": len(self.grave), "grave_bytes": self.grave_bytes,
             "purged": self.purged_count,
         })

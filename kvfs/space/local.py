@@ -7,7 +7,6 @@ import logging
 import trio
 
 from kvfs.layout import Layout
-from kvfs.policy import PrefixScore
 from kvfs.space.base import Space
 
 log = logging.getLogger("kvfs.space")
@@ -22,77 +21,24 @@ class LocalSpace(Space):
     "lru" the least recently used first (the catalog's order of last read or write)."""
 
     kind = "local"
-    GHOSTS = 5               # evicted names remembered, in pool capacities
-    # Wired by the composer (kvfs/service.py) from the catalog:
+    # Wired by the composer (kvfs/service.py) from the catalog (and take_ghost, file_count:
+    # see Space):
     # lru() -> (block id, inode) from least to most recently used;
     # scored() -> (block id, inode, priority), lowest priority first;
     # lowest() -> the lowest priority of a file, or None; unscored() -> (async) give files
-    # stored under "lru" a priority; take_ghost(parent, name) -> uses of an evicted name;
-    # file_count() -> files in the pool;
+    # stored under "lru" a priority;
     # evictable(inode, exclude, block id) -> whether Files.evict would delete it now.
-    lru = scored = lowest = unscored = take_ghost = file_count = evictable = None
+    lru = scored = lowest = unscored = evictable = None
 
     def __init__(self, pool, knobs):
         super().__init__(pool, knobs)
-        self.rule: PrefixScore | None = None
         self._scored_all = False     # files stored under "lru" have a priority too
 
     def retired(self, layout: Layout) -> None:
         self.pool.release(layout)
 
-    # --- the policy's score -------------------------------------------------------------------
-    def _typical(self) -> int:
-        n = self.file_count() if self.file_count else 0
-        used = self.pool.capacity - self.pool.free
-        return max(4096, used // n) if n else self.pool.unit
-
-    def _rule(self) -> PrefixScore | None:
-        if self.knobs.pool_evict != "prefix" or self.scored is None:
-            return None
-        if self.rule is None:
-            self.rule = PrefixScore(self.pool.capacity, self._typical())
-            low = self.lowest()
-            self.rule.floor = max(0.0, low or 0.0)
-        return self.rule
-
-    def score_stored(self, node, size: int) -> tuple[float, int] | None:
-        rule = self._rule()
-        if rule is None:
-            return None
-        if node.blob is None and node.uses == 0:          # a new name: remembered?
-            uses = (self.take_ghost(node.parent, node.name) or 0) + 1
-        else:                                             # a new version: a use of the name
-            uses = node.uses + 1
-        rule.observe((node.parent, node.name), size)
-        return rule.priority(uses), uses
-
-    def score_read(self, node) -> None:
-        rule = self._rule()
-        if rule is None or node.blob is None:
-            return
-        node.uses += 1
-        node.prio = rule.priority(node.uses)
-        rule.observe((node.parent, node.name), node.blob.size)
-
-    def score_renamed(self, node, replaced=None) -> bool:
-        """Written under a temporary name and renamed into place (as many engines do): the
-        file is its new name's next version, with the uses the name had (the file it
-        replaced, or the name's ghost)."""
-        rule = self._rule()
-        if rule is None or node.blob is None:
-            return False
-        had = replaced.uses if replaced is not None and replaced.blob is not None else \
-            (self.take_ghost(node.parent, node.name) or 0)
-        if not had:
-            return False
-        node.uses = max(node.uses, had + 1)
-        node.prio = rule.priority(node.uses)
-        return True
-
-    def ghosts(self) -> int:
-        if self._rule() is None:
-            return 0
-        return self.GHOSTS * max(1, self.pool.capacity // self._typical())
+    def _start_floor(self) -> float:
+        return self.lowest() or 0.0
 
     # --- making room ----------------------------------------------------------------------------
     async def make_room(self, exclude: int, need: int) -> bool:
@@ -104,7 +50,7 @@ class LocalSpace(Space):
         fragmented")."""
         evicted = False
         rule = self._rule()
-        if rule is not None and not self._scored_all:
+        if rule is not None and not self._scored_all and self.scored is not None:
             await self._score_unscored()
         if self.knobs.pool_evict in ("lru", "prefix"):
             order = self.lru if rule is None else self.scored
@@ -133,10 +79,3 @@ class LocalSpace(Space):
         if self._rule() is not None:
             await self._score_unscored()
         task_status.started()
-
-    def statistics(self) -> dict:
-        out = super().statistics()
-        if self.rule is not None and self.knobs.pool_evict == "prefix":
-            out["evict_mode"] = self.rule.mode_name
-            out["evict_floor"] = round(self.rule.floor, 3)
-        return out

@@ -227,6 +227,8 @@ def test_the_policys_order_and_ghosts_live_in_the_rows_across_restarts(pool_conf
         got = list(cat.scored_files())
         assert [(b, i) for b, i, _ in got] == [x for x in seen["order"] if x[1] != seen["f1"]]
         assert [p for _, _, p in got] == seen["prio"][:-1]
+        f0, f2 = cat.find(fs.ino("/f0")), cat.find(fs.ino("/f2"))
+        assert f2.uses == 2 and f0.uses == 1 and f2.prio > f0.prio     # the read was kept
         assert fs.svc.space._rule().floor >= 0.0
         await fs.write("/f1", os.urandom(10_000))                  # stored again
         assert cat.find(fs.ino("/f1")).uses == 5 and cat.ghost_count() == 0

@@ -353,6 +353,42 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
     run_cluster(cluster_configs(2, grace=0.5), body)
 
 
+@pytest.mark.parametrize("evict", ["lru", "prefix"])
+def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(cluster_configs,
+                                                                              evict):
+    """pool.evict = "prefix" in a shared pool: the policy's order is in Redis (a priority per
+    file, the floor and the evicted names' ghosts), so files read again on either node stay
+    while both nodes store twice the pool of files nobody reads again; LRU drops them with
+    the rest. A reused name evicted and stored again comes back with its uses."""
+    async def body(a, b):
+        size = 2 * MiB - 4096
+        per_pool = a.svc.pool.capacity // (2 * MiB)
+        for i in range(6):
+            await a.write(f"/h{i}", data(i, size))
+        await eventually(lambda: known(b, "/h5"))
+        for i in range(6):
+            await a.read(f"/h{i}")
+            await b.read(f"/h{i}")                   # reused, on both nodes
+        for fs in (a, b):
+            await fs.svc.catalog.flush_atimes()
+        for i in range(2 * per_pool):                # ... these are not
+            await (a, b)[i % 2].write(f"/s{i}", data(100 + i, size))
+        await eventually(lambda: a.svc.space.evictions + b.svc.space.evictions >= per_pool)
+        kept = sum(known(a, f"/h{i}") for i in range(6))
+        if evict == "lru":
+            assert kept == 0, kept
+            return
+        assert kept >= 5, kept
+        hot = a.svc.catalog.get(a.ino("/h0"))
+        assert hot.uses >= 2 and hot.prio is not None
+        assert float(await a.svc.space.link.call("GET", a.svc.space.link.key("floor"))) > 0
+        gone = next(f"s{i}" for i in range(2 * per_pool) if not known(a, f"/s{i}"))
+        assert await a.svc.catalog.take_ghost(1, gone.encode()) == 1     # remembered...
+        assert await a.svc.catalog.take_ghost(1, gone.encode()) is None  # ...once
+
+    run_cluster(cluster_configs(2, size="16MiB", grace=0.5, evict=evict), body)
+
+
 def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(
         cluster_configs):
     """Free bytes are not room: a pool whose free space lies in holes smaller than a stripe

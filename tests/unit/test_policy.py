@@ -241,9 +241,9 @@ def test_score_policy_in_lru_mode_is_lru():
 
 def test_the_score_rule_follows_the_mode_that_hits_most():
     """Miniature simulations pick the mode: on a stream of one-time blocks with a few blocks
-    that come back (probation wins) it leaves LRU; on a window of recently used blocks that
-    come back once (LRU wins) it does not."""
-    rule = PrefixScore(capacity=200, typical_size=1)
+    that come back (probation wins) it leaves LRU for probation; on blocks that all come back
+    once, soon (LRU wins), it leaves probation for LRU."""
+    rule = PrefixScore(capacity=200, typical_size=1, mode=2)
     assert rule.mode_name == "lru"
     fresh = 10_000
     for turn in range(3000):
@@ -253,9 +253,10 @@ def test_the_score_rule_follows_the_mode_that_hits_most():
             fresh += 1
     assert rule.mode_name == "credit 0.01", rule.mode_name
     rule = PrefixScore(capacity=200, typical_size=1)
+    assert rule.mode_name == "credit 0.01"          # the default: most KV blocks come back never
     for i in range(20_000):
         rule.observe(i, 1)
-        rule.observe(i - 150, 1)                    # each block again 150 blocks later
+        rule.observe(i - 90, 1)                     # each block once more, 90 blocks later
     assert rule.mode_name == "lru", rule.mode_name
 
 

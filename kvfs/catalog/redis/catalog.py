@@ -22,7 +22,7 @@ import time
 
 import trio
 
-from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.base import BlobRec, Node, ghost_key
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT
 from kvfs.catalog.redis.codec import blob_fields, node_fields
 from kvfs.catalog.redis.mirror import RedisMirror
@@ -213,9 +213,11 @@ class RedisCatalog(RedisMirror):
         if not node.linked:
             node.blob = rec
             return rec, old
-        prev = (node.blob, node.mtime_ns, node.ctime_ns)
+        prev = (node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses)
         node.blob = rec
         node.mtime_ns = node.ctime_ns = now
+        if score is not None:
+            node.prio, node.uses = score
         try:
             if not node.persisted:
                 await self._publish_new(node, "replace")
@@ -227,12 +229,14 @@ class RedisCatalog(RedisMirror):
                     self.epoch, node.ino, self.redis.token, self._regions_of(layout),
                     self.space.grace_ms, rec.id, len(blob) // 2, *blob,
                     b"t", now, b"k", now, b"m", node.mode, b"u", node.uid, b"g", node.gid,
-                    b"a", node.atime_ns], rec)
+                    b"a", node.atime_ns,
+                    *((b"r", repr(node.prio), b"q", node.uses) if node.prio is not None else ())
+                    ], rec)
                 self.space.published_here(rec)
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
         except KvfsError as e:
-            node.blob, node.mtime_ns, node.ctime_ns = prev
+            node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses = prev
             if e.errno == errno.ENOENT and node.persisted:
                 with trio.CancelScope(shield=True):
                     try:
@@ -246,14 +250,17 @@ class RedisCatalog(RedisMirror):
         await self._own(retired, [old] if old is not None else [])
         return rec, old
 
-    async def _remove(self, node: Node, want: str, expect: BlobRec | None = None) -> Node:
+    async def _remove(self, node: Node, want: str, expect: BlobRec | None = None,
+                      ghosts: int = 0) -> Node:
         p = self.nodes[node.parent]
         now = _now()
+        ghost = [ghost_key(node.parent, node.name), node.uses, ghosts] \
+            if ghosts and node.uses else []
         with self._changing(node.ino, node.parent):
             try:
                 retired = await self.redis.eval(SCRIPTS.remove, [
                     self.epoch, node.ino, node.parent, node.name, want,
-                    expect.id if expect is not None else "", self.space.grace_ms, now])
+                    expect.id if expect is not None else "", self.space.grace_ms, now, *ghost])
             except KvfsError as e:
                 # The reply was lost: if the script ran, the inode's record is gone (an
                 # unlink that answered EIO though Redis had done it: the torture's "vanished
@@ -282,7 +289,16 @@ class RedisCatalog(RedisMirror):
             self._detach(node)
             node.ctime_ns = _now()
             return node
-        return await self._remove(node, "file", expect)
+        return await self._remove(node, "file", expect, ghosts)
+
+    async def take_ghost(self, parent: int, name: bytes) -> int | None:
+        """The uses an evicted name had, if the pool still remembers it (then forgotten)."""
+        got = await self.redis.eval(SCRIPTS.ghost, [ghost_key(parent, name)])
+        return int(got) if got is not None else None
+
+    async def raise_floor(self, priority: float) -> float:
+        """The pool order's floor, raised to `priority` if below; the floor now."""
+        return float(await self.redis.eval(SCRIPTS.floor, [repr(priority)]))
 
     async def rmdir(self, parent: int, name: bytes) -> Node:
         node = self._removable_dir(parent, name)
@@ -399,14 +415,15 @@ class RedisCatalog(RedisMirror):
         for i in inos:
             n = self.nodes.get(i)
             if n is not None and n.linked and n.persisted:
-                args += [i, n.atime_ns, n.atime_ns // 1_000_000]
+                args += [i, n.atime_ns, n.atime_ns // 1_000_000,
+                         repr(n.prio) if n.prio is not None else "", n.uses]
         if args:
             try:
                 await self.redis.eval(SCRIPTS.atimes, args)
             except KvfsError:
                 self._dirty_atime |= inos
                 raise
-        return len(args) // 3
+        return len(args) // 5
 
     # ------------------------------------------------------------------------------ chains
     def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:

@@ -2,7 +2,8 @@
 
 Node `n:<ino>`:  p parent · n name · c readdir cookie · m mode · u uid · g gid · a atime_ns ·
                  t mtime_ns · k ctime_ns · d (present: a directory) · s symlink target ·
-                 b block id (a file's committed version) · x:<name> a user.* xattr
+                 b block id (a file's committed version) · x:<name> a user.* xattr ·
+                 r priority and q uses in the pool's order (pool.evict = "prefix")
 Block `b:<id>`:  z size · u stripe unit · N namespaces · O offsets · S checksums (packed arrays,
                  see Layout.pack) · c created_ns · i the inode it was committed for
 Directory `d:<ino>`: name -> child inode.   Chains `l:<ino>`: successor -> "source weight".
@@ -27,6 +28,8 @@ def node_fields(node: Node) -> list:
         f += [b"s", node.target]
     if node.blob is not None:
         f += [b"b", node.blob.id]
+    if node.prio is not None:
+        f += [b"r", repr(node.prio), b"q", node.uses]
     for name, value in node.xattrs.items():
         f += [b"x:" + name, value]
     return f
@@ -55,6 +58,8 @@ def parse_node(ino: int, h: dict[bytes, bytes]) -> Node:
                 int(h[b"a"]), int(h[b"t"]), int(h[b"k"]), cookie=int(h[b"c"]),
                 target=h.get(b"s"), persisted=True)
     node.xattrs = {k[2:]: v for k, v in h.items() if k.startswith(b"x:")}
+    if b"r" in h:
+        node.prio, node.uses = float(h[b"r"]), int(h.get(b"q", 0))
     if b"d" in h:
         node.children = {}
     return node

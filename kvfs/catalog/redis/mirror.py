@@ -364,6 +364,8 @@ class RedisMirror(TreeCatalog):
             node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
             node.atime_ns, node.mtime_ns, node.ctime_ns = fresh.atime_ns, fresh.mtime_ns, fresh.ctime_ns
             node.target, node.xattrs = fresh.target, fresh.xattrs
+            if fresh.prio is not None and fresh.uses >= node.uses:   # (uses only grow)
+                node.prio, node.uses = fresh.prio, fresh.uses
         if ino != ROOT_INO:
             parent = self.nodes[node.parent]
             if parent.children.get(node.name) != ino:

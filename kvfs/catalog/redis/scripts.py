@@ -14,7 +14,7 @@ LUA_DIR = Path(__file__).resolve().parent / "lua"
 LOG_MAXLEN = 100_000      # entries kept in the change log (a node further behind resyncs)
 
 NAMES = ("mknode", "commit", "remove", "rename", "update", "links", "atimes", "purge", "hold",
-         "acquire", "renew", "release", "init", "unlock_init")
+         "acquire", "renew", "release", "init", "unlock_init", "ghost", "floor")
 
 
 class Scripts:

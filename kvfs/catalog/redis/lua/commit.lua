@@ -15,5 +15,7 @@ local nf = {'b', bid}
 for i = 8 + 2 * nb, #ARGV do table.insert(nf, ARGV[i]) end
 redis.call('HSET', k, unpack(nf))
 redis.call('ZADD', P .. 'atime', now_ms(), ino)
+local prio = redis.call('HGET', k, 'r')
+if prio then redis.call('ZADD', P .. 'prio', prio, ino) end
 event(origin, {ino}, retired)
 return retired

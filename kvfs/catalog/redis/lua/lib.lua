@@ -23,6 +23,7 @@ local function drop_node(ino, grace, retired)
   bury(redis.call('HGET', k, 'b'), grace, retired)
   redis.call('DEL', k, P .. 'd:' .. ino, P .. 'l:' .. ino)
   redis.call('ZREM', P .. 'atime', ino)
+  redis.call('ZREM', P .. 'prio', ino)
 end
 local function event(origin, inos, retired, key, value)
   local a = {P .. 'log', 'MAXLEN', '~', '@LOG_MAXLEN@', '*', 'o', origin}

@@ -23,6 +23,8 @@ end
 local nf = {}
 for i = 12 + 2 * nb, #ARGV do table.insert(nf, ARGV[i]) end
 redis.call('HSET', P .. 'n:' .. ino, unpack(nf))
+local prio = redis.call('HGET', P .. 'n:' .. ino, 'r')
+if bid ~= '' and prio then redis.call('ZADD', P .. 'prio', prio, ino) end
 redis.call('HSET', P .. 'd:' .. parent, name, ino)
 redis.call('HSET', P .. 'n:' .. parent, 't', ptime, 'k', ptime)
 event(origin, inos, retired)
