@@ -120,9 +120,11 @@ OTHER_TRACES = sorted(set(TRACES) - {"loop"})
 @pytest.mark.parametrize("policy", ["prefix", "score"])
 @pytest.mark.parametrize("name", OTHER_TRACES)
 def test_prefix_policy_does_not_fall_below_lru_on_other_traces(name, policy):
-    """README: on these traces the DRAM tier's default policy and the pool's ("score") stay
-    within 0.1% of LRU or above; and the comparison can fail: a random policy falls below LRU
-    at the smallest capacity."""
+    """README: on these traces the DRAM tier's default policy stays within 0.1% of LRU or
+    above, the pool's ("score", which starts in its probation mode and must learn that LRU
+    wins there) within 1% (issue 22's bound; measured: 0.6% at most); and the comparison can
+    fail: a random policy falls below LRU at the smallest capacity."""
+    within = {"prefix": 0.999, "score": 0.99}[policy]
     reqs = TRACES[name]()
     nblocks = len({h for r in reqs for h in r})
     for frac in CAPACITY_FRACTIONS:
@@ -130,7 +132,7 @@ def test_prefix_policy_does_not_fall_below_lru_on_other_traces(name, policy):
         ours = replay(reqs, cap, policy)["hit_rate"]
         lru = replay(reqs, cap, "lru")["hit_rate"]
         assert lru > 0, ("a comparison that cannot fail", name, cap)
-        assert ours >= lru * 0.999, (name, cap, ours, lru)
+        assert ours >= lru * within, (name, cap, ours, lru)
         if frac == CAPACITY_FRACTIONS[0]:
             rnd = replay_policy(reqs, cap, RandomPolicy(cap))
             assert rnd < lru * 0.999, ("random passes this comparison", name, cap, rnd, lru)
