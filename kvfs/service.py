@@ -65,6 +65,7 @@ class Service:
             space.take_ghost = take_ghost
         elif hasattr(catalog, "take_ghost"):    # a shared pool: ghosts and floor in Redis
             space.take_ghost = catalog.take_ghost
+            space.raise_floor = catalog.raise_floor
         space.file_count = lambda: catalog.file_count
         catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()

@@ -28,7 +28,6 @@ import trio
 
 from kvfs.catalog.base import BlobRec
 from kvfs.catalog.redis.leases import RegionLeases
-from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.cluster import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError
@@ -135,6 +134,9 @@ class ClusterSpace(Space):
         self.leases_lost = 0
         self.purged_count = 0
         self._scored_all = False     # files stored without a priority joined the order
+        # raise_floor(priority) -> (async) the cluster's floor, raised to it if below: wired
+        # by the composer from the catalog (which holds the scripts)
+        self.raise_floor: Callable[[float], Awaitable[float]] | None = None
 
     # --- blocks, as the catalog's mirror reports them --------------------------------------------
     def attach(self, current: Iterable[BlobRec], grave: Iterable[BlobRec]) -> None:
@@ -403,7 +405,8 @@ class ClusterSpace(Space):
                         break
             if top is not None:
                 rule.evicted(top)
-                rule.evicted(float(await self.link.eval(SCRIPTS.floor, [repr(top)])))
+                if self.raise_floor is not None:     # for the other nodes too
+                    rule.evicted(await self.raise_floor(top))
             if freed >= nbytes:
                 return freed
         seen = 0

@@ -98,11 +98,13 @@ def test_two_nodes_share_one_pool(engines, cluster_nodes):
 
 
 def test_blocks_kvfs_evicted_are_clean_misses(engines, make_mount, pool_config):
-    """vLLM's fs tier never deletes: kvfs's LRU is its eviction. A block kvfs deleted is a
-    MISS at lookup; one deleted between lookup and load fails that load job cleanly (the
-    blocks before it are kept), and the next lookup says MISS."""
+    """vLLM's fs tier never deletes: kvfs's eviction is its eviction. A block kvfs deleted is
+    a MISS at lookup; one deleted between lookup and load fails that load job cleanly (the
+    blocks before it are kept), and the next lookup says MISS. (LRU, so that another engine's
+    stores push out the blocks just read: the default policy would keep those over blocks
+    stored once.)"""
     a, b = engines
-    m = make_mount(pool_config(size="40MiB", dram="16MiB"))
+    m = make_mount(pool_config(size="40MiB", dram="16MiB", pool='evict = "lru"'))
     root = str(m.mountpoint / "vllm")
     a.call("open", root=root)
     b.call("open", root=root)
