@@ -61,6 +61,7 @@ class Control:
         self._next_fh = FH_BASE
         self._open: set[int] = set()
         self._results: dict[int, bytes] = {}
+        self._stats: tuple[float, bytes] | None = None     # (when, the last snapshot given)
         self.actions: dict[str, tuple[Callable[[dict], Awaitable[Any]], str]] = {
             "drop_dram": (self._drop_dram, 'drop every DRAM-resident copy (all are in the pool); '
                                            'with {"memory": true} also give the memory kept '
@@ -109,7 +110,7 @@ class Control:
             return None
         key = name[len(PREFIX):]
         if inode == ROOT_INO and key == b"stats":
-            return json.dumps(self.statistics(), sort_keys=True).encode()
+            return self._stats_snapshot()
         if inode == CONTROL_INO:
             if key == b"result":
                 return self._results.get(uid, b'{"ok": true, "action": null}')
@@ -123,6 +124,22 @@ class Control:
             return json.dumps(self.files.allocations.describe(
                 a, self.pool_info["namespace_paths"])).encode()
         return None
+
+    STATS_REUSE = 1.0        # seconds a snapshot is given again (once)
+
+    def _stats_snapshot(self) -> bytes:
+        """The statistics as JSON. A reader asks for the size first and then for the value (two
+        requests: getfattr, os.getxattr on ERANGE); a snapshot taken anew for the second could
+        be longer than the size the first said (a counter gained a digit) and the reader would
+        fail with ERANGE. So a snapshot is given twice, the second time if asked within
+        STATS_REUSE seconds (it is at most that old)."""
+        now = time.monotonic()
+        if self._stats is not None and now - self._stats[0] < self.STATS_REUSE:
+            value, self._stats = self._stats[1], None
+            return value
+        value = json.dumps(self.statistics(), sort_keys=True).encode()
+        self._stats = (now, value)
+        return value
 
     def _file_attr(self, node, key: bytes) -> bytes:
         if key == b"tier":
