@@ -342,6 +342,31 @@ def _always(key: Key) -> bool:
     return True
 
 
+def _sign_test(beats: list[list[float]], status: list[bool], decay: float, lead: int,
+               z: float) -> int | None:
+    """Which of several simulated policies to follow: `status[i]` says whether policy i hit
+    this access. A sign test per challenger on decayed counts of the accesses that only it hit
+    (wins) against those that only the leader hit: a challenger takes the lead once its
+    surplus of wins is `z` standard deviations above chance, so noise does not flip the leader
+    but a consistent advantage, however small, does. The counts are kept for every pair
+    (`beats`, updated here), so a new leader has to keep its record against the old one (no
+    flapping). Returns the new leader, or None."""
+    n = len(status)
+    for i in range(n):
+        row = beats[i]
+        for j in range(n):
+            if i != j:
+                row[j] *= decay
+                if status[i] and not status[j]:
+                    row[j] += 1.0
+    for i in range(n):
+        if i != lead:
+            w, l = beats[i][lead], beats[lead][i]
+            if w - l > z * math.sqrt(w + l) + 1.0:
+                return i
+    return None
+
+
 class PrefixPolicy:
     """The default: follow the best of a few expert policies, simulated on the same accesses.
 
@@ -406,27 +431,9 @@ class PrefixPolicy:
         self._walks.move_to_end(key)
         if len(self._walks) > 4096:
             self._walks.popitem(last=False)
-        # A sign test per challenger: decayed counts of the accesses that only it hit (wins)
-        # against those that only the leader hit. A challenger takes the lead once its surplus
-        # of wins is Z standard deviations above chance, so noise does not flip the leader but
-        # a consistent advantage, however small, does. The counts are kept for every pair, so
-        # a new leader has to keep its record against the old one (no flapping).
-        n = len(status)
-        beats = self.beats
-        for i in range(n):
-            row = beats[i]
-            for j in range(n):
-                if i != j:
-                    row[j] *= d
-                    if status[i] and not status[j]:
-                        row[j] += 1.0
-        lead = self.lead
-        for i in range(n):
-            if i != lead:
-                w, l = beats[i][lead], beats[lead][i]
-                if w - l > self.Z * math.sqrt(w + l) + 1.0:
-                    self._follow(i)
-                    break
+        new = _sign_test(self.beats, status, d, self.lead, self.Z)
+        if new is not None:
+            self._follow(new)
 
     def _follow(self, i: int) -> None:
         self.lead = i
@@ -686,22 +693,10 @@ class PrefixScore:
                 if t.fits(size):
                     t.add(key, size)
             status.append(hit)
-        n, d, beats = len(status), self._decay, self.beats
-        for i in range(n):
-            row = beats[i]
-            for j in range(n):
-                if i != j:
-                    row[j] *= d
-                    if status[i] and not status[j]:
-                        row[j] += 1.0
-        lead = self.lead
-        for i in range(n):
-            if i != lead:
-                w, l = beats[i][lead], beats[lead][i]
-                if w - l > self.Z * math.sqrt(w + l) + 1.0:
-                    self.lead = self.mode = i
-                    self.credit, self.frequency = self.MODES[i]
-                    break
+        new = _sign_test(self.beats, status, self._decay, self.lead, self.Z)
+        if new is not None:
+            self.lead = self.mode = new
+            self.credit, self.frequency = self.MODES[new]
 
 
 
