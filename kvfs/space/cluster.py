@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import errno
 import logging
+from contextlib import aclosing
 from typing import Awaitable, Callable, Iterable
 
 import trio
@@ -384,19 +385,16 @@ class ClusterSpace(Space):
         cluster's LRU order (files another node holds open may be among them: their space
         stays in the grave while they are read)."""
         freed = 0
+        if nbytes <= 0:
+            return freed
         rule = self._rule()
         if rule is not None:
             if not self._scored_all:
                 self._scored_all = True
                 await self._score_unscored()
-            freed, seen, top = 0, 0, None
-            while freed < nbytes:
-                batch = await self.scored_victims(seen + VICTIM_BATCH)
-                fresh = batch[seen:]
-                if not fresh:
-                    break
-                seen = len(batch)
-                for ino, prio in fresh:
+            top = None
+            async with aclosing(self._in_batches(self.scored_victims)) as order:
+                async for ino, prio in order:
                     got = await self._evict(ino, exclude)
                     if got:
                         freed += got
@@ -409,14 +407,8 @@ class ClusterSpace(Space):
                     rule.evicted(await self.raise_floor(top))
             if freed >= nbytes:
                 return freed
-        seen = 0
-        while freed < nbytes:
-            batch = await self.victims(seen + VICTIM_BATCH)
-            fresh = batch[seen:]
-            if not fresh:
-                break
-            seen = len(batch)
-            for ino in fresh:
+        async with aclosing(self._in_batches(self.victims)) as order:
+            async for ino in order:
                 if rule is not None and await self.link.call(
                         "ZSCORE", self.link.key("prio"), ino) is not None:
                     continue                     # scored: its turn was above
@@ -424,6 +416,20 @@ class ClusterSpace(Space):
                 if freed >= nbytes:
                     break
         return freed
+
+    @staticmethod
+    async def _in_batches(fetch):
+        """The items of a cluster-wide order, VICTIM_BATCH more at a time: `fetch(n)` gives
+        its first n (read again each time: evictions change it)."""
+        seen = 0
+        while True:
+            batch = await fetch(seen + VICTIM_BATCH)
+            fresh = batch[seen:]
+            if not fresh:
+                return
+            seen = len(batch)
+            for item in fresh:
+                yield item
 
     def room_for(self, need: int) -> int:
         """The room a block of `need` bytes has where this node may allocate now: free space
