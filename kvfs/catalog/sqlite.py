@@ -405,7 +405,8 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         n = self._one("SELECT count(*) FROM nodes WHERE blob IS NOT NULL AND prio IS NULL")
         if n:
             await self._persist([(SCORE_UNSCORED, ())])
-            for node in [*self._cache.values(), *self._live.values()]:   # the rows are the truth
+            held = {n.ino: n for n in (*self._cache.values(), *self._live.values())}
+            for node in held.values():          # the nodes in memory take their rows' priority
                 if node.prio is None and node.persisted and node.blob is not None:
                     row = self._conn.execute("SELECT prio FROM nodes WHERE ino=?",
                                              (node.ino,)).fetchone()
@@ -437,7 +438,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         return self._one("SELECT count(*) FROM ghosts")
 
     def rescore(self, node: Node) -> None:
-        """The node's priority or uses changed (not its atime): written with the next batch."""
+        """The node's access time, priority or uses changed: written with the next batch."""
         if node.persisted and node.linked:
             self._dirty_atime[node.ino] = (node.atime_ns, node.prio, node.uses)
             if len(self._dirty_atime) >= DIRTY_ATIMES:
@@ -490,13 +491,6 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         if node is not None:
             self._cache.pop(ino, None)
             self._dirty_atime.pop(ino, None)
-
-    def touch(self, node: Node, now_ns: int | None = None) -> None:
-        node.atime_ns = now_ns or _now()
-        if node.persisted and node.linked:
-            self._dirty_atime[node.ino] = (node.atime_ns, node.prio, node.uses)
-            if len(self._dirty_atime) >= DIRTY_ATIMES:
-                self._write_atimes()
 
     def _write_atimes(self) -> int:
         """Write the recorded access times in the open transaction (they ride with the next

@@ -368,8 +368,7 @@ class TreeCatalog:
     def touch(self, node: Node, now_ns: int | None = None) -> None:
         """Record an access in memory; `flush_atimes` persists accesses in one batch."""
         node.atime_ns = now_ns or _now()
-        if node.persisted and node.linked:
-            self._dirty_atime.add(node.ino)
+        self.rescore(node)
 
     # ------------------------------------------------------------------------------ chains
     def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
