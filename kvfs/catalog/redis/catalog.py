@@ -24,7 +24,7 @@ import trio
 
 from kvfs.catalog.base import BlobRec, Node, ghost_key
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT
-from kvfs.catalog.redis.codec import blob_fields, node_fields
+from kvfs.catalog.redis.codec import blob_fields, node_fields, score_fields
 from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.catalog.tree import RENAME_EXCHANGE, _now
@@ -229,9 +229,7 @@ class RedisCatalog(RedisMirror):
                     self.epoch, node.ino, self.redis.token, self._regions_of(layout),
                     self.space.grace_ms, rec.id, len(blob) // 2, *blob,
                     b"t", now, b"k", now, b"m", node.mode, b"u", node.uid, b"g", node.gid,
-                    b"a", node.atime_ns,
-                    *((b"r", repr(node.prio), b"q", node.uses) if node.prio is not None else ())
-                    ], rec)
+                    b"a", node.atime_ns, *score_fields(node)], rec)
                 self.space.published_here(rec)
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t

@@ -28,11 +28,15 @@ def node_fields(node: Node) -> list:
         f += [b"s", node.target]
     if node.blob is not None:
         f += [b"b", node.blob.id]
-    if node.prio is not None:
-        f += [b"r", repr(node.prio), b"q", node.uses]
+    f += score_fields(node)
     for name, value in node.xattrs.items():
         f += [b"x:" + name, value]
     return f
+
+
+def score_fields(node: Node) -> list:
+    """The file's place in the pool's order, if it has one (pool.evict = "prefix")."""
+    return [b"r", repr(node.prio), b"q", node.uses] if node.prio is not None else []
 
 
 def blob_fields(rec: BlobRec, ino: int) -> list:
