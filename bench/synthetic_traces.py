@@ -4,6 +4,8 @@ block ids) in the format bench/trace_replay.py replays."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 
 
@@ -11,10 +13,13 @@ def zipf_chains(n_requests: int = 20000, n_chains: int = 2000, depth: int = 16, 
                 seed: int = 1) -> list[list[int]]:
     """Requests read a prefix of one of many fixed chains, chosen by a Zipf law (hot documents)."""
     rng = random.Random(seed)
-    weights = [1 / (i + 1) ** s for i in range(n_chains)]
+    # random.choices(range(n_chains), weights) draw by draw, with the cumulative weights
+    # summed once (the same requests; each draw O(log n), so a million chains are cheap)
+    cum = list(itertools.accumulate(1 / (i + 1) ** s for i in range(n_chains)))
+    total = cum[-1] + 0.0
     out = []
     for _ in range(n_requests):
-        c = rng.choices(range(n_chains), weights)[0]
+        c = bisect.bisect(cum, rng.random() * total, 0, n_chains - 1)
         d = rng.randint(1, depth)
         out.append([c * depth + i for i in range(d)])
     return out

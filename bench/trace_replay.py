@@ -36,6 +36,14 @@ the DRAM prefix hit rate and block hit rate, for --policy and for LRU, readahead
 same requests again with the pool as the tier that evicts: a pool of --capacity-blocks blocks
 with `pool.evict` = the policy (and LRU), its prefix hit rate (the leading blocks that exist
 as files) beside the simulation's at the pool's capacity (`points_from_simulation`).
+
+With --scale N (alone), the cost per access at a capacity of N blocks (a million: the issue's
+bound is 10 us), where the production trace, 183k distinct blocks, would never evict: Zipf
+chains over N chains of 16 blocks, 0.4 N requests, about 2.3 N distinct blocks. Keys
+`us_per_access` (--policy), `pool_us_per_access` (the pool's policy, score) and
+`lru_us_per_access`, with each one's hit rate.
+
+    python bench/trace_replay.py --scale 1000000 [--policy prefix] [--json]
 """
 
 from __future__ import annotations
@@ -287,10 +295,41 @@ def replay_mounted_pool(requests: list[list[int]], capacity: int, policy: str,
                 "seconds": time.perf_counter() - t}
 
 
+def scale(capacity: int, policy: str, as_json: bool) -> int:
+    """The replay's cost per access at a capacity of `capacity` blocks, where the production
+    trace (183k distinct blocks) never evicts: Zipf chains (bench/synthetic_traces.py) over
+    `capacity` chains of 16 blocks, 0.4 x `capacity` requests, about 2.3 x `capacity` distinct
+    blocks, so the tier evicts throughout. For --policy, for the pool's policy (score) and for
+    LRU."""
+    from bench.synthetic_traces import zipf_chains
+    requests = zipf_chains(n_requests=int(0.4 * capacity), n_chains=capacity, depth=16, s=0.7)
+    out = {"scale_blocks": capacity, "requests": len(requests),
+           "blocks": sum(len(r) for r in requests),
+           "distinct_blocks": len({h for r in requests for h in r})}
+    for name, key in ((policy, ""), (POOL_SIMULATION["prefix"], "pool_"), ("lru", "lru_")):
+        if key == "pool_" and name == policy:
+            continue
+        r = replay(requests, capacity, name)
+        out[f"{key}policy"] = name
+        out[f"{key}hit_rate"] = r["hit_rate"]
+        out[f"{key}us_per_access"] = 1e6 * r["seconds"] / max(1, r["blocks"])
+    if as_json:
+        print(json.dumps(out))
+        return 0
+    print(f"zipf chains: {out['requests']} requests, {out['blocks']} block accesses, "
+          f"{out['distinct_blocks']} distinct blocks, capacity {capacity} blocks")
+    print(f"{'policy':>10}{'hit rate':>10}{'us/access':>11}")
+    for key in ("", "pool_", "lru_"):
+        if f"{key}policy" in out:
+            print(f"{out[key + 'policy']:>10}{out[key + 'hit_rate']:>10.4f}"
+                  f"{out[key + 'us_per_access']:>11.2f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--capacity-blocks", type=int, required=True, nargs="+")
+    ap.add_argument("--trace")
+    ap.add_argument("--capacity-blocks", type=int, nargs="+")
     ap.add_argument("--policy", default="prefix", choices=POLICIES)
     ap.add_argument("--mounted", type=int, metavar="N",
                     help="also replay the first N requests through a real mount")
@@ -300,8 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes-policy", default=NODE_POOL, choices=POLICIES,
                     help=f"what the node-local pools evict by with --nodes (default "
                          f"{NODE_POOL}, as kvfs's; the shared pool: {SHARED_POOL})")
+    ap.add_argument("--scale", type=int, metavar="N",
+                    help="instead: the cost per access at a capacity of N blocks, on a "
+                         "synthetic trace that evicts (see below)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.scale:
+        return scale(args.scale, args.policy, args.json)
+    if not args.trace or not args.capacity_blocks:
+        ap.error("--trace and --capacity-blocks are needed (or --scale N)")
     requests = load(args.trace)
     rows = []
     for cap in args.capacity_blocks:

@@ -737,6 +737,15 @@ class ScorePolicy:
         self._seq += 1
         self.at[key] = self._seq
         heapq.heappush(self.heap, (p, self._seq, key))
+        if len(self.heap) > 2 * len(self.prio) + 1024:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the heap's stale entries (each touch leaves one behind, and only evictions
+        pop them): at most twice as many entries as keys, for O(1) amortised work per access
+        (one O(n) rebuild per n accesses at least)."""
+        self.heap = [(self.prio[k], seq, k) for k, seq in self.at.items()]
+        heapq.heapify(self.heap)
 
     def insert(self, key: Key, size: int, parent: Key | None = None) -> None:
         self.rule.observe(key, size)

@@ -268,3 +268,21 @@ def test_the_score_rules_simulations_are_bounded_whatever_the_capacity():
         rule.observe(i, 1)
     assert all(len(t.sizes) <= PrefixScore.SAMPLE for t in rule.shadows)
     assert sum(len(t.sizes) for t in rule.shadows) > 0         # it sampled something
+
+
+def test_score_policy_memory_stays_bounded_without_evictions():
+    """A tier that holds its whole working set never evicts, and each access leaves a stale
+    entry in the score policy's heap: those are dropped so that its memory stays proportional
+    to the keys it holds (issue 22: bounded memory per block), and the order is unchanged."""
+    policy = ScorePolicy(1000)
+    tier = TierIndex(1000, policy)
+    for k in range(100):
+        tier.add(k, 1, None)
+    for _ in range(500):
+        for k in range(100):
+            tier.lookup(k, None)
+    assert len(policy.heap) <= 2 * len(policy) + 1024, len(policy.heap)
+    uses = policy.uses
+    tier.add(1000, 1, None)       # one use: the first to go, then the others least recent first
+    order = [policy.victim(lambda k: True) for _ in range(3)]
+    assert order == [1000, 0, 1], (order, uses[0])
