@@ -306,10 +306,11 @@ def scale(capacity: int, policy: str, as_json: bool) -> int:
     out = {"scale_blocks": capacity, "requests": len(requests),
            "blocks": sum(len(r) for r in requests),
            "distinct_blocks": len({h for r in requests for h in r})}
+    runs: dict[str, dict] = {}           # each policy replayed once (--policy may be a baseline)
     for name, key in ((policy, ""), (POOL_SIMULATION["prefix"], "pool_"), ("lru", "lru_")):
-        if key == "pool_" and name == policy:
-            continue
-        r = replay(requests, capacity, name)
+        if name not in runs:
+            runs[name] = replay(requests, capacity, name)
+        r = runs[name]
         out[f"{key}policy"] = name
         out[f"{key}hit_rate"] = r["hit_rate"]
         out[f"{key}us_per_access"] = 1e6 * r["seconds"] / max(1, r["blocks"])
@@ -320,7 +321,7 @@ def scale(capacity: int, policy: str, as_json: bool) -> int:
           f"{out['distinct_blocks']} distinct blocks, capacity {capacity} blocks")
     print(f"{'policy':>10}{'hit rate':>10}{'us/access':>11}")
     for key in ("", "pool_", "lru_"):
-        if f"{key}policy" in out:
+        if not key or out[f"{key}policy"] != policy:
             print(f"{out[key + 'policy']:>10}{out[key + 'hit_rate']:>10.4f}"
                   f"{out[key + 'us_per_access']:>11.2f}")
     return 0
