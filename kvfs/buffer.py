@@ -17,6 +17,7 @@ one is read with pread and mapped only for the length of an I/O.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import errno
@@ -43,6 +44,39 @@ F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
 F_SEAL_GROW = getattr(fcntl, "F_SEAL_GROW", 0x0004)
 F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
+
+# A buffer dies wherever its last reference goes, or in the cyclic collector, which runs at
+# any allocation of a container object, on whichever thread makes it: also inside a region
+# that holds one of this module's locks (Spares._lock, MemorySource._lock). Its finalizer
+# must not then wait for that lock: the holder is its own thread, and the lock is not
+# reentrant (the daemon hung there). So the locks are `_Lock`s, which count on each thread
+# the ones it holds; a buffer that dies while its thread holds one is queued (`_dead`) and
+# released as soon as its thread leaves the last of them.
+_holding = threading.local()
+_dead: collections.deque[list] = collections.deque()
+
+
+class _Lock:
+    """A threading.Lock whose holder is known to be holding it (`_holding.n`)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        # counted before the acquire and after the release: whatever runs between them
+        # (a finalizer, by the collector) sees the count
+        _holding.n = getattr(_holding, "n", 0) + 1
+        self._lock.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+        _holding.n -= 1
+        if _dead and not _holding.n:
+            reap()      # what died meanwhile on this thread
+
+
 MADV_POPULATE_WRITE = 23              # Linux >= 5.14
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -95,7 +129,7 @@ class MemorySource:
         self.kind = "memfd"
         self.open_files = 0
         self._names = itertools.count(1)
-        self._lock = threading.Lock()      # buffers die (and close) on any thread
+        self._lock = _Lock()               # buffers die (and close) on any thread
 
     @property
     def named(self) -> bool:
@@ -205,7 +239,7 @@ class Spares:
         self.reused = 0             # fetches that got a spare's memory
         self.kept = 0               # dead buffers kept
         self.closed = False
-        self._lock = threading.Lock()
+        self._lock = _Lock()
 
     def give(self, fd: int | None, name: bytes | None) -> None:
         """A buffer died: keep its file if it may be reused, else close and remove it (`fd`
@@ -263,15 +297,29 @@ class Spares:
 
 
 def _release(box: list) -> None:
-    """A buffer died: its file goes to its spares, if it has any, else is closed (and its
-    name removed)."""
-    fd, name, spares, source = box
-    if spares is not None:
-        spares.give(fd, name)
+    """A buffer died (its finalizer): released now, or by a later `reap()` if this thread
+    holds one of this module's locks."""
+    _dead.append(box)
+    reap()
+
+
+def reap() -> None:
+    """Release the buffers that died: each one's file goes to its spares, if it has any, else
+    is closed (and its name removed). Nothing while this thread holds a lock of this module
+    (see `_dead`)."""
+    if getattr(_holding, "n", 0):
         return
-    if fd is not None:
-        source.close(fd)
-    source.unlink(name)
+    while True:
+        try:
+            fd, name, spares, source = _dead.popleft()
+        except IndexError:
+            return
+        if spares is not None:
+            spares.give(fd, name)
+            continue
+        if fd is not None:
+            source.close(fd)
+        source.unlink(name)
 
 
 class Buffer:

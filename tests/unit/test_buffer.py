@@ -167,3 +167,56 @@ def test_a_parked_buffer_keeps_its_bytes_and_reopens_by_name():
         buffer_mod.MEMORY = saved
     m = Buffer(C)                # a memfd (this process has no private tmpfs): stays open
     assert not m.park() and not m.parked
+
+
+def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it(tmp_path):
+    """The cyclic collector runs a dead buffer's finalizer at any allocation, on whichever
+    thread makes it: also inside the spares' own locked region (here, their room check). The
+    finalizer waited there for the lock its own thread held, forever (the daemon hung so);
+    now the buffer is released as the thread leaves the lock."""
+    import gc
+    import threading
+    import weakref
+
+    from kvfs.buffer import MemorySource, Spares, _release
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("the private tmpfs needs root")
+    src = MemorySource()
+    assert src.use_private_tmpfs(64 << 20) is None
+    collect = [False]
+
+    def room() -> int:
+        if collect[0]:
+            collect[0] = False
+            gc.collect()          # the collector, run inside give's locked region
+        return 1 << 30
+
+    spares = Spares(room, src)
+
+    class Node:
+        pass
+
+    def filled() -> tuple[int, bytes]:
+        fd, name = src.new_file()
+        os.pwrite(fd, b"x" * 4096, 0)
+        return fd, name
+
+    was_enabled = gc.isenabled()
+    gc.disable()                  # only the collection in room() frees the cycle
+    try:
+        dead = Node()
+        dead.me = dead            # a cycle: only the collector frees it
+        weakref.finalize(dead, _release, [*filled(), spares, src])      # as a Buffer's
+        del dead
+        collect[0] = True
+        t = threading.Thread(target=spares.give, args=filled(), daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "a finalizer run inside the spares' lock waited for it"
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert not collect[0]                         # the collection did run inside the lock
+    assert spares.kept == 2 and src.open_files == 0      # both files kept, none left open
+    spares.close()
