@@ -16,6 +16,14 @@ same calls on a tmpfs directory:
            threads
 
 and for each the daemon's CPU time per request (its /proc stat over the requests it counted).
+
+With `--processes N` it measures instead what more processes serving the same FUSE session
+add (issue 19's question before any multi-process design): the file system forks N-1
+copies of itself after mounting, all reading requests from the one /dev/fuse descriptor (the
+kernel hands each request to one reader; FUSE_DEV_IOC_CLONE would give each its own
+descriptor onto the same queue). Their state cannot be shared, so the files are made before
+the fork and only read: cold stats (1, 4 and 8 threads) and loads (open, read 4 KiB, close;
+8 threads), with 1 serving process and with N, alternating, and the CPU of all of them.
 With `--compare DIR` the same runs are made a second time with the pyfuse3 package found in
 DIR (e.g. a copy of the stock build) in place of the installed one, alternating, and the table
 gives both: that is how mount/fuse/pyfuse3-requests.patch was measured.
@@ -36,9 +44,10 @@ import time
 
 ROOT = 1
 TIMEOUT = 60.0
+DATA = b"d" * 4096
 
 
-def serve(mountpoint: str, counts_path: str) -> None:
+def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0) -> None:
     import pyfuse3
     import trio
 
@@ -83,6 +92,10 @@ def serve(mountpoint: str, counts_path: str) -> None:
             self.requests += 1
             return pyfuse3.FileInfo(fh=inode)
 
+        async def read(self, fh, off, size):
+            self.requests += 1
+            return DATA[off:off + size]
+
         async def write(self, fh, off, buf):
             self.requests += 1
             a = self.attrs[fh]
@@ -98,15 +111,45 @@ def serve(mountpoint: str, counts_path: str) -> None:
         async def forget(self, inode_list):
             self.requests += 1
 
+        def init(self) -> None:
+            self.initialized = True
+            if self.on_init is not None:
+                self.on_init()
+
+        on_init = None
+        initialized = False
+
         async def getxattr(self, inode, name, ctx):
             if name == b"user.requests":
                 return str(self.requests).encode()
             raise pyfuse3.FUSEError(errno.ENODATA)
 
     ops = NullFS()
+    for i in range(static):                 # read-only files, made before any fork
+        ops.names[b"s-%d" % i] = ops.next_ino
+        ops.attrs[ops.next_ino] = [stat.S_IFREG | 0o644, len(DATA)]
+        ops.next_ino += 1
     pyfuse3.init(ops, mountpoint, set(pyfuse3.default_options) | {"fsname=nullfs"})
-    with open(counts_path, "w") as f:
-        f.write(pyfuse3.__file__)
+    children = []
+    if processes > 1:
+        # the session's INIT is answered before the fork (a forked copy of the session that
+        # had not seen it would answer every request EIO): serve until it arrives, then fork
+        # (cancelled rather than terminated: pyfuse3.terminate ends the session for good)
+        async def until_init() -> None:
+            async with trio.open_nursery() as nursery:
+                ops.on_init = nursery.cancel_scope.cancel
+                nursery.start_soon(pyfuse3.main)
+        trio.run(until_init)
+        ops.on_init = None
+    for _ in range(processes - 1):          # more readers of the same /dev/fuse descriptor
+        pid = os.fork()
+        if pid == 0:
+            children = None
+            break
+        children.append(pid)
+    if children is not None:
+        with open(counts_path, "w") as f:
+            f.write(" ".join(map(str, children)))
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
@@ -119,9 +162,17 @@ def serve(mountpoint: str, counts_path: str) -> None:
             nursery.start_soon(stop_on_signal)
             await pyfuse3.main(min_tasks=4)
             nursery.cancel_scope.cancel()
+    if children is None:                    # a forked reader: serve until terminated
+        import signal
+        signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+        trio.run(pyfuse3.main)
+        os._exit(0)
     try:
         trio.run(run)
     finally:
+        for pid in children:
+            os.kill(pid, 15)
+            os.waitpid(pid, 0)
         pyfuse3.close(unmount=True)
 
 
@@ -180,6 +231,52 @@ def measure(root: str, n: int, pid: int | None) -> dict:
     return out
 
 
+def measure_readers(root: str, n: int, pids: list[int]) -> dict:
+    """Cold stats (1, 4, 8 threads) and loads (open, read 4 KiB, close; 8 threads) of the n
+    files made before the fork, and the CPU of all serving processes per operation."""
+    out = {}
+
+    def cpu() -> float:
+        return sum(cpu_seconds(p) for p in pids)
+
+    def load(i: int) -> None:
+        fd = os.open(f"{root}/s-{i}", os.O_RDONLY)
+        if os.read(fd, 8192) != DATA:
+            raise RuntimeError("wrong bytes")
+        os.close(fd)
+    for name, threads, fn in (("stat", 1, None), ("stat", 4, None), ("stat", 8, None),
+                              ("load", 8, load)):
+        drop_dentries()
+        c0 = cpu()
+        dt = parallel(n, threads, fn or (lambda i: os.stat(f"{root}/s-{i}")))
+        out[f"{name}_{threads}t_per_s"] = n / dt
+        out[f"{name}_{threads}t_daemon_us_per_op"] = (cpu() - c0) / n * 1e6
+    return out
+
+
+def run_readers(n: int, processes: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kvfs-null-") as tmp:
+        mnt = os.path.join(tmp, "mnt")
+        os.mkdir(mnt)
+        which = os.path.join(tmp, "which")
+        proc = subprocess.Popen([sys.executable, __file__, "--serve", mnt, which,
+                                 str(processes), str(n)])
+        try:
+            deadline = time.monotonic() + 30
+            while not (os.path.ismount(mnt) and os.path.exists(which)):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the null file system did not mount")
+                time.sleep(0.02)
+            time.sleep(0.2)
+            with open(which) as f:
+                pids = [proc.pid] + [int(p) for p in f.read().split()]
+            return measure_readers(mnt, n, pids)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
 def run_null(n: int, pyfuse3_dir: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kvfs-null-") as tmp:
         mnt = os.path.join(tmp, "mnt")
@@ -208,18 +305,22 @@ def run_null(n: int, pyfuse3_dir: str | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:
-        serve(argv[1], argv[2])
+        serve(argv[1], argv[2], *map(int, argv[3:5]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--compare", metavar="DIR", help="a directory holding another pyfuse3")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--processes", type=int, default=0,
+                    help="compare 1 serving process with this many (read-only files)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_requests.py: needs root (mounting)", file=sys.stderr)
         return 2
+    if args.processes > 1:
+        return readers_main(args)
     rows: dict[str, list[dict]] = {"installed": [], "compare": []}
     with tempfile.TemporaryDirectory(prefix="kvfs-tmpfs-") as t:
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", t], check=True)
@@ -256,6 +357,28 @@ def main(argv: list[str] | None = None) -> int:
         vals = [tmpfs.get(k)] + [out[c].get(k) for c in cols[1:]]
         print(f"{k:<28}" + "".join(f"{v:>12.1f}" if v is not None else f"{'':>12}"
                                    for v in vals))
+    return 0
+
+
+def readers_main(args) -> int:
+    """`--processes N`: 1 serving process against N, alternating, medians of --rounds."""
+    rows: dict[int, list[dict]] = {1: [], args.processes: []}
+    for r in range(args.rounds):
+        for p in ([1, args.processes] if r % 2 == 0 else [args.processes, 1]):
+            rows[p].append(run_readers(args.files, p))
+    keys = list(rows[1][0])
+    med = {p: {k: sorted(x[k] for x in rs)[len(rs) // 2] for k in keys} for p, rs in rows.items()}
+    ratio = {k: med[args.processes][k] / med[1][k] for k in keys if k.endswith("_per_s")}
+    if args.json:
+        print(json.dumps({"files": args.files, "rounds": args.rounds, "processes": args.processes,
+                          "one": med[1], "many": med[args.processes], "many_vs_one": ratio,
+                          "rows": {str(p): rs for p, rs in rows.items()}}))
+        return 0
+    print(f"{args.files} read-only files, {args.rounds} rounds (medians); serving processes:")
+    print(f"{'':<28}{1:>12}{args.processes:>12}{'ratio':>12}")
+    for k in keys:
+        print(f"{k:<28}{med[1][k]:>12.1f}{med[args.processes][k]:>12.1f}"
+              + (f"{ratio[k]:>12.2f}" if k in ratio else ""))
     return 0
 
 
