@@ -5,7 +5,13 @@ or on ext4 over 1 loop device of the same kind and limit; against recomputing th
 
 Per directory and device speed, every prompt goes through three phases:
   cold       the engine computes the prompt and LMCache stores its KV chunks (the first
-             request of a prompt: compute + store)
+             request of a prompt: compute + store). Its time to first token holds no
+             storage work: the server writes the chunks after the forward pass that gives
+             the first token (measured per process, 2,048 tokens at 200 MB/s: the kvfs
+             daemon used 0.07-0.10 s of CPU during a 27-30 s first request, the loop
+             devices nothing; the server and the loop devices wrote in the seconds after).
+             So its kvfs / ext4 ratio is the engine's compute noise, whatever the file
+             system; kvfs's rows give `cold_daemon_cpu_s`, its daemon's CPU meanwhile.
   directory  LMCache's server and the engine restarted, the page cache and kvfs's DRAM tier
              dropped: the prompt's KV is loaded from the directory (the figure kvfs is for)
   DRAM       the same prompt again: from LMCache's own DRAM (L1), for context
@@ -17,6 +23,10 @@ directory must hold the chunk files after the cold phase.
 The model is a Llama of 32 layers x hidden 512 with dummy weights (testing/inference.py):
 64 KiB of KV cache per token, a 16 MiB file per chunk, so storage shows against compute on
 two cores. Rounds alternate which directory goes first; figures are medians with ranges.
+With `--prompts K` each size has K distinct prompts (the same ones in every round and
+directory), each through all three phases in turn: medians and ratios are then over rounds x
+prompts, and a later prompt's cold phase runs while the server may still be storing the
+previous one's chunks, as on a serving engine.
 
 Two things of this 2-core VM, not of storage, would otherwise set the directory phase's time
 (found with `perf record -a` over the load; the same for both directories):
@@ -36,7 +46,7 @@ With both (one run, 8k tokens, 200 MB/s per device): the server's load of the 32
 without either, 3.0-7.6 s on both and kvfs vs ext4 anywhere from 0.93x to 2.07x.
 
     python bench/ttft.py [--sizes 2048,8192,16384] [--throttles none,1e9,2e8] [--rounds 1]
-                         [--json]
+                         [--prompts 1] [--json]
 
 Keys of --json: `ttft_<tokens>_<fs>_<speed>` (fs kvfs or ext4, the directory phase; speed
 `unthrottled` or e.g. `200MBps`), `ttft_<tokens>_recompute`, `cold_<tokens>_<fs>_<speed>`,
@@ -51,6 +61,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -86,14 +97,14 @@ def directories(tmp: Path, r: int, bps: float | None, data: int):
         yield order if r % 2 == 0 else order[::-1]
 
 
-def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Path,
+def phases(setup, fs: str, model: Path, prompts: dict[tuple[int, int], list[int]], logs: Path,
            l1_gb: float, kv_gib: int, max_tokens: int, adapter: dict, nice: int) -> dict:
-    """The three phases of every prompt on one directory; {tokens: {cold, directory, dram,
-    first, loaded}}."""
+    """The three phases of every prompt (keyed by (tokens, prompt number)) on one directory;
+    {key: {cold, directory, dram, first, load_ms}}."""
     d = setup.root / "lmcache"
     d.mkdir()
-    out: dict[int, dict] = {n: {} for n in prompts}
-    chunks = {n: n // inference.CHUNK_TOKENS for n in prompts}
+    out: dict = {key: {} for key in prompts}
+    chunks = {key: key[0] // inference.CHUNK_TOKENS for key in prompts}
 
     def run(phase_names: tuple[str, ...]) -> None:
         with inference.LMCacheServer(d, logs / f"server-{fs}.log", l1_gb=l1_gb,
@@ -102,22 +113,26 @@ def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Pat
                 inference.Engine(model, logs / f"engine-{fs}.log", port=server.port,
                                  kv_cache_gib=kv_gib, max_tokens=max_tokens,
                                  nice=nice) as engine:
-            for n, ids in prompts.items():
+            for key, ids in prompts.items():
+                n = key[0]
                 for phase in phase_names:
                     before = len(server.loads())
+                    cpu0 = _cpu_seconds(setup.kvfs.pid) if setup.kvfs is not None else None
                     seconds, first = engine.ttft(ids)
-                    out[n][phase] = seconds
-                    if out[n].setdefault("first", first) != first:
+                    out[key][phase] = seconds
+                    if cpu0 is not None:     # what the file system's daemon did meanwhile
+                        out[key][f"{phase}_daemon_cpu_s"] = _cpu_seconds(setup.kvfs.pid) - cpu0
+                    if out[key].setdefault("first", first) != first:
                         raise SystemExit(f"bench/ttft.py: {fs}, {n} tokens: first token {first} "
-                                         f"in the {phase} phase, {out[n]['first']} before")
+                                         f"in the {phase} phase, {out[key]['first']} before")
                     if phase == "directory":
                         got = server.loads()[before:]
                         l2 = sum(x["l2"] for x in got)
-                        if l2 < chunks[n]:
+                        if l2 < chunks[key]:
                             raise SystemExit(
-                                f"bench/ttft.py: {fs}, {n} tokens: {l2} of {chunks[n]} chunks "
+                                f"bench/ttft.py: {fs}, {n} tokens: {l2} of {chunks[key]} chunks "
                                 f"loaded from the directory (server log: {got}); nothing to time")
-                        out[n]["load_ms"] = sum(x["ms"] for x in got)
+                        out[key]["load_ms"] = sum(x["ms"] for x in got)
     run(("cold",))
     files = [f for f in d.iterdir() if f.is_file()]
     if len(files) < sum(chunks.values()):
@@ -136,16 +151,22 @@ def phases(setup, fs: str, model: Path, prompts: dict[int, list[int]], logs: Pat
     return out
 
 
-def recompute(model: Path, prompts: dict[int, list[int]], logs: Path, kv_gib: int,
-              max_tokens: int, firsts: dict[int, int], nice: int) -> dict[int, float]:
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def recompute(model: Path, prompts: dict[tuple[int, int], list[int]], logs: Path, kv_gib: int,
+              max_tokens: int, firsts: dict, nice: int) -> dict[tuple[int, int], float]:
     out = {}
     with inference.Engine(model, logs / "engine-recompute.log", kv_cache_gib=kv_gib,
                           max_tokens=max_tokens, nice=nice) as engine:
-        for n, ids in prompts.items():
-            out[n], first = engine.ttft(ids)
-            if n in firsts and firsts[n] != first:
-                raise SystemExit(f"bench/ttft.py: recompute of {n} tokens gave first token "
-                                 f"{first}, the directories {firsts[n]}")
+        for key, ids in prompts.items():
+            out[key], first = engine.ttft(ids)
+            if key in firsts and firsts[key] != first:
+                raise SystemExit(f"bench/ttft.py: recompute of {key[0]} tokens gave first token "
+                                 f"{first}, the directories {firsts[key]}")
     return out
 
 
@@ -156,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--throttles", default="none,1e9,2e8",
                     help="bytes/s per device (read and write), 'none' for unthrottled")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=1,
+                    help="distinct prompts of each size (medians over rounds x prompts)")
     ap.add_argument("--adapter", default='{"type": "fs"}',
                     help="LMCache's L2 adapter as JSON, without base_path (e.g. "
                          "'{\"type\": \"fs_native\", \"num_workers\": 8}')")
@@ -181,39 +204,47 @@ def main(argv: list[str] | None = None) -> int:
         logs.mkdir(parents=True, exist_ok=True)
         model = inference.write_model(tmp / "model")
         per_token = inference.kv_bytes_per_token(model)
-        data = sum(sizes) * per_token
+        data = sum(sizes) * per_token * args.prompts
         l1_gb = round(data / GiB + 0.5, 1)
         kv_gib = max(1, -(-max(sizes) * per_token // GiB) + 1)
         max_tokens = max(sizes) + 64
-        prompts = {n: inference.prompt(n, seed=n) for n in sizes}
+        # prompt 0 of each size is the one earlier versions of this bench used (seed = size)
+        prompts = {(n, p): inference.prompt(n, seed=n + 7919 * p)
+                   for n in sizes for p in range(args.prompts)}
         for r in range(args.rounds):
-            firsts: dict[int, int] = {}
+            firsts: dict[tuple[int, int], int] = {}
             for bps in throttles:
                 speed = speed_label(bps)
                 with directories(tmp, r, bps, data) as order:
                     for fs, setup in order:
                         got = phases(setup, fs, model, prompts, logs, l1_gb, kv_gib,
                                      max_tokens, adapter, args.engine_nice)
-                        for n in sizes:
-                            g = got[n]
-                            if firsts.setdefault(n, g["first"]) != g["first"]:
+                        for key in prompts:
+                            n, p = key
+                            g = got[key]
+                            if firsts.setdefault(key, g["first"]) != g["first"]:
                                 raise SystemExit(f"bench/ttft.py: {n} tokens: first token "
-                                                 f"{g['first']} on {fs}, {firsts[n]} before")
+                                                 f"{g['first']} on {fs}, {firsts[key]} before")
                             rows.append({"round": r, "fs": fs, "speed": speed, "tokens": n,
+                                         "prompt": p,
                                          **{k: g[k] for k in ("cold", "directory", "dram",
                                                               "load_ms", "first")},
+                                         **{k: g[k] for k in ("cold_daemon_cpu_s",
+                                                              "directory_daemon_cpu_s")
+                                            if k in g},
                                          **({"prefetch": got["prefetch"]}
                                             if "prefetch" in got else {})})
                         print(f"round {r} {speed:>11} {fs}: " + ", ".join(
-                            f"{n}: {got[n]['directory']:.2f} s" for n in sizes),
+                            f"{n}#{p}: {got[n, p]['directory']:.2f} s" for n, p in prompts),
                             file=sys.stderr, flush=True)
-            for n, s in recompute(model, prompts, logs, kv_gib, max_tokens,
-                                  firsts, args.engine_nice).items():
+            for (n, p), s in recompute(model, prompts, logs, kv_gib, max_tokens,
+                                       firsts, args.engine_nice).items():
                 rows.append({"round": r, "fs": "recompute", "speed": "-", "tokens": n,
-                             "directory": s})
+                             "prompt": p, "directory": s})
     out = summarize(rows, sizes, [speed_label(b) for b in throttles])
     out["minutes"] = round((time.monotonic() - started) / 60, 1)
     out["rounds"] = args.rounds
+    out["prompts"] = args.prompts
     out["adapter"] = adapter
     out["engine_nice"] = args.engine_nice
     print_table(out, sizes, [speed_label(b) for b in throttles])
@@ -229,9 +260,11 @@ def _median(xs: list[float]) -> tuple[float, float, float]:
 def summarize(rows: list[dict], sizes: list[int], speeds: list[str]) -> dict:
     out: dict = {"rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                           for r in rows]}
-    # every row by (round, fs, speed, tokens); recompute's rows have the speed "-"
-    by = {(r["round"], r["fs"], r["speed"], r["tokens"]): r for r in rows}
-    rounds = sorted({r["round"] for r in rows})
+    # every row by (round and prompt, fs, speed, tokens); recompute's rows have the speed "-"
+    # (rows of earlier versions, one prompt per size, have no "prompt": it was prompt 0)
+    by = {((r["round"], r.get("prompt", 0)), r["fs"], r["speed"], r["tokens"]): r
+          for r in rows}
+    rounds = sorted({k[0] for k in by})
 
     def median_of(fs, speed, n, key):
         return round(_median([by[r, fs, speed, n][key] for r in rounds
@@ -244,7 +277,7 @@ def summarize(rows: list[dict], sizes: list[int], speeds: list[str]) -> dict:
                     out[f"{name}_{n}_{fs}_{speed}"] = median_of(fs, speed, n, key)
     big = max(sizes)
     for speed in speeds:
-        # per round: the baseline's time over kvfs's (above 1: kvfs is faster)
+        # per round and prompt: the baseline's time over kvfs's (above 1: kvfs is faster)
         for name, base, base_speed, key in (
                 (f"ttft_speedup_vs_ext4_{speed}", "ext4", speed, "directory"),
                 (f"ttft_speedup_vs_recompute_{speed}", "recompute", "-", "directory"),
@@ -260,7 +293,8 @@ def summarize(rows: list[dict], sizes: list[int], speeds: list[str]) -> dict:
 
 
 def print_table(out: dict, sizes: list[int], speeds: list[str]) -> None:
-    print(f"TTFT in seconds, median of {out['rounds']} round(s) ({out['minutes']} min); "
+    print(f"TTFT in seconds, median of {out['rounds']} round(s) x {out.get('prompts', 1)} "
+          f"prompt(s) of each size ({out['minutes']} min); "
           "directory: served from the chunk files after both processes restarted and the "
           "caches dropped; cold: compute + store; DRAM: from LMCache's memory")
     print(f"{'devices':>12} {'tokens':>7} {'recompute':>10} {'kvfs dir':>9} {'ext4 dir':>9} "
