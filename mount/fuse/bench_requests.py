@@ -147,9 +147,9 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
             children = None
             break
         children.append(pid)
-    if children is not None:
+    if children is not None:       # (which pyfuse3 served; with forks, their pids)
         with open(counts_path, "w") as f:
-            f.write(" ".join(map(str, children)))
+            f.write(" ".join(map(str, children)) if processes > 1 else pyfuse3.__file__)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
