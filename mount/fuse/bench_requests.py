@@ -32,6 +32,7 @@ gives both: that is how mount/fuse/pyfuse3-requests.patch was measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -148,8 +149,9 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
             break
         children.append(pid)
     if children is not None:       # (which pyfuse3 served; with forks, their pids)
-        with open(counts_path, "w") as f:
+        with open(counts_path + ".tmp", "w") as f:
             f.write(" ".join(map(str, children)) if processes > 1 else pyfuse3.__file__)
+        os.rename(counts_path + ".tmp", counts_path)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
@@ -254,52 +256,42 @@ def measure_readers(root: str, n: int, pids: list[int]) -> dict:
     return out
 
 
-def run_readers(n: int, processes: int) -> dict:
+@contextlib.contextmanager
+def null_mounted(serve_args: list[str], env: dict | None = None):
+    """The null file system mounted by a subprocess (`--serve MNT WHICH *serve_args`):
+    yields (mountpoint, its pid, what it wrote to WHICH once up); unmounted after."""
     with tempfile.TemporaryDirectory(prefix="kvfs-null-") as tmp:
         mnt = os.path.join(tmp, "mnt")
         os.mkdir(mnt)
         which = os.path.join(tmp, "which")
-        proc = subprocess.Popen([sys.executable, __file__, "--serve", mnt, which,
-                                 str(processes), str(n)])
+        proc = subprocess.Popen([sys.executable, __file__, "--serve", mnt, which, *serve_args],
+                                env=env)
         try:
             deadline = time.monotonic() + 30
             while not (os.path.ismount(mnt) and os.path.exists(which)):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the null file system did not mount")
                 time.sleep(0.02)
-            time.sleep(0.2)
             with open(which) as f:
-                pids = [proc.pid] + [int(p) for p in f.read().split()]
-            return measure_readers(mnt, n, pids)
+                yield mnt, proc.pid, f.read()
         finally:
             proc.terminate()
             proc.wait(30)
             subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
+def run_readers(n: int, processes: int) -> dict:
+    with null_mounted([str(processes), str(n)]) as (mnt, pid, which):
+        children = [int(p) for p in which.split()] if processes > 1 else []
+        return measure_readers(mnt, n, [pid] + children)
 
 
 def run_null(n: int, pyfuse3_dir: str | None) -> dict:
-    with tempfile.TemporaryDirectory(prefix="kvfs-null-") as tmp:
-        mnt = os.path.join(tmp, "mnt")
-        os.mkdir(mnt)
-        which = os.path.join(tmp, "which")
-        env = dict(os.environ)
-        if pyfuse3_dir:
-            env["PYTHONPATH"] = pyfuse3_dir + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.Popen([sys.executable, __file__, "--serve", mnt, which], env=env)
-        try:
-            deadline = time.monotonic() + 30
-            while not os.path.ismount(mnt):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the null file system did not mount")
-                time.sleep(0.02)
-            res = measure(mnt, n, proc.pid)
-            with open(which) as f:
-                res["pyfuse3"] = f.read()
-            return res
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            subprocess.run(["umount", "-l", mnt], capture_output=True)
+    env = dict(os.environ)
+    if pyfuse3_dir:
+        env["PYTHONPATH"] = pyfuse3_dir + os.pathsep + env.get("PYTHONPATH", "")
+    with null_mounted([], env) as (mnt, pid, which):
+        return {**measure(mnt, n, pid), "pyfuse3": which}
 
 
 def main(argv: list[str] | None = None) -> int:
