@@ -63,6 +63,7 @@ from testing.emulate import (
     kvfs_on_loops,
     warm_memory,
 )
+from testing.mount import cpu_seconds
 
 MiB = 1 << 20
 SIZES = {"256K": 256 << 10, "1M": MiB, "4M": 4 * MiB, "32M": 32 * MiB}
@@ -138,12 +139,6 @@ def load(root: Path, blocks: Blocks, threads: int) -> float:
             raise RuntimeError(f"{blocks.name(i)}: read {got} bytes, not the {blocks.size} "
                                f"stored (or different bytes)")
     return parallel(blocks.n, threads, one)
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def daemon_counters(m) -> dict:

@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -74,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testing import inference  # noqa: E402
 from testing.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
                              throttled)
+from testing.mount import cpu_seconds  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -117,11 +117,11 @@ def phases(setup, fs: str, model: Path, prompts: dict[tuple[int, int], list[int]
                 n = key[0]
                 for phase in phase_names:
                     before = len(server.loads())
-                    cpu0 = _cpu_seconds(setup.kvfs.pid) if setup.kvfs is not None else None
+                    cpu0 = cpu_seconds(setup.kvfs.pid) if setup.kvfs is not None else None
                     seconds, first = engine.ttft(ids)
                     out[key][phase] = seconds
                     if cpu0 is not None:     # what the file system's daemon did meanwhile
-                        out[key][f"{phase}_daemon_cpu_s"] = _cpu_seconds(setup.kvfs.pid) - cpu0
+                        out[key][f"{phase}_daemon_cpu_s"] = cpu_seconds(setup.kvfs.pid) - cpu0
                     if out[key].setdefault("first", first) != first:
                         raise SystemExit(f"bench/ttft.py: {fs}, {n} tokens: first token {first} "
                                          f"in the {phase} phase, {out[key]['first']} before")
@@ -149,12 +149,6 @@ def phases(setup, fs: str, model: Path, prompts: dict[tuple[int, int], list[int]
     shutil.rmtree(d)
     setup.sync()
     return out
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def recompute(model: Path, prompts: dict[tuple[int, int], list[int]], logs: Path, kv_gib: int,

@@ -189,6 +189,13 @@ class MountedKvfs:
         self.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system, all its threads), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_memory(pid: int) -> dict:
     """A process's resident memory from /proc/PID/status, in bytes: VmRSS, RssAnon, RssFile,
     RssShmem (what benchmarks report for the daemon)."""
