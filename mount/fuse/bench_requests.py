@@ -112,13 +112,11 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
         async def forget(self, inode_list):
             self.requests += 1
 
+        on_init = None            # called once the session's INIT is answered
+
         def init(self) -> None:
-            self.initialized = True
             if self.on_init is not None:
                 self.on_init()
-
-        on_init = None
-        initialized = False
 
         async def getxattr(self, inode, name, ctx):
             if name == b"user.requests":

@@ -169,7 +169,7 @@ def test_a_parked_buffer_keeps_its_bytes_and_reopens_by_name():
     assert not m.park() and not m.parked
 
 
-def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it(tmp_path):
+def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it():
     """The cyclic collector runs a dead buffer's finalizer at any allocation, on whichever
     thread makes it: also inside the spares' own locked region (here, their room check). The
     finalizer waited there for the lock its own thread held, forever (the daemon hung so);
