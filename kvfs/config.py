@@ -111,7 +111,7 @@ class ClusterConfig:
     lease_seconds: float = 10.0      # a dead node's allocation leases expire after this
     grace_seconds: float = 30.0      # an evicted or replaced block's space is reused after this
     regions: int = 64                # the pool is leased in this many regions
-    free_target: float = 0.05        # evict (cluster LRU) to keep this share of the pool free
+    free_target: float = 0.05        # evict ahead to keep this share free (docs/cluster.md: sizing)
 
     @property
     def where(self) -> str:

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from kvfs.errors import KvfsError
+from kvfs.space.cluster import CLEAN_PERIOD, ClusterSpace
 from testing.redis_server import RedisServer
 from tests.daemon.harness import eventually, run_cluster
 from tests.helpers import write_config
@@ -344,6 +345,10 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
             await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
         await eventually(lambda: not known(a, "/old0"))
         assert b.svc.space.evictions > 0
+        # evicted space is reused after the grace period: b's writers waited for it (no
+        # free target here), and the statistics say so
+        st = b.svc.space.statistics()
+        assert st["room_waits"] > 0 and st["room_wait_seconds"] > 0
         for i in range(n // 2):
             assert await b.read(f"/new{i}") == data(1000 + i, 2 * MiB)
         # the least recently used went first: the files b read survived
@@ -351,6 +356,38 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
         assert await a.read(f"/old{n - 1}") == data(n - 1, 2 * MiB)
 
     run_cluster(cluster_configs(2, grace=0.5), body)
+
+
+def test_the_pool_can_be_cleaned_ahead_of_writers_again_one_period_later(cluster_configs,
+                                                                          monkeypatch):
+    """Evicting ahead of writers (`keep_free`) is done by one node at a time under a lock
+    that lasts one cleaning period, so the pool is cleaned again a period later. (The lock
+    lasted 5 s, and writers storing steadily into a full pool waited for the grave.)"""
+    async def idle(self):
+        await trio.sleep_forever()
+    monkeypatch.setattr(ClusterSpace, "_keep_free_periodically", idle)   # the test cleans
+
+    async def body(a, b):
+        space = a.svc.space
+        size = 1 * MiB
+        target = space.cfg.free_target * space.pool.capacity
+
+        def short() -> bool:
+            return space.pool.unit_free + space.grave_bytes < target
+        i = 0
+        while not (space.evictions and short()):     # full: writers evict for themselves
+            await a.write(f"/f{i}", data(i, size))
+            i += 1
+        assert await space.keep_free() > 0            # cleaned ahead: the lock is taken
+        began = trio.current_time()
+        assert await b.svc.space.keep_free() == 0     # one node at a time
+        while not short():                            # writers use up what was cleaned
+            await a.write(f"/f{i}", data(i, size))
+            i += 1
+        await trio.sleep_until(began + CLEAN_PERIOD + 0.2)
+        assert await space.keep_free() > 0            # and it is cleaned again
+
+    run_cluster(cluster_configs(2, size="16MiB", grace=0.5, free_target=0.25), body)
 
 
 @pytest.mark.parametrize("evict", ["lru", "prefix"])
