@@ -176,6 +176,26 @@ def test_the_yardsticks_bracket_lru_on_a_trace_of_one_hit_wonders():
     assert bound >= oracle, (bound, oracle)
 
 
+def test_the_timed_oracle_keeps_what_returns_soonest_where_the_admission_oracle_cannot():
+    """A block that comes back every other request, and blocks that each come back once, 40
+    requests later: both oracles know all of them come back, but only the timed one knows
+    the first comes back soon (its class's reuse distances), so in a tier of one block it
+    keeps that one; the admission oracle lets each newcomer push it out. The bound does at
+    least as well as either."""
+    from bench.trace_replay import replay_admission_oracle, replay_bound, replay_timed_oracle
+    reqs = []
+    for turn in range(400):
+        reqs.append([0])
+        reqs.append([1000 + turn])                    # comes back once, 40 requests later
+        if turn >= 20:
+            reqs.append([1000 + turn - 20])
+    oracle = replay_admission_oracle(reqs, 1)["hit_rate"]
+    timed = replay_timed_oracle(reqs, 1)["hit_rate"]
+    bound = replay_bound(reqs, 1)["hit_rate"]
+    assert oracle < 0.05 and timed > 0.3, (oracle, timed)   # block 0: 399 of 1,180 reads
+    assert bound >= timed, (bound, timed)
+
+
 def test_make_policy_names():
     assert isinstance(make_policy("prefix", 10), PrefixPolicy)
     assert isinstance(make_policy("score", 10), ScorePolicy)
