@@ -193,7 +193,8 @@ def cmd_df(args: argparse.Namespace) -> int:
                     f"{'online' if c['online'] else 'UNREACHABLE'}, mirror "
                     f"{'fresh' if c['fresh'] else 'STALE'} (lag {c['lag_seconds']:.1f} s), "
                     f"regions leased {c['regions_held']}/{c['regions']}, waiting out grace "
-                    f"{size(c['grave_bytes'])} in {c['grave_blocks']} blocks")
+                    f"{size(c['grave_bytes'])} in {c['grave_blocks']} blocks, stores that "
+                    f"waited for room {c['room_waits']} ({c['room_wait_seconds']:.1f} s)")
         return out
     if args.json:
         print(json.dumps({"mount": mount, "tiers": st["tiers"], "cluster": st.get("cluster")}))

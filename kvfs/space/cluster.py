@@ -44,7 +44,8 @@ VICTIM_BATCH = 64
 # Every node looks each CLEAN_PERIOD whether the pool needs evicting ahead of writers; a lock
 # of the same length lets one of them do it. (A 5 s lock let the cluster clean once per 5 s:
 # writers storing 60 blocks/s into a full pool of 2,000 with the default free target waited
-# 34 s of 100 for the grave, against none with a 1 s lock; two writing nodes 48 s against 13.)
+# 34 s of 100 for the grave, against none with a 1 s lock; two writing nodes 48 s against
+# 13-20.)
 CLEAN_PERIOD = 1.0
 
 
@@ -483,9 +484,9 @@ class ClusterSpace(Space):
                 self.room_wait_seconds += trio.current_time() - began
 
     async def keep_free(self) -> int:
-        """Evict (cluster LRU) so that `free_target` of the pool stays free (in whole stripe
-        units: pieces smaller than one take no unit of a big block) or in its grace period,
-        ahead of writers. One node at a time does it."""
+        """Evict (in the cluster's order) so that `free_target` of the pool stays free (in
+        whole stripe units: pieces smaller than one take no unit of a big block) or in its
+        grace period, ahead of writers. One node at a time does it."""
         target = int(self.cfg.free_target * self.pool.capacity)
         short = target - self.pool.unit_free - self.grave_bytes
         if short <= 0 or self.knobs.pool_evict == "never":

@@ -207,6 +207,7 @@ def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp
                         capture_output=True, text=True, timeout=30)
     assert df.returncode == 0, df.stderr
     assert f"cluster: node node1, Redis 127.0.0.1:{redis.port} online" in df.stdout
+    assert "stores that waited for room 0 (0.0 s)" in df.stdout      # it had room
     wait_until(lambda: b.stats()["cluster"]["fresh"], 10, "b's follower to catch up")
     doc = json.loads(_kvfs("doctor", str(b.mountpoint), "--json").stdout)
     cluster = [f for f in doc["findings"] if f["check"] == "cluster"]
