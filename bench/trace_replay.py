@@ -225,12 +225,12 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
     for i, h, c in classes():
         if h in seen:
             hist.setdefault(cls_at[h], [0.0] * _NB)[_age_bucket(i - seen[h])] += 1
+        hist.setdefault(c, [0.0] * _NB)          # a class no block of comes back: none
         seen[h], cls_at[h] = i, c
     # every (density, class, age bucket), lowest first: the victim is the first one that
     # holds a resident block
     order = []
-    for c in {c for _, _, c in classes()}:
-        hh = hist.get(c, [0.0] * _NB)
+    for c, hh in hist.items():
         for a in range(_NB):
             left = sum(hh[a:])
             best = hits = spent = 0.0
