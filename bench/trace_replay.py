@@ -201,8 +201,8 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
     (Beckmann et al., NSDI '18): the resident block whose expected hits per unit of
     space-time from its age on, over the best horizon, is lowest, or the block just used if
     that one is worth less (exactly, not among a sample: with 64 random candidates it reached
-    0.59x of this at 2,000 blocks). What knowing
-    *whether* and a good model of *when* reach together. Same semantics as `serve`."""
+    0.59x of this at 2,000 blocks). What knowing *whether* and a good model of *when* reach
+    together. Same semantics as `serve`."""
     import bisect
     seq = [h for ids in requests for h in ids]
     last_of_request = set()
@@ -426,6 +426,17 @@ def replay_mounted_pool(requests: list[list[int]], capacity: int, policy: str,
                 "seconds": time.perf_counter() - t}
 
 
+def mounted_pool_against_simulation(requests: list[list[int]], capacity: int, policy: str,
+                                    block: int, nodes: int = 1) -> dict:
+    """`replay_mounted_pool`, with the simulation of the same requests at the pool's capacity
+    in blocks beside it (`simulated_hit_rate`, `points_from_simulation`)."""
+    x = replay_mounted_pool(requests, capacity, policy, block, nodes)
+    x["simulated_hit_rate"] = replay(requests, x["pool_capacity_blocks"],
+                                     POOL_SIMULATION[policy])["hit_rate"]
+    x["points_from_simulation"] = 100 * (x["pool_prefix_hit_rate"] - x["simulated_hit_rate"])
+    return x
+
+
 def scale(capacity: int, policy: str, as_json: bool) -> int:
     """The replay's cost per access at a capacity of `capacity` blocks, where the production
     trace (183k distinct blocks) never evicts: Zipf chains (bench/synthetic_traces.py) over
@@ -514,26 +525,16 @@ def main(argv: list[str] | None = None) -> int:
         # the pool as the tier that evicts (pool.evict = the policy), against the simulation
         # of the same requests at the pool's capacity in blocks
         # (a pool's "prefix" is the score policy, kvfs.policy.PrefixScore, kept in the catalog)
-        pool = {}
-        for name in ("prefix", "lru"):
-            x = replay_mounted_pool(sub, cap, name, args.block_size)
-            x["simulated_hit_rate"] = replay(sub, x["pool_capacity_blocks"],
-                                             POOL_SIMULATION[name])["hit_rate"]
-            x["points_from_simulation"] = 100 * (x["pool_prefix_hit_rate"] -
-                                                 x["simulated_hit_rate"])
-            pool[name] = x
+        pool = {name: mounted_pool_against_simulation(sub, cap, name, args.block_size)
+                for name in ("prefix", "lru")}
         pool["pool_vs_lru"] = (pool["prefix"]["pool_prefix_hit_rate"] /
                                max(pool["lru"]["pool_prefix_hit_rate"], 1e-9))
         mounted["pool"] = pool
         if args.mounted_nodes > 1:
             # one pool shared by that many nodes ([cluster], Redis), the requests round-robin:
             # the cluster-wide order against the simulation of one pool of its capacity
-            x = replay_mounted_pool(sub, cap, "prefix", args.block_size, args.mounted_nodes)
-            x["simulated_hit_rate"] = replay(sub, x["pool_capacity_blocks"],
-                                             POOL_SIMULATION["prefix"])["hit_rate"]
-            x["points_from_simulation"] = 100 * (x["pool_prefix_hit_rate"] -
-                                                 x["simulated_hit_rate"])
-            mounted["shared_pool"] = x
+            mounted["shared_pool"] = mounted_pool_against_simulation(
+                sub, cap, "prefix", args.block_size, args.mounted_nodes)
         for r in rows:
             r["mounted"] = mounted
     if args.nodes:
