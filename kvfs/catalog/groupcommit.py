@@ -11,6 +11,15 @@ written join it (`before_commit`, set by the service: it returns once no commit 
 block, or after the time given): a round's WAL sync then serves a whole burst of closes rather
 than the first of them alone, the next ones waiting a round behind it. The wait is bounded by
 the recent duration of a WAL sync, which is what not waiting would cost them.
+
+With `sync_changes` False (durability = "fsync", kvfs/writeback.py) a change to the tree (a
+mkdir, an unlink, a rename...) returns once it is executed in the open transaction, as ext4
+returns once its journal has the change in memory: transactions still reach the disk in the
+order they were applied, so a crash keeps a prefix of the changes; the write-back flusher
+commits the open transaction within its delay (`on_unsynced` tells it one was opened), and
+fsync, fsyncdir and syncfs wait for it (`sync`). Space a change stopped referencing (a
+deleted file's block) is freed only once the change is durable (`after_release`): a crash
+before then finds the row still pointing at it, and its bytes must still be there.
 """
 
 from __future__ import annotations
@@ -49,6 +58,15 @@ class GroupCommit:
         # before_commit(seconds): return once no commit is writing its block, or after that long
         self.before_commit: Callable[[float], Awaitable[None]] | None = None
         self._sync_estimate = 0.0       # recent duration of a WAL sync (seconds)
+        # a change to the tree waits for durability (False: durability = "fsync")
+        self.sync_changes = True
+        # on_unsynced(): a transaction was opened (the write-back flusher commits it in time)
+        self.on_unsynced: Callable[[], None] | None = None
+        self._txn_began = 0.0           # trio time the open transaction began
+        # the transaction whose durability frees the space released last (a row deleted, or
+        # pointed at a new block); callbacks waiting for it (`after_release`)
+        self._release_mark = 0
+        self._after: list[tuple[int, Callable[[], None]]] = []
         self.sql_seconds = 0.0          # COMMITs on the trio thread
         self.sync_seconds = 0.0         # WAL syncs (in a worker thread)
 
@@ -92,6 +110,9 @@ class GroupCommit:
             if not self._in_txn:
                 self._conn.execute("BEGIN")
                 self._in_txn = True
+                self._txn_began = trio.current_time()
+                if self.on_unsynced is not None:
+                    self.on_unsynced()
             for call, sql, params in calls:
                 call(sql, params)
         except sqlite3.Error as e:
@@ -104,6 +125,38 @@ class GroupCommit:
         """Apply statements now (every later query sees them); return once they are durable."""
         await self._durable(self._execute(stmts))
 
+    async def _change(self, stmts: list[Stmt]) -> None:
+        """A change to the tree: applied now; durable on return when `sync_changes`, else
+        with the next round (see the module doc)."""
+        txn = self._execute(stmts)
+        if self.sync_changes:
+            await self._durable(txn)
+
+    @property
+    def unsynced(self) -> bool:
+        """Changes were applied that are not durable yet."""
+        return self._in_txn or self._committed > self._synced
+
+    @property
+    def open_since(self) -> float | None:
+        """The trio time the open transaction began (None: none is open)."""
+        return self._txn_began if self._in_txn else None
+
+    def after_release(self, fn: Callable[[], None]) -> None:
+        """Call fn() once the change that released space last is durable (now, if it is):
+        the space layer frees a retired block's extents through this. Never called after a
+        failure (the pool frees nothing more then: `on_failure`)."""
+        if self._release_mark <= self._synced:
+            fn()
+        else:
+            self._after.append((self._release_mark, fn))
+
+    def _run_after(self) -> None:
+        due = [fn for txn, fn in self._after if txn <= self._synced]
+        if due:
+            self._after = [(txn, fn) for txn, fn in self._after if txn > self._synced]
+            for fn in due:
+                fn()
     async def _durable(self, txn: int) -> None:
         """Wait until transaction `txn` is committed and a WAL sync that started after its
         commit has completed (the first waiter of a round does the work; see the module doc)."""
@@ -149,6 +202,7 @@ class GroupCommit:
                 return
             self._synced = target
             self.syncs += 1
+            self._run_after()
             took = time.perf_counter() - t1
             self.sync_seconds += took
             self._sync_estimate = took if not self._sync_estimate else \

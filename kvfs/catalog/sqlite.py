@@ -532,6 +532,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             self._files -= 1
         self._dirty_atime.pop(node.ino, None)
         self._uncache_links(node.ino)
+        self._release_mark = self._txn      # its block's space is free once this is durable
         return [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
                 ("DELETE FROM xattrs WHERE ino=?", (node.ino,))] + self._delete_links(node.ino)
 
@@ -549,8 +550,8 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._place(node)
         self._nodes += 1
         try:
-            await self._persist(self._insert_node(node) +
-                                self._parent_times(self.get(node.parent)))
+            await self._change(self._insert_node(node) +
+                               self._parent_times(self.get(node.parent)))
         except BaseException:
             # rolled back (or never executed): the row is not there, nor may the node be
             if node.linked:
@@ -574,16 +575,50 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         not persisted (its content is dropped by the caller). The old version goes with the
         row's update, in the same transaction.
         """
+        return (await self.commit_batch([(node, layout, score)]))[0]
+
+    async def commit_batch(self, items: list[tuple], mtimes: list[int] | None = None
+                           ) -> list[tuple[BlobRec, BlobRec | None]]:
+        """`commit` for several files, each (node, layout, score), in one transaction and one
+        wait for its WAL sync (the write-back flusher's batch, kvfs/writeback.py): each
+        statement runs once with every file's parameters (executemany). `mtimes`: each
+        file's modification time (the last write, not the write-back; default: now). All or
+        none: if the transaction fails, every file keeps the version the database has."""
+        out, undo, batches = [], [], {}
+        for i, (node, layout, score) in enumerate(items):
+            rec, old, before, stmts = self._prepare_commit(
+                node, layout, score, mtimes[i] if mtimes is not None else None)
+            out.append((rec, old))
+            undo.append((node, old, before))
+            for sql, params in stmts:
+                batches.setdefault(sql, []).append(params)
+        if not batches:
+            return out
+        try:
+            if len(items) == 1:
+                txn = self._execute([(sql, rows[0]) for sql, rows in batches.items()])
+            else:
+                txn = self._execute_many(list(batches.items()))
+            await self._durable(txn)
+        except BaseException:
+            for node, old, before in undo:
+                self._undo_commit(node, old, before)
+            raise
+        return out
+
+    def _prepare_commit(self, node: Node, layout: Layout, score, mtime: int | None = None):
+        """A commit applied to memory: (the new version, the old one, what to restore if it
+        fails, the statements that make it durable)."""
         now = _now()
         rec = BlobRec(self.next_blob_id(), layout, now)
         old = node.blob
         before = (node.persisted, node.mtime_ns, node.ctime_ns, node.prio, node.uses)
         node.blob = rec
-        node.mtime_ns = node.ctime_ns = now
+        node.mtime_ns = node.ctime_ns = now if mtime is None else mtime
         if score is not None:
             node.prio, node.uses = score
         if not node.linked:
-            return rec, old
+            return rec, old, before, []
         stmts: list[Stmt] = []
         if rec.id > self._blob_hwm:
             # Block ids are never reused (a reader's lease names one): the meta row records
@@ -597,34 +632,34 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             stmts.append(("UPDATE nodes SET blob=?, size=?, unit=?, ns=?, offsets=?, sums=?, "
                           "blob_ns=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, atime_ns=?, "
                           "prio=?, uses=? WHERE ino=?",
-                          (rec.id, layout.size, layout.unit, ns, offs, sums, now, now, now,
+                          (rec.id, layout.size, layout.unit, ns, offs, sums, now,
+                           node.mtime_ns, node.ctime_ns,
                            node.mode, node.uid, node.gid, node.atime_ns, node.prio, node.uses,
                            node.ino)))
             self._dirty_atime.pop(node.ino, None)
             if old is None:
                 self._files += 1
+            self._release_mark = self._txn      # the old version's row reference goes here
         else:
             self._persisted(node)
             self._files += 1
             stmts += self._insert_node(node)
-        try:
-            await self._persist(stmts)
-        except BaseException:
-            # not durable: the file keeps the version the database has (the caller gives the
-            # new block's space back, so nothing may point at it); a new file is pending again
-            node.blob = old
-            was_persisted, node.mtime_ns, node.ctime_ns, node.prio, node.uses = before
-            if node.linked:
-                if not was_persisted:
-                    node.persisted = False
-                    self._nodes -= 1
-                    self._files -= 1
-                    self._pending[node.ino] = node
-                    self._pending_names[(node.parent, node.name)] = node.ino
-                elif old is None:
-                    self._files -= 1
-            raise
-        return rec, old
+        return rec, old, before, stmts
+
+    def _undo_commit(self, node: Node, old: BlobRec | None, before: tuple) -> None:
+        """Not durable: the file keeps the version the database has (the caller gives the new
+        block's space back, so nothing may point at it); a new file is pending again."""
+        node.blob = old
+        was_persisted, node.mtime_ns, node.ctime_ns, node.prio, node.uses = before
+        if node.linked:
+            if not was_persisted:
+                node.persisted = False
+                self._nodes -= 1
+                self._files -= 1
+                self._pending[node.ino] = node
+                self._pending_names[(node.parent, node.name)] = node.ino
+            elif old is None:
+                self._files -= 1
 
     async def remove(self, node: Node, expect: BlobRec | None = None,
                      ghosts: int = 0) -> Node:
@@ -636,7 +671,9 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         node.ctime_ns = _now()
         if node.persisted:
             ghost = self._ghost(node, ghosts) if ghosts and node.uses else []
-            await self._persist(self._delete_node(node) + self._parent_times(p) + ghost)
+            stmts = self._delete_node(node) + self._parent_times(p) + ghost
+            # an eviction (`expect`) frees space a writer waits for: durable before it returns
+            await (self._persist(stmts) if expect is not None else self._change(stmts))
         else:
             self._forget_links(node.ino)
         return node
@@ -645,7 +682,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         node = self._removable_dir(parent, name)
         p = self.get(node.parent)
         self._detach(node)
-        await self._persist(self._delete_node(node) + self._parent_times(p))
+        await self._change(self._delete_node(node) + self._parent_times(p))
         return node
 
     async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
@@ -673,7 +710,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         if pnew is not pold:
             stmts += self._parent_times(pnew)
         if stmts:
-            await self._persist(stmts)
+            await self._change(stmts)
         return target
 
     async def _exchange(self, a: Node, b: Node) -> None:
@@ -688,7 +725,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
                 stmts.append(("UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
                               (n.parent, n.name, n.cookie, now, n.ino)))
         if stmts:
-            await self._persist(stmts)
+            await self._change(stmts)
         return None
 
     async def setattr(self, node: Node, *, mode: int | None = None, uid: int | None = None,
@@ -707,17 +744,17 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         node.ctime_ns = _now()
         if node.persisted and node.linked:
             self._dirty_atime.pop(node.ino, None)
-            await self._persist([("UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
-                                  "ctime_ns=?, prio=?, uses=? WHERE ino=?",
-                                  (node.mode, node.uid, node.gid, node.atime_ns, node.mtime_ns,
-                                   node.ctime_ns, node.prio, node.uses, node.ino))])
+            await self._change([("UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
+                                 "ctime_ns=?, prio=?, uses=? WHERE ino=?",
+                                 (node.mode, node.uid, node.gid, node.atime_ns, node.mtime_ns,
+                                  node.ctime_ns, node.prio, node.uses, node.ino))])
 
     async def set_xattr(self, node: Node, name: bytes, value: bytes) -> None:
         node.xattrs[name] = value
         node.ctime_ns = _now()
         if node.persisted and node.linked:
-            await self._persist([("INSERT OR REPLACE INTO xattrs VALUES (?,?,?)",
-                                  (node.ino, name, value))])
+            await self._change([("INSERT OR REPLACE INTO xattrs VALUES (?,?,?)",
+                                 (node.ino, name, value))])
 
     async def remove_xattr(self, node: Node, name: bytes) -> None:
         if name not in node.xattrs:
@@ -725,7 +762,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         del node.xattrs[name]
         node.ctime_ns = _now()
         if node.persisted and node.linked:
-            await self._persist([("DELETE FROM xattrs WHERE ino=? AND name=?", (node.ino, name))])
+            await self._change([("DELETE FROM xattrs WHERE ino=? AND name=?", (node.ino, name))])
 
     async def flush_atimes(self) -> int:
         """Persist the access times recorded since the last flush (for LRU order after restart)."""

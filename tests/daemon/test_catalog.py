@@ -99,6 +99,7 @@ def test_lru_order_and_the_free_map_come_from_the_rows(pool_config):
     async def first(fs):
         for i in range(6):
             await fs.write(f"/f{i}", os.urandom(300_000 + i))
+        await fs.sync()                           # (written back: rows)
         await fs.read("/f0")                      # read: most recently used (not yet flushed)
         cat = fs.files.catalog
         order = [ino for _, ino in cat.lru_files()]
@@ -107,9 +108,11 @@ def test_lru_order_and_the_free_map_come_from_the_rows(pool_config):
         assert [ino for _, ino in cat.lru_files()] == order
         # a read not yet flushed is older than a write since: f6 is now the most recent
         await fs.write("/f6", os.urandom(1000))
+        await fs.sync()
         order = [ino for _, ino in cat.lru_files()]
         await fs.read("/f2")
         await fs.write("/f7", os.urandom(1000))
+        await fs.sync()
         got = [ino for _, ino in cat.lru_files()]
         assert got[-3:] == [fs.ino("/f6"), fs.ino("/f2"), fs.ino("/f7")], got
         await fs.svc.flush()
@@ -208,6 +211,7 @@ def test_the_policys_order_and_ghosts_live_in_the_rows_across_restarts(pool_conf
         cat = fs.files.catalog
         for i in range(4):
             await fs.write(f"/f{i}", os.urandom(10_000))
+        await fs.sync()
         await fs.read("/f2")
         for _ in range(3):
             await fs.read("/f1")                 # reused most, and last: last to go
@@ -231,6 +235,7 @@ def test_the_policys_order_and_ghosts_live_in_the_rows_across_restarts(pool_conf
         assert f2.uses == 2 and f0.uses == 1 and f2.prio > f0.prio     # the read was kept
         assert fs.svc.space._rule().floor >= 0.0
         await fs.write("/f1", os.urandom(10_000))                  # stored again
+        await fs.sync()
         assert cat.find(fs.ino("/f1")).uses == 5 and cat.ghost_count() == 0
         assert [i for _, i, _ in cat.scored_files()][-1] == fs.ino("/f1")
 
@@ -325,9 +330,11 @@ def test_block_ids_are_never_given_twice_across_restarts(pool_config, monkeypatc
     async def first(fs):
         for i in range(20):
             await fs.write(f"/f{i}", b"x" * (i + 1))
+            await fs.sync()
             given.append(fs.files.catalog.find(fs.ino(f"/f{i}")).blob.id)
         writes = fs.files.catalog.statements
         await fs.write("/f0", b"y")             # a new version: no high-water mark row
+        await fs.sync()
         assert fs.files.catalog.statements - writes == 1
         given.append(fs.files.catalog.find(fs.ino("/f0")).blob.id)
         for i in [0] + list(range(5, 20)):      # the newest go: their ids leave the rows
@@ -335,6 +342,7 @@ def test_block_ids_are_never_given_twice_across_restarts(pool_config, monkeypatc
 
     async def second(fs):
         await fs.write("/new", b"z")
+        await fs.sync()
         assert fs.files.catalog.find(fs.ino("/new")).blob.id > max(given)
 
     run_service(cfg, first)
