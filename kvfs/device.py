@@ -27,6 +27,7 @@ import trio
 import xxhash
 
 from kvfs import threads
+from kvfs.aio import run_all
 from kvfs.buffer import populate
 from kvfs.errors import KvfsError, StartupError
 from kvfs.layout import PAGE
@@ -38,6 +39,7 @@ BLKGETSIZE64 = 0x80081272
 RATE_WINDOW = 16 << 20        # bytes per throughput sample
 GROUP_WRITE_BYTES = 1 << 20   # durable writes up to this size share a job and an fdatasync
 GROUPS_IN_FLIGHT = 2          # groups a namespace runs at once (the next forms meanwhile)
+BATCH_JOB_BYTES = 8 << 20     # a write-back batch's bytes per worker job on a namespace
 DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
@@ -182,7 +184,7 @@ class Namespace:
         self._sync_round: trio.Event | None = None
         self.syncs = 0
         # small durable writes grouped into one job and one sync (see `_write_grouped`)
-        self._group: list[_GroupWrite] = []
+        self._group: list[WriteRequest] = []
         self._groups_running = 0
         self._busy_mark = 0.0
         self._window_bytes = 0
@@ -352,7 +354,8 @@ class Namespace:
         if offset < 0 or offset + nbytes > self.size:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
         if sync and nbytes <= GROUP_WRITE_BYTES:
-            return await self._write_grouped(_GroupWrite(units, flat, offset, digest_lens, nbytes))
+            return await self._write_grouped(WriteRequest(units, flat, offset, digest_lens,
+                                                          nbytes))
         lead = sync and not self._syncing
         if lead:                           # this job's fdatasync is the round others wait for
             number = self._begin_sync()
@@ -376,7 +379,7 @@ class Namespace:
         self._ok()
         return digests
 
-    async def _write_grouped(self, req: "_GroupWrite") -> list[int]:
+    async def _write_grouped(self, req: "WriteRequest") -> list[int]:
         """A small write that must be durable on return, grouped with the others queued on
         this namespace: one worker job writes every queued request (a pwritev each) and then
         fdatasyncs once, so a burst of small commits costs one thread hop and one sync per
@@ -406,14 +409,40 @@ class Namespace:
                 self._groups_running -= 1
         return req.result()
 
-    async def _run_group(self, batch: list["_GroupWrite"]) -> None:
-        """One group's job: its writes, then its own fdatasync (groups in flight at once each
-        sync after their own writes)."""
+    async def write_batch(self, reqs: list["WriteRequest"]) -> None:
+        """Write a batch of requests (the write-back flusher's runs on this namespace) in as
+        few worker jobs as BATCH_JOB_BYTES allows (one for a batch of small blocks), each a
+        pwritev per request with its checksums computed on the way, then make them durable
+        with one fdatasync. Each request ends with its digests or its own error
+        (`WriteRequest.result`); a failed fdatasync fails them all."""
+        jobs: list[list[WriteRequest]] = [[]]
+        size = 0
+        for r in reqs:
+            if jobs[-1] and size + r.nbytes > BATCH_JOB_BYTES:
+                jobs.append([])
+                size = 0
+            jobs[-1].append(r)
+            size += r.nbytes
+        if len(jobs) == 1:
+            await self._run_group(jobs[0])
+            return
+        await run_all((lambda j=j: self._run_group(j, sync=False)) for j in jobs)
+        written = [r for r in reqs if r.error is None]
+        if written:
+            try:
+                await self.sync()
+            except KvfsError as e:
+                for r in written:
+                    r.error = e
+
+    async def _run_group(self, batch: list["WriteRequest"], sync: bool = True) -> None:
+        """One group's job: its writes, then (with `sync`) its own fdatasync (groups in
+        flight at once each sync after their own writes)."""
         nbytes = sum(r.nbytes for r in batch)
         async with self.slots.take():
             self._begin()
             try:
-                sync_error = await threads.run_sync(self._write_group_sync, batch, True)
+                sync_error = await threads.run_sync(self._write_group_sync, batch, sync)
             finally:
                 self._end(nbytes)
         written = [r for r in batch if r.error is None]
@@ -422,7 +451,7 @@ class Namespace:
             for r in written:
                 r.error = err
             return
-        if written:
+        if written and sync:
             self.syncs += 1
         for r in batch:
             if isinstance(r.error, OSError):
@@ -433,7 +462,7 @@ class Namespace:
         if written:
             self._ok()
 
-    def _write_group_sync(self, batch: list["_GroupWrite"], then_sync: bool) -> OSError | None:
+    def _write_group_sync(self, batch: list["WriteRequest"], then_sync: bool) -> OSError | None:
         """In a worker thread: each request's checksums and pwritev (an error fails that
         request only), then one fdatasync if any was written; returns its error, or None."""
         any_written = False
@@ -531,8 +560,11 @@ class Namespace:
             self._window_busy = 0.0
 
 
-class _GroupWrite:
-    """One small durable write waiting in a namespace's group (`Namespace._write_grouped`)."""
+class WriteRequest:
+    """One write of a group: a small durable write waiting in a namespace's group
+    (`Namespace._write_grouped`), or a run of a write-back batch (`Namespace.write_batch`).
+    `units`: each unit's views (`flat`: all of them in order), or a function called in the
+    worker thread that makes them (`flat` None)."""
 
     __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "done", "batch",
                  "digests", "error")

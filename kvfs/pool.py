@@ -29,7 +29,7 @@ from kvfs.alloc import ExtentAllocator
 from kvfs.buffer import Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
 
-from kvfs.device import Namespace, probe
+from kvfs.device import Namespace, WriteRequest, probe
 from kvfs.errors import KvfsError, StartupError, no_space
 from kvfs.layout import DATA_START, Layout, align_up, place_units, stored_length, unit_count
 from kvfs.superblock import SB_SIZE, Superblock, SuperblockError, decode, foreign_signature
@@ -627,6 +627,71 @@ class Pool:
                       time.perf_counter() - t0, counts, {j: round(t, 3) for j, t in done.items()})
         self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
+
+    async def write_batch(self, blocks: list[tuple[Buffer, int, Layout | None]]
+                          ) -> list[Layout | KvfsError]:
+        """Write several blocks at once (the write-back flusher's batch, kvfs/writeback.py):
+        each goes where it was allocated (its Layout, checksums unknown), or is allocated now
+        (None); then every namespace gets one worker job for all the runs placed on it (more
+        for more than `device.BATCH_JOB_BYTES`) and one fdatasync, all namespaces in parallel.
+        Returns each block's layout, durable, or its error: ENOSPC where it did not fit
+        (nothing allocated), EIO where a namespace it used failed (its space released)."""
+        out: list[Layout | KvfsError | None] = [None] * len(blocks)
+        plans = []
+        by_ns: dict[int, list] = {}
+        for i, (buf, size, alloc) in enumerate(blocks):
+            if alloc is not None:
+                ns_of, offsets = alloc.ns, alloc.offsets
+            else:
+                try:
+                    ns_of, offsets = self.allocate(size)
+                except KvfsError as e:
+                    out[i] = e
+                    continue
+            try:
+                for k in range(len(ns_of)):
+                    self.fence(offsets[k], stored_length(size, self.unit, k))
+            except KvfsError as e:
+                self.release(Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of)))
+                out[i] = e
+                continue
+            plan = (i, size, ns_of, offsets, [0] * len(ns_of), [])
+            plans.append(plan)
+            small = size <= buf.chunk
+            for run in self.runs(ns_of, offsets, size):
+                spans = [(k * self.unit, stored_length(size, self.unit, k),
+                          min(self.unit, size - k * self.unit)) for k in run]
+                units = (lambda b=buf, sp=spans: b.stage_out(sp)) if small else \
+                    [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
+                req = WriteRequest(units, None if small else [v for u in units for v in u],
+                                   offsets[run[0]], [length for _, _, length in spans],
+                                   sum(stored for _, stored, _ in spans))
+                by_ns.setdefault(ns_of[run[0]], []).append(req)
+                plan[5].append((run, req))
+        t0 = time.perf_counter()
+        done: dict[int, float] = {}
+
+        async def write(j: int) -> None:
+            await self.namespaces[j].write_batch(by_ns[j])
+            done[j] = time.perf_counter() - t0
+        if by_ns:
+            await run_all((lambda j=j: write(j)) for j in by_ns)
+        units: collections.Counter[int] = collections.Counter()
+        for i, size, ns_of, offsets, sums, runs in plans:
+            layout = Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of))
+            try:
+                for run, req in runs:
+                    req.units = req.flat = None     # (the block's memory: no longer needed)
+                    for k, d in zip(run, req.result()):
+                        sums[k] = d
+            except KvfsError as e:
+                self.release(layout)
+                out[i] = e
+                continue
+            out[i] = Layout(size, self.unit, ns_of, offsets, tuple(sums))
+            units.update(ns_of)
+        self.observe(dict(units), done)
+        return out
 
     async def sync(self, namespaces: list[int]) -> None:
         """Make completed writes on these namespaces durable (also writes another process made

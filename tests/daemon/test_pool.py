@@ -75,6 +75,7 @@ def test_small_blocks_spread_across_namespaces(tmp_path):
     async def body(fs):
         for i in range(8):
             await fs.write(f"/s{i}", b"x" * 100)        # one unit each
+        await fs.sync()
         firsts = [fs.files.catalog.get(fs.ino(f"/s{i}")).blob.layout.ns[0] for i in range(8)]
         assert sorted(set(firsts)) == [0, 1, 2, 3]      # the start namespace rotates
 
@@ -87,11 +88,13 @@ def test_fragmented_space_gives_several_extents_per_namespace(tmp_path):
     async def body(fs):
         for i in range(38):
             await fs.write(f"/f{i}", os.urandom(2 * MiB))   # one unit on each namespace
+        await fs.sync()
         for i in range(0, 38, 2):
             p, n = fs.resolve(f"/f{i}")
             await fs.files.unlink(p, n)                  # holes of 1 MiB everywhere
         data = os.urandom(12 * MiB)
         await fs.write("/big", data)
+        await fs.sync()
         lay = fs.files.catalog.get(fs.ino("/big")).blob.layout
         per_ns = {}
         for e in lay.extents():
@@ -363,7 +366,7 @@ def test_grouped_writes_keep_no_view_of_the_blocks_they_wrote(tmp_path):
     import gc
     import mmap
 
-    from kvfs.device import Namespace, _GroupWrite
+    from kvfs.device import Namespace, WriteRequest
 
     ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
     maps = [mmap.mmap(-1, 8192) for _ in range(16)]
@@ -379,7 +382,7 @@ def test_grouped_writes_keep_no_view_of_the_blocks_they_wrote(tmp_path):
     gc.disable()
     try:
         trio.run(main)
-        left = [o for o in gc.get_objects() if type(o) is _GroupWrite]   # (isinstance would
+        left = [o for o in gc.get_objects() if type(o) is WriteRequest]   # (isinstance would
         # touch every object's __class__: deprecated attributes of torch warn)
         assert not left, f"{len(left)} group requests still alive"
         for m in maps:
