@@ -23,6 +23,7 @@ DEFAULT_DRAM_CAPACITY = 1 * GiB
 DEFAULT_POOL_FILE_SIZE = 4 * GiB
 DEFAULT_STRIPE_UNIT = 1 * MiB
 DEFAULT_QUEUE_DEPTH = 8
+DEFAULT_WRITEBACK_MS = 100
 
 
 def default_state_dir() -> Path:
@@ -95,6 +96,13 @@ class MountConfig:
     attr_timeout: float = 1.0
     max_tasks: int = 512             # concurrent FUSE requests in flight
     passthrough: bool = True         # FUSE passthrough where the kernel offers it
+    # When a file's bytes are durable (docs/architecture.md, "Durability and write-back"):
+    # "fsync" (POSIX's, the default on one node): fsync()/fdatasync() make a file durable, a
+    # closed file is written back within `writeback_ms`; "close": close() returns once the
+    # file is durable (a shared pool always publishes at close)
+    durability: str = "fsync"
+    writeback_ms: int = DEFAULT_WRITEBACK_MS
+    dirty_limit: int = 0             # bytes not yet written back before writers wait (0: auto)
 
 
 @dataclass(frozen=True)
@@ -385,11 +393,22 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     pf_t.done()
 
     mount_t = top.table("mount")
+    shared = "cluster" in top.data
+    durability = mount_t.take("durability", _choice("fsync", "close"),
+                              "close" if shared else "fsync")
+    if shared and durability != "close":
+        raise ConfigError("config: mount.durability: a shared pool ([cluster]) publishes each "
+                          "file at close (other nodes see it once close() returns): only "
+                          "\"close\" is supported there")
+    dirty_limit = mount_t.take("dirty_limit", _positive_size)
     mount = MountConfig(
         allow_other=mount_t.take("allow_other", _bool, False),
         attr_timeout=mount_t.take("attr_timeout", _number_range(0.0, 3600.0), 1.0),
         max_tasks=mount_t.take("max_tasks", _int_range(4, 4096), 512),
         passthrough=mount_t.take("passthrough", _bool, True) and _passthrough_allowed(),
+        durability=durability,
+        writeback_ms=mount_t.take("writeback_ms", _int_range(1, 60_000), DEFAULT_WRITEBACK_MS),
+        dirty_limit=dirty_limit if dirty_limit is not None else max(16 * MiB, dram.capacity // 4),
     )
     mount_t.done()
 

@@ -143,3 +143,24 @@ def test_every_toml_example_in_the_docs_is_a_valid_config(tmp_path):
             found += 1
     assert found >= 3
     config.load(ROOT / "mount" / "kvfs.example.toml")
+
+
+def test_durability_defaults_to_fsync_and_a_shared_pool_publishes_at_close(tmp_path):
+    ns = '[[pool.namespace]]\npath = "/tmp/x.img"\nsize = "64MiB"\n'
+    m = load_text(tmp_path, ns).mount
+    assert m.durability == "fsync" and m.writeback_ms == 100
+    m = load_text(tmp_path, ns + '[dram]\ncapacity = "2GiB"\n[mount]\ndurability = "close"\n'
+                  'writeback_ms = 250\ndirty_limit = "64MiB"\n').mount
+    assert (m.durability, m.writeback_ms, m.dirty_limit) == ("close", 250, 64 << 20)
+    assert load_text(tmp_path, ns + '[dram]\ncapacity = "2GiB"\n').mount.dirty_limit == 512 << 20
+    assert load_text(tmp_path, ns + '[dram]\ncapacity = "32MiB"\n').mount.dirty_limit == 16 << 20
+    cluster = '[cluster]\nredis = "redis://localhost:6379/0"\nnode_id = "a"\n'
+    assert load_text(tmp_path, cluster + ns).mount.durability == "close"
+    for bad, what in [('durability = "sometimes"', "mount.durability"),
+                      ("writeback_ms = 0", "mount.writeback_ms"),
+                      ("writeback_ms = 60001", "mount.writeback_ms"),
+                      ('dirty_limit = "-1"', "mount.dirty_limit")]:
+        with pytest.raises(ConfigError, match=what):
+            load_text(tmp_path, ns + "[mount]\n" + bad + "\n")
+    with pytest.raises(ConfigError, match="only \"close\""):
+        load_text(tmp_path, cluster + ns + '[mount]\ndurability = "fsync"\n')
