@@ -6,8 +6,10 @@
 #   2. pyfuse3 3.5.0 from its sdist with pyfuse3-passthrough.patch (FileInfo.backing_id,
 #      Operations.enable_passthrough, pyfuse3.passthrough_open/close/enabled), Cython-regenerated and
 #      linked against that libfuse with an rpath, installed into $VENV as 3.5.0+kvfs.passthrough;
-#      pyfuse3-fallocate.patch (FUSE_FALLOCATE dispatched to Operations.fallocate); and
-#      pyfuse3-requests.patch (a queued request is read without waiting for the fd; FileInfo.noflush).
+#      pyfuse3-fallocate.patch (FUSE_FALLOCATE dispatched to Operations.fallocate);
+#      pyfuse3-requests.patch (a queued request is read without waiting for the fd; FileInfo.noflush);
+#      pyfuse3-flush-ctx.patch (the request context of a flush); and pyfuse3-parallel-dirops.patch
+#      (Operations.enable_parallel_dirops: FUSE_PARALLEL_DIROPS at INIT).
 # Run by `make install` as root. Idempotent: returns at once when that pyfuse3 is already installed
 # from the same build.sh and patch. Build tools (meson, ninja, Cython) live in a throwaway venv under
 # build/, not in the project venv.
@@ -22,9 +24,9 @@ PY=$VENV/bin/python
 PREFIX=$VENV/opt/libfuse
 BUILD=$root/build/fuse
 # applied in this order: passthrough (FileInfo.backing_id, ...), a fallocate handler, cheaper
-# requests (and FileInfo.noflush), then the flush handler's request context
+# requests (and FileInfo.noflush), the flush handler's request context, parallel dirops
 PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch" "$here/pyfuse3-requests.patch"
-         "$here/pyfuse3-flush-ctx.patch")
+         "$here/pyfuse3-flush-ctx.patch" "$here/pyfuse3-parallel-dirops.patch")
 
 LIBFUSE_SERIES=3.17            # Debian trixie's fuse3 (3.17.2-3 when this was written)
 PYFUSE3_VERSION=3.5.0
@@ -49,7 +51,7 @@ build_id=$(cat "$here/build.sh" "${PATCHES[@]}" | sha256sum | cut -c1-16)
 # The extension module of the installed pyfuse3, if it is ours and linked against $PREFIX.
 installed_ok() {
   local so
-  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; pyfuse3.Operations.fallocate; pyfuse3._takes_ctx
+  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; pyfuse3.Operations.fallocate; pyfuse3._takes_ctx; pyfuse3.parallel_dirops_enabled
 print(pyfuse3.__file__)' 2>/dev/null) || return 1
   [[ "$(ldd "$so")" == *"=> $PREFIX/lib/libfuse3.so"* ]] || return 1
   [ "$(cat "$PREFIX/kvfs-build-id" 2>/dev/null)" = "$build_id" ]
