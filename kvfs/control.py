@@ -66,7 +66,8 @@ class Control:
             "drop_dram": (self._drop_dram, 'drop every DRAM-resident copy (all are in the pool); '
                                            'with {"memory": true} also give the memory kept '
                                            'for reuse (spares) back to the system'),
-            "flush": (self._flush, "persist access times and learned chain links now"),
+            "flush": (self._flush, "make closed files durable (write-back), persist access "
+                                  "times and learned chain links now"),
             "evict": (self._evict, '{"paths": ["/a", ...]} or {"cold": N}: drop blocks from '
                                    'DRAM and the local tier'),
             "warm": (self._warm, '{"path": "/a", "depth": N}: fetch a file and the N blocks of '
@@ -104,7 +105,7 @@ class Control:
     # --- attributes ----------------------------------------------------------------------------
     FILE_ATTRS = (b"tier", b"layout", b"hits", b"atime", b"chain")
 
-    def getxattr(self, inode: int, name: bytes, uid: int) -> bytes | None:
+    async def getxattr(self, inode: int, name: bytes, uid: int) -> bytes | None:
         """The value of a kvfs attribute, or None when `name` is an ordinary user attribute."""
         if not name.startswith(PREFIX):
             return None
@@ -118,6 +119,8 @@ class Control:
         if key in self.FILE_ATTRS:
             node = self.catalog.get(inode)
             if node.is_file:
+                if key == b"layout":        # extents a direct reader will read: durable first
+                    await self.files.settle(inode)
                 return self._file_attr(node, key)
         if key == b"alloc":
             a = self.files.allocations.latest(inode)
@@ -143,7 +146,7 @@ class Control:
 
     def _file_attr(self, node, key: bytes) -> bytes:
         if key == b"tier":
-            if node.blob is None:
+            if node.blob is None or self.files.dirty(node.ino):
                 return b"write-buffer"
             return self.store.tier_of(node.blob).encode()
         if key == b"hits":
@@ -188,6 +191,8 @@ class Control:
                 await self._set_file_attr(inode, key, value)
                 return True
             if key in (b"lease", b"release"):
+                if key == b"lease":     # the version it leases must be the file's content
+                    await self.files.settle(inode)
                 self._lease(inode, key, value)
                 return True
             if key in (b"alloc", b"commit"):
@@ -306,6 +311,7 @@ class Control:
     async def _drop_dram(self, args: dict) -> dict:
         if set(args) - {"memory"} or not isinstance(args.get("memory", False), bool):
             raise KvfsError(errno.EINVAL, 'drop_dram: takes nothing, or {"memory": true}')
+        await self.files.sync_all()     # (closed files still in write-back are in DRAM only)
         out = {"bytes_dropped": self.store.drop_dram()}
         if args.get("memory"):
             out["spare_bytes_freed"] = self.store.spares.bytes

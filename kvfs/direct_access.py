@@ -60,6 +60,8 @@ class DirectAccess:
         except BaseException:
             self.space.pool.release(lay)
             raise
+        # a closed version waiting for write-back goes first (then the inode's state may go)
+        await self.sessions.settle(self.handles.states.get(ino))
         st = self.handles.state(ino)
         async with st.lock:
             rec = await self.sessions.publish(node, layout)

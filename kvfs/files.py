@@ -79,6 +79,10 @@ class Files:
         self.on_evict: Callable[[int, bytes, int], None] | None = None
         self.on_new_name: Callable[[int, bytes], None] | None = None
         self.on_new_content: Callable[[int], None] | None = None
+        wb = sessions.writeback
+        if wb is not None:
+            wb.on_settled = self._release
+            wb.on_failed = self._write_back_failed
 
     @property
     def misses_cacheable(self) -> bool:
@@ -197,7 +201,11 @@ class Files:
         return self.catalog.listing(ino)
 
     def _unlinked(self, node: Node) -> None:
-        """A node lost its name: retire its content unless someone still uses the node."""
+        """A node lost its name: retire its content unless someone still uses the node (a
+        closed content waiting for write-back is dropped: kvfs/writeback.py)."""
+        st = self.handles.states.get(node.ino)
+        if st is not None and st.session is not None and st.session.writeback is not None:
+            self.sessions.writeback.unlinked(st.session)
         if node.blob is not None:
             st = self.handles.states.get(node.ino)
             if st is not None and st.writers > 0 and st.held is None:
@@ -217,7 +225,7 @@ class Files:
     async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
                      flags: int) -> None:
         src = self.catalog.lookup(parent_old, name_old)
-        if src.is_file:
+        if src.is_file and self._commit_before_rename(src, parent_new, name_new):
             # Like ext4's auto_da_alloc: a file renamed into place (write tmp, rename) has its
             # content committed first, so the rename never exposes an uncommitted file.
             try:
@@ -233,6 +241,22 @@ class Files:
         if replaced is not None:
             self._unlinked(replaced)
 
+    def _commit_before_rename(self, src: Node, parent_new: int, name_new: bytes) -> bool:
+        """Must a rename of `src` wait for its content to be committed? When close is a
+        commit, always (what a rename exposes is durable). When it is not ("fsync"), a file
+        that never had a row (created, written, closed: vLLM's tmp-then-rename) is renamed
+        in memory, and its first commit inserts it under its final name, all or nothing;
+        but a file with a row has its old content there, which the renamed name must never
+        show after a crash, and a replaced file's row must not go before the content that
+        replaces it is durable: those commit first."""
+        if self.sessions.writeback is None or src.persisted:
+            return True
+        try:
+            target = self.catalog.lookup(parent_new, name_new)
+        except KvfsError:
+            return False
+        return target.persisted
+
     async def setattr(self, ino: int, fh: int | None, *, mode: int | None = None,
                       uid: int | None = None, gid: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None) -> Attr:
@@ -241,6 +265,7 @@ class Files:
             if not node.is_file:
                 raise KvfsError(errno.EISDIR if node.is_dir else errno.EINVAL,
                                 "can only truncate regular files")
+            await self.settle(ino)          # (the inode's state may go: looked up after)
             st = self.handles.state(ino)
             if st.passthrough > 0 and not (st.session is not None and not st.session.frozen
                                            and st.backing is st.session.buffer):
@@ -320,8 +345,13 @@ class Files:
             # behind its back (eviction; it is told asynchronously). Its space may be reused.
             raise KvfsError(errno.ENOENT, f"{node.name.decode(errors='replace')}: deleted "
                                           f"(evicted)")
-        st = self.handles.state(ino)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
+        if writable and self.sessions.writeback is not None:
+            # a closed file's buffer waiting for write-back is never written again (once
+            # written back, the inode's state may have gone: it is looked up after)
+            await self.sessions.writeback.throttle()
+            await self.settle(ino)
+        st = self.handles.state(ino)
         passthrough = self._use_passthrough(node, st, writable)
         h = self.handles.new(node, flags, pid)
         try:
@@ -381,10 +411,19 @@ class Files:
 
     def _pin_version(self, h: Handle, st: NodeState, pid: int, access: bool = True) -> None:
         node = h.node
-        if st.session is not None:
-            if st.session.unreadable is not None:
-                raise st.session.unreadable
-            h.version = st.session
+        s = st.session
+        if s is not None:
+            if s.unreadable is not None:
+                raise s.unreadable
+            h.version = s
+            if s.writeback is not None and access:
+                # a closed file not yet written back is the file's content: its reads count
+                # as reads of it (readahead's order, the pool's uses), as once it is written
+                if self.readahead is not None:
+                    self.readahead.opened(node, pid)
+                self.space.score_read(node, s.writeback.size)
+                self.catalog.touch(node)
+                self.hits[node.ino] += 1
         elif node.blob is not None:
             h.version = node.blob
             self.store.hold(node.blob, node.ino)
@@ -412,6 +451,8 @@ class Files:
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                      gid: int, pid: int = 0) -> tuple[OpenResult, Attr]:
         gid, mode = self._owner(self.catalog.dir(parent), gid, mode, False)
+        if self.sessions.writeback is not None:
+            await self.sessions.writeback.throttle()
         node = self.catalog.create_file(parent, name, mode, uid, gid)
         self.stats.creates += 1
         if self.readahead is not None:
@@ -501,7 +542,18 @@ class Files:
         # A failed commit raises an error that says what the kernel may cache wrongly now
         # (`dropped`, `removed`: see Sessions._drop); the FUSE layer tells the kernel before
         # the closer hears of it.
-        await self.sessions.commit_if_dirty(h.node, st)
+        if self.sessions.writeback is not None:
+            await self.sessions.closing(h.node, st)    # close is not a commit (writeback.py)
+        else:
+            await self.sessions.commit_if_dirty(h.node, st)
+
+    def _write_back_failed(self, e: KvfsError) -> None:
+        """A closed file's write-back failed and dropped its content: the kernel may cache
+        its size, or its name (never committed)."""
+        self._tell_removed(e)
+        ino = getattr(e, "dropped", None)
+        if ino is not None and self.on_new_content is not None:
+            self.on_new_content(ino)
 
     def _tell_removed(self, e: KvfsError) -> None:
         """A commit that dropped a never-committed file's name (see Sessions._drop) tells the
@@ -512,7 +564,27 @@ class Files:
             self.on_evict(*removed)
 
     async def fsync(self, fh: int) -> None:
-        await self.flush(fh)
+        """fsync/fdatasync of any handle of the file: its content (and, when close is not a
+        commit, every change to the tree so far) durable on return."""
+        h = self.handles.get(fh)
+        await self.sessions.sync_file(h.node, self.handles.states.get(h.node.ino))
+
+    async def sync_all(self) -> None:
+        """fsyncdir, syncfs, `kvfs flush`: every closed file and every change durable."""
+        if self.sessions.writeback is not None:
+            await self.sessions.writeback.sync_all()
+
+    async def settle(self, ino: int) -> None:
+        """Before a file's extents are handed out (`user.kvfs.layout`, kvfs.direct leases and
+        commits): its closed content waiting for write-back is written back now."""
+        await self.sessions.settle(self.handles.states.get(ino))
+
+    def dirty(self, ino: int) -> bool:
+        """Has the file content not committed yet (open for writing, or closed and waiting
+        for write-back)?"""
+        st = self.handles.states.get(ino)
+        return st is not None and st.session is not None and not st.session.frozen \
+            and (st.session.writeback is not None or st.session.changed())
 
 
     async def release(self, fh: int) -> None:
@@ -632,6 +704,7 @@ class Files:
             raise KvfsError(errno.EISDIR if node.is_dir else errno.EINVAL,
                             "only regular files can be pinned")
         if on:
+            await self.settle(ino)          # the version to pin is the closed content
             if node.blob is not None:
                 await self.store.pin(node.blob)
             await self.catalog.set_xattr(node, PIN_XATTR, b"1")
@@ -673,6 +746,7 @@ class Files:
                 "plain_opens": self.stats.plain_opens,
                 "commits": s.commits, "commit_errors": s.commit_errors,
                 "bytes_written": s.bytes_written, "pool_evictions": self.space.evictions,
+                "durability": "close" if self.sessions.writeback is None else "fsync",
                 **vars(self.leases.stats), **vars(self.allocations.stats),
                 "open_handles": len(self.handles), "nodes": self.catalog.node_count,
                 "kernel_refs": len(self.handles.lookups), "node_states": len(self.handles.states),

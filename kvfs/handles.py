@@ -138,8 +138,11 @@ class Handles:
         return h
 
     def idle(self, ino: int, st: NodeState) -> bool:
-        """The inode's state may go: no handle, no lock holder, and no kernel reference to a
-        version whose pages the kernel may keep (`cache_version`)."""
+        """The inode's state may go: no handle, no lock holder, no session waiting for
+        write-back, and no kernel reference to a version whose pages the kernel may keep
+        (`cache_version`)."""
         if st.opens > 0 or st.lock.locked():
             return False
+        if st.session is not None and st.session.writeback is not None:
+            return False                # closed, not yet written back: the file's content
         return st.cache_version is None or not self.lookups.get(ino)

@@ -24,6 +24,7 @@ from kvfs.leases import Allocations, Leases
 from kvfs.readahead import Readahead
 from kvfs.sessions import Sessions
 from kvfs.store import BlockStore
+from kvfs.writeback import WriteBack
 
 log = logging.getLogger("kvfs.service")
 
@@ -49,6 +50,14 @@ class Service:
                             max_block_size=cfg.pool.max_block_size or pool.capacity)
         if hasattr(catalog, "before_commit"):      # group commit waits for writing commits
             catalog.before_commit = sessions.writes_settled
+        self.writeback = None
+        if cfg.mount.durability == "fsync" and not catalog.shared:
+            # close is not a commit: closed files are committed in batches (writeback.py)
+            self.writeback = sessions.writeback = WriteBack(
+                sessions, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit)
+            catalog.sync_changes = False
+        if hasattr(catalog, "after_release"):      # space freed once its release is durable
+            space.after_release = catalog.after_release
         self.files = files = Files(catalog, store, space, sessions, self.leases,
                                    self.allocations, readahead=self.readahead)
         self.direct = DirectAccess(catalog, files.handles, sessions, space, self.leases,
@@ -84,6 +93,8 @@ class Service:
             await nursery.start(self.catalog.serve)
             await nursery.start(self.store.serve)
             await nursery.start(self.space.serve)
+            if self.writeback is not None:
+                await nursery.start(self.writeback.serve)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
             nursery.start_soon(self._recharge_periodically)
@@ -96,8 +107,14 @@ class Service:
             await trio.sleep_forever()
 
     async def stop(self) -> None:
-        """Unmounting: persist what is batched, give back shared space, close the catalog's
-        connections (bounded: a shared catalog may be unreachable)."""
+        """Unmounting: write back closed files, persist what is batched, give back shared
+        space, close the catalog's connections (bounded: a shared catalog may be
+        unreachable)."""
+        if self.writeback is not None:
+            try:
+                await self.writeback.sync_all()
+            except KvfsError as e:
+                log.error("writing back closed files at unmount failed: %s", e)
         await self.flush()
         with trio.move_on_after(5):
             await self.space.stop()
@@ -110,9 +127,14 @@ class Service:
             await self.flush()
 
     async def flush(self) -> dict:
-        """Persist what is batched: access times and learned chain links."""
+        """Persist what is batched: closed files waiting for write-back, access times and
+        learned chain links."""
         out = {}
         try:
+            if self.writeback is not None:
+                before = self.writeback.stats.files
+                await self.writeback.sync_all()
+                out["written_back"] = self.writeback.stats.files - before
             out["atimes"] = await self.catalog.flush_atimes()
             out["links"] = await self.catalog.flush_links()
         except KvfsError as e:
@@ -136,7 +158,8 @@ class Service:
     def dirty_files(self) -> int:
         """Files open for writing with bytes not committed (reported at shutdown)."""
         return sum(1 for st in self.files.handles.states.values()
-                   if st.session is not None and st.session.dirty)
+                   if st.session is not None and st.session.dirty
+                   and st.session.writeback is None)
 
     def statistics(self) -> dict:
         """A versioned, JSON-friendly snapshot of what every layer counts."""
@@ -166,6 +189,7 @@ class Service:
             "store": store["store"],
             "prefetch": prefetch,
             "files": self.files.statistics(),
+            **({"writeback": self.writeback.statistics()} if self.writeback else {}),
             "data_path": {**self.data_path(), "memory": MEMORY.kind,
                           "dram_memfd_bytes": self.store.memfd_bytes()},
             "latency": self.latency.summary(),

@@ -15,7 +15,8 @@ class Session:
     """The mutable content of a file between writes and commit."""
 
     __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
-                 "next_early", "passthrough", "rdwr", "sig", "rec", "failed", "unreadable")
+                 "next_early", "passthrough", "rdwr", "sig", "rec", "failed", "unreadable",
+                 "writeback", "alloc")
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
@@ -38,6 +39,12 @@ class Session:
         self.rdwr = False
         self.sig: tuple | None = None
         self.rec = None
+        # durability = "fsync": closed by its last writer and waiting for the write-back
+        # flusher (its `writeback.Item`); the file's content until then, never written again
+        self.writeback = None
+        # ... and the pool extents its close allocated for its size (a Layout without
+        # checksums), so that its write-back cannot run short of room
+        self.alloc = None
 
     @property
     def early(self) -> int:

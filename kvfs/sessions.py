@@ -26,6 +26,7 @@ from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.handles import NodeState
+from kvfs.layout import Layout
 from kvfs.pool import Pool
 from kvfs.session import Session
 from kvfs.space import Space
@@ -60,6 +61,9 @@ class Sessions:
         self.max_block_size = max_block_size
         self.stats = SessionStats()
         self.writing = 0                 # commits writing their block to the pool now
+        # durability = "fsync": the flusher that commits closed files (kvfs/writeback.py; set
+        # by the composer); None: close() commits ("close")
+        self.writeback = None
         self._written: trio.Event | None = None     # set when `writing` drops to 0
 
     async def writes_settled(self, timeout: float) -> None:
@@ -166,8 +170,10 @@ class Sessions:
     def _write_behind(self, s: Session, offset: int, end: int) -> None:
         """Start writing the units a sequential writer has completed and moved past, so its
         transfer overlaps the namespaces' I/O; close() then only has the rest to write."""
-        if s.failed is not None:
-            return                          # never committed: nothing to write ahead for
+        if s.failed is not None or self.writeback is not None:
+            # never committed: nothing to write ahead for; or close is not a commit, so a
+            # close waits for no I/O to overlap (and the write-back batches the units)
+            return
         unit = self.pool.unit
         if s.writer is not None and end > offset:
             s.writer.touch(offset // unit, (end - 1) // unit)
@@ -193,10 +199,16 @@ class Sessions:
 
     def _abandon_writer(self, s: Session) -> None:
         """A session that will not be committed (or was truncated) gives back what it wrote
-        behind."""
+        behind, and the extents its close allocated."""
+        self._free_alloc(s)
         w, s.writer = s.writer, None
         if w is not None and self.store.nursery is not None:
             self.store.nursery.start_soon(w.abort)
+
+    def _free_alloc(self, s: Session) -> None:
+        if s.alloc is not None:
+            self.pool.release(s.alloc)
+            s.alloc = None
 
     def charge(self, s: Session) -> None:
         """Account the session's memory (its buffer's pages) in the DRAM tier."""
@@ -212,9 +224,9 @@ class Sessions:
         """The last writer is gone (or the inode is forgotten): drop an uncommitted session's
         buffer, reservation and early writes."""
         s = st.session
-        st.session = None
-        if s is None:
+        if s is None or s.writeback is not None:    # (waiting for write-back: the content)
             return
+        st.session = None
         self._abandon_writer(s)
         self.space.unreserve(s.reserved)
         s.reserved = 0
@@ -228,39 +240,168 @@ class Sessions:
             return
         if size > self.max_block_size:
             raise self.too_big(size, "a size of")
-        await self.space.reserve(need, exclude=node.ino)
+        try:
+            await self.space.reserve(need, exclude=node.ino)
+        except KvfsError as e:
+            # closed files waiting for write-back cannot be evicted, and the space of files
+            # deleted is free once their deletion is durable: after a write-back of both, it
+            # may fit (a writer filling the pool must not see ENOSPC for files it closed)
+            if e.errno != errno.ENOSPC or self.writeback is None or \
+                    not (self.writeback.dirty_bytes or self.catalog.unsynced):
+                raise
+            await self.writeback.sync_all()
+            await self.space.reserve(need, exclude=node.ino)
         s.reserved += need
 
     # --- commit --------------------------------------------------------------------------------------
     async def commit_if_dirty(self, node: Node, st: NodeState | None) -> None:
-        if st is None or st.session is None or not st.session.changed():
+        if st is None or st.session is None:
+            return
+        if st.session.writeback is not None:       # closed: the flusher commits it now
+            err = await self.writeback.settle(st.session)
+            if err is not None:
+                raise err
+            return
+        if not st.session.changed():
             return
         async with st.lock:
             await self.commit_locked(node, st)
 
     async def finish(self, node: Node, st: NodeState) -> None:
-        """The last writable handle is gone: commit what is left, and let the store keep the
-        buffer as the committed version's resident copy."""
+        """The last writable handle is gone: commit what is left (durability "close"), or
+        hand it to the write-back flusher ("fsync"), and let the store keep the buffer as the
+        committed version's resident copy."""
         s = st.session
         if s is None:
             return
         async with st.lock:
-            if not s.changed() and s.passthrough and s.rdwr and s.rec is not None \
+            changed, size, sig, nbytes = self._look(s)
+            if not changed and s.passthrough and s.rdwr and s.rec is not None \
                     and node.blob is s.rec:
                 # written through a shared mapping after the last commit? (no signature
                 # changes for that): compare the content with what was committed
-                s.dirty = not await trio.to_thread.run_sync(
+                s.dirty = changed = not await trio.to_thread.run_sync(
                     matches, s.buffer, s.rec.layout, limiter=_HASHING)
-            if s.changed():
+            if not changed:
+                if s.passthrough and not s.frozen and s.rec is not None and node.blob is s.rec:
+                    self._adopt(node, s)
+            elif self.writeback is None:
                 await self.commit_locked(node, st)
-            elif s.passthrough and not s.frozen and s.rec is not None and node.blob is s.rec:
-                self._adopt(node, s)
+            else:
+                await self._queue(node, st, s, size, sig, nbytes)
 
-    async def commit_locked(self, node: Node, st: NodeState) -> None:
-        """Make the session durable and the file's current version (see the module doc)."""
-        s = st.session
-        if s is None or not s.changed():
+    def _look(self, s: Session):
+        """(changed since the last commit, size, signature, memory) of a session, with one
+        stat of a passthrough session's file."""
+        if s.passthrough and not s.frozen:
+            size, sig, nbytes = self._measure(s)
+            return s.dirty or sig != s.sig, size, sig, nbytes
+        return s.changed(), s.buffer.size, None, None
+
+    # --- durability = "fsync": close is not a commit (kvfs/writeback.py) ---------------------------
+    async def closing(self, node: Node, st: NodeState | None) -> None:
+        """A writer's close() when close is not a commit: what a commit would report now is
+        reported now (an earlier write that failed, a file past max_block_size, a pool with
+        no room: the session is dropped, as a failed commit's is), and the file's pool space
+        is reserved, so its write-back cannot run short; its bytes stay in memory."""
+        s = st.session if st is not None else None
+        if s is None or s.frozen or s.writeback is not None:
             return
+        async with st.lock:
+            changed, size, _, _ = self._look(s)
+            if not changed or not await self._committable(node, st, s):
+                return
+            try:
+                if size > self.max_block_size:
+                    raise self.too_big(size, "a file of")
+                await self._allocate(node, s, size)
+            except KvfsError as e:
+                self.stats.commit_errors += 1
+                s.failed = e
+                raise await self._drop(node, st, e) from None
+
+    async def _allocate(self, node: Node, s: Session, size: int) -> None:
+        """Give a closed session the pool extents its write-back will write (`Session.alloc`),
+        making room as a commit would (a full pool is told at close: ENOSPC). Space reserved
+        for it goes back at once. A session written behind through the daemon (`writer`)
+        allocates unit by unit: it keeps a reservation instead."""
+        if s.writer is not None:
+            await self._reserve(node, s, size)
+            return
+        if s.alloc is not None:
+            if s.alloc.size == size:
+                return
+            self._free_alloc(s)               # written again since (another handle, a mapping)
+        self.space.unreserve(s.reserved)
+        s.reserved = 0
+        tries, give_up = 0, None
+        while True:
+            try:
+                ns_of, offsets = self.pool.allocate(size)
+            except KvfsError as e:
+                now = trio.current_time()
+                if give_up is None:
+                    give_up = now + 2 * self.space.room_wait + ROOM_SECONDS
+                if e.errno != errno.ENOSPC or tries >= ROOM_TRIES or now >= give_up:
+                    raise
+                tries += 1
+                if await self.space.make_room(node.ino, size):
+                    continue
+                # closed files not yet written back cannot be evicted, and the space of
+                # deleted ones is free once their deletion is durable: after both, it may fit
+                if not (self.writeback.dirty_bytes or self.catalog.unsynced):
+                    raise
+                await self.writeback.sync_all()
+                continue
+            s.alloc = Layout(size, self.pool.unit, ns_of, offsets, (0,) * len(ns_of))
+            return
+
+    async def _queue(self, node: Node, st: NodeState, s: Session, size: int, sig,
+                     nbytes: int | None) -> None:
+        """Hand a session its last writer closed to the write-back flusher (see `closing`
+        for the checks, made again: it may have been written through a mapping since)."""
+        if not await self._committable(node, st, s):
+            return
+        try:
+            if size > self.max_block_size:
+                raise self.too_big(size, "a file of")
+            await self._allocate(node, s, size)
+        except KvfsError as e:
+            self.stats.commit_errors += 1
+            s.failed = e
+            raise await self._drop(node, st, e) from None
+        self._charge(s, nbytes)
+        if sig is not None:     # the kernel wrote it (passthrough): its memory file's time
+            node.mtime_ns = node.ctime_ns = sig[1]
+        self.writeback.queue_file(node, st, s, size, sig)
+
+    async def settle(self, st: NodeState | None) -> None:
+        """Return once the inode has no session waiting for write-back (it is written back
+        now if it was): before a writer changes the file, or its extents are handed out."""
+        s = st.session if st is not None else None
+        if s is not None and s.writeback is not None:
+            await self.writeback.settle(s)
+
+    async def sync_file(self, node: Node, st: NodeState | None) -> None:
+        """fsync(): the file's content durable (its session committed now, or its write-back
+        done now), and with "fsync" durability every change to the tree made so far. Raises
+        the error of a write-back of it that failed."""
+        s = st.session if st is not None else None
+        if s is not None:
+            if s.writeback is not None:
+                err = await self.writeback.settle(s)
+                if err is not None:
+                    raise err
+            elif s.changed():
+                async with st.lock:
+                    await self.commit_locked(node, st)
+        if self.writeback is not None:
+            await self.catalog.sync()
+
+    async def _committable(self, node: Node, st: NodeState, s: Session) -> bool:
+        """Checks before a session's bytes go to the pool: a session whose write failed (or
+        whose writer was killed) is dropped with that error; one whose file was unlinked
+        meanwhile is not committed (False); after a catalog failure: EIO."""
         if s.failed is not None:
             raise await self._drop(node, st, KvfsError(
                 s.failed.errno, f"{self.catalog.path_of(node)}: not committed, an earlier "
@@ -271,22 +412,36 @@ class Sessions:
             if node.removed_elsewhere:
                 s.failed = self._removed_elsewhere(node)
                 raise s.failed
-            return
+            return False
         if self.catalog.failure:     # it could not be recorded: do not write it to the pool
             self.stats.commit_errors += 1
             s.failed = KvfsError(errno.EIO, self.catalog.failure)
             raise s.failed
-        if s.passthrough:            # one stat: the size, and the signature before the read
+        return True
+
+    def _measure(self, s: Session):
+        """(size, signature, memory) of the session's content now: one stat of a passthrough
+        session's file (the kernel wrote it), which also gives the signature before a read."""
+        if s.passthrough:
             fst = s.buffer.refresh()
-            size, sig = fst.st_size, (fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns)
-            nbytes = fst.st_blocks * 512
-        else:
-            size, sig, nbytes = s.buffer.size, None, None
+            return fst.st_size, (fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns), \
+                fst.st_blocks * 512
+        return s.buffer.size, None, None
+
+    async def commit_locked(self, node: Node, st: NodeState) -> None:
+        """Make the session durable and the file's current version (see the module doc)."""
+        s = st.session
+        if s is None or not s.changed():
+            return
+        if not await self._committable(node, st, s):
+            return
+        size, sig, nbytes = self._measure(s)
         if size > self.max_block_size:
             self.stats.commit_errors += 1
             raise self.too_big(size, "a file of")
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
+        self._free_alloc(s)
         self._charge(s, nbytes)
         self.writing += 1
         try:
@@ -306,6 +461,11 @@ class Sessions:
         except KvfsError as e:
             s.failed = e              # its closer is told; a later release must not commit it
             raise await self._drop(node, st, e) from None
+        await self.committed(node, st, s, rec, sig)
+
+    async def committed(self, node: Node, st: NodeState, s: Session, rec: BlobRec,
+                        sig: tuple | None) -> None:
+        """The session is the file's committed version `rec` now."""
         s.dirty = False
         s.sig, s.rec = sig, rec
         # The buffer becomes the version's resident copy, unless passthrough writers may still
@@ -412,12 +572,7 @@ class Sessions:
         """Record a block that is durable in the pool as the file's current version (one
         catalog transaction); the old version is retired. The block's space is released if
         the catalog refuses it, or if the file was unlinked before it was ever published."""
-        # the file's place in the pool's order (a shared pool may look up the name's ghost)
-        try:
-            score = await self.space.score_stored(node, layout.size) if node.linked else None
-        except BaseException:
-            self.pool.release(layout)          # (cancelled) nothing points at it
-            raise
+        score = await self.score(node, layout)
         published = node.linked        # the catalog publishes exactly when the node is linked
         if node.removed_elsewhere:     # while its block was being written
             self.pool.release(layout)
@@ -429,15 +584,29 @@ class Sessions:
                 self.pool.release(layout)
             self.stats.commit_errors += 1
             raise
+        self.published(node, rec, old, published)
+        return rec
+
+    async def score(self, node: Node, layout):
+        """The file's place in the pool's order for a commit of `layout` (a shared pool may
+        look up the name's ghost); the block's space is released if that is cancelled."""
+        try:
+            return await self.space.score_stored(node, layout.size) if node.linked else None
+        except BaseException:
+            self.pool.release(layout)          # (cancelled) nothing points at it
+            raise
+
+    def published(self, node: Node, rec: BlobRec, old: BlobRec | None, published: bool) -> None:
+        """The catalog recorded `rec` as the file's version (`published`: the node was linked
+        then): the space hears of it, and the old version is retired."""
         if published:
-            self.space.committed(layout)
+            self.space.committed(rec.layout)
         self.stats.commits += 1
         if not node.linked and not published:
             self.pool.release(rec.layout)      # never published: nobody can read it
         # (published, then unlinked while the commit was in flight: the unlink retired it)
         if old is not None:
             self.store.retire(old)
-        return rec
 
     def _removed_elsewhere(self, node: Node) -> KvfsError:
         """Another node removed the file while it was open for writing here (an eviction there

@@ -694,7 +694,11 @@ class BlockStore:
             layout = await writer.finish(buf, size)
         else:
             layout = await self.pool.write_block(buf, size)
-        self.stats.blocks_written += 1
-        self.stats.bytes_to_pool += size
-        self.stats.tiers["pool"].bytes_in += size
+        self.wrote(size)
         return layout
+
+    def wrote(self, nbytes: int, blocks: int = 1) -> None:
+        """Count blocks written to the pool (`write`, or the write-back flusher's batches)."""
+        self.stats.blocks_written += blocks
+        self.stats.bytes_to_pool += nbytes
+        self.stats.tiers["pool"].bytes_in += nbytes

@@ -34,9 +34,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str =
 
 
 def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: str = "64MiB",
-                 extra: str = "", pool: str = "") -> Path:
+                 extra: str = "", pool: str = "", mount: str = "") -> Path:
     """Write a kvfs config. `extra` holds top-level keys and other tables (it goes first);
-    `pool` holds keys of the [pool] table."""
+    `pool` holds keys of the [pool] table, `mount` of the [mount] table.
+    KVFS_TEST_DURABILITY=close (or fsync) in the environment sets `[mount] durability` where
+    `mount` does not and the pool is not shared (`make test` runs the mounted tests again in
+    "close" mode)."""
+    mode = os.environ.get("KVFS_TEST_DURABILITY", "").strip()
+    if mode and "durability" not in mount and "[cluster]" not in extra:
+        mount = f'durability = "{mode}"\n' + mount
     lines = [f'state_dir = "{state_dir}"', extra, "[dram]", f'capacity = "{dram}"', "[pool]"]
     if pool:
         lines.append(pool)
@@ -44,6 +50,8 @@ def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: s
         lines.append("[[pool.namespace]]")
         for k, v in ns.items():
             lines.append(f"{k} = {json.dumps(v)}")
+    if mount:
+        lines += ["[mount]", mount]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -122,6 +130,21 @@ class MountedKvfs:
     def passthrough(self) -> bool:
         """Is file data served by FUSE passthrough (else through the daemon)?"""
         return bool(self.stats().get("data_path", {}).get("passthrough"))
+
+    @property
+    def durability(self) -> str:
+        """"fsync" (close is not a commit; closed files are written back in batches) or
+        "close"."""
+        return self.stats()["files"]["durability"]
+
+    def sync(self) -> None:
+        """Every closed file and every change durable, as an application asks for it: an
+        fsync of the mount's root directory (FUSE_FSYNCDIR)."""
+        fd = os.open(self.mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def control(self, action: str, args: dict | None = None) -> dict:
         ctl = self.mountpoint / ".kvfs-control"

@@ -31,12 +31,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def pool_config(tmp_path: Path):
-    """Make a config with file namespaces under tmp_path: pool_config(n=1, size='256MiB', ...)."""
+    """Make a config with file namespaces under tmp_path: pool_config(n=1, size='256MiB', ...);
+    `durability`: "fsync" (the default) or "close" (`mount`: other keys of [mount])."""
     def make(n: int = 1, size: str = "256MiB", dram: str = "64MiB", pool: str = "",
-             extra: str = "", name: str = "kvfs.toml") -> Path:
+             extra: str = "", name: str = "kvfs.toml", durability: str | None = None,
+             mount: str = "") -> Path:
         namespaces = [{"path": str(tmp_path / f"ns{i}.img"), "size": size} for i in range(n)]
+        if durability is not None:
+            mount = f'durability = "{durability}"\n' + mount
         return write_config(tmp_path / name, tmp_path / "state", namespaces, dram=dram,
-                            pool=pool, extra=extra)
+                            pool=pool, extra=extra, mount=mount)
     return make
 
 

@@ -111,15 +111,16 @@ class Space:
         rule.observe((node.parent, node.name), size)
         return rule.priority(uses), uses
 
-    def score_read(self, node) -> None:
+    def score_read(self, node, size: int | None = None) -> None:
         """A file was opened for reading (or read directly): a use, in memory (the caller
-        records it in the catalog)."""
+        records it in the catalog). `size`: of the content read, if it is not the committed
+        block's (a closed file waiting for write-back)."""
         rule = self._rule()
-        if rule is None or node.blob is None:
+        if rule is None or (node.blob is None and size is None):
             return
         node.uses += 1
         node.prio = rule.priority(node.uses)
-        rule.observe((node.parent, node.name), node.blob.size)
+        rule.observe((node.parent, node.name), node.blob.size if size is None else size)
 
     async def score_renamed(self, node, replaced=None) -> bool:
         """Written under a temporary name and renamed into place (as many engines do): the

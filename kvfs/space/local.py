@@ -29,13 +29,22 @@ class LocalSpace(Space):
     # stored under "lru" a priority;
     # evictable(inode, exclude, block id) -> whether Files.evict would delete it now.
     lru = scored = lowest = unscored = evictable = None
+    # after_release(fn): fn() once the catalog change that stopped referencing a block is
+    # durable (kvfs/catalog/groupcommit.py); None: at once
+    after_release = None
 
     def __init__(self, pool, knobs):
         super().__init__(pool, knobs)
         self._scored_all = False     # files stored under "lru" have a priority too
 
     def retired(self, layout: Layout) -> None:
-        self.pool.release(layout)
+        """A block no file refers to any more, and nobody here reads: its space is free
+        once the change that removed it from the catalog is durable (until then a crash
+        would find the catalog pointing at it: its bytes must still be there)."""
+        if self.after_release is None:
+            self.pool.release(layout)
+        else:
+            self.after_release(lambda: self.pool.release(layout))
 
     def _start_floor(self) -> float:
         return self.lowest() or 0.0

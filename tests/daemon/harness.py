@@ -62,6 +62,12 @@ class FS:
         finally:
             await self.close(fh)
 
+    async def sync(self) -> None:
+        """Every closed file durable (fsyncdir of the root does this through the mount): with
+        durability "fsync" its block is in the pool and the catalog then, as at a close with
+        "close"."""
+        await self.files.sync_all()
+
     async def read_fh(self, fh: int, size: int, chunk: int = 1 << 20) -> bytes:
         out = bytearray()
         off = 0
@@ -94,15 +100,21 @@ async def open_service(cfg, stack: contextlib.AsyncExitStack) -> Service:
     return Service(cfg, layers, knobs)
 
 
-def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]], clock=None) -> None:
+def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]], clock=None, *,
+                crash: bool = False) -> None:
     """Open the layers for `cfg_path`, serve them in trio, run fn(fs), shut down. `clock`:
-    a trio.testing.MockClock for the run (see `wait_out`)."""
-    run_cluster([cfg_path], fn, clock)
+    a trio.testing.MockClock for the run (see `wait_out`). `crash`: stop as a killed daemon
+    would, without the shutdown's write-back or commits (see `run_cluster`)."""
+    run_cluster([cfg_path], fn, clock, crash=crash)
 
 
-def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]], clock=None) -> None:
+def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]], clock=None, *,
+                crash: bool = False) -> None:
     """Open one node per config (for several: sharing a pool and a Redis), serve them all in
-    one trio run, run fn(fs_a, fs_b, ...), shut down."""
+    one trio run, run fn(fs_a, fs_b, ...), shut down. With `crash` the shutdown is a kill's:
+    files closed and not written back yet are not, and the catalog's open transaction is
+    rolled back instead of committed (a write-back batch under way still finishes: its I/O
+    cannot be stopped; a kill -9 of a mounted daemon, tests/mounted, has no such grace)."""
     cfgs = [config.load(p) for p in cfg_paths]
 
     async def main() -> None:
@@ -114,6 +126,12 @@ def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]], clock
                 await fn(*[FS(svc) for svc in services])
                 nursery.cancel_scope.cancel()
             for svc in services:
+                if crash:
+                    cat = svc.catalog
+                    if getattr(cat, "_in_txn", False):
+                        cat._conn.execute("ROLLBACK")
+                        cat._in_txn = False
+                    continue
                 with trio.CancelScope(shield=True):
                     await svc.stop()
 

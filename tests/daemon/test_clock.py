@@ -24,11 +24,13 @@ def test_a_direct_read_lease_holds_the_old_version_until_it_expires(pool_config)
 
     async def body(fs):
         await fs.write("/f", os.urandom(3 * MiB))
+        await fs.sync()
         ino = fs.ino("/f")
         gen = fs.files.catalog.get(ino).blob.id
         fs.svc.direct.lease_version(ino, gen, ttl=30)
         free = fs.svc.space.free
         await fs.write("/f", os.urandom(3 * MiB))        # a new version: the old one is retired
+        await fs.sync()
         assert fs.svc.space.free == free - 3 * MiB       # ... but leased: its space is kept
         await wait_out(clock, 29)
         assert fs.files.leases.stats.expired_leases == 0
@@ -39,6 +41,7 @@ def test_a_direct_read_lease_holds_the_old_version_until_it_expires(pool_config)
         gen = fs.files.catalog.get(ino).blob.id
         fs.svc.direct.lease_version(ino, gen, ttl=30)
         await fs.write("/f", os.urandom(3 * MiB))
+        await fs.sync()
         await wait_out(clock, 31.5)                       # the reader stalled: expired
         assert fs.files.leases.stats.expired_leases == 1
         assert fs.svc.space.free == free                  # the space went back
@@ -225,7 +228,7 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
     request even SIGKILL cannot interrupt, so the commit gives up with ENOSPC after about two
     such waits, not after ROOM_TRIES of them (a torture writer hung for minutes)."""
     from kvfs.sessions import ROOM_SECONDS, ROOM_TRIES
-    cfg = pool_config(size="16MiB")
+    cfg = pool_config(size="16MiB", durability="close")   # (an error at close)
     clock = mock_clock()
 
     async def body(fs):

@@ -77,6 +77,7 @@ def test_unlink_while_open_keeps_content_until_release(pool_config):
 
     async def body(fs):
         await fs.write("/f", data)
+        await fs.sync()                 # (in the pool: its space is what the reader holds)
         free_before = fs.svc.pool.free
         fh = await fs.open("/f", os.O_RDONLY)
         parent, name = fs.resolve("/f")
@@ -114,11 +115,15 @@ def test_partial_out_of_order_writes_and_truncate(pool_config):
     run_service(cfg, body)
 
 
-def test_rename_replaces_atomically_and_commits_a_dirty_source(pool_config):
-    cfg = pool_config()
+@pytest.mark.parametrize("durability", ["fsync", "close"])
+def test_rename_replaces_atomically_and_commits_a_dirty_source(pool_config, durability):
+    """A rename over a file with a row commits the source first (never is the target's row
+    gone before what replaces it is durable), in both modes."""
+    cfg = pool_config(durability=durability)
 
     async def body(fs):
         await fs.write("/target", b"old")
+        await fs.sync()                  # (with "fsync": the target written back, a row)
         fh = await fs.open("/target.tmp", os.O_CREAT | os.O_WRONLY)
         await fs.files.write(fh, 0, b"new content")
         p, n = fs.resolve("/target.tmp")
@@ -168,6 +173,7 @@ async def fill_in_quarters(fs) -> int:
     size = fs.svc.pool.capacity // 4 - 4096
     for name in "abcd":
         await fs.write(f"/{name}", os.urandom(size))
+    await fs.sync()             # (written back: closed files, evictable)
     return size
 
 
@@ -198,6 +204,7 @@ def test_a_pool_fragmented_by_small_files_makes_room_for_a_large_block_at_once(p
         small = 300 * 1024
         for i in range(pool.capacity // small - 1):
             await fs.write(f"/s{i}", os.urandom(small))
+        await fs.sync()
         assert pool.unit_free < 2 * MiB and space.evictions == 0
         assert await space.make_room(0, 6 * MiB)
         assert pool.unit_free - space.reserved >= 6 * MiB
@@ -234,6 +241,7 @@ def test_corrupted_block_reads_as_eio(pool_config, tmp_path):
 
     async def first(fs):
         await fs.write("/f", data)
+        await fs.sync()
         lay = fs.files.catalog.get(fs.ino("/f")).blob.layout
         where["ns"], where["off"] = lay.ns[1], lay.offsets[1]
 
@@ -361,7 +369,7 @@ def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config, at
     """A commit or mkdir whose catalog transaction failed answers EIO and leaves no trace: the
     file keeps no version whose space was given back, the directory does not exist. The
     write may fail as it is executed, or when the group commit commits the transaction."""
-    cfg = pool_config()
+    cfg = pool_config(durability="close")  # (close-time errors)
 
     async def body(fs):
         await fs.write("/old", b"o" * 5000)
@@ -388,7 +396,7 @@ def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_conf
     """The memory may be ahead of the disk after a catalog write failed (an unlink that the
     disk never saw): so no extent is freed, and no commit writes to the pool, until a restart
     reloads the catalog. Else a file the disk still has would be overwritten."""
-    cfg = pool_config(size="16MiB")
+    cfg = pool_config(size="16MiB", durability="close")  # (close-time errors)
     keep = os.urandom(5 * MiB)
 
     async def body(fs):
@@ -420,7 +428,7 @@ def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_conf
 def test_a_failed_wal_sync_is_a_catalog_failure(pool_config):
     """With group commit the WAL is synced apart from the COMMIT: a failed sync is a catalog
     failure like a failed statement (EIO, later changes refused, the pool frees nothing)."""
-    cfg = pool_config()
+    cfg = pool_config(durability="close")  # (close-time errors)
 
     async def body(fs):
         await fs.write("/keep", b"k" * 5000)
@@ -480,6 +488,7 @@ def test_opening_an_evicted_file_through_a_stale_name_is_enoent(pool_config):
 
     async def body(fs):
         await fs.write("/f", os.urandom(3 * MiB))
+        await fs.sync()
         ino = (await fs.files.lookup(1, b"f")).ino      # the kernel holds a reference
         assert await fs.files.evict(ino, exclude=0) > 0
         fs.svc.store.drop_dram()
@@ -501,7 +510,7 @@ def test_a_commit_that_room_making_does_not_help_fails_with_enospc(pool_config, 
     fail with ENOSPC, not retry for ever with the writer hung in close()."""
     from kvfs.errors import no_space
 
-    cfg = pool_config()
+    cfg = pool_config(durability="close")  # (close-time errors)
 
     async def body(fs):
         calls = []
@@ -572,7 +581,7 @@ def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(
     would replace)."""
     from kvfs.errors import no_space
 
-    cfg = pool_config()
+    cfg = pool_config(durability="close")  # (close-time errors)
     old = os.urandom(MiB)
 
     async def body(fs):
@@ -632,6 +641,7 @@ def test_a_writer_that_opens_a_file_being_evicted_is_told_at_close(pool_config, 
 
     async def body(fs):
         await fs.write("/f", b"old" * 100)
+        await fs.sync()
         cat = fs.files.catalog
         real = type(cat).remove
         fhs = []
@@ -665,9 +675,9 @@ def test_the_statistics_snapshot_is_given_twice_so_its_size_holds(pool_config):
         grown = iter(range(10**6, 10**7, 10**6))
         real = control.statistics
         control.statistics = lambda: {**real(), "grows": "x" * (next(grown) // 10**5)}
-        first = control.getxattr(1, b"user.kvfs.stats", 0)          # the size query
-        assert control.getxattr(1, b"user.kvfs.stats", 0) == first  # the value: the same
-        third = control.getxattr(1, b"user.kvfs.stats", 0)          # a new reader: fresh
+        first = await control.getxattr(1, b"user.kvfs.stats", 0)        # the size query
+        assert await control.getxattr(1, b"user.kvfs.stats", 0) == first  # the value: the same
+        third = await control.getxattr(1, b"user.kvfs.stats", 0)        # a new reader: fresh
         assert len(third) > len(first)
 
     run_service(cfg, body)

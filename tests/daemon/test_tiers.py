@@ -33,6 +33,7 @@ async def write_chain(fs, names, size=MiB, pid=4242):
         r, _ = await fs.files.create(parent, name, 0o644, os.O_CREAT | os.O_WRONLY, 0, 0, pid)
         await fs.files.write(r.fh, 0, os.urandom(size))
         await fs.close(r.fh)
+    await fs.sync()       # (written back: in the pool, resident in DRAM)
 
 
 async def read_file(fs, path, pid):
@@ -45,6 +46,7 @@ async def read_file(fs, path, pid):
 def test_a_block_read_from_the_pool_is_promoted_to_dram(pool_config):
     async def body(fs):
         await fs.write("/b", os.urandom(2 * MiB))
+        await fs.sync()
         fs.svc.store.drop_dram()
         rec = fs.files.catalog.get(fs.ino("/b")).blob
         assert fs.svc.store.tier_of(rec) == "pool"
@@ -63,6 +65,7 @@ def test_pinned_blocks_stay_in_dram_until_unpinned(pool_config):
 
     async def body(fs):
         await fs.write("/pinned", os.urandom(3 * MiB))
+        await fs.sync()
         ino = fs.ino("/pinned")
         await fs.files.set_pin(ino, True)
         rec = fs.files.catalog.get(ino).blob
@@ -104,6 +107,7 @@ def test_local_tier_takes_demoted_and_promoted_blocks(pool_config, tmp_path):
         assert store.local is not None
         a = os.urandom(3 * MiB)
         await fs.write("/a", a)
+        await fs.sync()
         rec = fs.files.catalog.get(fs.ino("/a")).blob
         store.drop_dram()
         await read_file(fs, "/a", 1)     # first pass: promoted to DRAM, not to local (admission)
@@ -119,6 +123,7 @@ def test_local_tier_takes_demoted_and_promoted_blocks(pool_config, tmp_path):
         # demotion: a block pushed out of DRAM by pressure goes to local when admitted
         b_data = os.urandom(3 * MiB)
         await fs.write("/b", b_data)
+        await fs.sync()
         b = fs.files.catalog.get(fs.ino("/b")).blob
         store.local.admission.admit(b.id, b.size)     # seen once already
         for i in range(3):
@@ -211,6 +216,7 @@ def test_cancelled_prefetch_releases_its_buffer_and_a_reader_can_still_read(pool
 
     async def body(fs):
         await fs.write("/p", os.urandom(8 * MiB))
+        await fs.sync()
         store = fs.svc.store
         rec = fs.files.catalog.get(fs.ino("/p")).blob
         store.drop_dram()

@@ -1,4 +1,5 @@
-"""Write-behind: units a sequential writer has finished are written before close()."""
+"""Write-behind: units a sequential writer has finished are written before close() (with
+durability "close": when close is not a commit, the write-back batches the units instead)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def written(fs) -> int:
 
 
 def test_units_are_written_before_close_and_the_block_is_exact(pool_config):
-    cfg = pool_config(n=3)
+    cfg = pool_config(n=3, durability="close")   # (write-behind: close commits)
     data = os.urandom(9 * MiB + 100)
 
     async def body(fs):
@@ -32,6 +33,7 @@ def test_units_are_written_before_close_and_the_block_is_exact(pool_config):
         await until(lambda: written(fs) >= 8 * MiB)        # behind the writer, before close
         await fs.close(fh)
         assert await fs.read("/blk") == data
+        await fs.sync()
         lay = fs.files.catalog.get(fs.ino("/blk")).blob.layout
         assert set(lay.ns) == {0, 1, 2}
 
@@ -43,7 +45,7 @@ def test_units_are_written_before_close_and_the_block_is_exact(pool_config):
 
 
 def test_rewritten_and_truncated_units_and_abandoned_sessions_leave_no_garbage(pool_config):
-    cfg = pool_config(n=2)
+    cfg = pool_config(n=2, durability="close")
 
     async def body(fs):
         pool = fs.svc.pool

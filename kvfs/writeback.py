@@ -1,0 +1,381 @@
+"""Write-back: with `[mount] durability = "fsync"` close() is not a commit; a flusher commits
+closed files in batches.
+
+POSIX, ext4 and every engine kvfs serves treat close the same way: close is not durable, fsync
+is. A file whose last writer closed it is *closed*: its bytes are in its session's buffer
+(DRAM), which readers read, and it is queued here (`queue`). The flusher (`serve`) takes what
+is queued as one batch when `BATCH_FILES` files or `BATCH_BYTES` bytes wait, when the oldest
+has waited `delay` seconds (`[mount] writeback_ms`), or at once when someone waits for it:
+
+1. data: every block of the batch is allocated, then each namespace gets one worker-thread job
+   for all the runs placed on it (a checksum and a pwritev per run) and one fdatasync
+   (`Pool.write_batch`); a block that did not fit, or that a sequential writer wrote behind
+   through the daemon, takes the one-file path (`Sessions._write_retrying`: room is made);
+2. metadata: one catalog transaction records every block as its file's version, each
+   statement run once with every file's parameters (`SqliteCatalog.commit_batch`); the
+   transaction's WAL sync runs while the next batch writes its data (at most
+   `COMMITS_IN_FLIGHT` batches wait for theirs);
+3. once durable, each file's buffer becomes its version's resident copy, the old version is
+   retired (its space freed: kvfs/space/), and whoever waits for the file is woken.
+
+Data before metadata, as a close's commit: a crash loses the files closed within the window
+(queued, or in a batch whose transaction is not durable), and every such file has its previous
+version or, never committed, no name; never a partial or mixed one. What waits for the flusher:
+fsync and fdatasync of a file (`settle`), a writer opening a closed file and a truncate
+(`settle`: a queued buffer is never written again), a rename of such a file over another or of
+a file that has a row already (kvfs/files.py), `user.kvfs.layout` and `kvfs.direct` leases
+(they hand out the extents), fsyncdir, syncfs, `kvfs flush`, unmount and SIGTERM
+(`sync_all`). Writers that open or create files wait while more than `dirty_limit` bytes
+are closed and not yet durable (`throttle`; counted in the statistics). Changes to the tree
+(mkdir, unlink, rename...) return once applied in the catalog's open transaction; the flusher
+also commits that transaction within `delay` (kvfs/catalog/groupcommit.py).
+
+A write-back that fails (a namespace's I/O error, a full pool with nothing to evict) drops the
+file's new content, as a failed commit at close would (it reads as its previous version, or
+has no name), logs it, and reports it to an fsync waiting for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import trio
+
+from kvfs.aio import run_all
+from kvfs.errors import KvfsError
+from kvfs.handles import NodeState
+from kvfs.session import Session
+from kvfs.sessions import Sessions
+
+log = logging.getLogger("kvfs.writeback")
+
+BATCH_FILES = 64            # a batch starts once this many closed files wait...
+BATCH_BYTES = 64 << 20      # ... or this many bytes
+COMMITS_IN_FLIGHT = 2       # batches waiting for their WAL sync while the next writes its data
+AGES_KEPT = 4096            # closes whose time to durability the statistics keep
+
+
+class Item:
+    """One closed file waiting for write-back (`Session.writeback` while it waits)."""
+
+    __slots__ = ("node", "st", "session", "size", "sig", "queued_at", "done", "error")
+
+    def __init__(self, node, st: NodeState, session: Session, size: int, sig, now: float):
+        self.node, self.st, self.session = node, st, session
+        self.size, self.sig, self.queued_at = size, sig, now
+        self.done = trio.Event()
+        self.error: KvfsError | None = None
+
+
+@dataclass
+class WriteBackStats:
+    batches: int = 0
+    files: int = 0                   # files made durable by write-back
+    bytes: int = 0
+    errors: int = 0                  # files whose write-back failed (content dropped)
+    largest_batch: int = 0
+    early_batches: int = 0           # batches started early: someone waited for them
+    catalog_syncs: int = 0           # syncs of tree changes alone (no file waited)
+    dirty_waits: int = 0             # writers that waited for the dirty limit
+    dirty_wait_seconds: float = 0.0
+
+
+class WriteBack:
+    def __init__(self, sessions: Sessions, *, delay: float, dirty_limit: int):
+        self.sessions = sessions
+        self.catalog = sessions.catalog
+        self.pool = sessions.pool
+        self.space = sessions.space
+        self.delay = delay
+        self.dirty_limit = dirty_limit
+        self.queue: dict[Session, Item] = {}    # in the order they were closed
+        self.queued_bytes = 0
+        self.inflight: dict[Item, None] = {}    # taken by a batch, not yet durable
+        self.inflight_bytes = 0
+        self.stats = WriteBackStats()
+        self.ages: collections.deque[float] = collections.deque(maxlen=AGES_KEPT)
+        self.max_age = 0.0
+        self._wake = trio.Event()
+        self._drained = trio.Event()            # set (and replaced) when a batch ends
+        self._urgent = 0                        # waiters for what is queued now
+        self._slots = trio.Semaphore(COMMITS_IN_FLIGHT)
+        # Set by the files layer (it never calls back down): on_settled(ino) once a file left
+        # write-back (its inode's state may go); on_failed(error) when a write-back failed
+        # and dropped what was written (the kernel may cache its size, or its name).
+        self.on_settled: Callable[[int], None] | None = None
+        self.on_failed: Callable[[KvfsError], None] | None = None
+        self.catalog.on_unsynced = self._kick
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    @property
+    def dirty_bytes(self) -> int:
+        """Bytes of closed files not yet durable."""
+        return self.queued_bytes + self.inflight_bytes
+
+    # --- what the layers above call ---------------------------------------------------------------
+    def queue_file(self, node, st: NodeState, s: Session, size: int, sig) -> None:
+        """A session its last writer closed (see Sessions.finish): durable within `delay`."""
+        item = Item(node, st, s, size, sig, trio.current_time())
+        s.writeback = item
+        self.queue[s] = item
+        self.queued_bytes += size
+        if len(self.queue) == 1 or len(self.queue) >= BATCH_FILES or \
+                self.queued_bytes >= BATCH_BYTES:
+            self._wake.set()      # (a first file arms the timer; a full batch starts now)
+
+    async def settle(self, s: Session) -> KvfsError | None:
+        """Wait until the session is written back (started now if it is still queued); the
+        error that dropped it, if its write-back failed."""
+        item = s.writeback
+        if item is None:
+            return None
+        await self._wait_for([item])
+        return item.error
+
+    def unlinked(self, s: Session) -> None:
+        """The file of a session waiting for write-back lost its name (a temporary file
+        removed, a file replaced by a rename): if no batch has taken it yet, it is never
+        written, and its memory and reserved space go now."""
+        item = s.writeback
+        if item is None or s not in self.queue:
+            return
+        del self.queue[s]
+        self.queued_bytes -= item.size
+        s.dirty = False
+        self.sessions._abandon_writer(s)
+        self._done(item)
+
+    async def sync_all(self) -> None:
+        """Make every file closed so far durable, and every change to the tree (fsyncdir,
+        syncfs, `kvfs flush`, unmount). Works whether or not the flusher runs (at unmount
+        it has stopped): what is still queued is then written back here."""
+        items = list(self.queue.values()) + list(self.inflight)
+        if items and self._flusher_running:
+            await self._wait_for(items)
+        while self.queue:
+            await self._write(self._take(), None)
+        await self._wait_for(list(self.inflight))
+        await self.catalog.sync()
+
+    async def throttle(self) -> None:
+        """A writer opens or creates a file: wait while more than `dirty_limit` bytes of
+        closed files are not durable yet (the flusher is asked to start at once)."""
+        if self.dirty_bytes <= self.dirty_limit:
+            return
+        t0 = trio.current_time()
+        self.stats.dirty_waits += 1
+        self._urgent += 1
+        try:
+            while self.dirty_bytes > self.dirty_limit:
+                drained = self._drained
+                self._wake.set()
+                await drained.wait()
+        finally:
+            self._urgent -= 1
+            self.stats.dirty_wait_seconds += trio.current_time() - t0
+
+    async def _wait_for(self, items: list[Item]) -> None:
+        self._urgent += 1
+        try:
+            for item in items:
+                if not item.done.is_set():
+                    self._wake.set()
+                    await item.done.wait()
+        finally:
+            self._urgent -= 1
+
+    # --- the flusher ---------------------------------------------------------------------------------
+    _flusher_running = False
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The flusher, until cancelled (a batch under way is finished first)."""
+        self._flusher_running = True
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                while True:
+                    await self._due()
+                    if self.queue:
+                        if self._urgent:
+                            self.stats.early_batches += 1
+                        with trio.CancelScope(shield=True):
+                            # (no name keeps the batch while the loop waits: its items keep
+                            # their nodes, which the catalog forgets only once unused)
+                            await self._write(self._take(), nursery)
+                    elif self.catalog.open_since is not None:
+                        self.stats.catalog_syncs += 1
+                        with trio.CancelScope(shield=True):
+                            try:
+                                await self.catalog.sync()
+                            except KvfsError:
+                                pass        # logged once by the catalog; changes refused now
+        finally:
+            self._flusher_running = False
+
+    async def _due(self) -> None:
+        """Return once a batch is due (or the open transaction has waited `delay`)."""
+        while True:
+            q = self.queue
+            if q and (self._urgent or len(q) >= BATCH_FILES or self.queued_bytes >= BATCH_BYTES
+                      or self.dirty_bytes > self.dirty_limit):
+                return
+            deadline = float("inf")
+            if q:
+                deadline = next(iter(q.values())).queued_at + self.delay
+            since = self.catalog.open_since
+            if since is not None:
+                deadline = min(deadline, since + self.delay)
+            if trio.current_time() >= deadline:
+                return
+            with trio.move_on_at(deadline):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def _take(self) -> list[Item]:
+        batch = list(self.queue.values())
+        self.queue = {}
+        self.queued_bytes = 0
+        for item in batch:
+            self.inflight[item] = None
+            self.inflight_bytes += item.size
+        return batch
+
+    async def _write(self, batch: list[Item], nursery: trio.Nursery | None) -> None:
+        """A batch's data, then (in `nursery`, or here) its catalog transaction."""
+        sessions = self.sessions
+        fast, slow, ready = [], [], []
+        for item in batch:
+            s, st, node = item.session, item.st, item.node
+            if st.session is not s or s.writeback is not item:
+                self._done(item)            # (dropped meanwhile: nothing to write)
+                continue
+            try:
+                if not await sessions._committable(node, st, s):
+                    self._done(item)        # unlinked meanwhile
+                    continue
+            except KvfsError as e:          # a catalog failure
+                await self._fail(item, e)
+                continue
+            sessions.space.unreserve(s.reserved)    # (written behind: it allocates now)
+            s.reserved = 0
+            (slow if s.writer is not None else fast).append(item)
+        if fast:
+            blocks = []
+            for i in fast:        # the extents its close allocated (Sessions._allocate)
+                blocks.append((i.session.buffer, i.size, i.session.alloc))
+                i.session.alloc = None
+            results = await self.pool.write_batch(blocks)
+            for item, r in zip(fast, results):
+                if not isinstance(r, KvfsError):
+                    ready.append((item, r))
+                elif r.errno == errno.ENOSPC:
+                    slow.append(item)       # room is made on the one-file path
+                else:
+                    await self._fail(item, r)
+            sessions.store.wrote(sum(i.size for i, _ in ready), len(ready))
+        if slow:
+            async def one(item: Item) -> None:
+                try:
+                    ready.append((item, await sessions._write_retrying(
+                        item.node, item.session, item.size)))
+                except KvfsError as e:
+                    await self._fail(item, e)
+            await run_all((lambda i=i: one(i)) for i in slow)
+        await self._slots.acquire()
+        if nursery is not None:
+            nursery.start_soon(self._commit, ready, len(batch))
+        else:
+            await self._commit(ready, len(batch))
+
+    async def _commit(self, ready: list, batch_size: int) -> None:
+        """One catalog transaction for the batch's written blocks; then each file is its new
+        version (or, if the transaction failed, its new content is dropped)."""
+        try:
+            with trio.CancelScope(shield=True):
+                await self._commit_shielded(ready)
+        finally:
+            self._slots.release()
+            self.stats.batches += 1
+            self.stats.largest_batch = max(self.stats.largest_batch, batch_size)
+            drained, self._drained = self._drained, trio.Event()
+            drained.set()
+
+    async def _commit_shielded(self, ready: list) -> None:
+        sessions = self.sessions
+        items, linked = [], []
+        for item, layout in ready:
+            linked.append(item.node.linked)    # the catalog publishes exactly these
+            items.append((item.node, layout, await sessions.score(item.node, layout)))
+        try:
+            # (the files keep their modification times: of their last write, or a later
+            # utime; not the write-back's)
+            results = await self.catalog.commit_batch(
+                items, [i.node.mtime_ns for i, _ in ready]) if items else []
+        except KvfsError as e:
+            for item, layout in ready:
+                self.pool.release(layout)
+                sessions.stats.commit_errors += 1
+                await self._fail(item, e)
+            return
+        for (item, layout), published, (rec, old) in zip(ready, linked, results):
+            node = item.node
+            sessions.published(node, rec, old, published)
+            await sessions.committed(node, item.st, item.session, rec, item.sig)
+            self.stats.files += 1
+            self.stats.bytes += layout.size
+            self._done(item)
+
+    async def _fail(self, item: Item, e: KvfsError) -> None:
+        """The file's write-back failed: its new content is dropped (Sessions._drop)."""
+        s, st, node = item.session, item.st, item.node
+        self.stats.errors += 1
+        log.error("%s: write-back failed, the file keeps its previous version: %s",
+                  self.catalog.path_of(node), e)
+        if s.failed is None:
+            s.failed = e
+        if st.session is s:
+            if s.changed():          # (else dropped already: Sessions._committable)
+                e = await self.sessions._drop(node, st, e)
+            if self.on_failed is not None:
+                self.on_failed(e)
+        self._done(item, e)
+
+    def _done(self, item: Item, error: KvfsError | None = None) -> None:
+        """The item leaves write-back (durable, dropped, or failed with `error`)."""
+        s, st = item.session, item.st
+        item.error = error
+        self.sessions._free_alloc(s)      # (not written: its close's extents go back)
+        if s.writeback is item:
+            s.writeback = None
+        self.queue.pop(s, None)
+        if item in self.inflight:
+            del self.inflight[item]
+            self.inflight_bytes -= item.size
+        if st.session is s and st.writers == 0 and (item.node.linked or st.opens == 0):
+            self.sessions.end(st)
+        # (an unlinked file's readers read the session: it stays its content until they
+        # are gone, as after a writer's release: kvfs/files.py)
+        age = trio.current_time() - item.queued_at
+        self.ages.append(age)
+        self.max_age = max(self.max_age, age)
+        item.done.set()
+        if self.on_settled is not None:
+            self.on_settled(item.node.ino)
+
+    def statistics(self) -> dict:
+        ages = sorted(self.ages)
+
+        def pct(q: float) -> float:
+            return round(ages[min(len(ages) - 1, int(q * len(ages)))] * 1000, 2) if ages else 0.0
+        return {**vars(self.stats), "dirty_wait_seconds": round(self.stats.dirty_wait_seconds, 4),
+                "queued": len(self.queue), "inflight": len(self.inflight),
+                "dirty_bytes": self.dirty_bytes, "dirty_limit": self.dirty_limit,
+                "delay_ms": round(self.delay * 1000, 3),
+                "close_to_durable_ms": {"p50": pct(0.5), "p99": pct(0.99),
+                                        "max": round(self.max_age * 1000, 2)}}
