@@ -248,8 +248,13 @@ class Files:
         in memory, and its first commit inserts it under its final name, all or nothing;
         but a file with a row has its old content there, which the renamed name must never
         show after a crash, and a replaced file's row must not go before the content that
-        replaces it is durable: those commit first."""
+        replaces it is durable: those commit first. So does a file still open for writing
+        (its writer has not closed it: what it wrote so far becomes a version here, as in
+        "close" mode; after the rename a directory fsync makes it durable under its name)."""
         if self.sessions.writeback is None or src.persisted:
+            return True
+        st = self.handles.states.get(src.ino)
+        if st is not None and st.writers > 0:
             return True
         try:
             target = self.catalog.lookup(parent_new, name_new)

@@ -66,6 +66,7 @@ class Service:
         space.evictor = files.evict
         if hasattr(catalog, "lru_files"):       # one node: the catalog keeps the pool's order
             space.lru, space.scored = catalog.lru_files, catalog.scored_files
+            space.last_use = catalog.last_use
             space.lowest, space.unscored = catalog.lowest_priority, catalog.score_unscored
             space.evictable = files.evictable
 

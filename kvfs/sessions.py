@@ -345,7 +345,8 @@ class Sessions:
                 if e.errno != errno.ENOSPC or tries >= ROOM_TRIES or now >= give_up:
                     raise
                 tries += 1
-                if await self.space.make_room(node.ino, size):
+                # (a file waiting for write-back cannot be evicted yet: none ranked after it is)
+                if await self.space.make_room(node.ino, size, self.writeback.first_in_order()):
                     continue
                 # closed files not yet written back cannot be evicted, and the space of
                 # deleted ones is free once their deletion is durable: after both, it may fit
@@ -373,7 +374,13 @@ class Sessions:
         self._charge(s, nbytes)
         if sig is not None:     # the kernel wrote it (passthrough): its memory file's time
             node.mtime_ns = node.ctime_ns = sig[1]
-        self.writeback.queue_file(node, st, s, size, sig)
+        # The file takes its place in the pool's order now, at its close (as a commit at close
+        # would), not at its write-back: reads before that move it on (Space.score_read),
+        # and the batch records the score as it stands then (WriteBack._commit_shielded).
+        score = await self.space.score_stored(node, size) if node.linked else None
+        if score is not None:
+            node.prio, node.uses = score
+        self.writeback.queue_file(node, st, s, size, sig, scored=score is not None)
 
     async def settle(self, st: NodeState | None) -> None:
         """Return once the inode has no session waiting for write-back (it is written back

@@ -62,11 +62,13 @@ AGES_KEPT = 4096            # closes whose time to durability the statistics kee
 class Item:
     """One closed file waiting for write-back (`Session.writeback` while it waits)."""
 
-    __slots__ = ("node", "st", "session", "size", "sig", "queued_at", "done", "error")
+    __slots__ = ("node", "st", "session", "size", "sig", "queued_at", "done", "error", "scored")
 
-    def __init__(self, node, st: NodeState, session: Session, size: int, sig, now: float):
+    def __init__(self, node, st: NodeState, session: Session, size: int, sig, now: float,
+                 scored: bool = False):
         self.node, self.st, self.session = node, st, session
         self.size, self.sig, self.queued_at = size, sig, now
+        self.scored = scored        # its place in the pool's order was given at close
         self.done = trio.Event()
         self.error: KvfsError | None = None
 
@@ -118,10 +120,24 @@ class WriteBack:
         """Bytes of closed files not yet durable."""
         return self.queued_bytes + self.inflight_bytes
 
+    def first_in_order(self) -> tuple | None:
+        """(priority or None, last use) of the file waiting for write-back that comes first
+        in the pool's order (None if none waits): making room deletes no committed file that
+        comes after it (Space.make_room), so the pool's order holds while closed files wait
+        (they are written back first, then deleted in turn)."""
+        keys = [((i.node.prio if i.scored else None), max(i.node.atime_ns, i.node.mtime_ns))
+                for i in (*self.queue.values(), *self.inflight)]
+        if not keys:
+            return None
+        scored = [k for k in keys if k[0] is not None]
+        return min(scored) if scored else (None, min(k[1] for k in keys))
+
     # --- what the layers above call ---------------------------------------------------------------
-    def queue_file(self, node, st: NodeState, s: Session, size: int, sig) -> None:
-        """A session its last writer closed (see Sessions.finish): durable within `delay`."""
-        item = Item(node, st, s, size, sig, trio.current_time())
+    def queue_file(self, node, st: NodeState, s: Session, size: int, sig,
+                   scored: bool = False) -> None:
+        """A session its last writer closed (see Sessions.finish): durable within `delay`.
+        `scored`: the file's place in the pool's order was set at close (node.prio, uses)."""
+        item = Item(node, st, s, size, sig, trio.current_time(), scored)
         s.writeback = item
         self.queue[s] = item
         self.queued_bytes += size
@@ -311,7 +327,10 @@ class WriteBack:
         items, linked = [], []
         for item, layout in ready:
             linked.append(item.node.linked)    # the catalog publishes exactly these
-            items.append((item.node, layout, await sessions.score(item.node, layout)))
+            node = item.node
+            score = (node.prio, node.uses) if item.scored and node.linked else \
+                await sessions.score(node, layout)
+            items.append((node, layout, score))
         try:
             # (the files keep their modification times: of their last write, or a later
             # utime; not the write-back's)

@@ -365,6 +365,12 @@ class TreeCatalog:
         if node.persisted and node.linked:
             self._dirty_atime.add(node.ino)
 
+    def last_use(self, ino: int) -> int:
+        """When the file was last read or written (ns; 0 if it is not in memory): its place
+        in the pool's LRU order (lru_files)."""
+        node = self.find(ino)
+        return max(node.atime_ns, node.mtime_ns) if node is not None else 0
+
     def touch(self, node: Node, now_ns: int | None = None) -> None:
         """Record an access in memory; `flush_atimes` persists accesses in one batch."""
         node.atime_ns = now_ns or _now()

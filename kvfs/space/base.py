@@ -154,9 +154,11 @@ class Space:
         """A block that is no longer any file's version and that nobody here reads any more."""
         raise NotImplementedError
 
-    async def make_room(self, exclude: int, need: int) -> bool:
+    async def make_room(self, exclude: int, need: int, upto: tuple | None = None) -> bool:
         """Find `need` more writable bytes (delete files, lease space...); False if nothing
-        helps. Never deletes inode `exclude`."""
+        helps. Never deletes inode `exclude`. `upto`: delete no file that comes after it in the
+        pool's order ((priority or None, last use) of the first file waiting for write-back:
+        those cannot be deleted yet, and must not be outlived by files ranked after them)."""
         raise NotImplementedError
 
     async def _evict(self, ino: int, exclude: int, blob_id: int | None = None) -> int:

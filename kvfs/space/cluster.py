@@ -446,7 +446,8 @@ class ClusterSpace(Space):
         space in regions other nodes hold: a pool can have plenty of them and no room."""
         return self.pool.writable_in(stored_length(need, self.pool.unit, 0))
 
-    async def make_room(self, exclude: int, need: int) -> bool:
+    async def make_room(self, exclude: int, need: int, upto: tuple | None = None) -> bool:
+        # (`upto` is for write-back, which a shared pool does not use: it publishes at close)
         if await self.grow(need):
             return True
         if self.knobs.pool_evict == "never":

@@ -27,8 +27,9 @@ class LocalSpace(Space):
     # scored() -> (block id, inode, priority), lowest priority first;
     # lowest() -> the lowest priority of a file, or None; unscored() -> (async) give files
     # stored under "lru" a priority;
-    # evictable(inode, exclude, block id) -> whether Files.evict would delete it now.
-    lru = scored = lowest = unscored = evictable = None
+    # evictable(inode, exclude, block id) -> whether Files.evict would delete it now;
+    # last_use(inode) -> when the file was last read or written (ns), 0 if unknown.
+    lru = scored = lowest = unscored = evictable = last_use = None
     # after_release(fn): fn() once the catalog change that stopped referencing a block is
     # durable (kvfs/catalog/groupcommit.py); None: at once
     after_release = None
@@ -50,7 +51,7 @@ class LocalSpace(Space):
         return self.lowest() or 0.0
 
     # --- making room ----------------------------------------------------------------------------
-    async def make_room(self, exclude: int, need: int) -> bool:
+    async def make_room(self, exclude: int, need: int, upto: tuple | None = None) -> bool:
         """Delete files, in the policy's order, until `need` bytes beyond what writers reserved
         are free, or nothing more may go; whether any went. For a need of a stripe unit or
         more, free in whole units: small files leave free pieces below a unit that a large
@@ -67,12 +68,23 @@ class LocalSpace(Space):
             while went and not (evicted and self._roomy(need)):
                 went = False
                 for bid, ino, *prio in order():     # (from the start again: the order changed)
+                    if upto is not None and self._after(ino, prio, upto):
+                        break                       # a file waiting for write-back goes first
                     if not self.store.is_held(bid) and await self._evict(ino, exclude, bid):
                         if rule is not None:
                             rule.evicted(prio[0])
                         evicted = went = True
                         break
         return evicted
+
+    def _after(self, ino: int, prio: list, upto: tuple) -> bool:
+        """Whether the file comes after `upto` ((priority or None, last use) of a file
+        waiting for write-back) in the pool's order: by priority under "prefix", by last use
+        (read or written) under "lru"."""
+        used = self.last_use(ino)
+        if prio and upto[0] is not None:
+            return (prio[0], used) > upto
+        return used > upto[1]
 
     async def _score_unscored(self) -> None:
         self._scored_all = True
