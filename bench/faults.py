@@ -123,6 +123,7 @@ def singles(m: MountedKvfs, n: int = 6) -> dict[str, bytes]:
     for i in range(n):
         out[f"s{i}"] = os.urandom(4096 + i)
         (m.mountpoint / f"s{i}").write_bytes(out[f"s{i}"])
+    m.sync()                      # in the pool (durability "fsync": written back now)
     return out
 
 
@@ -132,11 +133,13 @@ def start(tmp: Path, cfg: Path) -> MountedKvfs:
 
 # --- a namespace that goes away mid-write or mid-read ------------------------------------------
 _COPY = """
-import sys
+import os, sys
 try:
     data = open(sys.argv[1], "rb").read()
     with open(sys.argv[2], "wb") as f:
-        f.write(data)             # passthrough: into memory; close commits
+        f.write(data)             # passthrough: into memory
+        f.flush()
+        os.fsync(f.fileno())      # the commit (close, with durability "close")
 except OSError as e:
     print(e.errno)
     sys.exit(1)
@@ -157,6 +160,7 @@ def shrink(tmp: Path, phase: str) -> dict:
             big = os.urandom(64 * MiB)
             if phase == "read":
                 (m.mountpoint / "big").write_bytes(big)
+                m.sync()
                 m.drop_caches()
             # what the device holds before the fault (all of it committed), to bring it back
             saved = Path(str(devs[1].backing) + ".saved")
@@ -309,6 +313,7 @@ def enospc(tmp: Path, evict: str, writers: int = 8, files: int = 24) -> dict:
             t.start()
         for t in ts:
             t.join()
+        m.sync()            # (durability "fsync": what closed is written back, its space used)
         st = m.stats()["tiers"]["pool"]
         m.drop_caches()
         present = os.listdir(m.mountpoint)
@@ -367,19 +372,26 @@ def state_dir_full(tmp: Path) -> dict:
             before = {f"b{i}": os.urandom(100_000 + i) for i in range(3)}
             for n, d in before.items():
                 (m.mountpoint / n).write_bytes(d)
+            m.sync()                  # (durability "fsync": committed before the disk fills)
             with open(sd / "filler", "wb") as f:          # the disk fills up
                 with contextlib.suppress(OSError):
                     while True:
                         f.write(bytes(65536))
                         f.flush()
-            out = {"scenario": "state_dir_full"}
+            out = {"scenario": "state_dir_full", "durability": m.durability}
+            # a writer that wants its file durable asks for it (fsync; close commits too with
+            # durability "close"), and a mkdir is durable once the directory is fsync'd
             try:
-                (m.mountpoint / "new").write_bytes(os.urandom(5000))
+                with open(m.mountpoint / "new", "wb") as f:
+                    f.write(os.urandom(5000))
+                    f.flush()
+                    os.fsync(f.fileno())
                 out["client_errno"] = None
             except OSError as e:
                 out["client_errno"] = ename(e)
             try:
                 os.mkdir(m.mountpoint / "dir")
+                m.sync()
                 out["mkdir_errno"] = None
             except OSError as e:
                 out["mkdir_errno"] = ename(e)
@@ -523,15 +535,20 @@ def truncated_wal(tmp: Path) -> dict:
                        dram="32MiB")
     m = start(tmp, cfg)
     try:
+        durability = m.durability
         data = {f"f{i:02d}": os.urandom(100_000 + i) for i in range(20)}
-        for n, d in data.items():
+        wal = tmp / "state" / "catalog.sqlite-wal"
+        kept_at = 0
+        for i, (n, d) in enumerate(data.items()):
             (m.mountpoint / n).write_bytes(d)
+            if durability == "close" and i == 9 or durability == "fsync" and i in (9, 19):
+                m.sync()          # (durability "fsync": the files' transactions, now)
+                kept_at = kept_at or wal.stat().st_size       # the log after f00-f09
         free_before_kill = os.statvfs(m.mountpoint).f_bfree
         m.kill()                                       # kill -9: the WAL is not checkpointed
-        wal = tmp / "state" / "catalog.sqlite-wal"
         size = wal.stat().st_size
-        with open(wal, "r+b") as f:
-            f.truncate(size // 2 + 100)
+        with open(wal, "r+b") as f:       # cut in the middle of what came after f09
+            f.truncate(kept_at + (size - kept_at) // 2 + 100)
         out = {"scenario": "truncated_wal", "wal_bytes": size,
                "doctor_unmounted": doctor(config=cfg)}
         m.start()

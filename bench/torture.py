@@ -4,13 +4,19 @@ moments, the stale mount is cleared, kvfs is mounted again and every file is che
 what its writer knew.
 
     python bench/torture.py [--cycles N] [--writers W] [--cluster] [--seed S] [--json]
+                            [--durability fsync|close] [--window-ms MS]
                             [--scenarios random,commit,...] [--minutes M] [--workdir DIR]
 
-What the README promises and this checks: a file whose close() (or fsync(), or the rename that
-put it in place) returned is there bit-exact after any crash; a file whose writer had not closed
-it is absent or keeps its previous version, never partial; a file whose unlink returned stays
-gone; with `evict = "lru"` a closed file may be deleted by kvfs to make room (only then may a
-committed file be missing).
+What the README promises and this checks, in `[mount] durability = "close"` (and in cluster
+mode, which publishes at close): a file whose close() (or fsync(), or the rename that put it in
+place) returned is there bit-exact after any crash. In "fsync" (the single-node default): a
+file whose fsync() returned is there bit-exact; a close, rename or unlink that returned at
+least `--window-ms` (the write-back window and one batch's commit; WINDOW_BOUND_MS) before the
+kill is there too, and one that returned later may be rolled back to an earlier outcome (counted
+as `lost_in_window`, not a failure; `max_lost_window_ms` is the oldest such close seen). In
+both modes a file whose writer had not closed it is absent or keeps its previous version, never
+partial; with `evict = "lru"` a closed file may be deleted by kvfs to make room (only then may
+a durable file be missing).
 
 Writers
 -------
@@ -70,9 +76,10 @@ waits for the writers to exit, mounts again and verifies.
 The verifier
 ------------
 It replays the journals on top of the state it saw after the previous cycle. For each name:
-`durable` is the outcome of the last event whose call returned (a version, or "absent" after
-an unlink), and `maybe` the outcomes of operations started later whose calls did not return
-(the daemon died in them, or they failed). Then for the file as mounted again:
+`durable` is the outcome of the last event whose call returned and made it durable (a version,
+or "absent" after an unlink; see above for "fsync" mode), and `maybe` the outcomes of later
+calls that returned without making theirs durable, and of operations started later whose calls
+did not return (the daemon died in them, or they failed). Then for the file as mounted again:
 
   lost         absent though `durable` is a version (and no eviction explains it), or present
                with a version older than `durable`
@@ -145,6 +152,10 @@ STALE_SECONDS = 5.0           # a node that does not see another's change by the
 # How long a change made on one node may take to be seen on the other (docs/cluster.md): the
 # longest wait measured (`seen_after`) must stay under it.
 STALE_BOUND_MS = 2000
+# ("fsync" mode) a close that returned this long before the kill must have survived it: the
+# write-back window (`[mount] writeback_ms`, 100 ms) plus the time one batch takes to write and
+# commit on this loaded machine. The longest window seen is reported (`max_lost_window_ms`).
+WINDOW_BOUND_MS = 2000
 
 
 # --- content -------------------------------------------------------------------------------------
@@ -339,7 +350,7 @@ class Writer:
             if kind == "fsync":
                 self.phase(PH_FSYNC, len(data))
                 os.fsync(fd)
-                self.log(op="done", name=name, v=v)
+                self.log(op="done", name=name, v=v, sync=True)
                 self.set_state(name, v, recipe, node)
                 v = self.next_version(name)
                 recipe = recipe + [[name, v, self.pick_size(0.05)]]
@@ -548,6 +559,10 @@ class Expect:
     durable: int = ABSENT          # a version, or ABSENT
     maybe: set = field(default_factory=set)
     since: float = 0.0             # when the operation that made `durable` started
+    # ("fsync" mode) outcomes whose call returned after `durable`'s but that were not made
+    # durable (a close, rename or unlink within the write-back window before the kill):
+    # (outcome, when its call returned), oldest first; each may be lost
+    weak: list = field(default_factory=list)
 
 
 @dataclass
@@ -568,9 +583,11 @@ class Figures:
     hung: int = 0                  # a writer stuck in a request kvfs never answered
     unaimed: int = 0               # an aimed kill whose moment never came (killed anyway)
     unexplained_errors: int = 0    # writer errors the cycle's scenario does not explain
+    lost_in_window: int = 0        # ("fsync" mode) closes within the window lost: allowed
     format_outcomes: dict = field(default_factory=dict)
     errnos: dict = field(default_factory=dict)     # writer errors by errno name
     seen_after_ms: list = field(default_factory=list)   # (cluster) waits for the other node
+    lost_window_ms: list = field(default_factory=list)  # kill - close of each lost close
 
     def add(self, o: "Figures") -> None:
         for k, v in o.__dict__.items():
@@ -617,8 +634,11 @@ class Instance:
     the state found after the last cycle, and every version's recipe."""
 
     def __init__(self, name: str, work: Path, *, nodes: int, ns_size: str, evict: bool,
-                 redis=None, stripe_unit: str | None = None, dram: str = "64MiB"):
+                 redis=None, stripe_unit: str | None = None, dram: str = "64MiB",
+                 durability: str = "fsync"):
         self.name = name
+        self.durability = durability
+        self.killed_at: float | None = None     # the last kill -9 of a node this cycle
         self.dir = work / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.redis = redis
@@ -633,8 +653,9 @@ class Instance:
                 extra = (f'[cluster]\nredis = "{redis.url}"\nnode_id = "{name}{k}"\n'
                          f'name = "{name}"\ngrace_seconds = 1.0\nlease_seconds = 2.0\n'
                          f'regions = 12\n')
+            mount = f'durability = "{durability}"' if redis is None else ""
             cfg = write_config(self.dir / f"node{k}.toml", self.dir / f"state{k}", nss,
-                               dram=dram, extra=extra, pool=pool)
+                               dram=dram, extra=extra, pool=pool, mount=mount)
             self.configs.append(cfg)
             self.nodes.append(MountedKvfs(self.dir / f"mnt{k}", cfg, self.dir / f"node{k}.log"))
         self.state: dict[str, dict] = {}          # what the last verification found
@@ -660,6 +681,7 @@ class Instance:
             n.stop(60)
 
     def kill(self, which: list[int] | None = None) -> None:
+        self.killed_at = time.time()
         for k in (range(len(self.nodes)) if which is None else which):
             self.nodes[k].kill()
 
@@ -699,8 +721,12 @@ class Instance:
 # --- the harness ------------------------------------------------------------------------------------
 class Torture:
     def __init__(self, work: Path, *, writers: int = 4, cluster: bool = False, seed: int = 1,
-                 scenarios: list[str] | None = None, quiet: bool = True):
+                 scenarios: list[str] | None = None, quiet: bool = True,
+                 durability: str = "fsync", window_ms: float = WINDOW_BOUND_MS):
         self.work = work
+        # (a shared pool publishes at close: [cluster] implies "close", kvfs/config.py)
+        self.durability = "close" if cluster else durability
+        self.window_ms = window_ms
         self.writers = writers
         self.cluster = cluster
         self.rng = random.Random(seed)
@@ -718,10 +744,11 @@ class Torture:
         # main: large enough that nothing is evicted (40 names of at most ~18 MiB each, plus
         # tmp files); small: evict = "lru" evicts all the time
         self.main = Instance("main", work, nodes=n, ns_size="512MiB", evict=True,
-                             redis=self.redis, stripe_unit="256KiB" if cluster else None)
+                             redis=self.redis, stripe_unit="256KiB" if cluster else None,
+                             durability=self.durability)
         self.small = Instance("small", work, nodes=n, ns_size="24MiB", evict=True,
                               redis=self.redis, stripe_unit="256KiB" if cluster else None,
-                              dram="16MiB")
+                              dram="16MiB", durability=self.durability)
         self.format_seconds = 0.5
 
     def say(self, msg: str) -> None:
@@ -875,6 +902,13 @@ class Torture:
             raise ValueError(f"unknown scenario {scenario}")
 
     # verification -----------------------------------------------------------------------------------
+    def durable_now(self, inst: Instance, rec: dict) -> bool:
+        """Whether the call `rec` says returned made its outcome durable: always in "close"
+        mode; in "fsync" mode an fsync, or any call that returned at least the write-back
+        window before the kill (none this cycle: a clean stop made everything durable)."""
+        return (inst.durability == "close" or rec.get("sync", False) or
+                inst.killed_at is None or rec["t"] < inst.killed_at - self.window_ms / 1000)
+
     def replay(self, inst: Instance, cdir: Path, fig: Figures,
                scenario: str = "random") -> tuple[dict, list]:
         exp: dict[str, Expect] = {}
@@ -913,12 +947,16 @@ class Torture:
                         tmp_of[name] = tmp
                 elif op == "done":
                     fig.commits += 1
-                    if rec.get("kind") == "unlink":
-                        exp[name] = Expect(ABSENT, set(), started.get(name, 0.0))
+                    outcome = ABSENT if rec.get("kind") == "unlink" else rec["v"]
+                    if self.durable_now(inst, rec):
+                        exp[name] = Expect(outcome, set(), started.get(name, 0.0))
+                        if rec.get("kind") == "rename":
+                            exp[rec["tmp"]] = Expect(ABSENT, set(), started.get(name, 0.0))
                     else:
-                        exp[name] = Expect(rec["v"], set(), started.get(name, 0.0))
-                    if rec.get("kind") == "rename":
-                        exp[rec["tmp"]] = Expect(ABSENT, set(), started.get(name, 0.0))
+                        exp[name].maybe.add(outcome)
+                        exp[name].weak.append((outcome, rec["t"]))
+                        if rec.get("kind") == "rename":
+                            exp[rec["tmp"]].maybe.add(ABSENT)
                 elif op == "vanished":
                     # an eviction the writer saw need not be durable yet: after a crash the
                     # file may be back (as it was), or gone
@@ -990,6 +1028,21 @@ class Torture:
             size = len(build(rec)) if rec else -1
             return any(e.size == size and e.t >= since - 0.05 for e in by_name.get(name, []))
 
+        def lost_closes(e: Expect, outcome: int) -> None:
+            """("fsync" mode) the closes within the window that the crash rolled back."""
+            if not e.weak or inst.killed_at is None:
+                return
+            found = [k for k, (o, _) in enumerate(e.weak) if o == outcome]
+            if found:
+                lost = e.weak[found[-1] + 1:]
+            elif outcome == e.durable:
+                lost = e.weak
+            else:
+                lost = []               # an operation in flight at the kill went through
+            if lost:
+                fig.lost_in_window += len(lost)
+                fig.lost_window_ms.append(round((inst.killed_at - lost[0][1]) * 1000, 1))
+
         for name, v, e in vanished:
             if v is not None and not evicted(name, v, e.since):
                 fig.lost += 1
@@ -1021,6 +1074,7 @@ class Torture:
                     fig.lost += 1
                     self.problem(f"{inst.name}: {name} lost: v{e.durable} committed, file absent"
                                  f" (allowed {sorted(allowed)})")
+                lost_closes(e, ABSENT)
                 new_state[name] = None
                 continue
             if isinstance(data, OSError):
@@ -1056,6 +1110,7 @@ class Torture:
             else:
                 fig.partial += 1
                 self.problem(f"{inst.name}: {name} has v{claim}, allowed {sorted(allowed)}")
+            lost_closes(e, claim)
             new_state[name] = claim
             seen[name] = claim
             if ".tmp" in name:
@@ -1140,6 +1195,7 @@ class Torture:
         self.cycle += 1
         fig = Figures(cycles=1)
         inst = self.small if scenario == "evict" else self.main
+        inst.killed_at = None
         other = self.main if inst is self.small else self.small
         if other.up():
             other.stop()
@@ -1201,13 +1257,16 @@ class Torture:
                                  f"node (bound {STALE_BOUND_MS} ms)")
         return {
             "mode": "cluster" if self.cluster else "single",
+            "durability": self.durability, "window_bound_ms": self.window_ms,
+            "max_lost_window_ms": max(total.lost_window_ms, default=0.0),
             "writers": self.writers, "seed": self.seed,
-            **{k: v for k, v in total.__dict__.items() if k != "seen_after_ms"},
+            **{k: v for k, v in total.__dict__.items()
+               if k not in ("seen_after_ms", "lost_window_ms")},
             "staleness": staleness, "stale_over_bound": over,
             "seconds": round(seconds, 1),
             "cycles_per_minute": round(total.cycles / seconds * 60, 2) if seconds else 0,
             "scenarios": {k: {**{kk: vv for kk, vv in f.__dict__.items()
-                                 if kk != "seen_after_ms"},
+                                 if kk not in ("seen_after_ms", "lost_window_ms")},
                               "staleness_max_ms": max(f.seen_after_ms, default=None)}
                           for k, f in self.figures.items()},
             "problems": self.problems[:100],
@@ -1283,13 +1342,19 @@ def table(report: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
-    head = (f"kvfs torture ({report['mode']}, {report['writers']} writers, seed {report['seed']}): "
+    head = (f"kvfs torture ({report['mode']}, durability {report['durability']}, "
+            f"{report['writers']} writers, seed {report['seed']}): "
             f"{report['cycles']} cycles in {report['seconds']} s "
             f"({report['cycles_per_minute']} per minute)")
     tail = []
     if report["format_outcomes"]:
         tail.append("format outcomes: " + ", ".join(f"{k} {v}" for k, v in
                                                     report["format_outcomes"].items()))
+    if report["durability"] == "fsync":
+        tail.append(f"closes rolled back by a crash (within the write-back window): "
+                    f"{report['lost_in_window']}; the oldest "
+                    f"{report['max_lost_window_ms']} ms before its kill (bound "
+                    f"{report['window_bound_ms']:.0f} ms)")
     tail.append("writer errors by errno: " + (", ".join(
         f"{k} {v}" for k, v in sorted(report["errnos"].items())) or "none"))
     st = report["staleness"]
@@ -1309,6 +1374,10 @@ def main(argv=None) -> int:
     p.add_argument("--cycles", type=int, default=200)
     p.add_argument("--writers", type=int, default=4)
     p.add_argument("--cluster", action="store_true")
+    p.add_argument("--durability", choices=["fsync", "close"], default="fsync",
+                   help="the single-node pool's [mount] durability (a cluster is \"close\")")
+    p.add_argument("--window-ms", type=float, default=WINDOW_BOUND_MS,
+                   help="(\"fsync\") a close this long before the kill must survive it")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
     p.add_argument("--scenarios", help="comma-separated, taken in turn")
@@ -1336,7 +1405,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     scen = a.scenarios.split(",") if a.scenarios else None
     t = Torture(work, writers=a.writers, cluster=a.cluster, seed=a.seed, scenarios=scen,
-                quiet=not a.verbose)
+                quiet=not a.verbose, durability=a.durability, window_ms=a.window_ms)
     report = t.run(a.cycles, a.minutes)
     report["workdir"] = str(work)
     failed = sum(report[k] for k in FAILING)

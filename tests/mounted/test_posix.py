@@ -292,6 +292,7 @@ def test_restart_is_warm_and_bit_exact(mnt):
     blobs = {f"blk{i}.pt": os.urandom((i + 1) * MiB + i) for i in range(6)}
     for n, b in blobs.items():
         (mnt.mountpoint / n).write_bytes(b)
+    mnt.sync()                  # (durability "fsync": written back now)
     written = mnt.stats()["store"]["bytes_to_pool"]
     mnt.restart()
     for n, b in blobs.items():

@@ -20,6 +20,8 @@ import threading
 import pyfuse3
 import pytest
 
+from tests.helpers import wait_until
+
 pytestmark = pytest.mark.mounted
 # FUSE_FALLOCATE reaches kvfs only through a pyfuse3 built with mount/fuse/pyfuse3-fallocate.patch;
 # without it the kernel answers EOPNOTSUPP (and glibc's posix_fallocate writes zeros instead)
@@ -248,13 +250,18 @@ def test_statvfs_tracks_writes_unlinks_and_open_unlinked_files(mnt):
     assert base - free_pages(mnt) == 3 * MiB // 4096
     (d / "x.bin").write_bytes(os.urandom(5 * MiB + 1))         # rounded up to a page
     assert base - free_pages(mnt) == (8 * MiB + 4096) // 4096
+    mnt.sync()          # (durability "fsync": written back; a closed file is in the pool now)
+    assert base - free_pages(mnt) == (8 * MiB + 4096) // 4096
     os.unlink(d / "x.bin")
-    assert base - free_pages(mnt) == 3 * MiB // 4096            # freed by unlink, at once
+    # freed by the unlink once it is durable: at once with durability "close", within the
+    # write-back delay with "fsync" (a crash before then finds the row: its bytes must be there)
+    wait_until(lambda: base - free_pages(mnt) == 3 * MiB // 4096, 10, "the unlink's space")
     with open(d / "w.bin", "rb") as f:
         os.unlink(d / "w.bin")
+        mnt.sync()
         assert base - free_pages(mnt) == 3 * MiB // 4096        # still read: still used
         assert len(f.read()) == 3 * MiB
-    assert free_pages(mnt) == base
+    wait_until(lambda: free_pages(mnt) == base, 10, "the space of the last reader's file")
     assert os.statvfs(d).f_files >= 1
 
 

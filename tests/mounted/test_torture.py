@@ -27,10 +27,14 @@ def _check(report: dict, aimed: tuple[str, ...]) -> None:
     assert not any(missed.values()), missed
 
 
-def test_single_node_loses_nothing_committed_and_shows_nothing_partial(tmp_path):
-    t = Torture(tmp_path, writers=3, seed=5, scenarios=SINGLE_SCENARIOS)
+@pytest.mark.parametrize("durability", ["fsync", "close"])
+def test_single_node_loses_nothing_durable_and_shows_nothing_partial(tmp_path, durability):
+    t = Torture(tmp_path, writers=3, seed=5, scenarios=SINGLE_SCENARIOS, durability=durability)
     report = t.run(len(SINGLE_SCENARIOS))
+    assert report["durability"] == durability
     _check(report, ("commit", "rename", "evict", "writer"))   # evict: killed amid evictions
+    if durability == "close":
+        assert report["lost_in_window"] == 0, report
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
