@@ -611,8 +611,9 @@ class Sessions:
         self.stats.commits += 1
         if not node.linked and not published:
             self.pool.release(rec.layout)      # never published: nobody can read it
-        # (published, then unlinked while the commit was in flight: the unlink retired it)
-        if old is not None:
+        # (published, then unlinked while the commit was in flight: the unlink retired it;
+        # never published: the node had lost its name, and the unlink retired `old` then)
+        if old is not None and published:
             self.store.retire(old)
 
     def _removed_elsewhere(self, node: Node) -> KvfsError:

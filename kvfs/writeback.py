@@ -325,6 +325,14 @@ class WriteBack:
     async def _commit_shielded(self, ready: list) -> None:
         sessions = self.sessions
         items, linked = [], []
+        gone = [(i, lay) for i, lay in ready if not i.node.linked]
+        if gone:
+            # unlinked while its data was written (the unlink retired the old version; readers
+            # still open read the session): nothing to record, the new extents go back
+            ready = [(i, lay) for i, lay in ready if i.node.linked]
+            for item, layout in gone:
+                self.pool.release(layout)
+                self._done(item)
         for item, layout in ready:
             linked.append(item.node.linked)    # the catalog publishes exactly these
             node = item.node

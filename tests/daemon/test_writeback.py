@@ -259,6 +259,45 @@ def test_space_an_unlink_frees_is_not_reused_before_the_unlink_is_durable(pool_c
     run_service(cfg, after_crash)
 
 
+def test_a_file_unlinked_while_its_write_back_writes_frees_each_version_once(pool_config):
+    """A rewritten file unlinked while its batch is writing its data: the unlink retires the
+    old version, the write-back records nothing and gives its new extents back; every byte of
+    space comes back once, and the daemon goes on (it once freed the old version twice)."""
+    cfg = pool_config(mount=SLOW)
+
+    async def run(fs):
+        await fs.write("/f", os.urandom(2 * MiB))
+        await fs.sync()
+        await fs.write("/other", b"o" * 4096)
+        await fs.sync()
+        free = fs.svc.pool.free
+        pool = fs.svc.writeback.pool
+        entered, gate = trio.Event(), trio.Event()
+        write_batch = pool.write_batch
+
+        async def held(blocks):
+            entered.set()
+            await gate.wait()
+            return await write_batch(blocks)
+        pool.write_batch = held
+        await fs.write("/f", os.urandom(3 * MiB))          # closed: queued
+        async with trio.open_nursery() as n:
+            n.start_soon(fs.sync)
+            await entered.wait()
+            await fs.files.unlink(1, b"f")
+            gate.set()
+        pool.write_batch = write_batch
+        await fs.sync()
+        assert _absent(fs, "/f")
+        assert fs.svc.pool.free == free + 2 * MiB           # the old version's space, once
+        assert fs.svc.statistics()["writeback"]["errors"] == 0
+        await fs.write("/g", os.urandom(5 * MiB))           # and the pool still works
+        await fs.sync()
+        assert await fs.read("/other") == b"o" * 4096
+
+    run_service(cfg, run)
+
+
 def test_a_failed_write_back_drops_the_file_and_fsync_says_so(pool_config, monkeypatch):
     """A write-back that fails (a namespace's I/O error) drops what was closed, as a failed
     commit at close would: the file reads as its previous version (or has no name), the
