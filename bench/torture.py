@@ -1068,8 +1068,10 @@ class Torture:
                     pass
                 elif ".tmp" in name and seen.get(base_name(name)) == e.durable:
                     pass                                # renamed into place
-                elif evicted(name, e.durable, e.since):
-                    fig.evicted += 1
+                elif evicted(name, e.durable, e.since) or \
+                        any(evicted(name, o, e.since) for o, _ in e.weak if o != ABSENT):
+                    fig.evicted += 1                # (an eviction of a later, closed version
+                    #                                  removes the name too)
                 else:
                     fig.lost += 1
                     self.problem(f"{inst.name}: {name} lost: v{e.durable} committed, file absent"
