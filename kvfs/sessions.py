@@ -240,6 +240,8 @@ class Sessions:
             return
         if size > self.max_block_size:
             raise self.too_big(size, "a size of")
+        if self.pool.writable - self.space.reserved < need:
+            await self._released_first()
         try:
             await self.space.reserve(need, exclude=node.ino)
         except KvfsError as e:
@@ -320,6 +322,16 @@ class Sessions:
                 s.failed = e
                 raise await self._drop(node, st, e) from None
 
+    async def _released_first(self) -> bool:
+        """Before deleting files to make room: space that unlinks, replaces and evictions
+        freed is free once their changes are durable ("fsync" mode: the write-back delay);
+        sync them now rather than delete more (a client that evicts its own files, as
+        LMCache and SGLang do, must not see kvfs evict too). Whether that freed anything."""
+        if self.writeback is None or not getattr(self.space, "releasing", 0):
+            return False
+        await self.catalog.sync()
+        return True
+
     async def _allocate(self, node: Node, s: Session, size: int) -> None:
         """Give a closed session the pool extents its write-back will write (`Session.alloc`),
         making room as a commit would (a full pool is told at close: ENOSPC). Space reserved
@@ -345,6 +357,8 @@ class Sessions:
                 if e.errno != errno.ENOSPC or tries >= ROOM_TRIES or now >= give_up:
                     raise
                 tries += 1
+                if await self._released_first():
+                    continue
                 # (a file waiting for write-back cannot be evicted yet: none ranked after it is)
                 if await self.space.make_room(node.ino, size, self.writeback.first_in_order()):
                     continue

@@ -37,6 +37,7 @@ class LocalSpace(Space):
     def __init__(self, pool, knobs):
         super().__init__(pool, knobs)
         self._scored_all = False     # files stored under "lru" have a priority too
+        self.releasing = 0           # bytes of retired blocks waiting for their change's sync
 
     def retired(self, layout: Layout) -> None:
         """A block no file refers to any more, and nobody here reads: its space is free
@@ -44,8 +45,22 @@ class LocalSpace(Space):
         would find the catalog pointing at it: its bytes must still be there)."""
         if self.after_release is None:
             self.pool.release(layout)
-        else:
-            self.after_release(lambda: self.pool.release(layout))
+            return
+        nbytes = sum(e.length for e in layout.unit_extents())
+        self.releasing += nbytes
+
+        def release() -> None:
+            self.releasing -= nbytes
+            self.pool.release(layout)
+        self.after_release(release)
+
+    @property
+    def free(self) -> int:
+        """Bytes writers may still claim, counting retired blocks whose removal is not yet
+        durable: they are free within the write-back delay, and an allocation that needs
+        them sooner waits for that sync (Sessions._allocate). So statvfs shows an unlink's
+        space at once, as clients that evict by free space (SGLang's min_free_space) expect."""
+        return max(0, self.pool.free + self.releasing - self.reserved)
 
     def _start_floor(self) -> float:
         return self.lowest() or 0.0
