@@ -82,11 +82,13 @@ run: install
 	@if mountpoint -q $(MNT); then echo "$(MNT) is already mounted"; else $(VENV)/bin/kvfs mount $(MNT); fi
 	@$(PY) -m kvfs.demo $(MNT)
 
-# The whole suite with FUSE passthrough (the default where the kernel has it), then the mounted
-# and LMCache tests again on the daemon-served data path (what older kernels get).
+# The whole suite with FUSE passthrough (the default where the kernel has it) and the default
+# durability ("fsync": close is not a commit), then the mounted and LMCache tests again on the
+# daemon-served data path (what older kernels get) with durability "close" (the crash tests
+# run both modes in each pass).
 test: install
 	$(PY) -m pytest -q tests
-	KVFS_PASSTHROUGH=off $(PY) -m pytest -q tests/mounted tests/lmcache
+	KVFS_PASSTHROUGH=off KVFS_TEST_DURABILITY=close $(PY) -m pytest -q tests/mounted tests/lmcache
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not lmcache and not clients and not engine" tests

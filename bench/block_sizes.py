@@ -7,7 +7,9 @@ For each block size (about --total-mib MiB of blocks, at most --max-files files)
 speed (unthrottled, and --bps bytes/s per device, read and write, by a cgroup throttle):
 
   store   --threads threads each open(O_CREAT|O_TRUNC|O_WRONLY), write the whole block, close.
-          On kvfs the block is durable when close returns; on ext4 it is in the page cache.
+          On kvfs (durability "fsync", the default) the block is in DRAM when close returns
+          and durable within writeback_ms, as on ext4 it is in the page cache
+          (KVFS_TEST_DURABILITY=close: durable when close returns).
           Throttled, each ext4 writer also fsyncs each file before closing it (durable at
           close, as on kvfs): the page cache's writeback is not throttled by a cgroup v1
           limit (the flusher threads are outside the cgroup), so without it ext4's store
