@@ -56,7 +56,9 @@ class Service:
             self.writeback = sessions.writeback = WriteBack(
                 sessions, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit)
             catalog.sync_changes = False
-        if hasattr(catalog, "after_release"):      # space freed once its release is durable
+            # space is freed once the change that released it is durable (in "close" mode
+            # every change is durable before its space is retired: freed at once, and a free
+            # never waits for an unrelated later transaction)
             space.after_release = catalog.after_release
         self.files = files = Files(catalog, store, space, sessions, self.leases,
                                    self.allocations, readahead=self.readahead)

@@ -41,7 +41,8 @@ def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: s
     `mount` does not and the pool is not shared (`make test` runs the mounted tests again in
     "close" mode)."""
     mode = os.environ.get("KVFS_TEST_DURABILITY", "").strip()
-    if mode and "durability" not in mount and "[cluster]" not in extra:
+    if mode and "durability" not in mount and "[cluster]" not in extra and \
+            "[mount]" not in extra:
         mount = f'durability = "{mode}"\n' + mount
     lines = [f'state_dir = "{state_dir}"', extra, "[dram]", f'capacity = "{dram}"', "[pool]"]
     if pool:

@@ -32,8 +32,7 @@ def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_pa
     whole block before it returns: see test_passthrough_open_fetches_in_parallel.)"""
     with Emulation("1g") as emu:
         devs = [emu.loop(f"s{i}", 128 * MiB) for i in range(4)]
-        m = make_mount(formatted(tmp_path, devs, dram="128MiB",
-                                 extra="[mount]\npassthrough = false"))
+        m = make_mount(formatted(tmp_path, devs, dram="128MiB", mount="passthrough = false"))
         assert not m.passthrough
         data = os.urandom(32 * MiB)
         (m.mountpoint / "blk.pt").write_bytes(data)
