@@ -12,8 +12,7 @@ import errno
 import os
 from dataclasses import dataclass, field
 
-import trio
-
+from kvfs.aio import Lock
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.session import Session
@@ -46,17 +45,41 @@ class OpenResult:
     noflush: bool = False   # its close needs no FLUSH request (read-only: nothing to commit)
 
 
+_STAT_FDS: dict[int, int] = {}     # thread id -> descriptor of its /proc/TID/stat
+_STAT_FDS_KEPT = 256
+
+
+def _proc_stat(pid: int) -> bytes:
+    """/proc/PID/stat of thread `pid`, read through a descriptor kept per thread (a close
+    per stored file: open and close of the path were two thirds of the cost). A descriptor
+    of a thread that has ended reads ESRCH, even if its id was reused since: then the path
+    is opened again, for the thread that has the id now."""
+    fd = _STAT_FDS.get(pid)
+    if fd is not None:
+        try:
+            return os.pread(fd, 4096, 0)
+        except OSError:
+            del _STAT_FDS[pid]
+            os.close(fd)
+    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.pread(fd, 4096, 0)
+    except OSError:
+        os.close(fd)
+        raise
+    if len(_STAT_FDS) >= _STAT_FDS_KEPT:
+        os.close(_STAT_FDS.pop(next(iter(_STAT_FDS))))
+    _STAT_FDS[pid] = fd
+    return data
+
+
 def killed_while_exiting(pid: int) -> bool:
     """Whether process (thread) `pid` is exiting because a signal killed it: its task flags
     have PF_EXITING and its exit code is a signal's (/proc/PID/stat fields 9 and 52)."""
     if pid <= 0:
         return False
-    try:        # (os.open and one read: a third of the cost of open() with its buffering)
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
-        finally:
-            os.close(fd)
+    try:
+        fields = _proc_stat(pid).rsplit(b")", 1)[1].split()
         flags, code = int(fields[6]), int(fields[49])
     except (OSError, IndexError, ValueError):
         return False
@@ -82,7 +105,7 @@ class NodeState:
     writers: int = 0
     readers: dict[int, int] = field(default_factory=dict)   # blob id -> read-only handles
     session: Session | None = None
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    lock: Lock = field(default_factory=Lock)       # (kvfs/aio.py: no yield when free)
     cache_version: int | None = None     # blob id the kernel's page cache may hold
     backing: object = None               # passthrough: the Buffer every open handle is bound to
     backing_version: object = None       # ... and what it holds (BlobRec or Session)
