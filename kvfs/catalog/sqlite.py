@@ -77,6 +77,7 @@ log = logging.getLogger("kvfs.catalog")
 CACHE_NODES = 8192          # nodes kept in memory beyond those in use
 DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
 PAGE_ROWS = 128             # rows per readdir / LRU page
+MISSES_KEPT = 4096          # names remembered as absent (a lookup's miss, for the create after it)
 BLOB_ID_STEP = 4096         # block ids the meta row's high-water mark runs ahead by
 XATTR_COUNT = 20            # the column of BY_NAME and BY_INO that counts the node's xattrs
 
@@ -122,6 +123,11 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._cache: collections.OrderedDict[int, Node] = collections.OrderedDict()
         self._pending: dict[int, Node] = {}
         self._pending_names: dict[tuple[int, bytes], int] = {}
+        # Names looked up and found absent, most recent last (at most MISSES_KEPT): the
+        # create that follows a lookup's miss (open(O_CREAT) of a new block) knows the name is
+        # free without asking SQLite again. Every name this node's tree gains passes `_enter`,
+        # which forgets its miss; nothing else adds names to the table while mounted.
+        self._misses: dict[tuple[int, bytes], None] = {}
         self._unlinked: dict[int, Node] = {}
         self._dirty_atime: dict[int, tuple[int, float | None, int]] = {}
         self._ghost_puts = 0
@@ -300,6 +306,10 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             return self._pending[ino]
         row = self._conn.execute(BY_NAME, (parent, name)).fetchone()
         if row is None:
+            misses = self._misses
+            misses[(parent, name)] = None
+            if len(misses) > MISSES_KEPT:
+                del misses[next(iter(misses))]
             raise not_found(name.decode(errors="replace"))
         return self._from_row(row)
 
@@ -307,6 +317,8 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         ino = self._pending_names.get((d.ino, name))
         if ino is not None:
             return ino
+        if (d.ino, name) in self._misses:
+            return None
         row = self._conn.execute("SELECT ino FROM nodes WHERE parent=? AND name=?",
                                  (d.ino, name)).fetchone()
         return row[0] if row is not None else None
@@ -467,6 +479,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             self._pending[node.ino] = node
 
     def _enter(self, parent: Node, node: Node) -> None:
+        self._misses.pop((parent.ino, node.name), None)
         if not node.persisted:
             self._pending_names[(parent.ino, node.name)] = node.ino
 

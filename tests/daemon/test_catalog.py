@@ -257,6 +257,43 @@ def test_looking_up_a_name_longer_than_255_bytes_is_enametoolong(pool_config):
     run_service(cfg, run)
 
 
+def test_a_create_after_a_lookups_miss_asks_sqlite_nothing_and_misses_stay_true(pool_config):
+    """open(O_CREAT) of a new name is a LOOKUP (a miss) then a CREATE: the miss is remembered,
+    so the create does not query the name again; a name that appears since (a create, a
+    rename, a mkdir) is no longer a miss."""
+    cfg = pool_config(durability="close")
+
+    async def run(fs):
+        cat = fs.files.catalog
+        await fs.mkdir("/d")
+        d = fs.ino("/d")
+        queries = []
+        cat._conn.set_trace_callback(queries.append)
+        try:
+            for name in (b"a", b"b", b"c"):
+                with pytest.raises(KvfsError):
+                    cat.lookup(d, name)
+            queries.clear()
+            cat.create_file(d, b"a", 0o644, 0, 0)           # after its miss: no query
+            assert not [q for q in queries if "name" in q], queries
+        finally:
+            cat._conn.set_trace_callback(None)
+        with pytest.raises(KvfsError) as e:
+            cat.create_file(d, b"a", 0o644, 0, 0)
+        assert e.value.errno == errno.EEXIST
+        await fs.write("/d/x", b"x")
+        await fs.files.rename(d, b"x", d, b"b", 0)          # b appears by a rename
+        with pytest.raises(KvfsError) as e:
+            cat.create_file(d, b"b", 0o644, 0, 0)
+        assert e.value.errno == errno.EEXIST
+        await fs.files.mkdir(d, b"c", 0o755, 0, 0)          # c by a mkdir
+        with pytest.raises(KvfsError) as e:
+            cat.create_file(d, b"c", 0o644, 0, 0)
+        assert e.value.errno == errno.EEXIST
+
+    run_service(cfg, run)
+
+
 def test_cached_chain_links_agree_with_the_rows(pool_config, monkeypatch):
     """The links of recently used blocks are kept in memory (kvfs/catalog/sqlite_chains.py);
     with a cache far smaller than the chain, what the catalog answers (next, parent, the
