@@ -62,10 +62,22 @@ def proc_fds(pid: int) -> dict:
     return {"fds": total, "memory_fds": memory}
 
 
+def wait_for_value(read, want, seconds: float = 5.0):
+    """read() until it gives `want` or `seconds` pass; the last value read."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = read()
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
 def held(stats: dict) -> dict:
     """What the daemon holds now that should be zero once every client is done."""
     f = stats["files"]
-    return {"open_handles": f["open_handles"], "backing_ids": stats["data_path"]["backing_ids"],
+    # (backing ids in use by open handles; an idle resident block keeps its id until it dies)
+    return {"open_handles": f["open_handles"],
+            "backing_ids": stats["data_path"]["backing_ids_in_use"],
             "leases_held": f["leases_held"], "allocations_pending": f["allocations_pending"],
             "held_blocks": stats["tiers"]["pool"]["held_blocks"],
             "dram_write_buffers": stats["tiers"]["dram"]["write_buffers"],
@@ -248,6 +260,8 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
         m.control("drop_dram", {"memory": True})   # resident blocks and spare memory hold
         # descriptors too: let them go
         dropped = {**process_memory(pid), **proc_fds(pid)}
+        # every buffer is gone with the DRAM tier: the backing ids went with them
+        ids_dropped = wait_for_value(lambda: m.stats()["data_path"]["backing_ids"], 0)
         errors: dict[str, int] = {}
         for c in clients:
             for k, v in c.errors.items():
@@ -282,6 +296,7 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
                     "end": {k: end[k] for k in ("fds", "memory_fds")},
                     "after_clients": {k: quiet[k] for k in ("fds", "memory_fds")},
                     "after_drop_dram": {k: dropped[k] for k in ("fds", "memory_fds")}},
+            "backing_ids_after_drop_dram": ids_dropped,
             "held_after_clients": {k: quiet[k] for k in (
                 "open_handles", "backing_ids", "leases_held", "allocations_pending",
                 "held_blocks", "dram_write_buffers", "pool_reserved", "inode_states",

@@ -201,7 +201,9 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
         gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
         ops = FuseOps(service.files, service.control, service.latency, cfg.mount.attr_timeout,
                       passthrough=cfg.mount.passthrough)
-        service.data_path = lambda: {**ops.data_path, "backing_ids": len(ops.backings.ids)}
+        service.data_path = lambda: {**ops.data_path, "backing_ids": ops.backings.opened - ops.backings.closed,
+                                     "backing_ids_in_use": ops.backings.in_use,
+                                     "backing_ids_opened": ops.backings.opened}
         pool = layers.pool
         options = set(pyfuse3.default_options)
         options |= {f"fsname=kvfs:{pool.pool_id[:12]}", "subtype=kvfs"}

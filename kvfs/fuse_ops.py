@@ -12,6 +12,8 @@ import functools
 import logging
 import os
 import time
+import weakref
+
 import pyfuse3
 import trio
 
@@ -98,17 +100,31 @@ def translate(fn):
 
 class Backings:
     """Backing ids of the memfds passthrough handles use (FUSE_DEV_IOC_BACKING_OPEN): one id
-    per buffer while handles use it, closed when the last of them is released."""
+    per buffer for as long as the buffer lives, not per open. A block read again while it is
+    resident in DRAM (a prefix hit) is then opened without an ioctl, and a release closes
+    nothing; the id goes when its buffer dies (evicted, dropped, replaced). The kernel's
+    backing keeps a reference to the buffer's file, so it is closed at once then, or the
+    memory would stay taken: the buffer's finalizer (which may run in any thread, inside the
+    collector) hands the id to the trio thread (`run_sync_soon`), which closes it."""
 
     def __init__(self) -> None:
-        self.ids: dict[object, list] = {}          # Buffer -> [backing id, handles]
+        self.ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Buffer -> [id, handles]
         self.of_fh: dict[int, object] = {}         # fh -> Buffer
         self.opened = 0                            # backing ids registered, for statistics
+        self.closed = 0                            # ... and closed (open: the difference)
+        self.token: trio.lowlevel.TrioToken | None = None     # set at INIT (FuseOps.init)
+
+    @property
+    def in_use(self) -> int:
+        """Backing ids that open handles use now."""
+        return sum(1 for e in list(self.ids.values()) if e[1] > 0)
 
     def bind(self, fh: int, buf) -> int:
         entry = self.ids.get(buf)
         if entry is None:
-            entry = self.ids[buf] = [pyfuse3.passthrough_open(buf.fd), 0]
+            bid = pyfuse3.passthrough_open(buf.fd)
+            entry = self.ids[buf] = [bid, 0]
+            weakref.finalize(buf, self._died, bid)
             self.opened += 1
         entry[1] += 1
         self.of_fh[fh] = buf
@@ -116,16 +132,26 @@ class Backings:
 
     def release(self, fh: int) -> None:
         buf = self.of_fh.pop(fh, None)
-        if buf is None:
+        if buf is not None:
+            self.ids[buf][1] -= 1          # (the id stays while the buffer lives)
+
+    def _died(self, bid: int) -> None:
+        """A buffer with a backing id died (its finalizer, in any thread)."""
+        token = self.token
+        if token is None:
+            self._close(bid)
             return
-        entry = self.ids[buf]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self.ids[buf]
-            try:
-                pyfuse3.passthrough_close(entry[0])
-            except OSError as e:
-                log.warning("closing passthrough backing id %d failed: %s", entry[0], e)
+        try:
+            token.run_sync_soon(self._close, bid)
+        except trio.RunFinishedError:      # unmounted: /dev/fuse is closed, and the ids with it
+            pass
+
+    def _close(self, bid: int) -> None:
+        self.closed += 1
+        try:
+            pyfuse3.passthrough_close(bid)
+        except OSError as e:
+            log.warning("closing passthrough backing id %d failed: %s", bid, e)
 
 
 def _has_noflush() -> bool:
@@ -183,6 +209,7 @@ class FuseOps(pyfuse3.Operations):
         # pyfuse3 calls this inside its INIT handler and replies right after it returns, so
         # a task woken by this event runs once the kernel has the connection's parameters.
         if self.enable_passthrough:
+            self.backings.token = trio.lowlevel.current_trio_token()
             on = pyfuse3.passthrough_enabled()
             self.files.passthrough = on
             self.data_path = {"passthrough": on, "why": (

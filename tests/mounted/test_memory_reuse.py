@@ -85,8 +85,27 @@ def test_an_mmap_kept_after_close_keeps_its_bytes_when_the_block_is_evicted(pt):
     assert m[:] == content("mapped", 4 * MiB)
     m.close()
     # unmapped: the kernel lets go of the file (release), and its memory may be reused
-    wait_until(lambda: pt.stats()["data_path"]["backing_ids"] == 0, what="the release")
+    wait_until(lambda: pt.stats()["data_path"]["backing_ids_in_use"] == 0, what="the release")
     kept = store_stats(pt)["spares_kept"]
     pt.control("drop_dram")
     assert store_stats(pt)["spares_kept"] == kept + len(others)
+    # the dropped buffers' backing ids went with them (the kernel's reference to their
+    # memory with them): an idle resident block keeps its id only while it lives
+    wait_until(lambda: pt.stats()["data_path"]["backing_ids"] == 0, what="the ids' close")
     assert (d / "mapped").read_bytes() == content("mapped", 4 * MiB)
+
+
+def test_a_resident_block_read_again_reuses_its_backing_id(pt):
+    """One backing id per resident buffer, not per open: reading a block again while it is
+    in DRAM (a prefix hit) registers nothing with the kernel, and its release closes nothing."""
+    d = pt.mountpoint
+    (d / "hot").write_bytes(content("hot", MiB))
+    assert (d / "hot").read_bytes() == content("hot", MiB)
+    wait_until(lambda: pt.stats()["data_path"]["backing_ids_in_use"] == 0, what="the release")
+    before = pt.stats()["data_path"]
+    for _ in range(5):
+        assert (d / "hot").read_bytes() == content("hot", MiB)
+    wait_until(lambda: pt.stats()["data_path"]["backing_ids_in_use"] == 0, what="the releases")
+    after = pt.stats()["data_path"]
+    assert after["backing_ids_opened"] == before["backing_ids_opened"]
+    assert after["backing_ids"] == before["backing_ids"] >= 1

@@ -25,5 +25,6 @@ def test_a_short_soak_leaks_nothing(tmp_path, make_mount):      # make_mount: ro
         assert held[k] == 0, (k, held)
     fds = r["fds"]              # with the DRAM tier dropped, the mount's own descriptors
     assert fds["after_drop_dram"]["memory_fds"] == 0, fds
+    assert r["backing_ids_after_drop_dram"] == 0, r["backing_ids_after_drop_dram"]
     assert fds["after_drop_dram"]["fds"] <= fds["mounted"]["fds"] + 2, fds
     assert r["daemon_exit_status"] == 0
