@@ -254,6 +254,7 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("2")
         wait_until(lambda: held(m.stats())["open_handles"] == 0, 30, "handles to be released")
+        m.sync()        # (durability "fsync": closed files are write buffers until written back)
         st = m.stats()
         quiet = {**process_memory(pid), **proc_fds(pid), **held(st),
                  "inode_states": st["files"]["inode_states"]}
