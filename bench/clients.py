@@ -13,7 +13,9 @@ to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, testing/
 
 Loads are cold: kvfs's DRAM tier and the page cache are dropped first (after a sync on ext4).
 The engine runs in its own process (testing/engine.py) inside the setup's cgroup, with the
-kvfs daemon. Store times are what the engine waits for: kvfs is durable at close; on ext4 the
+kvfs daemon. Store times are what the engine waits for: kvfs (durability "fsync", the default)
+returns at close with the block in DRAM and writes it back within writeback_ms
+(KVFS_TEST_DURABILITY=close: durable at close); on ext4 the
 buffered writes of SGLang's file backend are in the page cache when set() returns (and cgroup v1
 does not throttle their writeback).
 
