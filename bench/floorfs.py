@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testing.emulate import drop_kernel_caches
 from testing.mount import wait_until
 
-ATTR_TIMEOUT = 1.0       # kvfs's default mount.attr_timeout
+ATTR_TIMEOUT = 30.0      # kvfs's default mount.attr_timeout (one node)
 IDLE_TASKS = 32          # as kvfs/daemon.py
 
 

@@ -24,6 +24,7 @@ DEFAULT_POOL_FILE_SIZE = 4 * GiB
 DEFAULT_STRIPE_UNIT = 1 * MiB
 DEFAULT_QUEUE_DEPTH = 8
 DEFAULT_WRITEBACK_MS = 100
+DEFAULT_ATTR_TIMEOUT = 30.0      # seconds the kernel keeps names and attributes (one node)
 
 
 def default_state_dir() -> Path:
@@ -93,7 +94,7 @@ class PrefetchConfig:
 @dataclass(frozen=True)
 class MountConfig:
     allow_other: bool = False
-    attr_timeout: float = 1.0
+    attr_timeout: float = 30.0       # (1.0 with [cluster])
     max_tasks: int = 512             # concurrent FUSE requests in flight
     passthrough: bool = True         # FUSE passthrough where the kernel offers it
     # When a file's bytes are durable (docs/architecture.md, "Durability and write-back"):
@@ -403,7 +404,12 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     dirty_limit = mount_t.take("dirty_limit", _positive_size)
     mount = MountConfig(
         allow_other=mount_t.take("allow_other", _bool, False),
-        attr_timeout=mount_t.take("attr_timeout", _number_range(0.0, 3600.0), 1.0),
+        # One node: every change to a name or its attributes is made through this mount
+        # (the kernel updates its cache) or announced to the kernel (an eviction, a dropped
+        # write-back): the kernel may keep them long. A shared pool: other nodes' changes
+        # reach this kernel through the follower, so a short timeout bounds a missed one.
+        attr_timeout=mount_t.take("attr_timeout", _number_range(0.0, 3600.0),
+                                  1.0 if shared else DEFAULT_ATTR_TIMEOUT),
         max_tasks=mount_t.take("max_tasks", _int_range(4, 4096), 512),
         passthrough=mount_t.take("passthrough", _bool, True) and _passthrough_allowed(),
         durability=durability,

@@ -156,6 +156,9 @@ def test_durability_defaults_to_fsync_and_a_shared_pool_publishes_at_close(tmp_p
     assert load_text(tmp_path, ns + '[dram]\ncapacity = "32MiB"\n').mount.dirty_limit == 16 << 20
     cluster = '[cluster]\nredis = "redis://localhost:6379/0"\nnode_id = "a"\n'
     assert load_text(tmp_path, cluster + ns).mount.durability == "close"
+    # the kernel keeps names 30 s on one node (invalidation is exact there), 1 s when shared
+    assert load_text(tmp_path, ns).mount.attr_timeout == 30.0
+    assert load_text(tmp_path, cluster + ns).mount.attr_timeout == 1.0
     for bad, what in [('durability = "sometimes"', "mount.durability"),
                       ("writeback_ms = 0", "mount.writeback_ms"),
                       ("writeback_ms = 60001", "mount.writeback_ms"),
