@@ -22,9 +22,10 @@ has a newer version (the client then re-reads the layout); releasing fails with 
 lease expired meanwhile, since the extents may then have been reused: the read is retried, and
 after `retries` attempts `StaleBlock` is raised. Bytes of another block are never returned,
 and every unit read into a host buffer is checked against its xxh3-64 checksum (EIO on a
-mismatch), as a read through the mount is; `verify=False` is the explicit opt-out (it saves
-about one pass over the bytes: README, "Performance"). CUDA buffers are not checked (the
-bytes would have to come back to the host).
+mismatch), as a read through the mount is, whether the host path or kvikio (`use_kvikio`)
+read it; `verify=False` is the explicit opt-out (it saves about one pass over the bytes).
+Every unit's byte count is checked on every path (a short or failed read is EIO). CUDA
+buffers are not hashed (the bytes would have to come back to the host).
 
 Writes: the file is opened for writing through the mount, the daemon places the block's stripe
 units (`user.kvfs.alloc`), the client writes every unit in parallel with O_DIRECT from its own
@@ -267,14 +268,31 @@ class Direct:
         return f
 
     def _reads_kvikio(self, lay: BlockLayout, dest: Any) -> list:
-        """Issue every unit of a block to kvikio; returns its futures."""
-        futures = []
+        """Issue every unit of a block to kvikio; returns (unit, length, destination, future)
+        for each, for `_kvikio_done` to check."""
+        reads = []
         for k in range(len(lay.ns)):
             length = lay.unit_length(k)
             f = self._kvikio_file(lay.ns_paths[lay.ns[k]])
             part = dest[k * lay.unit:k * lay.unit + length]
-            futures.append(f.pread(part, length, lay.offsets[k]))
-        return futures
+            reads.append((k, length, part, f.pread(part, length, lay.offsets[k])))
+        return reads
+
+    @staticmethod
+    def _kvikio_done(lay: BlockLayout, read: tuple, verify: bool, host: bool) -> None:
+        """Wait for one unit kvikio reads; a failed or short read is EIO, and in host memory a unit whose
+        xxh3-64 is not the one committed is too (device memory is not hashed: see `read_many`)."""
+        k, length, part, future = read
+        try:
+            got = future.get()
+        except RuntimeError as e:           # kvikio's errors (a read past the end: "EOF")
+            raise OSError(errno.EIO, f"kvikio could not read unit {k} of {lay.path}: "
+                                     f"{str(e).strip().splitlines()[-1]}") from None
+        if got != length:
+            raise OSError(errno.EIO, f"short read of unit {k} of {lay.path}: "
+                                     f"{got} of {length} bytes")
+        if verify and host and xxhash.xxh3_64_intdigest(part) != lay.sums[k]:
+            raise OSError(errno.EIO, f"checksum mismatch in unit {k} of {lay.path}")
 
     @staticmethod
     def _flat_cuda(buf: Any):
@@ -308,11 +326,12 @@ class Direct:
                     if nbytes < lay.size:
                         raise ValueError(f"kvfs.direct: buffer of {nbytes} bytes is smaller than "
                                          f"{lay.path} ({lay.size} bytes)")
-                    use_kvikio = _is_cuda(bufs[i]) or bool(self.use_kvikio)
-                    if use_kvikio:
-                        dest = self._flat_cuda(bufs[i]) if _is_cuda(bufs[i]) else \
-                            __import__("numpy").frombuffer(_host_view(bufs[i]), dtype="uint8")
-                        jobs.append(("kvikio", i, self._reads_kvikio(lay, dest)))
+                    if _is_cuda(bufs[i]):
+                        jobs.append(("kvikio-device", i,
+                                     self._reads_kvikio(lay, self._flat_cuda(bufs[i]))))
+                    elif self.use_kvikio:
+                        dest = __import__("numpy").frombuffer(_host_view(bufs[i]), dtype="uint8")
+                        jobs.append(("kvikio-host", i, self._reads_kvikio(lay, dest)))
                     else:
                         dest = _host_view(bufs[i])
                         jobs.append(("host", i, [self._pool.submit(
@@ -321,7 +340,10 @@ class Direct:
                 for kind, i, futures in jobs:
                     for f in futures:           # every unit's read ends before the release
                         try:
-                            f.get() if kind == "kvikio" else f.result()
+                            if kind == "host":
+                                f.result()
+                            else:
+                                self._kvikio_done(lays[i], f, verify, kind == "kvikio-host")
                         except OSError as e:
                             failed.setdefault(i, e)
                     if i not in failed:

@@ -111,28 +111,66 @@ def test_verify_catches_corruption(blocks, tmp_path):
         assert blk.read_into(buf) == blk.size and buf != data[p]
 
 
+KVIKIO_READ = (
+    "import errno, sys, numpy as np, kvfs.direct as kd\n"
+    "mnt, *paths = sys.argv[1:]\n"
+    "try:\n"
+    "    with kd.Direct(mnt, use_kvikio=True) as d:\n"
+    "        for p in paths:\n"
+    "            size = d.layout(p).size\n"
+    "            buf = np.empty(max(size, 1), dtype=np.uint8)\n"
+    "            assert d.read_into(p, buf) == size\n"
+    "            sys.stdout.buffer.write(buf[:size].tobytes())\n"
+    "except OSError as e:\n"
+    "    print(errno.errorcode[e.errno], e, file=sys.stderr)\n"
+    "    sys.exit(3)\n")
+
+
+def _kvikio_read(tmp_path, mnt, paths) -> subprocess.CompletedProcess:
+    """Read `paths` with use_kvikio=True in a process that loads the stub CUDA driver."""
+    stub = build_cuda_stub(tmp_path / "cuda")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(stub), PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", KVIKIO_READ, str(mnt), *map(str, paths)],
+                          capture_output=True, env=env, timeout=120)
+
+
 def test_kvikio_host_path_with_a_stub_cuda_driver(blocks, tmp_path):
     """kvikio loads libcuda.so.1 even for host buffers; with no GPU here the test builds a stub
     driver (every call returns CUDA_ERROR_NOT_INITIALIZED) so that kvikio's host path runs."""
     pytest.importorskip("kvikio")
     m, data = blocks
-    stub = build_cuda_stub(tmp_path / "cuda")
-    script = (
-        "import sys, numpy as np, kvfs.direct as kd\n"
-        "mnt, *paths = sys.argv[1:]\n"
-        "out = []\n"
-        "with kd.Direct(mnt, use_kvikio=True) as d:\n"
-        "    for p in paths:\n"
-        "        size = d.layout(p).size\n"
-        "        buf = np.empty(max(size, 1), dtype=np.uint8)\n"
-        "        d.read_into(p, buf)\n"
-        "        sys.stdout.buffer.write(buf[:size].tobytes())\n")
-    paths = [str(p) for p in data]
-    env = dict(os.environ, LD_LIBRARY_PATH=str(stub), PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", script, str(m.mountpoint), *paths],
-                       capture_output=True, env=env, timeout=120)
+    r = _kvikio_read(tmp_path, m.mountpoint, list(data))
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout == b"".join(data.values())
+
+
+@pytest.mark.parametrize("fault", ["flipped byte", "short read"])
+def test_kvikio_host_path_checks_checksums_and_byte_counts(blocks, tmp_path, fault):
+    """A unit kvikio reads into host memory is checked like one read by the host path: a
+    flipped byte on the device fails its checksum, a unit cut short by the end of the device
+    fails its byte count; either is EIO, never wrong or missing bytes in the buffer."""
+    pytest.importorskip("kvikio")
+    m, data = blocks
+    p = m.mountpoint / "b7.pt"
+    lay = json.loads(os.getxattr(p, "user.kvfs.layout"))
+    k = len(lay["unit_map"]) - 1                        # the block's last unit
+    ns, off = lay["unit_map"][k]
+    dev = lay["namespace_paths"][ns]
+    if fault == "flipped byte":
+        with open(dev, "r+b") as f:
+            f.seek(off + 7)
+            b = f.read(1)
+            f.seek(off + 7)
+            f.write(bytes([b[0] ^ 0xFF]))
+        want = "checksum mismatch"
+    else:
+        os.truncate(dev, off + 100)
+        want = "EOF"                                     # kvikio's word for it
+    r = _kvikio_read(tmp_path, m.mountpoint, [p])
+    assert r.returncode == 3, (r.returncode, r.stderr.decode()[-2000:])
+    err = r.stderr.decode()
+    assert err.startswith("EIO") and want in err and f"unit {k}" in err, err[-2000:]
+    assert r.stdout == b""
 
 
 def _gpu_reason() -> str | None:
