@@ -19,6 +19,8 @@ import stat
 import time
 from typing import Any, Awaitable, Callable
 
+import trio
+
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
 from kvfs.catalog.tree import LINK_HINT
 from kvfs.direct_access import DirectAccess
@@ -27,6 +29,7 @@ from kvfs.files import Files
 from kvfs.handles import Attr
 from kvfs.knobs import Knobs
 from kvfs.store import BlockStore
+
 FH_BASE = 1 << 62            # control-file handles live apart from file handles
 PREFIX = b"user.kvfs."
 
@@ -136,7 +139,7 @@ class Control:
         be longer than the size the first said (a counter gained a digit) and the reader would
         fail with ERANGE. So a snapshot is given twice, the second time if asked within
         STATS_REUSE seconds (it is at most that old)."""
-        now = time.monotonic()
+        now = trio.current_time()
         if self._stats is not None and now - self._stats[0] < self.STATS_REUSE:
             value, self._stats = self._stats[1], None
             return value

@@ -256,3 +256,24 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
         assert trio.current_time() - t0 <= 2 * space.room_wait + ROOM_SECONDS + space.room_wait
 
     run_service(cfg, body, clock)
+
+
+def test_a_statistics_snapshot_is_given_twice_within_a_second_of_trio_time(pool_config):
+    """getfattr asks for the size, then the value: the second ask gets the same snapshot if it
+    comes within Control.STATS_REUSE of trio's clock (the daemon's one clock), a fresh one
+    after."""
+    clock = mock_clock()
+
+    async def body(fs):
+        control = fs.svc.control
+        first = await control.getxattr(1, b"user.kvfs.stats", 0)
+        await fs.write("/f", os.urandom(MiB))            # counters move
+        assert await control.getxattr(1, b"user.kvfs.stats", 0) == first   # the second ask
+        third = await control.getxattr(1, b"user.kvfs.stats", 0)
+        await fs.write("/g", os.urandom(MiB))
+        await wait_out(clock, 2 * control.STATS_REUSE)
+        fourth = await control.getxattr(1, b"user.kvfs.stats", 0)
+        assert fourth != third                           # too old to give again: taken anew
+        assert await control.getxattr(1, b"user.kvfs.stats", 0) == fourth
+
+    run_service(pool_config(size="16MiB"), body, clock)
