@@ -32,10 +32,11 @@ V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 def throttle_support(*, blkio: Path = BLKIO, v2_roots=V2_ROOTS,
                      choice: str | None = None) -> tuple[str | None, str]:
     """("v1", blkio directory) or ("v2", hierarchy root) where devices can be throttled here,
-    else (None, why not)."""
+    else (None, why not). cgroup v2 is chosen only once `+io` is in its root's
+    cgroup.subtree_control (written here if need be). An unknown `choice` is a ValueError."""
     choice = choice or os.environ.get("KVFS_THROTTLE", "auto")
-    if choice not in ("auto", "v1", "v2", "none"):
-        return None, f"KVFS_THROTTLE={choice!r}: not one of auto, v1, v2, none"
+    if choice not in ("auto", "v1", "v2", "none"):     # a typo must not skip every test
+        raise ValueError(f"KVFS_THROTTLE={choice!r}: not one of auto, v1, v2, none")
     if choice == "none":
         return None, "throttling turned off (KVFS_THROTTLE=none)"
     why = []
@@ -49,7 +50,15 @@ def throttle_support(*, blkio: Path = BLKIO, v2_roots=V2_ROOTS,
             if not ctl.exists():
                 continue
             if "io" in ctl.read_text().split():
-                return "v2", str(root)
+                sub = root / "cgroup.subtree_control"   # io must be enabled for its children
+                try:
+                    if "io" not in sub.read_text().split():
+                        sub.write_text("+io\n")
+                    return "v2", str(root)
+                except OSError as e:
+                    why.append(f"cgroup v2 at {root} has an io controller, but it cannot be "
+                               f"enabled for child groups (+io in {sub}: {e.strerror})")
+                    break
             why.append(f"cgroup v2 at {root} has no io controller (it offers: "
                        f"{ctl.read_text().strip() or 'nothing'})")
             break
@@ -149,7 +158,8 @@ class BlkioGroup:
 class IoMaxGroup(BlkioGroup):
     """A cgroup v2 group with the io controller: per-device limits in `io.max`
     ("MAJ:MIN rbps=N wbps=N riops=N wiops=N", `max` for no limit). The io controller is
-    enabled for the root's children first (`+io` in its cgroup.subtree_control)."""
+    enabled for the root's children first (`+io` in its cgroup.subtree_control, which
+    `throttle_support` checks before it chooses v2)."""
 
     controller = ""
 

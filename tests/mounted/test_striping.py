@@ -10,13 +10,11 @@ import os
 
 import pytest
 
-from testing.emulate import Emulation
-from tests.helpers import requires_throttle
 from kvfs.cli import main as kvfs_main
-from tests.helpers import write_config
+from testing.emulate import Emulation
+from tests.helpers import requires_loops, requires_throttle, write_config
 
 MiB = 1 << 20
-pytestmark = requires_throttle
 
 
 def formatted(tmp_path, devs, **kw):
@@ -26,6 +24,7 @@ def formatted(tmp_path, devs, **kw):
     return cfg
 
 
+@requires_throttle
 def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_path):
     """Without FUSE passthrough (the daemon serves reads) a cold read returns once the units
     it covers have arrived, while the rest keep streaming. (A passthrough open fetches the
@@ -56,6 +55,7 @@ def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_pa
         assert fetched_then < 16 * MiB, f"the first read waited for {fetched_then} bytes"
 
 
+@requires_loops                  # loop devices only: no throttle
 def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_path):
     with Emulation("1g") as emu:
         devs = [emu.loop(f"f{i}", 96 * MiB) for i in range(3)]
@@ -94,6 +94,7 @@ def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_p
 
 
 @pytest.mark.slow
+@requires_throttle
 def test_adaptive_placement_learns_a_throttled_namespace(make_mount, tmp_path):
     """Adaptive placement on real (throttled) devices, not only on fake namespaces: with one
     namespace at a quarter of the others' bandwidth, the pool learns a lower weight for it and

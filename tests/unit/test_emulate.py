@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from testing.emulate import BlkioGroup, IoMaxGroup, throttle_support
 
 
@@ -45,6 +47,23 @@ def test_the_kind_of_throttle_is_chosen_at_run_time(tmp_path):
     assert "no cgroup v1 blkio" in why and "no io controller" in why and "hugetlb" in why
     kind, why = throttle_support(blkio=absent, v2_roots=[absent], choice="auto")
     assert kind is None and "no cgroup v2 hierarchy" in why
+
+
+def test_an_unknown_throttle_name_is_an_error_not_a_skip(tmp_path):
+    with pytest.raises(ValueError, match="KVFS_THROTTLE='v3'"):
+        throttle_support(blkio=tmp_path, v2_roots=[tmp_path], choice="v3")
+
+
+def test_cgroup_v2_is_chosen_only_when_io_can_be_enabled_below_its_root(tmp_path):
+    v2 = v2_root(tmp_path, "cpu io memory")
+    absent = tmp_path / "absent"
+    (v2 / "cgroup.subtree_control").write_text("")
+    assert throttle_support(blkio=absent, v2_roots=[v2], choice="v2") == ("v2", str(v2))
+    assert (v2 / "cgroup.subtree_control").read_text() == "+io\n"       # enabled
+    (v2 / "cgroup.subtree_control").unlink()
+    (v2 / "cgroup.subtree_control").mkdir()          # a write that fails, as EBUSY would
+    kind, why = throttle_support(blkio=absent, v2_roots=[v2], choice="v2")
+    assert kind is None and "cannot be enabled" in why and "+io" in why
 
 
 def test_io_max_limits_a_device_in_its_own_group(tmp_path):
