@@ -10,7 +10,7 @@ PIP         := $(PY) -m pip --disable-pip-version-check -q
 MNT         ?= ./mnt
 PYTHON      ?= python3
 APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server tmux pkg-config python3-venv python3-dev \
-                util-linux e2fsprogs gcc openssl rdma-core libibverbs-dev ibverbs-utils python3-pyverbs \
+                util-linux e2fsprogs dmsetup gcc openssl rdma-core libibverbs-dev ibverbs-utils python3-pyverbs \
                 dpkg-dev
 TORCH_PIN   := torch==2.13.0
 KVIKIO_PKGS := kvikio-cu12 libkvikio-cu12 nvidia-cufile-cu12 rapids-logger cuda-pathfinder

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Block sizes: KV blocks one file each, stored, stat'ed and loaded through plain POSIX calls, on
-kvfs over 4 loop namespaces against ext4 on one loop device of the same kind, side by side.
+kvfs over 4 loop namespaces against what a user would build instead, side by side: ext4 on a
+RAID-0 of 4 such devices (`raid0`; testing/emulate.py's ext4_on_raid0: dm-stripe where the
+kernel has device-mapper, else a stand-in, ext4 on one device at 4x the per-device limit, as
+the JSON's "raid0" says), and ext4 on one loop device (what a node without striping gets).
 
 This is what vLLM's fs tier, SGLang's HiCacheFile and NIXL's POSIX backend do: a file per block.
 For each block size (about --total-mib MiB of blocks, at most --max-files files) and each device
@@ -10,7 +13,7 @@ speed (unthrottled, and --bps bytes/s per device, read and write, by a cgroup th
           On kvfs (durability "fsync", the default) the block is in DRAM when close returns
           and durable within writeback_ms, as on ext4 it is in the page cache
           (KVFS_TEST_DURABILITY=close: durable when close returns).
-          Throttled, each ext4 writer also fsyncs each file before closing it (durable at
+          Throttled, each ext4 (and RAID-0) writer also fsyncs each file before closing it (durable at
           close, as on kvfs): the page cache's writeback is not throttled by a cgroup v1
           limit (the flusher threads are outside the cgroup), so without it ext4's store
           would never meet the device's limit; unthrottled it does not.
@@ -33,8 +36,8 @@ passthrough that keeps files in memory and does nothing else: the floor of kvfs'
 `<size>_<op>_floor_vs_ext4` and `<size>_<op>_vs_floor` (kvfs over the floor) split the gap to
 ext4 into the stack's part and kvfs's own (docs/architecture.md, "The floor of the stack").
 
-Keys of --json: `<size>_<op>_vs_ext4` (unthrottled) and `gbps<N>_<size>_<op>_vs_ext4`
-(throttled), with `<op>` store, stat or load; `<size>_store_vs_ext4_fsync` against ext4 whose
+Keys of --json: `<size>_<op>_vs_ext4` and `<size>_<op>_vs_raid0` (unthrottled) and
+`gbps<N>_<size>_<op>_vs_ext4` / `_vs_raid0` (throttled), with `<op>` store, stat or load; `<size>_store_vs_ext4_fsync` against ext4 whose
 writers fsync before closing (durable at close, as kvfs's are; unthrottled: an extra ext4
 pass, the "(fsync)" column); `rows` has every measurement.
 """
@@ -62,6 +65,7 @@ from testing.emulate import (
     Emulation,
     available,
     ext4_on_loop,
+    ext4_on_raid0,
     kvfs_on_loops,
     warm_memory,
 )
@@ -244,29 +248,33 @@ def main(argv: list[str] | None = None) -> int:
         for speed in args.speeds.split(","):
             bps = args.bps if speed == "throttled" else None
             label = f"{bps / 1e9:g} GB/s" if bps else "unthrottled"
-            with Emulation(f"{3 * data // MiB + 2048}m") as emu, \
+            with Emulation(f"{4 * data // MiB + 3072}m") as emu, \
                     ext4_on_loop(emu, tmp, f"ext4-{speed}", data + 512 * MiB, bps) as ext4, \
+                    ext4_on_raid0(emu, tmp, f"raid0-{speed}", 4, data + 512 * MiB,
+                                  bps) as raid0, \
                     kvfs_on_loops(emu, tmp, f"kvfs-{speed}", 4, data + 512 * MiB, bps,
                                   dram=f"{data // MiB + 256}MiB") as kv, \
                     (floor_mounted(tmp, f"floor-{speed}") if args.floor and bps is None
                      else contextlib.nullcontext()) as floor:
-                names = {id(ext4): "ext4", id(kv): "kvfs", id(floor): "floor"}
+                names = {id(ext4): "ext4", id(raid0): "raid0", id(kv): "kvfs",
+                         id(floor): "floor"}
+                raid0_kind = raid0.raid0
                 for size_name in sizes:
                     size = SIZES[size_name]
                     blocks = Blocks(size, min(args.max_files, max(1, data // size)))
                     for r in range(args.rounds):
-                        order = [ext4, kv] + ([floor] if floor is not None else [])
+                        order = [ext4, raid0, kv] + ([floor] if floor is not None else [])
                         if r % 2:
                             order.reverse()
                         for setup in order:
                             fs = names[id(setup)]
                             res = run_fs(fs, setup, blocks, args.threads,
-                                         sync_store=fs == "ext4" and bps is not None)
+                                         sync_store=fs in ("ext4", "raid0") and bps is not None)
                             rows.append({"fs": fs, "speed": label, "size": size_name,
                                          "files": blocks.n, "round": r, **res})
                     del blocks
     out: dict = {"threads": args.threads, "rounds": args.rounds, "bps_per_device": args.bps,
-                 "rows": rows}
+                 "raid0": raid0_kind, "rows": rows}
     for speed in args.speeds.split(","):
         label = f"{args.bps / 1e9:g} GB/s" if speed == "throttled" else "unthrottled"
         prefix = "" if speed == "fast" else f"gbps{args.bps / 1e9:g}_"
@@ -280,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                              and x["size"] == size_name and x["round"] == r)
                     ratios.append(k[f"{op}_per_s"] / e[f"{op}_per_s"])
                 out[f"{prefix}{size_name}_{op}_vs_ext4"] = round(statistics.median(ratios), 3)
+                out[f"{prefix}{size_name}_{op}_vs_raid0"] = round(statistics.median(
+                    k[f"{op}_per_s"] / e[f"{op}_per_s"] for k, e in zip(
+                        *([x for x in rows if x["fs"] == fs and x["speed"] == label
+                           and x["size"] == size_name] for fs in ("kvfs", "raid0")))), 3)
                 floors = [(k, f, e) for k, f, e in zip(
                     *([x for x in rows if x["fs"] == fs and x["speed"] == label
                        and x["size"] == size_name] for fs in ("kvfs", "floor", "ext4")))]
@@ -299,20 +311,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{args.threads} threads; kvfs on 4 loop namespaces, ext4 on 1 loop device (loop over "
-          f"tmpfs); files/s of each phase; kvfs's daemon CPU and FUSE requests per file")
+    print(f"{args.threads} threads; kvfs on 4 loop namespaces, ext4 on 1 loop device, raid0: "
+          f"{raid0_kind} (loops over tmpfs); files/s of each phase; kvfs's daemon CPU and FUSE "
+          f"requests per file")
     print(f"{'speed':<12}{'size':<6}{'files':>6}  {'fs':<5}{'store/s':>9}{'(fsync)':>9}"
           f"{'stat/s':>9}{'load/s':>9}{'cpu us store/stat/load':>24}")
     for x in rows:
         cpu = "/".join(f"{x[f'{op}_daemon_us']:.0f}" for op in ("store", "stat", "load")) \
-            if x["fs"] != "ext4" else ""
+            if x["fs"] not in ("ext4", "raid0") else ""
         durable = f"{x['store_fsync_per_s']:>9.0f}" if "store_fsync_per_s" in x else f"{'':>9}"
         print(f"{x['speed']:<12}{x['size']:<6}{x['files']:>6}  {x['fs']:<5}"
               f"{x['store_per_s']:>9.0f}{durable}{x['stat_per_s']:>9.0f}{x['load_per_s']:>9.0f}"
               f"{cpu:>24}")
     print("\nrequests per file (store | stat | load):")
     for x in rows:
-        if x["fs"] != "ext4":
+        if x["fs"] not in ("ext4", "raid0"):
             print(f"  {x['fs']:<6}{x['speed']:<12}{x['size']:<6}" + " | ".join(
                 " ".join(f"{op}={n:g}" for op, n in sorted(x[f"{ph}_requests"].items()))
                 for ph in ("store", "stat", "load")))
@@ -326,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{op}={v:g}" for op, v in sorted(x[f"{ph}_handler_us"].items(),
                                                          key=lambda kv: -kv[1]))
                     for ph in ("store", "stat", "load")))
-    print("\nkvfs / ext4 (files/s ratio, median of rounds; with --floor also the floor / ext4 "
-          "and kvfs / the floor):")
+    print("\nkvfs / ext4 and kvfs / raid0 (files/s ratio, median of rounds; with --floor also "
+          "the floor / ext4 and kvfs / the floor):")
     for k, v in out.items():
         if "_vs_" in k:
             print(f"  {k:<28}{v:>7.2f}")

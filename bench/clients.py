@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Clients: the same KV blocks stored and loaded through each engine's own file tier, on kvfs
-over 4 namespaces and on ext4 over 1 device, every device a loop device over tmpfs, throttled
+over 4 namespaces, on ext4 over a RAID-0 of 4 devices (`raid0`: dm-stripe where the kernel has
+device-mapper, else a stand-in, one device at 4x the limit; the JSON's "raid0" says which) and
+on ext4 over 1 device, every device a loop device over tmpfs, throttled
 to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, testing/emulate.py) and unthrottled.
 
   vLLM fs tier      FileSystemTierManager: O_DIRECT, O_EXCL temp + rename; every block its own
@@ -38,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testing.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
-                             throttled)
+from testing.emulate import (Emulation, available, ext4_on_loop, ext4_on_raid0,  # noqa: E402
+                             kvfs_on_loops, throttled)
 from testing.engine import Engine  # noqa: E402
 
 MiB = 1 << 20
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [c for c in CLIENTS if not args.only or c[1] in args.only.split(",")]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvfs-clients-") as tmp, \
-            Emulation(f"{(4 * data) // MiB + 2048}m") as emu, contextlib.ExitStack() as stack:
+            Emulation(f"{(6 * data) // MiB + 3072}m") as emu, contextlib.ExitStack() as stack:
         tmp = Path(tmp)
         engines = {}
         for _, engine, _ in wanted:
@@ -123,12 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{args.bps / 1e6:.0f} MB/s" if throttle else "unthrottled"
             tag = "t" if throttle else "u"
             with ext4_on_loop(emu, tmp, f"ext4{tag}", data + 256 * MiB, throttle) as on_ext4, \
+                    ext4_on_raid0(emu, tmp, f"raid0{tag}", 4, data + 256 * MiB,
+                                  throttle) as on_raid0, \
                     kvfs_on_loops(emu, tmp, f"kvfs{tag}", 4, data + 256 * MiB, throttle) as on_kvfs:
                 m = on_kvfs.kvfs
+                raid0_kind = on_raid0.raid0
                 for name, engine, native in wanted:
                     e = engines[engine]
-                    for fs in (["kvfs"] if native else ["ext4", "kvfs"]):
-                        setup = on_kvfs if fs == "kvfs" else on_ext4
+                    for fs in (["kvfs"] if native else ["raid0", "ext4", "kvfs"]):
+                        setup = {"kvfs": on_kvfs, "ext4": on_ext4, "raid0": on_raid0}[fs]
                         root = setup.root / f"{engine}-{native}"
                         drop = m.drop_caches if fs == "kvfs" else drop_page_cache
                         with throttled(setup, e.proc.pid):   # the engine's I/O meets it
@@ -136,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                         shutil.rmtree(root)
                         rows.append({"client": name, "fs": fs, "throttle": label, **r})
     out = {"bps_per_device": args.bps, "blocks": args.blocks, "block_bytes": block,
+           "raid0": raid0_kind,
            "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                     for r in rows], "ratios": {}}
     by = {(r["client"], r["fs"], r["throttle"]): r for r in rows}
@@ -143,22 +149,28 @@ def main(argv: list[str] | None = None) -> int:
         base = next(n for n, e, nat in CLIENTS if e == engine and not nat)
         for label in {r["throttle"] for r in rows}:
             k, x = by.get((name, "kvfs", label)), by.get((base, "ext4", label))
-            if k and x:
+            r0 = by.get((base, "raid0", label))
+            if k and x and r0:
                 out["ratios"][f"{name} | {label}"] = {
+                    "store_kvfs_vs_raid0": round(k["store_gbps"] / r0["store_gbps"], 2),
+                    "load_kvfs_vs_raid0": round(k["load_gbps"] / r0["load_gbps"], 2),
                     "store_kvfs_vs_ext4": round(k["store_gbps"] / x["store_gbps"], 2),
                     "load_kvfs_vs_ext4": round(k["load_gbps"] / x["load_gbps"], 2)}
     if args.json:
         print(json.dumps(out))
         return 0
     print(f"{args.blocks} blocks of {args.block_mib} MiB per client; kvfs on 4 loop namespaces, "
-          f"ext4 on 1 loop device; throttled: {args.bps / 1e6:.0f} MB/s per device")
+          f"raid0: {raid0_kind}, ext4 on 1 loop device; throttled: {args.bps / 1e6:.0f} MB/s "
+          f"per device")
     print(f"{'client':<22}{'fs':<6}{'devices':<13}{'store GB/s':>11}{'load GB/s':>11}")
     for r in rows:
         print(f"{r['client']:<22}{r['fs']:<6}{r['throttle']:<13}{r['store_gbps']:>11.3f}"
               f"{r['load_gbps']:>11.3f}")
-    print(f"\n{'kvfs vs ext4 (same engine, ext4 with its own tier)':<58}{'store':>7}{'load':>7}")
+    print(f"\n{'kvfs vs raid0 and ext4 (same engine, each with its own tier)':<58}"
+          f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}")
     for k, v in out["ratios"].items():
-        print(f"{k:<58}{v['store_kvfs_vs_ext4']:>7.2f}{v['load_kvfs_vs_ext4']:>7.2f}")
+        print(f"{k:<58}{v['store_kvfs_vs_raid0']:>12.2f}{v['load_kvfs_vs_raid0']:>11.2f}"
+              f"{v['store_kvfs_vs_ext4']:>11.2f}{v['load_kvfs_vs_ext4']:>10.2f}")
     return 0
 
 

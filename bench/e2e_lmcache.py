@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """End to end with real LMCache: store KV chunks, then read them back cold, on kvfs (four
-namespaces) and on plain ext4 (one device of the same kind), side by side in one run.
+namespaces), on ext4 over a RAID-0 of four devices of the same kind (`raid0`: dm-stripe where
+the kernel has device-mapper, else a stand-in, one device at 4x the per-device limit; the
+JSON's "raid0" says which) and on plain ext4 (one device), side by side in one run.
 
 LMCache 0.5.6's LocalDiskBackend (`local_disk`, 8 disk I/O threads) stores N chunks of 32 MiB
 (Llama-3.1-8B shape, bf16: 32 layers x 2 x 256 tokens x 8 KV heads x 128), the page cache and
@@ -20,7 +22,8 @@ The LMCache process and the kvfs daemon both run in the throttled cgroup.
 
     python bench/e2e_lmcache.py [--chunks 24] [--speeds throttled,gbps1,fast] [--repeat 3] [--json]
 
-Ratios (kvfs / ext4; for stores, ext4's store time / kvfs's): `<speed>_read_vs_ext4` and
+Ratios (kvfs / ext4; for stores, ext4's store time / kvfs's; `_vs_raid0` the same against the
+RAID-0): `<speed>_read_vs_ext4` and
 `<speed>_store_vs_ext4` with O_DIRECT (`use_odirect: true`), `..._nodirect` without, and
 `plugin_<speed>_read_vs_ext4` / `plugin_<speed>_store_vs_ext4` for the plugin. Each ratio is the
 median of `--repeat` rounds, each round running ext4, kvfs and the plugin back to back (noise
@@ -44,7 +47,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testing.emulate import Emulation, available, warm_memory  # noqa: E402
+from testing.emulate import (  # noqa: E402
+    Emulation,
+    available,
+    ext4_on_loop,
+    ext4_on_raid0,
+    warm_memory,
+)
 
 MiB = 1 << 20
 KV_SHAPE = (32, 2, 256, 8, 128)        # Llama-3.1-8B: layers, K/V, tokens, kv heads, head dim
@@ -162,22 +171,19 @@ def run_lmcache(mode: str, directory: Path, n: int, odirect: bool, group, drop) 
     return out
 
 
-def run_ext4(tmp: Path, n: int, bps, odirect: bool) -> dict:
-    with Emulation(f"{n * CHUNK // MiB + 1024}m") as emu:
-        dev = emu.loop("ext4", n * CHUNK + 512 * MiB)
-        subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
-        mnt = tmp / "ext4"
-        mnt.mkdir(exist_ok=True)
-        subprocess.run(["mount", dev.path, str(mnt)], check=True)
-        try:
-            group = emu.cgroup("e2e-ext4")
-            if bps:
-                group.limit(dev, read_bps=bps, write_bps=bps)
-            (mnt / "lmcache").mkdir()
-            return run_lmcache("local_disk", mnt / "lmcache", n, odirect, group,
-                               drop_page_cache)
-        finally:
-            subprocess.run(["umount", str(mnt)], check=True)
+def run_ext4(tmp: Path, n: int, bps, odirect: bool, raid0: bool = False) -> dict:
+    """LMCache's local_disk on ext4: on one device, or (`raid0`) on a RAID-0 of 4 devices at
+    `bps` each (testing/emulate.py's ext4_on_raid0: dm-stripe, or its stand-in)."""
+    size = n * CHUNK + 512 * MiB
+    with Emulation(f"{size // MiB + 1024}m") as emu, \
+            (ext4_on_raid0(emu, tmp, "raid0", 4, size, bps) if raid0 else
+             ext4_on_loop(emu, tmp, "ext4", size, bps)) as setup:
+        (setup.root / "lmcache").mkdir()
+        out = run_lmcache("local_disk", setup.root / "lmcache", n, odirect, setup.group,
+                          drop_page_cache)
+        if raid0:
+            out["raid0"] = setup.raid0
+        return out
 
 
 def run_kvfs(tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk",
@@ -250,16 +256,21 @@ def main(argv: list[str] | None = None) -> int:
                 bps = SPEEDS[speed]
                 for odirect in (True,) if args.no_nodirect else (True, False):
                     tag = "" if odirect else "_nodirect"
+                    r0 = rows[f"{speed}{tag} raid0"] = run_ext4(tmp, n, bps, odirect,
+                                                                raid0=True)
+                    out["raid0"] = r0.pop("raid0")
                     e = rows[f"{speed}{tag} ext4"] = run_ext4(tmp, n, bps, odirect)
                     k = rows[f"{speed}{tag} kvfs"] = run_kvfs(tmp, n, bps, odirect,
                                                               fresh_memory=args.fresh_memory)
-                    ratio(f"{speed}_read_vs_ext4{tag}", k["read_gbps"] / e["read_gbps"])
-                    ratio(f"{speed}_store_vs_ext4{tag}", e["store_s"] / k["store_s"])
+                    for base, b in (("raid0", r0), ("ext4", e)):
+                        ratio(f"{speed}_read_vs_{base}{tag}", k["read_gbps"] / b["read_gbps"])
+                        ratio(f"{speed}_store_vs_{base}{tag}", b["store_s"] / k["store_s"])
                 if speed != "throttled":
                     p = rows[f"{speed} plugin"] = run_kvfs(tmp, n, bps, True, mode="plugin")
-                    e = rows[f"{speed} ext4"]
-                    ratio(f"plugin_{speed}_read_vs_ext4", p["read_gbps"] / e["read_gbps"])
-                    ratio(f"plugin_{speed}_store_vs_ext4", e["store_s"] / p["store_s"])
+                    for base in ("raid0", "ext4"):
+                        b = rows[f"{speed} {base}"]
+                        ratio(f"plugin_{speed}_read_vs_{base}", p["read_gbps"] / b["read_gbps"])
+                        ratio(f"plugin_{speed}_store_vs_{base}", b["store_s"] / p["store_s"])
     for key, vs in rounds.items():
         out[key] = round(statistics.median(vs), 3)
     out["ratios_range"] = {k: [round(min(v), 3), round(max(v), 3)] for k, v in rounds.items()}
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     print(f"LMCache 0.5.6, {n} chunks of 32 MiB, {THREADS} disk threads; kvfs on 4 namespaces, "
-          f"ext4 on 1; reads cold (page cache and kvfs DRAM dropped)")
+          f"raid0: {out.get('raid0')}, ext4 on 1; reads cold (page cache and kvfs DRAM dropped)")
     print(f"{'run (the last round)':<26}{'store GB/s':>11}{'read GB/s':>11}")
     for name, r in rows.items():
         print(f"{name:<26}{r['store_gbps']:>11.2f}{r['read_gbps']:>11.2f}")

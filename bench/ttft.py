@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Time to first token with a real engine: vLLM (CPU) + LMCache's multiprocess server whose L2
 (its `fs` adapter: one file per 256-token chunk) is a directory on kvfs over 4 loop namespaces,
-or on ext4 over 1 loop device of the same kind and limit; against recomputing the prompt.
+on ext4 over a RAID-0 of 4 such devices (`raid0`: dm-stripe where the kernel has device-mapper,
+else a stand-in, one device at 4x the limit; the JSON's "raid0" says which), or on ext4 over 1
+loop device of the same kind and limit; against recomputing the prompt.
 
 Per directory and device speed, every prompt goes through three phases:
   cold       the engine computes the prompt and LMCache stores its KV chunks (the first
@@ -48,10 +50,11 @@ without either, 3.0-7.6 s on both and kvfs vs ext4 anywhere from 0.93x to 2.07x.
     python bench/ttft.py [--sizes 2048,8192,16384] [--throttles none,1e9,2e8] [--rounds 1]
                          [--prompts 1] [--json]
 
-Keys of --json: `ttft_<tokens>_<fs>_<speed>` (fs kvfs or ext4, the directory phase; speed
+Keys of --json: `ttft_<tokens>_<fs>_<speed>` (fs kvfs, raid0 or ext4, the directory phase; speed
 `unthrottled` or e.g. `200MBps`), `ttft_<tokens>_recompute`, `cold_<tokens>_<fs>_<speed>`,
-`dram_<tokens>_<fs>_<speed>`, and for the largest prompt `ttft_speedup_vs_ext4_<speed>`,
-`ttft_speedup_vs_recompute_<speed>` and `cold_vs_ext4_<speed>` (ext4's cold time over kvfs's:
+`dram_<tokens>_<fs>_<speed>`, and for the largest prompt `ttft_speedup_vs_raid0_<speed>`,
+`ttft_speedup_vs_ext4_<speed>`, `ttft_speedup_vs_recompute_<speed>`, `cold_vs_raid0_<speed>`
+and `cold_vs_ext4_<speed>` (ext4's cold time over kvfs's:
 above 1, kvfs's first request is faster). Needs root, /dev/fuse, loop devices and
 `make install-engine`. A round of one prompt size at three speeds takes about 13 minutes here.
 """
@@ -71,8 +74,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testing import inference  # noqa: E402
-from testing.emulate import (Emulation, available, ext4_on_loop, kvfs_on_loops,  # noqa: E402
-                             throttled)
+from testing.emulate import (Emulation, available, ext4_on_loop, ext4_on_raid0,  # noqa: E402
+                             kvfs_on_loops, throttled)
 from testing.mount import cpu_seconds  # noqa: E402
 
 MiB = 1 << 20
@@ -85,15 +88,18 @@ def speed_label(bps: float | None) -> str:
 
 @contextlib.contextmanager
 def directories(tmp: Path, r: int, bps: float | None, data: int):
-    """Round `r`'s two directories at one device speed, for `data` bytes of chunks: kvfs over 4
-    loop namespaces and ext4 over 1, on devices of their own (a loop device's file keeps every
-    page written to it); [(fs, set-up)] in the round's order (rounds alternate the first)."""
+    """Round `r`'s three directories at one device speed, for `data` bytes of chunks: kvfs over 4
+    loop namespaces, ext4 over a RAID-0 of 4 (testing/emulate.py's ext4_on_raid0: dm-stripe, or
+    its stand-in) and ext4 over 1, on devices of their own (a loop device's file keeps every
+    page written to it); [(fs, set-up)] in the round's order (rounds alternate it)."""
     speed = speed_label(bps)
-    with Emulation(f"{(2 * data + 2 * GiB) // MiB}m") as emu, \
+    with Emulation(f"{(3 * data + 3 * GiB) // MiB}m") as emu, \
             ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB, bps) as on_ext4, \
+            ext4_on_raid0(emu, tmp, f"raid0-{r}-{speed}", 4, data + 512 * MiB,
+                          bps) as on_raid0, \
             kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB, bps,
                           dram="1GiB") as on_kvfs:
-        order = [("kvfs", on_kvfs), ("ext4", on_ext4)]
+        order = [("kvfs", on_kvfs), ("raid0", on_raid0), ("ext4", on_ext4)]
         yield order if r % 2 == 0 else order[::-1]
 
 
@@ -192,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter = json.loads(args.adapter)
     started = time.monotonic()
     rows: list[dict] = []
+    raid0_kind = None
     with tempfile.TemporaryDirectory(prefix="kvfs-ttft-") as tmp:
         tmp = Path(tmp)
         logs = Path(args.logs) if args.logs else tmp / "logs"
@@ -211,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 speed = speed_label(bps)
                 with directories(tmp, r, bps, data) as order:
                     for fs, setup in order:
+                        if setup.raid0:
+                            raid0_kind = setup.raid0
                         got = phases(setup, fs, model, prompts, logs, l1_gb, kv_gib,
                                      max_tokens, adapter, args.engine_nice)
                         for key in prompts:
@@ -237,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                              "prompt": p, "directory": s})
     out = summarize(rows, sizes, [speed_label(b) for b in throttles])
     out["minutes"] = round((time.monotonic() - started) / 60, 1)
+    out["raid0"] = raid0_kind
     out["rounds"] = args.rounds
     out["prompts"] = args.prompts
     out["adapter"] = adapter
@@ -261,20 +271,24 @@ def summarize(rows: list[dict], sizes: list[int], speeds: list[str]) -> dict:
     rounds = sorted({k[0] for k in by})
 
     def median_of(fs, speed, n, key):
-        return round(_median([by[r, fs, speed, n][key] for r in rounds
-                              if (r, fs, speed, n) in by])[0], 3)
+        xs = [by[r, fs, speed, n][key] for r in rounds if (r, fs, speed, n) in by]
+        return round(_median(xs)[0], 3) if xs else None
     for n in sizes:
         out[f"ttft_{n}_recompute"] = median_of("recompute", "-", n, "directory")
         for speed in speeds:
-            for fs in ("kvfs", "ext4"):
+            for fs in ("kvfs", "raid0", "ext4"):
                 for key, name in (("directory", "ttft"), ("cold", "cold"), ("dram", "dram")):
-                    out[f"{name}_{n}_{fs}_{speed}"] = median_of(fs, speed, n, key)
+                    v = median_of(fs, speed, n, key)
+                    if v is not None:           # (rows of earlier versions have no raid0)
+                        out[f"{name}_{n}_{fs}_{speed}"] = v
     big = max(sizes)
     for speed in speeds:
         # per round and prompt: the baseline's time over kvfs's (above 1: kvfs is faster)
         for name, base, base_speed, key in (
+                (f"ttft_speedup_vs_raid0_{speed}", "raid0", speed, "directory"),
                 (f"ttft_speedup_vs_ext4_{speed}", "ext4", speed, "directory"),
                 (f"ttft_speedup_vs_recompute_{speed}", "recompute", "-", "directory"),
+                (f"cold_vs_raid0_{speed}", "raid0", speed, "cold"),
                 (f"cold_vs_ext4_{speed}", "ext4", speed, "cold")):
             xs = [by[r, base, base_speed, big]["directory" if base == "recompute" else key]
                   / by[r, "kvfs", speed, big][key] for r in rounds
@@ -291,18 +305,22 @@ def print_table(out: dict, sizes: list[int], speeds: list[str]) -> None:
           f"prompt(s) of each size ({out['minutes']} min); "
           "directory: served from the chunk files after both processes restarted and the "
           "caches dropped; cold: compute + store; DRAM: from LMCache's memory")
-    print(f"{'devices':>12} {'tokens':>7} {'recompute':>10} {'kvfs dir':>9} {'ext4 dir':>9} "
-          f"{'kvfs cold':>10} {'ext4 cold':>10} {'kvfs DRAM':>10} {'ext4 DRAM':>10}")
+    print(f"{'devices':>12} {'tokens':>7} {'recompute':>10} {'kvfs dir':>9} {'raid0 dir':>10} "
+          f"{'ext4 dir':>9} {'kvfs cold':>10} {'raid0 cold':>11} {'ext4 cold':>10} "
+          f"{'kvfs DRAM':>10} {'ext4 DRAM':>10}")
     for speed in speeds:
         for n in sizes:
-            g = lambda k: out.get(k, float("nan"))  # noqa: E731
+            g = lambda k: out.get(k) or float("nan")  # noqa: E731
             print(f"{speed:>12} {n:>7} {g(f'ttft_{n}_recompute'):>10.2f} "
-                  f"{g(f'ttft_{n}_kvfs_{speed}'):>9.2f} {g(f'ttft_{n}_ext4_{speed}'):>9.2f} "
-                  f"{g(f'cold_{n}_kvfs_{speed}'):>10.2f} {g(f'cold_{n}_ext4_{speed}'):>10.2f} "
+                  f"{g(f'ttft_{n}_kvfs_{speed}'):>9.2f} {g(f'ttft_{n}_raid0_{speed}'):>10.2f} "
+                  f"{g(f'ttft_{n}_ext4_{speed}'):>9.2f} "
+                  f"{g(f'cold_{n}_kvfs_{speed}'):>10.2f} {g(f'cold_{n}_raid0_{speed}'):>11.2f} "
+                  f"{g(f'cold_{n}_ext4_{speed}'):>10.2f} "
                   f"{g(f'dram_{n}_kvfs_{speed}'):>10.2f} {g(f'dram_{n}_ext4_{speed}'):>10.2f}")
     print(f"largest prompt ({max(sizes)} tokens), kvfs's speed-up (median [range]):")
     for speed in speeds:
-        for key in (f"ttft_speedup_vs_ext4_{speed}", f"ttft_speedup_vs_recompute_{speed}",
+        for key in (f"ttft_speedup_vs_raid0_{speed}", f"ttft_speedup_vs_ext4_{speed}",
+                    f"ttft_speedup_vs_recompute_{speed}", f"cold_vs_raid0_{speed}",
                     f"cold_vs_ext4_{speed}"):
             if key in out:
                 print(f"  {key:<40} {out[key]:>6} {out[key + '_range']}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -246,6 +247,7 @@ class Ext4Setup:
     set)."""
 
     kvfs = None
+    raid0 = None        # what ext4_on_raid0 built, when it did
 
     def __init__(self, root: Path, dev: LoopDevice, group: BlkioGroup):
         self.root, self.dev, self.group = root, dev, group
@@ -275,6 +277,8 @@ class Ext4Setup:
 
 class KvfsSetup:
     """A kvfs mount over loop namespaces; its daemon in `group` when a limit was set."""
+
+    raid0 = None
 
     def __init__(self, kvfs, group: BlkioGroup):
         self.kvfs, self.group = kvfs, group
@@ -309,7 +313,7 @@ def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | N
     dev = emu.loop(name, size)
     subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
     mnt = tmp / f"{name}-mnt"
-    mnt.mkdir()
+    mnt.mkdir(exist_ok=True)
     subprocess.run(["mount", dev.path, str(mnt)], check=True)
     group = emu.cgroup(name) if bps else None      # this process's I/O to ext4 is throttled
     if group is not None:
@@ -321,6 +325,65 @@ def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | N
         if group is not None:
             group.release(os.getpid())
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+RAID0_CHUNK = 512 << 10         # md's default chunk; dm-stripe's here
+
+
+def raid0_support() -> str | None:
+    """None if ext4 can go on a real RAID-0 (device-mapper's dm-stripe) over loop devices here,
+    else why not."""
+    if shutil.which("dmsetup") is None:
+        return "no dmsetup (apt package dmsetup)"
+    if not os.path.exists("/dev/mapper/control"):
+        return "this kernel has no device-mapper (/dev/mapper/control)"
+    return None
+
+
+@contextlib.contextmanager
+def ext4_on_raid0(emu: Emulation, tmp: Path, name: str, count: int, size: int,
+                  bps: float | None):
+    """What a user with `count` namespaces and no kvfs builds: ext4 on a RAID-0 across them.
+    Where the kernel has device-mapper: a dm-stripe (512 KiB chunks, as md's default) over
+    `count` loop devices of size/count each, each throttled at `bps`, ext4 told the geometry.
+    Where it has neither md nor device-mapper (this development machine): a stand-in, ext4 on
+    one loop device whose limit is the sum of the `count` devices' limits. `.raid0` says which."""
+    why = raid0_support()
+    if why is not None:
+        with ext4_on_loop(emu, tmp, name, size, bps * count if bps else None) as setup:
+            setup.raid0 = (f"stand-in: ext4 on 1 loop device at {count}x the per-device limit "
+                           f"(no RAID-0 here: {why})")
+            yield setup
+        return
+    per = (size // count + RAID0_CHUNK - 1) // RAID0_CHUNK * RAID0_CHUNK
+    devs = [emu.loop(f"{name}-d{i}", per) for i in range(count)]
+    chunk = RAID0_CHUNK // 512
+    table = f"0 {per * count // 512} striped {count} {chunk} " + \
+        " ".join(f"{d.path} 0" for d in devs)
+    dm = f"kvfs-bench-{name}-{os.getpid()}"
+    subprocess.run(["dmsetup", "create", dm, "--table", table], check=True)
+    path = f"/dev/mapper/{dm}"
+    mnt = tmp / f"{name}-mnt"
+    group = None
+    try:
+        stride = RAID0_CHUNK // 4096
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-E",
+                        f"stride={stride},stripe_width={stride * count}", path], check=True)
+        mnt.mkdir(exist_ok=True)
+        subprocess.run(["mount", path, str(mnt)], check=True)
+        group = emu.cgroup(name) if bps else None
+        if group is not None:
+            for d in devs:
+                group.limit(d, read_bps=bps, write_bps=bps)
+            group.add(os.getpid())
+        setup = Ext4Setup(mnt, devs[0], group)
+        setup.raid0 = f"ext4 on dm-stripe (RAID-0, 512 KiB chunks) over {count} loop devices"
+        yield setup
+    finally:
+        if group is not None:
+            group.release(os.getpid())
+        subprocess.run(["umount", str(mnt)], check=False)
+        subprocess.run(["dmsetup", "remove", "--retry", dm], check=False)
 
 
 @contextlib.contextmanager
