@@ -1,0 +1,30 @@
+"""Benchmarks (each file is a script: `python bench/<name>.py --help`). `dumps` is how each writes
+its --json: the result with where it comes from, so that a figure cited from bench/results/ can
+be traced to the code that measured it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def provenance() -> dict:
+    """The commit measured (`dirty`: the work tree had changes to tracked files), the command
+    line and the time (UTC)."""
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "argv": [Path(sys.argv[0]).name, *sys.argv[1:]],
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def dumps(result: dict) -> str:
+    """`result` as JSON, after its provenance (a key of the result's own wins)."""
+    return json.dumps({**provenance(), **result})

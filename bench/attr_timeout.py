@@ -12,7 +12,6 @@ hot loads per second and the FUSE requests of the load phase, per timeout and ro
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -24,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 BLOCK = 256 << 10
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"files": a.files, "rounds": a.rounds, "rows": rows,
            "hot_loads_30s_vs_1s": round(rate[30.0] / rate[1.0], 3)}
     if a.json:
-        print(json.dumps(out))
+        print(dumps(out))
     else:
         for r in rows:
             print(f"attr_timeout {r['attr_timeout']:>4}: {r['hot_loads_per_s']:8.0f} hot loads/s, "

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -59,6 +58,7 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.catalog_scale import parallel as per_second
 from bench.floorfs import floor_mounted
 from testing.emulate import (
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 out[f"{prefix}{size_name}_store_vs_ext4_fsync"] = round(
                     statistics.median(durable), 3)
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     print(f"{args.threads} threads; kvfs on 4 loop namespaces, ext4 on 1 loop device, raid0: "
           f"{raid0_kind} (loops over tmpfs); files/s of each phase; kvfs's daemon CPU and FUSE "

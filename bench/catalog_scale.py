@@ -28,7 +28,6 @@ Everything (namespace files, state, mounts, Redis) is set up and torn down here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -42,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from testing.mount import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
 PER_DIR = 64
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     out["load_after"] = os.getloadavg()[0]
     out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     rows = [("create_per_s", f"{args.writers} writers"), ("create_per_s_1writer", "1 writer"),
             ("rss_bytes_per_file", "daemon RSS per file, remount + stat of all"),

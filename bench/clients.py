@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from testing.emulate import (Emulation, available, ext4_on_loop, ext4_on_raid0,  # noqa: E402
                              kvfs_on_loops, throttled)
 from testing.engine import Engine  # noqa: E402
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     "store_kvfs_vs_ext4": round(k["store_gbps"] / x["store_gbps"], 2),
                     "load_kvfs_vs_ext4": round(k["load_gbps"] / x["load_gbps"], 2)}
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     print(f"{args.blocks} blocks of {args.block_mib} MiB per client; kvfs on 4 loop namespaces, "
           f"raid0: {raid0_kind}, ext4 on 1 loop device; throttled: {args.bps / 1e6:.0f} MB/s "

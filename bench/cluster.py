@@ -25,7 +25,6 @@ Everything (Redis, tmpfs, loop devices, cgroups, mounts) is set up and torn down
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.stripe import BLOCK, drop_page_cache, read_cold, write_blocks  # noqa: E402
 from testing.emulate import Emulation, available  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         out[f"redis_vs_sqlite_{key[:-len('_per_s')]}"] = r(ops["redis"][key] / ops["sqlite"][key])
     out["cross_vs_same_node_read"] = r(cross["cross_node_read_gbps"] / cross["same_node_read_gbps"])
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     print(f"catalog operations through one mount ({args.ops} each; 4 KiB files)")
     print(f"{'catalog':<10}{'publish/s':>11}{'publish/s x4':>14}{'lookup hit/s':>14}"

@@ -39,7 +39,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import io
-import json
 import mmap
 import os
 import statistics
@@ -50,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.reads import ShortRead, digest, read_full  # noqa: E402
 from kvfs import direct  # noqa: E402
 from testing.emulate import Emulation, available  # noqa: E402
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         out["error"] = (f"raw reads ran at {gbps['raw']:.2f} GB/s, above the {limit:.2f} GB/s "
                         f"the throttles allow: the reads escaped the throttle")
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 1 if escaped else 0
     print(f"cold reads of {args.blocks} blocks of 32 MiB back to back per sample, {args.rounds} "
           f"rounds, order rotated; {args.threads} reader threads on every path but fuse_1; "

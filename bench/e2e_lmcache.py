@@ -47,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from testing.emulate import (  # noqa: E402
     Emulation,
     available,
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     out["rows"] = {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv)
                        for kk, vv in v.items()} for k, v in rows.items()}
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     print(f"LMCache 0.5.6, {n} chunks of 32 MiB, {THREADS} disk threads; kvfs on 4 namespaces, "
           f"raid0: {out.get('raid0')}, ext4 on 1; reads cold (page cache and kvfs DRAM dropped)")

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from testing.emulate import Emulation, available  # noqa: E402
 from testing.mount import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
 
@@ -596,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = [run(n) for n in (args.only or SCENARIOS)]
     if args.json:
-        print(json.dumps(report))
+        print(dumps(report))
         return 0
     for r in report:
         print(f"== {r['scenario']} ({r['seconds']} s)")

@@ -25,7 +25,6 @@ run, it is not counted as speed), and one block per run is checked bit-exact thr
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import statistics
@@ -37,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.emulate import Emulation  # noqa: E402
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "fetches": stats["store"]["fetches"],
     }
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
     else:
         print(f"32 MiB blocks x {args.blocks}, {args.rounds} rounds, {read_size // 1024} KiB reads, "
               f"one reader on every path, order alternated; median per block [slowest, fastest]; "

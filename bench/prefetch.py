@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import mmap
 import os
 import random
@@ -39,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.emulate import Emulation, available  # noqa: E402
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     out["random_slowdown"] = round(statistics.median(slowdowns), 3)
     out["random_slowdown_range"] = [round(min(slowdowns), 3), round(max(slowdowns), 3)]
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     print(f"{args.chains} chains x {CHAIN} blocks of {block // MiB} MiB; 4 namespaces at "
           f"{args.bps / 1e6:.0f} MB/s; pause per block {pause * 1000:.0f} ms (one cold block "

@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.reads import digest  # noqa: E402
 from testing.mount import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             "open_handles", "backing_ids", "leases_held", "allocations_pending",
             "held_blocks", "dram_write_buffers", "pool_reserved"))
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0 if ok else 1
     r = out["rss"]
     print(f"{out['threads']} threads for {out['minutes']} min, pool {out['pool_bytes'] >> 20} "

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io as io_mod
-import json
 import mmap
 import os
 import subprocess
@@ -39,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
 from testing.emulate import Emulation, available  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         out["hetero_read_vs_ideal"] = round(rows["hetero adaptive"]["read_gbps"] / ideal, 3)
         out["hetero_static_read_vs_ideal"] = round(rows["hetero static"]["read_gbps"] / ideal, 3)
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     print(f"32 MiB blocks x {args.blocks}; every namespace throttled to {args.bps / 1e6:.0f} MB/s "
           f"read and write; one reader/writer thread")

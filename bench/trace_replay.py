@@ -67,6 +67,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from kvfs.policy import POLICIES, TierIndex, make_policy  # noqa: E402
 
 
@@ -457,7 +458,7 @@ def scale(capacity: int, policy: str, as_json: bool) -> int:
         out[f"{key}hit_rate"] = r["hit_rate"]
         out[f"{key}us_per_access"] = 1e6 * r["seconds"] / max(1, r["blocks"])
     if as_json:
-        print(json.dumps(out))
+        print(dumps(out))
         return 0
     print(f"zipf chains: {out['requests']} requests, {out['blocks']} block accesses, "
           f"{out['distinct_blocks']} distinct blocks, capacity {capacity} blocks")
@@ -542,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             r["pooling"] = replay_nodes(requests, r["capacity_blocks"], args.nodes_policy,
                                         args.nodes, SHARED_POOL)
     if args.json:
-        print(json.dumps(rows[0] if len(rows) == 1 else rows))
+        print(dumps(rows[0] if len(rows) == 1 else {"rows": rows}))
         return 0
     print(f"{args.trace}: {rows[0]['requests']} requests, {rows[0]['blocks']} block reads")
     print(f"{'capacity':>9}{'policy':>10}{'hit rate':>10}{'LRU':>9}{'bound':>9}{'vs LRU':>8}"

@@ -73,6 +73,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from testing import inference  # noqa: E402
 from testing.emulate import (Emulation, available, ext4_on_loop, ext4_on_raid0,  # noqa: E402
                              kvfs_on_loops, throttled)
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     out["engine_nice"] = args.engine_nice
     print_table(out, sizes, [speed_label(b) for b in throttles])
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
     return 0
 
 

@@ -38,7 +38,6 @@ Keys of --json as bench/ttft.py's (`ttft_<tokens>_<fs>_<speed>`, `ttft_speedup_v
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from bench.ttft import directories, print_table, speed_label, summarize
 from testing import inference
 from testing.emulate import available
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     out["connector"] = "LMCacheConnectorV1 + local_disk"
     print_table(out, sizes, [speed_label(b) for b in throttles])
     if args.json:
-        print(json.dumps(out))
+        print(dumps(out))
     return 0
 
 
