@@ -168,3 +168,19 @@ def test_format_refuses_to_overwrite(tmp_path, pool_config):
     cfg2.write_text(f'state_dir = "{tmp_path}/state2"\n[[pool.namespace]]\npath = "{ext4}"\n')
     r = kvfs("format", "--config", str(cfg2))
     assert r.returncode == 1 and "ext2/3/4 filesystem" in r.stderr
+
+
+@pytest.mark.parametrize("durability", ["fsync", "close"])
+def test_the_demo_of_make_run_says_what_is_durable_when(make_mount, pool_config, capsys,
+                                                         durability):
+    """`make run` ends with kvfs.demo: its sample block reads back bit-exact and its words
+    about durability are those of the mount's mode."""
+    from kvfs import demo
+    m = make_mount(pool_config(n=2, dram="128MiB", durability=durability))
+    assert demo.main([str(m.mountpoint)]) == 0
+    out = capsys.readouterr().out
+    assert "read   it back bit-exact" in out
+    if durability == "fsync":
+        assert "fsync() made it durable in the pool" in out and "close() alone" in out
+    else:
+        assert "durable in the pool once close() returned" in out
