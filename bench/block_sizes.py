@@ -67,6 +67,7 @@ from testing.emulate import (
     ext4_on_loop,
     ext4_on_raid0,
     kvfs_on_loops,
+    throttled,
     warm_memory,
 )
 from testing.mount import cpu_seconds
@@ -268,8 +269,14 @@ def main(argv: list[str] | None = None) -> int:
                             order.reverse()
                         for setup in order:
                             fs = names[id(setup)]
-                            res = run_fs(fs, setup, blocks, args.threads,
-                                         sync_store=fs in ("ext4", "raid0") and bps is not None)
+                            # ext4's I/O is this process's: it joins that set-up's
+                            # throttle group for the run (a process is in one group at a
+                            # time, and each ext4 set-up has its own)
+                            with (throttled(setup, os.getpid()) if fs in ("ext4", "raid0")
+                                  else contextlib.nullcontext()):
+                                res = run_fs(fs, setup, blocks, args.threads,
+                                             sync_store=fs in ("ext4", "raid0")
+                                             and bps is not None)
                             rows.append({"fs": fs, "speed": label, "size": size_name,
                                          "files": blocks.n, "round": r, **res})
                     del blocks

@@ -310,6 +310,9 @@ def throttled(setup, pid: int):
 
 @contextlib.contextmanager
 def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
+    """ext4 on one loop device; with `bps`, the device throttled in a group of its own that this
+    process joins (its I/O to ext4 is a bench's). A process is in one group at a time: a bench
+    with two such set-ups runs each one's I/O inside `throttled(setup, os.getpid())`."""
     dev = emu.loop(name, size)
     subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
     mnt = tmp / f"{name}-mnt"
