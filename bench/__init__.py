@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def provenance() -> dict:
     """The commit measured (`dirty`: the work tree had changes to tracked files), the command
-    line and the time (UTC)."""
+    line and the time (UTC), as of now."""
     def git(*args: str) -> str:
         r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
@@ -25,6 +25,11 @@ def provenance() -> dict:
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+# Taken when the bench starts (every bench imports this package first): the commit it runs,
+# not the one checked out when it ends.
+STARTED = provenance()
+
+
 def dumps(result: dict) -> str:
     """`result` as JSON, after its provenance (a key of the result's own wins)."""
-    return json.dumps({**provenance(), **result})
+    return json.dumps({**STARTED, "finished_at": provenance()["measured_at"], **result})
