@@ -333,13 +333,18 @@ def test_a_file_open_for_writing_keeps_its_content_after_unlink(pool_config, how
         else:
             await fs.write("/n", b"new")
             await fs.files.rename(p, b"n", p, b"c", 0)
+        # what each name holds: the handle's file lost its name ("c" is gone, or "new" took it)
+        written = {} if how == "unlink" else {"c": b"new"}
         for i in range(3):                        # other files take the space that was freed
-            await fs.write(f"/other{i}", os.urandom(3 * MiB + 7))
+            written[f"other{i}"] = os.urandom(3 * MiB + 7)
+            await fs.write(f"/other{i}", written[f"other{i}"])
         assert await fs.files.write(fh, 0, b"XY") == 2
         assert await fs.read_fh(fh, len(old)) == b"XY" + old[2:]
         await fs.close(fh)
+        assert {n.name.decode() for n in fs.files.catalog.entries(1)} <= set(written)
         for node in fs.files.catalog.entries(1):   # whatever eviction left reads back whole
-            assert len(await fs.read("/" + node.name.decode())) == node.blob.size
+            name = node.name.decode()
+            assert await fs.read("/" + name) == written[name], name
 
     run_service(cfg, body)
 

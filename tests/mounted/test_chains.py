@@ -20,14 +20,15 @@ def test_chain_learned_from_write_and_read_order_drives_readahead(make_mount, po
     d = m.mountpoint / "chunks"
     d.mkdir()
     names = [f"model@1@0@{i:04x}@bfloat16.pt" for i in range(12)]
+    written = {n: os.urandom(2 * MiB) for n in names}
     for n in names:                                   # one writer, prefix order
-        (d / n).write_bytes(os.urandom(2 * MiB))
+        (d / n).write_bytes(written[n])
     chain = json.loads(attr(d / names[3], "chain"))
     assert chain["parent"].endswith(names[2]) and chain["next"].endswith(names[4])
     m.control("flush")
     m.drop_caches()
     for i, n in enumerate(names):                     # one reader, prefix order, cold
-        assert len((d / n).read_bytes()) == 2 * MiB
+        assert (d / n).read_bytes() == written[n]
         if 2 <= i < len(names) - 1:                   # once the chain is recognised, the next
             nxt = d / names[i + 1]                    # block arrives in DRAM by itself
             wait_until(lambda: attr(nxt, "tier") == "dram", 10, f"{names[i + 1]} prefetched")
