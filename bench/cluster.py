@@ -5,7 +5,8 @@ In one run, with a real redis-server (AOF, fsync always) on 127.0.0.1:
 
   catalog ops   one kvfs mount with the SQLite catalog, then one with the Redis catalog, each
                 over 4 unthrottled namespace files, state and Redis data on the same disk:
-                  publish       create a 4 KiB file, write, close (durable and visible), N times,
+                  publish       create a 4 KiB file, write, close (durable and visible: both
+                                nodes commit at close, durability "close"), N times,
                                 from 1 thread and from 4 threads
                   lookup hit    stat N existing names after the kernel dropped its dentries
                                 (every stat is a FUSE lookup answered by the catalog)
@@ -95,8 +96,10 @@ def run_ops(tmp: Path, kind: str, redis: RedisServer, n: int) -> dict:
     shared.mkdir()
     nss = [{"path": str(shared / f"ns{i}.img"), "size": "256MiB"} for i in range(4)]
     extra = cluster_table(redis, "ops", "ops") if kind == "redis" else ""
+    # like with like: a shared pool publishes at close (durability "close"), so the SQLite
+    # node commits at close too (its default, "fsync", would leave the commit to write-back)
     cfg = write_config(tmp / f"{kind}.toml", tmp / f"{kind}-state", nss, dram="256MiB",
-                       extra=extra)
+                       extra=extra, mount='durability = "close"' if kind == "sqlite" else "")
     with MountedKvfs(tmp / f"{kind}-mnt", cfg, tmp / f"{kind}.log") as m:
         d = m.mountpoint / "d"
         d.mkdir()

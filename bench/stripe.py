@@ -5,7 +5,8 @@ Every namespace is a loop device over a file on a private tmpfs, throttled with 
 (v1 blkio or v2 io.max, whichever the machine has: testing/emulate.py) of --bps bytes/s for reads
 and for writes; the kvfs daemon runs in that cgroup. In one run:
 
-  kvfs Nns     write B blocks through the mount (open, one write, close: durable), then read
+  kvfs Nns     write B blocks through the mount (open, one write, fsync, close: durable in
+               either durability mode; `write_gbps`), then read
                them back cold (DRAM tier and page cache dropped) with one thread, 1 MiB reads
   plainfs      the same blocks as plain files on ext4 on one such throttled device, read cold
                by the same single-threaded reader (what LMCache's local_disk does today)
@@ -68,8 +69,9 @@ def write_blocks(paths: list[Path], blocks: list[bytes]) -> float:
         fd = os.open(p, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         try:
             os.write(fd, data)
+            os.fsync(fd)        # durable (kvfs's default durability "fsync": close alone is not)
         finally:
-            os.close(fd)        # kvfs: durable when close returns
+            os.close(fd)
     return time.perf_counter() - t
 
 

@@ -138,6 +138,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dumps  # noqa: E402
 from testing.mount import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -1508,7 +1509,7 @@ def main(argv=None) -> int:
     failed = sum(report[k] for k in FAILING)
     if not failed and a.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(report) if a.json else table(report))
+    print(dumps(report) if a.json else table(report))
     return 1 if failed else 0
 
 
