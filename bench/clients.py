@@ -21,10 +21,11 @@ returns at close with the block in DRAM and writes it back within writeback_ms
 buffered writes of SGLang's file backend are in the page cache when set() returns (and cgroup v1
 does not throttle their writeback).
 
-    python bench/clients.py [--bps 100e6] [--blocks 24] [--block-mib 8] [--json]
+    python bench/clients.py [--bps 100e6] [--blocks 24] [--block-mib 8] [--rounds 1] [--json]
 
 Everything (tmpfs, loop devices, file systems, cgroups, mounts, engines) is set up and torn
-down here; each table row is one pass.
+down here; each table row is one pass, and with --rounds N each ratio is the median of the N
+rounds' ratios (`_range`: the lowest and highest), the file systems' order alternating.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=24, help="blocks per client and pass")
     ap.add_argument("--block-mib", type=int, default=8, help="block size (a multiple of 2)")
     ap.add_argument("--only", default="", help="comma-separated engines (vllm,sglang,nixl)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="passes per client and device speed (the file systems' order "
+                         "alternates); ratios are the medians of the rounds', with their range")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     why = available()
@@ -130,43 +135,54 @@ def main(argv: list[str] | None = None) -> int:
                     kvfs_on_loops(emu, tmp, f"kvfs{tag}", 4, data + 256 * MiB, throttle) as on_kvfs:
                 m = on_kvfs.kvfs
                 raid0_kind = on_raid0.raid0
-                for name, engine, native in wanted:
-                    e = engines[engine]
-                    for fs in (["kvfs"] if native else ["raid0", "ext4", "kvfs"]):
-                        setup = {"kvfs": on_kvfs, "ext4": on_ext4, "raid0": on_raid0}[fs]
-                        root = setup.root / f"{engine}-{native}"
-                        drop = m.drop_caches if fs == "kvfs" else drop_page_cache
-                        with throttled(setup, e.proc.pid):   # the engine's I/O meets it
-                            r = run_client(e, engine, native, root, keys, block, drop)
-                        shutil.rmtree(root)
-                        rows.append({"client": name, "fs": fs, "throttle": label, **r})
+                for rnd in range(args.rounds):
+                    for name, engine, native in wanted:
+                        e = engines[engine]
+                        order = ["kvfs"] if native else ["raid0", "ext4", "kvfs"]
+                        for fs in (order[::-1] if rnd % 2 else order):
+                            setup = {"kvfs": on_kvfs, "ext4": on_ext4, "raid0": on_raid0}[fs]
+                            root = setup.root / f"{engine}-{native}"
+                            drop = m.drop_caches if fs == "kvfs" else drop_page_cache
+                            with throttled(setup, e.proc.pid):   # the engine's I/O meets it
+                                r = run_client(e, engine, native, root, keys, block, drop)
+                            shutil.rmtree(root)
+                            rows.append({"client": name, "fs": fs, "throttle": label,
+                                         "round": rnd, **r})
     out = {"bps_per_device": args.bps, "blocks": args.blocks, "block_bytes": block,
-           "raid0": raid0_kind,
+           "rounds": args.rounds, "raid0": raid0_kind,
            "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                     for r in rows], "ratios": {}}
-    by = {(r["client"], r["fs"], r["throttle"]): r for r in rows}
+    by = {(r["client"], r["fs"], r["throttle"], r["round"]): r for r in rows}
     for name, engine, native in wanted:
         base = next(n for n, e, nat in CLIENTS if e == engine and not nat)
-        for label in {r["throttle"] for r in rows}:
-            k, x = by.get((name, "kvfs", label)), by.get((base, "ext4", label))
-            r0 = by.get((base, "raid0", label))
-            if k and x and r0:
+        for label in sorted({r["throttle"] for r in rows}):
+            per: dict[str, list[float]] = {}
+            for rnd in range(args.rounds):
+                k, x = by.get((name, "kvfs", label, rnd)), by.get((base, "ext4", label, rnd))
+                r0 = by.get((base, "raid0", label, rnd))
+                if not (k and x and r0):
+                    continue
+                for op in ("store", "load"):
+                    for b, ref in (("raid0", r0), ("ext4", x)):
+                        per.setdefault(f"{op}_kvfs_vs_{b}", []).append(
+                            k[f"{op}_gbps"] / ref[f"{op}_gbps"])
+            if per:
                 out["ratios"][f"{name} | {label}"] = {
-                    "store_kvfs_vs_raid0": round(k["store_gbps"] / r0["store_gbps"], 2),
-                    "load_kvfs_vs_raid0": round(k["load_gbps"] / r0["load_gbps"], 2),
-                    "store_kvfs_vs_ext4": round(k["store_gbps"] / x["store_gbps"], 2),
-                    "load_kvfs_vs_ext4": round(k["load_gbps"] / x["load_gbps"], 2)}
+                    **{key: round(statistics.median(v), 2) for key, v in per.items()},
+                    **{f"{key}_range": [round(min(v), 2), round(max(v), 2)]
+                       for key, v in per.items()}}
     if args.json:
         print(dumps(out))
         return 0
     print(f"{args.blocks} blocks of {args.block_mib} MiB per client; kvfs on 4 loop namespaces, "
           f"raid0: {raid0_kind}, ext4 on 1 loop device; throttled: {args.bps / 1e6:.0f} MB/s "
           f"per device")
-    print(f"{'client':<22}{'fs':<6}{'devices':<13}{'store GB/s':>11}{'load GB/s':>11}")
+    print(f"{'client':<22}{'fs':<6}{'devices':<13}{'round':>6}{'store GB/s':>11}"
+          f"{'load GB/s':>11}")
     for r in rows:
-        print(f"{r['client']:<22}{r['fs']:<6}{r['throttle']:<13}{r['store_gbps']:>11.3f}"
-              f"{r['load_gbps']:>11.3f}")
-    print(f"\n{'kvfs vs raid0 and ext4 (same engine, each with its own tier)':<58}"
+        print(f"{r['client']:<22}{r['fs']:<6}{r['throttle']:<13}{r['round']:>6}"
+              f"{r['store_gbps']:>11.3f}{r['load_gbps']:>11.3f}")
+    print(f"\n{'kvfs vs raid0 and ext4 (same engine, each its own tier; median of rounds)':<58}"
           f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}")
     for k, v in out["ratios"].items():
         print(f"{k:<58}{v['store_kvfs_vs_raid0']:>12.2f}{v['load_kvfs_vs_raid0']:>11.2f}"
