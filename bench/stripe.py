@@ -10,6 +10,9 @@ and for writes; the kvfs daemon runs in that cgroup. In one run:
                them back cold (DRAM tier and page cache dropped) with one thread, 1 MiB reads
   plainfs      the same blocks as plain files on ext4 on one such throttled device, read cold
                by the same single-threaded reader (what LMCache's local_disk does today)
+  raid0        the same on ext4 over a RAID-0 of 4 such devices (dm-stripe where the kernel
+               has device-mapper, else a stand-in: one device at 4x the limit; `raid0` says
+               which): `read_4ns_vs_raid0`, `write_4ns_vs_raid0`
   hetero       4 namespaces, one of them throttled to half: how close cold reads get to the sum
                of the namespaces' bandwidths (1.0 = all of it), with placement weights learned
                and with static equal weights. Both rows first write, read and delete the same
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
-from testing.emulate import Emulation, available  # noqa: E402
+from testing.emulate import Emulation, available, ext4_on_loop, ext4_on_raid0  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 MiB = 1 << 20
@@ -122,34 +125,30 @@ def run_kvfs(emu: Emulation, tmp: Path, name: str, bps: list[float], blocks: lis
             "catalog_commit_seconds": stats["catalog"]["commit_seconds"], "write_seconds": w}
 
 
-def run_plainfs(emu: Emulation, tmp: Path, bps: float, blocks: list[bytes]) -> dict:
-    dev = emu.loop("plain", len(blocks) * BLOCK + 256 * MiB)
-    subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
-    mnt = tmp / "plain-mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", dev.path, str(mnt)], check=True)
-    group = emu.cgroup("kvfs-plain")
-    group.limit(dev, read_bps=bps, write_bps=bps)
-    try:
-        paths = [mnt / f"block{i}.pt" for i in range(len(blocks))]
-        group.add(os.getpid())           # the reader issues the block I/O itself here
+def run_plainfs(emu: Emulation, tmp: Path, bps: float, blocks: list[bytes],
+                raid0: bool = False) -> dict:
+    """The same blocks as files on ext4: on one throttled device, or (`raid0`) on a RAID-0 of 4
+    (testing/emulate.py's ext4_on_raid0: dm-stripe, or its stand-in at 4x the limit). This
+    process writes and reads them itself, inside the set-up's throttle group."""
+    size = len(blocks) * BLOCK + 256 * MiB
+    with (ext4_on_raid0(emu, tmp, "raid0", 4, size, bps) if raid0 else
+          ext4_on_loop(emu, tmp, "plain", size, bps)) as setup:
+        paths = [setup.root / f"block{i}.pt" for i in range(len(blocks))]
         t = time.perf_counter()
         for p, data in zip(paths, blocks):
             with open(p, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())     # durable, as kvfs is at close
+                os.fsync(f.fileno())     # durable, as kvfs's writes here are
         w = time.perf_counter() - t
         drop_page_cache()
         r = read_cold(paths)
         drop_page_cache()
         verify_one(paths[0], blocks[0])
-    finally:
-        group.release(os.getpid())
-        group.remove()
-        subprocess.run(["umount", str(mnt)], check=True)
+        kind = setup.raid0
     total = len(blocks) * BLOCK
-    return {"read_gbps": total / r / 1e9, "write_gbps": total / w / 1e9}
+    return {"read_gbps": total / r / 1e9, "write_gbps": total / w / 1e9,
+            **({"raid0": kind} if raid0 else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     with Emulation(size) as emu, tempfile.TemporaryDirectory(prefix="kvfs-stripe-") as tmp:
         tmp = Path(tmp)
         rows["plainfs"] = run_plainfs(emu, tmp, args.bps, blocks)
+        rows["raid0"] = run_plainfs(emu, tmp, args.bps, blocks, raid0=True)
         for n in (1, 2, 4):
             rows[f"kvfs {n}ns"] = run_kvfs(emu, tmp, f"n{n}", [args.bps] * n, blocks)
         if not args.skip_extra:
@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                  for k, v in rows.items()},
         "read_4ns_vs_1ns": round(r4["read_gbps"] / r1["read_gbps"], 3),
         "read_4ns_vs_plainfs": round(r4["read_gbps"] / rows["plainfs"]["read_gbps"], 3),
+        "read_4ns_vs_raid0": round(r4["read_gbps"] / rows["raid0"]["read_gbps"], 3),
+        "write_4ns_vs_raid0": round(r4["write_gbps"] / rows["raid0"]["write_gbps"], 3),
+        "raid0": rows["raid0"].pop("raid0"),
         "write_4ns_vs_1ns": round(r4["write_gbps"] / r1["write_gbps"], 3),
     }
     if "hetero adaptive" in rows:
