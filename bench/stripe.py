@@ -34,7 +34,6 @@ import contextlib
 import io as io_mod
 import mmap
 import os
-import subprocess
 import sys
 import tempfile
 import time
