@@ -110,6 +110,12 @@ def _address(mv: memoryview) -> int:
     return np.frombuffer(mv, dtype=np.uint8).__array_interface__["data"][0]
 
 
+def _check_sum(lay: BlockLayout, k: int, data: Any) -> None:
+    """EIO unless unit k's bytes, as read, have the xxh3-64 the block committed."""
+    if xxhash.xxh3_64_intdigest(data) != lay.sums[k]:
+        raise OSError(errno.EIO, f"checksum mismatch in unit {k} of {lay.path}")
+
+
 class Direct:
     """Direct reads for one kvfs mount. Thread-safe; keep one per process and mount."""
 
@@ -220,8 +226,8 @@ class Direct:
             done += n
         if not straight:
             target[:] = view[:length]
-        if verify and xxhash.xxh3_64_intdigest(target) != lay.sums[k]:
-            raise OSError(errno.EIO, f"checksum mismatch in unit {k} of {lay.path}")
+        if verify:
+            _check_sum(lay, k, target)
 
     def _runs(self, lay: BlockLayout, dest: memoryview) -> list[list[int]]:
         """Units grouped into runs that one preadv can read: same namespace, back to back on
@@ -254,8 +260,7 @@ class Direct:
                 self._read_unit_host(lay, k, dest, False)
         if verify:
             for k, v in zip(run, views):
-                if xxhash.xxh3_64_intdigest(v) != lay.sums[k]:
-                    raise OSError(errno.EIO, f"checksum mismatch in unit {k} of {lay.path}")
+                _check_sum(lay, k, v)
 
     def _kvikio_file(self, path: str):
         f = self._cufiles.get(path)
@@ -280,8 +285,8 @@ class Direct:
 
     @staticmethod
     def _kvikio_done(lay: BlockLayout, read: tuple, verify: bool, host: bool) -> None:
-        """Wait for one unit kvikio reads; a failed or short read is EIO, and in host memory a unit whose
-        xxh3-64 is not the one committed is too (device memory is not hashed: see `read_many`)."""
+        """Wait for one unit kvikio reads; a failed or short read is EIO, and in host memory a
+        unit whose xxh3-64 is not the one committed is too (device memory is not hashed)."""
         k, length, part, future = read
         try:
             got = future.get()
@@ -291,8 +296,8 @@ class Direct:
         if got != length:
             raise OSError(errno.EIO, f"short read of unit {k} of {lay.path}: "
                                      f"{got} of {length} bytes")
-        if verify and host and xxhash.xxh3_64_intdigest(part) != lay.sums[k]:
-            raise OSError(errno.EIO, f"checksum mismatch in unit {k} of {lay.path}")
+        if verify and host:
+            _check_sum(lay, k, part)
 
     @staticmethod
     def _flat_cuda(buf: Any):
