@@ -309,25 +309,36 @@ def throttled(setup, pid: int):
 
 
 @contextlib.contextmanager
+def _ext4(emu: Emulation, tmp: Path, name: str, path: str, devs: list[LoopDevice],
+          bps: float | None, mkfs: tuple[str, ...] = ()):
+    """ext4 made on `path` and mounted at tmp/<name>-mnt; with `bps`, each of `devs` (the loop
+    devices under it) throttled to it in a group of their own that this process joins."""
+    subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs, path], check=True)
+    mnt = tmp / f"{name}-mnt"
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["mount", path, str(mnt)], check=True)
+    group = None
+    try:
+        group = emu.cgroup(name) if bps else None  # this process's I/O to ext4 is throttled
+        if group is not None:
+            for d in devs:
+                group.limit(d, read_bps=bps, write_bps=bps)
+            group.add(os.getpid())
+        yield Ext4Setup(mnt, devs[0], group)
+    finally:
+        if group is not None:
+            group.release(os.getpid())
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@contextlib.contextmanager
 def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | None):
     """ext4 on one loop device; with `bps`, the device throttled in a group of its own that this
     process joins (its I/O to ext4 is a bench's). A process is in one group at a time: a bench
     with two such set-ups runs each one's I/O inside `throttled(setup, os.getpid())`."""
     dev = emu.loop(name, size)
-    subprocess.run(["mkfs.ext4", "-q", "-F", dev.path], check=True)
-    mnt = tmp / f"{name}-mnt"
-    mnt.mkdir(exist_ok=True)
-    subprocess.run(["mount", dev.path, str(mnt)], check=True)
-    group = emu.cgroup(name) if bps else None      # this process's I/O to ext4 is throttled
-    if group is not None:
-        group.limit(dev, read_bps=bps, write_bps=bps)
-        group.add(os.getpid())
-    try:
-        yield Ext4Setup(mnt, dev, group)
-    finally:
-        if group is not None:
-            group.release(os.getpid())
-        subprocess.run(["umount", str(mnt)], check=False)
+    with _ext4(emu, tmp, name, dev.path, [dev], bps) as setup:
+        yield setup
 
 
 RAID0_CHUNK = 512 << 10         # md's default chunk; dm-stripe's here
@@ -365,27 +376,13 @@ def ext4_on_raid0(emu: Emulation, tmp: Path, name: str, count: int, size: int,
         " ".join(f"{d.path} 0" for d in devs)
     dm = f"kvfs-bench-{name}-{os.getpid()}"
     subprocess.run(["dmsetup", "create", dm, "--table", table], check=True)
-    path = f"/dev/mapper/{dm}"
-    mnt = tmp / f"{name}-mnt"
-    group = None
+    stride = RAID0_CHUNK // 4096
     try:
-        stride = RAID0_CHUNK // 4096
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-E",
-                        f"stride={stride},stripe_width={stride * count}", path], check=True)
-        mnt.mkdir(exist_ok=True)
-        subprocess.run(["mount", path, str(mnt)], check=True)
-        group = emu.cgroup(name) if bps else None
-        if group is not None:
-            for d in devs:
-                group.limit(d, read_bps=bps, write_bps=bps)
-            group.add(os.getpid())
-        setup = Ext4Setup(mnt, devs[0], group)
-        setup.raid0 = f"ext4 on dm-stripe (RAID-0, 512 KiB chunks) over {count} loop devices"
-        yield setup
+        with _ext4(emu, tmp, name, f"/dev/mapper/{dm}", devs, bps,
+                   ("-E", f"stride={stride},stripe_width={stride * count}")) as setup:
+            setup.raid0 = f"ext4 on dm-stripe (RAID-0, 512 KiB chunks) over {count} loop devices"
+            yield setup
     finally:
-        if group is not None:
-            group.release(os.getpid())
-        subprocess.run(["umount", str(mnt)], check=False)
         subprocess.run(["dmsetup", "remove", "--retry", dm], check=False)
 
 
