@@ -17,28 +17,17 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps  # noqa: E402
+from bench.catalog_scale import parallel as per_second  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 BLOCK = 256 << 10
 THREADS = 8
-
-
-def parallel(n: int, fn) -> float:
-    ths = [threading.Thread(target=fn, args=(k * n // THREADS, (k + 1) * n // THREADS))
-           for k in range(THREADS)]
-    t = time.perf_counter()
-    for x in ths:
-        x.start()
-    for x in ths:
-        x.join()
-    return time.perf_counter() - t
 
 
 def one(timeout: float, n: int) -> dict:
@@ -49,31 +38,29 @@ def one(timeout: float, n: int) -> dict:
     m = MountedKvfs(d / "mnt", cfg, d / "log").start()
     data = os.urandom(BLOCK)
 
-    def store(lo: int, hi: int) -> None:
-        for i in range(lo, hi):
-            fd = os.open(m.mountpoint / f"b{i}", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
-            os.write(fd, data)
-            os.close(fd)
+    def store(i: int) -> None:
+        fd = os.open(m.mountpoint / f"b{i}", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        os.write(fd, data)
+        os.close(fd)
 
-    def load(lo: int, hi: int) -> None:
-        for i in range(lo, hi):
-            fd = os.open(m.mountpoint / f"b{i}", os.O_RDONLY)
-            got = b""
-            while chunk := os.read(fd, 1 << 20):
-                got += chunk
-            os.close(fd)
-            if got != data:
-                raise RuntimeError(f"b{i}: wrong bytes")
+    def load(i: int) -> None:
+        fd = os.open(m.mountpoint / f"b{i}", os.O_RDONLY)
+        got = b""
+        while chunk := os.read(fd, 1 << 20):
+            got += chunk
+        os.close(fd)
+        if got != data:
+            raise RuntimeError(f"b{i}: wrong bytes")
     try:
-        parallel(n, store)
+        per_second(n, THREADS, store)      # a thread's error is raised here, not lost
         m.sync()
         time.sleep(1.5)
         before = m.stats()["latency"]
-        seconds = parallel(n, load)
+        rate = per_second(n, THREADS, load)
         after = m.stats()["latency"]
         req = {op: (v["count"] - before.get(op, {}).get("count", 0)) / n
                for op, v in after.items() if v["count"] != before.get(op, {}).get("count", 0)}
-        return {"attr_timeout": timeout, "hot_loads_per_s": n / seconds, "requests": req}
+        return {"attr_timeout": timeout, "hot_loads_per_s": rate, "requests": req}
     finally:
         m.stop()
         shutil.rmtree(d, ignore_errors=True)
