@@ -13,6 +13,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def provenance() -> dict:
     """The commit measured (`dirty`: the work tree had changes to tracked files), the command
     line and the time (UTC), as of now."""
@@ -22,7 +26,7 @@ def provenance() -> dict:
     return {"commit": git("rev-parse", "HEAD") or None,
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "argv": [Path(sys.argv[0]).name, *sys.argv[1:]],
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "measured_at": _utc_now()}
 
 
 # Taken when the bench starts (every bench imports this package first): the commit it runs,
@@ -32,4 +36,4 @@ STARTED = provenance()
 
 def dumps(result: dict) -> str:
     """`result` as JSON, after its provenance (a key of the result's own wins)."""
-    return json.dumps({**STARTED, "finished_at": provenance()["measured_at"], **result})
+    return json.dumps({**STARTED, "finished_at": _utc_now(), **result})
