@@ -9,7 +9,7 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip --disable-pip-version-check -q
 MNT         ?= ./mnt
 PYTHON      ?= python3
-APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server tmux pkg-config python3-venv python3-dev \
+APT_PACKAGES := libfuse3-dev fuse3 attr fio redis-server redis-sentinel tmux pkg-config python3-venv python3-dev \
                 util-linux e2fsprogs dmsetup gcc openssl rdma-core libibverbs-dev ibverbs-utils python3-pyverbs \
                 dpkg-dev
 TORCH_PIN   := torch==2.13.0

@@ -121,10 +121,24 @@ class ClusterConfig:
     grace_seconds: float = 30.0      # an evicted or replaced block's space is reused after this
     regions: int = 64                # the pool is leased in this many regions
     free_target: float = 0.05        # evict ahead to keep this share free (docs/cluster.md: sizing)
+    # Sentinel (docs/cluster.md, "Surviving the loss of Redis"): the master is found through
+    # these sentinels; `redis` then names no host, only the scheme, credentials and database.
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master_name: str = "kvfs"        # the name the sentinels monitor the master under
+    sentinel_password: str | None = None
+    # A change kvfs reports durable (a publish at close, a lease, a mount's epoch) has reached
+    # this many replicas (Redis WAIT); 1 with sentinels, 0 without.
+    min_replicas: int = 0
+    replica_timeout_ms: int = 1000   # how long one WAIT waits for them
+    no_replica: str = "fail"         # then: "fail" (EIO) or "wait" (retry until they answer)
 
     @property
     def where(self) -> str:
-        """host:port of the Redis server (for messages; no password)."""
+        """host:port of the Redis server (for messages; no password); with sentinels, the
+        master's name and the sentinels."""
+        if self.sentinels:
+            return f"master {self.master_name!r} via sentinels " + \
+                ",".join(f"{h}:{p}" for h, p in self.sentinels)
         from urllib.parse import urlparse
         u = urlparse(self.redis)
         return f"{u.hostname}:{u.port or 6379}"
@@ -285,7 +299,7 @@ def _namespaces(value: Any, key: str, base: Path) -> tuple[NamespaceConfig, ...]
     return tuple(out)
 
 
-def _redis_url(value: Any, key: str) -> str:
+def _redis_url(value: Any, key: str, *, host: bool = True) -> str:
     from urllib.parse import urlparse
     s = _str(value, key)
     try:
@@ -293,7 +307,10 @@ def _redis_url(value: Any, key: str) -> str:
         port = u.port
     except ValueError as e:
         raise ConfigError(f"config: {key}: not a valid URL: {e}") from None
-    if u.scheme not in ("redis", "rediss") or not u.hostname:
+    if not host and (u.hostname or port):
+        raise ConfigError(f"config: {key}: with sentinels, name no host (Sentinel names the "
+                          f"master): redis://[user:password@]/db or rediss://..., got {s!r}")
+    if u.scheme not in ("redis", "rediss") or (host and not u.hostname):
         raise ConfigError(f"config: {key}: expected redis://host:port/db or rediss://..., got {s!r}")
     db = (u.path or "/").strip("/")
     if db and not db.isdigit():
@@ -302,11 +319,29 @@ def _redis_url(value: Any, key: str) -> str:
     return s
 
 
+def _address(value: Any, key: str) -> tuple[str, int]:
+    s = _str(value, key)
+    host, _, port = s.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"config: {key}: expected \"host:port\", got {s!r}")
+    return host.strip("[]"), int(port)
+
+
+def _addresses(value: Any, key: str) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"config: {key}: expected a non-empty list of \"host:port\"")
+    return tuple(_address(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+
 def _cluster(t: "_Table", base: Path) -> ClusterConfig:
     import socket
-    redis = t.take("redis", _redis_url)
+    sentinels = t.take("sentinels", _addresses, ())
+    redis = t.take("redis", lambda v, k: _redis_url(v, k, host=not sentinels))
     if redis is None:
-        raise ConfigError("config: cluster.redis: missing (redis://host:port/db)")
+        if not sentinels:
+            raise ConfigError("config: cluster.redis: missing (redis://host:port/db), or give "
+                              "cluster.sentinels")
+        redis = "redis:///0"
     node_id = t.take("node_id", _str) or socket.gethostname()
     name = t.take("name", _str, "kvfs")
     if not name or any(c in name for c in "{}: \t\n"):
@@ -323,8 +358,16 @@ def _cluster(t: "_Table", base: Path) -> ClusterConfig:
         grace_seconds=t.take("grace_seconds", _number_range(0.5, 3600.0), 30.0),
         regions=t.take("regions", _int_range(1, 4096), 64),
         free_target=t.take("free_target", _number_range(0.0, 0.5), 0.05),
+        sentinels=sentinels,
+        master_name=t.take("master_name", _str, "kvfs"),
+        sentinel_password=t.take("sentinel_password", _str),
+        min_replicas=t.take("min_replicas", _int_range(0, 16), 1 if sentinels else 0),
+        replica_timeout_ms=t.take("replica_timeout_ms", _int_range(10, 60_000), 1000),
+        no_replica=t.take("no_replica", _choice("fail", "wait"), "fail"),
     )
     t.done()
+    if not sentinels and c.sentinel_password is not None:
+        raise ConfigError("config: cluster: sentinel_password needs cluster.sentinels")
     if c.password is not None and c.password_file is not None:
         raise ConfigError("config: cluster: give password or password_file, not both")
     if (c.tls_cert is None) != (c.tls_key is None):

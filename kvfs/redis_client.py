@@ -92,7 +92,7 @@ class _Reader:
         raise RedisUnavailable(f"unexpected reply from Redis: {line[:40]!r}")
 
 
-def _why(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
     """A one-line reason for a failed connection (trio wraps TLS errors without a message)."""
     if isinstance(e, trio.TooSlowError):
         return "timed out"
@@ -117,11 +117,14 @@ class RedisClient:
 
     @classmethod
     async def connect(cls, url: str, *, timeout: float = 5.0,
-                      tls: ssl.SSLContext | None = None, password: str | None = None) -> "RedisClient":
+                      tls: ssl.SSLContext | None = None, password: str | None = None,
+                      address: tuple[str, int] | None = None) -> "RedisClient":
+        """`address` (host, port) overrides the URL's (a master Sentinel named); the URL still
+        gives the scheme, the credentials and the database."""
         u = urlparse(url)
         if u.scheme not in ("redis", "rediss"):
             raise ValueError(f"not a redis:// or rediss:// URL: {url}")
-        host, port = u.hostname or "127.0.0.1", u.port or 6379
+        host, port = address or (u.hostname or "127.0.0.1", u.port or 6379)
         stream: trio.abc.Stream | None = None
         try:
             with trio.fail_after(timeout):
@@ -133,7 +136,7 @@ class RedisClient:
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as e:
             if stream is not None:
                 await trio.aclose_forcefully(stream)
-            raise RedisUnavailable(f"cannot reach Redis at {host}:{port}: {_why(e)}") from None
+            raise RedisUnavailable(f"cannot reach Redis at {host}:{port}: {reason(e)}") from None
         client = cls(stream, url)
         pw = password if password is not None else (unquote(u.password) if u.password else None)
         try:
@@ -209,17 +212,22 @@ class RedisClient:
     async def call(self, *args: Any) -> Any:
         return (await self.pipeline([args]))[0]
 
-    async def eval(self, script: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run a Lua script (by its SHA once loaded)."""
+    async def eval(self, script: str, keys: Sequence[Any], args: Sequence[Any], *,
+                   wait: tuple[int, int] | None = None) -> Any:
+        """Run a Lua script (by its SHA once loaded). With `wait` (replicas, milliseconds), a
+        WAIT follows in the same round trip and the reply is (script's reply, replicas that
+        acknowledged everything this connection wrote)."""
         sha = self._scripts.get(script)
         if sha is None:
             sha = hashlib.sha1(script.encode()).hexdigest()
             self._scripts[script] = sha
-        reply = (await self.pipeline([("EVALSHA", sha, len(keys), *keys, *args)],
-                                     raise_errors=False))[0]
-        if isinstance(reply, RedisError) and str(reply).startswith("NOSCRIPT"):
-            reply = (await self.pipeline([("EVAL", script, len(keys), *keys, *args)],
-                                         raise_errors=False))[0]
-        if isinstance(reply, RedisError):
-            raise reply
-        return reply
+        tail = [("WAIT", *wait)] if wait else []
+        replies = await self.pipeline([("EVALSHA", sha, len(keys), *keys, *args), *tail],
+                                      raise_errors=False)
+        if isinstance(replies[0], RedisError) and str(replies[0]).startswith("NOSCRIPT"):
+            replies = await self.pipeline([("EVAL", script, len(keys), *keys, *args), *tail],
+                                          raise_errors=False)
+        for r in replies:
+            if isinstance(r, RedisError):
+                raise r
+        return (replies[0], replies[1]) if wait else replies[0]

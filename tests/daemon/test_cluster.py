@@ -704,11 +704,11 @@ def losing_replies(monkeypatch, *scripts) -> dict:
     real = RedisClient.eval
     lose = {"before": 0, "after": 0}
 
-    async def eval_losing_the_reply(self, script, keys, args):
+    async def eval_losing_the_reply(self, script, keys, args, **kw):
         if script in scripts and lose["before"] > 0:
             lose["before"] -= 1
             raise RedisUnavailable("lost the connection to Redis (before the script ran)")
-        reply = await real(self, script, keys, args)
+        reply = await real(self, script, keys, args, **kw)
         if script in scripts and lose["after"] > 0:
             lose["after"] -= 1
             raise RedisUnavailable("lost the connection to Redis (after the script ran)")
@@ -901,8 +901,8 @@ def test_a_rename_whose_result_a_resync_already_applied_succeeds(cluster_configs
     reload_after = {SCRIPTS.rename: 0, SCRIPTS.remove: 0}
     catalogs = []
 
-    async def eval_then_resync(self, script, args):
-        reply = await real(self, script, args)
+    async def eval_then_resync(self, script, args, **kw):
+        reply = await real(self, script, args, **kw)
         if reload_after.get(script):
             reload_after[script] -= 1
             await catalogs[0]._load_snapshot(initial=False)

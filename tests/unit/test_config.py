@@ -91,6 +91,14 @@ NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
     ("[cluster]\nredis = 'redis://x:6379/0'\ntls_ca = 'ca.pem'\n" + NS, "TLS options need a rediss:// URL"),
     ("[cluster]\nredis = 'redis://x:6379/0'\ngrace_seconds = 0\n" + NS,
      "config: cluster.grace_seconds: expected a number from 0.5 to 3600.0, got 0"),
+    ("[cluster]\nsentinels = ['s1:26379']\nredis = 'redis://x:6379/0'\n" + NS,
+     "config: cluster.redis: with sentinels, name no host"),
+    ("[cluster]\nsentinels = ['s1']\n" + NS, "config: cluster.sentinels[0]: expected \"host:port\""),
+    ("[cluster]\nsentinels = []\n" + NS, "config: cluster.sentinels: expected a non-empty list"),
+    ("[cluster]\nsentinels = ['s:1']\nno_replica = 'retry'\n" + NS,
+     "config: cluster.no_replica: expected 'fail' or 'wait'"),
+    ("[cluster]\nredis = 'redis://x:6379/0'\nsentinel_password = 'p'\n" + NS,
+     "sentinel_password needs cluster.sentinels"),
 ])
 def test_bad_config_gets_one_line_naming_the_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
@@ -114,6 +122,18 @@ path = "/dev/nvme1n1"
     assert c.redis == "rediss://:secret@redis.example:6380/2" and c.node_id == "gpu-7"
     assert c.tls_ca == tmp_path / "ca.pem" and c.grace_seconds == 5.0 and c.lease_seconds == 10.0
     assert c.name == "kvfs" and c.regions == 64
+    assert c.sentinels == () and c.min_replicas == 0 and c.where == "redis.example:6380"
+    s = load_text(tmp_path, """
+[cluster]
+sentinels = ["10.0.0.1:26379", "[::1]:26380"]
+master_name = "kv"
+redis = "rediss://:pw@/3"
+[[pool.namespace]]
+path = "/dev/nvme1n1"
+""").cluster
+    assert s.sentinels == (("10.0.0.1", 26379), ("::1", 26380)) and s.master_name == "kv"
+    assert s.redis == "rediss://:pw@/3" and s.min_replicas == 1 and s.no_replica == "fail"
+    assert s.replica_timeout_ms == 1000 and "via sentinels 10.0.0.1:26379" in s.where
     with pytest.raises(ConfigError, match="inside state_dir"):
         load_text(tmp_path, """
 state_dir = "state"

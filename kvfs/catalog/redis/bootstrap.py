@@ -59,7 +59,7 @@ async def init_lock(link: ClusterLink):
         yield pairs(await link.call("HGETALL", link.key("meta")))
     finally:
         with trio.CancelScope(shield=True):
-            await link.eval(SCRIPTS.unlock_init, [me])
+            await link.eval(SCRIPTS.unlock_init, [me], durable=False)
 
 
 async def create_catalog(link: ClusterLink, pool_id: str) -> dict[bytes, bytes]:
@@ -105,7 +105,9 @@ async def join(link: ClusterLink, open_pool: Callable[[str | None], Pool]) -> Po
     if pool is None:
         pool = open_pool(meta[b"pool_id"].decode())
     try:
-        epoch = await link.call("INCR", link.key("epoch"))
+        # replicated before use: a master promoted after losing this INCR would hand the
+        # same epoch, and so the same ids, to the next node that mounts
+        epoch = await link.call_durable("INCR", link.key("epoch"))
         if epoch >= 1 << 31:
             raise StartupError("cluster: node epochs exhausted (more than 2^31 mounts)")
         link.epoch = epoch

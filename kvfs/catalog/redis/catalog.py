@@ -60,6 +60,9 @@ class RedisCatalog(RedisMirror):
             "events": self.events, "refreshes": self.refreshes, "resyncs": self.resyncs,
             "redis_calls": link.calls, "redis_failures": link.failures,
             "redis_call_ms": round(1000 * link.call_seconds / max(1, link.calls), 3),
+            "master": link.where, "failovers": link.failovers,
+            "min_replicas": self.cfg.min_replicas, "unreplicated": link.unreplicated,
+            "replica_waits": link.replica_waits, "refused_writes": link.refused,
         }
 
     # ------------------------------------------------------------------------------ ids
@@ -136,6 +139,11 @@ class RedisCatalog(RedisMirror):
         try:
             return await self.redis.eval(script, args)
         except KvfsError as e:
+            if getattr(e, "unreplicated", False):
+                # published on the master, but no replica confirmed it: not reported durable,
+                # and its space stays taken (the master names it); the follower reloads
+                e.maybe_published = True
+                raise
             if not getattr(e, "maybe_done", False):
                 raise
             err = e
@@ -291,12 +299,12 @@ class RedisCatalog(RedisMirror):
 
     async def take_ghost(self, parent: int, name: bytes) -> int | None:
         """The uses an evicted name had, if the pool still remembers it (then forgotten)."""
-        got = await self.redis.eval(SCRIPTS.ghost, [ghost_key(parent, name)])
+        got = await self.redis.eval(SCRIPTS.ghost, [ghost_key(parent, name)], durable=False)
         return int(got) if got is not None else None
 
     async def raise_floor(self, priority: float) -> float:
         """The pool order's floor, raised to `priority` if below; the floor now."""
-        return float(await self.redis.eval(SCRIPTS.floor, [repr(priority)]))
+        return float(await self.redis.eval(SCRIPTS.floor, [repr(priority)], durable=False))
 
     async def rmdir(self, parent: int, name: bytes) -> Node:
         node = self._removable_dir(parent, name)
@@ -417,7 +425,7 @@ class RedisCatalog(RedisMirror):
                          repr(n.prio) if n.prio is not None else "", n.uses]
         if args:
             try:
-                await self.redis.eval(SCRIPTS.atimes, args)
+                await self.redis.eval(SCRIPTS.atimes, args, durable=False)
             except KvfsError:
                 self._dirty_atime |= inos
                 raise
@@ -458,7 +466,7 @@ class RedisCatalog(RedisMirror):
         self._link_delta.update(later)
         if len(args) > 1:
             try:
-                await self.redis.eval(SCRIPTS.links, args)
+                await self.redis.eval(SCRIPTS.links, args, durable=False)
             except KvfsError:
                 for k, v in deltas.items():
                     self._link_delta.setdefault(k, v)

@@ -410,6 +410,7 @@ class RedisMirror(TreeCatalog):
     async def _follow(self) -> None:
         """Apply other nodes' changes as the log reports them; reconnect and resync as needed."""
         self._conn: RedisClient | None = None
+        self._unreplicated_seen = self.redis.unreplicated
         try:
             await self._follow_loop()
         finally:
@@ -433,6 +434,11 @@ class RedisMirror(TreeCatalog):
                             log.warning("cluster: missed part of the change log (trimmed while "
                                         "away); reloading the catalog")
                             self._resync = True
+                if self.redis.unreplicated != self._unreplicated_seen:
+                    # a change of ours is on the master but failed here (no replica confirmed
+                    # it): the log entry naming it is ours, so it is skipped; reload instead
+                    self._unreplicated_seen = self.redis.unreplicated
+                    self._resync = True
                 if self._resync:
                     self._resync = False
                     await self._load_snapshot(initial=False, conn=conn)

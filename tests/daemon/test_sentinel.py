@@ -1,0 +1,193 @@
+"""A shared pool behind Redis Sentinel, without the kernel: two nodes' daemon objects in one trio
+run, a real master, two real replicas and three real sentinels (testing/redis_sentinel.py): with
+one replica, the promoted master would have none left and refuse writes (min-replicas-to-write
+1) until the old one came back. A failover is a kill -9 of the master (or Sentinel's own
+FAILOVER, which demotes a live one); replicas that do not confirm are SIGSTOPped ones."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import signal
+
+import pytest
+import trio
+
+from kvfs.errors import KvfsError
+from testing.redis_sentinel import SentinelGroup, _ask
+from tests.daemon.harness import eventually, run_cluster
+from tests.helpers import write_config
+
+MiB = 1 << 20
+_names = itertools.count()
+
+
+@pytest.fixture
+def group(tmp_path):
+    g = SentinelGroup(tmp_path / "redis", replicas=2).start()
+    yield g
+    for s in g.servers:                 # a test may leave one stopped
+        if s.proc is not None:
+            os.kill(s.proc.pid, signal.SIGCONT)
+    g.stop()
+
+
+@pytest.fixture
+def configs(tmp_path, group):
+    def make(n: int = 2, **cluster) -> list:
+        name = f"t{os.getpid()}-{next(_names)}"
+        (tmp_path / "shared").mkdir(exist_ok=True)
+        nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": "32MiB"} for i in range(2)]
+        keys = {"sentinels": group.sentinel_addresses, "master_name": group.name,
+                "name": name, "grace_seconds": 1.0, "lease_seconds": 3.0, "regions": 8,
+                "free_target": 0.0, "replica_timeout_ms": 300, **cluster}
+        out = []
+        for i in range(n):
+            body = "".join(f"{k} = {_toml(v)}\n" for k, v in {**keys, "node_id": f"n{i}"}.items())
+            out.append(write_config(tmp_path / f"n{i}.toml", tmp_path / f"state{i}", nss,
+                                    dram="16MiB", extra="[cluster]\n" + body,
+                                    pool='stripe_unit = "256KiB"\nevict = "lru"'))
+        return out
+    return make
+
+
+def _toml(v) -> str:
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return repr(v)
+
+
+def data(seed: int, size: int) -> bytes:
+    return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def stats(fs) -> dict:
+    return fs.files.catalog.statistics()
+
+
+async def write_until_it_works(fs, path: str, payload: bytes, timeout: float = 30.0) -> int:
+    """Store `payload` at `path`, retrying while the pool's Redis is failing over (EIO); the
+    number of attempts that failed."""
+    failed = 0
+    with trio.fail_after(timeout):
+        while True:
+            try:
+                await fs.write(path, payload)
+                return failed
+            except KvfsError as e:
+                assert e.errno == errno.EIO, e
+                failed += 1
+                await trio.sleep(0.1)
+
+
+def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group):
+    """Files whose close returned before the master was killed are on the promoted replica:
+    both nodes read them back, bit-exact, and publish to the new master."""
+    async def body(a, b):
+        before = {f"/f{i}": data(i, 300_000 + i) for i in range(12)}
+        for i, (path, payload) in enumerate(before.items()):
+            await (a if i % 2 else b).write(path, payload)
+        old = await trio.to_thread.run_sync(group.kill_master)
+        new = await trio.to_thread.run_sync(group.wait_failover, old)
+        failed = await write_until_it_works(a, "/after_a", data(100, 400_000))
+        await write_until_it_works(b, "/after_b", data(101, 400_000))
+        for fs in (a, b):
+            await eventually(lambda: all(_known(fs, p) for p in [*before, "/after_a", "/after_b"]))
+            for path, payload in before.items():
+                assert await fs.read(path) == payload
+            assert await fs.read("/after_a") == data(100, 400_000)
+            assert stats(fs)["failovers"] >= 1 and stats(fs)["master"].endswith(
+                f":{new.port} (master 'kvfs')")
+        assert failed < 300
+        await trio.to_thread.run_sync(group.restart, old)
+        await a.write("/last", b"x" * 5000)       # replicated to the old master, now a replica
+        assert _ask(old.port, "ROLE")[0] == b"slave"
+
+    run_cluster(configs(2), body)
+
+
+def _known(fs, path: str) -> bool:
+    try:
+        fs.ino(path)
+        return True
+    except KvfsError:
+        return False
+
+
+def test_a_change_no_replica_confirms_fails_and_the_node_takes_no_lease_from_it(configs, group):
+    """With the replicas stopped, the master still accepts changes (min-replicas-max-lag has
+    not run out) but WAIT gets no confirmation: the store fails with EIO (no_replica = "fail"),
+    a lease granted meanwhile is not used, and files stored before are still read. Once the
+    replicas answer again, stores work."""
+    async def body(a):
+        await a.write("/before", data(1, 200_000))
+        replicas = [s for s in group.servers if s is not group.master]
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            held = set(a.svc.space.regions.held())
+            with pytest.raises(KvfsError) as e:
+                await a.write("/during", data(2, 3 * MiB))
+            assert e.value.errno == errno.EIO
+            assert stats(a)["unreplicated"] >= 1
+            assert set(a.svc.space.regions.held()) <= held
+            assert await a.read("/before") == data(1, 200_000)
+        finally:
+            for r in replicas:
+                os.kill(r.proc.pid, signal.SIGCONT)
+        await write_until_it_works(a, "/during", data(2, 3 * MiB))
+        assert await a.read("/during") == data(2, 3 * MiB)
+
+    run_cluster(configs(1), body)
+
+
+def test_with_no_replica_wait_a_store_waits_for_the_replicas(configs, group):
+    """no_replica = "wait": the store blocks while the replicas are stopped and completes once
+    they answer; nothing fails."""
+    async def body(a):
+        replicas = [s for s in group.servers if s is not group.master]
+        await a.write("/warm", b"w" * 5000)          # leases taken while the replicas answer
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGSTOP)
+        done = trio.Event()
+
+        async def store():
+            await a.write("/waited", data(3, 200_000))
+            done.set()
+        async with trio.open_nursery() as n:
+            n.start_soon(store)
+            await trio.sleep(1.5)
+            assert not done.is_set() and stats(a)["replica_waits"] >= 1
+            for r in replicas:
+                os.kill(r.proc.pid, signal.SIGCONT)
+            with trio.fail_after(10):
+                await done.wait()
+        assert await a.read("/waited") == data(3, 200_000)
+        assert stats(a)["unreplicated"] == 0
+
+    run_cluster(configs(1, no_replica="wait"), body)
+
+
+def test_a_node_talking_to_a_demoted_master_stops_writing_to_it(configs, group):
+    """Sentinel's FAILOVER promotes a replica and turns the live master into a replica (and
+    closes that server's client connections); both nodes find the new master through Sentinel
+    and publish there, and every file stays readable. (A write reaching the demoted server on
+    a connection left open would get READONLY: ClusterLink drops its connections then; no test
+    reaches that path, since Sentinel closes them first.)"""
+    async def body(a, b):
+        await a.write("/one", data(5, 100_000))
+        old = group.master
+        _ask(group.sentinel_ports[0], "SENTINEL", "FAILOVER", group.name)
+        new = await trio.to_thread.run_sync(group.wait_failover, old)
+        await eventually(lambda: group.role(old) == b"slave", timeout=20)
+        await write_until_it_works(a, "/two", data(6, 100_000))
+        await write_until_it_works(b, "/three", data(7, 100_000))
+        assert stats(a)["master"].endswith(f":{new.port} (master 'kvfs')")
+        await eventually(lambda: _known(b, "/two") and _known(a, "/three"))
+        assert await b.read("/two") == data(6, 100_000)
+        assert await a.read("/one") == data(5, 100_000)
+
+    run_cluster(configs(2), body)
