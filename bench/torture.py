@@ -3,7 +3,7 @@
 moments, the stale mount is cleared, kvfs is mounted again and every file is checked against
 what its writer knew.
 
-    python bench/torture.py [--cycles N] [--writers W] [--cluster] [--seed S] [--json]
+    python bench/torture.py [--cycles N] [--writers W] [--cluster [--failover]] [--seed S] [--json]
                             [--durability fsync|close] [--window-ms MS]
                             [--scenarios random,commit,...] [--minutes M] [--workdir DIR]
 
@@ -72,6 +72,21 @@ since nodes learn each other's changes through Redis's change log a moment later
             An EIO (or ETIMEDOUT) is excused only if the writer logged it between the kill of
             redis-server and REDIS_GRACE_MS after it was up again (a node retries Redis every
             0.5 s, kvfs/cluster.py); any other counts as unexplained (`redis_errors_outside`)
+`--failover` (implies --cluster; its only scenario unless --scenarios says otherwise, and
+"redis" is not one): the pool's Redis is a master, two replicas and three sentinels
+(testing/redis_sentinel.py, configured as docs/cluster.md recommends), and the nodes find the
+master through Sentinel and wait for one replica's confirmation of each publish:
+  failover  kill -9 the master 0-1.5 s into a burst; the sentinels promote a replica (about
+            2-4 s: down-after 1 s); once writers have committed again, the killed server is
+            started again as a replica of the new master; then half the time kill -9 a node.
+            Errors are excused as in the redis scenario, from the kill until REDIS_GRACE_MS
+            after the promoted master answered. Reported: `failover_ms` (the kill to the
+            promoted master answering, as the harness sees it), `first_publish_ms` (the kill to
+            the first close, rename or fsync that returned and whose operation started after
+            the kill: an upper bound, it includes that operation's writes), the writers' live
+            checks (reads) that succeeded and failed meanwhile (`reads_in_outage_ok`,
+            `reads_in_outage_failed`), and `shared_extents`: stripe units that two block
+            records of the promoted master's catalog both claim (space handed out twice).
 
 After the kill the harness clears the stale mount (`MountedKvfs.kill`: umount, else umount -l),
 waits for the writers to exit, mounts again and verifies.
@@ -99,6 +114,7 @@ did not return (the daemon died in them, or they failed). Then for the file as m
                eviction that happened was logged). Outside the eviction scenario the pool is
                large enough that nothing is evicted; any eviction there is reported.
   divergent    (cluster) the two nodes' views of a file still differ 10 s after the remount
+  shared_extents  (failover) a stripe unit claimed by two block records in Redis
   hung         a writer that, asked to stop, stayed blocked in a request kvfs never answered
                (the harness then aborts the connections with umount -f and goes on)
   writer_failures  a writer process that exited non-zero or printed a Traceback, unless the
@@ -155,7 +171,8 @@ DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED, errno.ENODEV)
 # evicted under the writer, ESTALE for a file another node evicted while this one wrote it),
 # Redis down (redis: EIO, or ETIMEDOUT, and only while it is down: REDIS_GRACE_MS).
 EXPLAINED = {"*": set(DEAD_MOUNT), "evict": {errno.ENOSPC, errno.ENOENT, errno.ESTALE},
-             "redis": {errno.EIO, errno.ETIMEDOUT}}
+             "redis": {errno.EIO, errno.ETIMEDOUT}, "failover": {errno.EIO, errno.ETIMEDOUT}}
+OUTAGES = ("redis", "failover")     # scenarios whose Redis errors are excused in an outage
 STALE_SECONDS = 5.0           # a node that does not see another's change by then: a stale view
 # How long a change made on one node may take to be seen on the other (docs/cluster.md): the
 # longest wait measured (`seen_after`) must stay under it.
@@ -469,6 +486,9 @@ class Writer:
         except FileNotFoundError:
             self.vanished(name)
             return
+        except OSError as e:
+            self.log(op="read", name=name, ok=False, errno=e.errno)
+            raise
         try:
             got = b""
             while True:
@@ -476,8 +496,12 @@ class Writer:
                 if not b:
                     break
                 got += b
+        except OSError as e:
+            self.log(op="read", name=name, ok=False, errno=e.errno)
+            raise
         finally:
             os.close(fd)
+        self.log(op="read", name=name, ok=got == build(st["recipe"]))
         if got != build(st["recipe"]):
             self.log(op="badread", name=name, v=st["v"], got=len(got), want=st["size"],
                      claims=(parse(got) or [[None, None, None]])[-1][:2])
@@ -611,6 +635,12 @@ class Figures:
     writer_failure_lines: list = field(default_factory=list)   # each crash's last stderr line
     # (redis) how long after Redis was up again each excused error came (0 if before)
     redis_error_after_up_ms: list = field(default_factory=list)
+    # (failover) see the module docstring
+    shared_extents: int = 0
+    reads_in_outage_ok: int = 0
+    reads_in_outage_failed: int = 0
+    failover_ms: list = field(default_factory=list)
+    first_publish_ms: list = field(default_factory=list)
 
     def add(self, o: "Figures") -> None:
         for k, v in o.__dict__.items():
@@ -626,7 +656,7 @@ class Figures:
     @property
     def failures(self) -> int:
         return (self.lost + self.partial + self.resurrected + self.stray + self.broken +
-                self.hung + self.divergent + self.unexplained_evictions +
+                self.hung + self.divergent + self.unexplained_evictions + self.shared_extents +
                 self.unexplained_errors + self.stale_views + self.writer_failures)
 
 
@@ -657,8 +687,9 @@ class Instance:
     the state found after the last cycle, and every version's recipe."""
 
     def __init__(self, name: str, work: Path, *, nodes: int, ns_size: str, evict: bool,
-                 redis=None, stripe_unit: str | None = None, dram: str = "64MiB",
+                 redis: str | None = None, stripe_unit: str | None = None, dram: str = "64MiB",
                  durability: str = "fsync"):
+        """`redis`: the [cluster] keys that reach the pool's Redis (its URL, or sentinels)."""
         self.name = name
         self.durability = durability
         self.killed_at: float | None = None     # the last kill -9 of a node this cycle
@@ -673,7 +704,7 @@ class Instance:
         for k in range(nodes):
             extra = ""
             if redis is not None:
-                extra = (f'[cluster]\nredis = "{redis.url}"\nnode_id = "{name}{k}"\n'
+                extra = (f'[cluster]\n{redis}\nnode_id = "{name}{k}"\n'
                          f'name = "{name}"\ngrace_seconds = 1.0\nlease_seconds = 2.0\n'
                          f'regions = 12\n')
             mount = f'durability = "{durability}"' if redis is None else ""
@@ -745,8 +776,13 @@ class Instance:
 class Torture:
     def __init__(self, work: Path, *, writers: int = 4, cluster: bool = False, seed: int = 1,
                  scenarios: list[str] | None = None, quiet: bool = True,
-                 durability: str = "fsync", window_ms: float = WINDOW_BOUND_MS):
+                 durability: str = "fsync", window_ms: float = WINDOW_BOUND_MS,
+                 failover: bool = False):
         self.work = work
+        cluster = cluster or failover
+        self.failover = failover
+        if failover and "redis" in (scenarios or []):
+            raise ValueError("--failover: the redis scenario restarts a lone Redis; not here")
         # (a shared pool publishes at close: [cluster] implies "close", kvfs/config.py)
         self.durability = "close" if cluster else durability
         self.window_ms = window_ms
@@ -755,26 +791,36 @@ class Torture:
         self.rng = random.Random(seed)
         self.seed = seed
         self.quiet = quiet
-        self.scenarios = scenarios or (CLUSTER_SCENARIOS if cluster else SINGLE_SCENARIOS)
+        self.scenarios = scenarios or (["failover"] if failover else
+                                       CLUSTER_SCENARIOS if cluster else SINGLE_SCENARIOS)
         self.figures: dict[str, Figures] = {}
         self.problems: list[str] = []
         self.cycle = 0
         self.fig = Figures()
-        self.redis = None
+        self.redis = None                   # the Redis server (with --failover, the master now)
+        self.group = None                   # (--failover) master, replicas, sentinels
         self.killed_writers: set[int] = set()     # pids of writers the harness killed itself
         # (redis) this cycle's outages: [time.time() of the kill, of the restart's end or None]
         self.outages: list[list] = []
-        if cluster:
+        keys = None
+        if failover:
+            from testing.redis_sentinel import SentinelGroup
+            self.group = SentinelGroup(work / "redis", replicas=2).start()
+            self.redis = self.group.master
+            keys = (f"sentinels = {json.dumps(self.group.sentinel_addresses)}\n"
+                    f'master_name = "{self.group.name}"')
+        elif cluster:
             from testing.redis_server import RedisServer
             self.redis = RedisServer(work / "redis").start()
+            keys = f'redis = "{self.redis.url}"'
         n = 2 if cluster else 1
         # main: large enough that nothing is evicted (40 names of at most ~18 MiB each, plus
         # tmp files); small: evict = "lru" evicts all the time
         self.main = Instance("main", work, nodes=n, ns_size="512MiB", evict=True,
-                             redis=self.redis, stripe_unit="256KiB" if cluster else None,
+                             redis=keys, stripe_unit="256KiB" if cluster else None,
                              durability=self.durability)
         self.small = Instance("small", work, nodes=n, ns_size="24MiB", evict=True,
-                              redis=self.redis, stripe_unit="256KiB" if cluster else None,
+                              redis=keys, stripe_unit="256KiB" if cluster else None,
                               dram="16MiB", durability=self.durability)
         self.format_seconds = 0.5
 
@@ -940,6 +986,21 @@ class Torture:
             if self.rng.random() < 0.7:
                 time.sleep(self.rng.uniform(0.0, 1.0))
                 inst.kill(self.pick_nodes(inst))
+        elif scenario == "failover":
+            time.sleep(self.rng.uniform(0.0, 1.5))
+            self.outages.append([time.time(), None])
+            old = self.group.kill_master()
+            self.redis = self.group.wait_failover(old, timeout=60)
+            self.outages[-1][1] = time.time()
+            fig.failover_ms.append(round((self.outages[-1][1] - self.outages[-1][0]) * 1000, 1))
+            base = ctl.done_total()
+            wait_until(lambda: ctl.done_total() >= base + self.writers, 120,
+                       "commits after the failover", interval=0.01)
+            self.group.restart(old)          # back, as a replica of the new master
+            self.redis = self.group.master   # (a loaded machine may have failed over again)
+            if self.rng.random() < 0.5:
+                time.sleep(self.rng.uniform(0.0, 1.0))
+                inst.kill(self.pick_nodes(inst))
         elif scenario == "format":
             time.sleep(self.rng.uniform(0.0, 1.0))
             inst.kill(self.pick_nodes(inst))
@@ -971,6 +1032,7 @@ class Torture:
         for name, v in inst.state.items():
             exp[name] = Expect(durable=v if v is not None else ABSENT)
         vanished = []
+        first_publish = None
         for i in range(self.writers):
             for name in inst.names_for(i):
                 exp.setdefault(name, Expect())
@@ -1003,6 +1065,11 @@ class Torture:
                         tmp_of[name] = tmp
                 elif op == "done":
                     fig.commits += 1
+                    if scenario == "failover" and rec.get("kind") != "unlink" and self.outages:
+                        kill = self.outages[0][0]
+                        if started.get(name, 0.0) > kill:
+                            first = round((rec["t"] - kill) * 1000, 1)
+                            first_publish = min(first_publish or first, first)
                     outcome = ABSENT if rec.get("kind") == "unlink" else rec["v"]
                     if self.durable_now(inst, rec):
                         exp[name] = Expect(outcome, set(), started.get(name, 0.0))
@@ -1027,7 +1094,7 @@ class Torture:
                         fig.unexplained_errors += 1
                         self.problem(f"writer {i} in a {scenario} cycle: {code} "
                                      f"{json.dumps(rec)}")
-                    elif scenario == "redis" and rec.get("errno") not in EXPLAINED["*"]:
+                    elif scenario in OUTAGES and rec.get("errno") not in EXPLAINED["*"]:
                         # Redis's errors are explained only while Redis was down
                         after = self.after_outage(rec["t"])
                         if after is None:
@@ -1048,9 +1115,19 @@ class Torture:
                                  f"left within {STALE_SECONDS:.0f} s")
                 elif op == "seen_after":
                     fig.seen_after_ms.append(rec["ms"])
+                elif op == "read":
+                    if scenario == "failover" and self.after_outage(rec["t"]) == 0.0:
+                        if rec["ok"]:
+                            fig.reads_in_outage_ok += 1
+                        else:
+                            fig.reads_in_outage_failed += 1
                 elif op in ("badread", "badbase"):
                     fig.partial += 1
                     self.problem(f"writer {i}: {op} {json.dumps(rec)}")
+        if first_publish is not None:
+            fig.first_publish_ms.append(first_publish)
+        elif scenario == "failover":
+            self.problem("no publish after the failover")
         return exp, vanished
 
     def after_outage(self, t: float) -> float | None:
@@ -1062,7 +1139,8 @@ class Torture:
         return None
 
     def outage_text(self, t: float) -> str:
-        return "; ".join(f"{(t - down) * 1000:+.0f} ms from the kill of redis-server, "
+        return "; ".join(f"{(t - down) * 1000:+.0f} ms from the kill of redis-server"
+                         f"{' (the master)' if self.failover else ''}, "
                          + (f"{(t - up) * 1000:+.0f} ms from its restart" if up else "no restart")
                          for down, up in self.outages) or "no outage this cycle"
 
@@ -1262,8 +1340,40 @@ class Torture:
         fig.format_outcomes[key] = fig.format_outcomes.get(key, 0) + 1
         self.say(f"  format killed after {delay:.3f}s (rc {r.returncode}, killed {killed}): {key}")
 
+    @property
+    def redis_port(self) -> int:
+        """The port of the Redis server (with --failover, of the master the sentinels name)."""
+        if self.group is not None:
+            return self.group.master_port() or self.group.master.port
+        return self.redis.port
+
+    def check_extents(self, inst: Instance, fig: Figures) -> None:
+        """(failover) No stripe unit claimed by two block records in the master's catalog:
+        space handed out twice across a failover would show here."""
+        from kvfs.catalog.redis.codec import pairs, parse_blob
+        from testing.redis_sentinel import _ask
+        port, prefix = self.redis_port, f"kvfs:{{{inst.name}}}:"
+        keys, cursor = [], b"0"
+        while True:
+            cursor, batch = _ask(port, "SCAN", cursor, "MATCH", prefix + "b:*", "COUNT", "1000")
+            keys += batch
+            if cursor == b"0":
+                break
+        units = []
+        for k in keys:
+            h = pairs(_ask(port, "HGETALL", k))
+            if h:
+                rec = parse_blob(int(k.rsplit(b":", 1)[1]), h)
+                units += [(e.ns, e.offset, e.end, rec.id) for e in rec.layout.unit_extents()]
+        units.sort()
+        for a, b in zip(units, units[1:]):
+            if a[0] == b[0] and b[1] < a[2]:
+                fig.shared_extents += 1
+                self.problem(f"{inst.name}: blocks {a[3]} and {b[3]} both claim namespace "
+                             f"{a[0]} bytes {b[1]}-{min(a[2], b[2])}")
+
     def _redis_cli(self, *args: str) -> str:
-        return subprocess.run(["redis-cli", "-p", str(self.redis.port), *args],
+        return subprocess.run(["redis-cli", "-p", str(self.redis_port), *args],
                               capture_output=True, text=True, timeout=20).stdout
 
     def _wait_no_leases(self, inst: Instance) -> None:
@@ -1299,7 +1409,11 @@ class Torture:
         finally:
             ctl.close()
             ctl_path.unlink()
-        if self.redis is not None and self.redis.proc is None:
+        if self.group is not None:
+            for server in self.group.servers:       # a cycle cut short left one down
+                if server.proc is None:
+                    self.group.restart(server)
+        elif self.redis is not None and self.redis.proc is None:
             self.redis.start()
             if self.outages and self.outages[-1][1] is None:
                 self.outages[-1][1] = time.time()
@@ -1312,6 +1426,8 @@ class Torture:
             fig.unexplained_evictions += len(evictions)
             self.problem(f"{len(evictions)} eviction(s) in the large pool")
         self.verify(inst, cdir, fig, evictions, scenario)
+        if self.failover:
+            self.check_extents(inst, fig)
         if scenario == "format":
             self.format_cycle(inst, fig)
         if not fig.failures:
@@ -1347,15 +1463,24 @@ class Torture:
             "max_lost_window_ms": max(total.lost_window_ms, default=0.0),
             "writers": self.writers, "seed": self.seed,
             **{k: v for k, v in total.__dict__.items()
-               if k not in ("seen_after_ms", "lost_window_ms", "redis_error_after_up_ms")},
+               if k not in ("seen_after_ms", "lost_window_ms", "redis_error_after_up_ms",
+                            "failover_ms", "first_publish_ms")},
             "redis_grace_ms": REDIS_GRACE_MS,
             "max_redis_error_after_up_ms": max(total.redis_error_after_up_ms, default=None),
             "staleness": staleness, "stale_over_bound": over,
+            **({"failover": {"cycles": len(total.failover_ms),
+                             "failover_ms": _spread(total.failover_ms),
+                             "first_publish_ms": _spread(total.first_publish_ms),
+                             "reads_in_outage_ok": total.reads_in_outage_ok,
+                             "reads_in_outage_failed": total.reads_in_outage_failed,
+                             "min_replicas": 1, "replicas": 2, "sentinels": 3}}
+               if self.failover else {}),
             "seconds": round(seconds, 1),
             "cycles_per_minute": round(total.cycles / seconds * 60, 2) if seconds else 0,
             "scenarios": {k: {**{kk: vv for kk, vv in f.__dict__.items()
                                  if kk not in ("seen_after_ms", "lost_window_ms",
-                                               "redis_error_after_up_ms")},
+                                               "redis_error_after_up_ms", "failover_ms",
+                                               "first_publish_ms")},
                               "staleness_max_ms": max(f.seen_after_ms, default=None)}
                           for k, f in self.figures.items()},
             "problems": self.problems[:100],
@@ -1390,8 +1515,19 @@ class Torture:
                     n.stop(60)
                 except Exception:  # noqa: BLE001 - clean up the rest
                     n.kill()
-        if self.redis is not None:
+        if self.group is not None:
+            self.group.stop()
+        elif self.redis is not None:
             self.redis.stop()
+
+
+def _spread(values: list) -> dict:
+    """p50, p99 and max of `values` (None when empty)."""
+    v = sorted(values)
+
+    def q(f: float):
+        return v[min(len(v) - 1, int(f * len(v)))] if v else None
+    return {"n": len(v), "p50": q(0.5), "p99": q(0.99), "max": v[-1] if v else None}
 
 
 def _digest(view: dict) -> dict:
@@ -1424,7 +1560,7 @@ COLUMNS = ["cycles", "commits", "lost", "partial", "zero_byte", "resurrected", "
 # outcomes any one of which fails the run (and the short form's test)
 FAILING = ("lost", "partial", "resurrected", "stray", "broken", "hung", "divergent",
            "unexplained_evictions", "unexplained_errors", "stale_views", "stale_over_bound",
-           "writer_failures")
+           "writer_failures", "shared_extents")
 
 
 def table(report: dict) -> str:
@@ -1455,6 +1591,14 @@ def table(report: dict) -> str:
                     f"{report['redis_errors_outside']}, the latest excused one "
                     f"{report['max_redis_error_after_up_ms']} ms after the restart (grace "
                     f"{report['redis_grace_ms']} ms)")
+    fo = report.get("failover")
+    if fo:
+        f, p = fo["failover_ms"], fo["first_publish_ms"]
+        tail.append(f"failovers {fo['cycles']}: the kill to a promoted master p50 {f['p50']} ms, "
+                    f"max {f['max']} ms; to the first publish p50 {p['p50']} ms, p99 {p['p99']} "
+                    f"ms, max {p['max']} ms; reads meanwhile {fo['reads_in_outage_ok']} ok, "
+                    f"{fo['reads_in_outage_failed']} failed; extents claimed twice "
+                    f"{report['shared_extents']}")
     st = report["staleness"]
     if st["waits"]:
         tail.append(f"changes seen on the other node after a wait: {st['waits']}, p50 "
@@ -1472,6 +1616,8 @@ def main(argv=None) -> int:
     p.add_argument("--cycles", type=int, default=200)
     p.add_argument("--writers", type=int, default=4)
     p.add_argument("--cluster", action="store_true")
+    p.add_argument("--failover", action="store_true",
+                   help="(implies --cluster) Redis behind Sentinel; kill -9 its master")
     p.add_argument("--durability", choices=["fsync", "close"], default="fsync",
                    help="the single-node pool's [mount] durability (a cluster is \"close\")")
     p.add_argument("--window-ms", type=float, default=WINDOW_BOUND_MS,
@@ -1503,7 +1649,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     scen = a.scenarios.split(",") if a.scenarios else None
     t = Torture(work, writers=a.writers, cluster=a.cluster, seed=a.seed, scenarios=scen,
-                quiet=not a.verbose, durability=a.durability, window_ms=a.window_ms)
+                quiet=not a.verbose, durability=a.durability, window_ms=a.window_ms,
+                failover=a.failover)
     report = t.run(a.cycles, a.minutes)
     report["workdir"] = str(work)
     failed = sum(report[k] for k in FAILING)

@@ -181,12 +181,29 @@ class SentinelGroup:
             time.sleep(0.05)
         raise RuntimeError(f"no failover within {timeout:.0f} s")
 
-    def restart(self, server: RedisServer) -> None:
+    def restart(self, server: RedisServer, timeout: float = 60) -> None:
         """Start a killed server again as a replica of the current master (what the config
-        file Sentinel rewrote would say), and wait until it is in sync."""
+        file Sentinel rewrote would say), and wait until the master the sentinels name then
+        has every other server in sync (on a loaded machine they may fail over again
+        meanwhile: the master is asked again each time)."""
+        port = self.master_port()
+        if port is not None and port != server.port:
+            self.master = self.server(port)
         server.args = self._args(self.master)
         server.start()
-        self.wait_replicas(self.master, len(self.servers) - 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            port = self.master_port()
+            if port is not None:
+                self.master = self.server(port)
+                try:
+                    self.wait_replicas(self.master, len(self.servers) - 1, timeout=1)
+                    return
+                except RuntimeError:
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Redis at {server.port}: not back in sync within "
+                                   f"{timeout:.0f} s")
 
     def stop(self) -> None:
         for p in self.sentinels:
