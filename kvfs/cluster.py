@@ -5,8 +5,12 @@ With `sentinels`, every new connection asks Sentinel which server is the master 
 sentinel that answers) and checks with ROLE that it is one; a failover therefore reaches the
 node as broken connections (a killed master) or READONLY replies (a demoted one), after which
 its next connections go to the new master. A change kvfs reports durable (`eval`, `call_durable`)
-is followed by a WAIT for `min_replicas` in the same round trip; what happens when they do not
-answer in `replica_timeout_ms` is `no_replica` (docs/cluster.md, "Surviving the loss of Redis").
+is followed by a WAIT in the same round trip, for every replica Sentinel counts as up (at least
+`min_replicas`): a master Sentinel has already replaced, but that still runs and still has a
+replica, must not acknowledge a change (the replica it promoted stopped confirming at once).
+The follower asks Sentinel again every CHECK_SECONDS (`check_master`), which bounds how long a
+node talks to a replaced master. What happens when the replicas do not answer in
+`replica_timeout_ms` is `no_replica` (docs/cluster.md, "Surviving the loss of Redis").
 
 Every key of a pool lives under one prefix, `kvfs:{<name>}:`: the braces are a Redis Cluster
 hash tag, so all of a pool's keys share one slot and its Lua scripts stay atomic there too.
@@ -34,6 +38,7 @@ RECONNECT_SECONDS = 0.5    # between attempts while Redis is unreachable
 CALL_TIMEOUT = 5.0         # a call that takes longer is treated as Redis being unreachable
 SENTINEL_TIMEOUT = 1.0     # one sentinel's answer (the next one is asked after this)
 WARN_EVERY = 5.0           # seconds between two log lines about the same replica trouble
+CHECK_SECONDS = 1.0        # how often the follower asks Sentinel for the master and its replicas
 
 # Error replies our scripts raise: "<ERRNO> message" -> the errno the caller gets.
 _ERRNOS = {name: getattr(errno, name) for name in
@@ -82,6 +87,8 @@ class ClusterLink:
         self.epoch = 0                  # this mount's epoch and lease token (bootstrap.join)
         self.token = ""
         self.master: tuple[str, int] | None = None     # with sentinels: the master now
+        self.replicas_up = 0            # its replicas Sentinel counts as up (not s_down)
+        self._checked = -CHECK_SECONDS
         self.failovers = 0              # times Sentinel named another master than before
         self.unreplicated = 0           # changes made on the master that no replica confirmed
         self.replica_waits = 0          # WAITs repeated for them (no_replica = "wait")
@@ -129,17 +136,45 @@ class ClusterLink:
             raise RedisUnavailable(f"Redis at {host}:{port}, which Sentinel names master "
                                    f"{self.cfg.master_name!r}, is a "
                                    f"{(role or [b'?'])[0].decode()} (a failover under way?)")
-        if self.master is not None and addr != self.master:
+        self._follow_master(addr)
+        return c
+
+    def _follow_master(self, addr: tuple[str, int]) -> bool:
+        """Sentinel names `addr`: True (and the idle connections dropped) if that is a change."""
+        moved = self.master is not None and addr != self.master
+        if moved:
             self.failovers += 1
             log.warning("cluster: master %r moved from %s:%d to %s:%d (Sentinel failover); "
-                        "following it", self.cfg.master_name, *self.master, host, port)
+                        "following it", self.cfg.master_name, *self.master, *addr)
             self._drop_idle()
         self.master = addr
-        return c
+        return moved
+
+    @property
+    def replica_target(self) -> int:
+        """How many replicas must confirm a change kvfs relies on: every one Sentinel counts as
+        up, and at least min_replicas (0: none, as without Sentinel)."""
+        n = self.cfg.min_replicas
+        return max(n, self.replicas_up) if n and self.cfg.sentinels else n
+
+    async def check_master(self) -> bool:
+        """(The follower, at most every CHECK_SECONDS.) Ask Sentinel for the master and its
+        replicas; True if the master moved (this node's connections to the old one are
+        dropped; the caller reconnects). Sentinel unreachable: False, nothing changes."""
+        now = trio.current_time()
+        if not self.cfg.sentinels or now - self._checked < CHECK_SECONDS:
+            return False
+        self._checked = now
+        try:
+            addr = await self.ask_sentinels()
+        except RedisUnavailable:
+            return False
+        return self._follow_master(addr)
 
     async def ask_sentinels(self) -> tuple[str, int]:
         """The master's address, from the first sentinel that names it (starting with the one
-        that answered last); RedisUnavailable if none does."""
+        that answered last), and how many replicas of it that sentinel counts as up (into
+        `replicas_up`); RedisUnavailable if none does."""
         why = []
         scheme = "rediss" if self.tls is not None else "redis"
         n = len(self.cfg.sentinels)
@@ -155,7 +190,9 @@ class ClusterLink:
                 continue
             try:
                 with trio.fail_after(SENTINEL_TIMEOUT):
-                    got = await c.call("SENTINEL", "get-master-addr-by-name", self.cfg.master_name)
+                    got, replicas = await c.pipeline([
+                        ("SENTINEL", "get-master-addr-by-name", self.cfg.master_name),
+                        ("SENTINEL", "replicas", self.cfg.master_name)])
             except (RedisUnavailable, RedisError, trio.TooSlowError) as e:
                 why.append(f"sentinel {host}:{port}: {reason(e)}")
                 continue
@@ -165,6 +202,7 @@ class ClusterLink:
                 why.append(f"sentinel {host}:{port} monitors no master {self.cfg.master_name!r}")
                 continue
             self._first_sentinel = i
+            self.replicas_up = sum(1 for r in replicas if not _replica_down(r))
             return got[0].decode(), int(got[1])
         raise RedisUnavailable("no sentinel named the master: " + "; ".join(why))
 
@@ -295,7 +333,7 @@ class ClusterLink:
     async def call_durable(self, *args: Any) -> Any:
         """A command whose effect kvfs relies on (a mount's epoch): its reply once it reached
         `min_replicas` (see `_replicated`)."""
-        n = self.cfg.min_replicas
+        n = self.replica_target
         if not n:
             return await self.call(*args)
 
@@ -308,7 +346,7 @@ class ClusterLink:
         """Run one of kvfs's Lua scripts; KEYS[1] is the pool's key prefix. `durable`: kvfs
         relies on its change (a publish, a lease, a purge), so it must reach `min_replicas`;
         False for hints whose loss in a failover costs only accuracy (access times, chains)."""
-        n = self.cfg.min_replicas if durable else 0
+        n = self.replica_target if durable else 0
         if not n:
             return await self._run(lambda c: c.eval(script, [self.prefix], args))
         return await self._run(lambda c: c.eval(script, [self.prefix], args,
@@ -318,6 +356,13 @@ class ClusterLink:
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().abort()
+
+
+def _replica_down(flat: list) -> bool:
+    """One entry of SENTINEL REPLICAS: whether Sentinel holds that replica down."""
+    info = dict(zip(flat[::2], flat[1::2]))
+    flags = info.get(b"flags", b"").split(b",")
+    return any(f in flags for f in (b"s_down", b"o_down", b"disconnected"))
 
 
 def _translate(e: RedisError) -> KvfsError:

@@ -191,3 +191,21 @@ def test_a_node_talking_to_a_demoted_master_stops_writing_to_it(configs, group):
         assert await a.read("/one") == data(5, 100_000)
 
     run_cluster(configs(2), body)
+
+
+def test_a_replica_promoted_behind_the_master_s_back_stops_its_acknowledgements(configs, group):
+    """A split brain as a loaded machine made one in bench/torture.py --failover: Sentinel
+    promoted a replica while the old master still ran and still had its other replica, which
+    went on confirming the old master's changes; those were lost when the old master and that
+    replica were turned into replicas of the promoted one. kvfs waits for every replica
+    Sentinel counts as up, so the promoted one's silence fails the change instead."""
+    async def body(a):
+        await a.write("/before", data(8, 100_000))
+        assert stats(a)["replicas_confirming"] == 2
+        rogue = next(s for s in group.servers if s is not group.master)
+        _ask(rogue.port, "REPLICAOF", "NO", "ONE")       # what Sentinel sends the one it promotes
+        with pytest.raises(KvfsError) as e:
+            await a.write("/during", data(9, 100_000))
+        assert e.value.errno == errno.EIO and stats(a)["unreplicated"] >= 1
+
+    run_cluster(configs(1), body)

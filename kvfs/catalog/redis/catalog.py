@@ -61,7 +61,8 @@ class RedisCatalog(RedisMirror):
             "redis_calls": link.calls, "redis_failures": link.failures,
             "redis_call_ms": round(1000 * link.call_seconds / max(1, link.calls), 3),
             "master": link.where, "failovers": link.failovers,
-            "min_replicas": self.cfg.min_replicas, "unreplicated": link.unreplicated,
+            "min_replicas": self.cfg.min_replicas, "replicas_confirming": link.replica_target,
+            "unreplicated": link.unreplicated,
             "replica_waits": link.replica_waits, "refused_writes": link.refused,
         }
 

@@ -434,6 +434,10 @@ class RedisMirror(TreeCatalog):
                             log.warning("cluster: missed part of the change log (trimmed while "
                                         "away); reloading the catalog")
                             self._resync = True
+                if await self.redis.check_master():
+                    # Sentinel replaced the master: whatever this connection reads now comes
+                    # from a server that is no longer the catalog (reconnect, then reload)
+                    raise RedisUnavailable("Sentinel named another master")
                 if self.redis.unreplicated != self._unreplicated_seen:
                     # a change of ours is on the master but failed here (no replica confirmed
                     # it): the log entry naming it is ours, so it is skipped; reload instead
