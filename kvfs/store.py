@@ -243,10 +243,19 @@ class BlockStore:
     def _drop_resident(self, cb: CachedBlob) -> None:
         if cb.resident is not None:
             self.dram.remove(cb.rec.id)          # first: the buffer may become a spare now
-            cb.resident = None
-            if cb.prefetched:
-                cb.prefetched = False
-                self.stats.prefetch_wasted += 1
+            self._unload(cb)
+
+    def _unload(self, cb: CachedBlob):
+        """The block is no longer resident: its buffer (the caller demotes or drops it). Every
+        place a resident copy ends goes through here, so `_open` (which `_park_idle` prunes
+        only over its descriptor limit) does not keep the CachedBlob of every block ever
+        evicted: it did, about 1 KB each, the soak's steady growth."""
+        buf, cb.resident = cb.resident, None
+        self._open.pop(cb.rec.id, None)
+        if cb.prefetched:
+            cb.prefetched = False
+            self.stats.prefetch_wasted += 1
+        return buf
 
     def _evictable(self, strict: bool):
         blobs = self.blobs
@@ -273,12 +282,7 @@ class BlockStore:
             if cb is None:
                 continue
             self.stats.tiers["dram"].evictions += 1
-            buf = cb.resident
-            cb.resident = None
-            if cb.prefetched:
-                cb.prefetched = False
-                self.stats.prefetch_wasted += 1
-            self._demote(cb, buf)
+            self._demote(cb, self._unload(cb))
             self._maybe_forget(cb)
         return self.dram.fits(need)
 
@@ -295,11 +299,7 @@ class BlockStore:
             if cb is None:
                 continue
             self.stats.tiers["dram"].evictions += 1
-            buf, cb.resident = cb.resident, None
-            if cb.prefetched:
-                cb.prefetched = False
-                self.stats.prefetch_wasted += 1
-            self._demote(cb, buf)
+            self._demote(cb, self._unload(cb))
             self._maybe_forget(cb)
         return True
 
@@ -620,7 +620,7 @@ class BlockStore:
             self.dram.used -= self.dram.sizes.pop(bid)
             cb = self.blobs.get(bid)
             if cb is not None:
-                cb.resident = None
+                self._unload(cb)
                 self.stats.tiers["dram"].evictions += 1
                 self._maybe_forget(cb)
             out.append((bid, cb.owner if cb is not None else 0))
