@@ -5,9 +5,12 @@ With `sentinels`, every new connection asks Sentinel which server is the master 
 sentinel that answers) and checks with ROLE that it is one; a failover therefore reaches the
 node as broken connections (a killed master) or READONLY replies (a demoted one), after which
 its next connections go to the new master. A change kvfs reports durable (`eval`, `call_durable`)
-is followed by a WAIT in the same round trip, for every replica Sentinel counts as up (at least
-`min_replicas`): a master Sentinel has already replaced, but that still runs and still has a
-replica, must not acknowledge a change (the replica it promoted stopped confirming at once).
+is followed by a WAIT in the same round trip, for every replica Sentinel knows of (`confirm =
+"all"`, the default; "up": those it counts as up), and at least `min_replicas`: a master
+Sentinel has already replaced, but that still runs and still has a replica, must not
+acknowledge a change (the replica it promoted stopped confirming at once, and it is among
+them). With "up", a replica the node has not yet counted (one that just came back) can stand in
+for the promoted one: bench/torture.py --failover lost acknowledged changes that way.
 The follower asks Sentinel again every CHECK_SECONDS (`check_master`), which bounds how long a
 node talks to a replaced master. What happens when the replicas do not answer in
 `replica_timeout_ms` is `no_replica` (docs/cluster.md, "Surviving the loss of Redis").
@@ -88,6 +91,7 @@ class ClusterLink:
         self.token = ""
         self.master: tuple[str, int] | None = None     # with sentinels: the master now
         self.replicas_up = 0            # its replicas Sentinel counts as up (not s_down)
+        self.replicas_known = 0         # all the replicas Sentinel knows of
         self._checked = -CHECK_SECONDS
         self.failovers = 0              # times Sentinel named another master than before
         self.unreplicated = 0           # changes made on the master that no replica confirmed
@@ -152,10 +156,13 @@ class ClusterLink:
 
     @property
     def replica_target(self) -> int:
-        """How many replicas must confirm a change kvfs relies on: every one Sentinel counts as
-        up, and at least min_replicas (0: none, as without Sentinel)."""
+        """How many replicas must confirm a change kvfs relies on: every one Sentinel knows of
+        (or counts as up, `confirm = "up"`), and at least min_replicas (0: none, as without
+        Sentinel)."""
         n = self.cfg.min_replicas
-        return max(n, self.replicas_up) if n and self.cfg.sentinels else n
+        if not n or not self.cfg.sentinels:
+            return n
+        return max(n, self.replicas_up if self.cfg.confirm == "up" else self.replicas_known)
 
     async def check_master(self) -> bool:
         """(The follower, at most every CHECK_SECONDS.) Ask Sentinel for the master and its
@@ -203,6 +210,7 @@ class ClusterLink:
                 continue
             self._first_sentinel = i
             self.replicas_up = sum(1 for r in replicas if not _replica_down(r))
+            self.replicas_known = len(replicas)
             return got[0].decode(), int(got[1])
         raise RedisUnavailable("no sentinel named the master: " + "; ".join(why))
 

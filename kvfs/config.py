@@ -131,6 +131,10 @@ class ClusterConfig:
     min_replicas: int = 0
     replica_timeout_ms: int = 1000   # how long one WAIT waits for them
     no_replica: str = "fail"         # then: "fail" (EIO) or "wait" (retry until they answer)
+    # (sentinels) which replicas must confirm: "all" Sentinel knows of, up or down (a replaced
+    # master can acknowledge nothing the promoted replica lacks), or only those "up" (stores
+    # resume right after a failover; a split brain can lose acknowledged changes)
+    confirm: str = "all"
 
     @property
     def where(self) -> str:
@@ -364,6 +368,7 @@ def _cluster(t: "_Table", base: Path) -> ClusterConfig:
         min_replicas=t.take("min_replicas", _int_range(0, 16), 1 if sentinels else 0),
         replica_timeout_ms=t.take("replica_timeout_ms", _int_range(10, 60_000), 1000),
         no_replica=t.take("no_replica", _choice("fail", "wait"), "fail"),
+        confirm=t.take("confirm", _choice("all", "up"), "all"),
     )
     t.done()
     if not sentinels and c.sentinel_password is not None:

@@ -83,15 +83,29 @@ async def write_until_it_works(fs, path: str, payload: bytes, timeout: float = 3
                 await trio.sleep(0.1)
 
 
-def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group):
+@pytest.mark.parametrize("confirm", ["all", "up"])
+def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group, confirm):
     """Files whose close returned before the master was killed are on the promoted replica:
-    both nodes read them back, bit-exact, and publish to the new master."""
+    both nodes read them back, bit-exact, and publish to the new master. With confirm = "all"
+    the killed master is still a replica Sentinel knows of: stores fail until it is back;
+    with "up" they resume at once."""
     async def body(a, b):
         before = {f"/f{i}": data(i, 300_000 + i) for i in range(12)}
         for i, (path, payload) in enumerate(before.items()):
             await (a if i % 2 else b).write(path, payload)
         old = await trio.to_thread.run_sync(group.kill_master)
         new = await trio.to_thread.run_sync(group.wait_failover, old)
+        if confirm == "all":
+            on_new = f"127.0.0.1:{new.port} (master 'kvfs')"
+            with trio.fail_after(20):            # (stores fail while the nodes find it)
+                while stats(a)["master"] != on_new:
+                    with pytest.raises(KvfsError):
+                        await a.write("/refused", data(99, 1000))
+                    await trio.sleep(0.1)
+            with pytest.raises(KvfsError) as e:  # found, but a replica it knows is dead
+                await a.write("/refused", data(99, 1000))
+            assert e.value.errno == errno.EIO and stats(a)["replicas_confirming"] == 2
+            await trio.to_thread.run_sync(group.restart, old)
         failed = await write_until_it_works(a, "/after_a", data(100, 400_000))
         await write_until_it_works(b, "/after_b", data(101, 400_000))
         for fs in (a, b):
@@ -102,11 +116,12 @@ def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group
             assert stats(fs)["failovers"] >= 1 and stats(fs)["master"].endswith(
                 f":{new.port} (master 'kvfs')")
         assert failed < 300
-        await trio.to_thread.run_sync(group.restart, old)
+        if confirm == "up":
+            await trio.to_thread.run_sync(group.restart, old)
         await a.write("/last", b"x" * 5000)       # replicated to the old master, now a replica
         assert _ask(old.port, "ROLE")[0] == b"slave"
 
-    run_cluster(configs(2), body)
+    run_cluster(configs(2, confirm=confirm), body)
 
 
 def _known(fs, path: str) -> bool:

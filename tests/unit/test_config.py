@@ -97,6 +97,8 @@ NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
     ("[cluster]\nsentinels = []\n" + NS, "config: cluster.sentinels: expected a non-empty list"),
     ("[cluster]\nsentinels = ['s:1']\nno_replica = 'retry'\n" + NS,
      "config: cluster.no_replica: expected 'fail' or 'wait'"),
+    ("[cluster]\nsentinels = ['s:1']\nconfirm = 'most'\n" + NS,
+     "config: cluster.confirm: expected 'all' or 'up'"),
     ("[cluster]\nredis = 'redis://x:6379/0'\nsentinel_password = 'p'\n" + NS,
      "sentinel_password needs cluster.sentinels"),
 ])
@@ -134,6 +136,7 @@ path = "/dev/nvme1n1"
     assert s.sentinels == (("10.0.0.1", 26379), ("::1", 26380)) and s.master_name == "kv"
     assert s.redis == "rediss://:pw@/3" and s.min_replicas == 1 and s.no_replica == "fail"
     assert s.replica_timeout_ms == 1000 and "via sentinels 10.0.0.1:26379" in s.where
+    assert s.confirm == "all"
     with pytest.raises(ConfigError, match="inside state_dir"):
         load_text(tmp_path, """
 state_dir = "state"
