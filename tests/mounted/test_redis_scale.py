@@ -1,0 +1,72 @@
+"""How far one Redis goes (bench/redis_scale.py) at a tiny scale: two real kvfs nodes sharing a
+pool and one redis-server, a few dozen files, and a short load-generator run. The figures it
+reports per file operation must be plausible: a stored file costs Redis commands (among them
+its mknode script and the change-log entry that script appends) and at least one round trip; a
+lookup of a name nobody stored costs one round trip, a known name none; an evicted file is one
+removal script. Takes about half a minute."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bench import ROOT
+from tests.helpers import can_mount
+
+pytestmark = [pytest.mark.mounted, pytest.mark.slow,
+              pytest.mark.skipif(can_mount() is not None, reason=str(can_mount())),
+              pytest.mark.skipif(shutil.which("redis-server") is None,
+                                 reason="needs redis-server")]
+
+ARGS = ["--nodes", "2", "--files", "24", "--lookups", "24", "--idle", "1",
+        "--evict-files", "16", "--ns-size", "16MiB", "--gen-nodes", "2,3", "--gen-steps", "2x1",
+        "--gen-seconds", "1", "--no-everysec", "--json"]
+
+
+def test_per_file_costs_are_plausible():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "redis_scale.py"), *ARGS],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["commit"] and out["argv"][0] == "redis_scale.py"       # through bench.dumps
+    d = out["daemons"]
+    s = d["summary"]
+    assert d["phases"]["store"]["ops"] == 2 * 24 and d["phases"]["store"]["failed"] == 0
+
+    store = s["store"]
+    # each new file: its mknode script, whose change-log entry is one XADD, plus the commands
+    # the script runs, the writer's own calls and the other node's follower reading it back
+    assert store["commands"] >= 10, store
+    assert store["evalsha_by_script"].get("mknode", 0) >= 1, store
+    assert 0.9 <= store["by_name"].get("xadd", 0) <= 1.5, store
+    assert store["in_scripts"] > store["evalsha"] > 0, store
+    assert store["follower_commands"] > 0, store
+    assert store["round_trips"] >= 1, store                 # the node's own (redis_calls)
+    assert store["round_trips_all"] >= store["round_trips"], store
+    assert store["redis_cpu_main_ms"] > 0, store
+
+    assert 0.9 <= s["lookup_miss"]["round_trips"] <= 1.5, s["lookup_miss"]   # one HGET each
+    assert 0.9 <= s["lookup_miss"]["by_name"].get("hget", 0) <= 1.5, s["lookup_miss"]
+    assert s["lookup_hit"]["round_trips"] < 0.5, s["lookup_hit"]             # the mirror's
+
+    ev = d["phases"]["evict"]
+    assert ev["evictions"] > 0 and ev["evict_log_lines"] == ev["evictions"], ev
+    assert 0.9 <= s["evict"]["evalsha_by_script"].get("remove", 0) <= 1.2, s["evict"]
+
+    bg = s["background"]
+    assert 0.5 <= bg["follower_per_node_s"].get("XREAD", 0) <= 2, bg   # XREAD BLOCK 1000
+
+    assert s["cpu"]["cpu_main_s_per_1000_files"] > 0 and s["cpu"]["saturation_files_per_s"] > 0
+    runs = out["generator"]["runs"]
+    assert [r["nodes"] for r in runs] == [2, 3]
+    for g in runs:
+        assert g["files"] > 0 and g["followers_caught_up"], g
+        # the replay sends what a node sends per file: the lookup, ghost and mknode scripts
+        assert g["round_trips_per_file"]["writer"] == pytest.approx(3, abs=0.1), g
+        assert g["commands_per_file_by_name"].get("evalsha", 0) >= 2, g
+    cap = out["capacity"]
+    assert cap["model"]["nodes_carried"] >= 0 and "statement" in cap
