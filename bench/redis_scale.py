@@ -111,7 +111,7 @@ POOL = "scale"                       # [cluster] name of the daemons' pool
 GEN_POOL = "gen"                     # the generator's
 NAMESPACES = 3
 STRIPE_UNIT = DEFAULT_STRIPE_UNIT    # the pool's (the configs here leave it alone)
-# what this bench itself sends to Redis, never a node (commandstats names subcommands "xinfo|stream")
+# what this bench itself sends to Redis, never a node (commandstats: "xinfo|stream" and so on)
 BENCH_COMMANDS = {"info", "xinfo", "config", "script"}
 SHAS = {hashlib.sha1(text.encode()).hexdigest(): name for name, text in SCRIPTS.all().items()}
 
@@ -386,7 +386,8 @@ class Probe:
                                for x, y in zip(a["nodes"], b["nodes"])),
             "redis_calls_per_node": [y["redis_calls"] - x["redis_calls"]
                                      for x, y in zip(a["nodes"], b["nodes"])],
-            "evictions": sum(y["evictions"] - x["evictions"] for x, y in zip(a["nodes"], b["nodes"])),
+            "evictions": sum(y["evictions"] - x["evictions"]
+                             for x, y in zip(a["nodes"], b["nodes"])),
             "evict_log_lines": sum(y["evict_lines"] - x["evict_lines"]
                                    for x, y in zip(a["nodes"], b["nodes"])),
         }
@@ -1030,7 +1031,8 @@ class VNode:
             await trio.sleep_until(due[k])
             due[k] += timers[k]
             if k == "renew":
-                await self.bg.eval(SCRIPTS.renew, [self.P], [self.token, sp["lease_ms"], self.region])
+                await self.bg.eval(SCRIPTS.renew, [self.P],
+                                   [self.token, sp["lease_ms"], self.region])
             elif k == "purge":
                 await self.bg.eval(SCRIPTS.purge, [self.P], [self.epoch, 256])
             elif k == "flush":
@@ -1450,7 +1452,8 @@ def table(out: dict) -> None:
         print(f"{'fsync':<9}{'nodes':>6}{'CxD':>7}{'files/s':>9}{'CPU':>6}{'disk':>6}{'gen':>6}"
               f"{'ms/file':>9}{'cmds/f':>8}  limit")
         for r in g["runs"]:
-            print(f"{r['appendfsync']:<9}{r['nodes']:>6}{str(r['conns_per_node']) + 'x' + str(r['depth']):>7}"
+            cxd = f"{r['conns_per_node']}x{r['depth']}"
+            print(f"{r['appendfsync']:<9}{r['nodes']:>6}{cxd:>7}"
                   f"{r['files_per_s']:>9.0f}{r['redis_cpu_main_share']:>6.0%}"
                   f"{r['redis_disk_wait_share']:>6.0%}{r['generator_cpu_share']:>6.0%}"
                   f"{r['cpu_main_s_per_1000_files']:>9.4f}{r['commands_per_file']:>8.2f}  "
