@@ -1389,6 +1389,15 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
                 "nodes": args.nodes, "derived_saturation_files_per_s": round(sat),
                 "nodes_at_rate": round(sat / rate, 2),
                 "nodes_at_margin": round(margin * sat / rate, 2)}
+    if "statement" not in out:               # no model (one node count): the plain figure
+        plain = out.get("plain_from_generator") or out.get("plain_from_daemons")
+        if plain is not None:
+            out["below_64_nodes"] = plain["nodes_at_rate"] < 64
+            out["statement"] = (
+                f"One Redis carries about {plain['nodes_at_rate']:g} nodes storing {rate:g} "
+                f"files/s each ({plain['nodes_at_margin']:g} at {margin:.0%} of its core; the "
+                f"cost of following grows with the nodes, so fewer)"
+                + (": below 64 nodes." if plain["nodes_at_rate"] < 64 else "."))
     return out
 
 
@@ -1469,14 +1478,14 @@ def table(out: dict) -> None:
             sat = p.get("saturation_files_per_s", p.get("derived_saturation_files_per_s"))
             print(f"  {k}: saturation {sat} files/s at {p['nodes']} nodes -> {p['nodes_at_rate']} "
                   f"nodes ({p['nodes_at_margin']} at {c['margin']:.0%})")
-    if "model" in c:
-        m = c["model"]
-        for k, what in (("model", "CPU"), ("model_with_fsync_waits", "CPU + fsync waits")):
+    for k, what in (("model", "CPU"), ("model_with_fsync_waits", "CPU + fsync waits")):
+        if k in c:
             m = c[k]
             print(f"  {k} ({what}): {m['writer_ms_per_file']} ms + "
                   f"{m['follower_ms_per_file_per_node']} ms per following node, per file -> "
                   f"{m['nodes_carried']} nodes ({m['nodes_carried_at_margin']} at "
                   f"{c['margin']:.0%})")
+    if "statement" in c:
         print(f"  {c['statement']}")
 
 
