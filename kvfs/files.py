@@ -203,6 +203,7 @@ class Files:
     def _unlinked(self, node: Node) -> None:
         """A node lost its name: retire its content unless someone still uses the node (a
         closed content waiting for write-back is dropped: kvfs/writeback.py)."""
+        self.hits.pop(node.ino, None)       # (reads per file since mount: only while it exists)
         st = self.handles.states.get(node.ino)
         if st is not None and st.session is not None and st.session.writeback is not None:
             self.sessions.writeback.unlinked(st.session)

@@ -268,8 +268,9 @@ def test_making_room_that_falls_short_forgets_no_resident_copy(pool_config):
 
 
 def test_the_store_keeps_nothing_of_blocks_it_no_longer_holds(pool_config):
-    """Hundreds of small files through an 8 MiB DRAM tier, some replaced, some unlinked, every
-    block evicted in the end: the store keeps bookkeeping only for blocks still resident. Its
+    """Hundreds of small files through an 8 MiB DRAM tier, some read, replaced or unlinked,
+    every block evicted in the end: the store keeps bookkeeping only for blocks still resident,
+    and the reads-per-file counter only for files that exist. The store's
     index of resident blocks by use (`_open`, pruned only over the descriptor limit) kept a
     CachedBlob for every block ever evicted or retired, about 1 KB each: the daemon's memory
     grew ~5 MB a minute in bench/soak.py and never came back."""
@@ -279,10 +280,14 @@ def test_the_store_keeps_nothing_of_blocks_it_no_longer_holds(pool_config):
         store = fs.svc.store
         for i in range(400):
             await fs.write(f"/f{i % 300}", os.urandom(64 * 1024 + i))
+            if i % 3 == 0:
+                await fs.read(f"/f{i % 300}")
             victim = f"f{(i * 13) % 300}"
             if i % 7 == 0 and _exists(fs, "/" + victim):
                 await fs.files.unlink(1, victim.encode())
         await fs.sync()
+        live = {fs.ino(f"/f{k}") for k in range(300) if _exists(fs, f"/f{k}")}
+        assert fs.files.hits and set(fs.files.hits) <= live     # (reads per file: live files)
         resident = [bid for bid, cb in store.blobs.items() if cb.resident is not None]
         assert resident and len(store._open) <= len(resident), \
             (len(store._open), len(resident))
