@@ -116,6 +116,9 @@ did not return (the daemon died in them, or they failed). Then for the file as m
                large enough that nothing is evicted; any eviction there is reported.
   divergent    (cluster) the two nodes' views of a file still differ 10 s after the remount
   shared_extents  (failover) a stripe unit claimed by two block records in Redis
+  stale_in_outage  (redis, failover) a change the other node did not see within STALE_SECONDS
+               while a Redis outage overlapped the wait: not a failure (no node learns
+               anything then); waits that overlapped one are `max_seen_after_outage_ms`
   hung         a writer that, asked to stop, stayed blocked in a request kvfs never answered
                (the harness then aborts the connections with umount -f and goes on)
   writer_failures  a writer process that exited non-zero or printed a Traceback, unless the
@@ -642,6 +645,10 @@ class Figures:
     reads_in_outage_failed: int = 0
     failover_ms: list = field(default_factory=list)
     first_publish_ms: list = field(default_factory=list)
+    # (redis, failover) a change another node saw only after an outage it overlapped: not held
+    # to STALE_BOUND_MS / STALE_SECONDS (no node learns anything while Redis is away)
+    stale_in_outage: int = 0
+    seen_after_outage_ms: list = field(default_factory=list)
 
     def add(self, o: "Figures") -> None:
         for k, v in o.__dict__.items():
@@ -1112,10 +1119,16 @@ class Torture:
                     # name, which later operations may since have overwritten
                     if name in tmp_of:
                         exp[tmp_of.pop(name)].maybe.add(ABSENT)
+                elif op == "stale_view" and scenario in OUTAGES and \
+                        self.in_outage(rec["t"] - STALE_SECONDS, rec["t"]):
+                    fig.stale_in_outage += 1     # (nodes cannot learn changes while it lasts)
                 elif op == "stale_view":
                     fig.stale_views += 1
                     self.problem(f"writer {i}: node {rec.get('node')} did not see {name} as "
                                  f"left within {STALE_SECONDS:.0f} s")
+                elif op == "seen_after" and scenario in OUTAGES and \
+                        self.in_outage(rec["t"] - rec["ms"] / 1000, rec["t"]):
+                    fig.seen_after_outage_ms.append(rec["ms"])
                 elif op == "seen_after":
                     fig.seen_after_ms.append(rec["ms"])
                 elif op == "read":
@@ -1140,6 +1153,11 @@ class Torture:
             if down <= t and (up is None or t <= up + REDIS_GRACE_MS / 1000):
                 return 0.0 if up is None or t <= up else round((t - up) * 1000, 1)
         return None
+
+    def in_outage(self, a: float, b: float) -> bool:
+        """Whether [a, b] overlaps one of this cycle's outages (and its REDIS_GRACE_MS)."""
+        return any(a <= (up if up is not None else b) + REDIS_GRACE_MS / 1000 and b >= down
+                   for down, up in self.outages)
 
     def outage_text(self, t: float) -> str:
         return "; ".join(f"{(t - down) * 1000:+.0f} ms from the kill of redis-server"
@@ -1467,7 +1485,8 @@ class Torture:
             "writers": self.writers, "seed": self.seed,
             **{k: v for k, v in total.__dict__.items()
                if k not in ("seen_after_ms", "lost_window_ms", "redis_error_after_up_ms",
-                            "failover_ms", "first_publish_ms")},
+                            "failover_ms", "first_publish_ms", "seen_after_outage_ms")},
+            "max_seen_after_outage_ms": max(total.seen_after_outage_ms, default=None),
             "redis_grace_ms": REDIS_GRACE_MS,
             "max_redis_error_after_up_ms": max(total.redis_error_after_up_ms, default=None),
             "staleness": staleness, "stale_over_bound": over,
@@ -1487,7 +1506,7 @@ class Torture:
             "scenarios": {k: {**{kk: vv for kk, vv in f.__dict__.items()
                                  if kk not in ("seen_after_ms", "lost_window_ms",
                                                "redis_error_after_up_ms", "failover_ms",
-                                               "first_publish_ms")},
+                                               "first_publish_ms", "seen_after_outage_ms")},
                               "staleness_max_ms": max(f.seen_after_ms, default=None)}
                           for k, f in self.figures.items()},
             "problems": self.problems[:100],
