@@ -46,7 +46,7 @@ Method, in one run (everything is set up here and torn down at the end, also on 
     the chain link to its previous file (the links script every 5 s and at the step's end).
     Every other virtual node follows the change log as kvfs's follower does (XREAD COUNT 512
     BLOCK 1000; one pipeline of HGETALL of the inodes the entries name and one of their new
-    blocks, both read again, up to 10 times, while the node itself changed the shared directory
+    blocks; the shared directory read again, up to 10 times, while the node itself changed it
     meanwhile, as RedisMirror._refresh does; one of the chains' predecessors); renewals, purges
     and the floor's GET run on kvfs's timers. Steps CxD: C connections per
     virtual node, each with D files per round trip (D = 1 is kvfs's shape; D > 1 pipelines
@@ -989,13 +989,16 @@ class VNode:
                             preds[p] = None
                     last = sid
                 if inos:
-                    # RedisMirror._refresh: read again while this node changed an inode read
-                    # (the shared directory: every mknode here changes it), at most 10 times
+                    # RedisMirror._refresh: read again what this node changed while the read
+                    # was in flight (the shared directory: every mknode here changes it), and
+                    # only that, at most 10 times
+                    todo = list(inos)
                     for k in range(10):
                         mark = self.seq
-                        await self._read_states(list(inos))
-                        if d not in inos or not (self.in_flight or self.seq > mark):
+                        await self._read_states(todo)
+                        if d not in todo or not (self.in_flight or self.seq > mark):
                             break
+                        todo = [d]
                         self.rereads += 1
                         with trio.move_on_after(1.0):
                             while self.in_flight:
