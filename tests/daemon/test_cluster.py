@@ -830,6 +830,41 @@ def test_a_refresh_older_than_a_local_commit_does_not_bring_back_the_old_version
     run_cluster(cluster_configs(2), body)
 
 
+def test_a_refresh_that_reads_again_checks_every_inode_it_read_before(cluster_configs):
+    """b's follower refreshes /x and /y; /x changes here while the first read is in flight, so
+    /x is read again, and while THAT read is in flight b commits /y: /y's first read is now
+    older than b's own commit and must be read again too, not applied (a 50-cycle
+    torture --failover run saw a node's own file go back to an older version that way)."""
+    async def body(a, b):
+        await a.write("/x", data(1, 4096))
+        await a.write("/y", data(2, 4096))
+        await eventually(lambda: known(b, "/x") and known(b, "/y"))
+        cat = b.files.catalog
+        x, y = b.ino("/x"), b.ino("/y")
+        real_fetch = cat._fetch
+        rounds = []
+
+        async def fetch_and_commit_between(conn, inos):
+            states = await real_fetch(conn, inos)
+            rounds.append(sorted(inos))
+            if len(rounds) == 1:
+                await b.write("/x", data(3, 4096))      # x changed here: x is read again
+            elif len(rounds) == 2:
+                await b.write("/y", data(4, 4096))      # y's first read is now stale
+            return states
+
+        cat._fetch = fetch_and_commit_between
+        try:
+            await cat._refresh([x, y])
+        finally:
+            cat._fetch = real_fetch
+        assert len(rounds) >= 3 and y in rounds[2], rounds
+        assert await b.read("/y") == data(4, 4096)
+        assert await b.read("/x") == data(3, 4096)
+
+    run_cluster(cluster_configs(2), body)
+
+
 def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading(
         cluster_configs, monkeypatch):
     """A Redis restarted with AOF answers `LOADING Redis is loading the dataset in memory` for

@@ -260,14 +260,18 @@ class RedisMirror(TreeCatalog):
         c = conn or self.redis
         states: dict[int, dict] = {}
         blobs: dict[int, BlobRec] = {}
+        read_at: dict[int, int] = {}         # inode -> this node's change count when read
         todo = list(inos)
         for _ in range(10):
             mark = self._change_seq
             got, got_blobs = await self._read_states(c, todo)
             states.update(got)
             blobs.update(got_blobs)
-            todo = [i for i in got
-                    if i in self._changes_in_flight or self._changed_at.get(i, -1) > mark]
+            read_at.update(dict.fromkeys(got, mark))
+            # every inode against the moment it was read: one read in an earlier round may
+            # have become stale while this round's read was in flight
+            todo = [i for i in states if i in self._changes_in_flight or
+                    self._changed_at.get(i, -1) > read_at[i]]
             if not todo:
                 break
             with trio.move_on_after(1.0):
