@@ -180,8 +180,8 @@ class ClusterLink:
 
     async def ask_sentinels(self) -> tuple[str, int]:
         """The master's address, from the first sentinel that names it (starting with the one
-        that answered last), and how many replicas of it that sentinel counts as up (into
-        `replicas_up`); RedisUnavailable if none does."""
+        that answered last); how many replicas of it that sentinel knows of and counts as up
+        go into `replicas_known` and `replicas_up`. RedisUnavailable if none names it."""
         why = []
         scheme = "rediss" if self.tls is not None else "redis"
         n = len(self.cfg.sentinels)
