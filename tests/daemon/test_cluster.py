@@ -907,11 +907,11 @@ def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_co
     real = RedisCatalog._refresh
     cut = {"n": 0}
 
-    async def refresh(self, inos, conn=None):
+    async def refresh(self, inos, conn=None, retired=None):
         if cut["n"] > 0 and conn is not None:          # the follower's refresh, not a lookup
             cut["n"] -= 1
             raise RedisUnavailable("lost the connection to Redis (test)")
-        return await real(self, inos, conn)
+        return await real(self, inos, conn, retired)
     monkeypatch.setattr(RedisCatalog, "_refresh", refresh)
 
     async def body(a, b):

@@ -248,8 +248,9 @@ class RedisMirror(TreeCatalog):
                     self._changes_in_flight[i] = n
                 self._changed_at[i] = self._change_seq
 
-    async def _refresh(self, inos, conn=None) -> None:
-        """Make the mirror's view of these inodes what Redis holds now.
+    async def _refresh(self, inos, conn=None, retired: set[int] | None = None) -> None:
+        """Make the mirror's view of these inodes what Redis holds now. `retired`: blocks the
+        change log says went to the grave (their space is not asked about again).
 
         What is read may be older than a change this node made to one of them while the read
         was in flight (its script ran after Redis answered, its mirror changed before the
@@ -279,7 +280,7 @@ class RedisMirror(TreeCatalog):
                     await trio.sleep(0.01)
         leaving: list[BlobRec] = []
         self._apply(states, blobs, leaving)
-        await self.space.settle(leaving, c)
+        await self.space.settle(leaving, c, retired=retired)
         self.refreshes += 1
 
     async def _read_states(self, c, inos) -> tuple[dict[int, dict], dict[int, BlobRec]]:
@@ -513,7 +514,7 @@ class RedisMirror(TreeCatalog):
                 preds += ids(f.get(b"l"))
             self.last_id = sid
         if inos:
-            await self._refresh(inos, conn)
+            await self._refresh(inos, conn, retired)
         if retired:
             await self.space.settle([r for r in map(self.space.known, retired) if r is not None],
                                     conn, retired=retired)
