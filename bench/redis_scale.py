@@ -104,7 +104,7 @@ from kvfs.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E
 from kvfs.redis_client import RedisClient, RedisUnavailable, _encode  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
-from testing.redis_server import RedisServer  # noqa: E402
+from testing.redis_server import RedisServer, read_reply  # noqa: E402
 
 MiB = 1 << 20
 POOL = "scale"                       # [cluster] name of the daemons' pool
@@ -128,27 +128,7 @@ class Sync:
     def call(self, *args):
         self.sock.sendall(_encode(args))
         self.calls += 1
-        return self._read()
-
-    def _read(self):
-        line = self.file.readline()
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.file.read(n + 2)
-            return data[:-2]
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._read() for _ in range(n)]
-        raise RuntimeError(f"unexpected reply {line[:40]!r}")
+        return read_reply(self.file)
 
     def info(self) -> dict:
         raw = self.call("INFO", "cpu", "stats", "commandstats", "persistence").decode()

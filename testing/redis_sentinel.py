@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from testing.redis_server import RedisServer, free_port
+from testing.redis_server import RedisServer, free_port, read_reply
 
 # Detection after DOWN_AFTER_MS of silence, then an election among the three sentinels (quorum
 # 2). 1 s made Sentinel fail over live masters on this loaded 2-core VM (a newly promoted
@@ -34,29 +34,7 @@ def _ask(port: int, *args: str, timeout: float = 2.0) -> list | bytes | int | No
     from kvfs.redis_client import _encode
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(_encode(args))
-        f = s.makefile("rb")
-        return _read(f)
-
-
-def _read(f):
-    line = f.readline().rstrip(b"\r\n")
-    kind, rest = line[:1], line[1:]
-    if kind == b"+":
-        return rest
-    if kind == b"-":
-        raise RuntimeError(rest.decode())
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None
-        data = f.read(n + 2)
-        return data[:-2]
-    if kind == b"*":
-        n = int(rest)
-        return None if n < 0 else [_read(f) for _ in range(n)]
-    raise RuntimeError(f"unexpected reply {line[:40]!r}")
+        return read_reply(s.makefile("rb"))
 
 
 def _pairs(flat: list) -> dict:

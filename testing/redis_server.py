@@ -10,6 +10,26 @@ import time
 from pathlib import Path
 
 
+def read_reply(f):
+    """One RESP reply from a blocking binary file (socket.makefile("rb")); an error reply
+    raises RuntimeError. For tests and benches that talk to Redis without trio."""
+    line = f.readline()
+    kind, rest = line[:1], line[1:].rstrip(b"\r\n")
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else f.read(n + 2)[:-2]
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [read_reply(f) for _ in range(n)]
+    raise RuntimeError(f"unexpected reply from Redis: {line[:40]!r}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

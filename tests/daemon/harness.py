@@ -155,6 +155,15 @@ async def wait_out(clock: trio.testing.MockClock, seconds: float) -> None:
         clock.autojump_threshold = float("inf")
 
 
+def known(fs: FS, path: str) -> bool:
+    """Whether `path` names something in fs's catalog now."""
+    try:
+        fs.ino(path)
+        return True
+    except KvfsError:
+        return False
+
+
 async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
     """Wait (in trio) until predicate() holds (another node's change arrived, I/O ended)."""
     with trio.fail_after(timeout):

@@ -13,7 +13,7 @@ import trio
 from kvfs.errors import KvfsError
 from kvfs.space.cluster import CLEAN_PERIOD, ClusterSpace
 from testing.redis_server import RedisServer
-from tests.daemon.harness import eventually, run_cluster
+from tests.daemon.harness import eventually, known, run_cluster
 from tests.helpers import write_config
 
 MiB = 1 << 20
@@ -52,13 +52,6 @@ def cluster_configs(tmp_path, redis):
 def data(seed: int, size: int) -> bytes:
     return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
 
-
-def known(fs, path: str) -> bool:
-    try:
-        fs.ino(path)
-        return True
-    except KvfsError:
-        return False
 
 
 def test_a_write_on_one_node_is_read_on_another(cluster_configs):

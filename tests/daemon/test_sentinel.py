@@ -16,7 +16,7 @@ import trio
 
 from kvfs.errors import KvfsError
 from testing.redis_sentinel import SentinelGroup, _ask
-from tests.daemon.harness import eventually, run_cluster
+from tests.daemon.harness import eventually, known, run_cluster
 from tests.helpers import write_config
 
 MiB = 1 << 20
@@ -109,7 +109,7 @@ def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group
         failed = await write_until_it_works(a, "/after_a", data(100, 400_000))
         await write_until_it_works(b, "/after_b", data(101, 400_000))
         for fs in (a, b):
-            await eventually(lambda: all(_known(fs, p) for p in [*before, "/after_a", "/after_b"]))
+            await eventually(lambda: all(known(fs, p) for p in [*before, "/after_a", "/after_b"]))
             for path, payload in before.items():
                 assert await fs.read(path) == payload
             assert await fs.read("/after_a") == data(100, 400_000)
@@ -123,13 +123,6 @@ def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group
 
     run_cluster(configs(2, confirm=confirm), body)
 
-
-def _known(fs, path: str) -> bool:
-    try:
-        fs.ino(path)
-        return True
-    except KvfsError:
-        return False
 
 
 def test_a_change_no_replica_confirms_fails_and_the_node_takes_no_lease_from_it(configs, group):
@@ -201,7 +194,7 @@ def test_a_node_talking_to_a_demoted_master_stops_writing_to_it(configs, group):
         await write_until_it_works(a, "/two", data(6, 100_000))
         await write_until_it_works(b, "/three", data(7, 100_000))
         assert stats(a)["master"].endswith(f":{new.port} (master 'kvfs')")
-        await eventually(lambda: _known(b, "/two") and _known(a, "/three"))
+        await eventually(lambda: known(b, "/two") and known(a, "/three"))
         assert await b.read("/two") == data(6, 100_000)
         assert await a.read("/one") == data(5, 100_000)
 

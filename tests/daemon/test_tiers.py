@@ -11,7 +11,7 @@ import trio.testing
 
 from kvfs.catalog.tree import LINK_HINT, LINK_READ, LINK_WRITE
 from kvfs.errors import KvfsError
-from tests.daemon.harness import run_service
+from tests.daemon.harness import known, run_service
 
 MiB = 1 << 20
 
@@ -283,10 +283,10 @@ def test_the_store_keeps_nothing_of_blocks_it_no_longer_holds(pool_config):
             if i % 3 == 0:
                 await fs.read(f"/f{i % 300}")
             victim = f"f{(i * 13) % 300}"
-            if i % 7 == 0 and _exists(fs, "/" + victim):
+            if i % 7 == 0 and known(fs, "/" + victim):
                 await fs.files.unlink(1, victim.encode())
         await fs.sync()
-        live = {fs.ino(f"/f{k}") for k in range(300) if _exists(fs, f"/f{k}")}
+        live = {fs.ino(f"/f{k}") for k in range(300) if known(fs, f"/f{k}")}
         assert fs.files.hits and set(fs.files.hits) <= live     # (reads per file: live files)
         resident = [bid for bid, cb in store.blobs.items() if cb.resident is not None]
         assert resident and len(store._open) <= len(resident), \
@@ -297,10 +297,3 @@ def test_the_store_keeps_nothing_of_blocks_it_no_longer_holds(pool_config):
 
     run_service(cfg, body)
 
-
-def _exists(fs, path: str) -> bool:
-    try:
-        fs.ino(path)
-        return True
-    except KvfsError:
-        return False
