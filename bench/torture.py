@@ -81,11 +81,11 @@ master through Sentinel and wait for one replica's confirmation of each publish:
             the new master (with `confirm = "all"`, the default, stores wait for it: it is a
             replica Sentinel knows of); once writers have committed again, half the time
             kill -9 a node. Errors are excused as in the redis scenario, from the kill until
-            REDIS_GRACE_MS after the restarted server is in sync. Reported: `failover_ms` (the kill to the
-            promoted master answering, as the harness sees it), `first_publish_ms` (the kill to
-            the first close, rename or fsync that returned and whose operation started after
-            the kill: an upper bound, it includes that operation's writes), the writers' live
-            checks (reads) that succeeded and failed meanwhile (`reads_in_outage_ok`,
+            REDIS_GRACE_MS after the restarted server is in sync. Reported: `failover_ms` (the
+            kill to the promoted master answering, as the harness sees it), `first_publish_ms`
+            (the kill to the first close, rename or fsync that returned and whose operation
+            started after the kill: an upper bound, it includes that operation's writes), the
+            writers' live checks (reads) that succeeded and failed meanwhile (`reads_in_outage_ok`,
             `reads_in_outage_failed`), and `shared_extents`: stripe units that two block
             records of the promoted master's catalog both claim (space handed out twice).
 
@@ -988,29 +988,19 @@ class Torture:
             time.sleep(self.rng.uniform(0.2, 1.5))
             self.redis.start()
             self.outages[-1][1] = time.time()
-            base = ctl.done_total()
-            wait_until(lambda: ctl.done_total() >= base + self.writers, 120,
-                       "commits after Redis came back", interval=0.01)
-            if self.rng.random() < 0.7:
-                time.sleep(self.rng.uniform(0.0, 1.0))
-                inst.kill(self.pick_nodes(inst))
+            self.after_outage_ends(inst, ctl, "commits after Redis came back", kill_share=0.7)
         elif scenario == "failover":
             time.sleep(self.rng.uniform(0.0, 1.5))
             self.outages.append([time.time(), None])
             old = self.group.kill_master()
-            self.redis = self.group.wait_failover(old, timeout=60)
+            self.group.wait_failover(old, timeout=60)
             fig.failover_ms.append(round((time.time() - self.outages[-1][0]) * 1000, 1))
             # back at once, as a replica of the new master: with confirm = "all" (the default)
             # the killed server is a replica Sentinel knows of, and stores wait for it
             self.group.restart(old)
             self.redis = self.group.master   # (a loaded machine may have failed over again)
             self.outages[-1][1] = time.time()
-            base = ctl.done_total()
-            wait_until(lambda: ctl.done_total() >= base + self.writers, 120,
-                       "commits after the failover", interval=0.01)
-            if self.rng.random() < 0.5:
-                time.sleep(self.rng.uniform(0.0, 1.0))
-                inst.kill(self.pick_nodes(inst))
+            self.after_outage_ends(inst, ctl, "commits after the failover", kill_share=0.5)
         elif scenario == "format":
             time.sleep(self.rng.uniform(0.0, 1.0))
             inst.kill(self.pick_nodes(inst))
@@ -1027,6 +1017,15 @@ class Torture:
             inst.kill(self.pick_nodes(inst))
         else:
             raise ValueError(f"unknown scenario {scenario}")
+
+    def after_outage_ends(self, inst: Instance, ctl: Control, what: str, kill_share: float) -> None:
+        """(redis, failover) Once every writer has committed again, kill -9 a node (or both) in
+        `kill_share` of the cycles; otherwise the writers are simply stopped afterwards."""
+        base = ctl.done_total()
+        wait_until(lambda: ctl.done_total() >= base + self.writers, 120, what, interval=0.01)
+        if self.rng.random() < kill_share:
+            time.sleep(self.rng.uniform(0.0, 1.0))
+            inst.kill(self.pick_nodes(inst))
 
     # verification -----------------------------------------------------------------------------------
     def durable_now(self, inst: Instance, rec: dict) -> bool:

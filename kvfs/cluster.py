@@ -340,7 +340,7 @@ class ClusterLink:
 
     async def call_durable(self, *args: Any) -> Any:
         """A command whose effect kvfs relies on (a mount's epoch): its reply once it reached
-        `min_replicas` (see `_replicated`)."""
+        `replica_target` replicas (see `_replicated`)."""
         n = self.replica_target
         if not n:
             return await self.call(*args)
@@ -352,7 +352,7 @@ class ClusterLink:
 
     async def eval(self, script: str, args: Sequence[Any], *, durable: bool = True) -> Any:
         """Run one of kvfs's Lua scripts; KEYS[1] is the pool's key prefix. `durable`: kvfs
-        relies on its change (a publish, a lease, a purge), so it must reach `min_replicas`;
+        relies on its change (a publish, a lease, a purge), so it must reach `replica_target`;
         False for hints whose loss in a failover costs only accuracy (access times, chains)."""
         n = self.replica_target if durable else 0
         if not n:

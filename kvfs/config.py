@@ -127,7 +127,8 @@ class ClusterConfig:
     master_name: str = "kvfs"        # the name the sentinels monitor the master under
     sentinel_password: str | None = None
     # A change kvfs reports durable (a publish at close, a lease, a mount's epoch) has reached
-    # this many replicas (Redis WAIT); 1 with sentinels, 0 without.
+    # the replicas `confirm` names, and at least this many (Redis WAIT); 1 with sentinels, 0
+    # without (0: no WAIT at all).
     min_replicas: int = 0
     replica_timeout_ms: int = 1000   # how long one WAIT waits for them
     no_replica: str = "fail"         # then: "fail" (EIO) or "wait" (retry until they answer)

@@ -196,8 +196,8 @@ def cmd_df(args: argparse.Namespace) -> int:
                     f"{size(c['grave_bytes'])} in {c['grave_blocks']} blocks, stores that "
                     f"waited for room {c['room_waits']} ({c['room_wait_seconds']:.1f} s)")
             if c.get("min_replicas") or c.get("failovers"):
-                out += (f"\nreplicas: {c['min_replicas']} confirm each change; failovers seen "
-                        f"{c['failovers']}, changes no replica confirmed {c['unreplicated']}, "
+                out += (f"\nreplicas: {c['replicas_confirming']} confirm each change; failovers "
+                        f"seen {c['failovers']}, changes no replica confirmed {c['unreplicated']}, "
                         f"waits for replicas {c['replica_waits']}, changes Redis refused "
                         f"{c['refused_writes']}")
         return out
