@@ -18,6 +18,7 @@ one is read with pread and mapped only for the length of an I/O.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -584,6 +585,18 @@ def staging(nbytes: int) -> memoryview:
     if m is None or len(m) < nbytes:
         m = _staging.m = mmap.mmap(-1, max(nbytes, MiB))
     return memoryview(m)[:nbytes]
+
+
+@contextlib.contextmanager
+def use_staging(mem: mmap.mmap):
+    """Within: `staging()` on this thread hands out `mem` (the trio thread's writes by AIO:
+    each write in flight has its own memory, see kvfs/linux_aio.py)."""
+    old = getattr(_staging, "m", None)
+    _staging.m = mem
+    try:
+        yield
+    finally:
+        _staging.m = old
 
 
 def _zeros(zero_chunk: mmap.mmap, n: int) -> list[memoryview]:

@@ -67,6 +67,8 @@ class PoolConfig:
     stripe_unit: int = DEFAULT_STRIPE_UNIT
     max_block_size: int | None = None  # default: the pool's capacity
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
+    io_engine: str = "auto"          # small staged I/O by Linux AIO on the trio thread: "auto"
+                                     # (block devices), "aio" (file namespaces too), "threads"
 
 
 @dataclass(frozen=True)
@@ -256,8 +258,8 @@ def _passthrough_allowed() -> bool:
 
 
 def _removed_io(value: Any, key: str) -> None:
-    raise ConfigError(f"config: {key}: removed; kvfs moves data with worker threads (the io_uring "
-                      f"engine depended on a wheel that crashes on CPUs without AVX-512)")
+    raise ConfigError(f"config: {key}: removed (the io_uring engine depended on a wheel that "
+                      f"crashes on CPUs without AVX-512); see pool.io_engine")
 
 
 def _stripe_unit(value: Any, key: str) -> int:
@@ -483,6 +485,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         stripe_unit=pool_t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
         max_block_size=max_block,
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
+        io_engine=pool_t.take("io_engine", _choice("auto", "aio", "threads"), "auto"),
     )
     pool_t.done()
     cluster = None

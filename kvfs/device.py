@@ -1,8 +1,11 @@
 """One namespace: a block device or a preallocated file, read and written with O_DIRECT.
 
-All blocking calls (preadv, pwritev, fsync) run in worker threads (`kvfs.threads.run_sync`),
-as many at once as the namespace's I/O slots allow (its queue depth; the one shared fdatasync
-besides); the trio thread never blocks on the device. A failing device (EIO, a device that
+Blocking calls (preadv, pwritev, fsync) run in worker threads (`kvfs.threads.run_sync`), as
+many at once as the namespace's I/O slots allow (its queue depth; the one shared fdatasync
+besides); the trio thread never blocks on the device. Small blocks, which go through staging
+memory, are read and written by Linux AIO from the trio thread instead where the namespace
+allows it (`Namespace.aio`, kvfs/linux_aio.py): a hand-off to a thread cost more CPU there
+than the I/O. A failing device (EIO, a device that
 went away, a short transfer) fails only the I/O that touched it, with EIO; the namespace is
 reported as failed in its statistics until an I/O succeeds again.
 """
@@ -26,9 +29,9 @@ from typing import Callable, Sequence
 import trio
 import xxhash
 
-from kvfs import threads
+from kvfs import linux_aio, threads
 from kvfs.aio import run_all
-from kvfs.buffer import populate
+from kvfs.buffer import populate, use_staging
 from kvfs.errors import KvfsError, StartupError
 from kvfs.layout import PAGE
 from kvfs.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode
@@ -166,7 +169,7 @@ class Namespace:
     """An open namespace. Create with `Namespace.open`; I/O methods must run inside trio."""
 
     def __init__(self, index: int, path: Path, fd: int, size: int, is_block: bool, direct: bool,
-                 queue_depth: int, weight: float):
+                 queue_depth: int, weight: float, io_engine: str = "auto"):
         self.index = index
         self.path = path
         self.fd = fd
@@ -175,6 +178,9 @@ class Namespace:
         self.direct = direct
         self.queue_depth = queue_depth
         self.weight = weight
+        # small staged reads and writes by Linux AIO from the trio thread (kvfs/linux_aio.py):
+        # O_DIRECT only (a buffered AIO blocks in io_submit); "auto": block devices only
+        self.aio = direct and (io_engine == "aio" or (io_engine == "auto" and is_block))
         self.stats = NamespaceStats()
         self.slots = PrioritySlots(queue_depth)
         # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
@@ -195,7 +201,7 @@ class Namespace:
 
     @classmethod
     def open(cls, index: int, path: Path, *, queue_depth: int = 8, weight: float = 1.0,
-             create_size: int | None = None) -> "Namespace":
+             create_size: int | None = None, io_engine: str = "auto") -> "Namespace":
         """Open (and with `create_size`, first create and preallocate) a namespace.
 
         Raises StartupError with a one-line message on any problem.
@@ -232,7 +238,7 @@ class Namespace:
             direct = False
             log.warning("namespace %s: O_DIRECT is not supported here; using buffered I/O", path)
         size -= size % PAGE
-        return cls(index, path, fd, size, is_block, direct, queue_depth, weight)
+        return cls(index, path, fd, size, is_block, direct, queue_depth, weight, io_engine)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -311,11 +317,16 @@ class Namespace:
             flat = [v for u in units for v in u]
             sizes = [sum(len(v) for v in u) for u in units]
         nbytes = sum(sizes)
+        # staged reads of a block device: submitted from the trio thread (kvfs/linux_aio.py)
+        eng = linux_aio.engine() if flat is None and self.aio else None
         async with self.slots.take(prefetch):
             self._begin()
             try:
-                bad = await threads.run_sync(self._read_sync, units, flat, offset, checks,
-                                             after)
+                if eng is not None:
+                    bad = await self._read_aio(eng, sizes, offset, checks, after)
+                else:
+                    bad = await threads.run_sync(self._read_sync, units, flat, offset, checks,
+                                                 after)
             except OSError as e:
                 raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
             finally:
@@ -439,10 +450,15 @@ class Namespace:
         """One group's job: its writes, then (with `sync`) its own fdatasync (groups in
         flight at once each sync after their own writes)."""
         nbytes = sum(r.nbytes for r in batch)
+        # staged writes to a block device: submitted from the trio thread (kvfs/linux_aio.py)
+        eng = linux_aio.engine() if self.aio and all(r.flat is None for r in batch) else None
         async with self.slots.take():
             self._begin()
             try:
-                sync_error = await threads.run_sync(self._write_group_sync, batch, sync)
+                if eng is not None:
+                    sync_error = await self._write_group_aio(eng, batch, sync)
+                else:
+                    sync_error = await threads.run_sync(self._write_group_sync, batch, sync)
             finally:
                 self._end(nbytes)
         written = [r for r in batch if r.error is None]
@@ -478,6 +494,67 @@ class Namespace:
             except OSError as e:
                 return e
         return None
+
+    async def _write_group_aio(self, eng: "linux_aio.Engine", batch: list["WriteRequest"],
+                               then_sync: bool) -> OSError | None:
+        """`_write_group_sync` on the trio thread, for staged requests: each request's content
+        copied into its own staging memory with its checksums, written by AIO (one after the
+        other, as the worker thread would), then one fdatasync by AIO if any was written."""
+        any_written = False
+        for r in batch:
+            mem = linux_aio.STAGING.take(r.nbytes)
+            try:
+                with use_staging(mem):
+                    units = r.units()
+                r.digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, r.digest_lens)]
+                del units
+                done = 0
+                while done < r.nbytes:
+                    n = await eng.pwrite(self.fd, mem, r.nbytes - done, r.offset + done, done)
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"short transfer ({done} of {r.nbytes} "
+                                                 f"bytes): device ended")
+                    done += n
+                any_written = True
+            except OSError as e:
+                r.digests = None
+                r.error = e
+            finally:
+                linux_aio.STAGING.give(mem)
+        if then_sync and any_written:
+            try:
+                await eng.fdatasync(self.fd)
+            except OSError as e:
+                return e
+        return None
+
+    async def _read_aio(self, eng: "linux_aio.Engine", sizes: list[int], offset: int, checks,
+                        after) -> list[int]:
+        """A staged read on the trio thread: the units read into staging memory by AIO, their
+        checksums verified, then `after(units)` (which copies their content where it goes);
+        the indices of the units that failed their checksums."""
+        nbytes = sum(sizes)
+        mem = linux_aio.STAGING.take(nbytes)
+        try:
+            done = 0
+            while done < nbytes:
+                n = await eng.pread(self.fd, mem, nbytes - done, offset + done, done)
+                if n <= 0:
+                    raise OSError(errno.EIO, f"short transfer ({done} of {nbytes} bytes): "
+                                             f"device ended")
+                done += n
+            view = memoryview(mem)
+            units, pos = [], 0
+            for size in sizes:
+                units.append([view[pos:pos + size]])
+                pos += size
+            bad = [i for i, (u, c) in enumerate(zip(units, checks))
+                   if c is not None and _digest(u, c[0]) != c[1]]
+            if after is not None:
+                after(units)
+            return bad
+        finally:
+            linux_aio.STAGING.give(mem)
 
     def _read_sync(self, units, flat, offset: int, checks, after=None) -> list[int]:
         """In a worker thread: one preadv (looping over short transfers), then the checksums;

@@ -24,6 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
+from kvfs import linux_aio
 from kvfs.aio import run_all
 from kvfs.alloc import ExtentAllocator
 from kvfs.buffer import Buffer, chunk_size_for, zero_chunk
@@ -137,6 +138,7 @@ class Pool:
         try:
             for i, nc in enumerate(cfg.namespaces):
                 ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
+                                    io_engine=cfg.io_engine,
                                     create_size=nc.size if fresh else None)
                 if ns.size <= DATA_START:
                     raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small "
@@ -260,6 +262,7 @@ class Pool:
         try:
             for i, (nc, (exists, _, _)) in enumerate(zip(cfg.namespaces, found)):
                 ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
+                                    io_engine=cfg.io_engine,
                                     create_size=None if exists else nc.size)
                 opened.append(ns)
                 if not exists:
@@ -367,6 +370,7 @@ class Pool:
             "namespaces": [
                 {"index": ns.index, "path": str(ns.path), "size": ns.size,
                  "direct_io": ns.direct, "queue_depth": ns.queue_depth,
+                 "io_engine": "aio" if ns.aio and linux_aio.available() else "threads",
                  **dataclasses.asdict(ns.stats)}
                 for ns in self.namespaces],
         }

@@ -34,6 +34,7 @@ def test_embedded_default_is_one_file_namespace_under_the_state_dir():
     assert 0 < cfg.dram.capacity <= config.DEFAULT_DRAM_CAPACITY
     assert cfg.pool.evict == "prefix"
     assert cfg.pool.stripe_unit == 1 << 20
+    assert cfg.pool.io_engine == "auto"
 
 
 def test_full_config_is_typed(tmp_path):
@@ -47,6 +48,7 @@ allow_other = true
 [pool]
 evict = "never"
 stripe_unit = "256KiB"
+io_engine = "threads"
 [[pool.namespace]]
 path = "/dev/nvme1n1"
 queue_depth = 32
@@ -60,6 +62,7 @@ weight = 0.5
     assert cfg.mount.allow_other is True
     assert cfg.pool.evict == "never"
     assert cfg.pool.stripe_unit == 256 << 10
+    assert cfg.pool.io_engine == "threads"
     a, b = cfg.pool.namespaces
     assert a.path == Path("/dev/nvme1n1") and a.size is None and a.queue_depth == 32
     assert b.path == tmp_path / "ns1.img" and b.size == 4 << 30 and b.weight == 0.5
@@ -75,6 +78,8 @@ NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
     ("[dram]\ncapacity = 0\n", "config: dram.capacity: must be greater than zero"),
     ("[pool]\nevict = 'fifo'\n", "config: pool.evict: expected 'lru' or 'prefix' or 'never', got 'fifo'"),
     ("[pool]\nstripe_unit = '3MiB'\n", "config: pool.stripe_unit: must be a power of two"),
+    ("[pool]\nio_engine = 'uring'\n",
+     "config: pool.io_engine: expected 'auto' or 'aio' or 'threads', got 'uring'"),
     ("[[pool.namespace]]\nsize = '1GiB'\n", "config: pool.namespace[0].path: missing"),
     ("[[pool.namespace]]\npath = 'a'\nqueue_depth = 0\n",
      "config: pool.namespace[0].queue_depth: expected an integer from 1 to 256, got 0"),
