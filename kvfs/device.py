@@ -97,14 +97,31 @@ def _transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -
         if n <= 0:
             raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
         done += n
-        # drop what was transferred from the front of the view list
-        while n and views:
-            if n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
+        _advance(views, n)
+
+
+async def _transfer_aio(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -> None:
+    """`_transfer` by Linux AIO (`op`: the engine's preadv or pwritev)."""
+    total = sum(len(v) for v in views)
+    done = 0
+    views = list(views)
+    while done < total:
+        n = await op(fd, views, offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
+        done += n
+        _advance(views, n)
+
+
+def _advance(views: list[memoryview], n: int) -> None:
+    """Drop what was transferred (n bytes) from the front of the view list."""
+    while n and views:
+        if n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        else:
+            views[0] = views[0][n:]
+            n = 0
 
 
 class PrioritySlots:
@@ -318,6 +335,8 @@ class Namespace:
             sizes = [sum(len(v) for v in u) for u in units]
         nbytes = sum(sizes)
         # staged reads of a block device: submitted from the trio thread (kvfs/linux_aio.py)
+        # (a large block's units go on to worker threads: its checksums, a millisecond per MiB
+        # or so, would hold up every request on the trio thread, and threads verify in parallel)
         eng = linux_aio.engine() if flat is None and self.aio else None
         async with self.slots.take(prefetch):
             self._begin()
@@ -506,15 +525,11 @@ class Namespace:
             try:
                 with use_staging(mem):
                     units = r.units()
+                flat = [v for u in units for v in u]
                 r.digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, r.digest_lens)]
                 del units
-                done = 0
-                while done < r.nbytes:
-                    n = await eng.pwrite(self.fd, mem, r.nbytes - done, r.offset + done, done)
-                    if n <= 0:
-                        raise OSError(errno.EIO, f"short transfer ({done} of {r.nbytes} "
-                                                 f"bytes): device ended")
-                    done += n
+                await _transfer_aio(eng.pwritev, self.fd, flat, r.offset)
+                del flat
                 any_written = True
             except OSError as e:
                 r.digests = None
@@ -536,14 +551,8 @@ class Namespace:
         nbytes = sum(sizes)
         mem = linux_aio.STAGING.take(nbytes)
         try:
-            done = 0
-            while done < nbytes:
-                n = await eng.pread(self.fd, mem, nbytes - done, offset + done, done)
-                if n <= 0:
-                    raise OSError(errno.EIO, f"short transfer ({done} of {nbytes} bytes): "
-                                             f"device ended")
-                done += n
             view = memoryview(mem)
+            await _transfer_aio(eng.preadv, self.fd, [view[:nbytes]], offset)
             units, pos = [], 0
             for size in sizes:
                 units.append([view[pos:pos + size]])

@@ -28,6 +28,7 @@ import mmap
 import os
 import platform
 
+import numpy as np
 import outcome
 import trio
 
@@ -39,6 +40,8 @@ _NR = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}.get(platform.mac
 IOCB_CMD_PREAD = 0
 IOCB_CMD_PWRITE = 1
 IOCB_CMD_FDSYNC = 3
+IOCB_CMD_PREADV = 7
+IOCB_CMD_PWRITEV = 8
 IOCB_FLAG_RESFD = 1
 DEPTH = 256                  # I/Os in flight at once per engine (io_setup's nr_events)
 
@@ -65,8 +68,21 @@ _libc = ctypes.PyDLL(None, use_errno=True)      # PyDLL: the GIL stays held
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
+class _Iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
 def _address(mem: mmap.mmap) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(mem))
+
+
+def _iovecs(views: list[memoryview]):
+    """A struct iovec array of the views (read-only ones too, such as the zero chunk)."""
+    iov = (_Iovec * len(views))()
+    for i, v in enumerate(views):
+        iov[i].iov_base = np.frombuffer(v, np.uint8).ctypes.data if len(v) else 0
+        iov[i].iov_len = len(v)
+    return iov
 
 
 _RUN = trio.lowlevel.RunVar("kvfs_linux_aio")
@@ -87,7 +103,7 @@ class Engine:
         self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._events = (_Event * DEPTH)()
         self._zero = _Timespec(0, 0)
-        self._waiting: dict[int, tuple[trio.lowlevel.Task, _IOCB]] = {}
+        self._waiting: dict[int, tuple[trio.lowlevel.Task, object]] = {}
         self._next = 1
         self.submitted = 0
 
@@ -109,11 +125,25 @@ class Engine:
         `pread`)."""
         return await self._submit(IOCB_CMD_PWRITE, fd, _address(mem) + at, nbytes, offset)
 
+    async def preadv(self, fd: int, views: list[memoryview], offset: int) -> int:
+        """Read into `views` (writable, page-aligned memory the caller keeps until this
+        returns) from `offset`; the bytes read (as `pread`)."""
+        iov = _iovecs(views)
+        return await self._submit(IOCB_CMD_PREADV, fd, ctypes.addressof(iov), len(views),
+                                  offset, iov)
+
+    async def pwritev(self, fd: int, views: list[memoryview], offset: int) -> int:
+        """Write `views` at `offset`; the bytes written (as `pread`)."""
+        iov = _iovecs(views)
+        return await self._submit(IOCB_CMD_PWRITEV, fd, ctypes.addressof(iov), len(views),
+                                  offset, iov)
+
     async def fdatasync(self, fd: int) -> None:
         """fdatasync(fd), carried out by the kernel's workqueue."""
         await self._submit(IOCB_CMD_FDSYNC, fd, 0, 0, 0)
 
-    async def _submit(self, opcode: int, fd: int, address: int, nbytes: int, offset: int) -> int:
+    async def _submit(self, opcode: int, fd: int, address: int, nbytes: int, offset: int,
+                      keep=None) -> int:
         key = self._next
         self._next += 1
         cb = _IOCB()
@@ -131,7 +161,7 @@ class Engine:
             e = ctypes.get_errno() if n < 0 else errno.EAGAIN
             raise OSError(e, f"io_submit: {os.strerror(e)}")
         self.submitted += 1
-        self._waiting[key] = (trio.lowlevel.current_task(), cb)
+        self._waiting[key] = (trio.lowlevel.current_task(), (cb, keep))
         return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
 
     async def reap(self) -> None:

@@ -47,7 +47,12 @@ def test_writes_and_reads_in_flight_together_round_trip(direct_file):
         async def write(i):
             mem = mmap.mmap(-1, len(blocks[i]))
             mem[:] = blocks[i]
-            assert await eng.pwrite(fd, mem, len(mem), i * len(mem)) == len(mem)
+            if i % 2:
+                assert await eng.pwrite(fd, mem, len(mem), i * len(mem)) == len(mem)
+            else:           # from two places at once
+                view = memoryview(mem)
+                assert await eng.pwritev(fd, [view[:4096], view[4096:]],
+                                         i * len(mem)) == len(mem)
         async with trio.open_nursery() as n:
             for i in range(len(blocks)):
                 n.start_soon(write, i)
@@ -55,11 +60,14 @@ def test_writes_and_reads_in_flight_together_round_trip(direct_file):
         got = {}
 
         async def read(i):
-            mem = mmap.mmap(-1, 2 * len(blocks[i]))
-            # into the second half of the memory: `at`
-            assert await eng.pread(fd, mem, len(blocks[i]), i * len(blocks[i]),
-                                   len(blocks[i])) == len(blocks[i])
-            got[i] = mem[len(blocks[i]):]
+            n = len(blocks[i])
+            mem = mmap.mmap(-1, 2 * n)
+            if i % 2:       # into the second half of the memory: `at`
+                assert await eng.pread(fd, mem, n, i * n, n) == n
+            else:           # into two places
+                view = memoryview(mem)
+                assert await eng.preadv(fd, [view[n:n + 8192], view[n + 8192:]], i * n) == n
+            got[i] = mem[n:]
         async with trio.open_nursery() as n:
             for i in range(len(blocks)):
                 n.start_soon(read, i)
