@@ -92,7 +92,7 @@ run: install
 # run both modes in each pass).
 test: install
 	$(PY) -m pytest -q tests
-	KVFS_PASSTHROUGH=off KVFS_TEST_DURABILITY=close KVFS_TEST_IO=aio $(PY) -m pytest -q tests/mounted tests/lmcache
+	KVFS_PASSTHROUGH=off KVFS_TEST_DURABILITY=close KVFS_TEST_IO=threads $(PY) -m pytest -q tests/mounted tests/lmcache
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not lmcache and not clients and not engine" tests

@@ -67,8 +67,8 @@ class PoolConfig:
     stripe_unit: int = DEFAULT_STRIPE_UNIT
     max_block_size: int | None = None  # default: the pool's capacity
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
-    io_engine: str = "auto"          # small staged I/O by Linux AIO on the trio thread: "auto"
-                                     # (block devices), "aio" (file namespaces too), "threads"
+    io_engine: str = "auto"          # small blocks' I/O by Linux AIO on the trio thread ("auto"),
+                                     # or by worker threads ("threads")
 
 
 @dataclass(frozen=True)
@@ -485,7 +485,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         stripe_unit=pool_t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
         max_block_size=max_block,
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
-        io_engine=pool_t.take("io_engine", _choice("auto", "aio", "threads"), "auto"),
+        io_engine=pool_t.take("io_engine", _choice("auto", "threads"), "auto"),
     )
     pool_t.done()
     cluster = None

@@ -58,6 +58,7 @@ class NamespaceStats:
     inflight: int = 0
     busy_seconds: float = 0.0     # time with at least one I/O in flight
     rate_bps: float = 0.0         # recent bytes per busy second (0 until measured)
+    aio_fallbacks: int = 0        # small-block I/Os a file system would have blocked for by AIO
 
 
 def probe(path: Path) -> tuple[bool, bool, int]:
@@ -100,13 +101,14 @@ def _transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -
         _advance(views, n)
 
 
-async def _transfer_aio(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -> None:
+async def _transfer_aio(op: Callable, fd: int, views: Sequence[memoryview], offset: int,
+                        nowait: bool = False) -> None:
     """`_transfer` by Linux AIO (`op`: the engine's preadv or pwritev)."""
     total = sum(len(v) for v in views)
     done = 0
     views = list(views)
     while done < total:
-        n = await op(fd, views, offset + done)
+        n = await op(fd, views, offset + done, nowait)
         if n <= 0:
             raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
         done += n
@@ -196,8 +198,10 @@ class Namespace:
         self.queue_depth = queue_depth
         self.weight = weight
         # small staged reads and writes by Linux AIO from the trio thread (kvfs/linux_aio.py):
-        # O_DIRECT only (a buffered AIO blocks in io_submit); "auto": block devices only
-        self.aio = direct and (io_engine == "aio" or (io_engine == "auto" and is_block))
+        # O_DIRECT only (a buffered AIO blocks in io_submit); on a file with RWF_NOWAIT: an I/O
+        # its file system would block for goes to a worker thread (`aio_fallbacks`)
+        self.aio = direct and io_engine == "auto"
+        self.nowait = not is_block
         self.stats = NamespaceStats()
         self.slots = PrioritySlots(queue_depth)
         # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
@@ -342,7 +346,13 @@ class Namespace:
             self._begin()
             try:
                 if eng is not None:
-                    bad = await self._read_aio(eng, sizes, offset, checks, after)
+                    try:
+                        bad = await self._read_aio(eng, sizes, offset, checks, after)
+                    except OSError as e:
+                        if not self._falls_back(e):
+                            raise
+                        bad = await threads.run_sync(self._read_sync, units, flat, offset,
+                                                     checks, after)
                 else:
                     bad = await threads.run_sync(self._read_sync, units, flat, offset, checks,
                                                  after)
@@ -528,8 +538,15 @@ class Namespace:
                 flat = [v for u in units for v in u]
                 r.digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, r.digest_lens)]
                 del units
-                await _transfer_aio(eng.pwritev, self.fd, flat, r.offset)
-                del flat
+                try:
+                    await _transfer_aio(eng.pwritev, self.fd, flat, r.offset, self.nowait)
+                except OSError as e:
+                    if not self._falls_back(e):
+                        raise
+                    r.digests = await threads.run_sync(self._write_sync, r.units, None,
+                                                       r.offset, r.digest_lens)
+                finally:
+                    del flat
                 any_written = True
             except OSError as e:
                 r.digests = None
@@ -543,6 +560,19 @@ class Namespace:
                 return e
         return None
 
+    def _falls_back(self, e: OSError) -> bool:
+        """Whether an AIO that failed with `e` goes to a worker thread: a file system would
+        have blocked for it (RWF_NOWAIT), or does not take RWF_NOWAIT at all (then no more AIO
+        on this namespace)."""
+        if not self.nowait or e.errno not in (errno.EAGAIN, errno.EOPNOTSUPP):
+            return False
+        if e.errno == errno.EOPNOTSUPP:
+            log.warning("namespace %s: its file system does not take RWF_NOWAIT; small blocks "
+                        "go to worker threads", self.path)
+            self.aio = False
+        self.stats.aio_fallbacks += 1
+        return True
+
     async def _read_aio(self, eng: "linux_aio.Engine", sizes: list[int], offset: int, checks,
                         after) -> list[int]:
         """A staged read on the trio thread: the units read into staging memory by AIO, their
@@ -552,7 +582,7 @@ class Namespace:
         mem = linux_aio.STAGING.take(nbytes)
         try:
             view = memoryview(mem)
-            await _transfer_aio(eng.preadv, self.fd, [view[:nbytes]], offset)
+            await _transfer_aio(eng.preadv, self.fd, [view[:nbytes]], offset, self.nowait)
             units, pos = [], 0
             for size in sizes:
                 units.append([view[pos:pos + size]])

@@ -10,8 +10,11 @@ queues the bio and returns), the completion is announced on an eventfd that trio
 on, and one system task per trio run reaps every completion with `io_getevents`. Nothing else
 runs Python meanwhile, so the GIL is never handed over.
 
-Only reads into memory the caller owns until they complete (staging memory, `Staging`) and only
-on block devices opened with O_DIRECT: a buffered or file-backed AIO may block in io_submit.
+Only I/O of memory the caller owns until it completes (staging memory, `Staging`), and only
+with O_DIRECT: a buffered AIO blocks in io_submit. On a file (a namespace file on ext4 or
+XFS) even an O_DIRECT I/O may block there, for the file system's locks or a journal handle,
+so the namespaces ask for RWF_NOWAIT on files: the kernel fails such an I/O with EAGAIN, and
+a worker thread does it instead.
 Where the kernel refuses AIO (io_setup fails: a seccomp filter, aio-max-nr reached, another
 architecture) `engine()` is None and the namespaces keep their worker threads.
 
@@ -43,6 +46,7 @@ IOCB_CMD_FDSYNC = 3
 IOCB_CMD_PREADV = 7
 IOCB_CMD_PWRITEV = 8
 IOCB_FLAG_RESFD = 1
+RWF_NOWAIT = 0x8             # fail with EAGAIN rather than block (a file system's locks, allocation)
 DEPTH = 256                  # I/Os in flight at once per engine (io_setup's nr_events)
 
 
@@ -125,30 +129,34 @@ class Engine:
         `pread`)."""
         return await self._submit(IOCB_CMD_PWRITE, fd, _address(mem) + at, nbytes, offset)
 
-    async def preadv(self, fd: int, views: list[memoryview], offset: int) -> int:
+    async def preadv(self, fd: int, views: list[memoryview], offset: int,
+                     nowait: bool = False) -> int:
         """Read into `views` (writable, page-aligned memory the caller keeps until this
-        returns) from `offset`; the bytes read (as `pread`)."""
+        returns) from `offset`; the bytes read (as `pread`). With `nowait` (RWF_NOWAIT) a read
+        the kernel would have to block for fails with BlockingIOError (EAGAIN) instead."""
         iov = _iovecs(views)
         return await self._submit(IOCB_CMD_PREADV, fd, ctypes.addressof(iov), len(views),
-                                  offset, iov)
+                                  offset, iov, RWF_NOWAIT if nowait else 0)
 
-    async def pwritev(self, fd: int, views: list[memoryview], offset: int) -> int:
-        """Write `views` at `offset`; the bytes written (as `pread`)."""
+    async def pwritev(self, fd: int, views: list[memoryview], offset: int,
+                      nowait: bool = False) -> int:
+        """Write `views` at `offset`; the bytes written (as `preadv`)."""
         iov = _iovecs(views)
         return await self._submit(IOCB_CMD_PWRITEV, fd, ctypes.addressof(iov), len(views),
-                                  offset, iov)
+                                  offset, iov, RWF_NOWAIT if nowait else 0)
 
     async def fdatasync(self, fd: int) -> None:
         """fdatasync(fd), carried out by the kernel's workqueue."""
         await self._submit(IOCB_CMD_FDSYNC, fd, 0, 0, 0)
 
     async def _submit(self, opcode: int, fd: int, address: int, nbytes: int, offset: int,
-                      keep=None) -> int:
+                      keep=None, rw_flags: int = 0) -> int:
         key = self._next
         self._next += 1
         cb = _IOCB()
         cb.aio_data = key
         cb.aio_lio_opcode = opcode
+        cb.aio_rw_flags = rw_flags
         cb.aio_fildes = fd
         cb.aio_buf = address
         cb.aio_nbytes = nbytes

@@ -648,12 +648,15 @@ class Sessions:
                 log.warning("%s: new version not pinned: %s", self.catalog.path_of(node), e)
 
     def _adopt(self, node: Node, s: Session) -> None:
-        """A committed session is frozen; its buffer is now the block's resident copy."""
+        """A committed session is frozen; its buffer is now the block's resident copy. (One
+        written back was measured at its last release and not written since: no stat.)"""
         s.frozen = True
         s.buffer.seal()
-        self._charge(s)
+        if s.writeback is None:
+            self._charge(s)
         self.store.adopt(s.rec, s.buffer, node.ino, charged=s.charged,
-                         parent=self.chain_parent(node))
+                         parent=self.chain_parent(node),
+                         nbytes=s.charged if s.writeback is not None else None)
         s.charged = 0
 
     def chain_parent(self, node: Node) -> int | None:

@@ -333,9 +333,11 @@ class BlockStore:
                 self._maybe_forget(cb)
         return before - self.dram.used
 
-    def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int, parent=None) -> None:
+    def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int, parent=None,
+              nbytes: int | None = None) -> None:
         """Keep a just-committed buffer as the resident copy of `rec`: the `charged` bytes it
-        was accounted as a write buffer now count as a clean, evictable copy."""
+        was accounted as a write buffer now count as a clean, evictable copy (`nbytes`, its
+        memory, if the caller knows it)."""
         cb = self._get(rec, ino)
         self.charged -= charged
         buf.recycle(self.spares)
@@ -343,7 +345,7 @@ class BlockStore:
             return
         # an empty block counts as a page: the policy's history (ghosts, simulated experts) is
         # bounded in bytes, and blocks of 0 bytes would otherwise fill it without bound
-        nbytes = max(buf.nbytes, PAGE)
+        nbytes = max(buf.nbytes if nbytes is None else nbytes, PAGE)
         self._make_room(nbytes)
         if not self._room_for_one():
             self._maybe_forget(cb)           # durable in the pool; not kept in DRAM

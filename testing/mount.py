@@ -39,8 +39,8 @@ def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: s
     `pool` holds keys of the [pool] table, `mount` of the [mount] table.
     KVFS_TEST_DURABILITY=close (or fsync) in the environment sets `[mount] durability` where
     `mount` does not and the pool is not shared (`make test` runs the mounted tests again in
-    "close" mode). KVFS_TEST_IO=aio (or threads) likewise sets `[pool] io_engine` (the second
-    pass reads and writes small blocks of file namespaces by Linux AIO too)."""
+    "close" mode). KVFS_TEST_IO=threads likewise sets `[pool] io_engine` (the second pass
+    reads and writes small blocks by worker threads, as the first does by Linux AIO)."""
     io = os.environ.get("KVFS_TEST_IO", "").strip()
     if io and "io_engine" not in pool:
         pool = f'io_engine = "{io}"\n' + pool

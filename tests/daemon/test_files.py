@@ -235,7 +235,7 @@ def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
 
 
 @pytest.mark.parametrize("size, io", [(2 * MiB, "auto"), (256 << 10, "threads"),
-                                      (256 << 10, "aio")])
+                                      (256 << 10, "auto")])
 def test_corrupted_block_reads_as_eio(pool_config, tmp_path, size, io):
     """A flipped byte fails the read with EIO: a unit of a large block (read into its
     memory by a worker thread), a small block read through staging memory by a worker
@@ -250,7 +250,7 @@ def test_corrupted_block_reads_as_eio(pool_config, tmp_path, size, io):
         lay = fs.files.catalog.get(fs.ino("/f")).blob.layout
         k = min(1, lay.nunits - 1)
         where["ns"], where["off"] = lay.ns[k], lay.offsets[k]
-        assert fs.svc.pool.namespaces[0].aio == (io == "aio")
+        assert fs.svc.pool.namespaces[0].aio == (io == "auto")
 
     async def second(fs):
         with pytest.raises(KvfsError) as e:

@@ -49,10 +49,10 @@ def open_fails(cfg: Path, *needles: str) -> None:
 
 @pytest.mark.parametrize("n, unit, io", [(1, "1MiB", "auto"), (3, "64KiB", "auto"),
                                          (3, "1MiB", "auto"), (4, "256KiB", "auto"),
-                                         (4, "4MiB", "auto"), (3, "1MiB", "aio")])
+                                         (4, "4MiB", "auto"), (3, "1MiB", "threads")])
 def test_round_trip_across_restarts(tmp_path, n, unit, io):
-    """Files of every size written, then read back by two later daemons; with io "aio" the
-    small ones are written and read by Linux AIO (file namespaces use threads by default)."""
+    """Files of every size written, then read back by two later daemons (the small ones by
+    Linux AIO, or with io_engine "threads" by worker threads)."""
     cfg = cfg_for(tmp_path, [f"ns{i}.img" for i in range(n)], unit=unit,
                   extra_pool=f'io_engine = "{io}"')
     files = {f"/b{i}": os.urandom(s) for i, s in
@@ -422,3 +422,49 @@ def test_a_contested_block_unclaimed_first_frees_only_what_it_took(tmp_path, cap
         assert "twice" not in caplog.text
 
     run_service(cfg, body)
+
+
+def test_small_block_io_a_file_system_would_block_for_goes_to_a_worker_thread(tmp_path,
+                                                                             monkeypatch):
+    """On a namespace file, small blocks' AIO asks for RWF_NOWAIT: an I/O the file system
+    would block for (EAGAIN) is done by a worker thread instead, and one that does not take
+    RWF_NOWAIT at all (EOPNOTSUPP) turns AIO off for that namespace; the bytes are right
+    either way, and the fallbacks are counted."""
+    import errno
+
+    from kvfs import linux_aio
+
+    cfg = cfg_for(tmp_path, ["ns0.img"])
+    files = {f"/s{i}": os.urandom(100_000 + i) for i in range(6)}
+    calls = {"preadv": 0, "pwritev": 0}
+
+    def refusing(name, err, every):
+        real = getattr(linux_aio.Engine, name)
+
+        async def op(self, fd, views, offset, nowait=False):
+            assert nowait                       # (a file: RWF_NOWAIT asked for)
+            calls[name] += 1
+            if calls[name] % every == 1:
+                raise OSError(err, os.strerror(err))
+            return await real(self, fd, views, offset, nowait)
+        monkeypatch.setattr(linux_aio.Engine, name, op)
+
+    async def write(fs):
+        ns = fs.svc.pool.namespaces[0]
+        assert ns.aio and ns.nowait
+        for p, d in files.items():
+            await fs.write(p, d)
+        await fs.sync()
+        assert ns.stats.aio_fallbacks >= 1 and ns.aio          # EAGAIN: this I/O only
+
+    async def read(fs):
+        ns = fs.svc.pool.namespaces[0]
+        for p, d in files.items():
+            assert await fs.read(p) == d, p
+        assert ns.stats.aio_fallbacks == 1 and not ns.aio      # EOPNOTSUPP: no more AIO
+
+    refusing("pwritev", errno.EAGAIN, 2)
+    run_service(cfg, write)
+    refusing("preadv", errno.EOPNOTSUPP, 1000)
+    run_service(cfg, read)
+    assert calls["pwritev"] >= len(files) and calls["preadv"] == 1

@@ -79,7 +79,7 @@ NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
     ("[pool]\nevict = 'fifo'\n", "config: pool.evict: expected 'lru' or 'prefix' or 'never', got 'fifo'"),
     ("[pool]\nstripe_unit = '3MiB'\n", "config: pool.stripe_unit: must be a power of two"),
     ("[pool]\nio_engine = 'uring'\n",
-     "config: pool.io_engine: expected 'auto' or 'aio' or 'threads', got 'uring'"),
+     "config: pool.io_engine: expected 'auto' or 'threads', got 'uring'"),
     ("[[pool.namespace]]\nsize = '1GiB'\n", "config: pool.namespace[0].path: missing"),
     ("[[pool.namespace]]\npath = 'a'\nqueue_depth = 0\n",
      "config: pool.namespace[0].queue_depth: expected an integer from 1 to 256, got 0"),
