@@ -19,8 +19,11 @@ In one run, with the pool (file namespaces) and the catalog on the local disk:
                 per block, a second node's start-up at N blocks (`cluster_new_node_ready_s`),
                 and its catch-up after it was stopped (SIGSTOP) while the first node wrote
                 `--outage` more files (`cluster_catchup_s`)
+  --floor       the creates and the cold stats again on bench/floorfs.py (pyfuse3 with
+                passthrough and nothing else; `floor_create_per_s`, `floor_stat_per_s`, and
+                kvfs over it: `create_vs_floor`, `stat_vs_floor`): the stack's share
 
-    python bench/catalog_scale.py --files N [--writers 8] [--flat F] [--cluster] [--json]
+    python bench/catalog_scale.py --files N [--writers 8] [--flat F] [--cluster] [--floor] [--json]
 
 Everything (namespace files, state, mounts, Redis) is set up and torn down here.
 """
@@ -301,6 +304,23 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def floor(tmp: Path, args) -> dict:
+    """The same creates (--writers threads) and cold stats (one thread) on bench/floorfs.py,
+    pyfuse3 with passthrough doing nothing else: what any file system on this stack reaches."""
+    from bench.floorfs import floor_mounted
+    n = args.files
+    with floor_mounted(tmp, "floor") as fl:
+        root = fl.root / "scale"
+        root.mkdir()
+        make_dirs(root, n)
+        log(f"floor: creating {n} files with {args.writers} writers")
+        out = {"floor_create_per_s": create(root, 0, n, args.writers)}
+        drop_dentries()
+        out["floor_stat_per_s"] = stat_all(root, n)
+        log(f"floor: create {out['floor_create_per_s']:.0f}/s, stat {out['floor_stat_per_s']:.0f}/s")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -315,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="files for the cluster part (default: --files)")
     ap.add_argument("--outage", type=int, default=None,
                     help="files written while the second node is stopped (default N/10)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also the creates and cold stats on bench/floorfs.py (the stack's floor)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args(argv)
@@ -331,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.cluster_only:
             out.update(single(tmp, args))
+            if args.floor:
+                out.update(floor(tmp, args))
+                out["create_vs_floor"] = out["create_per_s"] / out["floor_create_per_s"]
+                out["stat_vs_floor"] = out["stat_per_s"] / out["floor_stat_per_s"]
         if args.cluster or args.cluster_only:
             out.update(cluster(tmp, args))
     finally:
@@ -344,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
             ("rss_bytes_per_file", "daemon RSS per file, remount + stat of all"),
             ("warm_mount_s", "warm mount"), ("unmount_s", "unmount"),
             ("stat_per_s", "stat, cold dentries"), ("read_per_s", "read + compare"),
+            ("floor_create_per_s", "the floor: create"), ("create_vs_floor", "kvfs / floor"),
+            ("floor_stat_per_s", "the floor: stat, cold dentries"),
+            ("stat_vs_floor", "kvfs / floor"),
             ("bit_exact", "every file bit-exact after the remount"),
             ("flat_readdir_s", "readdir of the flat directory"),
             ("flat_lookup_per_s", "random lookups in it"),

@@ -39,8 +39,15 @@ IDLE_TASKS = 32          # as kvfs/daemon.py
 
 
 def serve(mountpoint: str) -> None:
+    import resource
+
     import pyfuse3
     import trio
+
+    # a memfd per file: as many descriptors as the kernel allows (bench/catalog_scale.py --floor
+    # makes 100,000 files)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     root = pyfuse3.ROOT_INODE
 
