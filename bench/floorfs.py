@@ -47,7 +47,12 @@ def serve(mountpoint: str) -> None:
     # a memfd per file: as many descriptors as the kernel allows (bench/catalog_scale.py --floor
     # makes 100,000 files)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:                        # (root may raise the hard limit, up to fs.nr_open)
+        with open("/proc/sys/fs/nr_open") as f:
+            hard = max(hard, int(f.read()))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
 
     root = pyfuse3.ROOT_INODE
 
