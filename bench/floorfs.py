@@ -44,15 +44,10 @@ def serve(mountpoint: str) -> None:
     import pyfuse3
     import trio
 
-    # a memfd per file: as many descriptors as the kernel allows (bench/catalog_scale.py --floor
-    # makes 100,000 files)
+    # a memfd per file: as many descriptors as the hard limit allows (files past it fail the
+    # mount: bench/catalog_scale.py --floor makes at most FLOOR_FILES)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:                        # (root may raise the hard limit, up to fs.nr_open)
-        with open("/proc/sys/fs/nr_open") as f:
-            hard = max(hard, int(f.read()))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (OSError, ValueError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     root = pyfuse3.ROOT_INODE
 
