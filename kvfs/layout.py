@@ -49,7 +49,8 @@ def units_covering(offset: int, length: int, size: int, unit: int) -> range:
 
 
 def place_units(nunits: int, weights: Sequence[float], start: int,
-                room: Sequence[int] | None = None, unit_bytes: Sequence[int] | None = None) -> list[int]:
+                room: Sequence[int] | None = None, unit_bytes: Sequence[int] | None = None,
+                credit: list[float] | None = None) -> list[int]:
     """Choose a namespace for each of `nunits` units.
 
     Smooth weighted round robin: every namespace earns its weight at each step and the richest
@@ -57,13 +58,19 @@ def place_units(nunits: int, weights: Sequence[float], start: int,
     equal weights this is plain rotation from `start`. A namespace with weight 0, or whose
     `room` (free bytes) cannot take the unit's `unit_bytes[k]`, is skipped for that unit.
 
+    Without `credit` each call starts from nothing, so the result depends only on the
+    arguments (the write-behind writer asks again for the same block). With `credit` (one
+    number per namespace, updated in place) the round robin goes on across calls: blocks of
+    fewer units than namespaces are spread by weight too, where a fresh start would give
+    every one-unit block to the heaviest namespace whatever `start` says.
+
     Raises ValueError if some unit fits nowhere.
     """
     n = len(weights)
     if n == 0:
         raise ValueError("no namespaces")
     left = list(room) if room is not None else None
-    current = [0.0] * n
+    current = credit if credit is not None else [0.0] * n
     order = [(start + i) % n for i in range(n)]
     rank = {ns: i for i, ns in enumerate(order)}
     out = []

@@ -89,6 +89,7 @@ class Pool:
         self.frees_stopped: str | None = None    # see stop_freeing
         self.rebuilt_superblocks: list[str] = []   # damaged superblocks rewritten at open
         self._rotation = 0
+        self._credit = [0.0] * len(self.namespaces)    # place_units' round robin, block to block
         self.zero = zero_chunk(self.chunk)   # the source of padding and holes in unit writes
 
     # --- opening and formatting --------------------------------------------------------------
@@ -515,7 +516,7 @@ class Pool:
                     for a, ns in zip(self.allocators, self.namespaces)]
         try:
             assign = list(place_units(n, weights, self._rotation % len(self.namespaces), room,
-                                      lengths))
+                                      lengths, self._credit))
         except ValueError:
             raise no_space(f"pool is full: no room for a block of {size} bytes") from None
         self.next_rotation()

@@ -468,3 +468,24 @@ def test_small_block_io_a_file_system_would_block_for_goes_to_a_worker_thread(tm
     refusing("preadv", errno.EOPNOTSUPP, 1000)
     run_service(cfg, read)
     assert calls["pwritev"] >= len(files) and calls["preadv"] == 1
+
+
+def test_small_blocks_spread_by_weight_when_the_weights_differ(tmp_path):
+    """One-unit blocks go to every namespace in proportion to its weight: the round robin's
+    credit carries from block to block (with a fresh start per block, the heaviest namespace
+    took all of them: a single writer's small files on one device of four)."""
+    weights = [1.0, 0.5, 1.0, 0.9]
+    ns = [{"path": str(tmp_path / f"ns{i}.img"), "size": "64MiB", "weight": w}
+          for i, w in enumerate(weights)]
+    cfg = write_config(tmp_path / "k.toml", tmp_path / "state", ns,
+                       pool='adaptive_placement = false')
+
+    async def body(fs):
+        for i in range(68):
+            await fs.write(f"/s{i}", b"x" * 100)
+        await fs.sync()
+        firsts = [fs.files.catalog.get(fs.ino(f"/s{i}")).blob.layout.ns[0] for i in range(68)]
+        counts = [firsts.count(j) for j in range(4)]
+        assert counts == [20, 10, 20, 18], counts
+
+    run_service(cfg, body)

@@ -78,3 +78,18 @@ def test_layout_packs_and_coalesces(size, unit, n, start):
         stored_length(size, unit, i) for i in range(k))
     assert len(ext) == len(set(ns))     # one contiguous extent per namespace used
     assert lay.stored_bytes() == align_up(size)
+
+
+def test_carried_credit_spreads_one_unit_blocks_by_weight():
+    """Blocks of one unit each, one call per block: from a fresh start every call would pick
+    the heaviest namespace (whatever the rotation says); with the credit carried from block
+    to block they go to each namespace in proportion to its weight."""
+    weights = [0.863, 1.0, 0.5, 0.95]
+    fresh = {place_units(1, weights, start % 4)[0] for start in range(100)}
+    assert fresh == {1}
+    credit = [0.0] * 4
+    got = [place_units(1, weights, start % 4, credit=credit)[0] for start in range(3313)]
+    for j, w in enumerate(weights):
+        share = got.count(j) / len(got)
+        assert abs(share - w / sum(weights)) < 0.01, (j, share)
+    assert abs(sum(credit)) < 1e-6           # (credits stay centred: nothing drifts)
