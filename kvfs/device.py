@@ -338,22 +338,21 @@ class Namespace:
             flat = [v for u in units for v in u]
             sizes = [sum(len(v) for v in u) for u in units]
         nbytes = sum(sizes)
-        # staged reads of a block device: submitted from the trio thread (kvfs/linux_aio.py)
-        # (a large block's units go on to worker threads: its checksums, a millisecond per MiB
-        # or so, would hold up every request on the trio thread, and threads verify in parallel)
+        # staged reads by AIO from the trio thread (kvfs/linux_aio.py); a large block's units
+        # go on to worker threads: its checksums, a millisecond per MiB or so, would hold up
+        # every request on the trio thread, and threads verify in parallel
         eng = linux_aio.engine() if flat is None and self.aio else None
         async with self.slots.take(prefetch):
             self._begin()
             try:
+                bad = None
                 if eng is not None:
                     try:
-                        bad = await self._read_aio(eng, sizes, offset, checks, after)
+                        bad = await self._read_aio(eng, units, nbytes, offset, checks, after)
                     except OSError as e:
                         if not self._falls_back(e):
                             raise
-                        bad = await threads.run_sync(self._read_sync, units, flat, offset,
-                                                     checks, after)
-                else:
+                if bad is None:
                     bad = await threads.run_sync(self._read_sync, units, flat, offset, checks,
                                                  after)
             except OSError as e:
@@ -479,7 +478,7 @@ class Namespace:
         """One group's job: its writes, then (with `sync`) its own fdatasync (groups in
         flight at once each sync after their own writes)."""
         nbytes = sum(r.nbytes for r in batch)
-        # staged writes to a block device: submitted from the trio thread (kvfs/linux_aio.py)
+        # staged writes by AIO from the trio thread (kvfs/linux_aio.py)
         eng = linux_aio.engine() if self.aio and all(r.flat is None for r in batch) else None
         async with self.slots.take():
             self._begin()
@@ -536,7 +535,7 @@ class Namespace:
                 with use_staging(mem):
                     units = r.units()
                 flat = [v for u in units for v in u]
-                r.digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, r.digest_lens)]
+                r.digests = _digests(units, r.digest_lens)
                 del units
                 try:
                     await _transfer_aio(eng.pwritev, self.fd, flat, r.offset, self.nowait)
@@ -573,22 +572,18 @@ class Namespace:
         self.stats.aio_fallbacks += 1
         return True
 
-    async def _read_aio(self, eng: "linux_aio.Engine", sizes: list[int], offset: int, checks,
-                        after) -> list[int]:
-        """A staged read on the trio thread: the units read into staging memory by AIO, their
-        checksums verified, then `after(units)` (which copies their content where it goes);
-        the indices of the units that failed their checksums."""
-        nbytes = sum(sizes)
+    async def _read_aio(self, eng: "linux_aio.Engine", make_units, nbytes: int, offset: int,
+                        checks, after) -> list[int]:
+        """`_read_sync` of staged units on the trio thread: `make_units()` makes their views
+        in staging memory of this read's own, AIO fills them, their checksums are verified,
+        then `after(units)` copies their content where it goes."""
         mem = linux_aio.STAGING.take(nbytes)
         try:
-            view = memoryview(mem)
-            await _transfer_aio(eng.preadv, self.fd, [view[:nbytes]], offset, self.nowait)
-            units, pos = [], 0
-            for size in sizes:
-                units.append([view[pos:pos + size]])
-                pos += size
-            bad = [i for i, (u, c) in enumerate(zip(units, checks))
-                   if c is not None and _digest(u, c[0]) != c[1]]
+            with use_staging(mem):
+                units = make_units()
+            await _transfer_aio(eng.preadv, self.fd, [v for u in units for v in u], offset,
+                                self.nowait)
+            bad = _mismatched(units, checks)
             if after is not None:
                 after(units)
             return bad
@@ -604,8 +599,7 @@ class Namespace:
         else:
             populate(flat)
         _transfer(os.preadv, self.fd, flat, offset)
-        bad = [i for i, (u, c) in enumerate(zip(units, checks))
-               if c is not None and _digest(u, c[0]) != c[1]]
+        bad = _mismatched(units, checks)
         if after is not None:
             after(units)
         return bad
@@ -615,7 +609,7 @@ class Namespace:
         if callable(units):
             units = units()
             flat = [v for u in units for v in u]
-        digests = [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, digest_lens)]
+        digests = _digests(units, digest_lens)
         _transfer(os.pwritev, self.fd, flat, offset)
         if then_sync:
             os.fdatasync(self.fd)
@@ -707,6 +701,17 @@ class WriteRequest:
         if self.digests is None:      # its group ended without reaching it (cancelled)
             raise KvfsError(errno.EIO, "write was not carried out")
         return self.digests
+
+
+def _mismatched(units, checks) -> list[int]:
+    """The indices of the units whose xxh3-64 is not their check's (length, digest)."""
+    return [i for i, (u, c) in enumerate(zip(units, checks))
+            if c is not None and _digest(u, c[0]) != c[1]]
+
+
+def _digests(units, lengths) -> list[int]:
+    """Each unit's xxh3-64 of its first `lengths[i]` bytes (0 where that is negative)."""
+    return [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, lengths)]
 
 
 def _digest(views: Sequence[memoryview], length: int) -> int:
