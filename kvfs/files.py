@@ -121,20 +121,17 @@ class Files:
         if ino not in handles.lookups:
             self.catalog.drop(ino)
 
-    def attr(self, node: Node, size: int | None = None) -> Attr:
-        """The node's attributes (with `size`, that size: known without a stat of a session's
-        file, which the kernel may write into under passthrough)."""
-        if size is None:
-            st = self.handles.states.get(node.ino)
-            size = st.session.size if st and st.session else node.committed_size
+    def attr(self, node: Node) -> Attr:
+        st = self.handles.states.get(node.ino)
+        size = st.session.size if st and st.session else node.committed_size
         return Attr(node.ino, node.mode, node.nlink, node.uid, node.gid, size,
                     node.atime_ns, node.mtime_ns, node.ctime_ns)
 
-    def counted(self, node: Node, size: int | None = None) -> Attr:
+    def counted(self, node: Node) -> Attr:
         """attr() for a reply that gives the kernel a reference (lookup, create, mkdir...)."""
         lookups = self.handles.lookups
         lookups[node.ino] = lookups.get(node.ino, 0) + 1
-        return self.attr(node, size)
+        return self.attr(node)
 
     def _held_here(self, node: Node) -> bool:
         """Is the node's content served by this node without asking a shared catalog (open
@@ -477,8 +474,11 @@ class Files:
         except BaseException:
             await self.release(h.fh)
             raise
-        # (empty: nothing can have written into its file before this reply gives it out)
-        return self._open_result(h, st), self.counted(node, s.buffer.size)
+        # (the attributes stat the new memory file, although it is empty: a stat makes the
+        # kernel give the file fine-grained times from then on (multigrain timestamps), so
+        # files written within one clock tick still get distinct, ordered mtimes, which SGLang
+        # seeds its LRU from; without it they were 4 ms apart)
+        return self._open_result(h, st), self.counted(node)
 
     # --- reading and writing -------------------------------------------------------------------
     async def read(self, fh: int, offset: int, length: int):
