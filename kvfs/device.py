@@ -58,7 +58,7 @@ class NamespaceStats:
     inflight: int = 0
     busy_seconds: float = 0.0     # time with at least one I/O in flight
     rate_bps: float = 0.0         # recent bytes per busy second (0 until measured)
-    aio_fallbacks: int = 0        # small-block I/Os a file system would have blocked for by AIO
+    aio_fallbacks: int = 0        # small-block I/Os AIO refused (EAGAIN...), done by a thread
 
 
 def probe(path: Path) -> tuple[bool, bool, int]:
@@ -560,15 +560,15 @@ class Namespace:
         return None
 
     def _falls_back(self, e: OSError) -> bool:
-        """Whether an AIO that failed with `e` goes to a worker thread: a file system would
-        have blocked for it (RWF_NOWAIT), or does not take RWF_NOWAIT at all (then no more AIO
-        on this namespace)."""
-        if not self.nowait or e.errno not in (errno.EAGAIN, errno.EOPNOTSUPP):
-            return False
-        if e.errno == errno.EOPNOTSUPP:
+        """Whether an AIO that failed with `e` goes to a worker thread: EAGAIN (a file system
+        would have blocked for it, RWF_NOWAIT; or the AIO context is full), or a file system
+        that does not take RWF_NOWAIT at all (then no more AIO on this namespace)."""
+        if e.errno == errno.EOPNOTSUPP and self.nowait:
             log.warning("namespace %s: its file system does not take RWF_NOWAIT; small blocks "
                         "go to worker threads", self.path)
             self.aio = False
+        elif e.errno != errno.EAGAIN:
+            return False
         self.stats.aio_fallbacks += 1
         return True
 

@@ -47,7 +47,8 @@ IOCB_CMD_PREADV = 7
 IOCB_CMD_PWRITEV = 8
 IOCB_FLAG_RESFD = 1
 RWF_NOWAIT = 0x8             # fail with EAGAIN rather than block (a file system's locks, allocation)
-DEPTH = 256                  # I/Os in flight at once per engine (io_setup's nr_events)
+DEPTH = 1024                 # I/Os in flight at once per engine (io_setup's nr_events); more
+                             # are refused with EAGAIN, and the namespace uses a thread for them
 
 
 class _IOCB(ctypes.Structure):          # struct iocb, little-endian layout
@@ -72,11 +73,12 @@ _libc = ctypes.PyDLL(None, use_errno=True)      # PyDLL: the GIL stays held
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
+
 class _Iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def _address(mem: mmap.mmap) -> int:
+def _address(mem) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(mem))
 
 
@@ -173,7 +175,7 @@ class Engine:
         return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
 
     async def reap(self) -> None:
-        """The system task: wake every reader whose read completed, as the eventfd says."""
+        """The system task: wake every task whose I/O completed, as the eventfd says."""
         try:
             while True:
                 await trio.lowlevel.wait_readable(self.efd)
@@ -231,7 +233,8 @@ def engine() -> Engine | None:
             try:
                 eng = Engine()
             except OSError as e:
-                log.info("Linux AIO unavailable (%s): reads use worker threads", e.strerror)
+                log.info("Linux AIO unavailable (%s): small blocks' I/O uses worker threads",
+                         e.strerror)
             else:
                 trio.lowlevel.spawn_system_task(eng.reap, name="kvfs.linux_aio.reap")
         _RUN.set(eng)

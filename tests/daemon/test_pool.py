@@ -489,3 +489,30 @@ def test_small_blocks_spread_by_weight_when_the_weights_differ(tmp_path):
         assert counts == [20, 10, 20, 18], counts
 
     run_service(cfg, body)
+
+
+def test_a_full_aio_context_sends_small_block_io_to_a_worker_thread(tmp_path, monkeypatch):
+    """io_submit refuses I/Os past the context's size with EAGAIN, on a block device too (no
+    RWF_NOWAIT there): the I/O goes to a worker thread, never fails the read or write."""
+    import errno
+
+    from kvfs import linux_aio
+
+    cfg = cfg_for(tmp_path, ["ns0.img"])
+    data = os.urandom(200_000)
+
+    async def full(self, fd, views, offset, nowait=False):
+        raise OSError(errno.EAGAIN, "io_submit: " + os.strerror(errno.EAGAIN))
+
+    async def body(fs):
+        ns = fs.svc.pool.namespaces[0]
+        ns.nowait = False                       # as on a block device
+        monkeypatch.setattr(linux_aio.Engine, "pwritev", full)
+        monkeypatch.setattr(linux_aio.Engine, "preadv", full)
+        await fs.write("/a", data)
+        await fs.sync()
+        fs.svc.store.drop_dram()
+        assert await fs.read("/a") == data
+        assert ns.stats.aio_fallbacks == 2 and ns.aio           # the write and the read
+
+    run_service(cfg, body)
