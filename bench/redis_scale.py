@@ -329,9 +329,18 @@ class Probe:
     def snap(self) -> dict:
         nodes = []
         for m in self.mounts:
-            c = m.stats()["cluster"]
+            # the evictions counted and their log lines, read while none is under way: the
+            # daemon logs an eviction before it removes the file (so that a crash leaves the
+            # line: bench/torture.py relies on it) and counts it after, and the pool may be
+            # evicting in the background; read until both stand still for 20 ms
+            for _ in range(50):
+                c, lines = m.stats()["cluster"], log_evictions(m.log)
+                time.sleep(0.02)
+                if (m.stats()["cluster"]["evictions"], log_evictions(m.log)) == \
+                        (c["evictions"], lines):
+                    break
             nodes.append({"redis_calls": c["redis_calls"], "evictions": c["evictions"],
-                          "events": c["events"], "evict_lines": log_evictions(m.log)})
+                          "events": c["events"], "evict_lines": lines})
         snap = {"t": time.monotonic(), "nodes": nodes,
                 "proxy": self.proxy.snapshot() if self.proxy else None}
         snap["info"] = self.sync.info()             # last: its own call is counted in it
