@@ -327,22 +327,24 @@ class Probe:
         self.sync, self.proxy, self.mounts = sync, proxy, mounts
 
     def snap(self) -> dict:
-        nodes = []
-        for m in self.mounts:
-            # the evictions counted and their log lines, read while none is under way: the
-            # daemon logs an eviction before it removes the file (so that a crash leaves the
-            # line: bench/torture.py relies on it) and counts it after, and the pool may be
-            # evicting in the background; read until both stand still for 20 ms
-            for _ in range(50):
-                c, lines = m.stats()["cluster"], log_evictions(m.log)
-                time.sleep(0.02)
-                if (m.stats()["cluster"]["evictions"], log_evictions(m.log)) == \
-                        (c["evictions"], lines):
-                    break
-            nodes.append({"redis_calls": c["redis_calls"], "evictions": c["evictions"],
-                          "events": c["events"], "evict_lines": lines})
-        snap = {"t": time.monotonic(), "nodes": nodes,
-                "proxy": self.proxy.snapshot() if self.proxy else None}
+        # The nodes' eviction counts, their log lines and the proxy's counters, read while no
+        # eviction is under way: the daemon logs an eviction before it removes the file (so
+        # that a crash leaves the line: bench/torture.py relies on it) and counts it after,
+        # and the pool may be evicting in the background; read until they stand still 20 ms.
+        def read() -> tuple[list[dict], list[tuple[int, int]]]:
+            nodes = []
+            for m in self.mounts:
+                c = m.stats()["cluster"]
+                nodes.append({"redis_calls": c["redis_calls"], "evictions": c["evictions"],
+                              "events": c["events"], "evict_lines": log_evictions(m.log)})
+            return nodes, [(n["evictions"], n["evict_lines"]) for n in nodes]
+        for _ in range(50):
+            nodes, marks = read()
+            proxy = self.proxy.snapshot() if self.proxy else None
+            time.sleep(0.02)
+            if read()[1] == marks:
+                break
+        snap = {"t": time.monotonic(), "nodes": nodes, "proxy": proxy}
         snap["info"] = self.sync.info()             # last: its own call is counted in it
         snap["bench_calls"] = self.sync.calls
         return snap
