@@ -40,8 +40,6 @@ log = logging.getLogger("kvfs.aio")
 # syscall numbers: io_setup, io_destroy, io_getevents, io_submit
 _NR = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}.get(platform.machine())
 
-IOCB_CMD_PREAD = 0
-IOCB_CMD_PWRITE = 1
 IOCB_CMD_FDSYNC = 3
 IOCB_CMD_PREADV = 7
 IOCB_CMD_PWRITEV = 8
@@ -76,10 +74,6 @@ _syscall.restype = ctypes.c_long
 
 class _Iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-def _address(mem) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(mem))
 
 
 def _iovecs(views: list[memoryview]):
@@ -120,21 +114,10 @@ class Engine:
             self.ctx = None
             os.close(self.efd)
 
-    async def pread(self, fd: int, mem: mmap.mmap, nbytes: int, offset: int, at: int = 0) -> int:
-        """Read `nbytes` at `offset` into `mem` from its byte `at` (page-aligned memory the
-        caller keeps until this returns); the bytes read. Raises OSError as a read would. Once
-        submitted the read is waited for, even by a cancelled caller (the memory is in use)."""
-        return await self._submit(IOCB_CMD_PREAD, fd, _address(mem) + at, nbytes, offset)
-
-    async def pwrite(self, fd: int, mem: mmap.mmap, nbytes: int, offset: int, at: int = 0) -> int:
-        """Write `nbytes` of `mem` from its byte `at` at `offset`; the bytes written (as
-        `pread`)."""
-        return await self._submit(IOCB_CMD_PWRITE, fd, _address(mem) + at, nbytes, offset)
-
     async def preadv(self, fd: int, views: list[memoryview], offset: int,
                      nowait: bool = False) -> int:
         """Read into `views` (writable, page-aligned memory the caller keeps until this
-        returns) from `offset`; the bytes read (as `pread`). With `nowait` (RWF_NOWAIT) a read
+        returns) from `offset`; the bytes read, as preadv(2) returns them. With `nowait` (RWF_NOWAIT) a read
         the kernel would have to block for fails with BlockingIOError (EAGAIN) instead."""
         iov = _iovecs(views)
         return await self._submit(IOCB_CMD_PREADV, fd, ctypes.addressof(iov), len(views),

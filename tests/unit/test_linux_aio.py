@@ -47,12 +47,10 @@ def test_writes_and_reads_in_flight_together_round_trip(direct_file):
         async def write(i):
             mem = mmap.mmap(-1, len(blocks[i]))
             mem[:] = blocks[i]
-            if i % 2:
-                assert await eng.pwrite(fd, mem, len(mem), i * len(mem)) == len(mem)
-            else:           # from two places at once
-                view = memoryview(mem)
-                assert await eng.pwritev(fd, [view[:4096], view[4096:]],
-                                         i * len(mem)) == len(mem)
+            view = memoryview(mem)
+            # (every other one from two places at once)
+            views = [view] if i % 2 else [view[:4096], view[4096:]]
+            assert await eng.pwritev(fd, views, i * len(mem)) == len(mem)
         async with trio.open_nursery() as n:
             for i in range(len(blocks)):
                 n.start_soon(write, i)
@@ -62,11 +60,9 @@ def test_writes_and_reads_in_flight_together_round_trip(direct_file):
         async def read(i):
             n = len(blocks[i])
             mem = mmap.mmap(-1, 2 * n)
-            if i % 2:       # into the second half of the memory: `at`
-                assert await eng.pread(fd, mem, n, i * n, n) == n
-            else:           # into two places
-                view = memoryview(mem)
-                assert await eng.preadv(fd, [view[n:n + 8192], view[n + 8192:]], i * n) == n
+            view = memoryview(mem)      # into the second half: one view, or two
+            views = [view[n:]] if i % 2 else [view[n:n + 8192], view[n + 8192:]]
+            assert await eng.preadv(fd, views, i * n) == n
             got[i] = mem[n:]
         async with trio.open_nursery() as n:
             for i in range(len(blocks)):
@@ -85,16 +81,17 @@ def test_a_read_past_the_end_is_short_and_errors_are_raised_as_oserror(direct_fi
 
     async def body(eng):
         mem = mmap.mmap(-1, 1 << 20)
-        assert await eng.pread(fd, mem, 1 << 20, 8 * MiB - 4096) == 4096   # the last page
-        assert await eng.pread(fd, mem, 4096, 8 * MiB) == 0                # at the end
+        whole, page = [memoryview(mem)], [memoryview(mem)[:4096]]
+        assert await eng.preadv(fd, whole, 8 * MiB - 4096) == 4096     # the last page
+        assert await eng.preadv(fd, page, 8 * MiB) == 0                # at the end
         with pytest.raises(OSError) as e:
-            await eng.pread(fd, mem, 4096, -4096)           # no such offset
+            await eng.preadv(fd, page, -4096)           # no such offset
         assert e.value.errno == errno.EINVAL
         with pytest.raises(OSError) as e:
-            await eng.pwrite(ro, mem, 4096, 0)               # not open for writing
+            await eng.pwritev(ro, page, 0)               # not open for writing
         assert e.value.errno == errno.EBADF
         with pytest.raises(OSError) as e:
-            await eng.pread(123456, mem, 4096, 0)            # no such descriptor
+            await eng.preadv(123456, page, 0)            # no such descriptor
         assert e.value.errno == errno.EBADF
         # an error the completion reports (io_submit took the read): memory it cannot write
         libc = ctypes.CDLL(None, use_errno=True)
@@ -102,7 +99,7 @@ def test_a_read_past_the_end_is_short_and_errors_are_raised_as_oserror(direct_fi
         addr = ctypes.addressof(ctypes.c_char.from_buffer(ro_mem))
         assert libc.mprotect(ctypes.c_void_p(addr), 4096, mmap.PROT_READ) == 0
         with pytest.raises(OSError) as e:
-            await eng.pread(fd, ro_mem, 4096, 0)
+            await eng.preadv(fd, [memoryview(ro_mem)], 0)
         assert e.value.errno == errno.EFAULT
     try:
         run_with_engine(body)
@@ -116,11 +113,11 @@ def test_a_cancelled_caller_still_waits_for_its_io(direct_file):
     async def body(eng):
         mem = mmap.mmap(-1, 4096)
         mem[:] = b"k" * 4096
-        await eng.pwrite(fd, mem, 4096, 0)
+        await eng.pwritev(fd, [memoryview(mem)], 0)
         mem[:] = bytes(4096)
         with trio.CancelScope() as scope:
             scope.cancel()
-            n = await eng.pread(fd, mem, 4096, 0)     # not abandoned: the kernel writes mem
+            n = await eng.preadv(fd, [memoryview(mem)], 0)   # not abandoned: the kernel writes mem
             got = mem[:]
             await trio.lowlevel.checkpoint()          # the cancellation lands here
             raise AssertionError("not cancelled")
