@@ -17,7 +17,7 @@ def test_a_short_soak_leaks_nothing(tmp_path, make_mount):      # make_mount: ro
     r = soak.soak(minutes=1, threads=16, pool_mib=768, dram_mib=128, sample=5,
                   workdir=tmp_path)
     assert r["unexpected_errors"] == {}, r["errors"]
-    assert r["wrong_read_count"] == 0, r["wrong_reads"]
+    assert r["wrong_read_count"] == 0, (r["wrong_reads"], r["wrong_log"])
     assert r["evictions"] > 0 and r["ops"]["read"] > 0 and r["ops"]["write"] > 0
     held = r["held_after_clients"]
     for k in ("open_handles", "backing_ids", "leases_held", "allocations_pending",
