@@ -71,6 +71,10 @@ class Files:
         self.handles = Handles()
         self._passthrough = False
         self.hits: collections.Counter[int] = collections.Counter()   # reads per file, since mount
+        # unlinked files whose uncommitted content went with their session (a closed file
+        # removed before its write-back): the size it had, for the kernel's GETATTRs until
+        # it forgets the inode (a stat racing with the unlink), as ext4 would answer
+        self._gone_sizes: dict[int, int] = {}
         self.stats = FilesStats()
         # Set by the FUSE layer (never calls back down): on_evict(parent_ino, name, ino) after a
         # file was deleted behind the kernel's back (eviction, another node); on_new_name(parent,
@@ -114,16 +118,24 @@ class Files:
             if not handles.idle(ino, st):
                 return
             if st.session is not None:
+                if ino in self._gone_sizes:              # unlinked: its last size
+                    self._gone_sizes[ino] = st.session.size
                 self.sessions.end(st)
             if st.held is not None:
                 self.store.unhold(st.held)
             del handles.states[ino]
         if ino not in handles.lookups:
+            self._gone_sizes.pop(ino, None)
             self.catalog.drop(ino)
 
     def attr(self, node: Node) -> Attr:
         st = self.handles.states.get(node.ino)
-        size = st.session.size if st and st.session else node.committed_size
+        if st and st.session:
+            size = st.session.size
+        elif node.linked:
+            size = node.committed_size
+        else:
+            size = self._gone_sizes.get(node.ino, node.committed_size)
         return Attr(node.ino, node.mode, node.nlink, node.uid, node.gid, size,
                     node.atime_ns, node.mtime_ns, node.ctime_ns)
 
@@ -205,8 +217,10 @@ class Files:
         closed content waiting for write-back is dropped: kvfs/writeback.py)."""
         self.hits.pop(node.ino, None)       # (reads per file since mount: only while it exists)
         st = self.handles.states.get(node.ino)
-        if st is not None and st.session is not None and st.session.writeback is not None:
-            self.sessions.writeback.unlinked(st.session)
+        if st is not None and st.session is not None:
+            self._gone_sizes[node.ino] = st.session.size     # (see attr)
+            if st.session.writeback is not None:
+                self.sessions.writeback.unlinked(st.session)
         if node.blob is not None:
             st = self.handles.states.get(node.ino)
             if st is not None and st.writers > 0 and st.held is None:

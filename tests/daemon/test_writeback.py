@@ -259,6 +259,31 @@ def test_space_an_unlink_frees_is_not_reused_before_the_unlink_is_durable(pool_c
     run_service(cfg, after_crash)
 
 
+def test_a_closed_file_unlinked_before_its_write_back_keeps_its_size(pool_config):
+    """A closed file removed before its write-back is never written (its memory goes at
+    once), but the kernel may still ask for the inode's attributes (a stat racing with the
+    unlink, an O_PATH descriptor): they say what was written, as ext4's would, not 0 (the
+    soak saw "stat says 0 bytes" once). Its content is gone for good once the kernel forgets
+    the inode."""
+    cfg = pool_config(mount=SLOW)
+    data = os.urandom(2 * MiB + 3)
+
+    async def run(fs):
+        await fs.write("/tmp", data)
+        ino = (await fs.files.lookup(1, b"tmp")).ino            # the kernel holds the inode
+        await fs.files.rename(1, b"tmp", 1, b"f", 0)             # (as the soak's file was)
+        await fs.files.unlink(1, b"f")
+        assert fs.svc.writeback.dirty_bytes == 0                 # never written
+        attr = fs.files.getattr(ino)
+        assert (attr.size, attr.nlink) == (len(data), 0)
+        fs.files.forget(ino, fs.files.handles.lookups[ino])     # (create's and lookup's)
+        assert ino not in fs.files._gone_sizes
+        with pytest.raises(KvfsError):
+            fs.files.getattr(ino)
+
+    run_service(cfg, run)
+
+
 def test_a_file_unlinked_while_its_write_back_writes_frees_each_version_once(pool_config):
     """A rewritten file unlinked while its batch is writing its data: the unlink retires the
     old version, the write-back records nothing and gives its new extents back; every byte of

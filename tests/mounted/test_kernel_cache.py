@@ -52,3 +52,23 @@ def test_a_name_made_on_another_node_is_seen_at_once(cluster_nodes):
     assert not pa.exists()
     pb.write_bytes(b"from b")
     assert pa.exists() and pa.read_bytes() == b"from b"
+
+
+def test_a_file_removed_before_its_write_back_keeps_its_size_while_the_kernel_holds_it(
+        make_mount, pool_config):
+    """A stat racing with an unlink reaches the daemon as a GETATTR of the removed inode; an
+    O_PATH descriptor makes that race deterministic. A closed file removed before its
+    write-back is never written, but its attributes still say what was written (as ext4's
+    do), never 0 bytes (the soak saw that once). In "close" mode it was committed at close."""
+    m = make_mount(pool_config(mount="writeback_ms = 60000"))
+    p = m.mountpoint / "chunk.tmp"
+    data = os.urandom(2 * 1024 * 1024 + 3)
+    p.write_bytes(data)
+    fd = os.open(p, os.O_PATH)
+    try:
+        os.rename(p, m.mountpoint / "chunk")
+        os.unlink(m.mountpoint / "chunk")
+        st = os.fstat(fd)
+        assert (st.st_size, st.st_nlink) == (len(data), 0)
+    finally:
+        os.close(fd)
