@@ -123,6 +123,9 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._cache: collections.OrderedDict[int, Node] = collections.OrderedDict()
         self._pending: dict[int, Node] = {}
         self._pending_names: dict[tuple[int, bytes], int] = {}
+        # (parent, name) -> ino of cached nodes: a lookup of a cached name needs no query (an
+        # entry is checked against the node, whose memory is the truth, before it is used)
+        self._names: dict[tuple[int, bytes], int] = {}
         # Names looked up and found absent, most recent last (at most MISSES_KEPT): the
         # create that follows a lookup's miss (open(O_CREAT) of a new block) knows the name is
         # free without asking SQLite again. Every name this node's tree gains passes `_enter`,
@@ -259,8 +262,15 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             c.move_to_end(node.ino)
             return
         c[node.ino] = node
+        if node.linked:
+            self._names[(node.parent, node.name)] = node.ino
         if len(c) > self.cache_nodes:
-            c.popitem(last=False)
+            old = c.popitem(last=False)[1]
+            key = (old.parent, old.name)
+            if self._names.get(key) == old.ino:
+                del self._names[key]
+            if len(self._names) > 2 * len(c):       # (stale entries: names changed in place)
+                self._names = {(n.parent, n.name): i for i, n in c.items() if n.linked}
 
     def _from_row(self, row) -> Node:
         ino = row[0]
@@ -304,6 +314,13 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         ino = self._pending_names.get((parent, name))
         if ino is not None:
             return self._pending[ino]
+        ino = self._names.get((parent, name))
+        if ino is not None:
+            node = self._cache.get(ino)
+            if node is not None and node.linked and node.name == name and \
+                    node.parent == parent:
+                self._cache.move_to_end(ino)
+                return node
         row = self._conn.execute(BY_NAME, (parent, name)).fetchone()
         if row is None:
             misses = self._misses
@@ -482,10 +499,15 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._misses.pop((parent.ino, node.name), None)
         if not node.persisted:
             self._pending_names[(parent.ino, node.name)] = node.ino
+        if node.ino in self._cache:
+            self._names[(parent.ino, node.name)] = node.ino
 
     def _leave(self, parent: Node, node: Node) -> None:
         if not node.persisted:
             self._pending_names.pop((parent.ino, node.name), None)
+        key = (parent.ino, node.name)
+        if self._names.get(key) == node.ino:
+            del self._names[key]
 
     def _persisted(self, node: Node) -> None:
         """A pending node got its row."""

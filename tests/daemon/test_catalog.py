@@ -296,6 +296,80 @@ def test_a_create_after_a_lookups_miss_asks_sqlite_nothing_and_misses_stay_true(
     run_service(cfg, run)
 
 
+def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_config):
+    """A lookup of a name whose node is in the cache is answered from memory (the stat of a
+    file just stored, LMCache's exists-check). Renames, exchanges, replaces, unlinks and cache
+    evictions change names under it: after each of 600 random ones, over a cache of 8 nodes,
+    every name resolves as a model of the tree says (and as SQLite does), and a gone name
+    is ENOENT."""
+    import random
+    from kvfs.catalog.tree import RENAME_EXCHANGE
+    cfg = pool_config(durability="close")
+    rng = random.Random(7)
+
+    async def run(fs):
+        cat = fs.files.catalog
+        cat.cache_nodes = 8
+        await fs.mkdir("/a")
+        await fs.mkdir("/b")
+        dirs = [fs.ino("/a"), fs.ino("/b")]
+        model: dict[tuple[int, bytes], int] = {}
+        for i in range(24):
+            d = dirs[i % 2]
+            name = f"f{i}".encode()
+            await fs.write(f"/{'ab'[i % 2]}/f{i}", name)
+            model[(d, name)] = cat.lookup(d, name).ino
+        gone: set[tuple[int, bytes]] = set()
+        for step in range(600):
+            keys = sorted(model)
+            src = rng.choice(keys)
+            op = rng.random()
+            if op < 0.45:                                      # rename (maybe replacing)
+                dst = (rng.choice(dirs), f"f{rng.randrange(40)}".encode())
+                await fs.files.rename(src[0], src[1], dst[0], dst[1], 0)
+                if dst != src:
+                    model[dst] = model.pop(src)
+                    gone.add(src)
+                    gone.discard(dst)
+            elif op < 0.65 and len(keys) > 1:                  # exchange
+                dst = rng.choice([k for k in keys if k != src])
+                await fs.files.rename(src[0], src[1], dst[0], dst[1], RENAME_EXCHANGE)
+                model[src], model[dst] = model[dst], model[src]
+            elif op < 0.8 and len(keys) > 4:                   # unlink
+                await fs.files.unlink(*src)
+                del model[src]
+                gone.add(src)
+            else:                                              # a new file
+                key = (rng.choice(dirs), f"f{rng.randrange(40)}".encode())
+                if key in model:
+                    continue
+                await fs.write(f"/{'ab'[dirs.index(key[0])]}/{key[1].decode()}", key[1])
+                model[key] = cat.lookup(*key).ino
+                gone.discard(key)
+            for key in rng.sample(sorted(model), min(6, len(model))):
+                assert cat.lookup(*key).ino == model[key], (step, key)
+            for key in list(gone)[:6]:
+                with pytest.raises(KvfsError) as e:
+                    cat.lookup(*key)
+                assert e.value.errno == errno.ENOENT
+        for key, ino in model.items():                         # SQLite says the same
+            assert cat._conn.execute("SELECT ino FROM nodes WHERE parent=? AND name=?",
+                                     key).fetchone()[0] == ino
+        # a cached name: no query
+        key = next(iter(model))
+        cat.lookup(*key)
+        queries = []
+        cat._conn.set_trace_callback(queries.append)
+        try:
+            assert cat.lookup(*key).ino == model[key]
+        finally:
+            cat._conn.set_trace_callback(None)
+        assert not queries, queries
+        assert len(cat._names) <= 2 * len(cat._cache) + 1
+
+    run_service(cfg, run)
+
+
 def test_cached_chain_links_agree_with_the_rows(pool_config, monkeypatch):
     """The links of recently used blocks are kept in memory (kvfs/catalog/sqlite_chains.py);
     with a cache far smaller than the chain, what the catalog answers (next, parent, the
