@@ -516,3 +516,44 @@ def test_a_full_aio_context_sends_small_block_io_to_a_worker_thread(tmp_path, mo
         assert ns.stats.aio_fallbacks == 2 and ns.aio           # the write and the read
 
     run_service(cfg, body)
+
+
+def test_a_batchs_small_blocks_back_to_back_go_as_one_aio_write(tmp_path, monkeypatch):
+    """A write-back batch's small blocks are allocated one after the other on a namespace:
+    they go as one AIO write of many views (one io_submit, not one per block). A merged
+    write that fails is tried again block by block, so each block gets its own result;
+    every block reads back bit-exact from the device."""
+    import errno
+
+    from kvfs import linux_aio
+
+    cfg = cfg_for(tmp_path, ["ns0.img"])
+    files = {f"/s{i}": os.urandom(100_000 + i) for i in range(8)}
+    calls: list[int] = []
+    fail_merged = [False]
+    real = linux_aio.Engine.pwritev
+
+    async def pwritev(self, fd, views, offset, nowait=False):
+        calls.append(len(views))
+        if fail_merged[0] and len(views) > 1:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return await real(self, fd, views, offset, nowait)
+    monkeypatch.setattr(linux_aio.Engine, "pwritev", pwritev)
+
+    async def body(fs):
+        for p, d in files.items():
+            await fs.write(p, d)
+        await fs.sync()
+        assert calls == [len(files)], calls                    # one write, a view each
+        calls.clear()
+        fail_merged[0] = True
+        for p, d in files.items():
+            await fs.write(p + "x", d)
+        await fs.sync()
+        assert calls == [len(files)] + [1] * len(files), calls  # merged, then one by one
+        fs.svc.store.drop_dram()
+        for p, d in files.items():
+            assert await fs.read(p) == d, p
+            assert await fs.read(p + "x") == d, p
+
+    run_service(cfg, body)
