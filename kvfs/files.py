@@ -645,9 +645,19 @@ class Files:
 
     def recharge(self) -> None:
         """Account the memory of sessions the kernel writes into by passthrough (their growth
-        reaches no daemon request), so the DRAM tier makes room for it in time."""
-        for st in self.handles.states.values():
-            s = st.session
+        reaches no daemon request), so the DRAM tier makes room for it in time. Only a file
+        open for writing can grow (a shared mapping keeps its handle open): the open handles
+        are walked, not every inode's state (closed files waiting for write-back were measured
+        at their release; walking them all, an fstat each, four times a second, was 3.6% of
+        the daemon's CPU while 8 writers created 4 KiB files)."""
+        seen: set[int] = set()
+        states = self.handles.states
+        for h in self.handles.handles.values():
+            if not h.writable or h.node.ino in seen:
+                continue
+            seen.add(h.node.ino)
+            st = states.get(h.node.ino)
+            s = st.session if st is not None else None
             if s is not None and s.passthrough and not s.frozen:
                 self.sessions.charge(s)
 

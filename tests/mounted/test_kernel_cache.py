@@ -8,6 +8,7 @@ announced to it (eviction, another node's change)."""
 from __future__ import annotations
 
 import os
+import time
 
 
 def requests(m, op: str) -> int:
@@ -72,3 +73,19 @@ def test_a_file_removed_before_its_write_back_keeps_its_size_while_the_kernel_ho
         assert (st.st_size, st.st_nlink) == (len(data), 0)
     finally:
         os.close(fd)
+
+
+def test_a_passthrough_writers_memory_is_accounted_while_it_writes(mnt):
+    """The kernel writes into a passthrough file's memory without asking the daemon: the
+    daemon measures open writers' files a few times a second, so the DRAM tier counts their
+    memory (and makes room for it) before they close."""
+    def charged() -> int:
+        return mnt.stats()["tiers"]["dram"]["write_buffers"]
+    before = charged()
+    with open(mnt.mountpoint / "growing", "wb") as f:
+        f.write(os.urandom(8 * 1024 * 1024))
+        f.flush()
+        deadline = time.monotonic() + 5
+        while charged() - before < 8 * 1024 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert charged() - before >= 8 * 1024 * 1024, charged()
