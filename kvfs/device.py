@@ -535,37 +535,17 @@ class Namespace:
         written. A merged write that fails is tried again request by request, so that each
         request gets its own error."""
         any_written = False
-        single = []
         for run in _merged(batch):
-            if len(run) == 1:
-                single += run
-            elif await self._write_run_aio(eng, run):
-                any_written = True
-            else:
-                single += run
-        for r in single:
-            mem = linux_aio.STAGING.take(r.nbytes)
-            try:
-                with use_staging(mem):
-                    units = r.units()
-                flat = [v for u in units for v in u]
-                r.digests = _digests(units, r.digest_lens)
-                del units
-                try:
-                    await _transfer_aio(eng.pwritev, self.fd, flat, r.offset, self.nowait)
-                except OSError as e:
-                    if not self._falls_back(e):
-                        raise
-                    r.digests = await threads.run_sync(self._write_sync, r.units, None,
-                                                       r.offset, r.digest_lens)
-                finally:
-                    del flat
-                any_written = True
-            except OSError as e:
-                r.digests = None
-                r.error = e
-            finally:
-                linux_aio.STAGING.give(mem)
+            if len(run) > 1:
+                e = await self._write_run_aio(eng, run)
+                if e is None:
+                    any_written = True
+                    continue
+                log.debug("%s: a merged write of %d requests failed (%s): one by one",
+                          self.path, len(run), e)
+            for r in run:
+                if await self._write_one_aio(eng, r):
+                    any_written = True
         if then_sync and any_written:
             try:
                 await eng.fdatasync(self.fd)
@@ -573,11 +553,29 @@ class Namespace:
                 return e
         return None
 
-    async def _write_run_aio(self, eng: "linux_aio.Engine", run: list["WriteRequest"]) -> bool:
-        """Requests back to back on the device staged into one memory and written by one AIO
-        write (`_transfer_aio`: short writes continue); whether it was written (else their
-        digests are unset and the caller writes them one by one)."""
-        # (one size for every merged run: its memory is reused, never faulted in afresh)
+    async def _write_one_aio(self, eng: "linux_aio.Engine", r: "WriteRequest") -> bool:
+        """One request by AIO, or by a worker thread where AIO falls back (`_falls_back`);
+        whether it was written (else its error is set)."""
+        e = await self._write_run_aio(eng, [r])
+        if e is None:
+            return True
+        try:
+            if not self._falls_back(e):
+                raise e
+            r.digests = await threads.run_sync(self._write_sync, r.units, None, r.offset,
+                                               r.digest_lens)
+            return True
+        except OSError as e2:
+            r.digests = None
+            r.error = e2
+            return False
+
+    async def _write_run_aio(self, eng: "linux_aio.Engine", run: list["WriteRequest"]
+                             ) -> OSError | None:
+        """Requests back to back on the device staged into one memory, with their checksums,
+        and written by one AIO write (`_transfer_aio`: short writes continue); the error that
+        stopped it, if any (their digests are unset then)."""
+        # (one size for every run: its memory is reused, never faulted in afresh)
         mem = linux_aio.STAGING.take(max(MERGE_BYTES, sum(r.nbytes for r in run)))
         view = memoryview(mem)
         flat: list[memoryview] = []
@@ -590,15 +588,12 @@ class Namespace:
                 flat += [v for u in units for v in u]
                 del units
                 pos += r.nbytes
-            try:
-                await _transfer_aio(eng.pwritev, self.fd, flat, run[0].offset, self.nowait)
-            except OSError as e:
-                log.debug("%s: a merged write of %d requests failed (%s): one by one",
-                          self.path, len(run), e)
-                for r in run:
-                    r.digests = None
-                return False
-            return True
+            await _transfer_aio(eng.pwritev, self.fd, flat, run[0].offset, self.nowait)
+            return None
+        except OSError as e:
+            for r in run:
+                r.digests = None
+            return e
         finally:
             del flat, view
             linux_aio.STAGING.give(mem)

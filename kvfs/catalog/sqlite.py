@@ -269,7 +269,8 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             key = (old.parent, old.name)
             if self._names.get(key) == old.ino:
                 del self._names[key]
-            if len(self._names) > 2 * len(c):       # (stale entries: names changed in place)
+            if len(self._names) > 2 * len(c):       # (entries of nodes that left the cache
+                # otherwise, e.g. `drop`: never used, since a lookup checks the node)
                 self._names = {(n.parent, n.name): i for i, n in c.items() if n.linked}
 
     def _from_row(self, row) -> Node:
