@@ -228,6 +228,7 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
                               f"{cfg.cluster.node_id})" if cfg.cluster else "")
         ready(None)
         clean = False
+        lost = 0
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(service.serve)
@@ -235,7 +236,7 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
                 nursery.start_soon(_tune_readahead, ops, real_mountpoint)
                 await pyfuse3.main(min_tasks=IDLE_TASKS, max_tasks=cfg.mount.max_tasks)
                 with trio.CancelScope(shield=True):
-                    await service.stop()
+                    lost = await service.stop()
                 nursery.cancel_scope.cancel()
             clean = True
         finally:
@@ -252,4 +253,4 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
             if dirty:
                 log.warning("%d file(s) open for writing were not committed", dirty)
             log.info("kvfs at %s stopped%s", mountpoint, "" if clean else " after an error")
-    return 0
+    return 1 if lost else 0

@@ -45,7 +45,9 @@ GROUPS_IN_FLIGHT = 2          # groups a namespace runs at once (the next forms 
 BATCH_JOB_BYTES = 8 << 20     # a write-back batch's bytes per worker job on a namespace
 MERGE_BYTES = 1 << 20         # staged writes back to back on a device go as one AIO write of
 MERGE_VIEWS = 256             # at most this many bytes, and views (the kernel takes 1,024)
+RETRY_SECONDS = 2.0           # a failed namespace without errors for this long is tried again
 DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # views per call
 
 
 @dataclass
@@ -91,12 +93,14 @@ def probe(path: Path) -> tuple[bool, bool, int]:
 
 
 def _transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -> None:
-    """Move all of `views` at `offset`, looping over short transfers; raise OSError at EOF."""
+    """Move all of `views` at `offset`, looping over short transfers; raise OSError at EOF.
+    At most IOV_MAX views go in one call (a sparse file's block has a view per data or hole
+    run: 2,048 for 16 MiB written 4 KiB in every 8 KiB; more fail with EINVAL)."""
     total = sum(len(v) for v in views)
     done = 0
     views = list(views)
     while done < total:
-        n = op(fd, views, offset + done)
+        n = op(fd, views[:IOV_MAX], offset + done)
         if n <= 0:
             raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
         done += n
@@ -110,7 +114,7 @@ async def _transfer_aio(op: Callable, fd: int, views: Sequence[memoryview], offs
     done = 0
     views = list(views)
     while done < total:
-        n = await op(fd, views, offset + done, nowait)
+        n = await op(fd, views[:IOV_MAX], offset + done, nowait)
         if n <= 0:
             raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
         done += n
@@ -205,6 +209,8 @@ class Namespace:
         self.aio = direct and io_engine == "auto"
         self.nowait = not is_block
         self.stats = NamespaceStats()
+        self._failed_at = 0.0           # (monotonic) the last error that marked it failed
+        self._failed_writing = False    # ... and whether a write failed since it was ok
         self.slots = PrioritySlots(queue_depth)
         # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
         self._sync_started = 0
@@ -309,12 +315,29 @@ class Namespace:
             log.error("%s; marking the namespace failed", msg)
         self.stats.state = "failed"
         self.stats.last_error = msg
-        return KvfsError(errno.EIO, msg)
+        self._failed_at = time.monotonic()
+        self._failed_writing = self._failed_writing or not what.startswith("read")
+        err = KvfsError(errno.EIO, msg)
+        err.namespace = self.index      # a device's failure: the block may go elsewhere
+        return err
 
-    def _ok(self) -> None:
-        if self.stats.state != "ok":
-            log.warning("namespace %d (%s): I/O succeeds again; marking it ok", self.index, self.path)
-            self.stats.state = "ok"
+    def on_probation(self) -> bool:
+        """A failed namespace with no error for RETRY_SECONDS: placement tries it again (a
+        write that fails there is placed elsewhere: kvfs/writeback.py), so a device that
+        healed is used again without a remount."""
+        return self.stats.state != "ok" and time.monotonic() - self._failed_at >= RETRY_SECONDS
+
+    def _ok(self, writing: bool = True) -> None:
+        """An I/O succeeded. A failed namespace is ok again once it has had no error for
+        RETRY_SECONDS, and a write failure ends only with a write that succeeds (a device
+        that fills still reads: its reads would make it flip between ok and failed, and
+        placement send writes to it, at every read)."""
+        if self.stats.state == "ok" or (self._failed_writing and not writing) or \
+                time.monotonic() - self._failed_at < RETRY_SECONDS:
+            return
+        log.warning("namespace %d (%s): I/O succeeds again; marking it ok", self.index, self.path)
+        self.stats.state = "ok"
+        self._failed_writing = False
 
     async def read(self, views: Sequence[memoryview], offset: int,
                    check: tuple[int, int] | None = None, prefetch: bool = False) -> None:
@@ -364,7 +387,7 @@ class Namespace:
         self.stats.reads += 1
         self.stats.bytes_read += nbytes
         if not bad:          # bytes that fail their checksums are no sign the device is back
-            self._ok()
+            self._ok(writing=False)
         for i in bad:
             self.stats.errors += 1
             log.error(self._mismatch(offset + sum(sizes[:i]), sizes[i]))
@@ -478,10 +501,14 @@ class Namespace:
 
     async def _run_group(self, batch: list["WriteRequest"], sync: bool = True) -> None:
         """One group's job: its writes, then (with `sync`) its own fdatasync (groups in
-        flight at once each sync after their own writes)."""
+        flight at once each sync after their own writes).
+        Every error of every step (a write, a short write, io_submit, a completion, the
+        fdatasync; anything else raised on the way) ends as a request's own `KvfsError`:
+        nothing raised here reaches the caller's nursery."""
         nbytes = sum(r.nbytes for r in batch)
         # staged writes by AIO from the trio thread (kvfs/linux_aio.py)
         eng = linux_aio.engine() if self.aio and all(r.flat is None for r in batch) else None
+        sync_error: BaseException | None = None
         async with self.slots.take():
             self._begin()
             try:
@@ -489,19 +516,32 @@ class Namespace:
                     sync_error = await self._write_group_aio(eng, batch, sync)
                 else:
                     sync_error = await threads.run_sync(self._write_group_sync, batch, sync)
+            except (OSError, KvfsError) as e:
+                sync_error = e          # (a step outside any one request: all of them fail)
+                for r in batch:
+                    r.error = r.error or e
+            except Exception as e:  # noqa: BLE001 - a bug must not take the mount down
+                log.exception("namespace %s: a group of %d writes failed", self.path, len(batch))
+                sync_error = OSError(errno.EIO, f"{type(e).__name__}: {e}")
+                for r in batch:
+                    r.error = r.error or sync_error
             finally:
                 self._end(nbytes)
+        # each request's own error first (also when the fdatasync failed: a request whose
+        # write failed must not keep a raw OSError, which nothing above catches)
+        for r in batch:
+            if isinstance(r.error, OSError):
+                r.error = self._failed(f"write of {r.nbytes} bytes at {r.offset}", r.error)
         written = [r for r in batch if r.error is None]
         if sync_error is not None:
-            err = self._failed("fdatasync", sync_error)
+            err = sync_error if isinstance(sync_error, KvfsError) else \
+                self._failed("fdatasync", sync_error)
             for r in written:
+                r.digests = None
                 r.error = err
             return
         if written and sync:
             self.syncs += 1
-        for r in batch:
-            if isinstance(r.error, OSError):
-                r.error = self._failed(f"write of {r.nbytes} bytes at {r.offset}", r.error)
         for r in written:
             self.stats.writes += 1
             self.stats.bytes_written += r.nbytes
@@ -735,8 +775,12 @@ class WriteRequest:
         self.done.set()
 
     def result(self) -> list[int]:
-        if self.error is not None:
+        """Its digests, or its error as a KvfsError (EIO for anything else)."""
+        if isinstance(self.error, KvfsError):
             raise self.error
+        if self.error is not None:
+            raise KvfsError(getattr(self.error, "errno", None) or errno.EIO,
+                            f"write of {self.nbytes} bytes at {self.offset}: {self.error}")
         if self.digests is None:      # its group ended without reaching it (cancelled)
             raise KvfsError(errno.EIO, "write was not carried out")
         return self.digests

@@ -34,6 +34,7 @@ from kvfs.handles import (
     Handles,
     NodeState,
     OpenResult,
+    WriteErrors,
     killed_while_exiting,
 )
 from kvfs.leases import Allocations, Leases
@@ -75,6 +76,8 @@ class Files:
         # removed before its write-back): the size it had, for the kernel's GETATTRs until
         # it forgets the inode (a stat racing with the unlink), as ext4 would answer
         self._gone_sizes: dict[int, int] = {}
+        # write-back errors, reported to fsync as Linux does (errseq: kvfs/handles.py)
+        self.write_errors = WriteErrors()
         self.stats = FilesStats()
         # Set by the FUSE layer (never calls back down): on_evict(parent_ino, name, ino) after a
         # file was deleted behind the kernel's back (eviction, another node); on_new_name(parent,
@@ -126,6 +129,10 @@ class Files:
             del handles.states[ino]
         if ino not in handles.lookups:
             self._gone_sizes.pop(ino, None)
+            if ino in self.write_errors.files:
+                node = self.catalog.find(ino)       # (an unlinked node is still known)
+                if node is not None and not node.linked:
+                    self.write_errors.forget(ino)
             self.catalog.drop(ino)
 
     def attr(self, node: Node) -> Attr:
@@ -374,6 +381,7 @@ class Files:
         st = self.handles.state(ino)
         passthrough = self._use_passthrough(node, st, writable)
         h = self.handles.new(node, flags, pid)
+        h.wb_seen = self.write_errors.sample(ino)
         try:
             if h.writable and flags & os.O_TRUNC:
                 async with st.lock:
@@ -571,9 +579,11 @@ class Files:
         else:
             await self.sessions.commit_if_dirty(h.node, st)
 
-    def _write_back_failed(self, e: KvfsError) -> None:
-        """A closed file's write-back failed and dropped its content: the kernel may cache
-        its size, or its name (never committed)."""
+    def _write_back_failed(self, ino: int, e: KvfsError) -> None:
+        """A closed file's write-back failed and dropped its content: reported to the fsyncs
+        to come (`write_errors`); the kernel may cache its size, or its name (never
+        committed)."""
+        self.write_errors.record(ino, e)
         self._tell_removed(e)
         ino = getattr(e, "dropped", None)
         if ino is not None and self.on_new_content is not None:
@@ -589,14 +599,52 @@ class Files:
 
     async def fsync(self, fh: int) -> None:
         """fsync/fdatasync of any handle of the file: its content (and, when close is not a
-        commit, every change to the tree so far) durable on return."""
+        commit, every change to the tree so far) durable on return. EIO if a write-back of
+        the file failed since this handle last heard of one (`WriteErrors`): never 0 while
+        the file silently holds less than was written before the call."""
         h = self.handles.get(fh)
-        await self.sessions.sync_file(h.node, self.handles.states.get(h.node.ino))
+        ino = h.node.ino
+        try:
+            await self.sessions.sync_file(h.node, self.handles.states.get(ino))
+        except KvfsError:
+            _, h.wb_seen = self.write_errors.check(h.wb_seen, ino)     # told now
+            raise
+        err, h.wb_seen = self.write_errors.check(h.wb_seen, ino)
+        if err is not None:
+            raise err
 
     async def sync_all(self) -> None:
-        """fsyncdir, syncfs, `kvfs flush`: every closed file and every change durable."""
+        """`kvfs flush`, unmount: every closed file and every change durable."""
         if self.sessions.writeback is not None:
             await self.sessions.writeback.sync_all()
+
+    async def closed_at_stop(self) -> int:
+        """Unmount, SIGTERM: hand to write-back every file whose last close (FLUSH) saw its
+        content but whose RELEASE never came (`Sessions.closed_at_stop`), so a clean stop
+        loses no closed file. Returns how many."""
+        n = 0
+        for h in list(self.handles.handles.values()):
+            st = self.handles.states.get(h.node.ino)
+            if not h.writable or not self.sessions.closed_at_stop(st):
+                continue
+            n += 1
+            try:
+                await self.sessions.finish(h.node, st)
+            except KvfsError as e:
+                log.error("%s: closed, not written back at the stop: %s",
+                          self.catalog.path_of(h.node), e)
+                self.write_errors.record(h.node.ino, e)
+        return n
+
+    async def fsyncdir(self, seen: int) -> int:
+        """fsync of a directory: `sync_all`, then EIO if any file's write-back failed since
+        that directory handle (which has seen up to `seen`) last heard of one. Returns what
+        it has seen from now on."""
+        await self.sync_all()
+        err, seen = self.write_errors.check(seen)
+        if err is not None:
+            raise err
+        return seen
 
     async def settle(self, ino: int) -> None:
         """Before a file's extents are handed out (`user.kvfs.layout`, kvfs.direct leases and
@@ -609,7 +657,6 @@ class Files:
         st = self.handles.states.get(ino)
         return st is not None and st.session is not None and not st.session.frozen \
             and (st.session.writeback is not None or st.session.changed())
-
 
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh)
@@ -625,6 +672,9 @@ class Files:
         else:
             st.plain = max(0, st.plain - 1)
         if h.writable and st.writers == 0:
+            # (an error known before: a write that failed, a writer killed, were told or
+            # are no error of the file's content; a new one nobody waits for is recorded)
+            known = st.session is not None and st.session.failed is not None
             try:
                 # mmap(MAP_SHARED) and passthrough writers may write after the last flush
                 try:
@@ -637,6 +687,8 @@ class Files:
                 log.log(logging.DEBUG if self.catalog.failure else logging.ERROR,
                         "%s: commit at release failed, content dropped: %s",
                         self.catalog.path_of(node), e)
+                if not known:           # nobody waits for a release: the fsyncs to come
+                    self.write_errors.record(node.ino, e)
             if node.linked or st.opens == 0:
                 self.sessions.end(st)
             # else: an unlinked file (never committed again) whose readers may read this

@@ -199,6 +199,7 @@ class FuseOps(pyfuse3.Operations):
         self.data_path = {"passthrough": False, "why": why or "INIT not answered yet"}
         self.backings = Backings()
         self._dirs: dict[int, object] = {}          # fh -> the directory's listing
+        self._dir_errors: dict[int, int] = {}       # fh -> write errors it has seen (errseq)
         self._next_dir = 1
         self.files.on_evict = self._evicted
         self.files.on_new_name = self._new_name
@@ -471,6 +472,7 @@ class FuseOps(pyfuse3.Operations):
         fh = self._next_dir
         self._next_dir += 1
         self._dirs[fh] = listing
+        self._dir_errors[fh] = self.files.write_errors.sample()   # (Files.fsyncdir)
         return fh
 
     @translate
@@ -485,6 +487,7 @@ class FuseOps(pyfuse3.Operations):
 
     async def releasedir(self, fh):
         self._dirs.pop(fh, None)
+        self._dir_errors.pop(fh, None)
 
     @translate
     async def fsyncdir(self, fh, datasync):
@@ -492,7 +495,8 @@ class FuseOps(pyfuse3.Operations):
         # they are when their call returns). The kernel sends no FUSE_SYNCFS for a /dev/fuse
         # mount (only virtiofs gets it): syncfs(2) and sync(1) reach no daemon; an fsync of
         # the mount's root directory, or `kvfs flush`, is the way to ask for all of it.
-        await self.files.sync_all()
+        # EIO if a file's write-back failed since this directory was opened (or unseen).
+        self._dir_errors[fh] = await self.files.fsyncdir(self._dir_errors.get(fh, 0))
 
     @translate
     async def statfs(self, ctx):

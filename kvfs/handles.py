@@ -73,6 +73,59 @@ class Handle:
     version: Session | BlobRec | None = None     # read-only handles: what they read
     backing: object = None                       # passthrough: the Buffer it is bound to
     pid: int = 0                                 # the process that opened it (0: unknown)
+    wb_seen: int = 0                             # the file's write errors it has seen
+                                                 # (WriteErrors.sample, then its fsyncs)
+
+
+class WriteErrors:
+    """Write-back errors as Linux reports them (errseq, since 4.13 for files and 4.16 for
+    file systems): a failed write-back of a file (its content dropped after close() had
+    returned) is reported by the next fsync or fdatasync of every descriptor open when it
+    happened, and by the first fsync of a later opener if nobody has seen it yet; each
+    descriptor hears of one error once. The mount keeps the same for its directories'
+    fsync (fsyncdir: any file's write-back error since the directory was opened, or unseen).
+
+    A number per error (`seq`, growing) and whether anyone has seen it: a handle samples at
+    open (`sample`: the last error if it was seen, else 0, so an unseen one is reported to
+    the new opener) and reports an error whose number differs from its sample (`check`).
+    At most MAX_FILES files' errors are kept, the oldest dropped first (Linux keeps one per
+    cached inode, and loses it with the inode)."""
+
+    MAX_FILES = 65536
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.files: dict[int, list] = {}     # ino -> [seq, KvfsError, seen]
+        self.mount: list | None = None       # the mount's last error, the same way
+        self.recorded = 0                    # errors recorded since the mount (statistics)
+
+    def record(self, ino: int, err: KvfsError) -> None:
+        self.seq += 1
+        self.recorded += 1
+        self.files.pop(ino, None)
+        self.files[ino] = [self.seq, err, False]
+        self.mount = [self.seq, err, False]
+        while len(self.files) > self.MAX_FILES:
+            del self.files[next(iter(self.files))]
+
+    def sample(self, ino: int | None = None) -> int:
+        """What a new descriptor (of file `ino`, or of a directory: the mount) starts from."""
+        rec = self.mount if ino is None else self.files.get(ino)
+        return rec[0] if rec is not None and rec[2] else 0
+
+    def check(self, seen: int, ino: int | None = None) -> tuple[KvfsError | None, int]:
+        """(the error to report to a descriptor that has seen up to `seen`, or None; what it
+        has seen from now on)."""
+        rec = self.mount if ino is None else self.files.get(ino)
+        if rec is None or rec[0] == seen:
+            return None, seen
+        rec[2] = True
+        err = rec[1]
+        return KvfsError(errno.EIO, f"an earlier write-back failed: {err}"), rec[0]
+
+    def forget(self, ino: int) -> None:
+        """The file is gone for good (unlinked, and no descriptor or kernel reference)."""
+        self.files.pop(ino, None)
 
 
 @dataclass(eq=False)

@@ -461,10 +461,11 @@ class Pool:
         The configured weight times, with adaptive placement, a learned balance factor that
         makes every namespace finish its share of a block at the same time (see `observe`), so a
         slower namespace gets proportionally fewer units and does not hold every block back.
-        Failed namespaces get no new units (unless all have failed).
+        Failed namespaces get no new units (unless all have failed), until they are on
+        probation (`Namespace.on_probation`: no error for a while).
         """
         nss = self.namespaces
-        healthy = [ns.stats.state == "ok" for ns in nss]
+        healthy = [ns.stats.state == "ok" or ns.on_probation() for ns in nss]
         if not any(healthy):
             healthy = [True] * len(nss)
         return [ns.weight * b if ok else 0.0 for ns, b, ok in zip(nss, self.balance, healthy)]
@@ -677,7 +678,12 @@ class Pool:
         done: dict[int, float] = {}
 
         async def write(j: int) -> None:
-            await self.namespaces[j].write_batch(by_ns[j])
+            try:
+                await self.namespaces[j].write_batch(by_ns[j])
+            except Exception as e:  # noqa: BLE001 - per-block results, never a dead flusher
+                log.exception("namespace %d: a write-back batch failed", j)
+                for r in by_ns[j]:
+                    r.error = r.error or KvfsError(errno.EIO, f"namespace {j}: {e}")
             done[j] = time.perf_counter() - t0
         if by_ns:
             await run_all((lambda j=j: write(j)) for j in by_ns)
@@ -702,6 +708,13 @@ class Pool:
         """Make completed writes on these namespaces durable (also writes another process made
         through its own descriptors: kvfs.direct)."""
         await run_all(self.namespaces[j].sync for j in namespaces)
+
+    def can_place_elsewhere(self, e: KvfsError) -> bool:
+        """Whether a block whose write failed with `e` can be written again elsewhere: a
+        namespace failed (`Namespace._failed` names it), and another is healthy."""
+        bad = getattr(e, "namespace", None)
+        return bad is not None and any(ns.stats.state == "ok" and ns.index != bad
+                                       for ns in self.namespaces)
 
     def next_rotation(self) -> int:
         """The namespace the next block starts on (rotates block by block)."""

@@ -109,19 +109,35 @@ class Service:
             task_status.started()
             await trio.sleep_forever()
 
-    async def stop(self) -> None:
-        """Unmounting: write back closed files, persist what is batched, give back shared
+    async def stop(self) -> int:
+        """Unmounting (umount, SIGTERM): write back closed files (also those whose RELEASE
+        never came: `Files.closed_at_stop`), persist what is batched, give back shared
         space, close the catalog's connections (bounded: a shared catalog may be
-        unreachable)."""
+        unreachable). Returns how many files' content could not be written back: those
+        failing now, and earlier failures no fsync has reported (logged; the daemon then
+        exits non-zero)."""
+        lost = 0
         if self.writeback is not None:
+            n = await self.files.closed_at_stop()
+            if n:
+                log.info("%d closed file(s) whose release had not come: written back now", n)
+            before = self.writeback.stats.errors
             try:
                 await self.writeback.sync_all()
             except KvfsError as e:
                 log.error("writing back closed files at unmount failed: %s", e)
+                lost += 1
+            lost += self.writeback.stats.errors - before
         await self.flush()
+        unseen = sum(1 for rec in self.files.write_errors.files.values() if not rec[2])
+        if lost or unseen:
+            log.error("%d file(s) could not be written back at the stop, and %d earlier "
+                      "write-back failure(s) no fsync reported: those files keep their previous "
+                      "version (or have no name)", lost, unseen)
         with trio.move_on_after(5):
             await self.space.stop()
             await self.catalog.stop()
+        return lost + unseen
 
     async def _flush_periodically(self) -> None:
         period = CLUSTER_FLUSH_SECONDS if self.catalog.shared else ATIME_FLUSH_SECONDS

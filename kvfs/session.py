@@ -16,7 +16,7 @@ class Session:
 
     __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
                  "next_early", "passthrough", "rdwr", "sig", "rec", "failed", "unreadable",
-                 "writeback", "alloc")
+                 "writeback", "alloc", "edits", "flushed")
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
@@ -45,6 +45,10 @@ class Session:
         # ... and the pool extents its close allocated for its size (a Layout without
         # checksums), so that its write-back cannot run short of room
         self.alloc = None
+        # changes the daemon made (writes, truncates), and `mark()` when a close (FLUSH) last
+        # accepted the content: what a stop writes back when the RELEASE never came
+        self.edits = 0
+        self.flushed: tuple | None = None
 
     @property
     def early(self) -> int:
@@ -54,6 +58,13 @@ class Session:
     @property
     def size(self) -> int:
         return self.buffer.sync_size() if self.passthrough else self.buffer.size
+
+    def mark(self, sig: tuple | None = None) -> tuple:
+        """What the content is now, as far as the daemon can tell: its changes through the
+        daemon, and a passthrough file's (size, mtime, ctime) (`sig`, if just taken)."""
+        if self.passthrough and sig is None:
+            sig = self.buffer.signature()
+        return self.edits, sig
 
     def changed(self) -> bool:
         """Bytes (or existence) not yet committed, as far as a signature tells."""

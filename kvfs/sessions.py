@@ -49,6 +49,7 @@ class SessionStats:
     commits: int = 0
     commit_errors: int = 0
     bytes_written: int = 0
+    placed_again: int = 0        # commits written again elsewhere after a namespace failed
 
 
 class Sessions:
@@ -127,6 +128,7 @@ class Sessions:
             s.buffer.write(offset, data)
             self._charge(s)
             s.dirty = True
+            s.edits += 1
             self._write_behind(s, offset, end)
         self.stats.bytes_written += len(data)
         return len(data)
@@ -146,6 +148,7 @@ class Sessions:
             s.buffer.resize(end)
             self._charge(s)
             s.dirty = True
+            s.edits += 1
         return True
 
     async def truncate(self, node: Node, st: NodeState, size: int) -> None:
@@ -166,6 +169,7 @@ class Sessions:
             s.writer.touch(size // unit, max(size // unit, max(s.writer.units, default=0)))
         self._charge(s)
         s.dirty = True
+        s.edits += 1
 
     def _write_behind(self, s: Session, offset: int, end: int) -> None:
         """Start writing the units a sequential writer has completed and moved past, so its
@@ -310,7 +314,7 @@ class Sessions:
         if s is None or s.frozen or s.writeback is not None:
             return
         async with st.lock:
-            changed, size, _, _ = self._look(s)
+            changed, size, sig, _ = self._look(s)
             if not changed or not await self._committable(node, st, s):
                 return
             try:
@@ -321,6 +325,7 @@ class Sessions:
                 self.stats.commit_errors += 1
                 s.failed = e
                 raise await self._drop(node, st, e) from None
+            s.flushed = s.mark(sig)     # closed with this content: `closed_at_stop`
 
     async def _released_first(self) -> bool:
         """Before deleting files to make room: space that unlinks, replaces and evictions
@@ -395,6 +400,14 @@ class Sessions:
         if score is not None:
             node.prio, node.uses = score
         self.writeback.queue_file(node, st, s, size, sig, scored=score is not None)
+
+    def closed_at_stop(self, st: NodeState | None) -> bool:
+        """At a stop (unmount, SIGTERM): was the inode's content accepted by a close (FLUSH)
+        and not changed since, although its RELEASE has not come (the kernel sends it after
+        close() returns, asynchronously)? Then it is written back as if released."""
+        s = st.session if st is not None else None
+        return s is not None and not s.frozen and s.writeback is None and s.failed is None \
+            and s.flushed is not None and s.changed() and s.flushed == s.mark()
 
     async def settle(self, st: NodeState | None) -> None:
         """Return once the inode has no session waiting for write-back (it is written back
@@ -503,7 +516,7 @@ class Sessions:
         "nothing changed" is no sign to stop). The writer waits meanwhile, in a request the
         kernel does not let even SIGKILL interrupt: past about two waits for room and
         ROOM_SECONDS, ENOSPC."""
-        tries, give_up = 0, None
+        tries, give_up, placed_again = 0, None, False
         while True:
             writer, s.writer = s.writer, None
             try:
@@ -515,6 +528,12 @@ class Sessions:
                 if e.errno == errno.ENOSPC and tries < ROOM_TRIES and now < give_up and \
                         await self.space.make_room(node.ino, size):
                     tries += 1
+                    continue
+                if not placed_again and self.pool.can_place_elsewhere(e):
+                    # a namespace failed under it: once more, placed on the healthy ones
+                    log.warning("%s: %s; writing it again elsewhere", self.catalog.path_of(node), e)
+                    placed_again = True
+                    self.stats.placed_again += 1
                     continue
                 self.stats.commit_errors += 1
                 s.failed = e          # its closer is told; a later release must not commit it

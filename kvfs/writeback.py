@@ -79,6 +79,7 @@ class WriteBackStats:
     files: int = 0                   # files made durable by write-back
     bytes: int = 0
     errors: int = 0                  # files whose write-back failed (content dropped)
+    placed_again: int = 0            # files written again elsewhere after a namespace failed
     largest_batch: int = 0
     early_batches: int = 0           # batches started early: someone waited for them
     catalog_syncs: int = 0           # syncs of tree changes alone (no file waited)
@@ -106,10 +107,11 @@ class WriteBack:
         self._urgent = 0                        # waiters for what is queued now
         self._slots = trio.Semaphore(COMMITS_IN_FLIGHT)
         # Set by the files layer (it never calls back down): on_settled(ino) once a file left
-        # write-back (its inode's state may go); on_failed(error) when a write-back failed
-        # and dropped what was written (the kernel may cache its size, or its name).
+        # write-back (its inode's state may go); on_failed(ino, error) when a write-back failed
+        # and dropped what was written (fsyncs to come report it; the kernel may cache its
+        # size, or its name).
         self.on_settled: Callable[[int], None] | None = None
-        self.on_failed: Callable[[KvfsError], None] | None = None
+        self.on_failed: Callable[[int, KvfsError], None] | None = None
         self.catalog.on_unsynced = self._kick
 
     def _kick(self) -> None:
@@ -292,6 +294,11 @@ class WriteBack:
                     ready.append((item, r))
                 elif r.errno == errno.ENOSPC:
                     slow.append(item)       # room is made on the one-file path
+                elif self.pool.can_place_elsewhere(r):
+                    # a namespace failed: placed again on the healthy ones (placement
+                    # avoids a failed namespace), on the one-file path
+                    self.stats.placed_again += 1
+                    slow.append(item)
                 else:
                     await self._fail(item, r)
             sessions.store.wrote(sum(i.size for i, _ in ready), len(ready))
@@ -366,11 +373,10 @@ class WriteBack:
                   self.catalog.path_of(node), e)
         if s.failed is None:
             s.failed = e
-        if st.session is s:
-            if s.changed():          # (else dropped already: Sessions._committable)
-                e = await self.sessions._drop(node, st, e)
-            if self.on_failed is not None:
-                self.on_failed(e)
+        if st.session is s and s.changed():     # (else dropped already: _committable)
+            e = await self.sessions._drop(node, st, e)
+        if self.on_failed is not None:
+            self.on_failed(node.ino, e)
         self._done(item, e)
 
     def _done(self, item: Item, error: KvfsError | None = None) -> None:

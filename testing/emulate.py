@@ -197,14 +197,44 @@ class Emulation:
         self.loops: list[LoopDevice] = []
         self.groups: list[BlkioGroup] = []
 
-    def file(self, name: str, size: int) -> Path:
-        p = self.root / name
+    def file(self, name: str, size: int, root: Path | None = None) -> Path:
+        p = (root or self.root) / name
         with open(p, "wb") as f:
             f.truncate(size)
         return p
 
-    def loop(self, name: str, size: int) -> LoopDevice:
-        backing = self.file(name + ".img", size)
+    def tmpfs(self, name: str, size: str) -> Path:
+        """A tmpfs of its own under the emulation's (unmounted with it): loop devices whose
+        backing files sit there fail their writes (EIO) once it fills (`fill`), and heal
+        when space comes back (`heal`)."""
+        p = self.root / name
+        p.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", f"kvfs-emu-{name}",
+                        str(p)], check=True)
+        return p
+
+    @staticmethod
+    def fill(root: Path) -> Path:
+        """Take every free byte of the file system at `root` (a filler file)."""
+        filler = root / "filler"
+        fd = os.open(filler, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        try:
+            for chunk in (bytes(1 << 20), bytes(4096)):
+                with contextlib.suppress(OSError):
+                    while os.write(fd, chunk):
+                        pass
+        finally:
+            os.close(fd)
+        return filler
+
+    @staticmethod
+    def heal(root: Path) -> None:
+        (root / "filler").unlink(missing_ok=True)
+
+    def loop(self, name: str, size: int, root: Path | None = None) -> LoopDevice:
+        """A loop device (direct I/O) over a sparse file of `size` bytes on the emulation's
+        tmpfs, or on `root` (a `tmpfs` of its own)."""
+        backing = self.file(name + ".img", size, root)
         r = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(backing)],
                            capture_output=True, text=True, check=True)
         dev = LoopDevice(r.stdout.strip(), backing)
@@ -344,13 +374,19 @@ def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | N
 RAID0_CHUNK = 512 << 10         # md's default chunk; dm-stripe's here
 
 
-def raid0_support() -> str | None:
+def raid0_support(misc: Path = Path("/proc/misc")) -> str | None:
     """None if ext4 can go on a real RAID-0 (device-mapper's dm-stripe) over loop devices here,
-    else why not."""
+    else why not. The kernel is asked (`device-mapper` in /proc/misc), not the node
+    /dev/mapper/control: `dmsetup` creates that node on its first use even where the kernel
+    has no driver behind it."""
     if shutil.which("dmsetup") is None:
         return "no dmsetup (apt package dmsetup)"
-    if not os.path.exists("/dev/mapper/control"):
-        return "this kernel has no device-mapper (/dev/mapper/control)"
+    try:
+        names = {line.split()[-1] for line in misc.read_text().splitlines() if line.split()}
+    except OSError as e:
+        return f"cannot ask the kernel for device-mapper ({misc}: {e.strerror})"
+    if "device-mapper" not in names:
+        return f"this kernel has no device-mapper (not in {misc})"
     return None
 
 

@@ -92,3 +92,20 @@ def test_blkio_limits_a_device_in_its_own_group(tmp_path):
     assert (d / "blkio.throttle.read_iops_device").read_text() == "7:3 0\n"
     g.add(4242)
     assert (d / "cgroup.procs").read_text() == "4242\n"
+
+
+def test_raid0_support_asks_the_kernel_not_the_device_node(tmp_path, monkeypatch):
+    """`dmsetup` makes /dev/mapper/control on first use even where the kernel has no
+    device-mapper (then every bench with a RAID-0 baseline died instead of using the
+    stand-in): /proc/misc says whether the driver is there."""
+    import shutil
+
+    from testing.emulate import raid0_support
+
+    monkeypatch.setattr(shutil, "which", lambda name: f"/sbin/{name}")
+    misc = tmp_path / "misc"
+    misc.write_text(" 229 fuse\n 237 loop-control\n")
+    assert "no device-mapper" in raid0_support(misc)
+    misc.write_text(" 229 fuse\n 236 device-mapper\n")
+    assert raid0_support(misc) is None
+    assert "cannot ask" in raid0_support(tmp_path / "absent")

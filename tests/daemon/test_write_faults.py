@@ -1,0 +1,240 @@
+"""A device error at each step of a write (a pwritev, a short write, io_submit, the fdatasync),
+on the worker-thread and the Linux AIO paths, injected into one namespace's descriptor while
+a real pool and catalog run: it never reaches the daemon's nursery, a block it hit is placed
+again on a healthy namespace, and what could not be written is reported as Linux reports a
+write-back error (errseq): to the next fsync of every descriptor open at the error, and to a
+later opener's fsync if nobody has seen it. tests/mounted/test_faults.py and bench/faults.py
+do the same with real devices that fill or stall."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from kvfs import device, linux_aio
+from kvfs.errors import KvfsError
+from tests.daemon.harness import run_service
+
+KiB, MiB = 1 << 10, 1 << 20
+SLOW = "writeback_ms = 60000"        # nothing is written back unless someone waits for it
+STEPS = ["every_write", "first_write", "short_write", "fdatasync", "first_write_and_fdatasync",
+         "submit"]
+
+
+class Fault:
+    """Fail `step` on the descriptor of namespace `victim` (by both I/O paths' calls)."""
+
+    def __init__(self, monkeypatch, step: str):
+        self.step, self.fd, self.on, self.hits = step, -1, True, 0
+        self.writes = 0
+        real_pwritev, real_sync = device.os.pwritev, device.os.fdatasync
+        real_aio_w, real_aio_s = linux_aio.Engine.pwritev, linux_aio.Engine.fdatasync
+        fault = self
+
+        def write_fails(fd) -> bool:
+            if fd != fault.fd or not fault.on:
+                return False
+            fault.writes += 1
+            return fault.step in ("every_write", "short_write", "submit") or \
+                (fault.step.startswith("first_write") and fault.writes == 1)
+
+        def sync_fails(fd) -> bool:
+            return fd == fault.fd and fault.on and fault.step.endswith("fdatasync")
+
+        def pwritev(fd, views, offset):
+            if write_fails(fd):
+                fault.hits += 1
+                if fault.step == "short_write":
+                    return 0                 # the device ended: no byte written
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real_pwritev(fd, views, offset)
+
+        def fdatasync(fd):
+            if sync_fails(fd):
+                fault.hits += 1
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real_sync(fd)
+
+        async def aio_pwritev(self, fd, views, offset, nowait=False):
+            if write_fails(fd):
+                fault.hits += 1
+                if fault.step == "short_write":
+                    return 0
+                # (io_submit's own refusal, or the completion's result: both raise here)
+                raise OSError(errno.EIO if fault.step != "submit" else errno.EBADF,
+                              "injected")
+            return await real_aio_w(self, fd, views, offset, nowait)
+
+        async def aio_fdatasync(self, fd):
+            if sync_fails(fd):
+                fault.hits += 1
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return await real_aio_s(self, fd)
+
+        monkeypatch.setattr(device.os, "pwritev", pwritev)
+        monkeypatch.setattr(device.os, "fdatasync", fdatasync)
+        monkeypatch.setattr(linux_aio.Engine, "pwritev", aio_pwritev)
+        monkeypatch.setattr(linux_aio.Engine, "fdatasync", aio_fdatasync)
+
+
+def _files(n: int = 12) -> dict[str, bytes]:
+    # small (one unit, staged: AIO where the engine is "auto") and large (worker threads)
+    return {f"/f{i}": os.urandom((64 * KiB if i % 3 else 3 * MiB) + i) for i in range(n)}
+
+
+@pytest.mark.parametrize("io", ["auto", "threads"])
+@pytest.mark.parametrize("step", STEPS)
+def test_a_failed_namespace_is_written_around_and_nothing_is_lost(pool_config, monkeypatch,
+                                                                   step, io):
+    """Two namespaces, one failing at `step` during a write-back batch: the daemon lives on,
+    every file is written to the other namespace instead (placed again), fsync returns 0,
+    and every file reads back bit-exact from the pool; the namespace is marked failed."""
+    cfg = pool_config(n=2, mount=SLOW, pool=f'io_engine = "{io}"\nstripe_unit = "1MiB"')
+    files = _files()
+    fault = Fault(monkeypatch, step)
+
+    async def body(fs):
+        pool = fs.svc.pool
+        fault.fd = pool.namespaces[0].fd
+        for path, data in files.items():
+            await fs.write(path, data)
+        fh = await fs.open("/f0", os.O_RDONLY)
+        await fs.files.fsync(fh)                       # the batch: every file durable
+        await fs.close(fh)
+        assert fault.hits, "the fault was never met"
+        assert pool.namespaces[0].stats.state == "failed"
+        wb = fs.svc.statistics()["writeback"]
+        assert wb["errors"] == 0 and wb["placed_again"] + \
+            fs.files.sessions.stats.placed_again >= 1, wb
+        fault.on = False
+        fs.svc.store.drop_dram()
+        for path, data in files.items():
+            assert await fs.read(path) == data, path
+            layout = fs.files.catalog.get(fs.ino(path)).blob.layout
+            if step != "first_write":       # (there the others' writes succeeded: durable)
+                assert 0 not in layout.ns, (path, layout.ns)     # nothing on the failed one
+
+    run_service(cfg, body)
+
+
+@pytest.mark.parametrize("io", ["auto", "threads"])
+@pytest.mark.parametrize("step", ["every_write", "first_write_and_fdatasync", "submit"])
+def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_config, monkeypatch,
+                                                                      step, io):
+    """One namespace, failing: the write-back of closed files fails (the daemon lives on).
+    The error goes to the next fsync of each descriptor open when it happened (once each),
+    then to the first fsync of a later opener (nobody had seen it for that file), and to an
+    fsync of a directory opened before; no fsync returns 0 as if the file were written. The
+    file keeps its previous version, and the stop says what it could not write."""
+    cfg = pool_config(n=1, mount=SLOW, pool=f'io_engine = "{io}"')
+    old = os.urandom(100 * KiB)
+    fault = Fault(monkeypatch, step)
+    stops: list[int] = []
+
+    async def body(fs):
+        files = fs.files
+        for p in ("/f", "/g", "/h"):
+            await fs.write(p, old)
+        await fs.sync()
+        fault.fd = fs.svc.pool.namespaces[0].fd
+        dir_seen = files.write_errors.sample()           # a directory handle opened now
+        reader = await fs.open("/f", os.O_RDONLY)        # open across the failure
+        for p in ("/f", "/g", "/h"):
+            await fs.write(p, os.urandom(200 * KiB))     # closed: waits for write-back
+        await files.sync_all()                           # the batch, which fails
+        assert fault.hits
+        st = fs.svc.statistics()["writeback"]
+        assert st["errors"] == 3, st
+        # the descriptor open across it hears of it, once
+        with pytest.raises(KvfsError) as e:
+            await files.fsync(reader)
+        assert e.value.errno == errno.EIO
+        await files.fsync(reader)
+        # /f's error was seen: a later opener starts past it
+        after = await fs.open("/f", os.O_RDONLY)
+        await files.fsync(after)
+        # nobody saw /g's: its first later opener hears of it, once; the next one does not
+        late = await fs.open("/g", os.O_RDONLY)
+        with pytest.raises(KvfsError) as e:
+            await files.fsync(late)
+        assert e.value.errno == errno.EIO
+        await files.fsync(late)
+        later = await fs.open("/g", os.O_RDONLY)
+        await files.fsync(later)
+        for fh in (reader, after, late, later):
+            await fs.close(fh)
+        # a directory opened before the failure, once
+        with pytest.raises(KvfsError) as e:
+            await files.fsyncdir(dir_seen)
+        assert e.value.errno == errno.EIO
+        assert await files.fsyncdir(files.write_errors.seq) == files.write_errors.seq
+        fault.on = False
+        for p in ("/f", "/g", "/h"):
+            assert await fs.read(p) == old               # the previous version, whole
+        fs.svc.store.drop_dram()
+        assert await fs.read("/f") == old
+        # /h's error was never reported to anyone: the stop says so (and exits non-zero)
+        stops.append(sum(1 for r in files.write_errors.files.values() if not r[2]))
+
+    run_service(cfg, body)
+    assert stops == [1]
+
+
+@pytest.mark.parametrize("durability", ["fsync", "close"])
+def test_a_close_after_a_namespace_failed_mid_commit_is_placed_again(pool_config, monkeypatch,
+                                                                     durability):
+    """The one-file path (a commit at close, or a write-back's block that met ENOSPC or a
+    failed namespace) places a block again once when a namespace fails under it."""
+    cfg = pool_config(n=3, durability=durability, mount="" if durability == "close" else SLOW,
+                      pool='stripe_unit = "256KiB"')
+    data = os.urandom(4 * MiB + 5)
+    fault = Fault(monkeypatch, "every_write")
+
+    async def body(fs):
+        fault.fd = fs.svc.pool.namespaces[1].fd
+        fh = await fs.open("/big", os.O_CREAT | os.O_WRONLY)
+        await fs.files.write(fh, 0, data)
+        await fs.files.fsync(fh)
+        await fs.close(fh)
+        assert fault.hits
+        fault.on = False
+        fs.svc.store.drop_dram()
+        assert await fs.read("/big") == data
+        assert 1 not in fs.files.catalog.get(fs.ino("/big")).blob.layout.ns
+
+    run_service(cfg, body)
+
+
+def test_vectored_writes_split_at_iov_max(pool_config, monkeypatch):
+    """A sparse file's block has a view per data or hole run: 16 MiB with 4 KiB written in
+    every 8 KiB is 2,048 views, past IOV_MAX (1,024): it goes in several calls, is stored
+    and reads back (in one call it failed with EINVAL, marked the namespace failed, and the
+    file was dropped)."""
+    cfg = pool_config(n=1, size="128MiB", mount=SLOW, pool='stripe_unit = "4MiB"',
+                      dram="128MiB")
+    page = os.urandom(4 * KiB)
+    want = bytearray(16 * MiB)
+    for off in range(0, 16 * MiB, 8 * KiB):
+        want[off:off + 4 * KiB] = page
+    calls: list[int] = []
+    real = device.os.pwritev
+
+    def pwritev(fd, views, offset):
+        calls.append(len(views))
+        return real(fd, views, offset)
+    monkeypatch.setattr(device.os, "pwritev", pwritev)
+
+    async def body(fs):
+        fh = await fs.open("/sparse", os.O_CREAT | os.O_WRONLY)
+        for off in range(0, 16 * MiB, 8 * KiB):
+            await fs.files.write(fh, off, page)
+        await fs.files.fsync(fh)
+        await fs.close(fh)
+        assert fs.svc.pool.namespaces[0].stats.state == "ok"
+        assert max(calls) <= device.IOV_MAX < sum(calls), calls
+        fs.svc.store.drop_dram()
+        assert await fs.read("/sparse") == bytes(want[:16 * MiB - 4 * KiB])
+
+    run_service(cfg, body)
