@@ -15,6 +15,10 @@ still serves (stat, listdir, a new file written and read back cold), what `kvfs 
   enospc_never       the same with evict = "never": the losers get ENOSPC
   state_dir_full     the state_dir's filesystem (a 2 MiB tmpfs) fills up
   slow_namespace     one namespace throttled to an eighth of the others' bandwidth
+  fill_one           one namespace's backing tmpfs fills while writers fsync, then heals
+  fill_all           every namespace's backing tmpfs fills (write-backs fail), then heals
+  stall              one namespace throttled to 4 KiB/s for 7 s while writers fsync
+  stop_after_close   SIGTERM right after close(), before the kernel's RELEASE
   torn_superblock    bytes of a namespace's first 4 KiB overwritten while unmounted
   truncated_wal      catalog.sqlite-wal truncated while unmounted, after a kill -9
 
@@ -480,6 +484,259 @@ def slow_namespace(tmp: Path) -> dict:
             m.stop()
 
 
+# --- a device that fills or stalls, and heals, while writers want their files durable -----------
+KiB = 1 << 10
+FAULT_SECONDS = 12.0          # how long a stall lasts (a fill lasts until the writers are done):
+                              # longer than the I/O deadline (io_timeout_ms, 5 s)
+
+
+def _durable_write(path: Path, data: bytes, calls: list) -> str | None:
+    """Write, fsync and close a file as an engine that wants it durable does; the errno of
+    the first call that failed (None: durable), and each call's time in `calls`."""
+    t = time.monotonic()
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return None
+    except OSError as e:
+        return ename(e)
+    finally:
+        calls.append(time.monotonic() - t)
+
+
+def _fsync_errno(fd: int, calls: list) -> str | None:
+    t = time.monotonic()
+    try:
+        os.fsync(fd)
+        return None
+    except OSError as e:
+        return ename(e)
+    finally:
+        calls.append(time.monotonic() - t)
+
+
+def _settled(m: MountedKvfs) -> bool:
+    wb = m.stats().get("writeback")
+    return wb is None or wb["queued"] == 0 and wb["inflight"] == 0
+
+
+def device_fault(tmp: Path, kind: str) -> dict:
+    """A real device fault while writers store files and fsync them, then the fault heals:
+
+      fill_one   namespace 1's backing tmpfs fills (its loop device fails writes with EIO):
+                 what was placed there is written to the other namespaces instead
+      fill_all   the tmpfs under every namespace fills: write-backs fail, and fsync must say
+                 so (errseq: a descriptor open across the failure, and a new opener)
+      stall      namespace 1 throttled to 4 KiB/s for FAULT_SECONDS
+
+    Reports daemon_deaths, durable_lost (a file whose fsync returned 0 that does not read back
+    bit-exact, live or after a remount), wrong_reads (a file that reads as neither what was
+    written nor what it held before, nor absent where its fsync failed),
+    fsync_ok_after_failed_writeback (an fsync that returned 0 while the file held its
+    previous version after its write-back failed), recovery_s (the fault healed -> a new
+    file written, fsync'd and read back cold) and longest_call_s."""
+    with Emulation("2g") as emu:
+        shared = emu.tmpfs("small", "200m" if kind == "fill_one" else "420m") \
+            if kind.startswith("fill") else None
+        roots = {"fill_one": [None, shared, None], "fill_all": [shared] * 3}.get(kind, [None] * 3)
+        devs = [emu.loop(f"ns{i}", 128 * MiB, roots[i]) for i in range(3)]
+        cfg = formatted(tmp, [d.path for d in devs], dram="96MiB",
+                        pool='stripe_unit = "256KiB"')
+        m = start(tmp, cfg)
+        out: dict = {"scenario": kind, "durability": m.durability}
+        calls: list[float] = []
+        expect: dict[str, bytes] = {}        # what an fsync returned 0 for
+        before: dict[str, bytes] = {}        # what a file held before the fault
+        failed: dict[str, bytes] = {}        # written during the fault, fsync failed
+        try:
+            for i in range(6):
+                data = os.urandom(256 * KiB + i)
+                assert _durable_write(m.mountpoint / f"pre{i}", data, calls) is None
+                expect[f"pre{i}"] = before[f"pre{i}"] = data
+            probes_old = {p: os.urandom(300 * KiB) for p in ("probe_a", "probe_b")}
+            for p, d in probes_old.items():
+                assert _durable_write(m.mountpoint / p, d, calls) is None
+                expect[p] = before[p] = d
+            pid = m.pid
+            group = timer = None
+            healed_at: list[float] = []
+            if kind == "stall":
+                group = emu.cgroup("kvfs-stall")
+                group.limit(devs[1], write_bps=4096)
+                group.add(pid)
+
+                def heal() -> None:
+                    group.remove()
+                    healed_at.append(time.monotonic())
+                timer = threading.Timer(FAULT_SECONDS, heal)
+                timer.start()
+            else:
+                emu.fill(shared)
+            fault_at = time.monotonic()
+            # the errseq probes: two files rewritten and closed without fsync (durability
+            # "fsync": written back later); probe_a then opened for reading before its
+            # write-back (open across a failure of it), probe_b by nobody
+            probes_new = {p: os.urandom(300 * KiB) for p in probes_old}
+            closes = {}
+            for p, d in probes_new.items():
+                t = time.monotonic()
+                try:
+                    (m.mountpoint / p).write_bytes(d)
+                    closes[p] = None
+                except OSError as e:
+                    closes[p] = ename(e)
+                calls.append(time.monotonic() - t)
+            across = os.open(m.mountpoint / "probe_a", os.O_RDONLY)
+            errs: dict[str, str] = {}
+            lock = threading.Lock()
+
+            def writer(w: int) -> None:
+                for i in range(8):
+                    name = f"w{w}-{i}"
+                    data = os.urandom((4 * MiB if i % 4 == 3 else 256 * KiB) + i)
+                    e = _durable_write(m.mountpoint / name, data, calls)
+                    with lock:
+                        if e is None:
+                            expect[name] = data
+                        else:
+                            failed[name] = data
+                            errs[name] = e
+            threads = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(300)
+            with contextlib.suppress(TimeoutError):
+                wait_until(lambda: _settled(m), 60, "write-back to settle")
+            out["writer_errnos"] = sorted(set(errs.values()))
+            out["writes_failed"] = len(errs)
+            out["writes_durable"] = sum(1 for n in expect if n.startswith("w"))
+            # what the probes hold now, and what fsync says of them: an fsync that returns 0
+            # while its file silently lost what a close() returned 0 for is the lie Linux's
+            # errseq rules out (for the descriptor open across, and for the first opener of
+            # a file whose failure nobody has seen)
+            out["probes"] = {}
+            out["fsync_ok_after_failed_writeback"] = 0
+            for p in probes_new:
+                now_new = read_errno(m.mountpoint / p, probes_new[p]) is None
+                if p == "probe_a":
+                    fd = across
+                else:
+                    fd = os.open(m.mountpoint / p, os.O_RDONLY)
+                got = _fsync_errno(fd, calls)
+                os.close(fd)
+                out["probes"][p] = {"close": closes[p], "reads_new": now_new, "fsync": got}
+                if not now_new and closes[p] is None and got is None:
+                    out["fsync_ok_after_failed_writeback"] += 1
+                if now_new:
+                    expect[p] = probes_new[p]
+            out["namespace_states_in_fault"] = [n["state"] for n in m.stats()["namespaces"]]
+            out["fault_seconds"] = round(time.monotonic() - fault_at, 2)
+            # the fault heals
+            if timer is not None:
+                timer.join()
+                healed = healed_at[0]
+            else:
+                emu.heal(shared)
+                healed = time.monotonic()
+            out["recovery_s"] = None
+            for i in range(200):
+                data = os.urandom(256 * KiB)
+                name = f"rec{i}"
+                if _durable_write(m.mountpoint / name, data, calls) is None:
+                    expect[name] = data
+                    m.drop_caches()
+                    if read_errno(m.mountpoint / name, data) is None:
+                        out["recovery_s"] = round(time.monotonic() - healed, 2)
+                        break
+                if time.monotonic() - healed > 30:
+                    break
+                time.sleep(0.1)
+            # every namespace in use again (placement tries a failed one after a while)
+            out["all_ok_s"] = None
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 30:
+                if all(n["state"] == "ok" for n in m.stats()["namespaces"]):
+                    out["all_ok_s"] = round(time.monotonic() - healed, 2)
+                    break
+                for i in range(3):
+                    _durable_write(m.mountpoint / "again", os.urandom(256 * KiB), calls)
+                time.sleep(0.2)
+            out["daemon_deaths"] = 0 if m.proc.poll() is None else 1
+            out["longest_call_s"] = round(max(calls), 2)
+            out["io_timeout_s"] = 5.0           # (the default: not set in this config)
+            out["timeouts"] = [n["timeouts"] for n in m.stats()["namespaces"]]
+
+            def check() -> tuple[list[str], list[str]]:
+                m.drop_caches()
+                lost, wrong = [], []
+                for name, data in expect.items():
+                    got = read_errno(m.mountpoint / name, data)
+                    if got is not None and not (name in probes_new and
+                                                read_errno(m.mountpoint / name,
+                                                           probes_new[name]) is None):
+                        lost.append(f"{name}: {got}")
+                for name, data in failed.items():
+                    p = m.mountpoint / name
+                    if p.exists() and read_errno(p, data) is not None:
+                        wrong.append(name)
+                return lost, wrong
+            lost, wrong = check()
+            out["exit_status"] = m.stop()
+            m.start()
+            lost2, wrong2 = check()
+            out["durable_lost"] = sorted(set(lost) | set(lost2))
+            out["wrong_reads"] = sorted(set(wrong) | set(wrong2))
+            out["serving"] = serving(m)
+            return out
+        finally:
+            m.stop()
+
+
+def fill_one(tmp: Path) -> dict:
+    return device_fault(tmp, "fill_one")
+
+
+def fill_all(tmp: Path) -> dict:
+    return device_fault(tmp, "fill_all")
+
+
+def stall(tmp: Path) -> dict:
+    return device_fault(tmp, "stall")
+
+
+# --- a stop right after close(): the RELEASE may never come --------------------------------------
+def stop_after_close(tmp: Path) -> dict:
+    """close() returns after FLUSH; the kernel sends RELEASE later (and not at all while a
+    duplicate of the descriptor is open, as here): a SIGTERM then must still write back
+    what the close accepted."""
+    cfg = write_config(tmp / "k.toml", tmp / "state",
+                       [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(2)])
+    m = start(tmp, cfg)
+    try:
+        out = {"scenario": "stop_after_close", "durability": m.durability}
+        data = {f"f{i}": os.urandom((3 * MiB if i % 2 else 100 * KiB) + i) for i in range(4)}
+        kept = []
+        for name, d in data.items():
+            fd = os.open(m.mountpoint / name, os.O_CREAT | os.O_WRONLY, 0o644)
+            os.write(fd, d)
+            kept.append(os.dup(fd))          # no RELEASE while this is open
+            os.close(fd)                     # FLUSH: close() returns 0
+        out["exit_status"] = m.stop()        # SIGTERM
+        for fd in kept:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        m.start()
+        m.drop_caches()
+        out["reads"] = {n: read_errno(m.mountpoint / n, d) for n, d in data.items()}
+        out["lost"] = sorted(n for n, e in out["reads"].items() if e is not None)
+        return out
+    finally:
+        m.stop()
+
+
 # --- damage while unmounted ----------------------------------------------------------------------
 def _flip(path: Path, offset: int, nbytes: int) -> None:
     with open(path, "r+b") as f:
@@ -574,6 +831,7 @@ def truncated_wal(tmp: Path) -> dict:
 
 SCENARIOS = {f.__name__: f for f in (shrink_mid_write, shrink_mid_read, detached, enospc_lru,
                                       enospc_never, state_dir_full, slow_namespace,
+                                      fill_one, fill_all, stall, stop_after_close,
                                       torn_superblock, truncated_wal)}
 
 

@@ -294,6 +294,8 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
             for k, v in c.lat.items():
                 lat.setdefault(k, []).extend(v)
         warm = warm or samples[0]
+        # the second half of the run: where a leak shows as growth without a plateau
+        half = min(samples, key=lambda x: abs(x["t_s"] - end["t_s"] / 2))
         out = {
             "minutes": minutes, "threads": threads, "pool_bytes": st["tiers"]["pool"]["capacity"],
             "dram_bytes": st["tiers"]["dram"]["capacity"],
@@ -308,6 +310,8 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
                     "growth": end["VmRSS"] - warm["VmRSS"],
                     "anon_start": warm["RssAnon"], "anon_end": end["RssAnon"],
                     "anon_growth": end["RssAnon"] - warm["RssAnon"],
+                    "anon_second_half_growth": end["RssAnon"] - half["RssAnon"],
+                    "second_half_from_s": half["t_s"],
                     "shmem_start": warm["RssShmem"], "shmem_end": end["RssShmem"],
                     "after_clients": quiet["VmRSS"], "anon_after_clients": quiet["RssAnon"],
                     "after_drop_dram": dropped["VmRSS"],

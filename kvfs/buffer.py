@@ -327,7 +327,7 @@ class Buffer:
     """Growable block content in a memfd. Not thread-safe: one writer at a time (the caller's
     lock); worker threads only fill or drain the views they are given."""
 
-    __slots__ = ("chunk", "size", "_map", "sealed", "_box", "__weakref__")
+    __slots__ = ("chunk", "size", "_map", "sealed", "shared", "_box", "__weakref__")
 
     def __init__(self, chunk: int, size: int = 0, spares: Spares | None = None):
         """A buffer of `size` bytes. With `spares`, its memory may come from a dead buffer's
@@ -343,6 +343,10 @@ class Buffer:
         self.size = 0
         self._map: mmap.mmap | None = None
         self.sealed = False
+        # the kernel may write into it behind the daemon (a passthrough writer, or a shared
+        # writable mapping that outlives its descriptor): a write to the pool from its live
+        # memory checks that what it checksummed is what it wrote (device.Namespace)
+        self.shared = False
         self.resize(size)
 
     @property

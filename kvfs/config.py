@@ -24,6 +24,10 @@ DEFAULT_POOL_FILE_SIZE = 4 * GiB
 DEFAULT_STRIPE_UNIT = 1 * MiB
 DEFAULT_QUEUE_DEPTH = 8
 DEFAULT_WRITEBACK_MS = 100
+# A namespace that has not finished its share of a write-back within this (plus the share's
+# bytes at 64 MB/s) is failed for new placement and the share written elsewhere: Linux's NVMe
+# driver waits 30 s before it aborts a command, a stall no writer should wait out.
+DEFAULT_IO_TIMEOUT_MS = 5000
 DEFAULT_ATTR_TIMEOUT = 30.0      # seconds the kernel keeps names and attributes (one node)
 
 
@@ -69,6 +73,8 @@ class PoolConfig:
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
     io_engine: str = "auto"          # small blocks' I/O by Linux AIO on the trio thread ("auto"),
                                      # or by worker threads ("threads")
+    io_timeout_ms: int = DEFAULT_IO_TIMEOUT_MS   # a namespace's share of a write-back past this
+                                     # (plus its bytes at 64 MB/s): failed, written elsewhere
 
 
 @dataclass(frozen=True)
@@ -486,6 +492,8 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         max_block_size=max_block,
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
         io_engine=pool_t.take("io_engine", _choice("auto", "threads"), "auto"),
+        io_timeout_ms=pool_t.take("io_timeout_ms", _int_range(100, 600_000),
+                                  DEFAULT_IO_TIMEOUT_MS),
     )
     pool_t.done()
     cluster = None

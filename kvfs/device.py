@@ -17,6 +17,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import stat
 import struct
@@ -46,6 +47,8 @@ BATCH_JOB_BYTES = 8 << 20     # a write-back batch's bytes per worker job on a n
 MERGE_BYTES = 1 << 20         # staged writes back to back on a device go as one AIO write of
 MERGE_VIEWS = 256             # at most this many bytes, and views (the kernel takes 1,024)
 RETRY_SECONDS = 2.0           # a failed namespace without errors for this long is tried again
+DEADLINE_RATE = 64e6          # bytes per second a deadline allows beyond io_timeout
+STABLE_TRIES = 4              # writes of memory that keeps changing before it is refused
 DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # views per call
 
@@ -63,6 +66,7 @@ class NamespaceStats:
     busy_seconds: float = 0.0     # time with at least one I/O in flight
     rate_bps: float = 0.0         # recent bytes per busy second (0 until measured)
     aio_fallbacks: int = 0        # small-block I/Os AIO refused (EAGAIN...), done by a thread
+    timeouts: int = 0             # jobs past their deadline (Namespace.bounded)
 
 
 def probe(path: Path) -> tuple[bool, bool, int]:
@@ -211,6 +215,8 @@ class Namespace:
         self.stats = NamespaceStats()
         self._failed_at = 0.0           # (monotonic) the last error that marked it failed
         self._failed_writing = False    # ... and whether a write failed since it was ok
+        self.io_timeout: float | None = None    # seconds (`bounded`); None: no deadline
+        self.late = 0                   # jobs past their deadline, still in flight
         self.slots = PrioritySlots(queue_depth)
         # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
         self._sync_started = 0
@@ -322,10 +328,53 @@ class Namespace:
         return err
 
     def on_probation(self) -> bool:
-        """A failed namespace with no error for RETRY_SECONDS: placement tries it again (a
-        write that fails there is placed elsewhere: kvfs/writeback.py), so a device that
-        healed is used again without a remount."""
-        return self.stats.state != "ok" and time.monotonic() - self._failed_at >= RETRY_SECONDS
+        """A failed namespace with no error for RETRY_SECONDS and no job still in flight past
+        its deadline: placement tries it again (a write that fails there is placed
+        elsewhere: kvfs/writeback.py), so a device that healed is used again without a
+        remount."""
+        return self.stats.state != "ok" and not self.late and \
+            time.monotonic() - self._failed_at >= RETRY_SECONDS
+
+    async def bounded(self, job, nbytes: int):
+        """Run `job()` (this namespace's I/O of `nbytes`) and return its result, within the
+        deadline: `io_timeout` plus the bytes at DEADLINE_RATE. Past it, the namespace is
+        failed (for new placement) and EIO raised at once, while the job goes on in a system
+        task: it owns its memory and the extents it writes until it ends, and the EIO's
+        `pending` (a trio.Event) says when (the caller frees those extents then). The I/O
+        itself cannot be taken back: O_DIRECT, in the kernel or a worker thread."""
+        if self.io_timeout is None:
+            return await job()
+        done, box = trio.Event(), {}
+
+        async def run() -> None:
+            try:
+                box["result"] = await job()
+            except Exception as e:  # noqa: BLE001 - handed to the caller, or logged if late
+                box["error"] = e
+            finally:
+                done.set()
+        trio.lowlevel.spawn_system_task(run)
+        limit = self.io_timeout + nbytes / DEADLINE_RATE
+        with trio.move_on_after(limit):
+            await done.wait()
+        if done.is_set():
+            if "error" in box:
+                raise box["error"]
+            return box.get("result")
+        self.late += 1
+        self.stats.timeouts += 1
+
+        async def settle() -> None:
+            await done.wait()
+            self.late -= 1
+            if "error" in box:
+                log.warning("namespace %d (%s): an I/O past its deadline ended: %s", self.index,
+                            self.path, box["error"])
+        trio.lowlevel.spawn_system_task(settle)
+        err = self._failed(f"no answer within {limit:.1f} s (io_timeout_ms)",
+                           OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)))
+        err.pending = done
+        raise err
 
     def _ok(self, writing: bool = True) -> None:
         """An I/O succeeded. A failed namespace is ok again once it has had no error for
@@ -403,13 +452,14 @@ class Namespace:
         return (await self.write_units([list(views)], offset, [digest_len]))[0]
 
     async def write_units(self, units, offset: int, digest_lens: list[int], sync: bool = False,
-                          nbytes: int | None = None) -> list[int]:
+                          nbytes: int | None = None, verify: bool = False) -> list[int]:
         """Write several units back to back from `offset` with one pwritev; return each unit's
         xxh3-64 over its first `digest_lens[i]` bytes (0 where that is negative). With `sync`
         the write is durable on return: the worker thread that wrote also fdatasyncs when no
         sync is running (one hop for a small block), else the write joins the next shared
         sync (`sync()`). `units` is a list of each unit's views, or a function that makes
-        them (called in the worker thread; `nbytes`, their total length, is then given)."""
+        them (called in the worker thread; `nbytes`, their total length, is then given).
+        `verify`: the views are memory the kernel may write meanwhile (see `_write_sync`)."""
         if callable(units):
             flat = None
         else:
@@ -419,7 +469,7 @@ class Namespace:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
         if sync and nbytes <= GROUP_WRITE_BYTES:
             return await self._write_grouped(WriteRequest(units, flat, offset, digest_lens,
-                                                          nbytes))
+                                                          nbytes, verify))
         lead = sync and not self._syncing
         if lead:                           # this job's fdatasync is the round others wait for
             number = self._begin_sync()
@@ -428,7 +478,7 @@ class Namespace:
                 self._begin()
                 try:
                     digests = await threads.run_sync(self._write_sync, units, flat, offset,
-                                                     digest_lens, lead)
+                                                     digest_lens, lead, verify)
                 except OSError as e:
                     raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
                 finally:
@@ -554,7 +604,8 @@ class Namespace:
         any_written = False
         for r in batch:
             try:
-                r.digests = self._write_sync(r.units, r.flat, r.offset, r.digest_lens)
+                r.digests = self._write_sync(r.units, r.flat, r.offset, r.digest_lens,
+                                             verify=r.verify)
                 any_written = True
             except OSError as e:
                 r.error = e
@@ -683,13 +734,41 @@ class Namespace:
             after(units)
         return bad
 
-    def _write_sync(self, units, flat, offset: int, digest_lens, then_sync: bool = False) -> list[int]:
-        """In a worker thread: the checksums, then one pwritev (and an fdatasync)."""
+    def _write_sync(self, units, flat, offset: int, digest_lens, then_sync: bool = False,
+                    verify: bool = False) -> list[int]:
+        """In a worker thread: the checksums, then one pwritev (and an fdatasync). Staged
+        units (`units` a function) are a private copy. With `verify`, `flat` is memory the
+        kernel may write into meanwhile (`Buffer.shared`): the checksums are taken again
+        after the write, and the write repeated until both agree, so the checksums recorded
+        are those of the bytes written (a concurrent writer made them differ: after the
+        block was evicted, the whole file read EIO). Memory still changing after
+        STABLE_TRIES writes is copied, and the copy checksummed and written."""
         if callable(units):
             units = units()
             flat = [v for u in units for v in u]
         digests = _digests(units, digest_lens)
-        _transfer(os.pwritev, self.fd, flat, offset)
+        for _ in range(STABLE_TRIES):
+            _transfer(os.pwritev, self.fd, flat, offset)
+            if not verify:
+                break
+            again = _digests(units, digest_lens)
+            if again == digests:
+                break
+            digests = again
+        else:
+            log.warning("namespace %d: the block at %d changed while it was written, %d "
+                        "times: writing a copy", self.index, offset, STABLE_TRIES)
+            copy = mmap.mmap(-1, sum(len(v) for v in flat))
+            pos, frozen = 0, []
+            for u in units:
+                views = []
+                for v in u:
+                    copy[pos:pos + len(v)] = v
+                    views.append(memoryview(copy)[pos:pos + len(v)])
+                    pos += len(v)
+                frozen.append(views)
+            digests = _digests(frozen, digest_lens)
+            _transfer(os.pwritev, self.fd, [v for u in frozen for v in u], offset)
         if then_sync:
             os.fdatasync(self.fd)
         return digests
@@ -755,12 +834,14 @@ class WriteRequest:
     `units`: each unit's views (`flat`: all of them in order), or a function called in the
     worker thread that makes them (`flat` None)."""
 
-    __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "done", "batch",
+    __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "verify", "done", "batch",
                  "digests", "error")
 
-    def __init__(self, units, flat, offset: int, digest_lens, nbytes: int):
+    def __init__(self, units, flat, offset: int, digest_lens, nbytes: int,
+                 verify: bool = False):
         self.units, self.flat, self.offset = units, flat, offset
         self.digest_lens, self.nbytes = digest_lens, nbytes
+        self.verify = verify        # live memory the kernel may write (Namespace._write_sync)
         self.done = trio.Event()
         self.batch: list | None = None   # set when woken to run this group, not with a result
         self.digests: list[int] | None = None

@@ -433,6 +433,7 @@ class Files:
             buf, st.backing_version = h.version.buffer, h.version
         if h.writable:
             st.session.rdwr |= h.readable        # may be mmap'd for writing
+            buf.shared = True                    # the kernel writes into it itself
         h.backing = st.backing = buf
         st.passthrough += 1
         self.stats.passthrough_opens += 1

@@ -95,16 +95,18 @@ class WriteErrors:
 
     def __init__(self) -> None:
         self.seq = 0
-        self.files: dict[int, list] = {}     # ino -> [seq, KvfsError, seen]
+        self.files: dict[int, list] = {}     # ino -> [seq, message, seen]
         self.mount: list | None = None       # the mount's last error, the same way
         self.recorded = 0                    # errors recorded since the mount (statistics)
 
     def record(self, ino: int, err: KvfsError) -> None:
+        # (its message only: the exception's traceback would keep the failed batch's frames,
+        # and with them its blocks' memory, alive as long as the record)
         self.seq += 1
         self.recorded += 1
         self.files.pop(ino, None)
-        self.files[ino] = [self.seq, err, False]
-        self.mount = [self.seq, err, False]
+        self.files[ino] = [self.seq, str(err), False]
+        self.mount = [self.seq, str(err), False]
         while len(self.files) > self.MAX_FILES:
             del self.files[next(iter(self.files))]
 

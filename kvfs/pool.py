@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import trio
 
 from kvfs import linux_aio
 from kvfs.aio import run_all
@@ -146,11 +147,15 @@ class Pool:
                                        f"(kvfs needs more than {DATA_START})")
                 namespaces.append(ns)
             if fresh:
+                for ns in namespaces:
+                    ns.io_timeout = cfg.io_timeout_ms / 1000
                 pool_id = cls._write_superblocks(namespaces, cfg.stripe_unit)
                 log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
                 pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
                 pool.created = True
                 return pool
+            for ns in namespaces:
+                ns.io_timeout = cfg.io_timeout_ms / 1000
             rebuilt: list[str] = []
             pool_id = cls._validate(namespaces, cfg, expect_pool_id, rebuilt)
             pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
@@ -553,6 +558,20 @@ class Pool:
             raise
         return tuple(assign), tuple(offsets)
 
+    def release_after(self, layout: Layout, pending: list) -> None:
+        """`release`, once the I/O still writing some of its extents past its deadline has
+        ended (`pending`: trio Events; Namespace.bounded): until then nothing else may be
+        placed there."""
+        if not pending:
+            self.release(layout)
+            return
+
+        async def later() -> None:
+            for ev in pending:
+                await ev.wait()
+            self.release(layout)
+        trio.lowlevel.spawn_system_task(later)
+
     def release(self, layout: Layout) -> None:
         """Return the space of a block this node wrote (no reader may use its extents any
         more; in a shared pool: a block that was never published)."""
@@ -580,10 +599,12 @@ class Pool:
             out.append(run)
         return out
 
-    async def write_block(self, buf: Buffer, size: int) -> Layout:
+    async def write_block(self, buf: Buffer, size: int, *, deadline: bool = False) -> Layout:
         """Allocate, write every unit in parallel (a run of units per I/O), make them durable;
         return the layout. On failure the space is released and the error (ENOSPC or EIO)
-        raised."""
+        raised. With `deadline`, each namespace's I/O is bounded (Namespace.bounded: EIO
+        past it, the namespace failed; the write-back's one-file path); without, a commit at
+        close waits for the device (a system task per I/O would cost it about 15 us)."""
         ns_of, offsets = self.allocate(size)
         n = len(ns_of)
         sums = [0] * n
@@ -608,24 +629,42 @@ class Pool:
             def staged() -> list[list[memoryview]]:
                 return buf.stage_out(spans)
             j = ns_of[run[0]]
-            # the only run on its namespace: written and made durable in one job
-            digests = await self.namespaces[j].write_units(
-                staged if small else
-                [buf.io_views(start, stored, self.zero) for start, stored, _ in spans],
-                offsets[run[0]], lengths, sync=per_ns[j] == 1,
-                nbytes=sum(stored for _, stored, _ in spans))
+            ns = self.namespaces[j]
+            nbytes = sum(stored for _, stored, _ in spans)
+
+            def job():
+                # the only run on its namespace: written and made durable in one job
+                return ns.write_units(
+                    staged if small else
+                    [buf.io_views(start, stored, self.zero) for start, stored, _ in spans],
+                    offsets[run[0]], lengths, sync=per_ns[j] == 1, nbytes=nbytes,
+                    verify=buf.shared and not small)
+            digests = await (bounded(ns, job, nbytes) if deadline else job())
             for k, d in zip(run, digests):
                 sums[k] = d
             done[j] = time.perf_counter() - t0
 
+        late: list = []                         # I/Os past their deadline, still in flight
+
+        async def bounded(ns, job, nbytes: int):
+            try:
+                return await ns.bounded(job, nbytes)
+            except KvfsError as e:
+                if getattr(e, "pending", None) is not None:
+                    late.append(e.pending)
+                raise
+
+        async def sync(j: int) -> None:
+            ns = self.namespaces[j]
+            await (bounded(ns, ns.sync, 0) if deadline else ns.sync())
         try:
             if len(runs) == 1:                  # one I/O (a small block): no nursery
                 await write(runs[0])
             else:
                 await run_all((lambda r=r: write(r)) for r in runs)
-                await run_all(self.namespaces[j].sync for j in sorted(per_ns) if per_ns[j] > 1)
+                await run_all((lambda j=j: sync(j)) for j in sorted(per_ns) if per_ns[j] > 1)
         except BaseException:
-            self.release(Layout(size, self.unit, ns_of, offsets, (0,) * n))
+            self.release_after(Layout(size, self.unit, ns_of, offsets, (0,) * n), late)
             raise
         counts = {j: ns_of.count(j) for j in done}
         if log.isEnabledFor(logging.DEBUG):
@@ -671,18 +710,23 @@ class Pool:
                     [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
                 req = WriteRequest(units, None if small else [v for u in units for v in u],
                                    offsets[run[0]], [length for _, _, length in spans],
-                                   sum(stored for _, stored, _ in spans))
+                                   sum(stored for _, stored, _ in spans),
+                                   verify=buf.shared and not small)
                 by_ns.setdefault(ns_of[run[0]], []).append(req)
                 plan[5].append((run, req))
         t0 = time.perf_counter()
         done: dict[int, float] = {}
 
         async def write(j: int) -> None:
+            ns, reqs = self.namespaces[j], by_ns[j]
             try:
-                await self.namespaces[j].write_batch(by_ns[j])
+                await ns.bounded(lambda: ns.write_batch(reqs), sum(r.nbytes for r in reqs))
+            except KvfsError as e:          # past its deadline (it goes on: `e.pending`)
+                for r in reqs:
+                    r.error = e
             except Exception as e:  # noqa: BLE001 - per-block results, never a dead flusher
                 log.exception("namespace %d: a write-back batch failed", j)
-                for r in by_ns[j]:
+                for r in reqs:
                     r.error = r.error or KvfsError(errno.EIO, f"namespace {j}: {e}")
             done[j] = time.perf_counter() - t0
         if by_ns:
@@ -692,11 +736,13 @@ class Pool:
             layout = Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of))
             try:
                 for run, req in runs:
-                    req.units = req.flat = None     # (the block's memory: no longer needed)
+                    if getattr(req.error, "pending", None) is None:   # (else still in use)
+                        req.units = req.flat = None     # (the block's memory: not needed)
                     for k, d in zip(run, req.result()):
                         sums[k] = d
             except KvfsError as e:
-                self.release(layout)
+                self.release_after(layout, [r.error.pending for _, r in runs
+                                            if getattr(r.error, "pending", None) is not None])
                 out[i] = e
                 continue
             out[i] = Layout(size, self.unit, ns_of, offsets, tuple(sums))

@@ -53,8 +53,10 @@ class Service:
         self.writeback = None
         if cfg.mount.durability == "fsync" and not catalog.shared:
             # close is not a commit: closed files are committed in batches (writeback.py)
+            # (a writer waits for the dirty limit at most two I/O deadlines and the delay)
             self.writeback = sessions.writeback = WriteBack(
-                sessions, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit)
+                sessions, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit,
+                dirty_wait_max=2 * cfg.pool.io_timeout_ms / 1000 + cfg.mount.writeback_ms / 1000)
             catalog.sync_changes = False
             # space is freed once the change that released it is durable (in "close" mode
             # every change is durable before its space is retired: freed at once, and a free

@@ -520,7 +520,11 @@ class Sessions:
         while True:
             writer, s.writer = s.writer, None
             try:
-                return await self.store.write(s.buffer, size, writer)
+                # (bounded by the namespaces' deadline where close is not a commit: an fsync
+                # or a write-back waits no longer for a hung namespace; a close in "close"
+                # mode waits for the device: docs/concurrency.md)
+                return await self.store.write(s.buffer, size, writer,
+                                              deadline=self.writeback is not None)
             except KvfsError as e:
                 now = trio.current_time()
                 if give_up is None:

@@ -689,13 +689,15 @@ class BlockStore:
         """Where background I/O of the layers above runs (write-behind)."""
         return self._nursery
 
-    async def write(self, buf: Buffer, size: int, writer=None) -> Layout:
+    async def write(self, buf: Buffer, size: int, writer=None, *,
+                    deadline: bool = False) -> Layout:
         """Write a block to the pool (durable on return), finishing what `writer` (a
-        `pool.BlockWriter`) wrote behind; raises ENOSPC or EIO."""
+        `writer.BlockWriter`) wrote behind; raises ENOSPC or EIO (`deadline`: see
+        Pool.write_block)."""
         if writer is not None:
             layout = await writer.finish(buf, size)
         else:
-            layout = await self.pool.write_block(buf, size)
+            layout = await self.pool.write_block(buf, size, deadline=deadline)
         self.wrote(size)
         return layout
 

@@ -85,16 +85,19 @@ class WriteBackStats:
     catalog_syncs: int = 0           # syncs of tree changes alone (no file waited)
     dirty_waits: int = 0             # writers that waited for the dirty limit
     dirty_wait_seconds: float = 0.0
+    dirty_wait_timeouts: int = 0     # writers that stopped waiting (`dirty_wait_max`)
 
 
 class WriteBack:
-    def __init__(self, sessions: Sessions, *, delay: float, dirty_limit: int):
+    def __init__(self, sessions: Sessions, *, delay: float, dirty_limit: int,
+                 dirty_wait_max: float = 10.0):
         self.sessions = sessions
         self.catalog = sessions.catalog
         self.pool = sessions.pool
         self.space = sessions.space
         self.delay = delay
         self.dirty_limit = dirty_limit
+        self.dirty_wait_max = dirty_wait_max    # seconds a writer waits for the dirty limit
         self.queue: dict[Session, Item] = {}    # in the order they were closed
         self.queued_bytes = 0
         self.inflight: dict[Item, None] = {}    # taken by a batch, not yet durable
@@ -190,10 +193,15 @@ class WriteBack:
         self.stats.dirty_waits += 1
         self._urgent += 1
         try:
-            while self.dirty_bytes > self.dirty_limit:
-                drained = self._drained
-                self._wake.set()
-                await drained.wait()
+            # bounded: batches end within the namespaces' deadline (Namespace.bounded), and
+            # a writer never waits longer than `dirty_wait_max` whatever holds them up
+            with trio.move_on_after(self.dirty_wait_max) as scope:
+                while self.dirty_bytes > self.dirty_limit:
+                    drained = self._drained
+                    self._wake.set()
+                    await drained.wait()
+            if scope.cancelled_caught:
+                self.stats.dirty_wait_timeouts += 1
         finally:
             self._urgent -= 1
             self.stats.dirty_wait_seconds += trio.current_time() - t0
