@@ -573,7 +573,7 @@ class Files:
                                                 f"closed the file")
             return
         # A failed commit raises an error that says what the kernel may cache wrongly now
-        # (`dropped`, `removed`: see Sessions._drop); the FUSE layer tells the kernel before
+        # (`dropped`, `removed`: see Sessions.drop); the FUSE layer tells the kernel before
         # the closer hears of it.
         if self.sessions.writeback is not None:
             await self.sessions.closing(h.node, st)    # close is not a commit (writeback.py)
@@ -591,7 +591,7 @@ class Files:
             self.on_new_content(ino)
 
     def _tell_removed(self, e: KvfsError) -> None:
-        """A commit that dropped a never-committed file's name (see Sessions._drop) tells the
+        """A commit that dropped a never-committed file's name (see Sessions.drop) tells the
         kernel, which may cache the name (asynchronously: a rename holds the directory's
         lock, and a release has nobody waiting for it)."""
         removed = getattr(e, "removed", None)

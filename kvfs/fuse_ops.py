@@ -422,7 +422,7 @@ class FuseOps(pyfuse3.Operations):
 
     async def _commit(self, commit) -> None:
         """Await a flush's or fsync's commit. One that failed dropped what was written (see
-        Sessions._drop): the kernel forgets the size those writes gave the inode, and the name
+        Sessions.drop): the kernel forgets the size those writes gave the inode, and the name
         of a file never committed, before the caller hears of the failure, so a stat or an
         open right after the failed close() finds the previous version or no file, never
         the cached one. The name is invalidated synchronously, in a worker thread: the kernel

@@ -53,6 +53,14 @@ class SessionStats:
 
 
 class Sessions:
+    """Write sessions and their commit pipeline. A commit at close (`commit_locked`) and the
+    write-back flusher (kvfs/writeback.py) run the same public steps: `committable` (a failed
+    or unlinked session is not written), `write_block` (to the pool: room made, a failed
+    namespace written around), `publish` or the catalog's batch then `published`, and
+    `committed` (the buffer becomes the version's resident copy); `drop` when a step failed
+    (the file keeps its previous version), `free_alloc` / `abandon_writer` for what a session
+    that is not written held."""
+
     def __init__(self, catalog, store: BlockStore, pool: Pool, space: Space, *,
                  max_block_size: int):
         self.catalog = catalog
@@ -164,7 +172,7 @@ class Sessions:
         s.contig = min(s.contig, size)
         s.next_early = min(s.next_early, size // unit)
         if size == 0:
-            self._abandon_writer(s)
+            self.abandon_writer(s)
         elif s.writer is not None:
             s.writer.touch(size // unit, max(size // unit, max(s.writer.units, default=0)))
         self._charge(s)
@@ -201,15 +209,15 @@ class Sessions:
                 self.space.unreserve(take)
             s.next_early = k + 1
 
-    def _abandon_writer(self, s: Session) -> None:
+    def abandon_writer(self, s: Session) -> None:
         """A session that will not be committed (or was truncated) gives back what it wrote
         behind, and the extents its close allocated."""
-        self._free_alloc(s)
+        self.free_alloc(s)
         w, s.writer = s.writer, None
         if w is not None and self.store.nursery is not None:
             self.store.nursery.start_soon(w.abort)
 
-    def _free_alloc(self, s: Session) -> None:
+    def free_alloc(self, s: Session) -> None:
         if s.alloc is not None:
             self.pool.release(s.alloc)
             s.alloc = None
@@ -231,7 +239,7 @@ class Sessions:
         if s is None or s.writeback is not None:    # (waiting for write-back: the content)
             return
         st.session = None
-        self._abandon_writer(s)
+        self.abandon_writer(s)
         self.space.unreserve(s.reserved)
         s.reserved = 0
         if not s.frozen:
@@ -315,7 +323,7 @@ class Sessions:
             return
         async with st.lock:
             changed, size, sig, _ = self._look(s)
-            if not changed or not await self._committable(node, st, s):
+            if not changed or not await self.committable(node, st, s):
                 return
             try:
                 if size > self.max_block_size:
@@ -324,7 +332,7 @@ class Sessions:
             except KvfsError as e:
                 self.stats.commit_errors += 1
                 s.failed = e
-                raise await self._drop(node, st, e) from None
+                raise await self.drop(node, st, e) from None
             s.flushed = s.mark(sig)     # closed with this content: `closed_at_stop`
 
     async def _released_first(self) -> bool:
@@ -348,7 +356,7 @@ class Sessions:
         if s.alloc is not None:
             if s.alloc.size == size:
                 return
-            self._free_alloc(s)               # written again since (another handle, a mapping)
+            self.free_alloc(s)               # written again since (another handle, a mapping)
         self.space.unreserve(s.reserved)
         s.reserved = 0
         tries, give_up = 0, None
@@ -380,7 +388,7 @@ class Sessions:
                      nbytes: int | None) -> None:
         """Hand a session its last writer closed to the write-back flusher (see `closing`
         for the checks, made again: it may have been written through a mapping since)."""
-        if not await self._committable(node, st, s):
+        if not await self.committable(node, st, s):
             return
         try:
             if size > self.max_block_size:
@@ -389,7 +397,7 @@ class Sessions:
         except KvfsError as e:
             self.stats.commit_errors += 1
             s.failed = e
-            raise await self._drop(node, st, e) from None
+            raise await self.drop(node, st, e) from None
         self._charge(s, nbytes)
         if sig is not None:     # the kernel wrote it (passthrough): its memory file's time
             node.mtime_ns = node.ctime_ns = sig[1]
@@ -432,17 +440,17 @@ class Sessions:
         if self.writeback is not None:
             await self.catalog.sync()
 
-    async def _committable(self, node: Node, st: NodeState, s: Session) -> bool:
+    async def committable(self, node: Node, st: NodeState, s: Session) -> bool:
         """Checks before a session's bytes go to the pool: a session whose write failed (or
         whose writer was killed) is dropped with that error; one whose file was unlinked
         meanwhile is not committed (False); after a catalog failure: EIO."""
         if s.failed is not None:
-            raise await self._drop(node, st, KvfsError(
+            raise await self.drop(node, st, KvfsError(
                 s.failed.errno, f"{self.catalog.path_of(node)}: not committed, an earlier "
                                 f"write or commit failed: {s.failed}"))
         if not node.linked:          # unlinked before its first/next commit: nothing to keep
             s.dirty = False
-            self._abandon_writer(s)
+            self.abandon_writer(s)
             if node.removed_elsewhere:
                 s.failed = self._removed_elsewhere(node)
                 raise s.failed
@@ -467,7 +475,7 @@ class Sessions:
         s = st.session
         if s is None or not s.changed():
             return
-        if not await self._committable(node, st, s):
+        if not await self.committable(node, st, s):
             return
         size, sig, nbytes = self._measure(s)
         if size > self.max_block_size:
@@ -475,11 +483,11 @@ class Sessions:
             raise self.too_big(size, "a file of")
         self.space.unreserve(s.reserved)   # the allocation below takes its place at once
         s.reserved = 0
-        self._free_alloc(s)
+        self.free_alloc(s)
         self._charge(s, nbytes)
         self.writing += 1
         try:
-            layout = await self._write_retrying(node, s, size)
+            layout = await self.write_block(node, s, size)
         except KvfsError as e:
             layout, failed = None, e
         finally:
@@ -488,13 +496,13 @@ class Sessions:
                 self._written.set()
                 self._written = None
         if layout is None:      # (dropped once `writing` no longer waits for it: see above)
-            raise await self._drop(node, st, failed) from None
+            raise await self.drop(node, st, failed) from None
         # (no checkpoint from here to the catalog's statements: `writing` says when it joins)
         try:
             rec = await self.publish(node, layout)
         except KvfsError as e:
             s.failed = e              # its closer is told; a later release must not commit it
-            raise await self._drop(node, st, e) from None
+            raise await self.drop(node, st, e) from None
         await self.committed(node, st, s, rec, sig)
 
     async def committed(self, node: Node, st: NodeState, s: Session, rec: BlobRec,
@@ -508,7 +516,7 @@ class Sessions:
             self._adopt(node, s)
         await self.keep_pinned(node, rec)
 
-    async def _write_retrying(self, node: Node, s: Session, size: int):
+    async def write_block(self, node: Node, s: Session, size: int):
         """Write the session's block to the pool (its units written behind so far included);
         the layout. A full pool makes room and tries again, a bounded number of times for a
         bounded time: room that still does not fit (free bytes fragmented below a unit) would
@@ -543,7 +551,7 @@ class Sessions:
                 s.failed = e          # its closer is told; a later release must not commit it
                 raise
 
-    async def _drop(self, node: Node, st: NodeState, err: KvfsError) -> KvfsError:
+    async def drop(self, node: Node, st: NodeState, err: KvfsError) -> KvfsError:
         """A write into this session failed, or its commit did, or its writer was killed: it
         holds less than its writer wrote, and is never committed (`failed` stays set until a
         truncate to 0). Drop it now, as its closer (or fsync, or rename) is told: from here on
@@ -557,7 +565,7 @@ class Sessions:
         went (the kernel may cache it)."""
         s = st.session
         s.dirty = False
-        self._abandon_writer(s)
+        self.abandon_writer(s)
         err.dropped = node.ino
         # the writer hears of it; the log says it too, for whoever runs the node (a full pool;
         # a catalog failure is logged once, where it happened)

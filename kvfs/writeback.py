@@ -10,7 +10,7 @@ has waited `delay` seconds (`[mount] writeback_ms`), or at once when someone wai
 1. data: every block of the batch is allocated, then each namespace gets one worker-thread job
    for all the runs placed on it (a checksum and a pwritev per run) and one fdatasync
    (`Pool.write_batch`); a block that did not fit, or that a sequential writer wrote behind
-   through the daemon, takes the one-file path (`Sessions._write_retrying`: room is made);
+   through the daemon, takes the one-file path (`Sessions.write_block`: room is made);
 2. metadata: one catalog transaction records every block as its file's version, each
    statement run once with every file's parameters (`SqliteCatalog.commit_batch`); the
    transaction's WAL sync runs while the next batch writes its data (at most
@@ -169,7 +169,7 @@ class WriteBack:
         del self.queue[s]
         self.queued_bytes -= item.size
         s.dirty = False
-        self.sessions._abandon_writer(s)
+        self.sessions.abandon_writer(s)
         self._done(item)
 
     async def sync_all(self) -> None:
@@ -282,7 +282,7 @@ class WriteBack:
                 self._done(item)            # (dropped meanwhile: nothing to write)
                 continue
             try:
-                if not await sessions._committable(node, st, s):
+                if not await sessions.committable(node, st, s):
                     self._done(item)        # unlinked meanwhile
                     continue
             except KvfsError as e:          # a catalog failure
@@ -313,7 +313,7 @@ class WriteBack:
         if slow:
             async def one(item: Item) -> None:
                 try:
-                    ready.append((item, await sessions._write_retrying(
+                    ready.append((item, await sessions.write_block(
                         item.node, item.session, item.size)))
                 except KvfsError as e:
                     await self._fail(item, e)
@@ -374,15 +374,15 @@ class WriteBack:
             self._done(item)
 
     async def _fail(self, item: Item, e: KvfsError) -> None:
-        """The file's write-back failed: its new content is dropped (Sessions._drop)."""
+        """The file's write-back failed: its new content is dropped (Sessions.drop)."""
         s, st, node = item.session, item.st, item.node
         self.stats.errors += 1
         log.error("%s: write-back failed, the file keeps its previous version: %s",
                   self.catalog.path_of(node), e)
         if s.failed is None:
             s.failed = e
-        if st.session is s and s.changed():     # (else dropped already: _committable)
-            e = await self.sessions._drop(node, st, e)
+        if st.session is s and s.changed():     # (else dropped already: committable)
+            e = await self.sessions.drop(node, st, e)
         if self.on_failed is not None:
             self.on_failed(node.ino, e)
         self._done(item, e)
@@ -391,7 +391,7 @@ class WriteBack:
         """The item leaves write-back (durable, dropped, or failed with `error`)."""
         s, st = item.session, item.st
         item.error = error
-        self.sessions._free_alloc(s)      # (not written: its close's extents go back)
+        self.sessions.free_alloc(s)      # (not written: its close's extents go back)
         if s.writeback is item:
             s.writeback = None
         self.queue.pop(s, None)
