@@ -24,8 +24,8 @@ DEFAULT_POOL_FILE_SIZE = 4 * GiB
 DEFAULT_STRIPE_UNIT = 1 * MiB
 DEFAULT_QUEUE_DEPTH = 8
 DEFAULT_WRITEBACK_MS = 100
-# A namespace that has not finished its share of a write-back within this (plus the share's
-# bytes at 64 MB/s) is failed for new placement and the share written elsewhere: Linux's NVMe
+# A namespace that has not finished its share of a write within this (plus the share's bytes
+# at 64 MB/s) is failed for new placement and the share written elsewhere: Linux's NVMe
 # driver waits 30 s before it aborts a command, a stall no writer should wait out.
 DEFAULT_IO_TIMEOUT_MS = 5000
 DEFAULT_ATTR_TIMEOUT = 30.0      # seconds the kernel keeps names and attributes (one node)
@@ -73,7 +73,7 @@ class PoolConfig:
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
     io_engine: str = "auto"          # small blocks' I/O by Linux AIO on the trio thread ("auto"),
                                      # or by worker threads ("threads")
-    io_timeout_ms: int = DEFAULT_IO_TIMEOUT_MS   # a namespace's share of a write-back past this
+    io_timeout_ms: int = DEFAULT_IO_TIMEOUT_MS   # a namespace's share of a write past this
                                      # (plus its bytes at 64 MB/s): failed, written elsewhere
 
 

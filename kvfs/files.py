@@ -27,6 +27,7 @@ from typing import Callable
 from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.catalog.tree import RENAME_EXCHANGE
+from kvfs.durability import Durability, Listener
 from kvfs.errors import KvfsError
 from kvfs.handles import (
     Attr,
@@ -61,7 +62,10 @@ class FilesStats:
 
 class Files:
     def __init__(self, catalog, store: BlockStore, space: Space, sessions: Sessions,
-                 leases: Leases, allocations: Allocations, *, readahead=None):
+                 leases: Leases, allocations: Allocations, *,
+                 durability: Callable[[Listener], Durability], readahead=None):
+        """`durability` makes the seam that says when bytes are durable (kvfs/durability.py)
+        with this layer as its listener: the composer chooses which."""
         self.catalog = catalog
         self.store = store
         self.space = space
@@ -86,10 +90,7 @@ class Files:
         self.on_evict: Callable[[int, bytes, int], None] | None = None
         self.on_new_name: Callable[[int, bytes], None] | None = None
         self.on_new_content: Callable[[int], None] | None = None
-        wb = sessions.writeback
-        if wb is not None:
-            wb.on_settled = self._release
-            wb.on_failed = self._write_back_failed
+        self.durability = durability(self)
 
     @property
     def misses_cacheable(self) -> bool:
@@ -227,7 +228,7 @@ class Files:
         if st is not None and st.session is not None:
             self._gone_sizes[node.ino] = st.session.size     # (see attr)
             if st.session.writeback is not None:
-                self.sessions.writeback.unlinked(st.session)
+                self.durability.unlinked(st.session)
         if node.blob is not None:
             st = self.handles.states.get(node.ino)
             if st is not None and st.writers > 0 and st.held is None:
@@ -273,7 +274,7 @@ class Files:
         replaces it is durable: those commit first. So does a file still open for writing
         (its writer has not closed it: what it wrote so far becomes a version here, as in
         "close" mode; after the rename a directory fsync makes it durable under its name)."""
-        if self.sessions.writeback is None or src.persisted:
+        if not self.durability.defers_commit or src.persisted:
             return True
         st = self.handles.states.get(src.ino)
         if st is not None and st.writers > 0:
@@ -373,10 +374,10 @@ class Files:
             raise KvfsError(errno.ENOENT, f"{node.name.decode(errors='replace')}: deleted "
                                           f"(evicted)")
         writable = flags & os.O_ACCMODE != os.O_RDONLY
-        if writable and self.sessions.writeback is not None:
+        if writable:
             # a closed file's buffer waiting for write-back is never written again (once
             # written back, the inode's state may have gone: it is looked up after)
-            await self.sessions.writeback.throttle()
+            await self.durability.throttle()
             await self.settle(ino)
         st = self.handles.state(ino)
         passthrough = self._use_passthrough(node, st, writable)
@@ -445,6 +446,7 @@ class Files:
             if s.unreadable is not None:
                 raise s.unreadable
             h.version = s
+            h.rollbacks = s.rollbacks
             if s.writeback is not None and access:
                 # a closed file not yet written back is the file's content: its reads count
                 # as reads of it (readahead's order, the pool's uses), as once it is written
@@ -480,8 +482,7 @@ class Files:
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                      gid: int, pid: int = 0) -> tuple[OpenResult, Attr]:
         gid, mode = self._owner(self.catalog.dir(parent), gid, mode, False)
-        if self.sessions.writeback is not None:
-            await self.sessions.writeback.throttle()
+        await self.durability.throttle()
         node = self.catalog.create_file(parent, name, mode, uid, gid)
         self.stats.creates += 1
         if self.readahead is not None:
@@ -524,6 +525,11 @@ class Files:
         if isinstance(version, Session):
             if version.unreadable is not None:
                 raise version.unreadable
+            if version.rollbacks != h.rollbacks and not h.writable:
+                # what it read was dropped (a failed write-back or commit): one version per
+                # open, the rest of it is EIO rather than the previous version's bytes
+                raise KvfsError(errno.EIO, f"{self.catalog.path_of(h.node)}: its content was "
+                                           f"rolled back under this open (not written)")
             return version.buffer.view(offset, length)
         return await self.store.read(version, offset, length)
 
@@ -575,12 +581,13 @@ class Files:
         # A failed commit raises an error that says what the kernel may cache wrongly now
         # (`dropped`, `removed`: see Sessions.drop); the FUSE layer tells the kernel before
         # the closer hears of it.
-        if self.sessions.writeback is not None:
-            await self.sessions.closing(h.node, st)    # close is not a commit (writeback.py)
-        else:
-            await self.sessions.commit_if_dirty(h.node, st)
+        await self.durability.closing(h.node, st)
 
-    def _write_back_failed(self, ino: int, e: KvfsError) -> None:
+    def settled(self, ino: int) -> None:
+        """A closed file left write-back (kvfs/durability.py's Listener)."""
+        self._release(ino)
+
+    def write_back_failed(self, ino: int, e: KvfsError) -> None:
         """A closed file's write-back failed and dropped its content: reported to the fsyncs
         to come (`write_errors`); the kernel may cache its size, or its name (never
         committed)."""
@@ -606,7 +613,7 @@ class Files:
         h = self.handles.get(fh)
         ino = h.node.ino
         try:
-            await self.sessions.sync_file(h.node, self.handles.states.get(ino))
+            await self.durability.sync_file(h.node, self.handles.states.get(ino))
         except KvfsError:
             _, h.wb_seen = self.write_errors.check(h.wb_seen, ino)     # told now
             raise
@@ -616,8 +623,7 @@ class Files:
 
     async def sync_all(self) -> None:
         """`kvfs flush`, unmount: every closed file and every change durable."""
-        if self.sessions.writeback is not None:
-            await self.sessions.writeback.sync_all()
+        await self.durability.sync_all()
 
     async def closed_at_stop(self) -> int:
         """Unmount, SIGTERM: hand to write-back every file whose last close (FLUSH) saw its
@@ -630,7 +636,7 @@ class Files:
                 continue
             n += 1
             try:
-                await self.sessions.finish(h.node, st)
+                await self.durability.released(h.node, st)
             except KvfsError as e:
                 log.error("%s: closed, not written back at the stop: %s",
                           self.catalog.path_of(h.node), e)
@@ -679,7 +685,7 @@ class Files:
             try:
                 # mmap(MAP_SHARED) and passthrough writers may write after the last flush
                 try:
-                    await self.sessions.finish(node, st)
+                    await self.durability.released(node, st)
                 except KvfsError as e:
                     self._tell_removed(e)
                     raise
@@ -833,7 +839,7 @@ class Files:
                 "plain_opens": self.stats.plain_opens,
                 "commits": s.commits, "commit_errors": s.commit_errors,
                 "bytes_written": s.bytes_written, "pool_evictions": self.space.evictions,
-                "durability": "close" if self.sessions.writeback is None else "fsync",
+                "durability": self.durability.mode,
                 **vars(self.leases.stats), **vars(self.allocations.stats),
                 "open_handles": len(self.handles), "nodes": self.catalog.node_count,
                 "kernel_refs": len(self.handles.lookups), "node_states": len(self.handles.states),

@@ -75,6 +75,7 @@ class Handle:
     pid: int = 0                                 # the process that opened it (0: unknown)
     wb_seen: int = 0                             # the file's write errors it has seen
                                                  # (WriteErrors.sample, then its fsyncs)
+    rollbacks: int = 0                           # its session's, when it pinned it
 
 
 class WriteErrors:

@@ -558,6 +558,13 @@ class Pool:
             raise
         return tuple(assign), tuple(offsets)
 
+    def free_after(self, j: int, off: int, length: int, pending) -> None:
+        """`free_extent` once the I/O writing it past its deadline has ended (`pending`)."""
+        async def later() -> None:
+            await pending.wait()
+            self.free_extent(j, off, length)
+        trio.lowlevel.spawn_system_task(later)
+
     def release_after(self, layout: Layout, pending: list) -> None:
         """`release`, once the I/O still writing some of its extents past its deadline has
         ended (`pending`: trio Events; Namespace.bounded): until then nothing else may be
@@ -602,9 +609,9 @@ class Pool:
     async def write_block(self, buf: Buffer, size: int, *, deadline: bool = False) -> Layout:
         """Allocate, write every unit in parallel (a run of units per I/O), make them durable;
         return the layout. On failure the space is released and the error (ENOSPC or EIO)
-        raised. With `deadline`, each namespace's I/O is bounded (Namespace.bounded: EIO
-        past it, the namespace failed; the write-back's one-file path); without, a commit at
-        close waits for the device (a system task per I/O would cost it about 15 us)."""
+        raised. With `deadline` (the daemon's commits always ask for it), each namespace's
+        I/O is bounded (Namespace.bounded: EIO past it, the namespace failed, the block
+        written again elsewhere by the caller: Sessions.write_block)."""
         ns_of, offsets = self.allocate(size)
         n = len(ns_of)
         sums = [0] * n
@@ -769,16 +776,19 @@ class Pool:
         return r
 
     def alloc_unit(self, preferred: int, length: int) -> tuple[int, int]:
-        """An extent for one unit, on `preferred` if it has room, else on the next namespace
-        (in order) that has. Raises ENOSPC."""
+        """An extent for one unit, on `preferred` if it has room and is healthy (ok, or on
+        probation), else on the next healthy namespace (in order) that has; on a failed one
+        only if no healthy one has room. Raises ENOSPC."""
         n = len(self.namespaces)
-        for i in range(n):
-            j = (preferred + i) % n
-            if i and self.namespaces[j].stats.state != "ok":
-                continue
-            off = self.alloc_extent(j, length)
-            if off is not None:
-                return j, off
+        for healthy in (True, False):
+            for i in range(n):
+                j = (preferred + i) % n
+                ns = self.namespaces[j]
+                if healthy != (ns.stats.state == "ok" or ns.on_probation()):
+                    continue
+                off = self.alloc_extent(j, length)
+                if off is not None:
+                    return j, off
         raise no_space(f"pool is full: no room for a {length}-byte stripe unit")
 
     async def read_run(self, layout: Layout, run: list[int], buf: Buffer, *,

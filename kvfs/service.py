@@ -24,7 +24,8 @@ from kvfs.leases import Allocations, Leases
 from kvfs.readahead import Readahead
 from kvfs.sessions import Sessions
 from kvfs.store import BlockStore
-from kvfs.writeback import WriteBack
+from kvfs.durability import CommitAtClose, Durability
+from kvfs.writeback import WriteBack, WriteQueue
 
 log = logging.getLogger("kvfs.service")
 
@@ -46,24 +47,35 @@ class Service:
         self.readahead = Readahead(catalog, store, knobs)
         self.leases = Leases(store)
         self.allocations = Allocations(pool, space)
-        sessions = Sessions(catalog, store, pool, space,
-                            max_block_size=cfg.pool.max_block_size or pool.capacity)
-        if hasattr(catalog, "before_commit"):      # group commit waits for writing commits
-            catalog.before_commit = sessions.writes_settled
-        self.writeback = None
-        if cfg.mount.durability == "fsync" and not catalog.shared:
-            # close is not a commit: closed files are committed in batches (writeback.py)
+        # When bytes are durable (kvfs/durability.py), chosen here once: "fsync" (close is not
+        # a commit: closed files are committed in batches, kvfs/writeback.py) or "close"
+        # (close() commits; always with a shared pool)
+        write_back = cfg.mount.durability == "fsync" and not catalog.shared
+        queue = None
+        if write_back:
             # (a writer waits for the dirty limit at most two I/O deadlines and the delay)
-            self.writeback = sessions.writeback = WriteBack(
-                sessions, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit,
+            queue = WriteQueue(
+                catalog, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit,
                 dirty_wait_max=2 * cfg.pool.io_timeout_ms / 1000 + cfg.mount.writeback_ms / 1000)
             catalog.sync_changes = False
             # space is freed once the change that released it is durable (in "close" mode
             # every change is durable before its space is retired: freed at once, and a free
             # never waits for an unrelated later transaction)
             space.after_release = catalog.after_release
+        sessions = Sessions(catalog, store, pool, space,
+                            max_block_size=cfg.pool.max_block_size or pool.capacity,
+                            pending=queue, write_behind=not write_back, deadline=True)
+        if hasattr(catalog, "before_commit"):      # group commit waits for writing commits
+            catalog.before_commit = sessions.writes_settled
+
+        def durability(listener) -> Durability:
+            if queue is not None:
+                return WriteBack(queue, sessions, listener)
+            return CommitAtClose(sessions)
         self.files = files = Files(catalog, store, space, sessions, self.leases,
-                                   self.allocations, readahead=self.readahead)
+                                   self.allocations, durability=durability,
+                                   readahead=self.readahead)
+        self.durability = files.durability
         self.direct = DirectAccess(catalog, files.handles, sessions, space, self.leases,
                                    self.allocations, files.hits)
         space.store = store
@@ -98,8 +110,7 @@ class Service:
             await nursery.start(self.catalog.serve)
             await nursery.start(self.store.serve)
             await nursery.start(self.space.serve)
-            if self.writeback is not None:
-                await nursery.start(self.writeback.serve)
+            await nursery.start(self.durability.serve)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
             nursery.start_soon(self._recharge_periodically)
@@ -118,18 +129,10 @@ class Service:
         unreachable). Returns how many files' content could not be written back: those
         failing now, and earlier failures no fsync has reported (logged; the daemon then
         exits non-zero)."""
-        lost = 0
-        if self.writeback is not None:
-            n = await self.files.closed_at_stop()
-            if n:
-                log.info("%d closed file(s) whose release had not come: written back now", n)
-            before = self.writeback.stats.errors
-            try:
-                await self.writeback.sync_all()
-            except KvfsError as e:
-                log.error("writing back closed files at unmount failed: %s", e)
-                lost += 1
-            lost += self.writeback.stats.errors - before
+        n = await self.files.closed_at_stop()
+        if n:
+            log.info("%d closed file(s) whose release had not come: written back now", n)
+        lost = await self.durability.stop()
         await self.flush()
         unseen = sum(1 for rec in self.files.write_errors.files.values() if not rec[2])
         if lost or unseen:
@@ -152,10 +155,7 @@ class Service:
         learned chain links."""
         out = {}
         try:
-            if self.writeback is not None:
-                before = self.writeback.stats.files
-                await self.writeback.sync_all()
-                out["written_back"] = self.writeback.stats.files - before
+            out.update(await self.durability.flush())
             out["atimes"] = await self.catalog.flush_atimes()
             out["links"] = await self.catalog.flush_links()
         except KvfsError as e:
@@ -210,7 +210,7 @@ class Service:
             "store": store["store"],
             "prefetch": prefetch,
             "files": self.files.statistics(),
-            **({"writeback": self.writeback.statistics()} if self.writeback else {}),
+            **({"writeback": wb} if (wb := self.durability.statistics()) is not None else {}),
             "data_path": {**self.data_path(), "memory": MEMORY.kind,
                           "dram_memfd_bytes": self.store.memfd_bytes()},
             "latency": self.latency.summary(),

@@ -16,7 +16,7 @@ class Session:
 
     __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
                  "next_early", "passthrough", "rdwr", "sig", "rec", "failed", "unreadable",
-                 "writeback", "alloc", "edits", "flushed")
+                 "writeback", "alloc", "edits", "flushed", "rollbacks")
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
@@ -49,6 +49,9 @@ class Session:
         # accepted the content: what a stop writes back when the RELEASE never came
         self.edits = 0
         self.flushed: tuple | None = None
+        # times its content was rolled back after a failed commit or write-back: a handle
+        # that read it before reads EIO after, never two versions (kvfs/files.py)
+        self.rollbacks = 0
 
     @property
     def early(self) -> int:

@@ -24,6 +24,7 @@ import xxhash
 
 from kvfs.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
+from kvfs.durability import NothingPending, Pending
 from kvfs.errors import KvfsError
 from kvfs.handles import NodeState
 from kvfs.layout import Layout
@@ -62,7 +63,13 @@ class Sessions:
     that is not written held."""
 
     def __init__(self, catalog, store: BlockStore, pool: Pool, space: Space, *,
-                 max_block_size: int):
+                 max_block_size: int, pending: Pending | None = None,
+                 write_behind: bool = True, deadline: bool = False):
+        """`pending`: closed files waiting for write-back (kvfs/durability.py; none when
+        close is a commit). `write_behind`: a sequential writer's full units go to the pool
+        while it writes (only where close commits: a close then has less to write).
+        `deadline`: writes to the pool are bounded by the namespaces' I/O deadline
+        (Pool.write_block; the service always asks for it)."""
         self.catalog = catalog
         self.store = store
         self.pool = pool
@@ -70,9 +77,9 @@ class Sessions:
         self.max_block_size = max_block_size
         self.stats = SessionStats()
         self.writing = 0                 # commits writing their block to the pool now
-        # durability = "fsync": the flusher that commits closed files (kvfs/writeback.py; set
-        # by the composer); None: close() commits ("close")
-        self.writeback = None
+        self.pending = pending if pending is not None else NothingPending()
+        self.write_behind = write_behind
+        self.deadline = deadline
         self._written: trio.Event | None = None     # set when `writing` drops to 0
 
     async def writes_settled(self, timeout: float) -> None:
@@ -182,7 +189,7 @@ class Sessions:
     def _write_behind(self, s: Session, offset: int, end: int) -> None:
         """Start writing the units a sequential writer has completed and moved past, so its
         transfer overlaps the namespaces' I/O; close() then only has the rest to write."""
-        if s.failed is not None or self.writeback is not None:
+        if s.failed is not None or not self.write_behind:
             # never committed: nothing to write ahead for; or close is not a commit, so a
             # close waits for no I/O to overlap (and the write-back batches the units)
             return
@@ -260,10 +267,9 @@ class Sessions:
             # closed files waiting for write-back cannot be evicted, and the space of files
             # deleted is free once their deletion is durable: after a write-back of both, it
             # may fit (a writer filling the pool must not see ENOSPC for files it closed)
-            if e.errno != errno.ENOSPC or self.writeback is None or \
-                    not (self.writeback.dirty_bytes or self.catalog.unsynced):
+            if e.errno != errno.ENOSPC or not self.pending.pending():
                 raise
-            await self.writeback.sync_all()
+            await self.pending.drain()
             await self.space.reserve(need, exclude=node.ino)
         s.reserved += need
 
@@ -272,7 +278,7 @@ class Sessions:
         if st is None or st.session is None:
             return
         if st.session.writeback is not None:       # closed: the flusher commits it now
-            err = await self.writeback.settle(st.session)
+            err = await self.pending.settle(st.session)
             if err is not None:
                 raise err
             return
@@ -281,10 +287,11 @@ class Sessions:
         async with st.lock:
             await self.commit_locked(node, st)
 
-    async def finish(self, node: Node, st: NodeState) -> None:
-        """The last writable handle is gone: commit what is left (durability "close"), or
-        hand it to the write-back flusher ("fsync"), and let the store keep the buffer as the
-        committed version's resident copy."""
+    async def finish(self, node: Node, st: NodeState, hand_off) -> None:
+        """The last writable handle is gone: what changed since the last commit goes to
+        `hand_off(node, st, session, size, signature, memory)` (the durability's: a commit,
+        or `queue` for the write-back), with st.lock held; an unchanged passthrough session
+        becomes the committed version's resident copy."""
         s = st.session
         if s is None:
             return
@@ -299,10 +306,8 @@ class Sessions:
             if not changed:
                 if s.passthrough and not s.frozen and s.rec is not None and node.blob is s.rec:
                     self._adopt(node, s)
-            elif self.writeback is None:
-                await self.commit_locked(node, st)
             else:
-                await self._queue(node, st, s, size, sig, nbytes)
+                await hand_off(node, st, s, size, sig, nbytes)
 
     def _look(self, s: Session):
         """(changed since the last commit, size, signature, memory) of a session, with one
@@ -313,7 +318,7 @@ class Sessions:
         return s.changed(), s.buffer.size, None, None
 
     # --- durability = "fsync": close is not a commit (kvfs/writeback.py) ---------------------------
-    async def closing(self, node: Node, st: NodeState | None) -> None:
+    async def prepare(self, node: Node, st: NodeState | None) -> None:
         """A writer's close() when close is not a commit: what a commit would report now is
         reported now (an earlier write that failed, a file past max_block_size, a pool with
         no room: the session is dropped, as a failed commit's is), and the file's pool space
@@ -340,7 +345,7 @@ class Sessions:
         freed is free once their changes are durable ("fsync" mode: the write-back delay);
         sync them now rather than delete more (a client that evicts its own files, as
         LMCache and SGLang do, must not see kvfs evict too). Whether that freed anything."""
-        if self.writeback is None or not getattr(self.space, "releasing", 0):
+        if not getattr(self.space, "releasing", 0):
             return False
         await self.catalog.sync()
         return True
@@ -373,21 +378,22 @@ class Sessions:
                 if await self._released_first():
                     continue
                 # (a file waiting for write-back cannot be evicted yet: none ranked after it is)
-                if await self.space.make_room(node.ino, size, self.writeback.first_in_order()):
+                if await self.space.make_room(node.ino, size, self.pending.first_in_order()):
                     continue
                 # closed files not yet written back cannot be evicted, and the space of
                 # deleted ones is free once their deletion is durable: after both, it may fit
-                if not (self.writeback.dirty_bytes or self.catalog.unsynced):
+                if not self.pending.pending():
                     raise
-                await self.writeback.sync_all()
+                await self.pending.drain()
                 continue
             s.alloc = Layout(size, self.pool.unit, ns_of, offsets, (0,) * len(ns_of))
             return
 
-    async def _queue(self, node: Node, st: NodeState, s: Session, size: int, sig,
-                     nbytes: int | None) -> None:
-        """Hand a session its last writer closed to the write-back flusher (see `closing`
-        for the checks, made again: it may have been written through a mapping since)."""
+    async def queue(self, node: Node, st: NodeState, s: Session, size: int, sig,
+                    nbytes: int | None) -> None:
+        """Hand a session its last writer closed to the write-back queue (`pending`, a
+        WriteQueue; see `prepare` for the checks, made again: it may have been written
+        through a mapping since)."""
         if not await self.committable(node, st, s):
             return
         try:
@@ -407,7 +413,7 @@ class Sessions:
         score = await self.space.score_stored(node, size) if node.linked else None
         if score is not None:
             node.prio, node.uses = score
-        self.writeback.queue_file(node, st, s, size, sig, scored=score is not None)
+        self.pending.add(node, st, s, size, sig, scored=score is not None)
 
     def closed_at_stop(self, st: NodeState | None) -> bool:
         """At a stop (unmount, SIGTERM): was the inode's content accepted by a close (FLUSH)
@@ -422,23 +428,20 @@ class Sessions:
         now if it was): before a writer changes the file, or its extents are handed out."""
         s = st.session if st is not None else None
         if s is not None and s.writeback is not None:
-            await self.writeback.settle(s)
+            await self.pending.settle(s)
 
     async def sync_file(self, node: Node, st: NodeState | None) -> None:
         """fsync(): the file's content durable (its session committed now, or its write-back
-        done now), and with "fsync" durability every change to the tree made so far. Raises
-        the error of a write-back of it that failed."""
+        done now). Raises the error of a write-back of it that failed."""
         s = st.session if st is not None else None
         if s is not None:
             if s.writeback is not None:
-                err = await self.writeback.settle(s)
+                err = await self.pending.settle(s)
                 if err is not None:
                     raise err
             elif s.changed():
                 async with st.lock:
                     await self.commit_locked(node, st)
-        if self.writeback is not None:
-            await self.catalog.sync()
 
     async def committable(self, node: Node, st: NodeState, s: Session) -> bool:
         """Checks before a session's bytes go to the pool: a session whose write failed (or
@@ -528,11 +531,9 @@ class Sessions:
         while True:
             writer, s.writer = s.writer, None
             try:
-                # (bounded by the namespaces' deadline where close is not a commit: an fsync
-                # or a write-back waits no longer for a hung namespace; a close in "close"
-                # mode waits for the device: docs/concurrency.md)
-                return await self.store.write(s.buffer, size, writer,
-                                              deadline=self.writeback is not None)
+                # (bounded by the namespaces' I/O deadline: an fsync, a close in "close" mode
+                # or a write-back waits no longer for a hung namespace)
+                return await self.store.write(s.buffer, size, writer, deadline=self.deadline)
             except KvfsError as e:
                 now = trio.current_time()
                 if give_up is None:
@@ -592,7 +593,10 @@ class Sessions:
 
     async def _roll_back(self, node: Node, s: Session) -> None:
         """The session takes the file's committed content again (none for a file never
-        committed), and its reservation shrinks to what that needs."""
+        committed), and its reservation shrinks to what that needs. Daemon-served readers
+        that opened it before read EIO from now on (`rollbacks`); passthrough readers share
+        its memory file with the kernel and see the previous version."""
+        s.rollbacks += 1
         old = None
         if node.blob is not None:
             try:

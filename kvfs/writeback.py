@@ -3,7 +3,8 @@ closed files in batches.
 
 POSIX, ext4 and every engine kvfs serves treat close the same way: close is not durable, fsync
 is. A file whose last writer closed it is *closed*: its bytes are in its session's buffer
-(DRAM), which readers read, and it is queued here (`queue`). The flusher (`serve`) takes what
+(DRAM), which readers read, and it is queued (`WriteQueue`, which the session layer sees as
+its `Pending`: kvfs/durability.py). The flusher (`serve`) takes what
 is queued as one batch when `BATCH_FILES` files or `BATCH_BYTES` bytes wait, when the oldest
 has waited `delay` seconds (`[mount] writeback_ms`), or at once when someone waits for it:
 
@@ -24,15 +25,20 @@ version or, never committed, no name; never a partial or mixed one. What waits f
 fsync and fdatasync of a file (`settle`), a writer opening a closed file and a truncate
 (`settle`: a queued buffer is never written again), a rename of such a file over another or of
 a file that has a row already (kvfs/files.py), `user.kvfs.layout` and `kvfs.direct` leases
-(they hand out the extents), fsyncdir, syncfs, `kvfs flush`, unmount and SIGTERM
-(`sync_all`). Writers that open or create files wait while more than `dirty_limit` bytes
+(they hand out the extents), fsyncdir, `kvfs flush`, unmount and SIGTERM (`sync_all`). Writers that open or create files wait while more than `dirty_limit` bytes
 are closed and not yet durable (`throttle`; counted in the statistics). Changes to the tree
 (mkdir, unlink, rename...) return once applied in the catalog's open transaction; the flusher
 also commits that transaction within `delay` (kvfs/catalog/groupcommit.py).
 
-A write-back that fails (a namespace's I/O error, a full pool with nothing to evict) drops the
-file's new content, as a failed commit at close would (it reads as its previous version, or
-has no name), logs it, and reports it to an fsync waiting for it.
+A block whose namespace failed under it (an I/O error, or no answer within the namespace's
+deadline: `Namespace.bounded`) is written again on the healthy ones. A write-back that still
+fails (no namespace takes it, a full pool with nothing to evict) drops the file's new
+content, as a failed commit at close would (it reads as its previous version, or has no
+name), logs it, reports it to an fsync waiting for it and tells the files layer, which
+reports it to the fsyncs to come as Linux does (`WriteErrors`, kvfs/handles.py).
+
+`WriteBack` is the durability seam's "fsync" implementation (kvfs/durability.py): it drives
+the session layer's public pipeline (kvfs/sessions.py) and nothing below calls it.
 """
 
 from __future__ import annotations
@@ -41,11 +47,11 @@ import collections
 import errno
 import logging
 from dataclasses import dataclass
-from typing import Callable
 
 import trio
 
 from kvfs.aio import run_all
+from kvfs.durability import Durability, Listener, Pending
 from kvfs.errors import KvfsError
 from kvfs.handles import NodeState
 from kvfs.session import Session
@@ -88,13 +94,14 @@ class WriteBackStats:
     dirty_wait_timeouts: int = 0     # writers that stopped waiting (`dirty_wait_max`)
 
 
-class WriteBack:
-    def __init__(self, sessions: Sessions, *, delay: float, dirty_limit: int,
-                 dirty_wait_max: float = 10.0):
-        self.sessions = sessions
-        self.catalog = sessions.catalog
-        self.pool = sessions.pool
-        self.space = sessions.space
+class WriteQueue(Pending):
+    """Closed files waiting for write-back, and whoever waits for them: what the session
+    layer sees of the write-back (it queues closed files here, settles a file before it is
+    written again, drains the queue to make room); the flusher (`WriteBack`) takes batches
+    from it. Below the session layer: it calls nothing above."""
+
+    def __init__(self, catalog, *, delay: float, dirty_limit: int, dirty_wait_max: float = 10.0):
+        self.catalog = catalog
         self.delay = delay
         self.dirty_limit = dirty_limit
         self.dirty_wait_max = dirty_wait_max    # seconds a writer waits for the dirty limit
@@ -105,25 +112,21 @@ class WriteBack:
         self.stats = WriteBackStats()
         self.ages: collections.deque[float] = collections.deque(maxlen=AGES_KEPT)
         self.max_age = 0.0
-        self._wake = trio.Event()
-        self._drained = trio.Event()            # set (and replaced) when a batch ends
-        self._urgent = 0                        # waiters for what is queued now
-        self._slots = trio.Semaphore(COMMITS_IN_FLIGHT)
-        # Set by the files layer (it never calls back down): on_settled(ino) once a file left
-        # write-back (its inode's state may go); on_failed(ino, error) when a write-back failed
-        # and dropped what was written (fsyncs to come report it; the kernel may cache its
-        # size, or its name).
-        self.on_settled: Callable[[int], None] | None = None
-        self.on_failed: Callable[[int, KvfsError], None] | None = None
-        self.catalog.on_unsynced = self._kick
+        self.wake = trio.Event()
+        self.drained = trio.Event()             # set (and replaced) when a batch ends
+        self.urgent = 0                         # waiters for what is queued now
+        self.flusher_running = False
 
-    def _kick(self) -> None:
-        self._wake.set()
+    def kick(self) -> None:
+        self.wake.set()
 
     @property
     def dirty_bytes(self) -> int:
         """Bytes of closed files not yet durable."""
         return self.queued_bytes + self.inflight_bytes
+
+    def pending(self) -> bool:
+        return bool(self.dirty_bytes or self.catalog.unsynced)
 
     def first_in_order(self) -> tuple | None:
         """(priority or None, last use) of the file waiting for write-back that comes first
@@ -137,10 +140,8 @@ class WriteBack:
         scored = [k for k in keys if k[0] is not None]
         return min(scored) if scored else (None, min(k[1] for k in keys))
 
-    # --- what the layers above call ---------------------------------------------------------------
-    def queue_file(self, node, st: NodeState, s: Session, size: int, sig,
-                   scored: bool = False) -> None:
-        """A session its last writer closed (see Sessions.finish): durable within `delay`.
+    def add(self, node, st: NodeState, s: Session, size: int, sig, scored: bool = False) -> None:
+        """A session its last writer closed (see Sessions.queue): durable within `delay`.
         `scored`: the file's place in the pool's order was set at close (node.prio, uses)."""
         item = Item(node, st, s, size, sig, trio.current_time(), scored)
         s.writeback = item
@@ -148,7 +149,16 @@ class WriteBack:
         self.queued_bytes += size
         if len(self.queue) == 1 or len(self.queue) >= BATCH_FILES or \
                 self.queued_bytes >= BATCH_BYTES:
-            self._wake.set()      # (a first file arms the timer; a full batch starts now)
+            self.wake.set()       # (a first file arms the timer; a full batch starts now)
+
+    def remove(self, s: Session) -> Item | None:
+        """Take a session out of the queue before any batch took it (None if one did)."""
+        item = s.writeback
+        if item is None or s not in self.queue:
+            return None
+        del self.queue[s]
+        self.queued_bytes -= item.size
+        return item
 
     async def settle(self, s: Session) -> KvfsError | None:
         """Wait until the session is written back (started now if it is still queued); the
@@ -156,32 +166,15 @@ class WriteBack:
         item = s.writeback
         if item is None:
             return None
-        await self._wait_for([item])
+        await self.wait_for([item])
         return item.error
 
-    def unlinked(self, s: Session) -> None:
-        """The file of a session waiting for write-back lost its name (a temporary file
-        removed, a file replaced by a rename): if no batch has taken it yet, it is never
-        written, and its memory and reserved space go now."""
-        item = s.writeback
-        if item is None or s not in self.queue:
-            return
-        del self.queue[s]
-        self.queued_bytes -= item.size
-        s.dirty = False
-        self.sessions.abandon_writer(s)
-        self._done(item)
-
-    async def sync_all(self) -> None:
-        """Make every file closed so far durable, and every change to the tree (fsyncdir,
-        syncfs, `kvfs flush`, unmount). Works whether or not the flusher runs (at unmount
-        it has stopped): what is still queued is then written back here."""
+    async def drain(self) -> None:
+        """Everything closed so far durable, and every change to the tree: by the flusher
+        (this waits); with the flusher stopped, `WriteBack.sync_all` writes it."""
         items = list(self.queue.values()) + list(self.inflight)
-        if items and self._flusher_running:
-            await self._wait_for(items)
-        while self.queue:
-            await self._write(self._take(), None)
-        await self._wait_for(list(self.inflight))
+        if items and self.flusher_running:
+            await self.wait_for(items)
         await self.catalog.sync()
 
     async def throttle(self) -> None:
@@ -191,64 +184,36 @@ class WriteBack:
             return
         t0 = trio.current_time()
         self.stats.dirty_waits += 1
-        self._urgent += 1
+        self.urgent += 1
         try:
             # bounded: batches end within the namespaces' deadline (Namespace.bounded), and
             # a writer never waits longer than `dirty_wait_max` whatever holds them up
             with trio.move_on_after(self.dirty_wait_max) as scope:
                 while self.dirty_bytes > self.dirty_limit:
-                    drained = self._drained
-                    self._wake.set()
+                    drained = self.drained
+                    self.wake.set()
                     await drained.wait()
             if scope.cancelled_caught:
                 self.stats.dirty_wait_timeouts += 1
         finally:
-            self._urgent -= 1
+            self.urgent -= 1
             self.stats.dirty_wait_seconds += trio.current_time() - t0
 
-    async def _wait_for(self, items: list[Item]) -> None:
-        self._urgent += 1
+    async def wait_for(self, items: list[Item]) -> None:
+        self.urgent += 1
         try:
             for item in items:
                 if not item.done.is_set():
-                    self._wake.set()
+                    self.wake.set()
                     await item.done.wait()
         finally:
-            self._urgent -= 1
+            self.urgent -= 1
 
-    # --- the flusher ---------------------------------------------------------------------------------
-    _flusher_running = False
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """The flusher, until cancelled (a batch under way is finished first)."""
-        self._flusher_running = True
-        try:
-            async with trio.open_nursery() as nursery:
-                task_status.started()
-                while True:
-                    await self._due()
-                    if self.queue:
-                        if self._urgent:
-                            self.stats.early_batches += 1
-                        with trio.CancelScope(shield=True):
-                            # (no name keeps the batch while the loop waits: its items keep
-                            # their nodes, which the catalog forgets only once unused)
-                            await self._write(self._take(), nursery)
-                    elif self.catalog.open_since is not None:
-                        self.stats.catalog_syncs += 1
-                        with trio.CancelScope(shield=True):
-                            try:
-                                await self.catalog.sync()
-                            except KvfsError:
-                                pass        # logged once by the catalog; changes refused now
-        finally:
-            self._flusher_running = False
-
-    async def _due(self) -> None:
+    async def due(self) -> None:
         """Return once a batch is due (or the open transaction has waited `delay`)."""
         while True:
             q = self.queue
-            if q and (self._urgent or len(q) >= BATCH_FILES or self.queued_bytes >= BATCH_BYTES
+            if q and (self.urgent or len(q) >= BATCH_FILES or self.queued_bytes >= BATCH_BYTES
                       or self.dirty_bytes > self.dirty_limit):
                 return
             deadline = float("inf")
@@ -260,10 +225,10 @@ class WriteBack:
             if trio.current_time() >= deadline:
                 return
             with trio.move_on_at(deadline):
-                await self._wake.wait()
-            self._wake = trio.Event()
+                await self.wake.wait()
+            self.wake = trio.Event()
 
-    def _take(self) -> list[Item]:
+    def take(self) -> list[Item]:
         batch = list(self.queue.values())
         self.queue = {}
         self.queued_bytes = 0
@@ -271,6 +236,146 @@ class WriteBack:
             self.inflight[item] = None
             self.inflight_bytes += item.size
         return batch
+
+    def finished(self, item: Item, error: KvfsError | None) -> None:
+        """The item leaves the queue (durable, dropped, or failed with `error`)."""
+        item.error = error
+        s = item.session
+        if s.writeback is item:
+            s.writeback = None
+        self.queue.pop(s, None)
+        if item in self.inflight:
+            del self.inflight[item]
+            self.inflight_bytes -= item.size
+        age = trio.current_time() - item.queued_at
+        self.ages.append(age)
+        self.max_age = max(self.max_age, age)
+        item.done.set()
+
+    def batch_ended(self, batch_size: int) -> None:
+        self.stats.batches += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, batch_size)
+        drained, self.drained = self.drained, trio.Event()
+        drained.set()
+
+    def statistics(self) -> dict:
+        ages = sorted(self.ages)
+
+        def pct(q: float) -> float:
+            return round(ages[min(len(ages) - 1, int(q * len(ages)))] * 1000, 2) if ages else 0.0
+        return {**vars(self.stats), "dirty_wait_seconds": round(self.stats.dirty_wait_seconds, 4),
+                "queued": len(self.queue), "inflight": len(self.inflight),
+                "dirty_bytes": self.dirty_bytes, "dirty_limit": self.dirty_limit,
+                "delay_ms": round(self.delay * 1000, 3),
+                "close_to_durable_ms": {"p50": pct(0.5), "p99": pct(0.99),
+                                        "max": round(self.max_age * 1000, 2)}}
+
+
+class WriteBack(Durability):
+    """durability = "fsync" (see the module doc): a close allocates and queues the file
+    (`Sessions.prepare`, `Sessions.queue`), the flusher commits batches."""
+
+    mode = "fsync"
+    defers_commit = True
+
+    def __init__(self, queue: WriteQueue, sessions: Sessions, listener: Listener):
+        self.q = queue
+        self.sessions = sessions
+        self.listener = listener
+        self.catalog = sessions.catalog
+        self.pool = sessions.pool
+        self.space = sessions.space
+        self.stats = queue.stats
+        self._slots = trio.Semaphore(COMMITS_IN_FLIGHT)
+        self.catalog.on_unsynced = queue.kick
+
+    @property
+    def dirty_bytes(self) -> int:
+        return self.q.dirty_bytes
+
+    # --- the seam ---------------------------------------------------------------------------------
+    async def closing(self, node, st: NodeState | None) -> None:
+        await self.sessions.prepare(node, st)
+
+    async def released(self, node, st: NodeState) -> None:
+        await self.sessions.finish(node, st, self.sessions.queue)
+
+    async def sync_file(self, node, st: NodeState | None) -> None:
+        """The file durable, and (close not being a commit) every change to the tree."""
+        await self.sessions.sync_file(node, st)
+        await self.catalog.sync()
+
+    async def throttle(self) -> None:
+        await self.q.throttle()
+
+    def unlinked(self, s: Session) -> None:
+        """The file of a session waiting for write-back lost its name (a temporary file
+        removed, a file replaced by a rename): if no batch has taken it yet, it is never
+        written, and its memory and reserved space go now."""
+        item = self.q.remove(s)
+        if item is None:
+            return
+        s.dirty = False
+        self.sessions.abandon_writer(s)
+        self._done(item)
+
+    async def sync_all(self) -> None:
+        """Make every file closed so far durable, and every change to the tree (fsyncdir,
+        `kvfs flush`, unmount). Works whether or not the flusher runs (at unmount it has
+        stopped): what is still queued is then written back here."""
+        q = self.q
+        items = list(q.queue.values()) + list(q.inflight)
+        if items and q.flusher_running:
+            await q.wait_for(items)
+        while q.queue:
+            await self._write(q.take(), None)
+        await q.wait_for(list(q.inflight))
+        await self.catalog.sync()
+
+    async def stop(self) -> int:
+        """Unmounting: every closed file written back; the number that could not be."""
+        before = self.stats.errors
+        try:
+            await self.sync_all()
+        except KvfsError as e:
+            log.error("writing back closed files at unmount failed: %s", e)
+            return 1 + self.stats.errors - before
+        return self.stats.errors - before
+
+    async def flush(self) -> dict:
+        before = self.stats.files
+        await self.sync_all()
+        return {"written_back": self.stats.files - before}
+
+    def statistics(self) -> dict:
+        return self.q.statistics()
+
+    # --- the flusher ---------------------------------------------------------------------------------
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The flusher, until cancelled (a batch under way is finished first)."""
+        q = self.q
+        q.flusher_running = True
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                while True:
+                    await q.due()
+                    if q.queue:
+                        if q.urgent:
+                            self.stats.early_batches += 1
+                        with trio.CancelScope(shield=True):
+                            # (no name keeps the batch while the loop waits: its items keep
+                            # their nodes, which the catalog forgets only once unused)
+                            await self._write(q.take(), nursery)
+                    elif self.catalog.open_since is not None:
+                        self.stats.catalog_syncs += 1
+                        with trio.CancelScope(shield=True):
+                            try:
+                                await self.catalog.sync()
+                            except KvfsError:
+                                pass        # logged once by the catalog; changes refused now
+        finally:
+            q.flusher_running = False
 
     async def _write(self, batch: list[Item], nursery: trio.Nursery | None) -> None:
         """A batch's data, then (in `nursery`, or here) its catalog transaction."""
@@ -332,10 +437,7 @@ class WriteBack:
                 await self._commit_shielded(ready)
         finally:
             self._slots.release()
-            self.stats.batches += 1
-            self.stats.largest_batch = max(self.stats.largest_batch, batch_size)
-            drained, self._drained = self._drained, trio.Event()
-            drained.set()
+            self.q.batch_ended(batch_size)
 
     async def _commit_shielded(self, ready: list) -> None:
         sessions = self.sessions
@@ -383,40 +485,16 @@ class WriteBack:
             s.failed = e
         if st.session is s and s.changed():     # (else dropped already: committable)
             e = await self.sessions.drop(node, st, e)
-        if self.on_failed is not None:
-            self.on_failed(node.ino, e)
+        self.listener.write_back_failed(node.ino, e)
         self._done(item, e)
 
     def _done(self, item: Item, error: KvfsError | None = None) -> None:
         """The item leaves write-back (durable, dropped, or failed with `error`)."""
         s, st = item.session, item.st
-        item.error = error
-        self.sessions.free_alloc(s)      # (not written: its close's extents go back)
-        if s.writeback is item:
-            s.writeback = None
-        self.queue.pop(s, None)
-        if item in self.inflight:
-            del self.inflight[item]
-            self.inflight_bytes -= item.size
+        self.sessions.free_alloc(s)       # (not written: its close's extents go back)
+        self.q.finished(item, error)
         if st.session is s and st.writers == 0 and (item.node.linked or st.opens == 0):
             self.sessions.end(st)
         # (an unlinked file's readers read the session: it stays its content until they
         # are gone, as after a writer's release: kvfs/files.py)
-        age = trio.current_time() - item.queued_at
-        self.ages.append(age)
-        self.max_age = max(self.max_age, age)
-        item.done.set()
-        if self.on_settled is not None:
-            self.on_settled(item.node.ino)
-
-    def statistics(self) -> dict:
-        ages = sorted(self.ages)
-
-        def pct(q: float) -> float:
-            return round(ages[min(len(ages) - 1, int(q * len(ages)))] * 1000, 2) if ages else 0.0
-        return {**vars(self.stats), "dirty_wait_seconds": round(self.stats.dirty_wait_seconds, 4),
-                "queued": len(self.queue), "inflight": len(self.inflight),
-                "dirty_bytes": self.dirty_bytes, "dirty_limit": self.dirty_limit,
-                "delay_ms": round(self.delay * 1000, 3),
-                "close_to_durable_ms": {"p50": pct(0.5), "p99": pct(0.99),
-                                        "max": round(self.max_age * 1000, 2)}}
+        self.listener.settled(item.node.ino)

@@ -70,13 +70,19 @@ class BlockWriter:
                 views = buf.io_views(k * unit, unit, pool.zero)
                 pool.fence(off, unit)
                 t = time.perf_counter()
-                digest = await pool.namespaces[ns].write(views, off, unit)
+                target = pool.namespaces[ns]
+                # (within the namespace's I/O deadline: Namespace.bounded)
+                digest = await target.bounded(lambda: target.write(views, off, unit), unit)
                 self.units[k] = (ns, off, unit, digest)
                 # adaptive placement learns from units written behind too (with write-behind
                 # they are most of a block's units)
                 pool.observe({ns: 1}, {ns: time.perf_counter() - t})
-            except KvfsError:
-                pool.free_extent(ns, off, unit)
+            except KvfsError as e:
+                pending = getattr(e, "pending", None)
+                if pending is None:
+                    pool.free_extent(ns, off, unit)
+                else:           # still being written: its extent is freed once it ends
+                    pool.free_after(ns, off, unit, pending)
                 self.early_bytes -= unit
                 self.failed.add(k)
             finally:
@@ -94,7 +100,7 @@ class BlockWriter:
         await self._settle()
         pool = self.pool
         if not self.units:
-            return await pool.write_block(buf, size)
+            return await pool.write_block(buf, size, deadline=True)
         unit = pool.unit
         n = unit_count(size, unit)
         placement = place_units(n, self.weights, self.start) if n else []
@@ -117,20 +123,36 @@ class BlockWriter:
                 ns_of[k], offsets[k] = ns, off
                 todo.append(k)
 
+            late: dict[tuple[int, int], object] = {}       # (ns, offset) -> still written
+
+            async def bounded(ns: int, job, nbytes: int, off: int = -1):
+                try:
+                    return await pool.namespaces[ns].bounded(job, nbytes)
+                except KvfsError as e:
+                    if getattr(e, "pending", None) is not None:
+                        late[(ns, off)] = e.pending
+                    raise
+
             def unit_writer(k: int):
                 async def write() -> None:
                     start = k * unit
                     views = buf.io_views(start, stored_length(size, unit, k), pool.zero)
                     pool.fence(offsets[k], stored_length(size, unit, k))
-                    sums[k] = await pool.namespaces[ns_of[k]].write(
-                        views, offsets[k], min(unit, size - start))
+                    target = pool.namespaces[ns_of[k]]
+                    sums[k] = await bounded(ns_of[k], lambda: target.write(
+                        views, offsets[k], min(unit, size - start)),
+                        stored_length(size, unit, k), offsets[k])
                 return write
 
             await run_all(unit_writer(k) for k in todo)
-            await run_all(pool.namespaces[j].sync for j in sorted(set(ns_of)))
+            await run_all((lambda j=j: bounded(j, pool.namespaces[j].sync, 0))
+                          for j in sorted(set(ns_of)))
         except BaseException:
             for ns, off, stored in taken:
-                pool.free_extent(ns, off, stored)
+                if (ns, off) in late:
+                    pool.free_after(ns, off, stored, late[(ns, off)])
+                else:
+                    pool.free_extent(ns, off, stored)
             self._release_units()
             raise
         self.units.clear()

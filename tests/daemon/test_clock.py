@@ -241,7 +241,7 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
             await trio.sleep(space.room_wait)
             return True
 
-        async def full(buf, size, writer=None):
+        async def full(buf, size, writer=None, **kw):
             raise KvfsError(errno.ENOSPC, "pool is full (test)")
         space.make_room, store.write = make_room, full
         clock.autojump_threshold = 0

@@ -532,7 +532,7 @@ def test_a_commit_that_room_making_does_not_help_fails_with_enospc(pool_config, 
             await trio.lowlevel.checkpoint()
             return True
 
-        async def no_fit(buf, size, writer=None):
+        async def no_fit(buf, size, writer=None, **kw):
             raise no_space(f"pool is full: no room for a block of {size} bytes")
 
         monkeypatch.setattr(fs.svc.space, "make_room", room_that_does_not_fit)
@@ -601,11 +601,11 @@ def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(
         real = fs.svc.store.write
         fail = {"n": 1}
 
-        async def write_once_failing(buf, size, writer=None):
+        async def write_once_failing(buf, size, writer=None, **kw):
             if fail["n"]:
                 fail["n"] -= 1
                 raise no_space("pool is full (test)")
-            return await real(buf, size, writer)
+            return await real(buf, size, writer, **kw)
         monkeypatch.setattr(fs.svc.store, "write", write_once_failing)
         fh = await fs.open("/f", os.O_TRUNC | os.O_WRONLY)
         await fs.files.write(fh, 0, b"new content")

@@ -61,7 +61,7 @@ def test_closed_files_are_durable_within_the_delay(pool_config):
     async def first(fs):
         for path, data in blocks.items():
             await fs.write(path, data)
-        wb = fs.svc.writeback
+        wb = fs.svc.durability
         await eventually(lambda: wb.dirty_bytes == 0 and not fs.files.catalog.unsynced, 10)
         st = fs.svc.statistics()["writeback"]
         assert st["files"] == 20 and st["batches"] >= 1 and st["errors"] == 0
@@ -83,7 +83,7 @@ def test_many_closed_files_go_in_one_batch_of_one_transaction(pool_config):
     async def body(fs):
         for i in range(64):              # BATCH_FILES: the 64th close starts the batch
             await fs.write(f"/s{i}", os.urandom(64 * 1024))
-        wb, cat, pool = fs.svc.writeback, fs.files.catalog, fs.svc.pool
+        wb, cat, pool = fs.svc.durability, fs.files.catalog, fs.svc.pool
         await eventually(lambda: wb.stats.files == 64, 10)
         assert wb.stats.batches == 1 and wb.stats.largest_batch == 64
         assert cat.syncs <= 2
@@ -161,7 +161,7 @@ def test_dirty_bytes_are_bounded_and_writers_wait_for_them(pool_config):
     cfg = pool_config(mount=SLOW + '\ndirty_limit = "4MiB"')
 
     async def body(fs):
-        wb = fs.svc.writeback
+        wb = fs.svc.durability
         most = 0
         for i in range(12):
             await fs.write(f"/d{i}", os.urandom(MiB))
@@ -219,7 +219,7 @@ def test_a_full_pool_is_told_at_close_and_a_closed_file_always_fits(pool_config)
                 assert _absent(fs, f"/w{i}")
         assert refused and closed
         await fs.sync()
-        assert fs.svc.writeback.stats.errors == 0
+        assert fs.svc.durability.stats.errors == 0
         fs.svc.store.drop_dram()
         for path, data in closed.items():
             assert await fs.read(path) == data
@@ -242,7 +242,7 @@ def test_space_an_unlink_frees_is_not_reused_before_the_unlink_is_durable(pool_c
         assert fs.svc.pool.free == free                   # not yet
         assert fs.files.catalog.unsynced
         await fs.write("/g", g)                           # takes other space
-        await fs.svc.writeback.sync_all()
+        await fs.svc.durability.sync_all()
         assert fs.svc.pool.free == free                   # f's space back, g's taken
 
     async def crash_before_sync(fs):
@@ -273,7 +273,7 @@ def test_a_closed_file_unlinked_before_its_write_back_keeps_its_size(pool_config
         ino = (await fs.files.lookup(1, b"tmp")).ino            # the kernel holds the inode
         await fs.files.rename(1, b"tmp", 1, b"f", 0)             # (as the soak's file was)
         await fs.files.unlink(1, b"f")
-        assert fs.svc.writeback.dirty_bytes == 0                 # never written
+        assert fs.svc.durability.dirty_bytes == 0                 # never written
         attr = fs.files.getattr(ino)
         assert (attr.size, attr.nlink) == (len(data), 0)
         fs.files.forget(ino, fs.files.handles.lookups[ino])     # (create's and lookup's)
@@ -296,7 +296,7 @@ def test_a_file_unlinked_while_its_write_back_writes_frees_each_version_once(poo
         await fs.write("/other", b"o" * 4096)
         await fs.sync()
         free = fs.svc.pool.free
-        pool = fs.svc.writeback.pool
+        pool = fs.svc.durability.pool
         entered, gate = trio.Event(), trio.Event()
         write_batch = pool.write_batch
 
@@ -346,7 +346,7 @@ def test_a_failed_write_back_drops_the_file_and_fsync_says_so(pool_config, monke
             await fs.files.fsync(fh)
         assert e.value.errno == errno.EIO
         await fs.close(fh)
-        await fs.svc.writeback.sync_all()
+        await fs.svc.durability.sync_all()
         monkeypatch.undo()
         assert await fs.read("/f") == old
         assert _absent(fs, "/new")
@@ -378,7 +378,7 @@ def test_durability_close_commits_at_close(pool_config):
     cfg = pool_config(durability="close")
 
     async def first(fs):
-        assert fs.svc.writeback is None
+        assert fs.svc.durability.mode == "close"
         await fs.write("/f", b"x" * 1000)
         assert fs.files.catalog.get(fs.ino("/f")).blob is not None
 
