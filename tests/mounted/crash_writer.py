@@ -48,6 +48,15 @@ def main() -> None:
     versions: dict[str, int] = {}
     for n, v, *_ in read_log(log_path):
         versions[n] = max(versions.get(n, 0), v)
+    # ... and what the mount holds: a version can be durable without its line in the log (its
+    # fsync returned, then the close or the directory's fsync failed as the daemon was
+    # killed); a later version numbered below it would look like a lost one
+    for entry in os.listdir(root):
+        if ".tmp" in entry:
+            continue
+        with open(os.open(entry, os.O_RDONLY, dir_fd=root), "rb") as f:
+            n, v = parse(f.read(128))
+        versions[n] = max(versions.get(n, 0), v)
     log = open(log_path, "a")
     i = 0
     while True:
