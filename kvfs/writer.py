@@ -106,6 +106,7 @@ class BlockWriter:
         placement = place_units(n, self.weights, self.start) if n else []
         ns_of, offsets, sums = [0] * n, [0] * n, [0] * n
         taken: list[tuple[int, int, int]] = []          # extents allocated in this call
+        late: dict[tuple[int, int], object] = {}        # (ns, offset) -> still being written
         todo = []
         for k in list(self.units):
             ns, off, stored, digest = self.units[k]
@@ -123,7 +124,6 @@ class BlockWriter:
                 ns_of[k], offsets[k] = ns, off
                 todo.append(k)
 
-            late: dict[tuple[int, int], object] = {}       # (ns, offset) -> still written
 
             async def bounded(ns: int, job, nbytes: int, off: int = -1):
                 try:
