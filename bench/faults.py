@@ -7,7 +7,7 @@ whether the blocks the fault does not touch still read back bit-exact, whether t
 still serves (stat, listdir, a new file written and read back cold), what `kvfs doctor` says
 (on the mount, or with --config while it is down), and whether a remount recovers.
 
-  shrink_mid_write   a namespace (loop device) shrinks to 1 MiB while a close() commits to it
+  shrink_mid_write   a namespace (loop device) ends at 1 MiB while a close() commits to it
   shrink_mid_read    the same while a cold read fetches from it
   detached           losetup -d of a namespace while mounted (the kernel defers it to the
                      last close: the next mount finds no device), then attached again
@@ -35,7 +35,6 @@ import errno
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,8 +151,11 @@ except OSError as e:
 
 
 def shrink(tmp: Path, phase: str) -> dict:
-    """A namespace ends (its loop device shrinks to 1 MiB) while a commit writes to it or a
-    cold read fetches from it; it comes back (the device's bytes restored) for the remount."""
+    """A namespace ends (its loop device's size limit drops to 1 MiB) while a commit writes to
+    it or a cold read fetches from it; it comes back whole for the remount (every byte written
+    before the end is there: the backing file is never cut, as it was when this scenario
+    truncated it and copied a saved image back, which lost the writes that landed between the
+    copy and the cut - a device losing acknowledged writes, not a path that dropped)."""
     with Emulation("2g") as emu:
         devs = [emu.loop(f"ns{i}", 160 * MiB) for i in range(3)]
         # one I/O at a time per namespace: I/Os the kernel already queued when the device
@@ -167,10 +169,6 @@ def shrink(tmp: Path, phase: str) -> dict:
                 (m.mountpoint / "big").write_bytes(big)
                 m.sync()
                 m.drop_caches()
-            # what the device holds before the fault (all of it committed), to bring it back
-            saved = Path(str(devs[1].backing) + ".saved")
-            subprocess.run(["cp", "--sparse=always", str(devs[1].backing), str(saved)],
-                           check=True)
             group = emu.cgroup("kvfs-fault")
             for d in devs:                        # about 2 s for the big block's I/O
                 group.limit(d, read_bps=12e6, write_bps=12e6)
@@ -206,7 +204,7 @@ def shrink(tmp: Path, phase: str) -> dict:
             wait_until(lambda: moved() > before + 2 * MiB or not t.is_alive(), 60,
                        f"the {phase} to reach the namespaces")
             in_flight = t.is_alive()
-            devs[1].shrink_to(MiB)
+            devs[1].end_at(MiB)
             t.join(120)
             group.remove()
             out = {"scenario": f"shrink_mid_{phase}", "client_errno": got.get("errno"),
@@ -228,8 +226,7 @@ def shrink(tmp: Path, phase: str) -> dict:
             out["serving"] = serving(m, "after")
             out["doctor"] = doctor(m.mountpoint)
             m.stop()
-            shutil.copy(saved, devs[1].backing)            # the device comes back
-            subprocess.run(["losetup", "-c", devs[1].path], check=True)
+            devs[1].end_at(None)                           # the device comes back
             m.start()
             m.drop_caches()
             out["after_remount"] = {

@@ -105,9 +105,29 @@ class LoopDevice:
         return f"{self.major}:{self.minor}"
 
     def shrink_to(self, size: int) -> None:
-        """Make the device end at `size` bytes: I/O beyond fails, as on a device that is gone."""
+        """Make the device end at `size` bytes: I/O beyond fails, as on a device that is gone.
+        Its backing file is cut there: what it held beyond is lost (see `end_at` for a device
+        that comes back whole)."""
         os.truncate(self.backing, size)
         subprocess.run(["losetup", "-c", self.path], check=True)
+
+    # struct loop_info64 (linux/loop.h): lo_sizelimit is its fifth u64
+    _LOOP_SET_STATUS64, _LOOP_GET_STATUS64, _INFO64, _SIZELIMIT = 0x4C04, 0x4C05, 232, 32
+
+    def end_at(self, size: int | None) -> None:
+        """Make the device end at `size` bytes (None: at its backing file's end again) without
+        touching the backing file (the loop driver's size limit): I/O beyond fails with EIO
+        or ENOSPC while it lasts, and every byte written before is there when it comes back,
+        as on an NVMe-oF namespace whose path drops and returns."""
+        import fcntl
+        import struct
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            info = bytearray(fcntl.ioctl(fd, self._LOOP_GET_STATUS64, bytes(self._INFO64)))
+            struct.pack_into("<Q", info, self._SIZELIMIT, size or 0)
+            fcntl.ioctl(fd, self._LOOP_SET_STATUS64, bytes(info))
+        finally:
+            os.close(fd)
 
     def detach(self) -> None:
         subprocess.run(["losetup", "-d", self.path], capture_output=True)

@@ -91,7 +91,8 @@ def test_a_failed_namespace_is_written_around_and_nothing_is_lost(pool_config, m
     """Two namespaces, one failing at `step` during a write-back batch: the daemon lives on,
     every file is written to the other namespace instead (placed again), fsync returns 0,
     and every file reads back bit-exact from the pool; the namespace is marked failed."""
-    cfg = pool_config(n=2, mount=SLOW, pool=f'io_engine = "{io}"\nstripe_unit = "1MiB"')
+    cfg = pool_config(n=2, durability="fsync", mount=SLOW,
+                      pool=f'io_engine = "{io}"\nstripe_unit = "1MiB"')
     files = _files()
     fault = Fault(monkeypatch, step)
 
@@ -128,7 +129,7 @@ def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_confi
     then to the first fsync of a later opener (nobody had seen it for that file), and to an
     fsync of a directory opened before; no fsync returns 0 as if the file were written. The
     file keeps its previous version, and the stop says what it could not write."""
-    cfg = pool_config(n=1, mount=SLOW, pool=f'io_engine = "{io}"')
+    cfg = pool_config(n=1, durability="fsync", mount=SLOW, pool=f'io_engine = "{io}"')
     old = os.urandom(100 * KiB)
     fault = Fault(monkeypatch, step)
     stops: list[int] = []
@@ -222,8 +223,8 @@ def test_vectored_writes_split_at_iov_max(pool_config, monkeypatch):
     every 8 KiB is 2,048 views, past IOV_MAX (1,024): it goes in several calls, is stored
     and reads back (in one call it failed with EINVAL, marked the namespace failed, and the
     file was dropped)."""
-    cfg = pool_config(n=1, size="128MiB", mount=SLOW, pool='stripe_unit = "4MiB"',
-                      dram="128MiB")
+    cfg = pool_config(n=1, size="128MiB", durability="fsync", mount=SLOW,
+                      pool='stripe_unit = "4MiB"', dram="128MiB")
     page = os.urandom(4 * KiB)
     want = bytearray(16 * MiB)
     for off in range(0, 16 * MiB, 8 * KiB):
@@ -322,7 +323,7 @@ def test_the_checksums_are_those_of_the_bytes_written(pool_config, monkeypatch, 
     which is repeated while they differ, or made from a copy when the memory keeps changing.
     (Taken once before the write, they did not match what a concurrent writer left written:
     once the block left the DRAM tier, the whole file read EIO.)"""
-    cfg = pool_config(n=1, mount=SLOW, pool='stripe_unit = "1MiB"')
+    cfg = pool_config(n=1, durability="fsync", mount=SLOW, pool='stripe_unit = "1MiB"')
     data = os.urandom(3 * MiB)
     real = device.os.pwritev
     state = {"buf": None, "left": changes}
