@@ -852,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = [run(n) for n in (args.only or SCENARIOS)]
     if args.json:
-        print(dumps(report))
+        print(dumps({"scenarios": report}))
         return 0
     for r in report:
         print(f"== {r['scenario']} ({r['seconds']} s)")
