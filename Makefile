@@ -16,7 +16,7 @@ TORCH_PIN   := torch==2.13.0
 KVIKIO_PKGS := kvikio-cu12 libkvikio-cu12 nvidia-cufile-cu12 rapids-logger cuda-pathfinder
 STAMP       := $(VENV)/.installed
 
-.PHONY: install system-packages fuse-passthrough install-system run test test-fast bench clean-mount help
+.PHONY: install system-packages fuse-passthrough install-system run test test-fast lint bench clean-mount help
 
 help:
 	@echo "make run     install, mount kvfs at $(MNT) with the embedded default, show it working"
@@ -90,11 +90,15 @@ run: install
 # durability ("fsync": close is not a commit), then the mounted and LMCache tests again on the
 # daemon-served data path (what older kernels get) with durability "close" (the crash tests
 # run both modes in each pass).
-test: install
+test: install lint
 	$(PY) -m pytest -q tests
 	KVFS_PASSTHROUGH=off KVFS_TEST_DURABILITY=close KVFS_TEST_IO=threads $(PY) -m pytest -q tests/mounted tests/lmcache
 
-test-fast: install
+# pyflakes's checks and syntax errors over the whole tree (configuration: pyproject.toml)
+lint: install
+	$(VENV)/bin/ruff check --quiet kvfs testing bench tests
+
+test-fast: install lint
 	$(PY) -m pytest -q -m "not slow and not lmcache and not clients and not engine" tests
 
 bench: install
