@@ -48,7 +48,7 @@ MERGE_BYTES = 1 << 20         # staged writes back to back on a device go as one
 MERGE_VIEWS = 256             # at most this many bytes, and views (the kernel takes 1,024)
 RETRY_SECONDS = 2.0           # a failed namespace without errors for this long is tried again
 DEADLINE_RATE = 64e6          # bytes per second a deadline allows beyond io_timeout
-STABLE_TRIES = 4              # writes of memory that keeps changing before it is refused
+STABLE_TRIES = 4              # writes of memory that keeps changing before a copy is written
 DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # views per call
 
@@ -198,7 +198,8 @@ class Namespace:
     """An open namespace. Create with `Namespace.open`; I/O methods must run inside trio."""
 
     def __init__(self, index: int, path: Path, fd: int, size: int, is_block: bool, direct: bool,
-                 queue_depth: int, weight: float, io_engine: str = "auto"):
+                 queue_depth: int, weight: float, io_engine: str = "auto",
+                 io_timeout: float | None = None):
         self.index = index
         self.path = path
         self.fd = fd
@@ -215,7 +216,7 @@ class Namespace:
         self.stats = NamespaceStats()
         self._failed_at = 0.0           # (monotonic) the last error that marked it failed
         self._failed_writing = False    # ... and whether a write failed since it was ok
-        self.io_timeout: float | None = None    # seconds (`bounded`); None: no deadline
+        self.io_timeout = io_timeout    # seconds (`bounded`); None: no deadline
         self.late = 0                   # jobs past their deadline, still in flight
         self.slots = PrioritySlots(queue_depth)
         # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
@@ -236,7 +237,8 @@ class Namespace:
 
     @classmethod
     def open(cls, index: int, path: Path, *, queue_depth: int = 8, weight: float = 1.0,
-             create_size: int | None = None, io_engine: str = "auto") -> "Namespace":
+             create_size: int | None = None, io_engine: str = "auto",
+             io_timeout: float | None = None) -> "Namespace":
         """Open (and with `create_size`, first create and preallocate) a namespace.
 
         Raises StartupError with a one-line message on any problem.
@@ -273,7 +275,8 @@ class Namespace:
             direct = False
             log.warning("namespace %s: O_DIRECT is not supported here; using buffered I/O", path)
         size -= size % PAGE
-        return cls(index, path, fd, size, is_block, direct, queue_depth, weight, io_engine)
+        return cls(index, path, fd, size, is_block, direct, queue_depth, weight, io_engine,
+                   io_timeout)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -309,7 +312,7 @@ class Namespace:
                                e.errno) from None
 
     # --- data I/O (async) --------------------------------------------------------------------
-    def _failed(self, what: str, e: OSError) -> KvfsError:
+    def _failed(self, what: str, e: OSError, writing: bool = True) -> KvfsError:
         msg = f"namespace {self.index} ({self.path}): {what}: {e.strerror or e}"
         if e.errno in DAEMON_SHORTAGES:
             # the daemon ran short (descriptors, memory) making the I/O: no sign the device
@@ -322,7 +325,7 @@ class Namespace:
         self.stats.state = "failed"
         self.stats.last_error = msg
         self._failed_at = time.monotonic()
-        self._failed_writing = self._failed_writing or not what.startswith("read")
+        self._failed_writing = self._failed_writing or writing
         err = KvfsError(errno.EIO, msg)
         err.namespace = self.index      # a device's failure: the block may go elsewhere
         return err
@@ -430,7 +433,8 @@ class Namespace:
                     bad = await threads.run_sync(self._read_sync, units, flat, offset, checks,
                                                  after)
             except OSError as e:
-                raise self._failed(f"read of {nbytes} bytes at {offset}", e) from None
+                raise self._failed(f"read of {nbytes} bytes at {offset}", e,
+                                   writing=False) from None
             finally:
                 self._end(nbytes)
         self.stats.reads += 1

@@ -126,6 +126,10 @@ class WriteErrors:
         err = rec[1]
         return KvfsError(errno.EIO, f"an earlier write-back failed: {err}"), rec[0]
 
+    def unseen(self) -> int:
+        """Files whose last write-back error no descriptor has been told of."""
+        return sum(1 for rec in self.files.values() if not rec[2])
+
     def forget(self, ino: int) -> None:
         """The file is gone for good (unlinked, and no descriptor or kernel reference)."""
         self.files.pop(ino, None)

@@ -140,22 +140,18 @@ class Pool:
         try:
             for i, nc in enumerate(cfg.namespaces):
                 ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
-                                    io_engine=cfg.io_engine,
+                                    io_engine=cfg.io_engine, io_timeout=cfg.io_timeout_ms / 1000,
                                     create_size=nc.size if fresh else None)
                 if ns.size <= DATA_START:
                     raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small "
                                        f"(kvfs needs more than {DATA_START})")
                 namespaces.append(ns)
             if fresh:
-                for ns in namespaces:
-                    ns.io_timeout = cfg.io_timeout_ms / 1000
                 pool_id = cls._write_superblocks(namespaces, cfg.stripe_unit)
                 log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
                 pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
                 pool.created = True
                 return pool
-            for ns in namespaces:
-                ns.io_timeout = cfg.io_timeout_ms / 1000
             rebuilt: list[str] = []
             pool_id = cls._validate(namespaces, cfg, expect_pool_id, rebuilt)
             pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
@@ -558,26 +554,36 @@ class Pool:
             raise
         return tuple(assign), tuple(offsets)
 
-    def free_after(self, j: int, off: int, length: int, pending) -> None:
-        """`free_extent` once the I/O writing it past its deadline has ended (`pending`)."""
-        async def later() -> None:
-            await pending.wait()
-            self.free_extent(j, off, length)
-        trio.lowlevel.spawn_system_task(later)
+    async def bounded(self, j: int, job, nbytes: int, late: list):
+        """Namespace j's `job` within its I/O deadline (Namespace.bounded); one past it adds
+        the Event of its end to `late` (for `free_after` / `release_after`) and raises EIO."""
+        try:
+            return await self.namespaces[j].bounded(job, nbytes)
+        except KvfsError as e:
+            if getattr(e, "pending", None) is not None:
+                late.append(e.pending)
+            raise
 
-    def release_after(self, layout: Layout, pending: list) -> None:
-        """`release`, once the I/O still writing some of its extents past its deadline has
-        ended (`pending`: trio Events; Namespace.bounded): until then nothing else may be
-        placed there."""
-        if not pending:
-            self.release(layout)
+    def free_after(self, extents, late: list) -> None:
+        """`free_extent` of each (namespace, offset, length), once every I/O in `late` (trio
+        Events of I/Os past their deadline, which may still be writing there) has ended:
+        until then nothing else may be placed there. At once if none is late."""
+        def free() -> None:
+            for j, off, length in extents:
+                self.free_extent(j, off, length)
+        if not late:
+            free()
             return
 
         async def later() -> None:
-            for ev in pending:
+            for ev in late:
                 await ev.wait()
-            self.release(layout)
+            free()
         trio.lowlevel.spawn_system_task(later)
+
+    def release_after(self, layout: Layout, late: list) -> None:
+        """`release`, once every I/O in `late` has ended (see `free_after`)."""
+        self.free_after([(e.ns, e.offset, e.length) for e in layout.unit_extents()], late)
 
     def release(self, layout: Layout) -> None:
         """Return the space of a block this node wrote (no reader may use its extents any
@@ -646,24 +652,16 @@ class Pool:
                     [buf.io_views(start, stored, self.zero) for start, stored, _ in spans],
                     offsets[run[0]], lengths, sync=per_ns[j] == 1, nbytes=nbytes,
                     verify=buf.shared and not small)
-            digests = await (bounded(ns, job, nbytes) if deadline else job())
+            digests = await (self.bounded(j, job, nbytes, late) if deadline else job())
             for k, d in zip(run, digests):
                 sums[k] = d
             done[j] = time.perf_counter() - t0
 
         late: list = []                         # I/Os past their deadline, still in flight
 
-        async def bounded(ns, job, nbytes: int):
-            try:
-                return await ns.bounded(job, nbytes)
-            except KvfsError as e:
-                if getattr(e, "pending", None) is not None:
-                    late.append(e.pending)
-                raise
-
         async def sync(j: int) -> None:
             ns = self.namespaces[j]
-            await (bounded(ns, ns.sync, 0) if deadline else ns.sync())
+            await (self.bounded(j, ns.sync, 0, late) if deadline else ns.sync())
         try:
             if len(runs) == 1:                  # one I/O (a small block): no nursery
                 await write(runs[0])

@@ -64,7 +64,7 @@ class Service:
             space.after_release = catalog.after_release
         sessions = Sessions(catalog, store, pool, space,
                             max_block_size=cfg.pool.max_block_size or pool.capacity,
-                            pending=queue, write_behind=not write_back, deadline=True)
+                            pending=queue, write_behind=not write_back)
         if hasattr(catalog, "before_commit"):      # group commit waits for writing commits
             catalog.before_commit = sessions.writes_settled
 
@@ -134,7 +134,7 @@ class Service:
             log.info("%d closed file(s) whose release had not come: written back now", n)
         lost = await self.durability.stop()
         await self.flush()
-        unseen = sum(1 for rec in self.files.write_errors.files.values() if not rec[2])
+        unseen = self.files.write_errors.unseen()
         if lost or unseen:
             log.error("%d file(s) could not be written back at the stop, and %d earlier "
                       "write-back failure(s) no fsync reported: those files keep their previous "

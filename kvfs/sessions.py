@@ -64,12 +64,10 @@ class Sessions:
 
     def __init__(self, catalog, store: BlockStore, pool: Pool, space: Space, *,
                  max_block_size: int, pending: Pending | None = None,
-                 write_behind: bool = True, deadline: bool = False):
+                 write_behind: bool = True):
         """`pending`: closed files waiting for write-back (kvfs/durability.py; none when
         close is a commit). `write_behind`: a sequential writer's full units go to the pool
-        while it writes (only where close commits: a close then has less to write).
-        `deadline`: writes to the pool are bounded by the namespaces' I/O deadline
-        (Pool.write_block; the service always asks for it)."""
+        while it writes (only where close commits: a close then has less to write)."""
         self.catalog = catalog
         self.store = store
         self.pool = pool
@@ -79,7 +77,6 @@ class Sessions:
         self.writing = 0                 # commits writing their block to the pool now
         self.pending = pending if pending is not None else NothingPending()
         self.write_behind = write_behind
-        self.deadline = deadline
         self._written: trio.Event | None = None     # set when `writing` drops to 0
 
     async def writes_settled(self, timeout: float) -> None:
@@ -533,7 +530,7 @@ class Sessions:
             try:
                 # (bounded by the namespaces' I/O deadline: an fsync, a close in "close" mode
                 # or a write-back waits no longer for a hung namespace)
-                return await self.store.write(s.buffer, size, writer, deadline=self.deadline)
+                return await self.store.write(s.buffer, size, writer)
             except KvfsError as e:
                 now = trio.current_time()
                 if give_up is None:

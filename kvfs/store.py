@@ -689,15 +689,14 @@ class BlockStore:
         """Where background I/O of the layers above runs (write-behind)."""
         return self._nursery
 
-    async def write(self, buf: Buffer, size: int, writer=None, *,
-                    deadline: bool = False) -> Layout:
-        """Write a block to the pool (durable on return), finishing what `writer` (a
-        `writer.BlockWriter`) wrote behind; raises ENOSPC or EIO (`deadline`: see
-        Pool.write_block)."""
+    async def write(self, buf: Buffer, size: int, writer=None) -> Layout:
+        """Write a block to the pool (durable on return, each namespace's I/O within its
+        deadline: Pool.write_block), finishing what `writer` (a `writer.BlockWriter`) wrote
+        behind; raises ENOSPC or EIO."""
         if writer is not None:
             layout = await writer.finish(buf, size)
         else:
-            layout = await self.pool.write_block(buf, size, deadline=deadline)
+            layout = await self.pool.write_block(buf, size, deadline=True)
         self.wrote(size)
         return layout
 

@@ -65,24 +65,22 @@ class BlockWriter:
         self.inflight[k] = done
         self.early_bytes += unit
 
+        late: list = []                     # its I/O, if past its deadline (Pool.bounded)
+
         async def run() -> None:
             try:
                 views = buf.io_views(k * unit, unit, pool.zero)
                 pool.fence(off, unit)
                 t = time.perf_counter()
                 target = pool.namespaces[ns]
-                # (within the namespace's I/O deadline: Namespace.bounded)
-                digest = await target.bounded(lambda: target.write(views, off, unit), unit)
+                digest = await pool.bounded(ns, lambda: target.write(views, off, unit), unit,
+                                            late)
                 self.units[k] = (ns, off, unit, digest)
                 # adaptive placement learns from units written behind too (with write-behind
                 # they are most of a block's units)
                 pool.observe({ns: 1}, {ns: time.perf_counter() - t})
-            except KvfsError as e:
-                pending = getattr(e, "pending", None)
-                if pending is None:
-                    pool.free_extent(ns, off, unit)
-                else:           # still being written: its extent is freed once it ends
-                    pool.free_after(ns, off, unit, pending)
+            except KvfsError:
+                pool.free_after([(ns, off, unit)], late)     # (once a late write ended)
                 self.early_bytes -= unit
                 self.failed.add(k)
             finally:
@@ -106,7 +104,7 @@ class BlockWriter:
         placement = place_units(n, self.weights, self.start) if n else []
         ns_of, offsets, sums = [0] * n, [0] * n, [0] * n
         taken: list[tuple[int, int, int]] = []          # extents allocated in this call
-        late: dict[tuple[int, int], object] = {}        # (ns, offset) -> still being written
+        late: list = []                                 # I/Os past their deadline
         todo = []
         for k in list(self.units):
             ns, off, stored, digest = self.units[k]
@@ -124,35 +122,22 @@ class BlockWriter:
                 ns_of[k], offsets[k] = ns, off
                 todo.append(k)
 
-
-            async def bounded(ns: int, job, nbytes: int, off: int = -1):
-                try:
-                    return await pool.namespaces[ns].bounded(job, nbytes)
-                except KvfsError as e:
-                    if getattr(e, "pending", None) is not None:
-                        late[(ns, off)] = e.pending
-                    raise
-
             def unit_writer(k: int):
                 async def write() -> None:
                     start = k * unit
                     views = buf.io_views(start, stored_length(size, unit, k), pool.zero)
                     pool.fence(offsets[k], stored_length(size, unit, k))
                     target = pool.namespaces[ns_of[k]]
-                    sums[k] = await bounded(ns_of[k], lambda: target.write(
+                    sums[k] = await pool.bounded(ns_of[k], lambda: target.write(
                         views, offsets[k], min(unit, size - start)),
-                        stored_length(size, unit, k), offsets[k])
+                        stored_length(size, unit, k), late)
                 return write
 
             await run_all(unit_writer(k) for k in todo)
-            await run_all((lambda j=j: bounded(j, pool.namespaces[j].sync, 0))
+            await run_all((lambda j=j: pool.bounded(j, pool.namespaces[j].sync, 0, late))
                           for j in sorted(set(ns_of)))
         except BaseException:
-            for ns, off, stored in taken:
-                if (ns, off) in late:
-                    pool.free_after(ns, off, stored, late[(ns, off)])
-                else:
-                    pool.free_extent(ns, off, stored)
+            pool.free_after(taken, late)        # (once the writes past their deadline ended)
             self._release_units()
             raise
         self.units.clear()

@@ -79,6 +79,15 @@ class Fault:
         monkeypatch.setattr(linux_aio.Engine, "fdatasync", aio_fdatasync)
 
 
+async def _reported_once(files, fh: int) -> None:
+    """The next fsync of `fh` fails with EIO, the one after returns 0 (each descriptor hears
+    of a write-back error once)."""
+    with pytest.raises(KvfsError) as e:
+        await files.fsync(fh)
+    assert e.value.errno == errno.EIO
+    await files.fsync(fh)
+
+
 def _files(n: int = 12) -> dict[str, bytes]:
     # small (one unit, staged: AIO where the engine is "auto") and large (worker threads)
     return {f"/f{i}": os.urandom((64 * KiB if i % 3 else 3 * MiB) + i) for i in range(n)}
@@ -159,19 +168,13 @@ def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_confi
         assert e.value.errno == errno.EIO
         await fs.close(midway)
         # the descriptor open across it hears of it, once
-        with pytest.raises(KvfsError) as e:
-            await files.fsync(reader)
-        assert e.value.errno == errno.EIO
-        await files.fsync(reader)
+        await _reported_once(files, reader)
         # /f's error was seen: a later opener starts past it
         after = await fs.open("/f", os.O_RDONLY)
         await files.fsync(after)
         # nobody saw /g's: its first later opener hears of it, once; the next one does not
         late = await fs.open("/g", os.O_RDONLY)
-        with pytest.raises(KvfsError) as e:
-            await files.fsync(late)
-        assert e.value.errno == errno.EIO
-        await files.fsync(late)
+        await _reported_once(files, late)
         later = await fs.open("/g", os.O_RDONLY)
         await files.fsync(later)
         for fh in (reader, after, late, later):
@@ -187,7 +190,7 @@ def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_confi
         fs.svc.store.drop_dram()
         assert await fs.read("/f") == old
         # /h's error was never reported to anyone: the stop says so (and exits non-zero)
-        stops.append(sum(1 for r in files.write_errors.files.values() if not r[2]))
+        stops.append(files.write_errors.unseen())
 
     run_service(cfg, body)
     assert stops == [1]
