@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.handlers:
-        os.environ["KVFS_HANDLER_CPU"] = "1"        # read by the daemon (kvfs/fuse_ops.py)
+        os.environ["KVFS_HANDLER_CPU"] = "1"        # read by the daemon (kvfs/fs/operations.py)
     why = available(throttle="throttled" in args.speeds.split(","))
     if why:
         print(f"bench/block_sizes.py: {why}", file=sys.stderr)

@@ -11,7 +11,7 @@ to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, testing/
   LMCache NIXL      NIXL POSIX plugin, io_uring, O_DIRECT, nixl_pool_size 0; 8 chunks per
                     transfer
   ... kvfs native   kvfs's tier / backend for the same engine (kvfs only): the same stores,
-                    loads read from the namespaces with kvfs.direct
+                    loads read from the namespaces with kvfs.client.direct
 
 Loads are cold: kvfs's DRAM tier and the page cache are dropped first (after a sync on ext4).
 The engine runs in its own process (testing/engine.py) inside the setup's cgroup, with the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Direct reads: kvfs.direct against reads through the FUSE mount and against raw preads.
+"""Direct reads: kvfs.client.direct against reads through the FUSE mount and against raw preads.
 
 Four emulated namespaces (loop devices over a private tmpfs, throttled to --bps each with a
 cgroup limit, as in bench/stripe.py) hold --blocks blocks of 32 MiB. The kvfs daemon and this
@@ -11,12 +11,12 @@ order (round r starts with path r mod 5):
   fuse        through the mount, --threads threads each reading its share of the block
               with 1 MiB preads (the same parallelism as the direct and raw paths)
   fuse_1      through the mount, one reader, 1 MiB reads (what most engines do)
-  direct      with kvfs.direct into a host buffer (layout and lease through the mount, then every
+  direct      with kvfs.client.direct into a host buffer (layout and lease through the mount, then every
               stripe unit in parallel from the namespaces), every unit's checksum verified (the
               default)
   raw         the same extents with parallel O_DIRECT preads and no kvfs at all (the physical
               reference: what the devices give)
-  unverified  kvfs.direct with verify=False (the opt-out): `verify_cost` is its speed over
+  unverified  kvfs.client.direct with verify=False (the opt-out): `verify_cost` is its speed over
               `direct`'s
 
 Why a batch of blocks, not one block, per timed sample: blk-throttle grants a device that idled
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps  # noqa: E402
 from bench.reads import ShortRead, digest, read_full  # noqa: E402
-from kvfs import direct  # noqa: E402
+from kvfs.client import direct  # noqa: E402
 from testing.emulate import Emulation, available  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 
@@ -91,7 +91,7 @@ def read_raw(lay: direct.BlockLayout, fds: dict, pool: concurrent.futures.Execut
 def read_direct(dr: direct.Direct, path: Path, buf: mmap.mmap, verify: bool = True) -> None:
     got = dr.read_into(str(path), buf, verify)
     if got != BLOCK:
-        raise ShortRead(f"kvfs.direct read {got} bytes of {path}, which holds {BLOCK}")
+        raise ShortRead(f"kvfs.client.direct read {got} bytes of {path}, which holds {BLOCK}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"bench/direct.py: {why}", file=sys.stderr)
         return 2
-    # direct: kvfs.direct as shipped (every unit's checksum verified); unverified: the same
+    # direct: kvfs.client.direct as shipped (every unit's checksum verified); unverified: the same
     # with verify=False (the opt-out), for the cost of verifying
     paths_order = ("fuse", "direct", "raw", "unverified", "fuse_1")
     times: dict[str, list[float]] = {k: [] for k in paths_order}
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 read_fuse_parallel(paths[0], pool, buf)
                 assert digest(memoryview(buf)[:BLOCK]) == check, "parallel reads: wrong bytes"
                 read_direct(dr, paths[0], buf)
-                assert digest(memoryview(buf)[:BLOCK]) == check, "kvfs.direct: wrong bytes"
+                assert digest(memoryview(buf)[:BLOCK]) == check, "kvfs.client.direct: wrong bytes"
                 buf[:BLOCK] = bytes(BLOCK)
                 read_raw(layouts[0], fds, pool, buf)
                 assert digest(memoryview(buf)[:BLOCK]) == check, "raw: wrong bytes"
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
            "direct_vs_raw": round(gbps["direct"] / gbps["raw"], 3),
            "direct_vs_fuse": round(gbps["direct"] / gbps["fuse"], 3),
            "direct_vs_fuse_1": round(gbps["direct"] / gbps["fuse_1"], 3),
-           # what verifying every unit's checksum costs kvfs.direct (>= 1: verified is slower)
+           # what verifying every unit's checksum costs kvfs.client.direct (>= 1: verified is slower)
            "verify_cost": round(gbps["unverified"] / gbps["direct"], 3),
            # cold reads through the mount against the devices' own limit (raw parallel
            # O_DIRECT preads of the same extents), both inside the throttle

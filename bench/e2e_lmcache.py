@@ -11,7 +11,7 @@ checked bit-exact against what was stored. kvfs keeps the memory of the dropped 
 spares, within its DRAM capacity, as a full tier has its evicted blocks' memory in steady
 state: the cold read fetches every byte from the namespaces, checksums verified, into reused
 memory (`--fresh-memory` gives the spares back first). The same run also drives kvfs's LMCache
-plugin (kvfs/integrations/lmcache_backend.py: direct writes and direct reads, no FUSE copy).
+plugin (kvfs/client/lmcache_backend.py: direct writes and direct reads, no FUSE copy).
 
 Devices are loop devices over files on a tmpfs, throttled per device (cgroup v1 blkio or v2
 io.max, whichever the machine has):
@@ -85,7 +85,7 @@ def worker(argv: list[str]) -> None:
     kwargs = dict(chunk_size=256, local_cpu=False, max_local_cpu_size=2 * n * CHUNK / 1e9 + 0.5)
     if mode == "plugin":
         kwargs.update(storage_plugins=["kvfs"], extra_config={
-            "storage_plugin.kvfs.module_path": "kvfs.integrations.lmcache_backend",
+            "storage_plugin.kvfs.module_path": "kvfs.client.lmcache_backend",
             "storage_plugin.kvfs.class_name": "KvfsBackend", "kvfs.path": directory,
             "kvfs.threads": THREADS})
     else:

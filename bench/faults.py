@@ -744,7 +744,7 @@ def _flip(path: Path, offset: int, nbytes: int) -> None:
 
 
 def torn_superblock(tmp: Path) -> dict:
-    from kvfs.superblock import SB_SIZE
+    from kvfs.pool.superblock import SB_SIZE
     cfg = write_config(tmp / "k.toml", tmp / "state",
                        [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(3)])
     m = start(tmp, cfg)

@@ -65,7 +65,7 @@ def drop_page_cache(paths: list[Path]) -> None:
 
 class ReferenceTmpfs:
     """A tmpfs for the reference files, with huge pages when `huge` (as the daemon's DRAM tier
-    mounts its block memory, kvfs/buffer.py); `pages` says what it got."""
+    mounts its block memory, kvfs/pool/buffer.py); `pages` says what it got."""
 
     def __init__(self, size: int, huge: bool):
         self.root = Path(tempfile.mkdtemp(prefix="kvfs-ref-"))

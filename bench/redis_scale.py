@@ -42,7 +42,7 @@ Method, in one run (everything is set up here and torn down at the end, also on 
     --gen-procs processes host N virtual nodes, each with a lease taken with kvfs's acquire
     script. For each stored file a virtual node sends what a kvfs node sends: HGET of the name
     (the create's lookup, a miss), EVALSHA ghost (with evict = "prefix") and EVALSHA mknode with
-    kvfs's own arguments (kvfs.catalog.redis.codec, kvfs.layout), each its own round trip, and
+    kvfs's own arguments (kvfs.catalog.redis.codec, kvfs.pool.layout), each its own round trip, and
     the chain link to its previous file (the links script every 5 s and at the step's end).
     Every other virtual node follows the change log as kvfs's follower does (XREAD COUNT 512
     BLOCK 1000; one pipeline of HGETALL of the inodes the entries name and one of their new
@@ -100,8 +100,8 @@ from kvfs.catalog.redis.codec import blob_fields, node_fields, stream_id  # noqa
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
 from kvfs.catalog.tree import LINK_WRITE  # noqa: E402
 from kvfs.config import DEFAULT_STRIPE_UNIT  # noqa: E402
-from kvfs.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E402
-from kvfs.redis_client import RedisClient, RedisUnavailable, _encode  # noqa: E402
+from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E402
+from kvfs.cluster.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
 from testing.redis_server import RedisServer, read_reply  # noqa: E402
@@ -901,7 +901,7 @@ class VNode:
                      tuple(off + k * unit for k in range(nu)),
                      tuple(hash((ino, k)) & ((1 << 64) - 1) for k in range(nu)))
         rec = BlobRec(ino, lay, now)             # the generator's block ids are its inodes
-        if self.prev is not None:                # kvfs.readahead: a writer's files form a chain
+        if self.prev is not None:                # kvfs.tiers.readahead: a writer's files form a chain
             self.links += [self.prev, ino, LINK_WRITE, 1.0]
         self.prev = ino
         node = Node(ino, sp["dir"], name, stat_mod.S_IFREG | 0o644, 0, 0, now, now, now,

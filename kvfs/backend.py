@@ -24,8 +24,8 @@ from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.config import Config
 from kvfs.errors import StartupError
 from kvfs.knobs import Knobs
-from kvfs.local import LocalTier
-from kvfs.pool import Pool
+from kvfs.tiers.local import LocalTier
+from kvfs.pool.pool import Pool
 from kvfs.space import LocalSpace, Space
 
 
@@ -132,7 +132,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo):
 async def _open_redis(cfg: Config, knobs: Knobs, stack, undo):
     from kvfs.catalog.redis import RedisCatalog
     from kvfs.catalog.redis import bootstrap
-    from kvfs.space.cluster import ClusterSpace
+    from kvfs.cluster.space import ClusterSpace
 
     sd = cfg.state_dir
     _mkdirs(sd, undo)
@@ -185,7 +185,7 @@ async def format_layers(cfg: Config, *, force: bool) -> tuple[str, str]:
                 cfg.cluster, lambda: Pool.format(cfg.pool, force=force), force=force)
             where = f"in Redis at {cfg.cluster.where} (cluster {cfg.cluster.name!r})"
         if cfg.local is not None:
-            from kvfs.local import format_local
+            from kvfs.tiers.local import format_local
             format_local(cfg.local, cfg.pool.stripe_unit, force)
     finally:
         os.close(lock)

@@ -28,12 +28,12 @@ import pyfuse3
 import trio
 
 from kvfs.backend import open_layers
-from kvfs.buffer import MEMORY
+from kvfs.pool.buffer import MEMORY
 from kvfs.config import Config, mem_total
 from kvfs.errors import StartupError
-from kvfs.fuse_ops import FuseOps
+from kvfs.fs.operations import FuseOps
 from kvfs.knobs import Knobs
-from kvfs.mounts import abort_connection, mount_entry
+from kvfs.client.mounts import abort_connection, mount_entry
 from kvfs.service import Service
 
 log = logging.getLogger("kvfs.daemon")
@@ -242,7 +242,7 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
         finally:
             # Nothing answers requests any more. A request still waiting would wait until
             # /dev/fuse closes at exit, but the process cannot exit while a thread of it is
-            # blocked on an entry invalidation that such a request holds up (kvfs/mounts.py,
+            # blocked on an entry invalidation that such a request holds up (kvfs/client/mounts.py,
             # abort_connection): fail them first. (Skipped if the mount is gone: unmounted by
             # the kernel, its device number may already belong to another mount.)
             now = mount_entry(real_mountpoint, resolve=False)

@@ -12,20 +12,20 @@ import trio
 
 from kvfs import __version__
 from kvfs.backend import Layers
-from kvfs.buffer import MEMORY
+from kvfs.pool.buffer import MEMORY
 from kvfs.config import Config
-from kvfs.control import Control
+from kvfs.fs.control import Control
 from kvfs.errors import KvfsError
-from kvfs.direct_access import DirectAccess
-from kvfs.files import Files
+from kvfs.fs.direct_access import DirectAccess
+from kvfs.fs.files import Files
 from kvfs.knobs import Knobs
-from kvfs.latency import Latency
-from kvfs.leases import Allocations, Leases
-from kvfs.readahead import Readahead
-from kvfs.sessions import Sessions
-from kvfs.store import BlockStore
-from kvfs.durability import CommitAtClose, Durability
-from kvfs.writeback import WriteBack, WriteQueue
+from kvfs.fs.latency import Latency
+from kvfs.fs.leases import Allocations, Leases
+from kvfs.tiers.readahead import Readahead
+from kvfs.write.pipeline import Sessions
+from kvfs.tiers.store import BlockStore
+from kvfs.write.durability import CommitAtClose, Durability
+from kvfs.write.writeback import WriteBack, WriteQueue
 
 log = logging.getLogger("kvfs.service")
 
@@ -47,8 +47,8 @@ class Service:
         self.readahead = Readahead(catalog, store, knobs)
         self.leases = Leases(store)
         self.allocations = Allocations(pool, space)
-        # When bytes are durable (kvfs/durability.py), chosen here once: "fsync" (close is not
-        # a commit: closed files are committed in batches, kvfs/writeback.py) or "close"
+        # When bytes are durable (kvfs/write/durability.py), chosen here once: "fsync" (close is not
+        # a commit: closed files are committed in batches, kvfs/write/writeback.py) or "close"
         # (close() commits; always with a shared pool)
         write_back = cfg.mount.durability == "fsync" and not catalog.shared
         queue = None

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from kvfs.mounts import abort_connection, mount_entry
+from kvfs.client.mounts import abort_connection, mount_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,7 +191,7 @@ class MountedKvfs:
                 # (eviction) waits for a directory lock that a request to this very daemon holds
                 # (a rename waiting for its lookup). The process cannot finish dying, so its
                 # /dev/fuse is never closed and the requests never fail. Aborting the
-                # connection fails them, and the daemon exits (kvfs/mounts.py; by the device
+                # connection fails them, and the daemon exits (kvfs/client/mounts.py; by the device
                 # number: the mount may already be detached from its mountpoint).
                 if self.dev is None or not abort_connection(self.dev):
                     subprocess.run(["umount", "-f", str(self.mountpoint)], capture_output=True)

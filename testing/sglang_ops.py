@@ -46,7 +46,7 @@ def open_backend(state: dict, dir: str, backend: str = "file", extra: dict | Non
     name = backend
     if backend == "kvfs":
         name = "dynamic"
-        extra.update(backend_name="kvfs", module_path="kvfs.integrations.sglang_backend",
+        extra.update(backend_name="kvfs", module_path="kvfs.client.sglang_backend",
                      class_name="KvfsHiCacheStorage")
     cfg = HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,

@@ -4,7 +4,7 @@ of block slots, TransferJobs to store slots to the tier and load them back.
 
 The tier is made by vLLM's SecondaryTierFactory from a config dict, as a vLLM server makes it
 from kv_connector_extra_config: {"type": "fs", "root_dir": ...} for vLLM's FileSystemTierManager,
-or {"type": "KvfsTier", "module_path": "kvfs.integrations.vllm_tier", ...} for kvfs's own.
+or {"type": "KvfsTier", "module_path": "kvfs.client.vllm_tier", ...} for kvfs's own.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def open_tier(state: dict, root: str, tier: str = "fs", slots: int = 16, threads
     cfg = {"type": "fs", "root_dir": root, "n_read_threads": threads,
            "n_write_threads": threads, **extra}
     if tier == "kvfs":
-        cfg.update(type="KvfsTier", module_path="kvfs.integrations.vllm_tier")
+        cfg.update(type="KvfsTier", module_path="kvfs.client.vllm_tier")
     t = SecondaryTierFactory.create_secondary_tier(cfg, memoryview(primary.numpy()),
                                                    _spec(model, block))
     state.update(tier=t, primary=primary, slots=slots, block=block, job=state.get("job", 0))

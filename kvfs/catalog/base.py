@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from kvfs.layout import Layout
+from kvfs.pool.layout import Layout
 
 ROOT_INO = 1
-CONTROL_INO = 2          # the hidden control file (see kvfs/control.py)
+CONTROL_INO = 2          # the hidden control file (see kvfs/fs/control.py)
 FIRST_INO = 16           # inodes below this are reserved
 NAME_MAX = 255
 
@@ -72,7 +72,7 @@ class BlobRec:
 
 def ghost_key(parent: int, name: bytes) -> int:
     """A name (its directory's inode and the name) as a signed 64-bit key: how the catalogs
-    remember evicted names' uses for the pool's policy (kvfs.policy.PrefixScore)."""
+    remember evicted names' uses for the pool's policy (kvfs.tiers.policy.PrefixScore)."""
     return xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + name) - (1 << 63)
 
 

@@ -12,7 +12,7 @@ block, or after the time given): a round's WAL sync then serves a whole burst of
 than the first of them alone, the next ones waiting a round behind it. The wait is bounded by
 the recent duration of a WAL sync, which is what not waiting would cost them.
 
-With `sync_changes` False (durability = "fsync", kvfs/writeback.py) a change to the tree (a
+With `sync_changes` False (durability = "fsync", kvfs/write/writeback.py) a change to the tree (a
 mkdir, an unlink, a rename...) returns once it is executed in the open transaction, as ext4
 returns once its journal has the change in memory: transactions still reach the disk in the
 order they were applied, so a crash keeps a prefix of the changes; the write-back flusher
@@ -33,7 +33,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from kvfs import threads
+from kvfs import tasks
 from kvfs.catalog.sqlite_schema import Stmt
 from kvfs.errors import KvfsError
 
@@ -196,7 +196,7 @@ class GroupCommit:
         if target > self._synced:
             t1 = time.perf_counter()
             try:
-                await threads.run_sync(self._sync_wal)
+                await tasks.run_sync(self._sync_wal)
             except OSError as e:
                 self._fail(e)
                 return

@@ -70,7 +70,7 @@ from kvfs.catalog.sqlite_schema import (
     wal_damage)
 from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
 from kvfs.errors import KvfsError, StartupError, not_found
-from kvfs.layout import Layout
+from kvfs.pool.layout import Layout
 
 log = logging.getLogger("kvfs.catalog")
 
@@ -616,7 +616,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
     async def commit_batch(self, items: list[tuple], mtimes: list[int] | None = None
                            ) -> list[tuple[BlobRec, BlobRec | None]]:
         """`commit` for several files, each (node, layout, score), in one transaction and one
-        wait for its WAL sync (the write-back flusher's batch, kvfs/writeback.py): each
+        wait for its WAL sync (the write-back flusher's batch, kvfs/write/writeback.py): each
         statement runs once with every file's parameters (executemany). `mtimes`: each
         file's modification time (the last write, not the write-back; default: now). All or
         none: if the transaction fails, every file keeps the version the database has."""

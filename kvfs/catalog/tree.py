@@ -23,7 +23,7 @@ import trio
 
 from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, Node
 from kvfs.errors import KvfsError, exists, not_found
-from kvfs.layout import Layout
+from kvfs.pool.layout import Layout
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2

@@ -1,4 +1,4 @@
-"""What every kvfs command shares: finding the mount (kvfs.mounts, which the integrations use
+"""What every kvfs command shares: finding the mount (kvfs.client.mounts, which the integrations use
 too), reading kvfs attributes, running control actions, and printing either tables for people
 or JSON for scripts.
 
@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from kvfs.mounts import find_mount
+from kvfs.client.mounts import find_mount
 from kvfs.units import format_size
 
 CONTROL = ".kvfs-control"

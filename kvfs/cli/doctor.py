@@ -145,9 +145,9 @@ def check_config(path: str) -> list[Finding]:
     state_dir's free space, the catalog's write-ahead log, every namespace's superblock."""
     from kvfs import config as config_mod
     from kvfs.catalog.sqlite_schema import wal_damage
-    from kvfs.device import probe
+    from kvfs.pool.namespace import probe
     from kvfs.errors import KvfsError
-    from kvfs.superblock import SB_SIZE, SuperblockError, decode
+    from kvfs.pool.superblock import SB_SIZE, SuperblockError, decode
     try:
         cfg = config_mod.load(path)
     except KvfsError as e:
@@ -363,7 +363,7 @@ def check_kvikio() -> Finding:
         import kvikio
         import kvikio.defaults as kd
     except ImportError:
-        return Finding("info", "kvikio", "kvikio is not installed: kvfs.direct reads with "
+        return Finding("info", "kvikio", "kvikio is not installed: kvfs.client.direct reads with "
                                          "parallel preads into host memory",
                        "pip install kvikio-cu12 for the direct path into GPU memory")
     except Exception as e:  # noqa: BLE001 - a broken CUDA install raises anything

@@ -102,7 +102,7 @@ def _umount2(path: str, flags: int = 0) -> None:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from kvfs.mounts import abort_connection, mount_entry
+    from kvfs.client.mounts import abort_connection, mount_entry
     mp = os.path.realpath(args.mountpoint)
     entry = mount_entry(mp)
     if entry is None:

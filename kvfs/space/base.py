@@ -9,9 +9,9 @@ import trio
 
 from kvfs.errors import KvfsError, no_space
 from kvfs.knobs import Knobs
-from kvfs.layout import Layout
-from kvfs.policy import PrefixScore
-from kvfs.pool import Pool
+from kvfs.pool.layout import Layout
+from kvfs.tiers.policy import PrefixScore
+from kvfs.pool.pool import Pool
 
 log = logging.getLogger("kvfs.space")
 
@@ -26,7 +26,7 @@ class Space:
     kind = "?"
     # the longest one `make_room` may wait for room to appear (space in its grace period, or
     # in regions other nodes give back); a writer that met ENOSPC waits about twice that at
-    # most (kvfs/sessions.py), so a full pool answers ENOSPC instead of holding it
+    # most (kvfs/write/pipeline.py), so a full pool answers ENOSPC instead of holding it
     room_wait = 0.0
 
     def __init__(self, pool: Pool, knobs: Knobs):

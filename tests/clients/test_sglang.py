@@ -158,7 +158,7 @@ def test_pages_kvfs_evicted_are_clean_misses(engines, make_mount, pool_config):
 
 
 def test_kvfs_backend_reads_pages_directly(engines, make_mount, pool_config):
-    """kvfs's own backend (kvfs.integrations.sglang_backend, SGLang's "dynamic" loader) reads
+    """kvfs's own backend (kvfs.client.sglang_backend, SGLang's "dynamic" loader) reads
     the pages SGLang's file backend wrote straight from the namespaces, and stores its own the
     same way."""
     a, b = engines
@@ -174,7 +174,7 @@ def test_kvfs_backend_reads_pages_directly(engines, make_mount, pool_config):
     assert b.call("get", keys=list(range(1, 13)) + [999]) == [True] * 12 + [None]
     assert m.stats()["files"]["direct_reads"] - before == 12
     writes = m.stats()["files"]["direct_writes"]
-    assert all(b.call("set", keys=[50, 51]))                  # writes: kvfs.direct
+    assert all(b.call("set", keys=[50, 51]))                  # writes: kvfs.client.direct
     assert m.stats()["files"]["direct_writes"] - writes == 2
     assert a.call("get", keys=[50, 51]) == [True, True]       # SGLang's own backend reads them
     os.unlink(os.path.join(d, a.call("names", keys=[3])[0]))   # as kvfs's eviction would

@@ -128,7 +128,7 @@ def test_blocks_kvfs_evicted_are_clean_misses(engines, make_mount, pool_config):
 
 
 def test_kvfs_tier_shares_the_files_and_reads_them_directly(engines, make_mount, pool_config):
-    """kvfs's own tier (kvfs.integrations.vllm_tier, loaded by vLLM's factory from its module
+    """kvfs's own tier (kvfs.client.vllm_tier, loaded by vLLM's factory from its module
     path) reads vLLM's files straight from the namespaces and writes its own the same way; the
     two tiers share a root_dir."""
     a, b = engines
@@ -145,7 +145,7 @@ def test_kvfs_tier_shares_the_files_and_reads_them_directly(engines, make_mount,
     assert r["success"] and all(r["exact"])
     assert m.stats()["files"]["direct_reads"] - before == 12  # not through FUSE
     writes = m.stats()["files"]["direct_writes"]
-    assert all(b.call("store", keys=list(range(50, 54))))     # its stores: kvfs.direct writes
+    assert all(b.call("store", keys=list(range(50, 54))))     # its stores: kvfs.client.direct writes
     assert m.stats()["files"]["direct_writes"] - writes == 4
     r = a.call("load", keys=list(range(50, 54)))              # vLLM's own tier reads them
     assert r["success"] and all(r["exact"])

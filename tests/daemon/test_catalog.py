@@ -13,7 +13,7 @@ import trio
 
 from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.errors import KvfsError
-from kvfs.layout import Layout
+from kvfs.pool.layout import Layout
 from tests.daemon.harness import run_service
 
 MiB = 1 << 20

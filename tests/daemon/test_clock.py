@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from kvfs.errors import KvfsError
-from kvfs.readahead import CHAIN_GAP_SECONDS, IDLE_SECONDS
+from kvfs.tiers.readahead import CHAIN_GAP_SECONDS, IDLE_SECONDS
 from tests.daemon.harness import mock_clock, run_service, wait_out
 
 MiB = 1 << 20
@@ -172,7 +172,7 @@ class FakeRedis:
 
 
 def _link(port: int):
-    from kvfs.cluster import ClusterLink
+    from kvfs.cluster.link import ClusterLink
     from kvfs.config import ClusterConfig
     link = ClusterLink(ClusterConfig(redis=f"redis://127.0.0.1:{port}/0", node_id="t"))
     link.quiet = True
@@ -180,7 +180,7 @@ def _link(port: int):
 
 
 def test_the_cluster_link_times_out_waits_between_reconnects_and_comes_back():
-    from kvfs.cluster import CALL_TIMEOUT, RECONNECT_SECONDS
+    from kvfs.cluster.link import CALL_TIMEOUT, RECONNECT_SECONDS
 
     async def main():
         redis = FakeRedis()
@@ -227,7 +227,7 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
     to make room may wait (grace periods, regions given back), and the writer waits in a
     request even SIGKILL cannot interrupt, so the commit gives up with ENOSPC after about two
     such waits, not after ROOM_TRIES of them (a torture writer hung for minutes)."""
-    from kvfs.sessions import ROOM_SECONDS, ROOM_TRIES
+    from kvfs.write.pipeline import ROOM_SECONDS, ROOM_TRIES
     cfg = pool_config(size="16MiB", durability="close")   # (an error at close)
     clock = mock_clock()
 

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from kvfs.errors import KvfsError
-from kvfs.space.cluster import CLEAN_PERIOD, ClusterSpace
+from kvfs.cluster.space import CLEAN_PERIOD, ClusterSpace
 from testing.redis_server import RedisServer
 from tests.daemon.harness import eventually, known, run_cluster
 from tests.helpers import write_config
@@ -692,7 +692,7 @@ def losing_replies(monkeypatch, *scripts) -> dict:
     """Make the next Redis calls of `scripts` fail as a broken connection does: set
     `["before"]` to fail that many before the script runs, `["after"]` that many after Redis
     ran it (the reply lost)."""
-    from kvfs.redis_client import RedisClient, RedisUnavailable
+    from kvfs.cluster.resp import RedisClient, RedisUnavailable
 
     real = RedisClient.eval
     lose = {"before": 0, "after": 0}
@@ -863,7 +863,7 @@ def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading
     """A Redis restarted with AOF answers `LOADING Redis is loading the dataset in memory` for
     a while. The follower's reconnect meets that reply; it must wait and retry, not end the
     daemon (it did: every node stopped, its mount with it, when Redis was restarted)."""
-    from kvfs.redis_client import RedisClient, RedisError
+    from kvfs.cluster.resp import RedisClient, RedisError
 
     real = RedisClient.pipeline
     loading = {"n": 0}
@@ -895,7 +895,7 @@ def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_co
     already moved its position past the batch): after reconnecting it must still learn what
     the batch said, not skip it."""
     from kvfs.catalog.redis import RedisCatalog
-    from kvfs.redis_client import RedisUnavailable
+    from kvfs.cluster.resp import RedisUnavailable
 
     real = RedisCatalog._refresh
     cut = {"n": 0}
@@ -923,7 +923,7 @@ def test_a_rename_whose_result_a_resync_already_applied_succeeds(cluster_configs
     reconnect) and so apply the rename itself; the rename must then still succeed, not fail
     with EIO and a KeyError traceback (and the same for an unlink)."""
     from kvfs.catalog.redis.scripts import SCRIPTS
-    from kvfs.cluster import ClusterLink
+    from kvfs.cluster.link import ClusterLink
 
     real = ClusterLink.eval
     reload_after = {SCRIPTS.rename: 0, SCRIPTS.remove: 0}

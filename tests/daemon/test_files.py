@@ -239,7 +239,7 @@ def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
 def test_corrupted_block_reads_as_eio(pool_config, tmp_path, size, io):
     """A flipped byte fails the read with EIO: a unit of a large block (read into its
     memory by a worker thread), a small block read through staging memory by a worker
-    thread or by Linux AIO on the trio thread (kvfs/linux_aio.py)."""
+    thread or by Linux AIO on the trio thread (kvfs/pool/linux_aio.py)."""
     cfg = pool_config(pool=f'io_engine = "{io}"')
     data = os.urandom(size)
     where = {}

@@ -16,8 +16,8 @@ from kvfs.cli import main as kvfs_main
 from kvfs.backend import open_layers
 from kvfs.knobs import Knobs
 from kvfs.errors import StartupError
-from kvfs.layout import Layout
-from kvfs.pool import Pool
+from kvfs.pool.layout import Layout
+from kvfs.pool.pool import Pool
 from tests.daemon.harness import run_service
 from tests.helpers import write_config
 
@@ -186,7 +186,7 @@ async def _expect(fs, path, data):
 
 class _FakeNs:
     def __init__(self, i: int, weight: float = 1.0):
-        from kvfs.device import NamespaceStats
+        from kvfs.pool.namespace import NamespaceStats
         self.index, self.weight, self.stats = i, weight, NamespaceStats()
 
 
@@ -219,7 +219,7 @@ def test_a_torn_superblock_is_rebuilt_when_nothing_is_in_doubt(tmp_path, n):
     """A superblock whose checksum fails but which still names the catalog's pool (the others
     agreeing) is rewritten at start-up with one log line; the data is all there. One that
     no longer names the pool (its pool id torn) or a torn magic is refused, as before."""
-    from kvfs.superblock import SB_SIZE, decode
+    from kvfs.pool.superblock import SB_SIZE, decode
     names = [f"ns{i}.img" for i in range(n)]
     cfg = cfg_for(tmp_path, names)
     data = os.urandom(5 * MiB)
@@ -257,8 +257,8 @@ def test_a_shared_pool_counts_a_published_or_released_block_out_of_its_regions(t
     (another node would allocate over it): `inflight` drops back to exactly zero once the
     block is published or released, however allocate() cut it into extents (it takes one
     extent for all the units a namespace gets; the layout lists them unit by unit)."""
-    from kvfs.layout import Layout
-    from kvfs.space.cluster import Regions
+    from kvfs.pool.layout import Layout
+    from kvfs.cluster.space import Regions
 
     async def main():
         cfg = config.load(cfg_for(tmp_path, ["ns0.img", "ns1.img"], unit="256KiB", size="64MiB"))
@@ -302,7 +302,7 @@ def test_a_unit_that_does_not_fit_on_its_fragmented_namespace_goes_to_another(tm
 
 def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatch):
     """Small writes that must be durable on return, issued together on one namespace, are
-    written by fewer worker jobs with fewer fdatasyncs than writes (a group: kvfs/device.py
+    written by fewer worker jobs with fewer fdatasyncs than writes (a group: kvfs/pool/namespace.py
     `_write_grouped`); each gets its own checksums, a write that fails fails alone with EIO,
     and the others' bytes are on the namespace."""
     import errno
@@ -310,8 +310,8 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
 
     import xxhash
 
-    from kvfs import device
-    from kvfs.device import Namespace
+    from kvfs.pool import namespace as device
+    from kvfs.pool.namespace import Namespace
     from kvfs.errors import KvfsError
 
     ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
@@ -370,7 +370,7 @@ def test_grouped_writes_keep_no_view_of_the_blocks_they_wrote(tmp_path):
     import gc
     import mmap
 
-    from kvfs.device import Namespace, WriteRequest
+    from kvfs.pool.namespace import Namespace, WriteRequest
 
     ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
     maps = [mmap.mmap(-1, 8192) for _ in range(16)]
@@ -402,7 +402,7 @@ def test_a_contested_block_unclaimed_first_frees_only_what_it_took(tmp_path, cap
     space used here: freeing it let this node allocate there again, and X's purge, applied
     later, then freed that new block's space (the cluster torture found two current blocks of
     one node sharing an extent)."""
-    from kvfs.layout import DATA_START
+    from kvfs.pool.layout import DATA_START
     cfg = cfg_for(tmp_path, ["ns0.img"], size="16MiB")
 
     async def body(fs):
@@ -432,7 +432,7 @@ def test_small_block_io_a_file_system_would_block_for_goes_to_a_worker_thread(tm
     either way, and the fallbacks are counted."""
     import errno
 
-    from kvfs import linux_aio
+    from kvfs.pool import linux_aio
 
     cfg = cfg_for(tmp_path, ["ns0.img"])
     files = {f"/s{i}": os.urandom(100_000 + i) for i in range(6)}
@@ -496,7 +496,7 @@ def test_a_full_aio_context_sends_small_block_io_to_a_worker_thread(tmp_path, mo
     RWF_NOWAIT there): the I/O goes to a worker thread, never fails the read or write."""
     import errno
 
-    from kvfs import linux_aio
+    from kvfs.pool import linux_aio
 
     cfg = cfg_for(tmp_path, ["ns0.img"])
     data = os.urandom(200_000)
@@ -525,7 +525,7 @@ def test_a_batchs_small_blocks_back_to_back_go_as_one_aio_write(tmp_path, monkey
     every block reads back bit-exact from the device."""
     import errno
 
-    from kvfs import linux_aio
+    from kvfs.pool import linux_aio
 
     cfg = cfg_for(tmp_path, ["ns0.img"])
     files = {f"/s{i}": os.urandom(100_000 + i) for i in range(8)}

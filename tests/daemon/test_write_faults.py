@@ -13,7 +13,8 @@ import os
 
 import pytest
 
-from kvfs import device, linux_aio
+from kvfs.pool import linux_aio
+from kvfs.pool import namespace as device
 from kvfs.errors import KvfsError
 from tests.daemon.harness import run_service
 

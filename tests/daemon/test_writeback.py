@@ -1,5 +1,5 @@
 """Write-back (durability = "fsync", the default): close is not a commit, fsync is; closed
-files are written back in batches within `writeback_ms`. Each invariant of kvfs/writeback.py
+files are written back in batches within `writeback_ms`. Each invariant of kvfs/write/writeback.py
 has a test here, driven through the files layer with a real pool and a real SQLite catalog;
 a "crash" is a stop without the shutdown's write-back (harness.run_service(crash=True)).
 tests/mounted/test_crash.py kills a mounted daemon with kill -9."""

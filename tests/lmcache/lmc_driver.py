@@ -44,7 +44,7 @@ def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote:
     if plugin:
         kwargs.update(storage_plugins=["kvfs"])
         kwargs["extra_config"] = {
-            "storage_plugin.kvfs.module_path": "kvfs.integrations.lmcache_backend",
+            "storage_plugin.kvfs.module_path": "kvfs.client.lmcache_backend",
             "storage_plugin.kvfs.class_name": "KvfsBackend",
             "kvfs.path": directory, "kvfs.verify": True}
     elif remote:

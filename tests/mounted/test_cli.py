@@ -103,11 +103,11 @@ def test_a_sigterm_as_soon_as_the_mount_is_up_unmounts_cleanly(tmp_path, pool_co
 
 def test_aborting_a_mounts_fuse_connection_fails_its_requests_and_ends_the_daemon(
         make_mount, pool_config):
-    """kvfs.mounts.abort_connection finds a mount's connection from its device number (the
+    """kvfs.client.mounts.abort_connection finds a mount's connection from its device number (the
     daemon does it at shutdown, the harness for a killed daemon that cannot finish dying)."""
     import errno
 
-    from kvfs.mounts import abort_connection
+    from kvfs.client.mounts import abort_connection
     m = make_mount(pool_config())
     (m.mountpoint / "f").write_bytes(b"data")
     assert m.dev is not None and abort_connection(m.dev)

@@ -1,4 +1,4 @@
-"""kvfs.direct: blocks read straight from the namespaces, safe against concurrent rewrites."""
+"""kvfs.client.direct: blocks read straight from the namespaces, safe against concurrent rewrites."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-import kvfs.direct as kd
+import kvfs.client.direct as kd
 from tests.cuda_stub import build as build_cuda_stub
 from tests.helpers import ROOT, wait_until
 
@@ -112,7 +112,7 @@ def test_verify_catches_corruption(blocks, tmp_path):
 
 
 KVIKIO_READ = (
-    "import errno, sys, numpy as np, kvfs.direct as kd\n"
+    "import errno, sys, numpy as np, kvfs.client.direct as kd\n"
     "mnt, *paths = sys.argv[1:]\n"
     "try:\n"
     "    with kd.Direct(mnt, use_kvikio=True) as d:\n"

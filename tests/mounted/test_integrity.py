@@ -13,7 +13,7 @@ MiB = 1 << 20
 def layout_of(mnt, path) -> dict:
     """Where a file's units are, from the catalog of the stopped daemon."""
     import sqlite3
-    from kvfs.layout import Layout
+    from kvfs.pool.layout import Layout
     db = sqlite3.connect(mnt.config.parent / "state" / "catalog.sqlite")
     row = db.execute("SELECT size, unit, ns, offsets, sums FROM nodes WHERE name = ?",
                      (path.name.encode(),)).fetchone()

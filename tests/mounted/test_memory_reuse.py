@@ -1,4 +1,4 @@
-"""The DRAM tier reuses the memory of evicted blocks for the next fetches (kvfs/buffer.py
+"""The DRAM tier reuses the memory of evicted blocks for the next fetches (kvfs/pool/buffer.py
 `Spares`), and never memory someone can still see: a reader's mmap of an evicted block,
 made through a passthrough open and kept after close(), keeps its bytes."""
 

@@ -1,10 +1,10 @@
-"""kvfs.aio.Lock: a free lock is taken without yielding; contended, it is FIFO and survives
+"""kvfs.tasks.Lock: a free lock is taken without yielding; contended, it is FIFO and survives
 cancellation of its waiters."""
 
 import trio
 import trio.testing
 
-from kvfs.aio import Lock
+from kvfs.tasks import Lock
 
 
 def test_a_free_lock_is_taken_without_a_checkpoint():

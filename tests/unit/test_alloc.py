@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvfs.alloc import ExtentAllocator
+from kvfs.pool.alloc import ExtentAllocator
 
 P = 4096
 

@@ -2,7 +2,7 @@ import os
 
 from hypothesis import given, settings, strategies as st
 
-from kvfs.buffer import Buffer, zero_chunk
+from kvfs.pool.buffer import Buffer, zero_chunk
 
 C = 64 * 1024
 
@@ -81,7 +81,7 @@ def test_spares_keep_only_memory_nothing_else_can_see(tmp_path):
     room it is given; a fetch then gets it (one of its size first)."""
     import mmap
 
-    from kvfs.buffer import MemorySource, Spares
+    from kvfs.pool.buffer import MemorySource, Spares
     if os.geteuid() != 0:
         import pytest
         pytest.skip("the private tmpfs needs root")
@@ -141,8 +141,8 @@ def test_spares_keep_only_memory_nothing_else_can_see(tmp_path):
 def test_a_parked_buffer_keeps_its_bytes_and_reopens_by_name():
     """On the private tmpfs a buffer nobody uses can close its descriptor (the daemon then
     holds none for it) and is reopened by name when used; a memfd cannot be parked."""
-    from kvfs import buffer as buffer_mod
-    from kvfs.buffer import MemorySource
+    from kvfs.pool import buffer as buffer_mod
+    from kvfs.pool.buffer import MemorySource
     if os.geteuid() != 0:
         import pytest
         pytest.skip("the private tmpfs needs root")
@@ -178,7 +178,7 @@ def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it():
     import threading
     import weakref
 
-    from kvfs.buffer import MemorySource, Spares, _release
+    from kvfs.pool.buffer import MemorySource, Spares, _release
     if os.geteuid() != 0:
         import pytest
         pytest.skip("the private tmpfs needs root")

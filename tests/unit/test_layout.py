@@ -1,6 +1,6 @@
 from hypothesis import given, settings, strategies as st
 
-from kvfs.layout import (PAGE, Layout, align_up, place_units, stored_length, unit_count,
+from kvfs.pool.layout import (PAGE, Layout, align_up, place_units, stored_length, unit_count,
                          unit_length, units_covering)
 
 units = st.sampled_from([4096, 65536, 1 << 20, 4 << 20])

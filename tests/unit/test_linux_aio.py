@@ -1,4 +1,4 @@
-"""Linux AIO (kvfs/linux_aio.py) on a real file opened with O_DIRECT: round trips, many I/Os in
+"""Linux AIO (kvfs/pool/linux_aio.py) on a real file opened with O_DIRECT: round trips, many I/Os in
 flight, fdatasync, the errors a read or write would raise, and a cancelled caller that still
 waits for its I/O (its memory is in use until the kernel is done)."""
 
@@ -12,7 +12,7 @@ import os
 import pytest
 import trio
 
-from kvfs import linux_aio
+from kvfs.pool import linux_aio
 
 MiB = 1 << 20
 

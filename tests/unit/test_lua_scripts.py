@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from kvfs.catalog.redis.scripts import NAMES, SCRIPTS
-from kvfs.redis_client import RedisClient
+from kvfs.cluster.resp import RedisClient
 
 
 def test_every_script_compiles_in_redis(redis):

@@ -9,7 +9,7 @@ import pytest
 
 from bench.synthetic_traces import TRACES
 from bench.trace_replay import load, replay, serve
-from kvfs.policy import (LRUPolicy, PrefixPolicy, PrefixScore, ProbationFrequencyPolicy,
+from kvfs.tiers.policy import (LRUPolicy, PrefixPolicy, PrefixScore, ProbationFrequencyPolicy,
                          ScorePolicy, SecondAccessAdmit, TierIndex, make_policy)
 
 TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",

@@ -3,7 +3,7 @@
 import pytest
 import trio
 
-from kvfs.redis_client import RedisClient, RedisError, RedisUnavailable
+from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable
 from testing.redis_server import RedisServer, free_port
 
 
@@ -55,7 +55,7 @@ def _certs(d):
 
 
 def _link(url: str, **kw):
-    from kvfs.cluster import ClusterLink
+    from kvfs.cluster.link import ClusterLink
     from kvfs.config import ClusterConfig
     return ClusterLink(ClusterConfig(redis=url, node_id="t", **kw))
 

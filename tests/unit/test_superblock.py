@@ -1,6 +1,6 @@
 import pytest
 
-from kvfs.superblock import (MAGIC, PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode,
+from kvfs.pool.superblock import (MAGIC, PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode,
                              foreign_signature)
 
 

@@ -17,10 +17,10 @@ from kvfs.catalog.base import ROOT_INO
 from kvfs.catalog.redis.codec import pairs
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.catalog.tree import _now
-from kvfs.cluster import ClusterLink
+from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError
-from kvfs.pool import Pool
+from kvfs.pool.pool import Pool
 
 log = logging.getLogger("kvfs.catalog")
 

@@ -11,7 +11,7 @@ Changes are Redis-first: a mutation runs one Lua script (kvfs/catalog/redis/lua/
 it against Redis (a name another node took, a directory another node filled, a lease this node
 lost) and applies it atomically, together with an entry in the log naming what changed; only
 then does this node apply it to its mirror. The space side (leases, the grave, eviction) is
-kvfs/space/cluster.py. docs/cluster.md describes the protocol and what each failure leaves.
+kvfs/cluster/space.py. docs/cluster.md describes the protocol and what each failure leaves.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.catalog.tree import RENAME_EXCHANGE, _now
 from kvfs.errors import KvfsError
-from kvfs.layout import Layout
+from kvfs.pool.layout import Layout
 
 log = logging.getLogger("kvfs.catalog")
 

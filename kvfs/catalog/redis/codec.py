@@ -15,7 +15,7 @@ docs/cluster.md has the other keys (atime, grave, lease:<r>, epoch, meta, init, 
 from __future__ import annotations
 
 from kvfs.catalog.base import BlobRec, Node
-from kvfs.layout import Layout
+from kvfs.pool.layout import Layout
 
 
 def node_fields(node: Node) -> list:

@@ -1,4 +1,4 @@
-"""The Redis side of a shared pool's space (kvfs/space/cluster.py): region leases, and the
+"""The Redis side of a shared pool's space (kvfs/cluster/space.py): region leases, and the
 grave's purges and holds, each one Lua script (lua/acquire.lua, release, renew, purge, hold).
 
 The space layer calls these methods and never names a script: the scripts, their arguments and
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvfs.catalog.redis.scripts import SCRIPTS
-from kvfs.cluster import ClusterLink
+from kvfs.cluster.link import ClusterLink
 
 
 class RegionLeases:

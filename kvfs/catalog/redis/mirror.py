@@ -7,7 +7,7 @@ may be applied twice or late without harm. A node that missed part of the log (i
 longer than the log's length) reloads a snapshot and reconciles its mirror with it.
 
 Changes that touch space (a block published, retired into the grave, purged) are passed to the
-space layer (kvfs/space/cluster.py); changes the layer above may cache (a name gone, new
+space layer (kvfs/cluster/space.py); changes the layer above may cache (a name gone, new
 content, a new name) are reported through `on_change`.
 """
 
@@ -23,10 +23,10 @@ from kvfs.catalog.base import ROOT_INO, BlobRec, Node
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
 from kvfs.catalog.redis.codec import ids, pairs, parse_blob, parse_node, stream_id
 from kvfs.catalog.tree import TreeCatalog, _now
-from kvfs.cluster import ClusterLink
+from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError
-from kvfs.redis_client import RedisClient, RedisError, RedisUnavailable
+from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable
 
 log = logging.getLogger("kvfs.catalog")
 

@@ -1,0 +1,202 @@
+"""An LMCache storage backend that stores and loads KV chunks with kvfs.client.direct: straight between
+LMCache's buffers and the namespaces (into GPU memory where GDS is available), the daemon only
+placing and committing them through the mount.
+
+LMCache (0.5.6) loads it as a storage plugin:
+
+    storage_plugins: ["kvfs"]
+    extra_config:
+      storage_plugin.kvfs.module_path: kvfs.client.lmcache_backend
+      storage_plugin.kvfs.class_name: KvfsBackend
+      kvfs.path: /mnt/kvfs/lmcache          # a directory in the mount
+      kvfs.verify: true                     # check every unit's checksum on direct reads
+                                            # (the default; false opts out)
+      kvfs.threads: 8                       # concurrent writes
+      kvfs.direct_writes: true              # false: write through the mount (FUSE) instead
+
+Unlike LMCache's local_disk backend it keeps no index of its own: a chunk exists when its file
+does (`stat` through the mount), and its shape, dtype and format travel with it as the file's
+`user.lmcache.meta` attribute. So chunks survive engine restarts and are shared by every engine
+that sees the mount (every node, with a shared pool). Chunks are written to a temporary name
+and renamed into place, so a reader never sees a partial one; kvfs makes the content durable
+when the commit (or, writing through the mount, the close()) returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import threading
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from kvfs.client import direct
+from kvfs.client.mounts import find_mount
+
+log = logging.getLogger("kvfs.lmcache")
+
+META_XATTR = "user.lmcache.meta"
+_DTYPES = {str(t): t for t in (torch.bfloat16, torch.float16, torch.float32, torch.uint8,
+                                torch.int8, torch.float64)}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPES[str(getattr(torch, _name))] = getattr(torch, _name)
+
+
+class KvfsBackend(StoragePluginInterface):
+    def __init__(self, config=None, metadata=None, local_cpu_backend=None, loop=None,
+                 dst_device: str = "cpu"):
+        super().__init__(dst_device=dst_device, config=config, metadata=metadata,
+                         local_cpu_backend=local_cpu_backend, loop=loop)
+        extra = (config.extra_config or {}) if config is not None else {}
+        path = extra.get("kvfs.path")
+        if not path:
+            raise ValueError("KvfsBackend: set extra_config['kvfs.path'] to a directory in a "
+                             "kvfs mount")
+        self.path = os.path.abspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        self.mount = find_mount(self.path)
+        self.direct = direct.Direct(self.mount, verify=bool(extra.get("kvfs.verify", True)))
+        self._writers = concurrent.futures.ThreadPoolExecutor(int(extra.get("kvfs.threads", 8)),
+                                                              thread_name_prefix="kvfs-put")
+        self.direct_writes = bool(extra.get("kvfs.direct_writes", True))
+        self._put_tasks: set[CacheEngineKey] = set()
+        self._lock = threading.Lock()
+
+    def __str__(self) -> str:
+        return "KvfsBackend"
+
+    # --- names ---------------------------------------------------------------------------------
+    def _file(self, key: CacheEngineKey) -> str:
+        return os.path.join(self.path, key.to_string().replace("/", "-") + ".pt")
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        return os.path.exists(self._file(key))
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey],
+                                     pin: bool = False) -> int:
+        n = 0
+        for key in keys:                    # a prefix: stop at the first chunk missing
+            if not self.contains(key):
+                break
+            n += 1
+        return n
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            return key in self._put_tasks
+
+    # --- writes --------------------------------------------------------------------------------
+    def _put(self, key: CacheEngineKey, obj: MemoryObj,
+             callback: Optional[Callable[[CacheEngineKey], None]]) -> None:
+        final = self._file(key)
+        tmp = final + f".tmp{threading.get_ident()}"
+        try:
+            meta = json.dumps({"shape": list(obj.get_shape()), "dtype": str(obj.get_dtype()),
+                               "fmt": obj.get_memory_format().name}).encode()
+            if self.direct_writes:
+                self.direct.write(final, obj.byte_array, xattrs={META_XATTR: meta})
+            else:
+                with open(tmp, "wb") as f:
+                    f.write(obj.byte_array)
+                    os.setxattr(f.fileno(), META_XATTR, meta)
+                os.replace(tmp, final)      # durable once close() returned; visible now
+        except OSError as e:
+            log.error("kvfs: storing %s failed: %s", final, e)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        finally:
+            obj.ref_count_down()
+            with self._lock:
+                self._put_tasks.discard(key)
+        if callback is not None:
+            try:
+                callback(key)
+            except Exception:  # noqa: BLE001 - LMCache's callbacks must not break puts
+                log.exception("kvfs: put callback failed")
+
+    def submit_put_task(self, key: CacheEngineKey, obj: MemoryObj,
+                        on_complete_callback=None) -> Optional[concurrent.futures.Future]:
+        with self._lock:
+            if key in self._put_tasks:
+                return None
+            self._put_tasks.add(key)
+        obj.ref_count_up()
+        return self._writers.submit(self._put, key, obj, on_complete_callback)
+
+    def batched_submit_put_task(self, keys: Sequence[CacheEngineKey], objs: List[MemoryObj],
+                                transfer_spec: Any = None, on_complete_callback=None):
+        return [self.submit_put_task(k, o, on_complete_callback) for k, o in zip(keys, objs)]
+
+    # --- reads ---------------------------------------------------------------------------------
+    def _allocate(self, path: str) -> Optional[MemoryObj]:
+        try:
+            meta = json.loads(os.getxattr(path, META_XATTR))
+        except OSError:
+            return None
+        obj = self.local_cpu_backend.allocate(torch.Size(meta["shape"]), _DTYPES[meta["dtype"]],
+                                              MemoryFormat[meta["fmt"]])
+        return obj
+
+    def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        paths = [self._file(k) for k in keys]
+        objs = [self._allocate(p) for p in paths]
+        todo = [i for i, o in enumerate(objs) if o is not None]
+        try:
+            self.direct.read_many([paths[i] for i in todo], [objs[i].byte_array for i in todo])
+        except FileNotFoundError:
+            # a chunk vanished (evicted, unlinked) between lookup and read: read them one by one
+            for i in todo:
+                try:
+                    self.direct.read_into(paths[i], objs[i].byte_array)
+                except OSError:
+                    objs[i].ref_count_down()
+                    objs[i] = None
+        return objs
+
+    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return self.batched_get_blocking([key])[0]
+
+    def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None):
+        return self._writers.submit(self.get_blocking, key)
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
+                                       transfer_spec: Any = None) -> list[MemoryObj]:
+        loop = asyncio.get_running_loop()
+        objs = await loop.run_in_executor(None, self.batched_get_blocking, keys)
+        out = []
+        for o in objs:                      # a prefix: stop at the first chunk missing
+            if o is None:
+                break
+            out.append(o)
+        return out
+
+    # --- the rest of the interface -------------------------------------------------------------
+    def pin(self, key: CacheEngineKey) -> bool:
+        return self.contains(key)           # kvfs never evicts an open or pinned chunk mid-read
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        return self.contains(key)
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        try:
+            os.unlink(self._file(key))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def get_allocator_backend(self):
+        return self.local_cpu_backend
+
+    def close(self) -> None:
+        self._writers.shutdown(wait=True)
+        self.direct.close()

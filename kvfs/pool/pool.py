@@ -1,0 +1,821 @@
+"""The pool: N namespaces, a superblock on each, and blocks striped RAID-0 across them.
+
+`Pool.open` validates the namespaces against each other, against the config and against the
+catalog's pool id, and refuses (StartupError, one line) a namespace from another pool, a missing
+or reordered one, or changed geometry. `Pool.format` writes fresh superblocks.
+
+Free space lives only in memory: `attach()` rebuilds each namespace's `ExtentAllocator` from the
+extents of the blocks the catalog holds. The pool allocates only inside its `Area` (all of every
+namespace, or, in a pool shared by several nodes, the regions this node leases); how much of
+that space writers may still claim is the space layer's business (kvfs/space/).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import errno
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import trio
+
+from kvfs.pool import linux_aio
+from kvfs.tasks import run_all
+from kvfs.pool.alloc import ExtentAllocator
+from kvfs.pool.buffer import Buffer, chunk_size_for, zero_chunk
+from kvfs.config import PoolConfig
+
+from kvfs.pool.namespace import Namespace, WriteRequest, probe
+from kvfs.errors import KvfsError, StartupError, no_space
+from kvfs.pool.layout import DATA_START, Layout, align_up, place_units, stored_length, unit_count
+from kvfs.pool.superblock import SB_SIZE, Superblock, SuperblockError, decode, foreign_signature
+
+log = logging.getLogger("kvfs.pool.pool")
+
+OBSERVE_UNITS = 128     # units moved between two updates of the placement balance
+RUN_UNITS = 8           # stripe units one I/O moves at most (back to back on a namespace)
+
+
+class Area:
+    """Where this node may allocate: here, the whole of every namespace (a pool of one node).
+
+    A pool shared by several nodes gives the pool a narrower area (kvfs/cluster/space.py
+    `Regions`): only the regions this node holds a lease on, with a write fence. The pool asks
+    its area, and tells it what it allocates, frees and publishes; it never asks who it is.
+    """
+
+    whole = True        # every namespace entirely: free space in the area is all free space
+
+    def ranges(self, ns_size: int) -> list[tuple[int, int]]:
+        """The [lo, hi) spans of a namespace of `ns_size` bytes this node may allocate in."""
+        return [(DATA_START, ns_size)]
+
+    def allocated(self, offset: int, length: int) -> None:
+        """An extent was allocated (not yet published)."""
+
+    def freed(self, offset: int, length: int) -> None:
+        """An extent allocated here and never published was given back."""
+
+    def published(self, offset: int, length: int) -> None:
+        """An extent allocated here is now part of a published block."""
+
+    def fence(self, offset: int, length: int) -> None:
+        """Raise KvfsError(EIO) if this node may no longer write there."""
+
+
+class Pool:
+    def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int, *,
+                 adaptive: bool = True, area: Area | None = None):
+        self.namespaces = namespaces
+        self.pool_id = pool_id
+        self.unit = unit
+        self.adaptive = adaptive
+        self.balance = [1.0] * len(namespaces)   # learned per-namespace factors (see observe)
+        self._obs_units = [0] * len(namespaces)
+        self._obs_seconds = [0.0] * len(namespaces)
+        self.chunk = chunk_size_for(unit)
+        self.allocators: list[ExtentAllocator] = [
+            ExtentAllocator(DATA_START, ns.size, unit) for ns in namespaces]
+        self.area = area or Area()      # where this node may allocate (see Area)
+        self.created = False          # formatted by this open (a brand-new pool)
+        # shared pool: the extents of claimed blocks that were still counted as used here when
+        # claimed (see claim), by block layout
+        self._contested: dict[Layout, list] = {}
+        self.frees_stopped: str | None = None    # see stop_freeing
+        self.rebuilt_superblocks: list[str] = []   # damaged superblocks rewritten at open
+        self._rotation = 0
+        self._credit = [0.0] * len(self.namespaces)    # place_units' round robin, block to block
+        self.zero = zero_chunk(self.chunk)   # the source of padding and holes in unit writes
+
+    # --- opening and formatting --------------------------------------------------------------
+    @staticmethod
+    def _check_paths(cfg: PoolConfig) -> list[tuple[bool, bool, int]]:
+        found = []
+        for nc in cfg.namespaces:
+            exists, is_block, size = probe(nc.path)
+            if not exists:
+                if nc.size is None:
+                    raise StartupError(f"namespace {nc.path}: does not exist (give a size to "
+                                       f"have kvfs create it as a file)", errno.ENOENT)
+                parent = nc.path.parent
+                if not parent.is_dir():
+                    raise StartupError(f"namespace {nc.path}: directory {parent} does not exist",
+                                       errno.ENOENT)
+            elif nc.size is not None and not is_block and size != nc.size:
+                raise StartupError(f"namespace {nc.path}: the file has {size} bytes but the "
+                                   f"config says size = {nc.size} (changed geometry)")
+            if exists and is_block and nc.size is not None:
+                raise StartupError(f"namespace {nc.path}: is a block device; size applies to "
+                                   f"files only")
+            found.append((exists, is_block, size))
+        return found
+
+    @classmethod
+    def open(cls, cfg: PoolConfig, *, expect_pool_id: str | None,
+             create_new: bool) -> "Pool":
+        """Open and validate the namespaces of `cfg`.
+
+        `expect_pool_id` is the pool id the catalog remembers (None for a new catalog).
+        `create_new`: if none of the namespaces exists yet and all are files with a size, create
+        and format them as a new pool. Block devices are never formatted implicitly.
+        """
+        found = cls._check_paths(cfg)
+        missing = [nc.path for nc, f in zip(cfg.namespaces, found) if not f[0]]
+        fresh = len(missing) == len(found)
+        if missing and not fresh:
+            raise StartupError(f"namespace {missing[0]}: does not exist, but other namespaces of "
+                               f"the pool do (missing namespace?)", errno.ENOENT)
+        if fresh and (not create_new or expect_pool_id is not None):
+            if expect_pool_id is not None:
+                raise StartupError(f"namespace {missing[0]}: does not exist, but the catalog "
+                                   f"belongs to pool {expect_pool_id}", errno.ENOENT)
+            raise StartupError(f"namespace {missing[0]}: does not exist", errno.ENOENT)
+        namespaces: list[Namespace] = []
+        try:
+            for i, nc in enumerate(cfg.namespaces):
+                ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
+                                    io_engine=cfg.io_engine, io_timeout=cfg.io_timeout_ms / 1000,
+                                    create_size=nc.size if fresh else None)
+                if ns.size <= DATA_START:
+                    raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small "
+                                       f"(kvfs needs more than {DATA_START})")
+                namespaces.append(ns)
+            if fresh:
+                pool_id = cls._write_superblocks(namespaces, cfg.stripe_unit)
+                log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
+                pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
+                pool.created = True
+                return pool
+            rebuilt: list[str] = []
+            pool_id = cls._validate(namespaces, cfg, expect_pool_id, rebuilt)
+            pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
+            pool.rebuilt_superblocks = rebuilt
+            return pool
+        except BaseException:
+            for ns in namespaces:
+                ns.close()
+            if fresh:
+                for nc in cfg.namespaces:
+                    try:
+                        nc.path.unlink()
+                    except OSError:
+                        pass
+            raise
+
+    @staticmethod
+    def _validate(namespaces: list[Namespace], cfg: PoolConfig, expect: str | None,
+                  rebuilt: list[str] | None = None) -> str:
+        sbs: list[Superblock | None] = []
+        damaged: dict[int, tuple[bytes, SuperblockError]] = {}
+        for ns in namespaces:
+            raw = ns.read_head()[:SB_SIZE]
+            try:
+                sbs.append(decode(raw))
+            except SuperblockError as e:
+                sbs.append(None)
+                damaged[ns.index] = (raw, e)
+        good = [sb for sb in sbs if sb is not None]
+        for i, (raw, e) in damaged.items():
+            sbs[i] = Pool._rebuilt(namespaces[i], raw, e, good, cfg, expect, len(namespaces))
+        formatted = [sb for sb in sbs if sb is not None]
+        if not formatted:
+            raise StartupError(f"namespace {namespaces[0].path}: not a kvfs namespace "
+                               f"(run `kvfs format` to create a pool)")
+        pool_id = expect or formatted[0].pool_id
+        for ns, sb in zip(namespaces, sbs):
+            if sb is None:
+                raise StartupError(f"namespace {ns.path}: not a kvfs namespace, but the others "
+                                   f"belong to pool {pool_id}")
+            if sb.pool_id != pool_id:
+                whose = "the catalog" if expect else f"namespace {namespaces[0].path}"
+                raise StartupError(f"namespace {ns.path}: belongs to pool {sb.pool_id}, but "
+                                   f"{whose} to pool {pool_id}")
+        for ns, sb in zip(namespaces, sbs):
+            if sb.ns_count != len(namespaces):
+                raise StartupError(f"pool {pool_id} has {sb.ns_count} namespaces, but the config "
+                                   f"lists {len(namespaces)} (missing or extra namespace?)")
+            if sb.ns_index != ns.index:
+                raise StartupError(f"namespace {ns.path}: is number {sb.ns_index} of pool "
+                                   f"{pool_id} but is listed as number {ns.index} (reordered?)")
+            if sb.stripe_unit != cfg.stripe_unit:
+                raise StartupError(f"pool {pool_id} was formatted with stripe_unit "
+                                   f"{sb.stripe_unit}, but the config says {cfg.stripe_unit} "
+                                   f"(changed geometry)")
+            if sb.size != ns.size:
+                raise StartupError(f"namespace {ns.path}: was formatted with {sb.size} bytes but "
+                                   f"now has {ns.size} (changed geometry)")
+        for i, (_, e) in damaged.items():       # everything else checked: write them back
+            ns = namespaces[i]
+            ns.write_superblock(sbs[i])
+            source = " and the other namespaces' superblocks" if good else ""
+            msg = (f"namespace {ns.path}: its superblock was damaged ({e}); rebuilt from the "
+                   f"catalog's pool id{source}")
+            log.warning(msg)
+            if rebuilt is not None:
+                rebuilt.append(msg)
+        return pool_id
+
+    @staticmethod
+    def _rebuilt(ns: Namespace, raw: bytes, e: SuperblockError, good: list[Superblock],
+                 cfg: PoolConfig, expect: str | None, count: int) -> Superblock:
+        """The superblock a namespace whose own is damaged (its checksum fails: a torn write)
+        must have, when nothing is in doubt: the catalog names the pool, the damaged bytes
+        still carry that pool id, and the other superblocks agree. Else start-up is refused."""
+        others = {(sb.pool_id, sb.ns_count, sb.stripe_unit, sb.created) for sb in good}
+        if expect is None or expect.encode() not in raw or len(others) > 1 or \
+                any(o[0] != expect or o[1] != count for o in others):
+            raise StartupError(f"namespace {ns.path}: {e}, and it cannot be rebuilt safely (it "
+                               f"does not name this catalog's pool, or the other namespaces "
+                               f"disagree)")
+        if others:
+            _, _, unit, created = next(iter(others))
+        else:
+            unit = cfg.stripe_unit
+            created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        return Superblock(pool_id=expect, ns_index=ns.index, ns_count=count, stripe_unit=unit,
+                          size=ns.size, created=created)
+
+    @staticmethod
+    def _write_superblocks(namespaces: list[Namespace], unit: int) -> str:
+        pool_id = uuid.uuid4().hex
+        created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        for ns in namespaces:
+            ns.write_superblock(Superblock(pool_id=pool_id, ns_index=ns.index,
+                                           ns_count=len(namespaces), stripe_unit=unit,
+                                           size=ns.size, created=created))
+        return pool_id
+
+    @classmethod
+    def format(cls, cfg: PoolConfig, *, force: bool) -> str:
+        """Write new superblocks on every namespace (creating files that have a size).
+
+        Refuses a namespace that holds a kvfs pool or another signature unless `force`.
+        Returns the new pool id.
+        """
+        found = cls._check_paths(cfg)
+        opened: list[Namespace] = []
+        created: list[Path] = []
+        try:
+            for i, (nc, (exists, _, _)) in enumerate(zip(cfg.namespaces, found)):
+                ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
+                                    io_engine=cfg.io_engine,
+                                    create_size=None if exists else nc.size)
+                opened.append(ns)
+                if not exists:
+                    created.append(nc.path)
+                if ns.size <= DATA_START:
+                    raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small")
+                if exists and not force:
+                    what = foreign_signature(ns.read_head(), str(nc.path))
+                    if what:
+                        raise StartupError(f"namespace {nc.path}: holds {what}; refusing to "
+                                           f"overwrite it (use --force)", errno.EEXIST)
+            return cls._write_superblocks(opened, cfg.stripe_unit)
+        except BaseException:
+            for p in created:
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+            raise
+        finally:
+            for ns in opened:
+                ns.close()
+
+    def close(self) -> None:
+        for ns in self.namespaces:
+            ns.close()
+
+    # --- space -------------------------------------------------------------------------------
+    def attach(self, layouts: Iterable[Layout]) -> None:
+        """Rebuild free space from the layouts of every block the catalog holds."""
+        ns: list[int] = []
+        off: list[int] = []
+        length: list[int] = []
+        units = set()
+        for layout in layouts:
+            units.add(layout.unit)
+            for e in layout.unit_extents():
+                ns.append(e.ns)
+                off.append(e.offset)
+                length.append(e.length)
+        self.attach_extents(np.asarray(ns, dtype=np.int64), np.asarray(off, dtype=np.int64),
+                            np.asarray(length, dtype=np.int64), units)
+
+    def attach_extents(self, ns, off, length, units: Iterable[int] = ()) -> None:
+        """Rebuild free space from the (namespace, offset, length) arrays of every stripe unit
+        the catalog holds (`units`: the stripe units of its blocks), sorted here."""
+        for u in units:
+            if int(u) != self.unit:
+                raise StartupError(f"catalog holds a block with stripe unit {int(u)}, "
+                                   f"the pool uses {self.unit}")
+        if len(ns) and int(ns.max()) >= len(self.namespaces):
+            raise StartupError(f"catalog refers to namespace {int(ns.max())}, the pool has "
+                               f"{len(self.namespaces)}")
+        order = np.lexsort((off, ns))
+        ns, off, length = ns[order], off[order], length[order]
+        bounds = np.searchsorted(ns, np.arange(len(self.namespaces) + 1))
+        try:
+            self.allocators = [
+                ExtentAllocator.from_sorted(DATA_START, nsp.size, off[bounds[j]:bounds[j + 1]],
+                                            length[bounds[j]:bounds[j + 1]], self.unit)
+                for j, nsp in enumerate(self.namespaces)]
+        except ValueError as e:
+            raise StartupError(f"catalog is inconsistent with the pool: {e}") from None
+
+    @property
+    def capacity(self) -> int:
+        return sum(a.capacity for a in self.allocators)
+
+    @property
+    def free(self) -> int:
+        """Free bytes in the pool (for a shared pool: as this node sees the cluster's blocks)."""
+        return sum(a.free_bytes for a in self.allocators)
+
+    @property
+    def writable(self) -> int:
+        """Free bytes this node may allocate now (in its area)."""
+        if self.area.whole:
+            return self.free
+        return sum(a.free_in(lo, hi)[0] for a, ns in zip(self.allocators, self.namespaces)
+                   for lo, hi in self.area.ranges(ns.size))
+
+    @property
+    def unit_free(self) -> int:
+        """Free bytes in whole stripe units (see ExtentAllocator): what blocks of several units
+        can use; free pieces smaller than a unit are left out."""
+        return sum(a.unit_bytes for a in self.allocators)
+
+    def writable_in(self, grain: int) -> int:
+        """The free bytes this node may allocate now (in its area) that lie in pieces of
+        `grain` bytes (a multiple of 4 KiB, at most the unit): what units of that length can
+        use. Each free extent counts its length rounded down to a multiple of `grain`."""
+        if self.area.whole and grain == self.unit:
+            return self.unit_free
+        return sum(a.unit_bytes_in(lo, hi, grain)
+                   for a, ns in zip(self.allocators, self.namespaces)
+                   for lo, hi in self.area.ranges(ns.size))
+
+    def statistics(self) -> dict:
+        """The pool tier's geometry and space, and each namespace's counters."""
+        return {
+            "tier": {"capacity": self.capacity, "used": self.capacity - self.free,
+                     "free": self.free, "stripe_unit": self.unit, "pool_id": self.pool_id,
+                     "placement_weights": [round(w, 3) for w in self.placement_weights()],
+                     "rebuilt_superblocks": self.rebuilt_superblocks},
+            "namespaces": [
+                {"index": ns.index, "path": str(ns.path), "size": ns.size,
+                 "direct_io": ns.direct, "queue_depth": ns.queue_depth,
+                 "io_engine": "aio" if ns.aio and linux_aio.available() else "threads",
+                 **dataclasses.asdict(ns.stats)}
+                for ns in self.namespaces],
+        }
+
+    # --- blocks other nodes of a shared pool wrote ------------------------------------------------
+    def claim(self, layout: Layout) -> bool:
+        """Mark a block another node published as used. Part of it may still be counted as
+        used here by a block whose purge this node has not applied yet (a node reads a file's
+        current state, which may be newer than the change log it has applied): that part
+        becomes this block's when the old block is unclaimed. False (logged) if so."""
+        short = []                # (extent, the pieces of it this block holds so far)
+        for e in layout.unit_extents():
+            parts = self.allocators[e.ns].take_free_parts(e.offset, e.length)
+            if sum(n for _, n in parts) < e.length:
+                short.append((e, parts))
+        if short:
+            self._contested[layout] = short
+            log.warning("block of %d bytes published by another node overlaps space this node "
+                        "still counts as in use (a purge not applied here yet, or two nodes "
+                        "wrote the same space) (namespace extents %s)", layout.size,
+                        [(e.ns, e.offset, e.length) for e, _ in short][:4])
+        return not short
+
+    def unclaim(self, layout: Layout) -> None:
+        """A retired block's grace period is over (shared pool): the space it holds here is
+        free again. Only that: of an extent it shares with a block whose purge this node has
+        not applied yet (it was claimed contested), it frees the pieces it took, never the
+        other block's, or that block's purge, applied later, would free space allocated here
+        since (two blocks in one place: seen in the cluster torture as two current blocks of
+        one node sharing an extent). Then blocks still contested take what became free."""
+        contested = self._contested.pop(layout, None)
+        held = {(e.ns, e.offset): parts for e, parts in contested} if contested else {}
+        for e in layout.unit_extents():
+            for off, n in held.get((e.ns, e.offset), [(e.offset, e.length)]):
+                try:
+                    self.allocators[e.ns].free(off, n)
+                except ValueError:
+                    log.error("freeing a purged block's extent (%d, %d, %d) twice", e.ns, off, n)
+        for other, short in list(self._contested.items()):
+            still = []
+            for e, parts in short:
+                parts = parts + self.allocators[e.ns].take_free_parts(e.offset, e.length)
+                if sum(n for _, n in parts) < e.length:
+                    still.append((e, parts))
+            if still:
+                self._contested[other] = still
+            else:
+                del self._contested[other]
+
+    def committed(self, layout: Layout) -> None:
+        """The block is published: its extents are no longer this node's in-flight writes."""
+        for e in layout.unit_extents():
+            self.area.published(e.offset, e.length)
+
+    def alloc_extent(self, j: int, length: int) -> int | None:
+        """An extent of `length` bytes on namespace j inside this node's area, or None."""
+        off = self.allocators[j].alloc_in(length, self.area.ranges(self.namespaces[j].size))
+        if off is not None:
+            self.area.allocated(off, length)
+        return off
+
+    def free_extent(self, j: int, off: int, length: int) -> None:
+        """Give back an extent this node allocated and did not publish."""
+        if self.frees_stopped:
+            return
+        self.allocators[j].free(off, length)
+        self.area.freed(off, length)
+
+    def stop_freeing(self, why: str) -> None:
+        """The catalog can no longer make changes durable, and what it holds on disk may differ
+        from memory (a transaction that failed may still have reached the disk): free no
+        extent until a restart rebuilds the free space from the catalog, so none that the
+        disk's catalog references is ever written again."""
+        self.frees_stopped = why
+
+    def fence(self, off: int, length: int) -> None:
+        """Refuse to write where this node may no longer write (see Area.fence)."""
+        self.area.fence(off, length)
+
+    def stored_size(self, size: int) -> int:
+        """Bytes a block of `size` takes in the pool."""
+        return align_up(size)
+
+    def placement_weights(self) -> list[float]:
+        """Each namespace's share of a new block's units.
+
+        The configured weight times, with adaptive placement, a learned balance factor that
+        makes every namespace finish its share of a block at the same time (see `observe`), so a
+        slower namespace gets proportionally fewer units and does not hold every block back.
+        Failed namespaces get no new units (unless all have failed), until they are on
+        probation (`Namespace.on_probation`: no error for a while).
+        """
+        nss = self.namespaces
+        healthy = [ns.stats.state == "ok" or ns.on_probation() for ns in nss]
+        if not any(healthy):
+            healthy = [True] * len(nss)
+        return [ns.weight * b if ok else 0.0 for ns, b, ok in zip(nss, self.balance, healthy)]
+
+    def observe(self, units: dict[int, int], seconds: dict[int, float]) -> None:
+        """Learn from one striped transfer: namespace j moved `units[j]` units in `seconds[j]`
+        (from the transfer's start to its last unit on j).
+
+        Transfers are pooled until OBSERVE_UNITS units have moved (single transfers are noisy:
+        devices burst after idling). Then each namespace's time per unit predicts how long it
+        would take for a block laid out with today's weights, and the factors move a geometric
+        half step towards equal predicted times. Whatever makes a namespace slower (its link,
+        its load, a throttle), this feedback balances it; a factor stays within [1/50, 1].
+        """
+        if not self.adaptive:
+            return
+        for j, u in units.items():
+            if u > 0 and seconds.get(j, 0) > 0:
+                self._obs_units[j] += u
+                self._obs_seconds[j] += seconds[j]
+        if sum(self._obs_units) < OBSERVE_UNITS:
+            return
+        weights = self.placement_weights()
+        predicted = {j: weights[j] * self._obs_seconds[j] / self._obs_units[j]
+                     for j in range(len(self.namespaces))
+                     if self._obs_units[j] > 0 and weights[j] > 0}
+        self._obs_units = [0] * len(self.namespaces)
+        self._obs_seconds = [0.0] * len(self.namespaces)
+        if len(predicted) < 2:
+            return
+        mean = sum(predicted.values()) / len(predicted)
+        for j, t in predicted.items():
+            self.balance[j] *= (mean / t) ** 0.5
+        top = max(self.balance)
+        self.balance = [min(1.0, max(0.02, b / top)) for b in self.balance]
+
+    def allocate(self, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Choose a namespace and offset for every unit of a `size`-byte block.
+
+        Raises ENOSPC (KvfsError) if the units do not fit; nothing is allocated then.
+        """
+        n = unit_count(size, self.unit)
+        lengths = [stored_length(size, self.unit, k) for k in range(n)]
+        weights = self.placement_weights()
+        if self.area.whole:             # (free_in walks every free extent of the range)
+            room = [a.free_bytes for a in self.allocators]
+        else:
+            room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
+                    for a, ns in zip(self.allocators, self.namespaces)]
+        try:
+            assign = list(place_units(n, weights, self._rotation % len(self.namespaces), room,
+                                      lengths, self._credit))
+        except ValueError:
+            raise no_space(f"pool is full: no room for a block of {size} bytes") from None
+        self.next_rotation()
+        offsets = [0] * n
+        taken: list[tuple[int, int, int]] = []
+        try:
+            for j in set(assign):
+                ks = [k for k in range(n) if assign[k] == j]
+                total = sum(lengths[k] for k in ks)
+                off = self.alloc_extent(j, total)
+                if off is not None:
+                    taken.append((j, off, total))
+                    for k in ks:
+                        offsets[k] = off
+                        off += lengths[k]
+                    continue
+                for k in ks:   # fragmented: one extent per unit, elsewhere if need be
+                    for j2 in [j] + sorted((i for i in range(len(room)) if i != j),
+                                           key=lambda i: -room[i]):
+                        off = self.alloc_extent(j2, lengths[k])
+                        if off is not None:
+                            break
+                    else:
+                        raise no_space(f"pool is full: no namespace has room for a "
+                                       f"{lengths[k]}-byte stripe unit (free space is "
+                                       f"fragmented)")
+                    taken.append((j2, off, lengths[k]))
+                    assign[k] = j2
+                    offsets[k] = off
+        except KvfsError:
+            for j, off, length in taken:
+                self.free_extent(j, off, length)
+            raise
+        return tuple(assign), tuple(offsets)
+
+    async def bounded(self, j: int, job, nbytes: int, late: list):
+        """Namespace j's `job` within its I/O deadline (Namespace.bounded); one past it adds
+        the Event of its end to `late` (for `free_after` / `release_after`) and raises EIO."""
+        try:
+            return await self.namespaces[j].bounded(job, nbytes)
+        except KvfsError as e:
+            if getattr(e, "pending", None) is not None:
+                late.append(e.pending)
+            raise
+
+    def free_after(self, extents, late: list) -> None:
+        """`free_extent` of each (namespace, offset, length), once every I/O in `late` (trio
+        Events of I/Os past their deadline, which may still be writing there) has ended:
+        until then nothing else may be placed there. At once if none is late."""
+        def free() -> None:
+            for j, off, length in extents:
+                self.free_extent(j, off, length)
+        if not late:
+            free()
+            return
+
+        async def later() -> None:
+            for ev in late:
+                await ev.wait()
+            free()
+        trio.lowlevel.spawn_system_task(later)
+
+    def release_after(self, layout: Layout, late: list) -> None:
+        """`release`, once every I/O in `late` has ended (see `free_after`)."""
+        self.free_after([(e.ns, e.offset, e.length) for e in layout.unit_extents()], late)
+
+    def release(self, layout: Layout) -> None:
+        """Return the space of a block this node wrote (no reader may use its extents any
+        more; in a shared pool: a block that was never published)."""
+        for e in layout.unit_extents():
+            self.free_extent(e.ns, e.offset, e.length)
+
+    # --- I/O -----------------------------------------------------------------------------------
+    def runs(self, ns_of, offsets, size: int, ks=None, limit: int = RUN_UNITS) -> list[list[int]]:
+        """Units grouped into runs one I/O can move: on one namespace, back to back there (a
+        block's units on a namespace are usually allocated as one extent), at most `limit`."""
+        by_ns: dict[int, list[int]] = {}
+        for k in (range(len(ns_of)) if ks is None else ks):
+            by_ns.setdefault(ns_of[k], []).append(k)
+        out = []
+        for kk in by_ns.values():
+            kk.sort(key=lambda k: offsets[k])
+            run = [kk[0]]
+            for k in kk[1:]:
+                p = run[-1]
+                if offsets[p] + stored_length(size, self.unit, p) == offsets[k] and len(run) < limit:
+                    run.append(k)
+                else:
+                    out.append(run)
+                    run = [k]
+            out.append(run)
+        return out
+
+    async def write_block(self, buf: Buffer, size: int, *, deadline: bool = False) -> Layout:
+        """Allocate, write every unit in parallel (a run of units per I/O), make them durable;
+        return the layout. On failure the space is released and the error (ENOSPC or EIO)
+        raised. With `deadline` (the daemon's commits always ask for it), each namespace's
+        I/O is bounded (Namespace.bounded: EIO past it, the namespace failed, the block
+        written again elsewhere by the caller: Sessions.write_block)."""
+        ns_of, offsets = self.allocate(size)
+        n = len(ns_of)
+        sums = [0] * n
+        t0 = time.perf_counter()
+        done: dict[int, float] = {}
+        # A block no larger than a chunk goes through the worker thread's staging memory
+        # (Buffer.stage_out): its file is never mapped.
+        small = size <= buf.chunk
+
+        runs = self.runs(ns_of, offsets, size)
+        per_ns = collections.Counter(ns_of[run[0]] for run in runs)
+
+        async def write(run: list[int]) -> None:
+            lengths, spans = [], []
+            for k in run:
+                stored = stored_length(size, self.unit, k)
+                self.fence(offsets[k], stored)
+                length = min(self.unit, size - k * self.unit)
+                spans.append((k * self.unit, stored, length))
+                lengths.append(length)
+
+            def staged() -> list[list[memoryview]]:
+                return buf.stage_out(spans)
+            j = ns_of[run[0]]
+            ns = self.namespaces[j]
+            nbytes = sum(stored for _, stored, _ in spans)
+
+            def job():
+                # the only run on its namespace: written and made durable in one job
+                return ns.write_units(
+                    staged if small else
+                    [buf.io_views(start, stored, self.zero) for start, stored, _ in spans],
+                    offsets[run[0]], lengths, sync=per_ns[j] == 1, nbytes=nbytes,
+                    verify=buf.shared and not small)
+            digests = await (self.bounded(j, job, nbytes, late) if deadline else job())
+            for k, d in zip(run, digests):
+                sums[k] = d
+            done[j] = time.perf_counter() - t0
+
+        late: list = []                         # I/Os past their deadline, still in flight
+
+        async def sync(j: int) -> None:
+            ns = self.namespaces[j]
+            await (self.bounded(j, ns.sync, 0, late) if deadline else ns.sync())
+        try:
+            if len(runs) == 1:                  # one I/O (a small block): no nursery
+                await write(runs[0])
+            else:
+                await run_all((lambda r=r: write(r)) for r in runs)
+                await run_all((lambda j=j: sync(j)) for j in sorted(per_ns) if per_ns[j] > 1)
+        except BaseException:
+            self.release_after(Layout(size, self.unit, ns_of, offsets, (0,) * n), late)
+            raise
+        counts = {j: ns_of.count(j) for j in done}
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("wrote %d bytes in %.3f s: units per namespace %s, seconds %s", size,
+                      time.perf_counter() - t0, counts, {j: round(t, 3) for j, t in done.items()})
+        self.observe(counts, done)
+        return Layout(size, self.unit, ns_of, offsets, tuple(sums))
+
+    async def write_batch(self, blocks: list[tuple[Buffer, int, Layout | None]]
+                          ) -> list[Layout | KvfsError]:
+        """Write several blocks at once (the write-back flusher's batch, kvfs/write/writeback.py):
+        each goes where it was allocated (its Layout, checksums unknown), or is allocated now
+        (None); then every namespace gets one worker job for all the runs placed on it (more
+        for more than `device.BATCH_JOB_BYTES`) and one fdatasync, all namespaces in parallel.
+        Returns each block's layout, durable, or its error: ENOSPC where it did not fit
+        (nothing allocated), EIO where a namespace it used failed (its space released)."""
+        out: list[Layout | KvfsError | None] = [None] * len(blocks)
+        plans = []
+        by_ns: dict[int, list] = {}
+        for i, (buf, size, alloc) in enumerate(blocks):
+            if alloc is not None:
+                ns_of, offsets = alloc.ns, alloc.offsets
+            else:
+                try:
+                    ns_of, offsets = self.allocate(size)
+                except KvfsError as e:
+                    out[i] = e
+                    continue
+            try:
+                for k in range(len(ns_of)):
+                    self.fence(offsets[k], stored_length(size, self.unit, k))
+            except KvfsError as e:
+                self.release(Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of)))
+                out[i] = e
+                continue
+            plan = (i, size, ns_of, offsets, [0] * len(ns_of), [])
+            plans.append(plan)
+            small = size <= buf.chunk
+            for run in self.runs(ns_of, offsets, size):
+                spans = [(k * self.unit, stored_length(size, self.unit, k),
+                          min(self.unit, size - k * self.unit)) for k in run]
+                units = (lambda b=buf, sp=spans: b.stage_out(sp)) if small else \
+                    [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
+                req = WriteRequest(units, None if small else [v for u in units for v in u],
+                                   offsets[run[0]], [length for _, _, length in spans],
+                                   sum(stored for _, stored, _ in spans),
+                                   verify=buf.shared and not small)
+                by_ns.setdefault(ns_of[run[0]], []).append(req)
+                plan[5].append((run, req))
+        t0 = time.perf_counter()
+        done: dict[int, float] = {}
+
+        async def write(j: int) -> None:
+            ns, reqs = self.namespaces[j], by_ns[j]
+            try:
+                await ns.bounded(lambda: ns.write_batch(reqs), sum(r.nbytes for r in reqs))
+            except KvfsError as e:          # past its deadline (it goes on: `e.pending`)
+                for r in reqs:
+                    r.error = e
+            except Exception as e:  # noqa: BLE001 - per-block results, never a dead flusher
+                log.exception("namespace %d: a write-back batch failed", j)
+                for r in reqs:
+                    r.error = r.error or KvfsError(errno.EIO, f"namespace {j}: {e}")
+            done[j] = time.perf_counter() - t0
+        if by_ns:
+            await run_all((lambda j=j: write(j)) for j in by_ns)
+        units: collections.Counter[int] = collections.Counter()
+        for i, size, ns_of, offsets, sums, runs in plans:
+            layout = Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of))
+            try:
+                for run, req in runs:
+                    if getattr(req.error, "pending", None) is None:   # (else still in use)
+                        req.units = req.flat = None     # (the block's memory: not needed)
+                    for k, d in zip(run, req.result()):
+                        sums[k] = d
+            except KvfsError as e:
+                self.release_after(layout, [r.error.pending for _, r in runs
+                                            if getattr(r.error, "pending", None) is not None])
+                out[i] = e
+                continue
+            out[i] = Layout(size, self.unit, ns_of, offsets, tuple(sums))
+            units.update(ns_of)
+        self.observe(dict(units), done)
+        return out
+
+    async def sync(self, namespaces: list[int]) -> None:
+        """Make completed writes on these namespaces durable (also writes another process made
+        through its own descriptors: kvfs.client.direct)."""
+        await run_all(self.namespaces[j].sync for j in namespaces)
+
+    def can_place_elsewhere(self, e: KvfsError) -> bool:
+        """Whether a block whose write failed with `e` can be written again elsewhere: a
+        namespace failed (`Namespace._failed` names it), and another is healthy."""
+        bad = getattr(e, "namespace", None)
+        return bad is not None and any(ns.stats.state == "ok" and ns.index != bad
+                                       for ns in self.namespaces)
+
+    def next_rotation(self) -> int:
+        """The namespace the next block starts on (rotates block by block)."""
+        r = self._rotation % len(self.namespaces)
+        self._rotation += 1
+        return r
+
+    def alloc_unit(self, preferred: int, length: int) -> tuple[int, int]:
+        """An extent for one unit, on `preferred` if it has room and is healthy (ok, or on
+        probation), else on the next healthy namespace (in order) that has; on a failed one
+        only if no healthy one has room. Raises ENOSPC."""
+        n = len(self.namespaces)
+        for healthy in (True, False):
+            for i in range(n):
+                j = (preferred + i) % n
+                ns = self.namespaces[j]
+                if healthy != (ns.stats.state == "ok" or ns.on_probation()):
+                    continue
+                off = self.alloc_extent(j, length)
+                if off is not None:
+                    return j, off
+        raise no_space(f"pool is full: no room for a {length}-byte stripe unit")
+
+    async def read_run(self, layout: Layout, run: list[int], buf: Buffer, *,
+                       prefetch: bool = False) -> list[int]:
+        """Read units that lie back to back on one namespace (`runs`) into their places in
+        `buf` with one I/O, and verify their checksums; returns the units that failed theirs.
+        Raises EIO if the read itself failed. A `prefetch` read yields to demand reads."""
+        checks, spans = [], []
+        for k in run:
+            start, length = layout.unit_span(k)
+            spans.append((start, layout.stored(k), length))
+            checks.append((length, layout.sums[k]))
+
+        def zero_padding(units: list[list[memoryview]]) -> None:
+            for (_, stored, length), unit_views in zip(spans, units):
+                pad = stored - length
+                if pad:   # keep the bytes past the content zero, whatever the padding held
+                    last = unit_views[-1]
+                    last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
+        ns = self.namespaces[layout.ns[run[0]]]
+        sizes = [stored for _, stored, _ in spans]
+        if buf.size <= buf.chunk:
+            # a small block: read into the worker thread's staging memory, then its content
+            # into the buffer's file (Buffer.stage_in); the file is never mapped
+            bad = await ns.read_units(lambda: buf.stage_in(spans), layout.offsets[run[0]],
+                                      checks, prefetch, sizes=sizes,
+                                      after=lambda units: buf.unstage(spans, units))
+        else:
+            bad = await ns.read_units([buf.io_views(start, stored) for start, stored, _ in spans],
+                                      layout.offsets[run[0]], checks, prefetch, sizes=sizes,
+                                      after=zero_padding)
+        return [run[i] for i in bad]

@@ -1,0 +1,117 @@
+"""The space of a pool used by this node alone."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from kvfs.pool.layout import Layout
+from kvfs.space.base import Space
+
+log = logging.getLogger("kvfs.space")
+
+
+class LocalSpace(Space):
+    """Retired blocks are free at once (nobody else can read them). A full pool deletes this
+    node's closed, unpinned, unread files: with `pool.evict = "prefix"` (the default) in the
+    order of the prefix-aware policy (kvfs/tiers/policy.py `PrefixScore`: files stored or read again
+    stay, files stored once go first; each file's priority and uses are columns of its catalog
+    row, so the policy costs the daemon no memory per file and survives a restart); with
+    "lru" the least recently used first (the catalog's order of last read or write)."""
+
+    kind = "local"
+    # Wired by the composer (kvfs/service.py) from the catalog (and take_ghost, file_count:
+    # see Space):
+    # lru() -> (block id, inode) from least to most recently used;
+    # scored() -> (block id, inode, priority), lowest priority first;
+    # lowest() -> the lowest priority of a file, or None; unscored() -> (async) give files
+    # stored under "lru" a priority;
+    # evictable(inode, exclude, block id) -> whether Files.evict would delete it now;
+    # last_use(inode) -> when the file was last read or written (ns), 0 if unknown.
+    lru = scored = lowest = unscored = evictable = last_use = None
+    # after_release(fn): fn() once the catalog change that stopped referencing a block is
+    # durable (kvfs/catalog/groupcommit.py); None: at once
+    after_release = None
+
+    def __init__(self, pool, knobs):
+        super().__init__(pool, knobs)
+        self._scored_all = False     # files stored under "lru" have a priority too
+        self.releasing = 0           # bytes of retired blocks waiting for their change's sync
+
+    def retired(self, layout: Layout) -> None:
+        """A block no file refers to any more, and nobody here reads: its space is free
+        once the change that removed it from the catalog is durable (until then a crash
+        would find the catalog pointing at it: its bytes must still be there)."""
+        if self.after_release is None:
+            self.pool.release(layout)
+            return
+        nbytes = sum(e.length for e in layout.unit_extents())
+        self.releasing += nbytes
+
+        def release() -> None:
+            self.releasing -= nbytes
+            self.pool.release(layout)
+        self.after_release(release)
+
+    @property
+    def free(self) -> int:
+        """Bytes writers may still claim, counting retired blocks whose removal is not yet
+        durable: they are free within the write-back delay, and an allocation that needs
+        them sooner waits for that sync (Sessions._allocate). So statvfs shows an unlink's
+        space at once, as clients that evict by free space (SGLang's min_free_space) expect."""
+        return max(0, self.pool.free + self.releasing - self.reserved)
+
+    def _start_floor(self) -> float:
+        return self.lowest() or 0.0
+
+    # --- making room ----------------------------------------------------------------------------
+    async def make_room(self, exclude: int, need: int, upto: tuple | None = None) -> bool:
+        """Delete files, in the policy's order, until `need` bytes beyond what writers reserved
+        are free, or nothing more may go; whether any went. For a need of a stripe unit or
+        more, free in whole units: small files leave free pieces below a unit that a large
+        block's units cannot use (then one more file freed is often not enough, and a commit
+        that tried again after each one ran out of time under load: "free space is
+        fragmented")."""
+        evicted = False
+        rule = self._rule()
+        if rule is not None and not self._scored_all and self.scored is not None:
+            await self._score_unscored()
+        if self.knobs.pool_evict in ("lru", "prefix"):
+            order = self.lru if rule is None else self.scored
+            went = True
+            while went and not (evicted and self._roomy(need)):
+                went = False
+                for bid, ino, *prio in order():     # (from the start again: the order changed)
+                    if upto is not None and self._after(ino, prio, upto):
+                        break                       # a file waiting for write-back goes first
+                    if not self.store.is_held(bid) and await self._evict(ino, exclude, bid):
+                        if rule is not None:
+                            rule.evicted(prio[0])
+                        evicted = went = True
+                        break
+        return evicted
+
+    def _after(self, ino: int, prio: list, upto: tuple) -> bool:
+        """Whether the file comes after `upto` ((priority or None, last use) of a file
+        waiting for write-back) in the pool's order: by priority under "prefix", by last use
+        (read or written) under "lru"."""
+        used = self.last_use(ino)
+        if prio and upto[0] is not None:
+            return (prio[0], used) > upto
+        return used > upto[1]
+
+    async def _score_unscored(self) -> None:
+        self._scored_all = True
+        n = await self.unscored()
+        if n:
+            log.info("pool order: %d files stored without a priority go first, oldest first", n)
+
+    def _roomy(self, need: int) -> bool:
+        free = self.pool.unit_free if need >= self.pool.unit else self.pool.writable
+        return free - self.reserved >= need
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if self._rule() is not None:
+            await self._score_unscored()
+        task_status.started()
