@@ -1,9 +1,10 @@
 """Benchmarks (each file is a script: `python bench/<name>.py --help`). `dumps` is how each writes
 its --json: the result with where it comes from, so that a figure cited from bench/results/ can
-be traced to the code that measured it."""
+be traced to the code that measured it. `parser` and `parse` are each bench's command line."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -37,3 +38,26 @@ STARTED = provenance()
 def dumps(result: dict) -> str:
     """`result` as JSON, after its provenance (a key of the result's own wins)."""
     return json.dumps({**STARTED, "finished_at": _utc_now(), **result})
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A bench's command line: --help shows `doc` (the module's docstring) as written."""
+    return argparse.ArgumentParser(description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None, needs=None) -> argparse.Namespace:
+    """The bench's arguments, `--json` (print one JSON object, `dumps`) added last. Then
+    `needs(args)` says why this machine cannot run the bench, or None; by default
+    testing/emulate.py's `available()` (root, loop devices, a device throttle). Where it says
+    why, the bench stops here: `bench/<name>.py: why` on stderr, exit status 2."""
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if needs is None:
+        from testing.emulate import available
+        why = available()
+    else:
+        why = needs(args)
+    if why:
+        ap.exit(2, f"bench/{ap.prog}: {why}\n")
+    return args

@@ -44,7 +44,6 @@ pass, the "(fsync)" column); `rows` has every measurement.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -58,7 +57,7 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from bench.catalog_scale import parallel as per_second
 from bench.floorfs import floor_mounted
 from testing.emulate import (
@@ -214,8 +213,7 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--total-mib", type=int, default=768, help="MiB of blocks per size")
     ap.add_argument("--max-files", type=int, default=3000)
@@ -229,14 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", action="store_true",
                     help="also the floor of the stack (bench/floorfs.py: pyfuse3 with "
                          "passthrough, files in memory, nothing else), unthrottled only")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv, lambda a: available(throttle="throttled" in a.speeds.split(",")))
     if args.handlers:
         os.environ["KVFS_HANDLER_CPU"] = "1"        # read by the daemon (kvfs/fs/operations.py)
-    why = available(throttle="throttled" in args.speeds.split(","))
-    if why:
-        print(f"bench/block_sizes.py: {why}", file=sys.stderr)
-        return 2
     sizes = [s for s in args.sizes.split(",") if s]
     for s in sizes:
         if s not in SIZES:

@@ -31,7 +31,6 @@ Everything (namespace files, state, mounts, Redis) is set up and torn down here.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import shutil
@@ -45,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from testing.mount import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
 PER_DIR = 64
@@ -328,8 +327,7 @@ def floor(tmp: Path, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--files", type=int, default=100_000)
     ap.add_argument("--writers", type=int, default=8)
     ap.add_argument("--flat", type=int, default=None,
@@ -343,16 +341,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="files written while the second node is stopped (default N/10)")
     ap.add_argument("--floor", action="store_true",
                     help="also the creates and cold stats on bench/floorfs.py (the stack's floor)")
-    ap.add_argument("--json", action="store_true")
     ap.add_argument("--dir", default="/var/tmp")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv, lambda a: "needs root (FUSE mounts, drop_caches)"
+                 if os.geteuid() != 0 else None)
     if args.flat is None:
         args.flat = args.files
     if args.outage is None:
         args.outage = max(1, (args.cluster_files or args.files) // 10)
-    if os.geteuid() != 0:
-        print("bench/catalog_scale.py: needs root (FUSE mounts, drop_caches)", file=sys.stderr)
-        return 2
     tmp = Path(tempfile.mkdtemp(prefix="kvfs-scale-", dir=args.dir))
     out: dict = {"files": args.files, "writers": args.writers, "file_bytes": FILE,
                  "per_dir": PER_DIR, "load_before": os.getloadavg()[0]}

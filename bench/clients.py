@@ -30,7 +30,6 @@ rounds' ratios (`_range`: the lowest and highest), the file systems' order alter
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import shutil
 import statistics
@@ -41,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
-from testing.emulate import (Emulation, available, ext4_on_loop, ext4_on_raid0,  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
+from testing.emulate import (Emulation, ext4_on_loop, ext4_on_raid0,  # noqa: E402
                              kvfs_on_loops, throttled)
 from testing.engine import Engine  # noqa: E402
 
@@ -96,8 +95,7 @@ def run_client(e: Engine, engine: str, native: bool, d: Path, keys: list[int], b
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--bps", type=float, default=100e6, help="bytes/s per device when throttled")
     ap.add_argument("--blocks", type=int, default=24, help="blocks per client and pass")
     ap.add_argument("--block-mib", type=int, default=8, help="block size (a multiple of 2)")
@@ -105,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="passes per client and device speed (the file systems' order "
                          "alternates); ratios are the medians of the rounds', with their range")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/clients.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     block = args.block_mib * MiB
     keys = list(range(1, args.blocks + 1))
     data = args.blocks * block

@@ -25,7 +25,6 @@ Everything (Redis, tmpfs, loop devices, cgroups, mounts) is set up and torn down
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -36,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from bench.stripe import BLOCK, drop_page_cache, read_cold, write_blocks  # noqa: E402
-from testing.emulate import Emulation, available  # noqa: E402
+from testing.emulate import Emulation  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 from testing.redis_server import RedisServer  # noqa: E402
 
@@ -166,17 +165,11 @@ def run_cross(emu: Emulation, tmp: Path, redis: RedisServer, bps: float, nblocks
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--ops", type=int, default=400, help="files published / names looked up")
     ap.add_argument("--blocks", type=int, default=6, help="32 MiB blocks per cross-node round")
     ap.add_argument("--bps", type=float, default=100e6, help="bytes/s per namespace")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/cluster.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     with tempfile.TemporaryDirectory(prefix="kvfs-cluster-", dir="/var/tmp") as tmp:
         tmp = Path(tmp)
         redis = RedisServer(tmp / "redis").start()

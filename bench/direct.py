@@ -35,7 +35,6 @@ against one reader through the mount.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import io
@@ -49,10 +48,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from bench.reads import ShortRead, digest, read_full  # noqa: E402
 from kvfs.client import direct  # noqa: E402
-from testing.emulate import Emulation, available  # noqa: E402
+from testing.emulate import Emulation  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 MiB = 1 << 20
@@ -95,17 +94,12 @@ def read_direct(dr: direct.Direct, path: Path, buf: mmap.mmap, verify: bool = Tr
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--blocks", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bps", type=float, default=2e8)
     ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/direct.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     # direct: kvfs.client.direct as shipped (every unit's checksum verified); unverified: the same
     # with verify=False (the opt-out), for the cost of verifying
     paths_order = ("fuse", "direct", "raw", "unverified", "fuse_1")

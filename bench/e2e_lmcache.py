@@ -33,7 +33,6 @@ once first (testing/emulate.py `warm_memory`): on a virtual machine fresh memory
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -47,10 +46,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from testing.emulate import (  # noqa: E402
     Emulation,
-    available,
     ext4_on_loop,
     ext4_on_raid0,
     warm_memory,
@@ -225,20 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         worker(argv[1:])
         return 0
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--chunks", type=int, default=24)
     ap.add_argument("--speeds", default="throttled,gbps1,fast")
     ap.add_argument("--no-nodirect", action="store_true", help="skip the use_odirect: false rows")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; ratios are their medians")
     ap.add_argument("--fresh-memory", action="store_true",
                     help="kvfs gives the dropped blocks' memory back before the cold read")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/e2e_lmcache.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     speeds = [s for s in args.speeds.split(",") if s]
     n = args.chunks
     warm_memory(min(16, 6 * n * CHUNK / (1 << 30) + 2))

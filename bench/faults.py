@@ -29,7 +29,6 @@ tests/mounted/test_faults.py runs the same scenarios and asserts on their report
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import io
@@ -44,8 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
-from testing.emulate import Emulation, available  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
+from testing.emulate import Emulation  # noqa: E402
 from testing.mount import ROOT, MountedKvfs, wait_until, write_config  # noqa: E402
 
 MiB = 1 << 20
@@ -841,15 +840,9 @@ def run(name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--only", nargs="+", choices=sorted(SCENARIOS))
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/faults.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     report = [run(n) for n in (args.only or SCENARIOS)]
     if args.json:
         print(dumps({"scenarios": report}))

@@ -24,7 +24,6 @@ run, it is not counted as speed), and one block per run is checked bit-exact thr
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import os
 import statistics
@@ -36,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parser  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.emulate import Emulation  # noqa: E402
@@ -88,7 +87,7 @@ class ReferenceTmpfs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--read-size", default="1MiB")

@@ -23,7 +23,6 @@ of one that waits for each read (so the speedup is at most 2 with the default pa
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import mmap
@@ -38,10 +37,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
-from testing.emulate import Emulation, available  # noqa: E402
+from testing.emulate import Emulation  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 MiB = 1 << 20
@@ -64,7 +63,7 @@ def walk(paths: list[Path], pause: float, buf: mmap.mmap, size: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--chains", type=int, default=2)
     ap.add_argument("--block", default="32MiB")
     ap.add_argument("--bps", type=float, default=20e6)
@@ -72,12 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs of each setting, the order alternating (off-on, on-off, ...)")
     ap.add_argument("--pause", type=float, default=None,
                     help="seconds the reader computes per block (default: one cold block read)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/prefetch.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     block = parse_size(args.block)
     nblocks = 2 * args.chains * CHAIN
     out: dict = {"block_bytes": block, "chains": args.chains, "chain_length": CHAIN,

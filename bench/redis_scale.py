@@ -72,7 +72,6 @@ Needs root, /dev/fuse and redis-server. On a 2-core machine the default run take
 
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import json
@@ -93,7 +92,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parser  # noqa: E402
 from kvfs.catalog.base import BlobRec, Node, ghost_key  # noqa: E402
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCHEMA_VERSION  # noqa: E402
 from kvfs.catalog.redis.codec import blob_fields, node_fields, stream_id  # noqa: E402
@@ -1488,8 +1487,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     if argv[:1] == ["--gen-worker"]:
         return gen_worker(json.loads(argv[1]))
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--nodes", type=int, default=4, help="kvfs daemons (2-16)")
     ap.add_argument("--threads", type=int, default=2, help="writer threads per node")
     ap.add_argument("--files", type=int, default=500, help="files each node stores")

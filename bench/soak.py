@@ -26,7 +26,6 @@ from `user.kvfs.stats`, and each client operation's latency.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import os
@@ -39,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from bench.reads import digest  # noqa: E402
 from testing.mount import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
@@ -338,19 +337,14 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--pool-mib", type=int, default=2048)
     ap.add_argument("--dram-mib", type=int, default=256)
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between samples")
     ap.add_argument("--dir", help="where the pool files go (default: a temporary directory)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench/soak.py: needs root (FUSE)", file=sys.stderr)
-        return 2
+    args = parse(ap, argv, lambda a: "needs root (FUSE)" if os.geteuid() != 0 else None)
     with tempfile.TemporaryDirectory(prefix="kvfs-soak-", dir=args.dir) as tmp:
         out = soak(args.minutes, args.threads, args.pool_mib, args.dram_mib, args.sample,
                    Path(tmp))

@@ -29,7 +29,6 @@ Everything (tmpfs, loop devices, cgroups, mounts) is set up and torn down here.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io as io_mod
 import mmap
@@ -41,9 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from bench.reads import digest, read_full  # noqa: E402
-from testing.emulate import Emulation, available, ext4_on_loop, ext4_on_raid0  # noqa: E402
+from testing.emulate import Emulation, ext4_on_loop, ext4_on_raid0  # noqa: E402
 from testing.mount import MountedKvfs, write_config  # noqa: E402
 
 MiB = 1 << 20
@@ -151,16 +150,11 @@ def run_plainfs(emu: Emulation, tmp: Path, bps: float, blocks: list[bytes],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--bps", type=float, default=100e6, help="bytes/s per namespace (read and write)")
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--skip-extra", action="store_true", help="only the 1/2/4 namespace and plainfs rows")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/stripe.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     blocks = [os.urandom(BLOCK) for _ in range(args.blocks)]
     rows: dict[str, dict] = {}
     size = f"{(args.blocks * BLOCK * 8) // MiB + 2048}m"

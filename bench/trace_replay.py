@@ -57,7 +57,6 @@ chains over N chains of 16 blocks, 0.4 N requests, about 2.3 N distinct blocks. 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import math
@@ -67,7 +66,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parser  # noqa: E402
 from kvfs.tiers.policy import POLICIES, TierIndex, make_policy  # noqa: E402
 
 
@@ -471,7 +470,7 @@ def scale(capacity: int, policy: str, as_json: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--trace")
     ap.add_argument("--capacity-blocks", type=int, nargs="+")
     ap.add_argument("--policy", default="prefix", choices=POLICIES)

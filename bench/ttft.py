@@ -61,7 +61,6 @@ above 1, kvfs's first request is faster). Needs root, /dev/fuse, loop devices an
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -74,7 +73,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from testing import inference  # noqa: E402
 from testing.emulate import (Emulation, available, ext4_on_loop, ext4_on_raid0,  # noqa: E402
                              kvfs_on_loops, throttled)
@@ -173,8 +172,7 @@ def recompute(model: Path, prompts: dict[tuple[int, int], list[int]], logs: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--sizes", default="2048,8192,16384", help="prompt lengths in tokens")
     ap.add_argument("--throttles", default="none,1e9,2e8",
                     help="bytes/s per device (read and write), 'none' for unthrottled")
@@ -187,12 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-nice", type=int, default=19,
                     help="the engine's niceness (0: none; see above)")
     ap.add_argument("--logs", help="keep the servers' and engines' logs here")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    for why in (available(), inference.available()):
-        if why:
-            print(f"bench/ttft.py: {why}", file=sys.stderr)
-            return 2
+    args = parse(ap, argv, lambda a: available() or inference.available())
     sizes = sorted(int(s) for s in args.sizes.split(","))
     if any(n % inference.CHUNK_TOKENS for n in sizes):
         ap.error(f"prompt lengths are multiples of {inference.CHUNK_TOKENS} tokens")

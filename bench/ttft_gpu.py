@@ -37,7 +37,6 @@ Keys of --json as bench/ttft.py's (`ttft_<tokens>_<fs>_<speed>`, `ttft_speedup_v
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import sys
@@ -47,10 +46,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dumps  # noqa: E402
+from bench import dumps, parse, parser  # noqa: E402
 from bench.ttft import directories, print_table, speed_label, summarize
 from testing import inference
-from testing.emulate import available
 
 GiB = 1 << 30
 # "[req_id=...] Retrieved 8192 out of 8192 required tokens (from 8192 total tokens). ..."
@@ -132,8 +130,7 @@ def phases(setup, fs: str, model: Path, sizes: list[int], logs: Path, python: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--python", default=str(inference.ENGINE_PYTHON if
                                             inference.ENGINE_PYTHON.exists() else sys.executable),
                     help="an interpreter with vLLM (CUDA) and LMCache")
@@ -144,12 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=("8b", "small"), default="8b",
                     help="8b: Llama-3.1-8B's shape; small: bench/ttft.py's (a check on a CPU)")
     ap.add_argument("--logs", help="keep the engines' logs and LMCache's configs here")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    why = available()
-    if why:
-        print(f"bench/ttft_gpu.py: {why}", file=sys.stderr)
-        return 2
+    args = parse(ap, argv)
     sizes = sorted(int(s) for s in args.sizes.split(","))
     if any(n % inference.CHUNK_TOKENS for n in sizes):
         ap.error(f"prompt lengths are multiples of {inference.CHUNK_TOKENS} tokens")
