@@ -272,6 +272,29 @@ class Control:
 
 
 # --- the writer process ----------------------------------------------------------------------------
+class Fd:
+    """A file an operation closes itself (`Writer.close`: the close is part of the operation,
+    its error the operation's); leaving the `with` block closes it quietly if the operation
+    stopped before that."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        os.close(fd)
+
+    def __enter__(self) -> "Fd":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+
 class Writer:
     def __init__(self, a):
         self.i = a.index
@@ -320,6 +343,18 @@ class Writer:
         if r < big_share + 0.45:
             return self.rng.randint(4 * KiB, 256 * KiB)
         return self.rng.randint(MIN_SIZE, 4 * KiB)
+
+    def open_at(self, name: str, flags: int, root: int) -> Fd | None:
+        """`name` opened under `root`, or None where it is gone (logged: see `vanished`)."""
+        try:
+            return Fd(os.open(name, flags, dir_fd=root))
+        except FileNotFoundError:
+            self.vanished(name)
+            return None
+
+    def close(self, f: Fd, size: int) -> None:
+        self.phase(PH_CLOSE, size)
+        f.close()
 
     def put(self, fd: int, data: bytes, base: int, sequential: bool = False) -> None:
         chunks, off = [], 0
@@ -372,37 +407,27 @@ class Writer:
         self.log(op="start", kind=kind, name=name, v=v, recipe=recipe)
         self.phase(PH_WRITE, len(data))
         if kind == "ftrunc":
-            try:
-                fd = os.open(name, os.O_RDWR, dir_fd=root)
-            except FileNotFoundError:
-                self.vanished(name)
+            f = self.open_at(name, os.O_RDWR, root)
+            if f is None:
                 return
         else:
-            fd = os.open(name, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644, dir_fd=root)
-        try:
+            f = Fd(os.open(name, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644, dir_fd=root))
+        with f:
             if kind == "ftrunc":
-                os.ftruncate(fd, 0)
-            self.put(fd, data, 0)
+                os.ftruncate(f.fd, 0)
+            self.put(f.fd, data, 0)
             if kind == "fsync":
                 self.phase(PH_FSYNC, len(data))
-                os.fsync(fd)
+                os.fsync(f.fd)
                 self.log(op="done", name=name, v=v, sync=True)
                 self.set_state(name, v, recipe, node)
                 v = self.next_version(name)
                 recipe = recipe + [[name, v, self.pick_size(0.05)]]
                 tail = segment(*recipe[-1])
                 self.log(op="start", kind="append", name=name, v=v, recipe=recipe)
-                self.put(fd, tail, len(data))
+                self.put(f.fd, tail, len(data))
                 data += tail
-            self.phase(PH_CLOSE, len(data))
-            os.close(fd)
-            fd = -1
-        finally:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            self.close(f, len(data))
         self.log(op="done", name=name, v=v)
         self.set_state(name, v, recipe, node)
 
@@ -415,28 +440,17 @@ class Writer:
         close_first = self.rng.random() < 0.5
         self.log(op="start", kind="tmp", name=name, tmp=tmp, v=v, recipe=recipe)
         self.phase(PH_WRITE, len(data))
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644, dir_fd=root)
-        try:
-            self.put(fd, data, 0)
+        with Fd(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644, dir_fd=root)) as f:
+            self.put(f.fd, data, 0)
             if close_first:
-                self.phase(PH_CLOSE, len(data))
-                os.close(fd)
-                fd = -1
+                self.close(f, len(data))
                 self.log(op="done", name=tmp, v=v)
             self.phase(PH_RENAME, len(data))
             os.rename(tmp, name, src_dir_fd=root, dst_dir_fd=root)
             self.log(op="done", kind="rename", name=name, tmp=tmp, v=v)
             self.set_state(name, v, recipe, node)
-            if fd >= 0:
-                self.phase(PH_CLOSE, len(data))
-                os.close(fd)
-                fd = -1
-        finally:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            if not close_first:
+                self.close(f, len(data))
 
     def op_append(self, name: str) -> None:
         st = self.state[name]
@@ -445,28 +459,18 @@ class Writer:
         recipe = st["recipe"] + [[name, v, self.pick_size(0.05)]]
         tail = segment(*recipe[-1])
         self.log(op="start", kind="append", name=name, v=v, recipe=recipe)
-        try:
-            fd = os.open(name, os.O_WRONLY | os.O_APPEND, dir_fd=root)
-        except FileNotFoundError:
-            self.vanished(name)
+        f = self.open_at(name, os.O_WRONLY | os.O_APPEND, root)
+        if f is None:
             return
-        try:
-            have = os.fstat(fd).st_size
+        with f:
+            have = os.fstat(f.fd).st_size
             if have != st["size"]:
                 self.log(op="badbase", name=name, have=have, want=st["size"], node=node)
                 self.state[name]["unknown"] = True
                 return
             self.phase(PH_WRITE, st["size"] + len(tail))
-            self.put(fd, tail, 0, sequential=True)
-            self.phase(PH_CLOSE, st["size"] + len(tail))
-            os.close(fd)
-            fd = -1
-        finally:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            self.put(f.fd, tail, 0, sequential=True)
+            self.close(f, st["size"] + len(tail))
         self.log(op="done", name=name, v=v)
         self.set_state(name, v, recipe, node)
 
