@@ -27,14 +27,14 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from kvfs.backend import open_layers
 from kvfs.pool.buffer import MEMORY
 from kvfs.config import Config, mem_total
 from kvfs.errors import StartupError
 from kvfs.fs.operations import FuseOps
 from kvfs.knobs import Knobs
 from kvfs.client.mounts import abort_connection, mount_entry
-from kvfs.service import Service
+from kvfs.fs.kernel import KernelCache
+from kvfs.service import Service, open_layers
 
 log = logging.getLogger("kvfs.daemon")
 
@@ -193,17 +193,13 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
             raise
         if on_state_dir is not None:
             on_state_dir()
-        service = Service(cfg, layers, knobs)
+        service = Service(cfg, layers, knobs, kernel=KernelCache())
         # What start-up loaded (the catalog's caches, the pool's order of files: objects that
         # live as long as the daemon) leaves the collector's view, and the youngest generation
         # is collected every GC_YOUNG allocations instead of 700: a request allocates dozens.
         gc.freeze()
         gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
-        ops = FuseOps(service.files, service.control, service.latency, cfg.mount.attr_timeout,
-                      passthrough=cfg.mount.passthrough)
-        service.data_path = lambda: {**ops.data_path, "backing_ids": ops.backings.opened - ops.backings.closed,
-                                     "backing_ids_in_use": ops.backings.in_use,
-                                     "backing_ids_opened": ops.backings.opened}
+        ops = service.ops
         pool = layers.pool
         options = set(pyfuse3.default_options)
         options |= {f"fsname=kvfs:{pool.pool_id[:12]}", "subtype=kvfs"}

@@ -1,31 +1,294 @@
-"""The daemon's parts, put together: the one place that wires the layers (each gets exactly the
-collaborators it uses), runs their background work, and composes their statistics into the
-versioned snapshot `user.kvfs.stats` reports."""
+"""The factory: the one place that opens what the daemon runs on (the catalog, the pool, the
+local tier), builds every layer over it and passes each the collaborators it uses at
+construction. It also runs the layers' background work and composes their statistics into the
+versioned snapshot `user.kvfs.stats` reports.
+
+Opening: one path for both kinds of catalog, used by the daemon, the tests and `kvfs format`:
+
+* **sqlite** (no `[cluster]` table): the catalog is `state_dir/catalog.sqlite`; a brand-new
+  pool of namespace files (with a size) is created and formatted on first start.
+* **redis** (`[cluster]`): the catalog is in Redis, shared by every node; the first node to
+  start on fresh namespace files formats them and creates the catalog (under a Redis lock).
+
+`open_layers` runs inside trio and registers every close on the caller's exit stack; if it
+fails, everything it created (directories, namespace files, a new catalog) is removed again and
+a `StartupError` says why in one line.
+
+Wiring: a layer calls only the layers below it. The few calls that must go the other way (or
+round a circle) are each a `Seam`, made here before either end, passed to the lower end's
+constructor (typed there by the protocol it needs) and bound to the upper end once that is
+built (`Seams`; docs/architecture.md, "Wiring"). Nothing is assigned onto a layer after it is
+built, and no layer's kind is probed: the configuration says which kinds are built.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import logging
 import os
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
 from kvfs import __version__
-from kvfs.backend import Layers
-from kvfs.pool.buffer import MEMORY
+from kvfs.catalog.groupcommit import CommitHooks
+from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.config import Config
+from kvfs.errors import KvfsError, StartupError
 from kvfs.fs.control import Control
-from kvfs.errors import KvfsError
 from kvfs.fs.direct_access import DirectAccess
 from kvfs.fs.files import Files
-from kvfs.knobs import Knobs
+from kvfs.fs.kernel import NO_KERNEL, NoKernel
 from kvfs.fs.latency import Latency
 from kvfs.fs.leases import Allocations, Leases
+from kvfs.fs.operations import FuseOps
+from kvfs.knobs import Knobs
+from kvfs.pool.buffer import MEMORY
+from kvfs.pool.pool import Pool
+from kvfs.space import LocalSpace, Space
+from kvfs.tiers.local import LocalTier
 from kvfs.tiers.readahead import Readahead
-from kvfs.write.pipeline import Sessions
 from kvfs.tiers.store import BlockStore
 from kvfs.write.durability import CommitAtClose, Durability
+from kvfs.write.pipeline import Sessions
 from kvfs.write.writeback import WriteBack, WriteQueue
+
+
+class Seam:
+    """One call that goes up (or round a circle) between two layers, made explicit: built
+    before either end, handed to the lower end's constructor, bound once to the upper end
+    when that is built. Attribute access forwards to the bound end; before it is bound it
+    raises (a wiring bug, never a state the daemon runs in)."""
+
+    __slots__ = ("name", "_target")
+
+    def __init__(self, name: str):
+        self.name = name
+        self._target = None
+
+    def bind(self, target: object) -> None:
+        if self._target is not None:
+            raise RuntimeError(f"seam {self.name}: bound twice")
+        self._target = target
+
+    def __getattr__(self, attr: str):
+        target = self._target
+        if target is None:
+            raise RuntimeError(f"seam {self.name}: used before the factory bound it")
+        return getattr(target, attr)
+
+    def later(self, method: str):
+        """A callable that calls the bound end's `method` when it is called (a hook given
+        before the end exists)."""
+        return lambda *args, **kw: getattr(self, method)(*args, **kw)
+
+
+@dataclass
+class Seams:
+    """Every call that goes up, by the protocol its lower end declares."""
+    # the space layer -> the file layer (Files): may a file go, delete it, is a block read
+    # here (kvfs/space/base.py `Evictor`)
+    evictor: Seam = field(default_factory=lambda: Seam("space -> files (evictor)"))
+    # a shared catalog -> Files: another node changed a file (`on_change`)
+    changes: Seam = field(default_factory=lambda: Seam("catalog -> files (on_change)"))
+    # the group commit -> the commit pipeline (Sessions): wait for commits writing their
+    # blocks (`before_commit`)
+    writes: Seam = field(default_factory=lambda: Seam("catalog -> sessions (before_commit)"))
+    # the group commit -> the write-back queue: a transaction was opened (`on_unsynced`)
+    unsynced: Seam = field(default_factory=lambda: Seam("catalog -> write-back (on_unsynced)"))
+
+
+def writes_back(cfg: Config) -> bool:
+    """When bytes are durable (kvfs/write/durability.py), chosen once: "fsync" (close is not a
+    commit: closed files are committed in batches, kvfs/write/writeback.py) or "close"
+    (close() commits; always with a shared pool)."""
+    return cfg.mount.durability == "fsync" and cfg.cluster is None
+
+
+@dataclass
+class Layers:
+    """What the daemon runs on, and the seams the layers above it bind."""
+    catalog: object             # SqliteCatalog or RedisCatalog
+    pool: Pool
+    space: Space
+    local: LocalTier | None
+    seams: Seams
+
+
+def lock_state_dir(sd: Path) -> int:
+    """An exclusive lock on the state directory (one daemon per state_dir); the fd holds it."""
+    fd = os.open(sd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StartupError(f"state_dir {sd}: in use by another kvfs daemon", errno.EBUSY) from None
+    return fd
+
+
+def _mkdirs(path: Path, undo: contextlib.ExitStack) -> None:
+    """Create `path` and missing parents; undo removes the ones created here."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700)
+        undo.callback(_rmdir, d)
+
+
+def _rmdir(d: Path) -> None:
+    try:
+        d.rmdir()
+    except OSError:
+        pass
+
+
+def _unlink(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_pool_files(cfg: Config) -> None:
+    for nc in cfg.pool.namespaces:
+        _unlink(nc.path)
+
+
+async def open_layers(cfg: Config, knobs: Knobs, stack: contextlib.AsyncExitStack) -> Layers:
+    """Open (or create) the catalog, the pool and its space, and the local tier."""
+    seams = Seams()
+    with contextlib.ExitStack() as undo:       # what to remove again if start-up fails
+        if cfg.cluster is None:
+            catalog, pool, space = _open_sqlite(cfg, knobs, stack, undo, seams)
+        else:
+            catalog, pool, space = await _open_redis(cfg, knobs, stack, undo, seams)
+        local = None
+        if cfg.local is not None:
+            local = LocalTier.open(cfg.local, pool.unit)
+            stack.callback(local.close)
+        undo.pop_all()                          # started: keep everything
+    return Layers(catalog, pool, space, local, seams)
+
+
+def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
+    sd = cfg.state_dir
+    write_back = writes_back(cfg)
+    # the catalog may be opened before the pool (it names the pool to expect): a failure of
+    # the catalog's reaches the pool through a seam (it then frees no extent until a restart)
+    failures = Seam("catalog -> pool (on_failure)")
+    hooks = CommitHooks(
+        sync_changes=not write_back,
+        before_commit=seams.writes.later("writes_settled"),
+        on_unsynced=seams.unsynced.later("kick") if write_back else None,
+        on_failure=failures.later("stop_freeing"))
+    catalog = None
+    catalog_exists = cfg.catalog_path.exists()
+    if catalog_exists:
+        stack.callback(os.close, lock_state_dir(sd))
+        catalog = SqliteCatalog.open(cfg.catalog_path, hooks)
+        stack.callback(catalog.close)
+    expect = catalog.pool_id if catalog else None
+    for nc in cfg.pool.namespaces:      # the embedded default keeps its pool in state_dir
+        if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
+            _mkdirs(nc.path.parent, undo)
+    pool = Pool.open(cfg.pool, expect_pool_id=expect, create_new=expect is None)
+    stack.callback(pool.close)
+    if pool.created:
+        undo.callback(_remove_pool_files, cfg)
+    if expect is None and not pool.created:
+        raise StartupError(f"the namespaces hold pool {pool.pool_id}, but state_dir {sd} has "
+                           f"no catalog for it (state_dir lost?); to start over, run "
+                           f"`kvfs format --force`")
+    if catalog is None:
+        _mkdirs(sd, undo)
+        stack.callback(os.close, lock_state_dir(sd))
+        catalog = SqliteCatalog.open(cfg.catalog_path, hooks)
+        stack.callback(catalog.close)
+        for suffix in ("", "-wal", "-shm"):
+            undo.callback(_unlink, str(cfg.catalog_path) + suffix)
+    if catalog.pool_id is None:
+        catalog.set_pool_id(pool.pool_id)
+    pool.attach_extents(*catalog.extents())
+    failures.bind(pool)
+    # in "fsync" mode space is freed once the change that released it is durable (in "close"
+    # mode every change is durable before its space is retired: freed at once, and a free
+    # never waits for an unrelated later transaction)
+    space = LocalSpace(pool, knobs, seams.evictor, order=catalog,
+                       after_release=catalog.after_release if write_back else None)
+    return catalog, pool, space
+
+
+async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
+    from kvfs.catalog.redis import RedisCatalog
+    from kvfs.catalog.redis import bootstrap
+    from kvfs.cluster.space import ClusterSpace
+
+    sd = cfg.state_dir
+    _mkdirs(sd, undo)
+    stack.callback(os.close, lock_state_dir(sd))
+    link = await bootstrap.connect(cfg.cluster)
+    stack.push_async_callback(link.aclose)
+
+    def open_pool(pool_id: str | None) -> Pool:
+        pool = Pool.open(cfg.pool, expect_pool_id=pool_id, create_new=pool_id is None)
+        if pool.created:
+            undo.callback(_remove_pool_files, cfg)
+        return pool
+
+    pool = await bootstrap.join(link, open_pool)
+    stack.callback(pool.close)
+    # the shared space and the catalog in Redis call each other: the space's side is a seam
+    order = Seam("shared space -> catalog (order, change log)")
+    space = ClusterSpace(pool, knobs, link, cfg.cluster, seams.evictor, order)
+    catalog = RedisCatalog(link, cfg.cluster, space, pool_id=pool.pool_id,
+                           on_change=seams.changes.later("changed_elsewhere"))
+    order.bind(catalog)
+    await catalog.load()
+    link.started()
+    return catalog, pool, space
+
+
+async def format_layers(cfg: Config, *, force: bool) -> tuple[str, str]:
+    """`kvfs format`: new superblocks on the namespaces and an empty catalog (SQLite in
+    state_dir, or in Redis), and the local tier. Returns (pool id, where the catalog is)."""
+    sd = cfg.state_dir
+    if cfg.cluster is None and cfg.catalog_path.exists() and not force:
+        raise StartupError(f"state_dir {sd} already holds a catalog; refusing to start a new "
+                           f"pool over it (use --force to discard it)", errno.EEXIST)
+    sd.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for nc in cfg.pool.namespaces:
+        if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
+            nc.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = lock_state_dir(sd)
+    try:
+        if cfg.cluster is None:
+            pool_id = Pool.format(cfg.pool, force=force)
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(str(cfg.catalog_path) + suffix)
+            cat = SqliteCatalog.open(cfg.catalog_path)
+            cat.set_pool_id(pool_id)
+            cat.close()
+            where = str(cfg.catalog_path)
+        else:
+            from kvfs.catalog.redis import bootstrap
+            pool_id = await bootstrap.format_catalog(
+                cfg.cluster, lambda: Pool.format(cfg.pool, force=force), force=force)
+            where = f"in Redis at {cfg.cluster.where} (cluster {cfg.cluster.name!r})"
+        if cfg.local is not None:
+            from kvfs.tiers.local import format_local
+            format_local(cfg.local, cfg.pool.stripe_unit, force)
+    finally:
+        os.close(lock)
+    return pool_id, where
+
 
 log = logging.getLogger("kvfs.service")
 
@@ -36,7 +299,9 @@ RECHARGE_SECONDS = 0.25        # how often passthrough writers' memory is accoun
 
 
 class Service:
-    def __init__(self, cfg: Config, layers: Layers, knobs: Knobs):
+    def __init__(self, cfg: Config, layers: Layers, knobs: Knobs, kernel: NoKernel = NO_KERNEL):
+        """`kernel`: what to tell the kernel's caches (kvfs/fs/kernel.py; the daemon passes
+        `KernelCache` once it mounts, the daemon-object tests run without a kernel)."""
         self.cfg = cfg
         self.knobs = knobs
         self.catalog = catalog = layers.catalog
@@ -47,26 +312,18 @@ class Service:
         self.readahead = Readahead(catalog, store, knobs)
         self.leases = Leases(store)
         self.allocations = Allocations(pool, space)
-        # When bytes are durable (kvfs/write/durability.py), chosen here once: "fsync" (close is not
-        # a commit: closed files are committed in batches, kvfs/write/writeback.py) or "close"
-        # (close() commits; always with a shared pool)
-        write_back = cfg.mount.durability == "fsync" and not catalog.shared
+        seams = layers.seams
         queue = None
-        if write_back:
+        if writes_back(cfg):
             # (a writer waits for the dirty limit at most two I/O deadlines and the delay)
             queue = WriteQueue(
                 catalog, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit,
                 dirty_wait_max=2 * cfg.pool.io_timeout_ms / 1000 + cfg.mount.writeback_ms / 1000)
-            catalog.sync_changes = False
-            # space is freed once the change that released it is durable (in "close" mode
-            # every change is durable before its space is retired: freed at once, and a free
-            # never waits for an unrelated later transaction)
-            space.after_release = catalog.after_release
+            seams.unsynced.bind(queue)
         sessions = Sessions(catalog, store, pool, space,
                             max_block_size=cfg.pool.max_block_size or pool.capacity,
-                            pending=queue, write_behind=not write_back)
-        if hasattr(catalog, "before_commit"):      # group commit waits for writing commits
-            catalog.before_commit = sessions.writes_settled
+                            pending=queue, write_behind=queue is None)
+        seams.writes.bind(sessions)
 
         def durability(listener) -> Durability:
             if queue is not None:
@@ -74,35 +331,21 @@ class Service:
             return CommitAtClose(sessions)
         self.files = files = Files(catalog, store, space, sessions, self.leases,
                                    self.allocations, durability=durability,
-                                   readahead=self.readahead)
+                                   readahead=self.readahead, kernel=kernel)
+        seams.evictor.bind(files)
+        seams.changes.bind(files)
         self.durability = files.durability
         self.direct = DirectAccess(catalog, files.handles, sessions, space, self.leases,
                                    self.allocations, files.hits)
-        space.store = store
-        space.evictor = files.evict
-        if hasattr(catalog, "lru_files"):       # one node: the catalog keeps the pool's order
-            space.lru, space.scored = catalog.lru_files, catalog.scored_files
-            space.last_use = catalog.last_use
-            space.lowest, space.unscored = catalog.lowest_priority, catalog.score_unscored
-            space.evictable = files.evictable
-
-            async def take_ghost(parent: int, name: bytes) -> int | None:
-                return catalog.take_ghost(parent, name)
-            space.take_ghost = take_ghost
-        elif hasattr(catalog, "take_ghost"):    # a shared pool: ghosts and floor in Redis
-            space.take_ghost = catalog.take_ghost
-            space.raise_floor = catalog.raise_floor
-        space.file_count = lambda: catalog.file_count
-        catalog.on_change = files.changed_elsewhere     # other nodes' changes (shared pool)
         self.latency = Latency()
         self.control = Control(catalog, store, files, self.direct, knobs,
                                statistics=self.statistics,
                                flush=self.flush,
                                pool_info={"pool_id": pool.pool_id, "namespace_paths":
                                           [str(ns.path) for ns in pool.namespaces]})
+        self.ops = FuseOps(files, self.control, self.latency, cfg.mount.attr_timeout,
+                           passthrough=cfg.mount.passthrough)
         self.started = time.time()
-        # which path serves file data, and why (the FUSE layer knows once INIT is answered)
-        self.data_path = lambda: {"passthrough": False, "why": "not mounted"}
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run background work until cancelled; started() once reads and writes can be served."""
@@ -182,6 +425,13 @@ class Service:
                    if st.session is not None and st.session.dirty
                    and st.session.writeback is None)
 
+    def data_path(self) -> dict:
+        """Which path serves file data, and why (the FUSE layer knows once INIT is answered)."""
+        ops = self.ops
+        return {**ops.data_path, "backing_ids": ops.backings.opened - ops.backings.closed,
+                "backing_ids_in_use": ops.backings.in_use,
+                "backing_ids_opened": ops.backings.opened}
+
     def statistics(self) -> dict:
         """A versioned, JSON-friendly snapshot of what every layer counts."""
         store = self.store.statistics()
@@ -218,8 +468,7 @@ class Service:
                         "transactions": cat.commits, "statements": cat.statements,
                         "commit_seconds": round(cat.commit_seconds, 4),
                         "error": cat.failure,
-                        "opened_with": getattr(cat, "opened_with", None),
-                        **(cat.cache_statistics() if hasattr(cat, "cache_statistics") else {})},
+                        "opened_with": cat.opened_with, **cat.cache_statistics()},
         }
         if self.space.kind == "cluster":
             out["cluster"] = {**cat.statistics(), **space}

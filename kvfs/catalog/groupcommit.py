@@ -7,7 +7,7 @@ worker thread; statements executed meanwhile go to the next transaction, served 
 round. A failure of any step rolls back, sets `failure` and refuses every later change.
 
 Before it commits, a round's first waiter lets the commits whose blocks are still being
-written join it (`before_commit`, set by the service: it returns once no commit is writing its
+written join it (`before_commit`, given at open: it returns once no commit is writing its
 block, or after the time given): a round's WAL sync then serves a whole burst of closes rather
 than the first of them alone, the next ones waiting a round behind it. The wait is bounded by
 the recent duration of a WAL sync, which is what not waiting would cost them.
@@ -29,6 +29,7 @@ import logging
 import os
 import sqlite3
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import trio
@@ -42,11 +43,25 @@ log = logging.getLogger("kvfs.catalog")
 GROUP_WAIT_MAX = 0.005          # a round waits at most this long for commits still writing
 
 
+@dataclass(frozen=True)
+class CommitHooks:
+    """What the group commit tells or asks the layers around it, given when the catalog is
+    opened (kvfs/service.py; the calls that go up pass through its seams)."""
+    # a change to the tree waits for durability (False: durability = "fsync", write-back)
+    sync_changes: bool = True
+    # before_commit(seconds): return once no commit is writing its block, or after that long
+    before_commit: Callable[[float], Awaitable[None]] | None = None
+    # on_unsynced(): a transaction was opened (the write-back flusher commits it in time)
+    on_unsynced: Callable[[], None] | None = None
+    # on_failure(why): the catalog can no longer make changes durable (the pool frees nothing)
+    on_failure: Callable[[str], None] | None = None
+
+
 class GroupCommit:
     """Expects `_conn` (the connection), `path` (the database), and the catalog's `failure`,
     `on_failure`, `commits`, `statements` and `commit_seconds` (kvfs/catalog/tree.py)."""
 
-    def _init_group_commit(self) -> None:
+    def _init_group_commit(self, hooks: CommitHooks) -> None:
         self._in_txn = False
         self._txn = 1                   # the transaction statements go to (open or next)
         self._committed = 0             # the last transaction committed (in the WAL)
@@ -55,13 +70,11 @@ class GroupCommit:
         self._round: trio.Event | None = None
         self._wal_fd: int | None = None
         self.syncs = 0                  # WAL fdatasyncs (for statistics)
-        # before_commit(seconds): return once no commit is writing its block, or after that long
-        self.before_commit: Callable[[float], Awaitable[None]] | None = None
+        self.before_commit = hooks.before_commit
         self._sync_estimate = 0.0       # recent duration of a WAL sync (seconds)
-        # a change to the tree waits for durability (False: durability = "fsync")
-        self.sync_changes = True
-        # on_unsynced(): a transaction was opened (the write-back flusher commits it in time)
-        self.on_unsynced: Callable[[], None] | None = None
+        self.sync_changes = hooks.sync_changes
+        self.on_unsynced = hooks.on_unsynced
+        self.on_failure = hooks.on_failure
         self._txn_began = 0.0           # trio time the open transaction began
         # the transaction whose durability frees the space released last (a row deleted, or
         # pointed at a new block); callbacks waiting for it (`after_release`)

@@ -61,7 +61,7 @@ from typing import Iterator
 import numpy as np
 
 from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node, ghost_key
-from kvfs.catalog.groupcommit import GroupCommit
+from kvfs.catalog.groupcommit import CommitHooks, GroupCommit
 from kvfs.catalog.sqlite_chains import ChainRows
 from kvfs.catalog.sqlite_schema import (
     BY_INO, BY_NAME, COLS, INDEXES, LRU_QUERY, NODES_TABLE, PAGE_QUERY, PRIO_QUERY,
@@ -111,7 +111,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
 
     tree_children = False
 
-    def __init__(self, conn: sqlite3.Connection, path: Path):
+    def __init__(self, conn: sqlite3.Connection, path: Path, hooks: CommitHooks = CommitHooks()):
         super().__init__()
         del self.nodes                  # no memory tree: see find() and the module doc
         del self.successors, self.predecessors, self._dirty_links
@@ -138,12 +138,13 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         self._files = 0                 # rows with a block
         self._links_changed = 0
         self._init_chains()
-        self._init_group_commit()
+        self._init_group_commit(hooks)
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, path: Path) -> "SqliteCatalog":
-        """Open (creating if absent) the catalog database; nothing is loaded but counters."""
+    def open(cls, path: Path, hooks: CommitHooks = CommitHooks()) -> "SqliteCatalog":
+        """Open (creating if absent) the catalog database; nothing is loaded but counters.
+        `hooks`: what the group commit tells or asks the layers around it."""
         damage = wal_damage(path)       # before SQLite reads (and then resets) the log
         if damage:
             log.warning("catalog %s: %s", path, damage)
@@ -157,7 +158,7 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
             conn.executescript(TABLES)
         except sqlite3.Error as e:
             raise StartupError(f"catalog {path}: cannot open: {e}") from None
-        cat = cls(conn, path)
+        cat = cls(conn, path, hooks)
         cat.opened_with = damage
         try:
             cat._load()

@@ -69,13 +69,14 @@ class TreeCatalog:
     shared = False           # True: other nodes change the same catalog (RedisCatalog)
     tree_children = True     # directories hold their `children` in memory
     fresh = True             # False while a shared catalog may be out of date here
-    # on_change(kind, node, old_blob, old_parent, old_name): set by the layer above; a shared
-    # catalog calls it when another node changed something this node may cache
-    on_change = None
-    # Why changes can no longer be made durable (a catalog write failed), until a restart;
-    # on_failure(why) is called once when that happens (set by whoever opens the catalog).
+    # Why changes can no longer be made durable (a catalog write failed), until a restart
+    # (a SQLite catalog then calls its hooks' on_failure: kvfs/catalog/groupcommit.py).
     failure: str | None = None
-    on_failure = None
+    opened_with: str | None = None    # what the catalog found amiss when it was opened
+
+    def cache_statistics(self) -> dict:
+        """What the catalog's caches hold and hit (none: every node is in memory)."""
+        return {}
 
     def __init__(self) -> None:
         self.nodes: dict[int, Node] = {}

@@ -143,7 +143,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 # --- format ------------------------------------------------------------------------------------
 def cmd_format(args: argparse.Namespace) -> int:
     import trio
-    from kvfs.backend import format_layers
+    from kvfs.service import format_layers
     if os.geteuid() != 0:
         return _fail("kvfs format must run as root")
     cfg = config_mod.load(args.config)

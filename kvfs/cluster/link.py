@@ -361,6 +361,11 @@ class ClusterLink:
                                                 wait=(n, self.cfg.replica_timeout_ms)),
                                replicas=n)
 
+    def started(self) -> None:
+        """Start-up is over: failures are logged from now on (until then they raise and
+        become one StartupError; kvfs/catalog/redis/bootstrap.py makes the link quiet)."""
+        self.quiet = False
+
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().abort()

@@ -23,7 +23,7 @@ import collections
 import errno
 import logging
 from contextlib import aclosing
-from typing import Awaitable, Callable, Iterable
+from typing import Iterable, Protocol
 
 import trio
 
@@ -35,9 +35,24 @@ from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
 from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
 from kvfs.pool.pool import Area, Pool
-from kvfs.space.base import Space
+from kvfs.space.base import Evictor, Space
 
 log = logging.getLogger("kvfs.space")
+
+
+class ClusterOrder(Protocol):
+    """What a shared pool's space asks the catalog in Redis."""
+
+    file_count: int                   # files in the pool
+
+    async def catch_up(self, tail: bytes) -> bool:
+        """Wait until the mirror has applied the change log up to `tail`; False on timeout."""
+
+    async def take_ghost(self, parent: int, name: bytes) -> int | None:
+        """The uses an evicted name had, forgotten once taken."""
+
+    async def raise_floor(self, priority: float) -> float:
+        """The cluster's floor of priorities, raised to `priority` if below."""
 
 LEASE_MARGIN = 0.8        # a lease is trusted for this share of its time-to-live
 VICTIM_BATCH = 64
@@ -122,14 +137,16 @@ class Regions(Area):
 class ClusterSpace(Space):
     kind = "cluster"
 
-    def __init__(self, pool: Pool, knobs: Knobs, link: ClusterLink, cfg: ClusterConfig):
-        super().__init__(pool, knobs)
+    def __init__(self, pool: Pool, knobs: Knobs, link: ClusterLink, cfg: ClusterConfig,
+                 evictor: Evictor, order: ClusterOrder):
+        """`order`: the cluster's order of files and its change log, kept by the catalog in
+        Redis (kvfs/catalog/redis/catalog.py), which is built with this space: the factory
+        passes a seam it binds to the catalog (kvfs/service.py)."""
+        super().__init__(pool, knobs, evictor)
         self.link = link
         self.leases = RegionLeases(link)     # acquire, renew, release; purge, hold
         self.cfg = cfg
-        # catch_up(tail): wait until the catalog's mirror has applied the change log up to
-        # `tail` (set by the start-up code once the catalog exists)
-        self.catch_up: Callable[[bytes], Awaitable[bool]] | None = None
+        self.order = order
         data = max(ns.size for ns in pool.namespaces) - DATA_START
         self.regions = Regions(data, cfg.regions, pool.unit)
         pool.area = self.regions
@@ -143,9 +160,12 @@ class ClusterSpace(Space):
         self.room_waits = 0              # writers that waited for the grave or for regions
         self.room_wait_seconds = 0.0
         self._scored_all = False     # files stored without a priority joined the order
-        # raise_floor(priority) -> (async) the cluster's floor, raised to it if below: wired
-        # by the composer from the catalog (which holds the scripts)
-        self.raise_floor: Callable[[float], Awaitable[float]] | None = None
+
+    def file_count(self) -> int:
+        return self.order.file_count
+
+    async def take_ghost(self, parent: int, name: bytes) -> int | None:
+        return await self.order.take_ghost(parent, name)
 
     # --- blocks, as the catalog's mirror reports them --------------------------------------------
     def attach(self, current: Iterable[BlobRec], grave: Iterable[BlobRec]) -> None:
@@ -269,7 +289,7 @@ class ClusterSpace(Space):
         r = int(got)
         # Whoever held the region before published everything it wrote there before giving
         # it up (or its lease expired): apply the log up to now before allocating in it.
-        if not await self.catch_up(tail):
+        if not await self.order.catch_up(tail):
             await self.leases.release([r])
             raise KvfsError(errno.EIO, "cluster: could not catch up with the change log")
         regions.deadline[r] = t + self.cfg.lease_seconds * LEASE_MARGIN
@@ -348,7 +368,7 @@ class ClusterSpace(Space):
         node purges and reuses their space while they are read."""
         while True:
             await trio.sleep(max(0.2, self.cfg.grace_seconds / 4))
-            held = [bid for bid in self.grave if self.store.is_held(bid)]
+            held = [bid for bid in self.grave if self.evictor.held(bid)]
             if not held:
                 continue
             try:
@@ -411,8 +431,7 @@ class ClusterSpace(Space):
                         break
             if top is not None:
                 rule.evicted(top)
-                if self.raise_floor is not None:     # for the other nodes too
-                    rule.evicted(await self.raise_floor(top))
+                rule.evicted(await self.order.raise_floor(top))    # for the other nodes too
             if freed >= nbytes:
                 return freed
         async with aclosing(self._in_batches(self.victims)) as order:

@@ -38,6 +38,7 @@ from kvfs.write.handles import (
     WriteErrors,
     killed_while_exiting,
 )
+from kvfs.fs.kernel import NO_KERNEL, NoKernel
 from kvfs.fs.leases import Allocations, Leases
 from kvfs.write.session import Session
 from kvfs.write.pipeline import PIN_XATTR, Sessions
@@ -63,9 +64,12 @@ class FilesStats:
 class Files:
     def __init__(self, catalog, store: BlockStore, space: Space, sessions: Sessions,
                  leases: Leases, allocations: Allocations, *,
-                 durability: Callable[[Listener], Durability], readahead=None):
+                 durability: Callable[[Listener], Durability], readahead=None,
+                 kernel: NoKernel = NO_KERNEL):
         """`durability` makes the seam that says when bytes are durable (kvfs/write/durability.py)
-        with this layer as its listener: the composer chooses which."""
+        with this layer as its listener: the factory chooses which (kvfs/service.py).
+        `kernel`: what to tell the kernel's caches when a file changes behind its back
+        (kvfs/fs/kernel.py)."""
         self.catalog = catalog
         self.store = store
         self.space = space
@@ -73,6 +77,7 @@ class Files:
         self.leases = leases
         self.allocations = allocations
         self.readahead = readahead
+        self.kernel = kernel
         self.handles = Handles()
         self._passthrough = False
         self.hits: collections.Counter[int] = collections.Counter()   # reads per file, since mount
@@ -83,13 +88,6 @@ class Files:
         # write-back errors, reported to fsync as Linux does (errseq: kvfs/write/handles.py)
         self.write_errors = WriteErrors()
         self.stats = FilesStats()
-        # Set by the FUSE layer (never calls back down): on_evict(parent_ino, name, ino) after a
-        # file was deleted behind the kernel's back (eviction, another node); on_new_name(parent,
-        # name) when another node made a name the kernel may cache as missing; on_new_content(ino)
-        # when another node rewrote a file (the kernel caches its size).
-        self.on_evict: Callable[[int, bytes, int], None] | None = None
-        self.on_new_name: Callable[[int, bytes], None] | None = None
-        self.on_new_content: Callable[[int], None] | None = None
         self.durability = durability(self)
 
     @property
@@ -181,17 +179,15 @@ class Files:
         if kind == "gone":
             node.removed_elsewhere = True     # a writer here must not take its close for a commit
             self._unlinked(node)
-            if self.on_evict is not None:
-                self.on_evict(parent, name, node.ino)
+            self.kernel.evicted(parent, name, node.ino)
         elif kind == "content":
             if old is not None:
                 self.store.retire(old)
-            if self.on_new_content is not None:
-                self.on_new_content(node.ino)
-        elif self.on_new_name is not None:
-            self.on_new_name(node.parent, node.name)
-            if kind == "moved" and self.on_evict is not None:
-                self.on_evict(parent, name, 0)
+            self.kernel.new_content(node.ino)
+        else:
+            self.kernel.new_name(node.parent, node.name)
+            if kind == "moved":
+                self.kernel.evicted(parent, name, 0)
 
     # --- directories and names -----------------------------------------------------------------
     @staticmethod
@@ -594,16 +590,16 @@ class Files:
         self.write_errors.record(ino, e)
         self._tell_removed(e)
         ino = getattr(e, "dropped", None)
-        if ino is not None and self.on_new_content is not None:
-            self.on_new_content(ino)
+        if ino is not None:
+            self.kernel.new_content(ino)
 
     def _tell_removed(self, e: KvfsError) -> None:
         """A commit that dropped a never-committed file's name (see Sessions.drop) tells the
         kernel, which may cache the name (asynchronously: a rename holds the directory's
         lock, and a release has nobody waiting for it)."""
         removed = getattr(e, "removed", None)
-        if removed is not None and self.on_evict is not None:
-            self.on_evict(*removed)
+        if removed is not None:
+            self.kernel.evicted(*removed)
 
     async def fsync(self, fh: int) -> None:
         """fsync/fdatasync of any handle of the file: its content (and, when close is not a
@@ -735,6 +731,10 @@ class Files:
         """Would `evict` delete this file now (closed, unpinned, unread, still that block)?"""
         return self._evictable(self.catalog.find(ino), exclude, bid)
 
+    def held(self, bid: int) -> bool:
+        """Is the block read, fetched or pinned here now (the space layer's question)?"""
+        return self.store.is_held(bid)
+
     async def evict(self, ino: int, exclude: int, bid: int | None = None) -> int:
         """Delete a closed, unpinned, unread file to free pool space; the bytes freed, or 0 if
         it may not go (or changed meanwhile, e.g. on another node)."""
@@ -756,8 +756,7 @@ class Files:
                 return 0                    # changed by another node meanwhile
             raise
         self._unlinked(node)
-        if self.on_evict is not None:
-            self.on_evict(parent, name, ino)
+        self.kernel.evicted(parent, name, ino)
         return rec.layout.stored_bytes()
 
     # --- extended attributes -------------------------------------------------------------------

@@ -183,6 +183,8 @@ class FuseOps(pyfuse3.Operations):
 
     def __init__(self, files: Files, control: Control, latency: Latency,
                  attr_timeout: float = 1.0, passthrough: bool = True):
+        """What a file changes behind the kernel's back the layers below tell the kernel
+        themselves (`files.kernel`, kvfs/fs/kernel.py): nothing here is called from below."""
         super().__init__()
         self.files = files
         self.control = control
@@ -201,9 +203,6 @@ class FuseOps(pyfuse3.Operations):
         self._dirs: dict[int, object] = {}          # fh -> the directory's listing
         self._dir_errors: dict[int, int] = {}       # fh -> write errors it has seen (errseq)
         self._next_dir = 1
-        self.files.on_evict = self._evicted
-        self.files.on_new_name = self._new_name
-        self.files.on_new_content = self._new_content
         self.initialized = trio.Event()      # set once the kernel's INIT has been answered
 
     def init(self) -> None:
@@ -249,28 +248,6 @@ class FuseOps(pyfuse3.Operations):
         e.st_mtime_ns = a.mtime_ns
         e.st_ctime_ns = a.ctime_ns
         return e
-
-    def _evicted(self, parent: int, name: bytes, ino: int) -> None:
-        try:
-            pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
-        except Exception:   # noqa: BLE001 - the kernel may not know the entry; nothing to undo
-            log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
-
-    def _new_name(self, parent: int, name: bytes) -> None:
-        """Another node made `name`: drop a cached "no such file" for it."""
-        try:
-            pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
-        except Exception:   # noqa: BLE001 - nothing cached, nothing to undo
-            log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
-
-    def _new_content(self, ino: int) -> None:
-        """Another node rewrote the file, or a failed commit dropped what was written: drop its
-        cached attributes (the size). Cached pages go at the next open, which sees a new
-        version (keep_cache is per version; an open beside a session keeps none)."""
-        try:
-            pyfuse3.invalidate_inode(ino, attr_only=True)
-        except Exception:   # noqa: BLE001 - the kernel may not know the inode
-            log.debug("invalidate_inode(%d) failed", ino, exc_info=True)
 
     # --- names ---------------------------------------------------------------------------------
     @translate
@@ -435,7 +412,7 @@ class FuseOps(pyfuse3.Operations):
         except KvfsError as e:
             ino = getattr(e, "dropped", None)
             if ino is not None:
-                self._new_content(ino)
+                self.files.kernel.new_content(ino)
             removed = getattr(e, "removed", None)
             if removed is not None:
                 await trio.to_thread.run_sync(self._forget_name, *removed)

@@ -3,13 +3,41 @@
 from __future__ import annotations
 
 import logging
+from typing import Callable, Iterator, Protocol
 
 import trio
 
+from kvfs.knobs import Knobs
 from kvfs.pool.layout import Layout
-from kvfs.space.base import Space
+from kvfs.pool.pool import Pool
+from kvfs.space.base import Evictor, Space
 
 log = logging.getLogger("kvfs.space")
+
+
+class LocalOrder(Protocol):
+    """What a pool used by one node learns of its files' order from the catalog (its rows:
+    kvfs/catalog/sqlite.py)."""
+
+    file_count: int                   # files in the pool
+
+    def lru_files(self) -> Iterator[tuple[int, int]]:
+        """(block id, inode), least recently used first."""
+
+    def scored_files(self) -> Iterator[tuple[int, int, float]]:
+        """(block id, inode, priority), lowest priority first."""
+
+    def lowest_priority(self) -> float | None:
+        """The lowest priority of a file, None if none has one."""
+
+    async def score_unscored(self) -> int:
+        """Give files stored under "lru" a priority; how many."""
+
+    def last_use(self, ino: int) -> int:
+        """When the file was last read or written (ns), 0 if unknown."""
+
+    def take_ghost(self, parent: int, name: bytes) -> int | None:
+        """The uses an evicted name had, forgotten once taken."""
 
 
 class LocalSpace(Space):
@@ -21,23 +49,23 @@ class LocalSpace(Space):
     "lru" the least recently used first (the catalog's order of last read or write)."""
 
     kind = "local"
-    # Wired by the composer (kvfs/service.py) from the catalog (and take_ghost, file_count:
-    # see Space):
-    # lru() -> (block id, inode) from least to most recently used;
-    # scored() -> (block id, inode, priority), lowest priority first;
-    # lowest() -> the lowest priority of a file, or None; unscored() -> (async) give files
-    # stored under "lru" a priority;
-    # evictable(inode, exclude, block id) -> whether Files.evict would delete it now;
-    # last_use(inode) -> when the file was last read or written (ns), 0 if unknown.
-    lru = scored = lowest = unscored = evictable = last_use = None
-    # after_release(fn): fn() once the catalog change that stopped referencing a block is
-    # durable (kvfs/catalog/groupcommit.py); None: at once
-    after_release = None
 
-    def __init__(self, pool, knobs):
-        super().__init__(pool, knobs)
+    def __init__(self, pool: Pool, knobs: Knobs, evictor: Evictor, order: LocalOrder,
+                 after_release: Callable[[Callable[[], None]], None] | None = None):
+        """`order`: the pool's order of files, kept by the catalog (its rows). `after_release`:
+        after_release(fn) calls fn() once the catalog change that stopped referencing a block
+        is durable (kvfs/catalog/groupcommit.py); None: retired blocks are free at once."""
+        super().__init__(pool, knobs, evictor)
+        self.order = order
+        self.after_release = after_release
         self._scored_all = False     # files stored under "lru" have a priority too
         self.releasing = 0           # bytes of retired blocks waiting for their change's sync
+
+    def file_count(self) -> int:
+        return self.order.file_count
+
+    async def take_ghost(self, parent: int, name: bytes) -> int | None:
+        return self.order.take_ghost(parent, name)
 
     def retired(self, layout: Layout) -> None:
         """A block no file refers to any more, and nobody here reads: its space is free
@@ -63,7 +91,7 @@ class LocalSpace(Space):
         return max(0, self.pool.free + self.releasing - self.reserved)
 
     def _start_floor(self) -> float:
-        return self.lowest() or 0.0
+        return self.order.lowest_priority() or 0.0
 
     # --- making room ----------------------------------------------------------------------------
     async def make_room(self, exclude: int, need: int, upto: tuple | None = None) -> bool:
@@ -75,17 +103,17 @@ class LocalSpace(Space):
         fragmented")."""
         evicted = False
         rule = self._rule()
-        if rule is not None and not self._scored_all and self.scored is not None:
+        if rule is not None and not self._scored_all:
             await self._score_unscored()
         if self.knobs.pool_evict in ("lru", "prefix"):
-            order = self.lru if rule is None else self.scored
+            order = self.order.lru_files if rule is None else self.order.scored_files
             went = True
             while went and not (evicted and self._roomy(need)):
                 went = False
                 for bid, ino, *prio in order():     # (from the start again: the order changed)
                     if upto is not None and self._after(ino, prio, upto):
                         break                       # a file waiting for write-back goes first
-                    if not self.store.is_held(bid) and await self._evict(ino, exclude, bid):
+                    if not self.evictor.held(bid) and await self._evict(ino, exclude, bid):
                         if rule is not None:
                             rule.evicted(prio[0])
                         evicted = went = True
@@ -96,14 +124,14 @@ class LocalSpace(Space):
         """Whether the file comes after `upto` ((priority or None, last use) of a file
         waiting for write-back) in the pool's order: by priority under "prefix", by last use
         (read or written) under "lru"."""
-        used = self.last_use(ino)
+        used = self.order.last_use(ino)
         if prio and upto[0] is not None:
             return (prio[0], used) > upto
         return used > upto[1]
 
     async def _score_unscored(self) -> None:
         self._scored_all = True
-        n = await self.unscored()
+        n = await self.order.score_unscored()
         if n:
             log.info("pool order: %d files stored without a priority go first, oldest first", n)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
@@ -15,9 +15,19 @@ from kvfs.pool.pool import Pool
 
 log = logging.getLogger("kvfs.space")
 
-# evict(ino, exclude, blob_id) -> bytes freed, 0 if the file may not (or no longer) be deleted:
-# set by the layer above (Files), which knows open files, pins and the kernel's caches.
-Evictor = Callable[[int, int, "int | None"], Awaitable[int]]
+class Evictor(Protocol):
+    """The space layer's one call upward: whether a file may be deleted to make room is the
+    file layer's to say (it knows open files, pins, what is read here and the kernel's caches);
+    kvfs/fs/files.py `Files` answers, through a seam the factory binds (kvfs/service.py)."""
+
+    def evictable(self, ino: int, exclude: int, bid: int | None = None) -> bool:
+        """Would `evict` delete this file now (closed, unpinned, unread, still that block)?"""
+
+    async def evict(self, ino: int, exclude: int, bid: int | None = None) -> int:
+        """Delete the file; the bytes freed, 0 if it may not (or no longer) go."""
+
+    def held(self, bid: int) -> bool:
+        """Is the block read (or fetched, or pinned in DRAM) here now?"""
 
 
 class Space:
@@ -29,15 +39,15 @@ class Space:
     # most (kvfs/write/pipeline.py), so a full pool answers ENOSPC instead of holding it
     room_wait = 0.0
 
-    def __init__(self, pool: Pool, knobs: Knobs):
+    # bytes of retired blocks whose release waits for a catalog change to be durable
+    releasing = 0
+
+    def __init__(self, pool: Pool, knobs: Knobs, evictor: Evictor):
         self.pool = pool
         self.knobs = knobs
+        self.evictor = evictor        # deletes files to make room (the file layer decides)
         self.reserved = 0             # bytes set aside for write sessions, not yet allocated
         self.evictions = 0            # files deleted to make room
-        # Wired by the composer (kvfs/service.py): who deletes files (Files.evict) and the
-        # store, which knows what is read here and the local LRU order.
-        self.evictor: Evictor | None = None
-        self.store = None
         self.rule: PrefixScore | None = None
 
     # --- reservations --------------------------------------------------------------------------
@@ -75,13 +85,17 @@ class Space:
     # It hears of every store, read and rename of a file and keeps each file's priority and uses
     # on its node (the catalog persists them: its rows on one node, Redis for a shared pool).
     GHOSTS = 5               # evicted names remembered, in pool capacities
-    # Wired by the composer from the catalog: take_ghost(parent, name) -> (async) the uses of an
-    # evicted name, forgotten once taken; file_count() -> files in the pool.
-    take_ghost = None
-    file_count = None
+
+    def file_count(self) -> int:
+        """Files in the pool (the catalog's count)."""
+        raise NotImplementedError
+
+    async def take_ghost(self, parent: int, name: bytes) -> int | None:
+        """The uses an evicted name had (forgotten once taken), None if none are known."""
+        raise NotImplementedError
 
     def _typical(self) -> int:
-        n = self.file_count() if self.file_count else 0
+        n = self.file_count()
         used = self.pool.capacity - self.pool.free
         return max(4096, used // n) if n else self.pool.unit
 
@@ -90,7 +104,7 @@ class Space:
         return 0.0
 
     def _rule(self) -> PrefixScore | None:
-        if self.knobs.pool_evict != "prefix" or self.take_ghost is None:
+        if self.knobs.pool_evict != "prefix":
             return None
         if self.rule is None:
             self.rule = PrefixScore(self.pool.capacity, self._typical())
@@ -162,9 +176,7 @@ class Space:
         raise NotImplementedError
 
     async def _evict(self, ino: int, exclude: int, blob_id: int | None = None) -> int:
-        if self.evictor is None:
-            return 0
-        freed = await self.evictor(ino, exclude, blob_id)
+        freed = await self.evictor.evict(ino, exclude, blob_id)
         if freed:
             self.evictions += 1
         return freed

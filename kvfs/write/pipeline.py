@@ -342,7 +342,7 @@ class Sessions:
         freed is free once their changes are durable ("fsync" mode: the write-back delay);
         sync them now rather than delete more (a client that evicts its own files, as
         LMCache and SGLang do, must not see kvfs evict too). Whether that freed anything."""
-        if not getattr(self.space, "releasing", 0):
+        if not self.space.releasing:
             return False
         await self.catalog.sync()
         return True

@@ -287,7 +287,6 @@ class WriteBack(Durability):
         self.space = sessions.space
         self.stats = queue.stats
         self._slots = trio.Semaphore(COMMITS_IN_FLIGHT)
-        self.catalog.on_unsynced = queue.kick
 
     @property
     def dirty_bytes(self) -> int:

@@ -12,7 +12,7 @@ import trio.testing
 
 from kvfs import config
 from kvfs.catalog.base import ROOT_INO
-from kvfs.backend import open_layers
+from kvfs.service import open_layers
 from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
 from kvfs.service import Service

@@ -96,6 +96,9 @@ def test_a_reader_that_pauses_starts_a_new_readahead_stream(pool_config):
             r, _ = await fs.files.create(p, n, 0o644, os.O_CREAT | os.O_WRONLY, 0, 0, 77)
             await fs.files.write(r.fh, 0, os.urandom(4096))
             await fs.close(r.fh)
+        # written back before the clock jumps (wait_out): a write-back in flight in a worker
+        # thread meanwhile would see its I/O deadline pass
+        await fs.svc.flush()
         ra = fs.svc.readahead
         pid = 4321
         for i in range(3):

@@ -654,7 +654,7 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
     would count it free and could allocate over Y)."""
     import contextlib
 
-    from kvfs.backend import open_layers
+    from kvfs.service import Service, open_layers
     from kvfs.config import load
     from kvfs.knobs import Knobs
 
@@ -665,7 +665,9 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
         old = a.files.catalog.get(a.ino("/f")).blob
         async with contextlib.AsyncExitStack() as stack:
             cfg_b = load(cfgs[1])                    # b knows X; its follower does not run
-            b = await open_layers(cfg_b, Knobs.from_config(cfg_b), stack)
+            knobs_b = Knobs.from_config(cfg_b)
+            b = await open_layers(cfg_b, knobs_b, stack)
+            Service(cfg_b, b, knobs_b)               # b's layers above the catalog (not served)
             await a.files.unlink(1, b"f")
             with trio.fail_after(10):
                 while old.id in a.svc.space.grave:
@@ -1005,7 +1007,7 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
     import contextlib
 
     import kvfs.catalog.redis.mirror as mirror_mod
-    from kvfs.backend import open_layers
+    from kvfs.service import open_layers
     from kvfs.config import load
     from kvfs.knobs import Knobs
 

@@ -13,7 +13,7 @@ import trio
 
 from kvfs import config
 from kvfs.cli import main as kvfs_main
-from kvfs.backend import open_layers
+from kvfs.service import open_layers
 from kvfs.knobs import Knobs
 from kvfs.errors import StartupError
 from kvfs.pool.layout import Layout

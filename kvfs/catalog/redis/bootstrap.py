@@ -32,7 +32,7 @@ INIT_LOCK_SECONDS = 120
 
 async def connect(cfg: ClusterConfig) -> ClusterLink:
     """A link to the cluster's Redis; StartupError (one line) if it cannot be reached. The link
-    is quiet (failures raise, nothing is logged) until the caller sets `quiet = False`."""
+    is quiet (failures raise, nothing is logged) until the caller calls `link.started()`."""
     link = ClusterLink(cfg)
     link.quiet = True
     try:

@@ -36,7 +36,7 @@ log = logging.getLogger("kvfs.catalog")
 
 class RedisCatalog(RedisMirror):
     """The catalog of a pool shared by several nodes (see the module docstring). Built by
-    kvfs/backend.py after `bootstrap.join`; `load()` fills the mirror."""
+    kvfs/service.py after `bootstrap.join`; `load()` fills the mirror."""
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Follow the other nodes' changes until cancelled."""

@@ -44,11 +44,18 @@ class RedisMirror(TreeCatalog):
 
     shared = True
 
-    def __init__(self, link: ClusterLink, cfg: ClusterConfig, space):
+    def __init__(self, link: ClusterLink, cfg: ClusterConfig, space, *, pool_id: str,
+                 on_change: Callable[..., None] | None = None):
+        """`on_change(kind, node, old_blob, old_parent, old_name)` is called after another
+        node changed something this node may cache: kind is "gone", "content", "new" or
+        "moved" (the file layer answers, through a seam: kvfs/service.py); never calls back
+        down."""
         super().__init__()
         self.redis = link
         self.cfg = cfg
         self.space = space                       # ClusterSpace: used blocks, the grave
+        self.pool_id = pool_id
+        self.on_change = on_change
         self.epoch = link.epoch
         base = self.epoch << EPOCH_SHIFT
         self._next_ino = self._next_cookie = self._next_blob = base + 1
@@ -64,10 +71,6 @@ class RedisMirror(TreeCatalog):
         self._changes_in_flight: dict[int, int] = {}
         self._changed_at: dict[int, int] = {}
         self._change_seq = 0
-        # Called as on_change(kind, node, old_blob, old_parent, old_name) after another node
-        # changed something this node may cache: kind is "gone", "content", "new" or "moved".
-        # Set by the layer above (Files); never calls back down.
-        self.on_change: Callable[..., None] | None = None
         self.events = 0
         self.refreshes = 0
         self.resyncs = 0
