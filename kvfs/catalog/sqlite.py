@@ -10,13 +10,13 @@ of files costs a few megabytes and opens in a moment:
   `drop`. A node whose memory differs from its row is held by one of these, so evicting a
   node from the cache never loses a change.
 * `_dirty_atime`: accesses not persisted yet (inode -> (atime in ns, the pool order's priority
-  and uses); written in batches, at the latest every `DIRTY_ATIMES` accesses, and applied to a
-  node read back from its row).
+  and uses); written in batches and applied to a node read back from its row (the pool's
+  order: kvfs/catalog/sqlite_order.py).
 
 Queries run on the trio thread against the one connection: a lookup is an index probe on
 (parent, name), readdir pages through an index on (parent, cookie), the pool's LRU order is
 an index on max(atime, mtime) (or on the policy's priority under `pool.evict = "prefix"`),
-chains are rows of `links`. With the database in the page
+chains are rows of `links` (kvfs/catalog/sqlite_chains.py). With the database in the page
 cache each costs a few microseconds.
 
 Mutations are applied to memory and executed on the connection at once, in the transaction
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import heapq
 import logging
 import os
 import sqlite3
@@ -60,12 +59,12 @@ from typing import Iterator
 
 import numpy as np
 
-from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node, ghost_key
+from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
 from kvfs.catalog.groupcommit import CommitHooks, GroupCommit
 from kvfs.catalog.sqlite_chains import ChainRows
+from kvfs.catalog.sqlite_order import OrderRows
 from kvfs.catalog.sqlite_schema import (
-    BY_INO, BY_NAME, COLS, INDEXES, LRU_QUERY, NODES_TABLE, PAGE_QUERY, PRIO_QUERY,
-    SCORE_UNSCORED, S_IFDIR, S_IFMT,
+    BY_INO, BY_NAME, COLS, INDEXES, NODES_TABLE, PAGE_QUERY, PAGE_ROWS, S_IFDIR, S_IFMT,
     SCHEMA_VERSION, SUBDIRS, TABLES, Stmt, extents, extents_by_row, migrate_v1, migrate_v2,
     wal_damage)
 from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
@@ -75,8 +74,6 @@ from kvfs.pool.layout import Layout
 log = logging.getLogger("kvfs.catalog")
 
 CACHE_NODES = 8192          # nodes kept in memory beyond those in use
-DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
-PAGE_ROWS = 128             # rows per readdir / LRU page
 MISSES_KEPT = 4096          # names remembered as absent (a lookup's miss, for the create after it)
 BLOB_ID_STEP = 4096         # block ids the meta row's high-water mark runs ahead by
 XATTR_COUNT = 20            # the column of BY_NAME and BY_INO that counts the node's xattrs
@@ -106,7 +103,7 @@ class SqliteListing:
             cookie = hi
 
 
-class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
+class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
     """The catalog. Mutating methods are async (they wait for durability); queries are not."""
 
     tree_children = False
@@ -132,12 +129,11 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         # which forgets its miss; nothing else adds names to the table while mounted.
         self._misses: dict[tuple[int, bytes], None] = {}
         self._unlinked: dict[int, Node] = {}
-        self._dirty_atime: dict[int, tuple[int, float | None, int]] = {}
-        self._ghost_puts = 0
         self._nodes = 0                 # rows (persisted nodes)
         self._files = 0                 # rows with a block
         self._links_changed = 0
         self._init_chains()
+        self._init_order()
         self._init_group_commit(hooks)
 
     # ------------------------------------------------------------------------------ opening
@@ -373,108 +369,6 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         nodes = [self.find(ino) for (ino,) in rows]
         return [n for n in nodes if n is not None and n.blob is not None]
 
-    def lru_files(self) -> Iterator[tuple[int, int]]:
-        """(block id, inode) of the current blocks, least recently used (read or written)
-        first: the pool's eviction order. Accesses not yet flushed to the rows are merged in
-        at their place (a file read a minute ago is older than one written since)."""
-        dirty = []
-        for ino, (atime, _, _) in self._dirty_atime.items():
-            node = self.find(ino)
-            if node is not None and node.linked and node.blob is not None:
-                dirty.append((max(atime, node.mtime_ns), ino, node.blob.id))
-        dirty.sort()
-        for _, ino, bid in heapq.merge(self._lru_rows(), dirty):
-            yield bid, ino
-
-    def _lru_rows(self) -> Iterator[tuple[int, int, int]]:
-        """(last use, inode, block id) of the rows in LRU order, but for dirty access times."""
-        key, ino = -1, 0
-        while True:
-            rows = self._conn.execute(LRU_QUERY, (key, ino, PAGE_ROWS)).fetchall()
-            for key, ino, bid in rows:
-                if ino not in self._dirty_atime:
-                    yield key, ino, bid
-            if len(rows) < PAGE_ROWS:
-                break
-
-    def scored_files(self) -> Iterator[tuple[int, int, float]]:
-        """(block id, inode, priority) of the current blocks with a priority, lowest first
-        (equal priorities: least recently used first): the pool's eviction order under
-        `pool.evict = "prefix"` (accesses not yet flushed to the rows are merged in at their
-        place)."""
-        dirty = []
-        for ino, (atime, prio, _) in self._dirty_atime.items():
-            node = self.find(ino)
-            if prio is not None and node is not None and node.linked and node.blob is not None:
-                dirty.append((prio, max(atime, node.mtime_ns), ino, node.blob.id))
-        dirty.sort()
-        for prio, _, ino, bid in heapq.merge(self._prio_rows(), dirty):
-            yield bid, ino, prio
-
-    def _prio_rows(self) -> Iterator[tuple[float, int, int, int]]:
-        key, last, ino = float("-inf"), -1, 0
-        while True:
-            rows = self._conn.execute(PRIO_QUERY, (key, last, ino, PAGE_ROWS)).fetchall()
-            for key, last, ino, bid in rows:
-                if ino not in self._dirty_atime:
-                    yield key, last, ino, bid
-            if len(rows) < PAGE_ROWS:
-                break
-
-    def lowest_priority(self) -> float | None:
-        """The lowest priority of a file in the pool's order (where the policy's floor was)."""
-        row = self._conn.execute("SELECT min(prio) FROM nodes WHERE blob IS NOT NULL AND prio "
-                                 "IS NOT NULL").fetchone()
-        low = row[0] if row else None
-        dirty = [p for (_, p, _) in self._dirty_atime.values() if p is not None]
-        return min([x for x in (low, *dirty) if x is not None], default=None)
-
-    async def score_unscored(self) -> int:
-        """Give the files that have no priority (stored under `pool.evict = "lru"`, or before
-        schema 3) one below every scored file, in their order of last use; how many."""
-        self._write_atimes()
-        n = self._one("SELECT count(*) FROM nodes WHERE blob IS NOT NULL AND prio IS NULL")
-        if n:
-            await self._persist([(SCORE_UNSCORED, ())])
-            held = {n.ino: n for n in (*self._cache.values(), *self._live.values())}
-            for node in held.values():          # the nodes in memory take their rows' priority
-                if node.prio is None and node.persisted and node.blob is not None:
-                    row = self._conn.execute("SELECT prio FROM nodes WHERE ino=?",
-                                             (node.ino,)).fetchone()
-                    if row is not None:
-                        node.prio = row[0]
-        return n
-
-    def take_ghost(self, parent: int, name: bytes) -> int | None:
-        """The uses the name had when it was evicted, if it is still remembered (then it is
-        forgotten: the file it names now carries them)."""
-        key = ghost_key(parent, name)
-        row = self._conn.execute("SELECT uses FROM ghosts WHERE key=?", (key,)).fetchone()
-        if row is None:
-            return None
-        self._execute([("DELETE FROM ghosts WHERE key=?", (key,))])
-        return row[0]
-
-    def _ghost(self, node: Node, limit: int) -> list[Stmt]:
-        """Remember the uses of an evicted file's name (the `limit` names evicted last)."""
-        self._ghost_puts += 1
-        out: list[Stmt] = [("INSERT OR REPLACE INTO ghosts (key, uses) VALUES (?, ?)",
-                            (ghost_key(node.parent, node.name), node.uses))]
-        if self._ghost_puts % 256 == 0:
-            out.append(("DELETE FROM ghosts WHERE seq <= (SELECT max(seq) FROM ghosts) - ?",
-                        (max(1, limit),)))
-        return out
-
-    def ghost_count(self) -> int:
-        return self._one("SELECT count(*) FROM ghosts")
-
-    def rescore(self, node: Node) -> None:
-        """The node's access time, priority or uses changed: written with the next batch."""
-        if node.persisted and node.linked:
-            self._dirty_atime[node.ino] = (node.atime_ns, node.prio, node.uses)
-            if len(self._dirty_atime) >= DIRTY_ATIMES:
-                self._write_atimes()
-
     @property
     def node_count(self) -> int:
         return self._nodes + len(self._pending)
@@ -528,20 +422,6 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         if node is not None:
             self._cache.pop(ino, None)
             self._dirty_atime.pop(ino, None)
-
-    def _write_atimes(self) -> int:
-        """Write the recorded access times in the open transaction (they ride with the next
-        commit; `flush_atimes` makes them durable)."""
-        dirty, self._dirty_atime = self._dirty_atime, {}
-        stmts = [("UPDATE nodes SET atime_ns=?, prio=?, uses=? WHERE ino=?", (t, p, u, i))
-                 for i, (t, p, u) in dirty.items()]
-        if stmts:
-            try:
-                self._execute(stmts)
-            except KvfsError:
-                pass                        # LRU hints: the next restart starts from older ones
-        return len(stmts)
-
 
     def statistics(self) -> dict:
         return {"wal_syncs": self.syncs, **self.cache_statistics(),
@@ -800,9 +680,3 @@ class SqliteCatalog(GroupCommit, ChainRows, TreeCatalog):
         node.ctime_ns = _now()
         if node.persisted and node.linked:
             await self._change([("DELETE FROM xattrs WHERE ino=? AND name=?", (node.ino, name))])
-
-    async def flush_atimes(self) -> int:
-        """Persist the access times recorded since the last flush (for LRU order after restart)."""
-        n = self._write_atimes()
-        await self.sync()
-        return n

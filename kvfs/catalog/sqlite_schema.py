@@ -57,6 +57,7 @@ COLS = ("ino, parent, name, cookie, mode, uid, gid, atime_ns, mtime_ns, ctime_ns
 _XATTR_COUNT = "(SELECT count(*) FROM xattrs WHERE xattrs.ino = nodes.ino)"
 BY_INO = f"SELECT {COLS}, {_XATTR_COUNT} FROM nodes WHERE ino=?"
 BY_NAME = f"SELECT {COLS}, {_XATTR_COUNT} FROM nodes WHERE parent=? AND name=?"
+PAGE_ROWS = 128             # rows per page of the paged queries (readdir, the pool order)
 PAGE_QUERY = f"SELECT {COLS} FROM nodes WHERE parent=? AND cookie>? ORDER BY cookie LIMIT ?"
 SUBDIRS = f"SELECT count(*) FROM nodes WHERE parent=? AND (mode & {S_IFMT}) = {S_IFDIR}"
 LRU_QUERY = ("SELECT max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL AND "
