@@ -38,8 +38,10 @@ from kvfs.write.handles import (
     WriteErrors,
     killed_while_exiting,
 )
+from kvfs.fs.eviction import Eviction
 from kvfs.fs.kernel import NO_KERNEL, NoKernel
 from kvfs.fs.leases import Allocations, Leases
+from kvfs.fs.xattrs import Attributes
 from kvfs.write.session import Session
 from kvfs.write.pipeline import PIN_XATTR, Sessions
 from kvfs.space import Space
@@ -47,8 +49,6 @@ from kvfs.tiers.store import BlockStore
 
 log = logging.getLogger("kvfs.fs.files")
 
-XATTR_NAME_MAX = 255
-XATTR_SIZE_MAX = 64 * 1024
 
 __all__ = ["Attr", "Files", "OpenResult", "PIN_XATTR"]
 
@@ -61,7 +61,10 @@ class FilesStats:
     plain_opens: int = 0              # served by the daemon (no passthrough, or the fallback)
 
 
-class Files:
+class Files(Eviction, Attributes):
+    """The POSIX behaviour FUSE needs (the module doc); eviction (kvfs/fs/eviction.py) and
+    extended attributes and pins (kvfs/fs/xattrs.py) are its parts of their own."""
+
     def __init__(self, catalog, store: BlockStore, space: Space, sessions: Sessions,
                  leases: Leases, allocations: Allocations, *,
                  durability: Callable[[Listener], Durability], readahead=None,
@@ -715,109 +718,6 @@ class Files:
             s = st.session if st is not None else None
             if s is not None and s.passthrough and not s.frozen:
                 self.sessions.charge(s)
-
-    # --- eviction (called by the space layer) --------------------------------------------------
-    def _evictable(self, node: Node | None, exclude: int, bid: int | None) -> bool:
-        if node is None or node.ino == exclude or not node.linked or node.blob is None:
-            return False
-        if bid is not None and node.blob.id != bid:
-            return False
-        if node.xattrs.get(PIN_XATTR) == b"1" or self.store.is_held(node.blob.id):
-            return False
-        st = self.handles.states.get(node.ino)
-        return st is None or (st.opens == 0 and st.session is None)
-
-    def evictable(self, ino: int, exclude: int, bid: int | None = None) -> bool:
-        """Would `evict` delete this file now (closed, unpinned, unread, still that block)?"""
-        return self._evictable(self.catalog.find(ino), exclude, bid)
-
-    def held(self, bid: int) -> bool:
-        """Is the block read, fetched or pinned here now (the space layer's question)?"""
-        return self.store.is_held(bid)
-
-    async def evict(self, ino: int, exclude: int, bid: int | None = None) -> int:
-        """Delete a closed, unpinned, unread file to free pool space; the bytes freed, or 0 if
-        it may not go (or changed meanwhile, e.g. on another node)."""
-        node = self.catalog.find(ino)
-        if not self._evictable(node, exclude, bid):
-            return 0
-        parent, name, rec = node.parent, node.name, node.blob
-        log.info("pool full: evicting %s (%d bytes)", self.catalog.path_of(node), rec.size)
-        # A writer that opens the file while the removal is in flight (the catalog's round,
-        # a Redis round trip) writes into a file that is going: its close must fail, not
-        # return 0 for bytes nobody can read (the cluster torture: "v52 committed, file
-        # absent", opened 0.6 ms after the eviction began).
-        node.removed_elsewhere = True
-        try:
-            await self.catalog.remove(node, expect=rec, ghosts=self.space.ghosts())
-        except BaseException as e:
-            node.removed_elsewhere = False
-            if isinstance(e, KvfsError) and e.errno in (errno.ENOENT, errno.ESTALE):
-                return 0                    # changed by another node meanwhile
-            raise
-        self._unlinked(node)
-        self.kernel.evicted(parent, name, ino)
-        return rec.layout.stored_bytes()
-
-    # --- extended attributes -------------------------------------------------------------------
-    @staticmethod
-    def _check_xattr_name(name: bytes) -> None:
-        if not name.startswith(b"user."):
-            raise KvfsError(errno.ENOTSUP, f"only user.* attributes are supported, not "
-                                           f"{name.decode(errors='replace')}")
-        if len(name) > XATTR_NAME_MAX:
-            raise KvfsError(errno.ERANGE, "attribute name too long")
-
-    def getxattr(self, ino: int, name: bytes) -> bytes:
-        node = self.catalog.get(ino)
-        try:
-            return node.xattrs[name]
-        except KeyError:
-            raise KvfsError(errno.ENODATA, f"no attribute {name.decode(errors='replace')}") from None
-
-    def listxattr(self, ino: int) -> list[bytes]:
-        return list(self.catalog.get(ino).xattrs)
-
-    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        self._check_xattr_name(name)
-        if len(value) > XATTR_SIZE_MAX:
-            raise KvfsError(errno.E2BIG, f"attribute value larger than {XATTR_SIZE_MAX} bytes")
-        await self.catalog.set_xattr(self.catalog.get(ino), name, value)
-
-    async def removexattr(self, ino: int, name: bytes) -> None:
-        await self.catalog.remove_xattr(self.catalog.get(ino), name)
-
-    # --- pinning -------------------------------------------------------------------------------
-    async def set_pin(self, ino: int, on: bool) -> None:
-        """Keep a file's block in DRAM (fetched now) until unpinned; remembered across
-        restarts as the attribute user.kvfs.pin."""
-        node = self.catalog.get(ino)
-        if not node.is_file:
-            raise KvfsError(errno.EISDIR if node.is_dir else errno.EINVAL,
-                            "only regular files can be pinned")
-        if on:
-            await self.settle(ino)          # the version to pin is the closed content
-            if node.blob is not None:
-                await self.store.pin(node.blob)
-            await self.catalog.set_xattr(node, PIN_XATTR, b"1")
-        else:
-            if node.blob is not None:
-                self.store.unpin(node.blob)
-            if PIN_XATTR in node.xattrs:
-                await self.catalog.remove_xattr(node, PIN_XATTR)
-
-    async def warm_pinned(self) -> int:
-        """Bring the files pinned before a restart back into DRAM."""
-        n = 0
-        for node in self.catalog.pinned_files():
-            if node.xattrs.get(PIN_XATTR) == b"1" and node.blob is not None:
-                try:
-                    await self.store.pin(node.blob)
-                    n += 1
-                except KvfsError as e:
-                    log.warning("%s: cannot pin again after restart: %s",
-                                self.catalog.path_of(node), e)
-        return n
 
     # --- the file system -----------------------------------------------------------------------
     def statfs(self) -> dict:

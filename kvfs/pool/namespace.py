@@ -12,8 +12,6 @@ reported as failed in its statistics until an I/O succeeds again.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import errno
 import fcntl
 import logging
@@ -25,10 +23,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import trio
-import xxhash
 
 from kvfs import tasks
 from kvfs.pool import linux_aio
@@ -36,6 +33,10 @@ from kvfs.tasks import run_all
 from kvfs.pool.buffer import populate, use_staging
 from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.layout import PAGE
+from kvfs.pool.requests import (MERGE_BYTES, PrioritySlots, WriteRequest, merged, mismatched,
+                                 transfer, transfer_aio)
+from kvfs.pool.requests import IOV_MAX  # noqa: F401 - the limit a namespace's transfers keep
+from kvfs.pool.requests import digests as unit_digests
 from kvfs.pool.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode
 
 log = logging.getLogger("kvfs.pool.namespace")
@@ -45,13 +46,10 @@ RATE_WINDOW = 16 << 20        # bytes per throughput sample
 GROUP_WRITE_BYTES = 1 << 20   # durable writes up to this size share a job and an fdatasync
 GROUPS_IN_FLIGHT = 2          # groups a namespace runs at once (the next forms meanwhile)
 BATCH_JOB_BYTES = 8 << 20     # a write-back batch's bytes per worker job on a namespace
-MERGE_BYTES = 1 << 20         # staged writes back to back on a device go as one AIO write of
-MERGE_VIEWS = 256             # at most this many bytes, and views (the kernel takes 1,024)
 RETRY_SECONDS = 2.0           # a failed namespace without errors for this long is tried again
 DEADLINE_RATE = 64e6          # bytes per second a deadline allows beyond io_timeout
 STABLE_TRIES = 4              # writes of memory that keeps changing before a copy is written
 DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # views per call
 
 
 @dataclass
@@ -95,104 +93,6 @@ def probe(path: Path) -> tuple[bool, bool, int]:
     if stat.S_ISREG(st.st_mode):
         return True, False, st.st_size
     raise StartupError(f"namespace {path}: not a block device or regular file")
-
-
-def _transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -> None:
-    """Move all of `views` at `offset`, looping over short transfers; raise OSError at EOF.
-    At most IOV_MAX views go in one call (a sparse file's block has a view per data or hole
-    run: 2,048 for 16 MiB written 4 KiB in every 8 KiB; more fail with EINVAL)."""
-    total = sum(len(v) for v in views)
-    done = 0
-    views = list(views)
-    while done < total:
-        n = op(fd, views[:IOV_MAX], offset + done)
-        if n <= 0:
-            raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
-        done += n
-        _advance(views, n)
-
-
-async def _transfer_aio(op: Callable, fd: int, views: Sequence[memoryview], offset: int,
-                        nowait: bool = False) -> None:
-    """`_transfer` by Linux AIO (`op`: the engine's preadv or pwritev)."""
-    total = sum(len(v) for v in views)
-    done = 0
-    views = list(views)
-    while done < total:
-        n = await op(fd, views[:IOV_MAX], offset + done, nowait)
-        if n <= 0:
-            raise OSError(errno.EIO, f"short transfer ({done} of {total} bytes): device ended")
-        done += n
-        _advance(views, n)
-
-
-def _advance(views: list[memoryview], n: int) -> None:
-    """Drop what was transferred (n bytes) from the front of the view list."""
-    while n and views:
-        if n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        else:
-            views[0] = views[0][n:]
-            n = 0
-
-
-class PrioritySlots:
-    """A namespace's I/O slots (its queue depth), handed out demand first.
-
-    A prefetch waits while any demand I/O waits, and prefetches together hold at most a quarter
-    of the slots (at least one), so a reader's I/O shares the device with few prefetch I/Os.
-    """
-
-    def __init__(self, n: int):
-        self.n = n
-        self.free = n
-        self.prefetch_held = 0
-        self.prefetch_max = max(1, n // 4)
-        self.waiting: tuple[collections.deque, collections.deque] = (collections.deque(),
-                                                                     collections.deque())
-
-    def _grant(self) -> None:
-        while self.free > 0:
-            if self.waiting[0]:
-                ev = self.waiting[0].popleft()
-            elif self.waiting[1] and self.prefetch_held < self.prefetch_max:
-                ev = self.waiting[1].popleft()
-                self.prefetch_held += 1
-            else:
-                return
-            self.free -= 1
-            ev.set()
-
-    @contextlib.asynccontextmanager
-    async def take(self, prefetch: bool = False):
-        pri = 1 if prefetch else 0
-        if self.free > 0 and not self.waiting[0] and not (prefetch and (
-                self.waiting[1] or self.prefetch_held >= self.prefetch_max)):
-            self.free -= 1
-            if prefetch:
-                self.prefetch_held += 1
-        else:
-            ev = trio.Event()
-            self.waiting[pri].append(ev)
-            try:
-                await ev.wait()
-            except BaseException:
-                if ev.is_set():                 # granted while being cancelled: give it back
-                    self._release(prefetch)
-                else:
-                    self.waiting[pri].remove(ev)
-                raise
-        try:
-            yield
-        finally:
-            self._release(prefetch)
-
-    def _release(self, prefetch: bool) -> None:
-        self.free += 1
-        if prefetch:
-            self.prefetch_held -= 1
-        self._grant()
 
 
 class Namespace:
@@ -306,7 +206,7 @@ class Namespace:
         buf = mmap.mmap(-1, SB_SIZE)
         buf[:] = sb.encode()
         try:
-            _transfer(os.pwritev, self.fd, [memoryview(buf)], 0)
+            transfer(os.pwritev, self.fd, [memoryview(buf)], 0)
             os.fsync(self.fd)
         except OSError as e:
             raise StartupError(f"namespace {self.path}: cannot write the superblock: {e.strerror}",
@@ -625,13 +525,13 @@ class Namespace:
                                then_sync: bool) -> OSError | None:
         """`_write_group_sync` on the trio thread, for staged requests: their content copied
         into staging memory with their checksums and written by AIO, requests back to back on
-        the device as one write (`_merged`: a write-back batch's small blocks are allocated
+        the device as one write (`merged`: a write-back batch's small blocks are allocated
         one after the other, and each io_submit costs the trio thread about 20 us), one run
         after the other as the worker thread would; then one fdatasync by AIO if any was
         written. A merged write that fails is tried again request by request, so that each
         request gets its own error."""
         any_written = False
-        for run in _merged(batch):
+        for run in merged(batch):
             if len(run) > 1:
                 e = await self._write_run_aio(eng, run)
                 if e is None:
@@ -669,7 +569,7 @@ class Namespace:
     async def _write_run_aio(self, eng: "linux_aio.Engine", run: list["WriteRequest"]
                              ) -> OSError | None:
         """Requests back to back on the device staged into one memory, with their checksums,
-        and written by one AIO write (`_transfer_aio`: short writes continue); the error that
+        and written by one AIO write (`transfer_aio`: short writes continue); the error that
         stopped it, if any (their digests are unset then)."""
         # (one size for every run: its memory is reused, never faulted in afresh)
         mem = linux_aio.STAGING.take(max(MERGE_BYTES, sum(r.nbytes for r in run)))
@@ -680,11 +580,11 @@ class Namespace:
             for r in run:
                 with use_staging(view[pos:pos + r.nbytes]):
                     units = r.units()
-                r.digests = _digests(units, r.digest_lens)
+                r.digests = unit_digests(units, r.digest_lens)
                 flat += [v for u in units for v in u]
                 del units
                 pos += r.nbytes
-            await _transfer_aio(eng.pwritev, self.fd, flat, run[0].offset, self.nowait)
+            await transfer_aio(eng.pwritev, self.fd, flat, run[0].offset, self.nowait)
             return None
         except OSError as e:
             for r in run:
@@ -716,9 +616,9 @@ class Namespace:
         try:
             with use_staging(mem):
                 units = make_units()
-            await _transfer_aio(eng.preadv, self.fd, [v for u in units for v in u], offset,
+            await transfer_aio(eng.preadv, self.fd, [v for u in units for v in u], offset,
                                 self.nowait)
-            bad = _mismatched(units, checks)
+            bad = mismatched(units, checks)
             if after is not None:
                 after(units)
             return bad
@@ -733,8 +633,8 @@ class Namespace:
             flat = [v for u in units for v in u]
         else:
             populate(flat)
-        _transfer(os.preadv, self.fd, flat, offset)
-        bad = _mismatched(units, checks)
+        transfer(os.preadv, self.fd, flat, offset)
+        bad = mismatched(units, checks)
         if after is not None:
             after(units)
         return bad
@@ -751,12 +651,12 @@ class Namespace:
         if callable(units):
             units = units()
             flat = [v for u in units for v in u]
-        digests = _digests(units, digest_lens)
+        digests = unit_digests(units, digest_lens)
         for _ in range(STABLE_TRIES):
-            _transfer(os.pwritev, self.fd, flat, offset)
+            transfer(os.pwritev, self.fd, flat, offset)
             if not verify:
                 break
-            again = _digests(units, digest_lens)
+            again = unit_digests(units, digest_lens)
             if again == digests:
                 break
             digests = again
@@ -772,8 +672,8 @@ class Namespace:
                     views.append(memoryview(copy)[pos:pos + len(v)])
                     pos += len(v)
                 frozen.append(views)
-            digests = _digests(frozen, digest_lens)
-            _transfer(os.pwritev, self.fd, [v for u in frozen for v in u], offset)
+            digests = unit_digests(frozen, digest_lens)
+            transfer(os.pwritev, self.fd, [v for u in frozen for v in u], offset)
         if then_sync:
             os.fdatasync(self.fd)
         return digests
@@ -831,84 +731,3 @@ class Namespace:
             self.stats.rate_bps = rate if old == 0 else 0.5 * old + 0.5 * rate
             self._window_bytes = 0
             self._window_busy = 0.0
-
-
-class WriteRequest:
-    """One write of a group: a small durable write waiting in a namespace's group
-    (`Namespace._write_grouped`), or a run of a write-back batch (`Namespace.write_batch`).
-    `units`: each unit's views (`flat`: all of them in order), or a function called in the
-    worker thread that makes them (`flat` None)."""
-
-    __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "verify", "done", "batch",
-                 "digests", "error")
-
-    def __init__(self, units, flat, offset: int, digest_lens, nbytes: int,
-                 verify: bool = False):
-        self.units, self.flat, self.offset = units, flat, offset
-        self.digest_lens, self.nbytes = digest_lens, nbytes
-        self.verify = verify        # live memory the kernel may write (Namespace._write_sync)
-        self.done = trio.Event()
-        self.batch: list | None = None   # set when woken to run this group, not with a result
-        self.digests: list[int] | None = None
-        self.error: BaseException | None = None
-
-    def finished(self) -> None:
-        """Its group is done: let go of the block memory it wrote and of the group's list
-        (the request that led it held the list it is in: a reference cycle that kept the
-        views, so the blocks' mappings and files, until the cyclic collector ran), and wake
-        its waiter."""
-        self.units = self.flat = self.batch = None
-        self.done.set()
-
-    def result(self) -> list[int]:
-        """Its digests, or its error as a KvfsError (EIO for anything else)."""
-        if isinstance(self.error, KvfsError):
-            raise self.error
-        if self.error is not None:
-            raise KvfsError(getattr(self.error, "errno", None) or errno.EIO,
-                            f"write of {self.nbytes} bytes at {self.offset}: {self.error}")
-        if self.digests is None:      # its group ended without reaching it (cancelled)
-            raise KvfsError(errno.EIO, "write was not carried out")
-        return self.digests
-
-
-def _mismatched(units, checks) -> list[int]:
-    """The indices of the units whose xxh3-64 is not their check's (length, digest)."""
-    return [i for i, (u, c) in enumerate(zip(units, checks))
-            if c is not None and _digest(u, c[0]) != c[1]]
-
-
-def _merged(batch: list["WriteRequest"]) -> list[list["WriteRequest"]]:
-    """Staged write requests in runs one write can move (back to back on the device, in
-    offset order; at most MERGE_BYTES and MERGE_VIEWS), in order."""
-    runs: list[list[WriteRequest]] = []
-    end = nbytes = views = 0
-    for r in sorted(batch, key=lambda r: r.offset):
-        n = len(r.digest_lens)
-        if runs and r.offset == end and nbytes + r.nbytes <= MERGE_BYTES and \
-                views + n <= MERGE_VIEWS:
-            runs[-1].append(r)
-            nbytes += r.nbytes
-            views += n
-        else:
-            runs.append([r])
-            nbytes, views = r.nbytes, n
-        end = r.offset + r.nbytes
-    return runs
-
-
-def _digests(units, lengths) -> list[int]:
-    """Each unit's xxh3-64 of its first `lengths[i]` bytes (0 where that is negative)."""
-    return [_digest(u, n) if n >= 0 else 0 for u, n in zip(units, lengths)]
-
-
-def _digest(views: Sequence[memoryview], length: int) -> int:
-    h = xxhash.xxh3_64()
-    left = length
-    for v in views:
-        if left <= 0:
-            break
-        h.update(v[:left])
-        left -= len(v)
-    return h.intdigest()
-

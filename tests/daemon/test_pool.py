@@ -370,7 +370,8 @@ def test_grouped_writes_keep_no_view_of_the_blocks_they_wrote(tmp_path):
     import gc
     import mmap
 
-    from kvfs.pool.namespace import Namespace, WriteRequest
+    from kvfs.pool.namespace import Namespace
+    from kvfs.pool.requests import WriteRequest
 
     ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
     maps = [mmap.mmap(-1, 8192) for _ in range(16)]

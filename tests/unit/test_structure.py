@@ -14,6 +14,11 @@ are dependencies all the same) and the import graph is checked:
 On the tree before testing/ existed this failed three ways: the cycles kvfs.write.handles <->
 kvfs.write.pipeline and kvfs.cli.doctor <-> kvfs.cli.doctor_clients, bench importing
 tests.redis_server and tests.clients.engine, and kvfs.cluster.space importing the scripts.
+
+And the house (issue 44): the package's top level holds only the agreed modules, every
+subpackage says what it owns, no module grows past 800 lines, and the factory
+(kvfs/service.py) wires every layer at construction: no attribute is assigned onto another
+object after it is built, and no layer's kind is probed.
 """
 
 from __future__ import annotations
@@ -159,3 +164,79 @@ def test_only_the_catalog_reaches_the_redis_lua_scripts():
     assert sorted(m for m, deps in g.items() if "kvfs.catalog.redis.scripts" in deps
                   and not m.startswith("kvfs.catalog.") and top(m) != "tests"
                   and m not in SCRIPT_REPLAYERS) == []
+
+
+# --- the house ----------------------------------------------------------------------------------
+KVFS = Path(__file__).resolve().parents[2] / "kvfs"
+
+# The top level: the entry points, the factory and the daemon, what every layer shares.
+TOP_LEVEL = {"__init__.py", "__main__.py", "config.py", "daemon.py", "demo.py", "errors.py",
+             "knobs.py", "metrics.py", "service.py", "tasks.py", "units.py"}
+SUBPACKAGES = {"catalog", "cli", "client", "cluster", "fs", "pool", "space", "tiers", "write"}
+MAX_LINES = 800
+
+
+def test_the_top_level_holds_the_agreed_modules_only():
+    modules = {p.name for p in KVFS.glob("*.py")}
+    assert modules == TOP_LEVEL, (f"unexpected at kvfs/: {sorted(modules - TOP_LEVEL)}; "
+                                  f"missing: {sorted(TOP_LEVEL - modules)}")
+    assert len(modules) <= 12
+    packages = {p.parent.name for p in KVFS.glob("*/__init__.py")}
+    assert packages == SUBPACKAGES, sorted(packages ^ SUBPACKAGES)
+
+
+def test_every_subpackage_says_what_it_owns():
+    for init in KVFS.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 40, f"{init.relative_to(KVFS.parent)}: no docstring"
+
+
+def test_no_module_is_over_800_lines():
+    long = {str(p.relative_to(KVFS.parent)): n for p in KVFS.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def _assignments_onto_others(tree: ast.AST) -> list[str]:
+    """`x.attr = ...` where x is not `self`, and `self.a.attr = ...` (onto a collaborator
+    reached through self): an attribute set on another object after it was built."""
+    found = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            for sub in ast.walk(t):
+                if not isinstance(sub, ast.Attribute):
+                    continue
+                owner = sub.value
+                if isinstance(owner, ast.Name) and owner.id == "self":
+                    continue
+                found.append(f"line {sub.lineno}: {ast.unparse(sub)} = ...")
+    return found
+
+
+def _probes(tree: ast.AST) -> list[str]:
+    """hasattr(x, ...) and getattr(x, name, default): asking what kind a layer is."""
+    return [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and (n.func.id == "hasattr" or (n.func.id == "getattr" and len(n.args) == 3))]
+
+
+def test_the_factory_wires_at_construction_only():
+    tree = ast.parse((KVFS / "service.py").read_text())
+    assert not _assignments_onto_others(tree), _assignments_onto_others(tree)
+    assert not _probes(tree), _probes(tree)
+
+
+def test_the_checks_see_what_they_forbid():
+    """The two checks above catch the shapes they name (so a pass means something)."""
+    bad = ast.parse("def build(space, files):\n    space.evictor = files.evict\n"
+                    "    self.store.owner = self\n    if hasattr(space, 'lru'):\n        pass\n"
+                    "    getattr(space, 'releasing', 0)\n")
+    assert len(_assignments_onto_others(bad)) == 2
+    assert len(_probes(bad)) == 2
+    good = ast.parse("class S:\n    def __init__(self, x):\n        self.x = x\n")
+    assert not _assignments_onto_others(good) and not _probes(good)
