@@ -327,14 +327,7 @@ class Sessions:
             changed, size, sig, _ = self._look(s)
             if not changed or not await self.committable(node, st, s):
                 return
-            try:
-                if size > self.max_block_size:
-                    raise self.too_big(size, "a file of")
-                await self._allocate(node, s, size)
-            except KvfsError as e:
-                self.stats.commit_errors += 1
-                s.failed = e
-                raise await self.drop(node, st, e) from None
+            await self._allocate_or_drop(node, st, s, size)
             s.flushed = s.mark(sig)     # closed with this content: `closed_at_stop`
 
     async def _released_first(self) -> bool:
@@ -346,6 +339,20 @@ class Sessions:
             return False
         await self.catalog.sync()
         return True
+
+    async def _allocate_or_drop(self, node: Node, st: NodeState, s: Session, size: int) -> None:
+        """A closed session's size check and allocation for its write-back (at close in
+        `prepare`, again at release in `queue`): a file past max_block_size or a pool with no
+        room fails it as a failed commit would (counted, the session failed and dropped; the
+        error is raised)."""
+        try:
+            if size > self.max_block_size:
+                raise self.too_big(size, "a file of")
+            await self._allocate(node, s, size)
+        except KvfsError as e:
+            self.stats.commit_errors += 1
+            s.failed = e
+            raise await self.drop(node, st, e) from None
 
     async def _allocate(self, node: Node, s: Session, size: int) -> None:
         """Give a closed session the pool extents its write-back will write (`Session.alloc`),
@@ -393,14 +400,7 @@ class Sessions:
         through a mapping since)."""
         if not await self.committable(node, st, s):
             return
-        try:
-            if size > self.max_block_size:
-                raise self.too_big(size, "a file of")
-            await self._allocate(node, s, size)
-        except KvfsError as e:
-            self.stats.commit_errors += 1
-            s.failed = e
-            raise await self.drop(node, st, e) from None
+        await self._allocate_or_drop(node, st, s, size)
         self._charge(s, nbytes)
         if sig is not None:     # the kernel wrote it (passthrough): its memory file's time
             node.mtime_ns = node.ctime_ns = sig[1]
