@@ -602,13 +602,8 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         await self._change(self._delete_node(node) + self._parent_times(p))
         return node
 
-    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
-                     flags: int = 0) -> Node | None:
-        """Atomically rename, replacing the target; return the replaced node (now unlinked)."""
-        src, pold, pnew, target = self._rename_check(parent_old, name_old, parent_new, name_new,
-                                                     flags)
-        if target is src:
-            return None
+    async def _rename(self, src: Node, pold: Node, name_old: bytes, pnew: Node,
+                      name_new: bytes, target: Node | None, flags: int) -> Node | None:
         if flags & RENAME_EXCHANGE:
             return await self._exchange(src, target)
         stmts: list[Stmt] = []

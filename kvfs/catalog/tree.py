@@ -328,6 +328,23 @@ class TreeCatalog:
             raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}")
         return node
 
+    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
+                     flags: int = 0) -> Node | None:
+        """Atomically rename, replacing the target; return the replaced node (now unlinked).
+        The checks are made here; a name renamed onto itself is left as it is."""
+        src, pold, pnew, target = self._rename_check(parent_old, name_old, parent_new, name_new,
+                                                     flags)
+        if target is src:
+            return None
+        return await self._rename(src, pold, name_old, pnew, name_new, target, flags)
+
+    async def _rename(self, src: Node, pold: Node, name_old: bytes, pnew: Node,
+                      name_new: bytes, target: Node | None, flags: int) -> Node | None:
+        """Make a checked rename durable and apply it to the tree (each catalog its own way):
+        `src`, named `name_old` in `pold`, becomes `name_new` in `pnew`, replacing `target`
+        (None: the name is free), or trading names with it under RENAME_EXCHANGE."""
+        raise NotImplementedError
+
     def _rename_check(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
                       flags: int) -> tuple[Node, Node, Node, Node | None]:
         """Validate a rename against the tree; return (source, old parent, new parent, target).

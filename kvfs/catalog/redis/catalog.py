@@ -311,12 +311,8 @@ class RedisCatalog(RedisMirror):
         node = self._removable_dir(parent, name)
         return await self._remove(node, "dir")
 
-    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
-                     flags: int = 0) -> Node | None:
-        src, pold, pnew, target = self._rename_check(parent_old, name_old, parent_new, name_new,
-                                                     flags)
-        if target is src:
-            return None
+    async def _rename(self, src: Node, pold: Node, name_old: bytes, pnew: Node,
+                      name_new: bytes, target: Node | None, flags: int) -> Node | None:
         if not src.persisted or (target is not None and not target.persisted):
             # A file this node has not committed yet: renamed here only (its commit publishes
             # it under the name it has then).
