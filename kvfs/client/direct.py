@@ -110,6 +110,17 @@ def _address(mv: memoryview) -> int:
     return np.frombuffer(mv, dtype=np.uint8).__array_interface__["data"][0]
 
 
+def _whole(io, fd: int, view: memoryview, off: int, what: str, ns: int) -> None:
+    """All of `view` at `off` in one call or more of `io` (os.preadv, os.pwritev), each going on
+    where a short one stopped; one that moves nothing is EIO ("`what` `ns` at <offset>")."""
+    done = 0
+    while done < len(view):
+        n = io(fd, [view[done:]], off + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"{what} {ns} at {off + done}")
+        done += n
+
+
 def _check_sum(lay: BlockLayout, k: int, data: Any) -> None:
     """EIO unless unit k's bytes, as read, have the xxh3-64 the block committed."""
     if xxhash.xxh3_64_intdigest(data) != lay.sums[k]:
@@ -218,12 +229,7 @@ class Direct:
         # O_DIRECT straight into the caller's buffer when it is aligned, else via a bounce buffer
         straight = stored == length and _address(target) % PAGE == 0
         view = target if straight else memoryview(self._bounce(stored))[:stored]
-        done = 0
-        while done < stored:
-            n = os.preadv(fd, [view[done:]], off + done)
-            if n <= 0:
-                raise OSError(errno.EIO, f"short read of namespace {lay.ns[k]} at {off + done}")
-            done += n
+        _whole(os.preadv, fd, view, off, "short read of namespace", lay.ns[k])
         if not straight:
             target[:] = view[:length]
         if verify:
@@ -389,12 +395,7 @@ class Direct:
         if time.monotonic() > deadline:     # the space may be another writer's by now
             raise OSError(errno.ESTALE, f"allocation {alloc['alloc']} ran out before unit {k}")
         fd = self._fd(alloc["namespace_paths"][ns], write=True)
-        done = 0
-        while done < stored:
-            n = os.pwritev(fd, [view[done:]], off + done)
-            if n <= 0:
-                raise OSError(errno.EIO, f"short write to namespace {ns} at {off + done}")
-            done += n
+        _whole(os.pwritev, fd, view, off, "short write to namespace", ns)
         return digest
 
     def write_many(self, paths: Sequence[str], bufs: Sequence[Any], *, mode: int = 0o644,
