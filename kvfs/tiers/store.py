@@ -278,12 +278,7 @@ class BlockStore:
         if not self.dram.fits(need) and not cold_only and not self.passthrough:
             victims += self.dram.make_room(need, self._evictable(False))
         for bid in victims:          # out of the index: drop them (also when not enough)
-            cb = self.blobs.get(bid)
-            if cb is None:
-                continue
-            self.stats.tiers["dram"].evictions += 1
-            self._demote(cb, self._unload(cb))
-            self._maybe_forget(cb)
+            self._evicted(bid)
         return self.dram.fits(need)
 
     def _room_for_one(self) -> bool:
@@ -295,13 +290,17 @@ class BlockStore:
             if bid is None:
                 return False
             self.dram.used -= self.dram.sizes.pop(bid)
-            cb = self.blobs.get(bid)
-            if cb is None:
-                continue
+            self._evicted(bid)
+        return True
+
+    def _evicted(self, bid: int) -> None:
+        """The DRAM policy evicted block `bid` (it is out of the tier's index): its resident
+        copy goes, to the local tier if that admits it (`_demote`)."""
+        cb = self.blobs.get(bid)
+        if cb is not None:
             self.stats.tiers["dram"].evictions += 1
             self._demote(cb, self._unload(cb))
             self._maybe_forget(cb)
-        return True
 
     def _demote(self, cb: CachedBlob, buf: Buffer | None) -> None:
         """A block leaves DRAM: keep a copy in the local tier if its admission agrees."""
