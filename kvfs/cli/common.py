@@ -85,6 +85,12 @@ def control(mount: str, action: str, args: dict | None = None) -> Any:
     return json.loads(os.getxattr(ctl, "user.kvfs.result")).get("result")
 
 
+def with_json(parser):
+    """A command's parser, given the --json flag its output follows (`emit`)."""
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return parser
+
+
 def emit(as_json: bool, obj: Any, human: Callable[[Any], str]) -> None:
     if as_json:
         print(json.dumps(obj))

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
-from kvfs.cli.common import CliError, find_mount, stats, table
+from kvfs.cli.common import CliError, find_mount, stats, table, with_json
 from kvfs.cli.doctor_clients import check_clients
 from kvfs.cli.findings import Finding
 
@@ -453,5 +453,5 @@ def add_parsers(sub) -> None:
     p.add_argument("--config", help="also check this config's pool without its daemon "
                                     "(state_dir, catalog log, namespaces and superblocks): why a "
                                     "mount does not start")
-    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    with_json(p)
     p.set_defaults(func=cmd_doctor)

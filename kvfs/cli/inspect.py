@@ -10,7 +10,8 @@ import sys
 import time
 from typing import Any
 
-from kvfs.cli.common import CliError, emit, file_attrs, find_mount, pct, size, stats, table
+from kvfs.cli.common import (
+    CliError, emit, file_attrs, find_mount, pct, size, stats, table, with_json)
 
 TIERS = ("dram", "local", "pool")
 
@@ -332,32 +333,30 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 # --- parsers ---------------------------------------------------------------------------------
 def add_parsers(sub) -> None:
-    def j(p):
-        p.add_argument("--json", action="store_true", help="print JSON for scripts")
-        return p
-
-    p = j(sub.add_parser("stat", help="where files' blocks are, how hot, what follows them"))
+    p = with_json(sub.add_parser("stat",
+                                 help="where files' blocks are, how hot, what follows them"))
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_stat)
 
-    p = j(sub.add_parser("ls", help="list a directory with the tier of each block"))
+    p = with_json(sub.add_parser("ls", help="list a directory with the tier of each block"))
     p.add_argument("-l", "--long", action="store_true")
     p.add_argument("dir", nargs="?", default=".")
     p.set_defaults(func=cmd_ls)
 
-    p = j(sub.add_parser("tree", help="learned prefix chains of a directory, as a tree"))
+    p = with_json(sub.add_parser("tree", help="learned prefix chains of a directory, as a tree"))
     p.add_argument("dir", nargs="?", default=".")
     p.set_defaults(func=cmd_tree)
 
-    p = j(sub.add_parser("df", help="capacity, use and hit rates per tier"))
+    p = with_json(sub.add_parser("df", help="capacity, use and hit rates per tier"))
     p.add_argument("mount", nargs="?", default=".")
     p.set_defaults(func=cmd_df)
 
-    p = j(sub.add_parser("du", help="bytes per tier under a path"))
+    p = with_json(sub.add_parser("du", help="bytes per tier under a path"))
     p.add_argument("path", nargs="?", default=".")
     p.set_defaults(func=cmd_du)
 
-    p = j(sub.add_parser("top", help="a live view of tiers, namespaces, prefetch and latency"))
+    p = with_json(sub.add_parser("top",
+                                 help="a live view of tiers, namespaces, prefetch and latency"))
     p.add_argument("mount", nargs="?", default=".")
     p.add_argument("--interval", "-i", type=float, default=1.0, help="seconds between refreshes")
     p.add_argument("--count", "-n", type=int, help="stop after this many refreshes")

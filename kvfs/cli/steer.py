@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from kvfs.cli.common import CliError, control, emit, find_mount
+from kvfs.cli.common import CliError, control, emit, find_mount, with_json
 
 
 def _mount_rel(paths: list[str]) -> tuple[str, list[str]]:
@@ -96,25 +96,21 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub) -> None:
-    def j(p):
-        p.add_argument("--json", action="store_true", help="print JSON for scripts")
-        return p
-
-    p = j(sub.add_parser("pin", help="keep files' blocks in DRAM until unpinned"))
+    p = with_json(sub.add_parser("pin", help="keep files' blocks in DRAM until unpinned"))
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_pin)
 
-    p = j(sub.add_parser("unpin", help="let pinned blocks leave DRAM again"))
+    p = with_json(sub.add_parser("unpin", help="let pinned blocks leave DRAM again"))
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_unpin)
 
-    p = j(sub.add_parser("evict", help="drop blocks from the fast tiers (DRAM, local)"))
+    p = with_json(sub.add_parser("evict", help="drop blocks from the fast tiers (DRAM, local)"))
     p.add_argument("files", nargs="*")
     p.add_argument("--cold", type=int, metavar="N", help="the N coldest DRAM blocks instead")
     p.add_argument("--mount", default=".", help="the mount, with --cold")
     p.set_defaults(func=cmd_evict)
 
-    p = j(sub.add_parser("warm", help="fetch a file and the chain after it into DRAM"))
+    p = with_json(sub.add_parser("warm", help="fetch a file and the chain after it into DRAM"))
     p.add_argument("file")
     p.add_argument("--depth", type=int, default=64, help="blocks of the chain after FILE")
     p.add_argument("--timeout", type=float, default=60.0)
