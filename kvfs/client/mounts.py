@@ -1,7 +1,7 @@
 """Where kvfs is mounted: the mount that holds a path, read from /proc/self/mountinfo.
 
-The `kvfs` command and the engines' integrations (kvfs/integrations/) both need it; it imports
-nothing of either, so an integration loads no command-line code.
+The `kvfs` command and the engines' integrations (kvfs/client/*_backend.py, vllm_tier.py) both
+need it; it imports nothing of either, so an integration loads no command-line code.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class ExtentAllocator:
                 offset, length = p, plen + length
         self._insert(offset, length)
 
-    # --- for a pool shared by several nodes (see kvfs/catalog/redis.py) ------------------------
+    # --- for a pool shared by several nodes (its regions: kvfs/cluster/space.py) ------------------
     def alloc_in(self, length: int, ranges: list[tuple[int, int]]) -> int | None:
         """Like `alloc`, but only inside the given sorted, disjoint [lo, hi) ranges."""
         if length <= 0 or length % PAGE:

@@ -345,7 +345,7 @@ class Buffer:
         self.sealed = False
         # the kernel may write into it behind the daemon (a passthrough writer, or a shared
         # writable mapping that outlives its descriptor): a write to the pool from its live
-        # memory checks that what it checksummed is what it wrote (device.Namespace)
+        # memory checks that what it checksummed is what it wrote (kvfs/pool/namespace.py)
         self.shared = False
         self.resize(size)
 

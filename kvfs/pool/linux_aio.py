@@ -1,14 +1,18 @@
-"""Linux native AIO (io_submit) for a namespace's small O_DIRECT reads: no worker thread.
+"""Linux native AIO (io_submit) for a namespace's small O_DIRECT I/O: no worker thread.
 
-Why: on the 2-vCPU development machine, a read handed to a worker thread cost more CPU in the
-hand-offs than in the read. Per cold 256 KiB load the daemon made 16-23 voluntary context
+The namespaces (kvfs/pool/namespace.py) send their small staged reads (`preadv`), writes
+(`pwritev`, merged where back to back) and the fdatasync after a group of writes (`fdatasync`,
+IOCB_CMD_FDSYNC) through here when `[pool] io_engine = "auto"`.
+
+Why: on the 2-vCPU development machine, an I/O handed to a worker thread cost more CPU in the
+hand-offs than in the I/O. Per cold 256 KiB load the daemon made 16-23 voluntary context
 switches (the worker's wake-up, and the GIL passed back and forth at each of its syscalls while
 the trio thread wanted it too), and futex waits and wake-ups were about 40% of the daemon's CPU
-in a `perf` profile (docs/architecture.md, the per-file budget). With AIO the trio thread
-submits the read itself (`io_submit` does not block for O_DIRECT on a block device: the kernel
-queues the bio and returns), the completion is announced on an eventfd that trio's epoll waits
-on, and one system task per trio run reaps every completion with `io_getevents`. Nothing else
-runs Python meanwhile, so the GIL is never handed over.
+in a `perf` profile (docs/performance.md, "Small blocks by Linux AIO"). With AIO the trio
+thread submits the I/O itself (`io_submit` does not block for O_DIRECT on a block device: the
+kernel queues the bio and returns), the completion is announced on an eventfd that trio's
+epoll waits on, and one system task per trio run reaps every completion with `io_getevents`.
+Nothing else runs Python meanwhile, so the GIL is never handed over.
 
 Only I/O of memory the caller owns until it completes (staging memory, `Staging`), and only
 with O_DIRECT: a buffered AIO blocks in io_submit. On a file (a namespace file on ext4 or

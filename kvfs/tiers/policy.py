@@ -17,10 +17,13 @@ Policies (`make_policy(name, capacity)`):
     part is ordered by GreedyDual-Frequency (H = L + hits/size; evict the lowest H; L rises to
     the H of each victim), so frequent chains stay and stale ones age out;
   - how big the probation part should be, or whether plain recency wins on this workload, is
-    not fixed: shadow simulations of the alternatives (a large probation part, and LRU) run on
-    the same accesses, and the policy switches to one of them when it would have hit clearly
-    more over the recent window (10% for another split, 2% for LRU). So on a workload where LRU
-    is better, it behaves as LRU.
+    not fixed: key-only simulations of the alternatives (a small and a large probation part,
+    LRU) run on the same accesses and the tier follows the leader; a challenger takes the lead
+    once a sign test (`_sign_test`) on the accesses only one of the two hit puts it Z = 3
+    standard deviations ahead over a decayed window, so noise does not flip the leader but a
+    consistent advantage, however small, does: where LRU is better, it behaves as LRU.
+* ``probation``: one of prefix's alternatives alone; ``score``: the pool's rule
+  (`PrefixScore`, `pool.evict = "prefix"`) as an in-memory policy, for trace replays.
 
 Keys are any hashable ids; sizes are bytes (or 1 per block for trace replays).
 """
@@ -697,7 +700,6 @@ class PrefixScore:
         if new is not None:
             self.lead = self.mode = new
             self.credit, self.frequency = self.MODES[new]
-
 
 
 class ScorePolicy:

@@ -690,8 +690,8 @@ class BlockStore:
 
     async def write(self, buf: Buffer, size: int, writer=None) -> Layout:
         """Write a block to the pool (durable on return, each namespace's I/O within its
-        deadline: Pool.write_block), finishing what `writer` (a `writer.BlockWriter`) wrote
-        behind; raises ENOSPC or EIO."""
+        deadline: Pool.write_block), finishing what `writer` (a BlockWriter,
+        kvfs/write/behind.py) wrote behind; raises ENOSPC or EIO."""
         if writer is not None:
             layout = await writer.finish(buf, size)
         else:
