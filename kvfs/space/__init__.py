@@ -15,8 +15,8 @@ The pool's policy (kvfs.tiers.policy.PrefixScore) is shared by both (`Space.scor
 file at commit, read and rename; the catalog persists the scores.
 
 Both hold the write sessions' reservations (a writer learns that the pool is full at write()),
-and delete files through the `evict` callback the layer above registers (kvfs/fs/files.py decides
-whether a file may go and tells the kernel).
+and delete files through the `Evictor` they are built with (kvfs/space/base.py; the file layer's
+answer, kvfs/fs/eviction.py, decides whether a file may go and tells the kernel).
 """
 
 from kvfs.space.base import Evictor, Space
