@@ -94,9 +94,11 @@ test: install lint
 	$(PY) -m pytest -q tests
 	KVFS_PASSTHROUGH=off KVFS_TEST_DURABILITY=close KVFS_TEST_IO=threads $(PY) -m pytest -q tests/mounted tests/lmcache
 
-# pyflakes's checks and syntax errors over the whole tree (configuration: pyproject.toml)
+# ruff's lint rules and its formatting, over the whole tree (configuration: pyproject.toml;
+# `.venv/bin/ruff format kvfs testing bench tests` formats)
 lint: install
 	$(VENV)/bin/ruff check --quiet kvfs testing bench tests
+	$(VENV)/bin/ruff format --check --quiet kvfs testing bench tests
 
 test-fast: install lint
 	$(PY) -m pytest -q -m "not slow and not lmcache and not clients and not engine" tests

@@ -21,13 +21,17 @@ def _utc_now() -> str:
 def provenance() -> dict:
     """The commit measured (`dirty`: the work tree had changes to tracked files), the command
     line and the time (UTC), as of now."""
+
     def git(*args: str) -> str:
         r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "argv": [Path(sys.argv[0]).name, *sys.argv[1:]],
-            "measured_at": _utc_now()}
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "argv": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "measured_at": _utc_now(),
+    }
 
 
 # Taken when the bench starts (every bench imports this package first): the commit it runs,
@@ -42,8 +46,9 @@ def dumps(result: dict) -> str:
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
     """A bench's command line: --help shows `doc` (the module's docstring) as written."""
-    return argparse.ArgumentParser(description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def parse(ap: argparse.ArgumentParser, argv: list[str] | None, needs=None) -> argparse.Namespace:
@@ -55,6 +60,7 @@ def parse(ap: argparse.ArgumentParser, argv: list[str] | None, needs=None) -> ar
     args = ap.parse_args(argv)
     if needs is None:
         from testing.emulate import available
+
         why = available()
     else:
         why = needs(args)

@@ -33,8 +33,9 @@ THREADS = 8
 def one(timeout: float, n: int) -> dict:
     d = Path(tempfile.mkdtemp(prefix="kvfs-attr-"))
     nss = [{"path": str(d / f"ns{i}.img"), "size": "512MiB"} for i in range(4)]
-    cfg = write_config(d / "k.toml", d / "state", nss, dram="2GiB",
-                       mount=f"attr_timeout = {timeout}")
+    cfg = write_config(
+        d / "k.toml", d / "state", nss, dram="2GiB", mount=f"attr_timeout = {timeout}"
+    )
     m = MountedKvfs(d / "mnt", cfg, d / "log").start()
     data = os.urandom(BLOCK)
 
@@ -51,15 +52,19 @@ def one(timeout: float, n: int) -> dict:
         os.close(fd)
         if got != data:
             raise RuntimeError(f"b{i}: wrong bytes")
+
     try:
-        per_second(n, THREADS, store)      # a thread's error is raised here, not lost
+        per_second(n, THREADS, store)  # a thread's error is raised here, not lost
         m.sync()
         time.sleep(1.5)
         before = m.stats()["latency"]
         rate = per_second(n, THREADS, load)
         after = m.stats()["latency"]
-        req = {op: (v["count"] - before.get(op, {}).get("count", 0)) / n
-               for op, v in after.items() if v["count"] != before.get(op, {}).get("count", 0)}
+        req = {
+            op: (v["count"] - before.get(op, {}).get("count", 0)) / n
+            for op, v in after.items()
+            if v["count"] != before.get(op, {}).get("count", 0)
+        }
         return {"attr_timeout": timeout, "hot_loads_per_s": rate, "requests": req}
     finally:
         m.stop()
@@ -73,16 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rows = [one(t, a.files) for _ in range(a.rounds) for t in (1.0, 30.0)]
-    rate = {t: statistics.median(r["hot_loads_per_s"] for r in rows if r["attr_timeout"] == t)
-            for t in (1.0, 30.0)}
-    out = {"files": a.files, "rounds": a.rounds, "rows": rows,
-           "hot_loads_30s_vs_1s": round(rate[30.0] / rate[1.0], 3)}
+    rate = {
+        t: statistics.median(r["hot_loads_per_s"] for r in rows if r["attr_timeout"] == t)
+        for t in (1.0, 30.0)
+    }
+    out = {
+        "files": a.files,
+        "rounds": a.rounds,
+        "rows": rows,
+        "hot_loads_30s_vs_1s": round(rate[30.0] / rate[1.0], 3),
+    }
     if a.json:
         print(dumps(out))
     else:
         for r in rows:
-            print(f"attr_timeout {r['attr_timeout']:>4}: {r['hot_loads_per_s']:8.0f} hot loads/s, "
-                  f"requests per load {r['requests']}")
+            print(
+                f"attr_timeout {r['attr_timeout']:>4}: {r['hot_loads_per_s']:8.0f} hot loads/s, "
+                f"requests per load {r['requests']}"
+            )
         print(f"30 s vs 1 s: {out['hot_loads_30s_vs_1s']}x")
     return 0
 

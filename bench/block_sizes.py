@@ -88,6 +88,7 @@ class Blocks:
 
     def __init__(self, size: int, n: int):
         import numpy as np
+
         base = np.random.default_rng(size).integers(0, 1 << 63, size // 8, dtype=np.uint64)
         self.size, self.n = size, n
         self.data = [(base ^ np.uint64(i)).tobytes() for i in range(n)]
@@ -107,11 +108,12 @@ def store(root: Path, blocks: Blocks, threads: int, fsync: bool = False) -> floa
         try:
             view = memoryview(blocks.data[i])
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
     return parallel(blocks.n, threads, one)
 
 
@@ -120,6 +122,7 @@ def stat_all(root: Path, blocks: Blocks, threads: int) -> float:
         st = os.stat(root / blocks.name(i))
         if st.st_size != blocks.size:
             raise RuntimeError(f"{blocks.name(i)}: size {st.st_size}, stored {blocks.size}")
+
     return parallel(blocks.n, threads, one)
 
 
@@ -142,8 +145,11 @@ def load(root: Path, blocks: Blocks, threads: int) -> float:
         finally:
             os.close(fd)
         if got != blocks.size or xxhash.xxh3_64_intdigest(view[:got]) != blocks.digests[i]:
-            raise RuntimeError(f"{blocks.name(i)}: read {got} bytes, not the {blocks.size} "
-                               f"stored (or different bytes)")
+            raise RuntimeError(
+                f"{blocks.name(i)}: read {got} bytes, not the {blocks.size} "
+                f"stored (or different bytes)"
+            )
+
     return parallel(blocks.n, threads, one)
 
 
@@ -152,9 +158,11 @@ def daemon_counters(m) -> dict:
     in each handler."""
     st = m.stats()
     lat = st.get("latency", {})
-    return {"requests": {op: v["count"] for op, v in lat.items()},
-            "handler_cpu": {op: v["cpu_us"] / 1e6 for op, v in lat.items() if "cpu_us" in v},
-            "trio_cpu": st.get("trio_thread_cpu_s", 0.0)}
+    return {
+        "requests": {op: v["count"] for op, v in lat.items()},
+        "handler_cpu": {op: v["cpu_us"] / 1e6 for op, v in lat.items() if "cpu_us" in v},
+        "trio_cpu": st.get("trio_thread_cpu_s", 0.0),
+    }
 
 
 def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> dict:
@@ -181,16 +189,21 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
         out[f"{name}_daemon_us"] = (cpu_seconds(pid) - cpu0) / blocks.n * 1e6
         c1 = counters()
         req0, req1 = c0["requests"], c1["requests"]
-        per = {op: round((req1.get(op, 0) - req0.get(op, 0)) / blocks.n, 2)
-               for op in req1 if req1.get(op, 0) != req0.get(op, 0)}
+        per = {
+            op: round((req1.get(op, 0) - req0.get(op, 0)) / blocks.n, 2)
+            for op in req1
+            if req1.get(op, 0) != req0.get(op, 0)
+        }
         if c1["handler_cpu"]:
             h0, h1 = c0["handler_cpu"], c1["handler_cpu"]
-            handlers = {op: round((h1[op] - h0.get(op, 0.0)) / blocks.n * 1e6, 1)
-                        for op in h1 if h1[op] != h0.get(op, 0.0)}
-            out[f"{name}_trio_us"] = round((c1["trio_cpu"] - c0["trio_cpu"]) / blocks.n
-                                           * 1e6, 1)
+            handlers = {
+                op: round((h1[op] - h0.get(op, 0.0)) / blocks.n * 1e6, 1)
+                for op in h1
+                if h1[op] != h0.get(op, 0.0)
+            }
+            out[f"{name}_trio_us"] = round((c1["trio_cpu"] - c0["trio_cpu"]) / blocks.n * 1e6, 1)
             out[f"{name}_handler_us"] = handlers
-        if m is not None and "getxattr" in per:     # less this bench's own statistics read
+        if m is not None and "getxattr" in per:  # less this bench's own statistics read
             per["getxattr"] = round(per["getxattr"] - 1 / blocks.n, 2)
             if not per["getxattr"]:
                 del per["getxattr"]
@@ -221,37 +234,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bps", type=float, default=1e9, help="bytes/s per device, throttled")
     ap.add_argument("--speeds", default="fast,throttled")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--handlers", action="store_true",
-                    help="also the trio thread's CPU per file and per handler (the daemon runs "
-                         "with KVFS_HANDLER_CPU=1, which costs a little)")
-    ap.add_argument("--floor", action="store_true",
-                    help="also the floor of the stack (bench/floorfs.py: pyfuse3 with "
-                         "passthrough, files in memory, nothing else), unthrottled only")
+    ap.add_argument(
+        "--handlers",
+        action="store_true",
+        help="also the trio thread's CPU per file and per handler (the daemon runs "
+        "with KVFS_HANDLER_CPU=1, which costs a little)",
+    )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the floor of the stack (bench/floorfs.py: pyfuse3 with "
+        "passthrough, files in memory, nothing else), unthrottled only",
+    )
     args = parse(ap, argv, lambda a: available(throttle="throttled" in a.speeds.split(",")))
     if args.handlers:
-        os.environ["KVFS_HANDLER_CPU"] = "1"        # read by the daemon (kvfs/fs/operations.py)
+        os.environ["KVFS_HANDLER_CPU"] = "1"  # read by the daemon (kvfs/fs/operations.py)
     sizes = [s for s in args.sizes.split(",") if s]
     for s in sizes:
         if s not in SIZES:
             ap.error(f"--sizes: {s!r} is not one of {', '.join(SIZES)}")
     data = args.total_mib * MiB
     rows: list[dict] = []
-    warm_memory(4 * data / (1 << 30) + 1)      # first touches of guest memory are slow
+    warm_memory(4 * data / (1 << 30) + 1)  # first touches of guest memory are slow
     with tempfile.TemporaryDirectory(prefix="kvfs-sizes-") as tmp:
         tmp = Path(tmp)
         for speed in args.speeds.split(","):
             bps = args.bps if speed == "throttled" else None
             label = f"{bps / 1e9:g} GB/s" if bps else "unthrottled"
-            with Emulation(f"{4 * data // MiB + 3072}m") as emu, \
-                    ext4_on_loop(emu, tmp, f"ext4-{speed}", data + 512 * MiB, bps) as ext4, \
-                    ext4_on_raid0(emu, tmp, f"raid0-{speed}", 4, data + 512 * MiB,
-                                  bps) as raid0, \
-                    kvfs_on_loops(emu, tmp, f"kvfs-{speed}", 4, data + 512 * MiB, bps,
-                                  dram=f"{data // MiB + 256}MiB") as kv, \
-                    (floor_mounted(tmp, f"floor-{speed}") if args.floor and bps is None
-                     else contextlib.nullcontext()) as floor:
-                names = {id(ext4): "ext4", id(raid0): "raid0", id(kv): "kvfs",
-                         id(floor): "floor"}
+            with (
+                Emulation(f"{4 * data // MiB + 3072}m") as emu,
+                ext4_on_loop(emu, tmp, f"ext4-{speed}", data + 512 * MiB, bps) as ext4,
+                ext4_on_raid0(emu, tmp, f"raid0-{speed}", 4, data + 512 * MiB, bps) as raid0,
+                kvfs_on_loops(
+                    emu,
+                    tmp,
+                    f"kvfs-{speed}",
+                    4,
+                    data + 512 * MiB,
+                    bps,
+                    dram=f"{data // MiB + 256}MiB",
+                ) as kv,
+                (
+                    floor_mounted(tmp, f"floor-{speed}")
+                    if args.floor and bps is None
+                    else contextlib.nullcontext()
+                ) as floor,
+            ):
+                names = {id(ext4): "ext4", id(raid0): "raid0", id(kv): "kvfs", id(floor): "floor"}
                 raid0_kind = raid0.raid0
                 for size_name in sizes:
                     size = SIZES[size_name]
@@ -265,16 +294,36 @@ def main(argv: list[str] | None = None) -> int:
                             # ext4's I/O is this process's: it joins that set-up's
                             # throttle group for the run (a process is in one group at a
                             # time, and each ext4 set-up has its own)
-                            with (throttled(setup, os.getpid()) if fs in ("ext4", "raid0")
-                                  else contextlib.nullcontext()):
-                                res = run_fs(fs, setup, blocks, args.threads,
-                                             sync_store=fs in ("ext4", "raid0")
-                                             and bps is not None)
-                            rows.append({"fs": fs, "speed": label, "size": size_name,
-                                         "files": blocks.n, "round": r, **res})
+                            with (
+                                throttled(setup, os.getpid())
+                                if fs in ("ext4", "raid0")
+                                else contextlib.nullcontext()
+                            ):
+                                res = run_fs(
+                                    fs,
+                                    setup,
+                                    blocks,
+                                    args.threads,
+                                    sync_store=fs in ("ext4", "raid0") and bps is not None,
+                                )
+                            rows.append(
+                                {
+                                    "fs": fs,
+                                    "speed": label,
+                                    "size": size_name,
+                                    "files": blocks.n,
+                                    "round": r,
+                                    **res,
+                                }
+                            )
                     del blocks
-    out: dict = {"threads": args.threads, "rounds": args.rounds, "bps_per_device": args.bps,
-                 "raid0": raid0_kind, "rows": rows}
+    out: dict = {
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "bps_per_device": args.bps,
+        "raid0": raid0_kind,
+        "rows": rows,
+    }
     for speed in args.speeds.split(","):
         label = f"{args.bps / 1e9:g} GB/s" if speed == "throttled" else "unthrottled"
         prefix = "" if speed == "fast" else f"gbps{args.bps / 1e9:g}_"
@@ -282,65 +331,146 @@ def main(argv: list[str] | None = None) -> int:
             for op in ("store", "stat", "load"):
                 ratios = []
                 for r in range(args.rounds):
-                    k = next(x for x in rows if x["fs"] == "kvfs" and x["speed"] == label
-                             and x["size"] == size_name and x["round"] == r)
-                    e = next(x for x in rows if x["fs"] == "ext4" and x["speed"] == label
-                             and x["size"] == size_name and x["round"] == r)
+                    k = next(
+                        x
+                        for x in rows
+                        if x["fs"] == "kvfs"
+                        and x["speed"] == label
+                        and x["size"] == size_name
+                        and x["round"] == r
+                    )
+                    e = next(
+                        x
+                        for x in rows
+                        if x["fs"] == "ext4"
+                        and x["speed"] == label
+                        and x["size"] == size_name
+                        and x["round"] == r
+                    )
                     ratios.append(k[f"{op}_per_s"] / e[f"{op}_per_s"])
                 out[f"{prefix}{size_name}_{op}_vs_ext4"] = round(statistics.median(ratios), 3)
-                out[f"{prefix}{size_name}_{op}_vs_raid0"] = round(statistics.median(
-                    k[f"{op}_per_s"] / e[f"{op}_per_s"] for k, e in zip(
-                        *([x for x in rows if x["fs"] == fs and x["speed"] == label
-                           and x["size"] == size_name] for fs in ("kvfs", "raid0")))), 3)
-                floors = [(k, f, e) for k, f, e in zip(
-                    *([x for x in rows if x["fs"] == fs and x["speed"] == label
-                       and x["size"] == size_name] for fs in ("kvfs", "floor", "ext4")))]
-                if floors:      # where kvfs stands between the stack's floor and ext4
-                    out[f"{prefix}{size_name}_{op}_floor_vs_ext4"] = round(statistics.median(
-                        f[f"{op}_per_s"] / e[f"{op}_per_s"] for _, f, e in floors), 3)
-                    out[f"{prefix}{size_name}_{op}_vs_floor"] = round(statistics.median(
-                        k[f"{op}_per_s"] / f[f"{op}_per_s"] for k, f, _ in floors), 3)
-            durable = [k["store_per_s"] / e["store_fsync_per_s"] for k, e in zip(
-                (x for x in rows if x["fs"] == "kvfs" and x["speed"] == label
-                 and x["size"] == size_name),
-                (x for x in rows if x["fs"] == "ext4" and x["speed"] == label
-                 and x["size"] == size_name)) if "store_fsync_per_s" in e]
+                out[f"{prefix}{size_name}_{op}_vs_raid0"] = round(
+                    statistics.median(
+                        k[f"{op}_per_s"] / e[f"{op}_per_s"]
+                        for k, e in zip(
+                            *(
+                                [
+                                    x
+                                    for x in rows
+                                    if x["fs"] == fs
+                                    and x["speed"] == label
+                                    and x["size"] == size_name
+                                ]
+                                for fs in ("kvfs", "raid0")
+                            )
+                        )
+                    ),
+                    3,
+                )
+                floors = [
+                    (k, f, e)
+                    for k, f, e in zip(
+                        *(
+                            [
+                                x
+                                for x in rows
+                                if x["fs"] == fs and x["speed"] == label and x["size"] == size_name
+                            ]
+                            for fs in ("kvfs", "floor", "ext4")
+                        )
+                    )
+                ]
+                if floors:  # where kvfs stands between the stack's floor and ext4
+                    out[f"{prefix}{size_name}_{op}_floor_vs_ext4"] = round(
+                        statistics.median(
+                            f[f"{op}_per_s"] / e[f"{op}_per_s"] for _, f, e in floors
+                        ),
+                        3,
+                    )
+                    out[f"{prefix}{size_name}_{op}_vs_floor"] = round(
+                        statistics.median(
+                            k[f"{op}_per_s"] / f[f"{op}_per_s"] for k, f, _ in floors
+                        ),
+                        3,
+                    )
+            durable = [
+                k["store_per_s"] / e["store_fsync_per_s"]
+                for k, e in zip(
+                    (
+                        x
+                        for x in rows
+                        if x["fs"] == "kvfs" and x["speed"] == label and x["size"] == size_name
+                    ),
+                    (
+                        x
+                        for x in rows
+                        if x["fs"] == "ext4" and x["speed"] == label and x["size"] == size_name
+                    ),
+                )
+                if "store_fsync_per_s" in e
+            ]
             if durable:
                 out[f"{prefix}{size_name}_store_vs_ext4_fsync"] = round(
-                    statistics.median(durable), 3)
+                    statistics.median(durable), 3
+                )
     if args.json:
         print(dumps(out))
         return 0
-    print(f"{args.threads} threads; kvfs on 4 loop namespaces, ext4 on 1 loop device, raid0: "
-          f"{raid0_kind} (loops over tmpfs); files/s of each phase; kvfs's daemon CPU and FUSE "
-          f"requests per file")
-    print(f"{'speed':<12}{'size':<6}{'files':>6}  {'fs':<5}{'store/s':>9}{'(fsync)':>9}"
-          f"{'stat/s':>9}{'load/s':>9}{'cpu us store/stat/load':>24}")
+    print(
+        f"{args.threads} threads; kvfs on 4 loop namespaces, ext4 on 1 loop device, raid0: "
+        f"{raid0_kind} (loops over tmpfs); files/s of each phase; kvfs's daemon CPU and FUSE "
+        f"requests per file"
+    )
+    print(
+        f"{'speed':<12}{'size':<6}{'files':>6}  {'fs':<5}{'store/s':>9}{'(fsync)':>9}"
+        f"{'stat/s':>9}{'load/s':>9}{'cpu us store/stat/load':>24}"
+    )
     for x in rows:
-        cpu = "/".join(f"{x[f'{op}_daemon_us']:.0f}" for op in ("store", "stat", "load")) \
-            if x["fs"] not in ("ext4", "raid0") else ""
+        cpu = (
+            "/".join(f"{x[f'{op}_daemon_us']:.0f}" for op in ("store", "stat", "load"))
+            if x["fs"] not in ("ext4", "raid0")
+            else ""
+        )
         durable = f"{x['store_fsync_per_s']:>9.0f}" if "store_fsync_per_s" in x else f"{'':>9}"
-        print(f"{x['speed']:<12}{x['size']:<6}{x['files']:>6}  {x['fs']:<5}"
-              f"{x['store_per_s']:>9.0f}{durable}{x['stat_per_s']:>9.0f}{x['load_per_s']:>9.0f}"
-              f"{cpu:>24}")
+        print(
+            f"{x['speed']:<12}{x['size']:<6}{x['files']:>6}  {x['fs']:<5}"
+            f"{x['store_per_s']:>9.0f}{durable}{x['stat_per_s']:>9.0f}{x['load_per_s']:>9.0f}"
+            f"{cpu:>24}"
+        )
     print("\nrequests per file (store | stat | load):")
     for x in rows:
         if x["fs"] not in ("ext4", "raid0"):
-            print(f"  {x['fs']:<6}{x['speed']:<12}{x['size']:<6}" + " | ".join(
-                " ".join(f"{op}={n:g}" for op, n in sorted(x[f"{ph}_requests"].items()))
-                for ph in ("store", "stat", "load")))
+            print(
+                f"  {x['fs']:<6}{x['speed']:<12}{x['size']:<6}"
+                + " | ".join(
+                    " ".join(f"{op}={n:g}" for op, n in sorted(x[f"{ph}_requests"].items()))
+                    for ph in ("store", "stat", "load")
+                )
+            )
     if args.handlers:
-        print("\nkvfs's trio thread, CPU us per file (store | stat | load): all, and in each "
-              "handler (the rest is the request loop and background tasks)")
+        print(
+            "\nkvfs's trio thread, CPU us per file (store | stat | load): all, and in each "
+            "handler (the rest is the request loop and background tasks)"
+        )
         for x in rows:
             if x["fs"] == "kvfs":
-                print(f"  {x['speed']:<12}{x['size']:<6}" + " | ".join(
-                    f"{x[f'{ph}_trio_us']:.0f}: " + " ".join(
-                        f"{op}={v:g}" for op, v in sorted(x[f"{ph}_handler_us"].items(),
-                                                         key=lambda kv: -kv[1]))
-                    for ph in ("store", "stat", "load")))
-    print("\nkvfs / ext4 and kvfs / raid0 (files/s ratio, median of rounds; with --floor also "
-          "the floor / ext4 and kvfs / the floor):")
+                print(
+                    f"  {x['speed']:<12}{x['size']:<6}"
+                    + " | ".join(
+                        f"{x[f'{ph}_trio_us']:.0f}: "
+                        + " ".join(
+                            f"{op}={v:g}"
+                            for op, v in sorted(
+                                x[f"{ph}_handler_us"].items(), key=lambda kv: -kv[1]
+                            )
+                        )
+                        for ph in ("store", "stat", "load")
+                    )
+                )
+    print(
+        "\nkvfs / ext4 and kvfs / raid0 (files/s ratio, median of rounds; with --floor also "
+        "the floor / ext4 and kvfs / the floor):"
+    )
     for k, v in out.items():
         if "_vs_" in k:
             print(f"  {k:<28}{v:>7.2f}")

@@ -77,6 +77,7 @@ def parallel(n: int, threads: int, fn) -> float:
                 fn(i)
         except BaseException as e:  # noqa: BLE001 - reported after the join
             errors.append(e)
+
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     t = time.perf_counter()
     for th in ts:
@@ -97,7 +98,8 @@ def create(root: Path, first: int, n: int, writers: int) -> float:
         try:
             os.write(fd, content(i))
         finally:
-            os.close(fd)             # durable when close returns
+            os.close(fd)  # durable when close returns
+
     return parallel(n, writers, one)
 
 
@@ -128,6 +130,7 @@ def verify(root: Path, n: int, threads: int) -> tuple[bool, float, list[int]]:
             data = b""
         if data != content(i):
             bad.append(i)
+
     rate = parallel(n, threads, one)
     return not bad, rate, bad[:10]
 
@@ -138,6 +141,7 @@ def flat_dir(root: Path, n: int, writers: int, lookups: int) -> dict:
 
     def one(i: int) -> None:
         os.close(os.open(d / f"k{i:09d}.bin", os.O_CREAT | os.O_WRONLY, 0o644))
+
     create_rate = parallel(n, writers, one)
     drop_dentries()
     t = time.perf_counter()
@@ -161,19 +165,25 @@ def flat_dir(root: Path, n: int, writers: int, lookups: int) -> dict:
         if os.path.exists(d / name):
             raise RuntimeError("a missing name exists")
     miss_rate = len(misses) / (time.perf_counter() - t)
-    return {"flat_entries": n, "flat_create_per_s": create_rate, "flat_readdir_s": readdir_s,
-            "flat_readdir_entries_per_s": n / readdir_s, "flat_lookup_per_s": lookup_rate,
-            "flat_miss_per_s": miss_rate}
+    return {
+        "flat_entries": n,
+        "flat_create_per_s": create_rate,
+        "flat_readdir_s": readdir_s,
+        "flat_readdir_entries_per_s": n / readdir_s,
+        "flat_lookup_per_s": lookup_rate,
+        "flat_miss_per_s": miss_rate,
+    }
 
 
-def config(tmp: Path, name: str, n: int, flat: int, extra: str = "",
-           namespaces: list[dict] | None = None) -> Path:
+def config(
+    tmp: Path, name: str, n: int, flat: int, extra: str = "", namespaces: list[dict] | None = None
+) -> Path:
     # 2 namespace files: room for every block (4 KiB each) and a margin, nothing evicted
     size = max(GiB, ((n + 1000) * FILE * 13 // 10 // 2 + GiB - 1) // GiB * GiB)
-    nss = namespaces or [{"path": str(tmp / f"{name}-ns{i}.img"), "size": f"{size // GiB}GiB"}
-                         for i in range(2)]
-    return write_config(tmp / f"{name}.toml", tmp / f"{name}-state", nss, dram="32MiB",
-                        extra=extra)
+    nss = namespaces or [
+        {"path": str(tmp / f"{name}-ns{i}.img"), "size": f"{size // GiB}GiB"} for i in range(2)
+    ]
+    return write_config(tmp / f"{name}.toml", tmp / f"{name}-state", nss, dram="32MiB", extra=extra)
 
 
 def single(tmp: Path, args) -> dict:
@@ -237,13 +247,15 @@ def single(tmp: Path, args) -> dict:
 
 
 def redis_memory(port: int) -> int:
-    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "memory"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "INFO", "memory"], check=True, capture_output=True, text=True
+    ).stdout
     return int(next(ln for ln in out.splitlines() if ln.startswith("used_memory:")).split(":")[1])
 
 
 def cluster(tmp: Path, args) -> dict:
     from testing.redis_server import RedisServer
+
     n = args.cluster_files or args.files
     redis = RedisServer(tmp / "redis").start()
     shared = tmp / "cluster-ns"
@@ -252,8 +264,9 @@ def cluster(tmp: Path, args) -> dict:
     nss = [{"path": str(shared / f"ns{i}.img"), "size": f"{size // GiB}GiB"} for i in range(2)]
 
     def node_cfg(k: int) -> Path:
-        extra = (f'[cluster]\nredis = "{redis.url}"\nnode_id = "node{k}"\n')
+        extra = f'[cluster]\nredis = "{redis.url}"\nnode_id = "node{k}"\n'
         return config(tmp, f"node{k}", n, 0, extra=extra, namespaces=nss)
+
     out: dict = {"cluster_files": n}
     a = MountedKvfs(tmp / "mnt-a", node_cfg(0), tmp / "node0.log")
     b = MountedKvfs(tmp / "mnt-b", node_cfg(1), tmp / "node1.log")
@@ -282,8 +295,9 @@ def cluster(tmp: Path, args) -> dict:
             os.kill(b.pid, signal.SIGCONT)
         want = a.stats()["files"]["nodes"]
         t = time.perf_counter()
-        wait_until(lambda: b.stats()["files"]["nodes"] >= want, 600, "node B's catch-up",
-                   interval=0.05)
+        wait_until(
+            lambda: b.stats()["files"]["nodes"] >= want, 600, "node B's catch-up", interval=0.05
+        )
         out["cluster_catchup_s"] = time.perf_counter() - t
         out["cluster_outage_files"] = args.outage
         sample = random.Random(2).sample(range(n + args.outage), min(2000, n))
@@ -304,7 +318,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-FLOOR_FILES = 15_000     # the floor keeps a memfd per file: below the descriptor limit (20,000 here)
+FLOOR_FILES = 15_000  # the floor keeps a memfd per file: below the descriptor limit (20,000 here)
 
 
 def floor(tmp: Path, args) -> dict:
@@ -313,6 +327,7 @@ def floor(tmp: Path, args) -> dict:
     At most FLOOR_FILES files (its names and attributes are dicts: their number hardly
     matters to it)."""
     from bench.floorfs import floor_mounted
+
     n = min(args.files, FLOOR_FILES)
     with floor_mounted(tmp, "floor") as fl:
         root = fl.root / "scale"
@@ -322,7 +337,9 @@ def floor(tmp: Path, args) -> dict:
         out = {"floor_files": n, "floor_create_per_s": create(root, 0, n, args.writers)}
         drop_dentries()
         out["floor_stat_per_s"] = stat_all(root, n)
-        log(f"floor: create {out['floor_create_per_s']:.0f}/s, stat {out['floor_stat_per_s']:.0f}/s")
+        log(
+            f"floor: create {out['floor_create_per_s']:.0f}/s, stat {out['floor_stat_per_s']:.0f}/s"
+        )
     return out
 
 
@@ -330,27 +347,48 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--files", type=int, default=100_000)
     ap.add_argument("--writers", type=int, default=8)
-    ap.add_argument("--flat", type=int, default=None,
-                    help="entries of the flat directory (default: --files; 0: skip)")
+    ap.add_argument(
+        "--flat",
+        type=int,
+        default=None,
+        help="entries of the flat directory (default: --files; 0: skip)",
+    )
     ap.add_argument("--lookups", type=int, default=10_000)
     ap.add_argument("--cluster", action="store_true", help="also the Redis catalog")
     ap.add_argument("--cluster-only", action="store_true")
-    ap.add_argument("--cluster-files", type=int, default=None,
-                    help="files for the cluster part (default: --files)")
-    ap.add_argument("--outage", type=int, default=None,
-                    help="files written while the second node is stopped (default N/10)")
-    ap.add_argument("--floor", action="store_true",
-                    help="also the creates and cold stats on bench/floorfs.py (the stack's floor)")
+    ap.add_argument(
+        "--cluster-files",
+        type=int,
+        default=None,
+        help="files for the cluster part (default: --files)",
+    )
+    ap.add_argument(
+        "--outage",
+        type=int,
+        default=None,
+        help="files written while the second node is stopped (default N/10)",
+    )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the creates and cold stats on bench/floorfs.py (the stack's floor)",
+    )
     ap.add_argument("--dir", default="/var/tmp")
-    args = parse(ap, argv, lambda a: "needs root (FUSE mounts, drop_caches)"
-                 if os.geteuid() != 0 else None)
+    args = parse(
+        ap, argv, lambda a: "needs root (FUSE mounts, drop_caches)" if os.geteuid() != 0 else None
+    )
     if args.flat is None:
         args.flat = args.files
     if args.outage is None:
         args.outage = max(1, (args.cluster_files or args.files) // 10)
     tmp = Path(tempfile.mkdtemp(prefix="kvfs-scale-", dir=args.dir))
-    out: dict = {"files": args.files, "writers": args.writers, "file_bytes": FILE,
-                 "per_dir": PER_DIR, "load_before": os.getloadavg()[0]}
+    out: dict = {
+        "files": args.files,
+        "writers": args.writers,
+        "file_bytes": FILE,
+        "per_dir": PER_DIR,
+        "load_before": os.getloadavg()[0],
+    }
     try:
         if not args.cluster_only:
             out.update(single(tmp, args))
@@ -367,19 +405,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(dumps(out))
         return 0
-    rows = [("create_per_s", f"{args.writers} writers"), ("create_per_s_1writer", "1 writer"),
-            ("rss_bytes_per_file", "daemon RSS per file, remount + stat of all"),
-            ("warm_mount_s", "warm mount"), ("unmount_s", "unmount"),
-            ("stat_per_s", "stat, cold dentries"), ("read_per_s", "read + compare"),
-            ("floor_create_per_s", "the floor: create"), ("create_vs_floor", "kvfs / floor"),
-            ("floor_stat_per_s", "the floor: stat, cold dentries"),
-            ("stat_vs_floor", "kvfs / floor"),
-            ("bit_exact", "every file bit-exact after the remount"),
-            ("flat_readdir_s", "readdir of the flat directory"),
-            ("flat_lookup_per_s", "random lookups in it"),
-            ("redis_bytes_per_block", "Redis memory per block"),
-            ("cluster_new_node_ready_s", "new node ready"),
-            ("cluster_catchup_s", "mirror catch-up after an outage")]
+    rows = [
+        ("create_per_s", f"{args.writers} writers"),
+        ("create_per_s_1writer", "1 writer"),
+        ("rss_bytes_per_file", "daemon RSS per file, remount + stat of all"),
+        ("warm_mount_s", "warm mount"),
+        ("unmount_s", "unmount"),
+        ("stat_per_s", "stat, cold dentries"),
+        ("read_per_s", "read + compare"),
+        ("floor_create_per_s", "the floor: create"),
+        ("create_vs_floor", "kvfs / floor"),
+        ("floor_stat_per_s", "the floor: stat, cold dentries"),
+        ("stat_vs_floor", "kvfs / floor"),
+        ("bit_exact", "every file bit-exact after the remount"),
+        ("flat_readdir_s", "readdir of the flat directory"),
+        ("flat_lookup_per_s", "random lookups in it"),
+        ("redis_bytes_per_block", "Redis memory per block"),
+        ("cluster_new_node_ready_s", "new node ready"),
+        ("cluster_catchup_s", "mirror catch-up after an outage"),
+    ]
     print(f"catalog scale: {args.files} files of {FILE} bytes, {PER_DIR} per directory")
     for key, what in rows:
         if key in out:

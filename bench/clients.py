@@ -41,16 +41,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parse, parser  # noqa: E402
-from testing.emulate import (Emulation, ext4_on_loop, ext4_on_raid0,  # noqa: E402
-                             kvfs_on_loops, throttled)
+from testing.emulate import (
+    Emulation,
+    ext4_on_loop,
+    ext4_on_raid0,  # noqa: E402
+    kvfs_on_loops,
+    throttled,
+)
 from testing.engine import Engine  # noqa: E402
 
 MiB = 1 << 20
 
 # (row name, engine, native kvfs variant?)
-CLIENTS = [("vLLM fs tier", "vllm", False), ("SGLang file", "sglang", False),
-           ("LMCache NIXL", "nixl", False), ("vLLM kvfs tier", "vllm", True),
-           ("SGLang kvfs backend", "sglang", True)]
+CLIENTS = [
+    ("vLLM fs tier", "vllm", False),
+    ("SGLang file", "sglang", False),
+    ("LMCache NIXL", "nixl", False),
+    ("vLLM kvfs tier", "vllm", True),
+    ("SGLang kvfs backend", "sglang", True),
+]
 
 
 def drop_page_cache() -> None:
@@ -59,12 +68,12 @@ def drop_page_cache() -> None:
         f.write("3")
 
 
-def run_client(e: Engine, engine: str, native: bool, d: Path, keys: list[int], block: int,
-               drop) -> dict:
+def run_client(
+    e: Engine, engine: str, native: bool, d: Path, keys: list[int], block: int, drop
+) -> dict:
     """Store the blocks through the engine into directory d, drop caches, load them back."""
     if engine == "vllm":
-        e.call("open", root=str(d), block=block, slots=len(keys),
-               tier="kvfs" if native else "fs")
+        e.call("open", root=str(d), block=block, slots=len(keys), tier="kvfs" if native else "fs")
         s = e.call("transfer_many", kind="store", keys=keys, per_job=1)
         drop()
         ld = e.call("transfer_many", kind="load", keys=keys, per_job=1)
@@ -79,8 +88,14 @@ def run_client(e: Engine, engine: str, native: bool, d: Path, keys: list[int], b
         store_s, load_s = s["seconds"], ld["seconds"]
     else:
         layers = block // (256 * 8 * 64 * 2 * 2)
-        e.call("open", dir=str(d), engine="uring", direct=True, layers=layers,
-               cpu_gb=round(1.25 * (len(keys) + 8) * block / 1e9 + 0.01, 3))
+        e.call(
+            "open",
+            dir=str(d),
+            engine="uring",
+            direct=True,
+            layers=layers,
+            cpu_gb=round(1.25 * (len(keys) + 8) * block / 1e9 + 0.01, 3),
+        )
         s = e.call("put", keys=keys, batch=8, timed=True)
         drop()
         ld = e.call("batched_get", keys=keys, batch=8, timed=True)
@@ -88,8 +103,10 @@ def run_client(e: Engine, engine: str, native: bool, d: Path, keys: list[int], b
         store_s, load_s = s["seconds"], ld["seconds"]
     e.call("close")
     if not ok:
-        raise RuntimeError(f"{engine}{' (kvfs native)' if native else ''}: blocks did not "
-                           f"round-trip bit-exact in {d}")
+        raise RuntimeError(
+            f"{engine}{' (kvfs native)' if native else ''}: blocks did not "
+            f"round-trip bit-exact in {d}"
+        )
     total = len(keys) * block
     return {"store_gbps": total / store_s / 1e9, "load_gbps": total / load_s / 1e9}
 
@@ -100,51 +117,68 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=24, help="blocks per client and pass")
     ap.add_argument("--block-mib", type=int, default=8, help="block size (a multiple of 2)")
     ap.add_argument("--only", default="", help="comma-separated engines (vllm,sglang,nixl)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="passes per client and device speed (the file systems' order "
-                         "alternates); ratios are the medians of the rounds', with their range")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="passes per client and device speed (the file systems' order "
+        "alternates); ratios are the medians of the rounds', with their range",
+    )
     args = parse(ap, argv)
     block = args.block_mib * MiB
     keys = list(range(1, args.blocks + 1))
     data = args.blocks * block
     wanted = [c for c in CLIENTS if not args.only or c[1] in args.only.split(",")]
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="kvfs-clients-") as tmp, \
-            Emulation(f"{(6 * data) // MiB + 3072}m") as emu, contextlib.ExitStack() as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvfs-clients-") as tmp,
+        Emulation(f"{(6 * data) // MiB + 3072}m") as emu,
+        contextlib.ExitStack() as stack,
+    ):
         tmp = Path(tmp)
         engines = {}
         for _, engine, _ in wanted:
             if engine not in engines:
-                engines[engine] = stack.enter_context(Engine(engine, tmp / f"{engine}.log",
-                                                             timeout=600))
+                engines[engine] = stack.enter_context(
+                    Engine(engine, tmp / f"{engine}.log", timeout=600)
+                )
         for e in engines.values():
             e.ready()
         for throttle in (args.bps, None):
             label = f"{args.bps / 1e6:.0f} MB/s" if throttle else "unthrottled"
             tag = "t" if throttle else "u"
-            with ext4_on_loop(emu, tmp, f"ext4{tag}", data + 256 * MiB, throttle) as on_ext4, \
-                    ext4_on_raid0(emu, tmp, f"raid0{tag}", 4, data + 256 * MiB,
-                                  throttle) as on_raid0, \
-                    kvfs_on_loops(emu, tmp, f"kvfs{tag}", 4, data + 256 * MiB, throttle) as on_kvfs:
+            with (
+                ext4_on_loop(emu, tmp, f"ext4{tag}", data + 256 * MiB, throttle) as on_ext4,
+                ext4_on_raid0(emu, tmp, f"raid0{tag}", 4, data + 256 * MiB, throttle) as on_raid0,
+                kvfs_on_loops(emu, tmp, f"kvfs{tag}", 4, data + 256 * MiB, throttle) as on_kvfs,
+            ):
                 m = on_kvfs.kvfs
                 raid0_kind = on_raid0.raid0
                 for rnd in range(args.rounds):
                     for name, engine, native in wanted:
                         e = engines[engine]
                         order = ["kvfs"] if native else ["raid0", "ext4", "kvfs"]
-                        for fs in (order[::-1] if rnd % 2 else order):
+                        for fs in order[::-1] if rnd % 2 else order:
                             setup = {"kvfs": on_kvfs, "ext4": on_ext4, "raid0": on_raid0}[fs]
                             root = setup.root / f"{engine}-{native}"
                             drop = m.drop_caches if fs == "kvfs" else drop_page_cache
-                            with throttled(setup, e.proc.pid):   # the engine's I/O meets it
+                            with throttled(setup, e.proc.pid):  # the engine's I/O meets it
                                 r = run_client(e, engine, native, root, keys, block, drop)
                             shutil.rmtree(root)
-                            rows.append({"client": name, "fs": fs, "throttle": label,
-                                         "round": rnd, **r})
-    out = {"bps_per_device": args.bps, "blocks": args.blocks, "block_bytes": block,
-           "rounds": args.rounds, "raid0": raid0_kind,
-           "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
-                    for r in rows], "ratios": {}}
+                            rows.append(
+                                {"client": name, "fs": fs, "throttle": label, "round": rnd, **r}
+                            )
+    out = {
+        "bps_per_device": args.bps,
+        "blocks": args.blocks,
+        "block_bytes": block,
+        "rounds": args.rounds,
+        "raid0": raid0_kind,
+        "rows": [
+            {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows
+        ],
+        "ratios": {},
+    }
     by = {(r["client"], r["fs"], r["throttle"], r["round"]): r for r in rows}
     for name, engine, native in wanted:
         base = next(n for n, e, nat in CLIENTS if e == engine and not nat)
@@ -158,28 +192,39 @@ def main(argv: list[str] | None = None) -> int:
                 for op in ("store", "load"):
                     for b, ref in (("raid0", r0), ("ext4", x)):
                         per.setdefault(f"{op}_kvfs_vs_{b}", []).append(
-                            k[f"{op}_gbps"] / ref[f"{op}_gbps"])
+                            k[f"{op}_gbps"] / ref[f"{op}_gbps"]
+                        )
             if per:
                 out["ratios"][f"{name} | {label}"] = {
                     **{key: round(statistics.median(v), 2) for key, v in per.items()},
-                    **{f"{key}_range": [round(min(v), 2), round(max(v), 2)]
-                       for key, v in per.items()}}
+                    **{
+                        f"{key}_range": [round(min(v), 2), round(max(v), 2)]
+                        for key, v in per.items()
+                    },
+                }
     if args.json:
         print(dumps(out))
         return 0
-    print(f"{args.blocks} blocks of {args.block_mib} MiB per client; kvfs on 4 loop namespaces, "
-          f"raid0: {raid0_kind}, ext4 on 1 loop device; throttled: {args.bps / 1e6:.0f} MB/s "
-          f"per device")
-    print(f"{'client':<22}{'fs':<6}{'devices':<13}{'round':>6}{'store GB/s':>11}"
-          f"{'load GB/s':>11}")
+    print(
+        f"{args.blocks} blocks of {args.block_mib} MiB per client; kvfs on 4 loop namespaces, "
+        f"raid0: {raid0_kind}, ext4 on 1 loop device; throttled: {args.bps / 1e6:.0f} MB/s "
+        f"per device"
+    )
+    print(f"{'client':<22}{'fs':<6}{'devices':<13}{'round':>6}{'store GB/s':>11}{'load GB/s':>11}")
     for r in rows:
-        print(f"{r['client']:<22}{r['fs']:<6}{r['throttle']:<13}{r['round']:>6}"
-              f"{r['store_gbps']:>11.3f}{r['load_gbps']:>11.3f}")
-    print(f"\n{'kvfs vs raid0 and ext4 (same engine, each its own tier; median of rounds)':<58}"
-          f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}")
+        print(
+            f"{r['client']:<22}{r['fs']:<6}{r['throttle']:<13}{r['round']:>6}"
+            f"{r['store_gbps']:>11.3f}{r['load_gbps']:>11.3f}"
+        )
+    print(
+        f"\n{'kvfs vs raid0 and ext4 (same engine, each its own tier; median of rounds)':<58}"
+        f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}"
+    )
     for k, v in out["ratios"].items():
-        print(f"{k:<58}{v['store_kvfs_vs_raid0']:>12.2f}{v['load_kvfs_vs_raid0']:>11.2f}"
-              f"{v['store_kvfs_vs_ext4']:>11.2f}{v['load_kvfs_vs_ext4']:>10.2f}")
+        print(
+            f"{k:<58}{v['store_kvfs_vs_raid0']:>12.2f}{v['load_kvfs_vs_raid0']:>11.2f}"
+            f"{v['store_kvfs_vs_ext4']:>11.2f}{v['load_kvfs_vs_ext4']:>10.2f}"
+        )
     return 0
 
 

@@ -85,8 +85,12 @@ def stat_all(paths: list[Path], expect: bool) -> float:
 
 
 def redis_memory(redis: RedisServer) -> int:
-    out = subprocess.run(["redis-cli", "-p", str(redis.port), "INFO", "memory"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["redis-cli", "-p", str(redis.port), "INFO", "memory"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return int(next(ln for ln in out.splitlines() if ln.startswith("used_memory:")).split(":")[1])
 
 
@@ -97,8 +101,14 @@ def run_ops(tmp: Path, kind: str, redis: RedisServer, n: int) -> dict:
     extra = cluster_table(redis, "ops", "ops") if kind == "redis" else ""
     # like with like: a shared pool publishes at close (durability "close"), so the SQLite
     # node commits at close too (its default, "fsync", would leave the commit to write-back)
-    cfg = write_config(tmp / f"{kind}.toml", tmp / f"{kind}-state", nss, dram="256MiB",
-                       extra=extra, mount='durability = "close"' if kind == "sqlite" else "")
+    cfg = write_config(
+        tmp / f"{kind}.toml",
+        tmp / f"{kind}-state",
+        nss,
+        dram="256MiB",
+        extra=extra,
+        mount='durability = "close"' if kind == "sqlite" else "",
+    )
     with MountedKvfs(tmp / f"{kind}-mnt", cfg, tmp / f"{kind}.log") as m:
         d = m.mountpoint / "d"
         d.mkdir()
@@ -107,14 +117,19 @@ def run_ops(tmp: Path, kind: str, redis: RedisServer, n: int) -> dict:
         per_file = (redis_memory(redis) - mem) / n
         four = publish([d / f"b{i}" for i in range(n)], 4)
         hit = miss = 0.0
-        for r in range(ROUNDS):             # the best of a few rounds: lookups are quick
+        for r in range(ROUNDS):  # the best of a few rounds: lookups are quick
             drop_dentries()
             hit = max(hit, stat_all([d / f"a{i}" for i in range(n)], True))
             miss = max(miss, stat_all([d / f"missing{r}-{i}" for i in range(n)], False))
         st = m.stats()
-    return {"publish_per_s": one, "publish_4threads_per_s": four, "lookup_hit_per_s": hit,
-            "lookup_miss_per_s": miss, "catalog_kind": st["catalog"].get("kind"),
-            **({"redis_bytes_per_file": round(per_file)} if kind == "redis" else {})}
+    return {
+        "publish_per_s": one,
+        "publish_4threads_per_s": four,
+        "lookup_hit_per_s": hit,
+        "lookup_miss_per_s": miss,
+        "catalog_kind": st["catalog"].get("kind"),
+        **({"redis_bytes_per_file": round(per_file)} if kind == "redis" else {}),
+    }
 
 
 def run_cross(emu: Emulation, tmp: Path, redis: RedisServer, bps: float, nblocks: int) -> dict:
@@ -127,11 +142,19 @@ def run_cross(emu: Emulation, tmp: Path, redis: RedisServer, bps: float, nblocks
     nodes = []
     try:
         for i in range(2):
-            cfg = write_config(tmp / f"x{i}.toml", tmp / f"x{i}-state", nss, dram="512MiB",
-                               extra=cluster_table(redis, f"x{i}", "cross") + "[prefetch]\nenabled = false\n")
-            if i == 0:      # block devices are formatted explicitly, once, for the whole cluster
-                r = subprocess.run([sys.executable, "-m", "kvfs", "format", "--config", str(cfg)],
-                                   capture_output=True, text=True)
+            cfg = write_config(
+                tmp / f"x{i}.toml",
+                tmp / f"x{i}-state",
+                nss,
+                dram="512MiB",
+                extra=cluster_table(redis, f"x{i}", "cross") + "[prefetch]\nenabled = false\n",
+            )
+            if i == 0:  # block devices are formatted explicitly, once, for the whole cluster
+                r = subprocess.run(
+                    [sys.executable, "-m", "kvfs", "format", "--config", str(cfg)],
+                    capture_output=True,
+                    text=True,
+                )
                 if r.returncode != 0:
                     raise RuntimeError(f"kvfs format failed: {r.stderr.strip()}")
             m = MountedKvfs(tmp / f"x{i}-mnt", cfg, tmp / f"x{i}.log").start()
@@ -159,9 +182,11 @@ def run_cross(emu: Emulation, tmp: Path, redis: RedisServer, bps: float, nblocks
             m.stop()
         group.remove()
     total = 2 * nblocks * BLOCK
-    return {"same_node_read_gbps": total / times["same"] / 1e9,
-            "cross_node_read_gbps": total / times["cross"] / 1e9,
-            "node_b_pool_bytes_in": st_b["tiers"]["pool"]["bytes_in"]}
+    return {
+        "same_node_read_gbps": total / times["same"] / 1e9,
+        "cross_node_read_gbps": total / times["cross"] / 1e9,
+        "node_b_pool_bytes_in": st_b["tiers"]["pool"]["bytes_in"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,27 +207,40 @@ def main(argv: list[str] | None = None) -> int:
             redis.stop()
     r = lambda x: round(x, 3)  # noqa: E731
     out = {
-        "ops": args.ops, "blocks": args.blocks, "block_bytes": BLOCK, "bps_per_namespace": args.bps,
-        "catalog": {k: {kk: (r(vv) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                    for k, v in ops.items()},
+        "ops": args.ops,
+        "blocks": args.blocks,
+        "block_bytes": BLOCK,
+        "bps_per_namespace": args.bps,
+        "catalog": {
+            k: {kk: (r(vv) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+            for k, v in ops.items()
+        },
         "cross_node": {k: (r(v) if isinstance(v, float) else v) for k, v in cross.items()},
     }
     for key in ("publish_per_s", "publish_4threads_per_s", "lookup_hit_per_s", "lookup_miss_per_s"):
-        out[f"redis_vs_sqlite_{key[:-len('_per_s')]}"] = r(ops["redis"][key] / ops["sqlite"][key])
+        out[f"redis_vs_sqlite_{key[: -len('_per_s')]}"] = r(ops["redis"][key] / ops["sqlite"][key])
     out["cross_vs_same_node_read"] = r(cross["cross_node_read_gbps"] / cross["same_node_read_gbps"])
     if args.json:
         print(dumps(out))
         return 0
     print(f"catalog operations through one mount ({args.ops} each; 4 KiB files)")
-    print(f"{'catalog':<10}{'publish/s':>11}{'publish/s x4':>14}{'lookup hit/s':>14}"
-          f"{'lookup miss/s':>15}")
+    print(
+        f"{'catalog':<10}{'publish/s':>11}{'publish/s x4':>14}{'lookup hit/s':>14}"
+        f"{'lookup miss/s':>15}"
+    )
     for k, v in ops.items():
-        print(f"{k:<10}{v['publish_per_s']:>11.0f}{v['publish_4threads_per_s']:>14.0f}"
-              f"{v['lookup_hit_per_s']:>14.0f}{v['lookup_miss_per_s']:>15.0f}")
-    print(f"Redis memory per published file (4 KiB, one stripe unit): "
-          f"{ops['redis']['redis_bytes_per_file']} bytes")
-    print(f"\ncold reads of {2 * args.blocks} x 32 MiB blocks written by node A; 4 namespaces "
-          f"throttled to {args.bps / 1e6:.0f} MB/s each")
+        print(
+            f"{k:<10}{v['publish_per_s']:>11.0f}{v['publish_4threads_per_s']:>14.0f}"
+            f"{v['lookup_hit_per_s']:>14.0f}{v['lookup_miss_per_s']:>15.0f}"
+        )
+    print(
+        f"Redis memory per published file (4 KiB, one stripe unit): "
+        f"{ops['redis']['redis_bytes_per_file']} bytes"
+    )
+    print(
+        f"\ncold reads of {2 * args.blocks} x 32 MiB blocks written by node A; 4 namespaces "
+        f"throttled to {args.bps / 1e6:.0f} MB/s each"
+    )
     print(f"same-node  {cross['same_node_read_gbps']:.3f} GB/s")
     print(f"cross-node {cross['cross_node_read_gbps']:.3f} GB/s")
     for k, v in out.items():

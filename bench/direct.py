@@ -66,24 +66,28 @@ def read_fuse_parallel(path: Path, pool: concurrent.futures.Executor, buf: mmap.
     """The block read by the pool's threads, each 1 MiB piece with its own pread."""
     fd = os.open(path, os.O_RDONLY)
     try:
+
         def piece(off: int) -> None:
             n = min(MiB, BLOCK - off)
-            got = os.preadv(fd, [memoryview(buf)[off:off + n]], off)
+            got = os.preadv(fd, [memoryview(buf)[off : off + n]], off)
             if got != n:
                 raise ShortRead(f"read of {path} at {off}: {got} of {n} bytes")
+
         list(pool.map(piece, range(0, BLOCK, MiB)))
     finally:
         os.close(fd)
 
 
-def read_raw(lay: direct.BlockLayout, fds: dict, pool: concurrent.futures.Executor,
-             buf: mmap.mmap) -> None:
+def read_raw(
+    lay: direct.BlockLayout, fds: dict, pool: concurrent.futures.Executor, buf: mmap.mmap
+) -> None:
     def unit(k: int) -> None:
         n = lay.unit_length(k)
-        view = memoryview(buf)[k * lay.unit:k * lay.unit + (n + 4095) // 4096 * 4096]
+        view = memoryview(buf)[k * lay.unit : k * lay.unit + (n + 4095) // 4096 * 4096]
         got = os.preadv(fds[lay.ns_paths[lay.ns[k]]], [view], lay.offsets[k])
         if got < n:
             raise ShortRead(f"raw read of unit {k}: {got} of {n} bytes")
+
     list(pool.map(unit, range(len(lay.ns))))
 
 
@@ -104,14 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     # with verify=False (the opt-out), for the cost of verifying
     paths_order = ("fuse", "direct", "raw", "unverified", "fuse_1")
     times: dict[str, list[float]] = {k: [] for k in paths_order}
-    with Emulation(f"{(args.blocks * BLOCK * 2) // MiB + 1024}m") as emu, \
-            tempfile.TemporaryDirectory(prefix="kvfs-direct-") as tmp:
+    with (
+        Emulation(f"{(args.blocks * BLOCK * 2) // MiB + 1024}m") as emu,
+        tempfile.TemporaryDirectory(prefix="kvfs-direct-") as tmp,
+    ):
         tmp = Path(tmp)
         devs = [emu.loop(f"d{i}", (args.blocks * BLOCK) // 4 + 256 * MiB) for i in range(4)]
-        cfg = write_config(tmp / "k.toml", tmp / "state", [{"path": d.path} for d in devs],
-                           dram=f"{args.blocks * BLOCK // MiB + 64}MiB",
-                           extra="[prefetch]\nenabled = false\n")
+        cfg = write_config(
+            tmp / "k.toml",
+            tmp / "state",
+            [{"path": d.path} for d in devs],
+            dram=f"{args.blocks * BLOCK // MiB + 64}MiB",
+            extra="[prefetch]\nenabled = false\n",
+        )
         from kvfs.cli import main as kvfs_main
+
         with contextlib.redirect_stdout(io.StringIO()):
             assert kvfs_main(["format", "--config", str(cfg)]) == 0
         group = emu.cgroup("kvfs-direct")
@@ -126,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                 p.write_bytes(data)
             check = digest(first)
             group.add(m.pid)
-            group.add(os.getpid())           # direct and raw reads are this process's I/O
-            assert group.contains(m.pid) and group.contains(os.getpid()), \
+            group.add(os.getpid())  # direct and raw reads are this process's I/O
+            assert group.contains(m.pid) and group.contains(os.getpid()), (
                 "the readers must be in the throttled cgroup"
+            )
             buf = mmap.mmap(-1, BLOCK + MiB)
             fds = {d.path: os.open(d.path, os.O_RDONLY | os.O_DIRECT) for d in devs}
             pool = concurrent.futures.ThreadPoolExecutor(args.threads)
@@ -155,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 for r in range(args.rounds):
                     n = len(paths_order)
-                    for k in paths_order[r % n:] + paths_order[:r % n]:
+                    for k in paths_order[r % n :] + paths_order[: r % n]:
                         m.drop_caches()
                         t = time.perf_counter()
                         batch[k]()
@@ -169,35 +181,46 @@ def main(argv: list[str] | None = None) -> int:
     total = args.blocks * BLOCK
     gbps = {k: total / statistics.median(v) / 1e9 for k, v in times.items()}
     limit = 4 * args.bps / 1e9
-    out = {"block_bytes": BLOCK, "blocks": args.blocks, "rounds": args.rounds,
-           "bps_per_namespace": args.bps, "threads": args.threads,
-           "gbps": {k: round(v, 3) for k, v in gbps.items()},
-           "vs_limit": {k: round(v / limit, 3) for k, v in gbps.items()},
-           "direct_vs_raw": round(gbps["direct"] / gbps["raw"], 3),
-           "direct_vs_fuse": round(gbps["direct"] / gbps["fuse"], 3),
-           "direct_vs_fuse_1": round(gbps["direct"] / gbps["fuse_1"], 3),
-           # what verifying every unit's checksum costs kvfs.client.direct (>= 1: verified is slower)
-           "verify_cost": round(gbps["unverified"] / gbps["direct"], 3),
-           # cold reads through the mount against the devices' own limit (raw parallel
-           # O_DIRECT preads of the same extents), both inside the throttle
-           "cold_vs_raw": round(gbps["fuse"] / gbps["raw"], 3),
-           "direct_reads_counted": st["files"]["direct_reads"]}
+    out = {
+        "block_bytes": BLOCK,
+        "blocks": args.blocks,
+        "rounds": args.rounds,
+        "bps_per_namespace": args.bps,
+        "threads": args.threads,
+        "gbps": {k: round(v, 3) for k, v in gbps.items()},
+        "vs_limit": {k: round(v / limit, 3) for k, v in gbps.items()},
+        "direct_vs_raw": round(gbps["direct"] / gbps["raw"], 3),
+        "direct_vs_fuse": round(gbps["direct"] / gbps["fuse"], 3),
+        "direct_vs_fuse_1": round(gbps["direct"] / gbps["fuse_1"], 3),
+        # what verifying every unit's checksum costs kvfs.client.direct (>= 1: verified is slower)
+        "verify_cost": round(gbps["unverified"] / gbps["direct"], 3),
+        # cold reads through the mount against the devices' own limit (raw parallel
+        # O_DIRECT preads of the same extents), both inside the throttle
+        "cold_vs_raw": round(gbps["fuse"] / gbps["raw"], 3),
+        "direct_reads_counted": st["files"]["direct_reads"],
+    }
     escaped = gbps["raw"] > 1.15 * limit
     if escaped:
-        out["error"] = (f"raw reads ran at {gbps['raw']:.2f} GB/s, above the {limit:.2f} GB/s "
-                        f"the throttles allow: the reads escaped the throttle")
+        out["error"] = (
+            f"raw reads ran at {gbps['raw']:.2f} GB/s, above the {limit:.2f} GB/s "
+            f"the throttles allow: the reads escaped the throttle"
+        )
     if args.json:
         print(dumps(out))
         return 1 if escaped else 0
-    print(f"cold reads of {args.blocks} blocks of 32 MiB back to back per sample, {args.rounds} "
-          f"rounds, order rotated; {args.threads} reader threads on every path but fuse_1; "
-          f"4 namespaces at {args.bps / 1e6:.0f} MB/s ({limit:.2f} GB/s in all); median")
+    print(
+        f"cold reads of {args.blocks} blocks of 32 MiB back to back per sample, {args.rounds} "
+        f"rounds, order rotated; {args.threads} reader threads on every path but fuse_1; "
+        f"4 namespaces at {args.bps / 1e6:.0f} MB/s ({limit:.2f} GB/s in all); median"
+    )
     print(f"{'path':<12}{'GB/s':>8}{'vs limit':>10}")
     for k in paths_order:
         print(f"{k:<12}{gbps[k]:>8.3f}{gbps[k] / limit:>10.3f}")
-    print(f"direct_vs_raw = {out['direct_vs_raw']}  direct_vs_fuse = {out['direct_vs_fuse']}  "
-          f"direct_vs_fuse_1 = {out['direct_vs_fuse_1']}  "
-          f"cold_vs_raw = {out['cold_vs_raw']}  verify_cost = {out['verify_cost']}")
+    print(
+        f"direct_vs_raw = {out['direct_vs_raw']}  direct_vs_fuse = {out['direct_vs_fuse']}  "
+        f"direct_vs_fuse_1 = {out['direct_vs_fuse_1']}  "
+        f"cold_vs_raw = {out['cold_vs_raw']}  verify_cost = {out['verify_cost']}"
+    )
     if escaped:
         print(out["error"], file=sys.stderr)
         return 1

@@ -55,7 +55,7 @@ from testing.emulate import (  # noqa: E402
 )
 
 MiB = 1 << 20
-KV_SHAPE = (32, 2, 256, 8, 128)        # Llama-3.1-8B: layers, K/V, tokens, kv heads, head dim
+KV_SHAPE = (32, 2, 256, 8, 128)  # Llama-3.1-8B: layers, K/V, tokens, kv heads, head dim
 CHUNK = 32 * MiB
 SPEEDS = {"throttled": 100e6, "gbps1": 1e9, "fast": None}
 THREADS = 8
@@ -82,16 +82,31 @@ def worker(argv: list[str]) -> None:
     model = "meta-llama/Llama-3.1-8B"
     kwargs = dict(chunk_size=256, local_cpu=False, max_local_cpu_size=2 * n * CHUNK / 1e9 + 0.5)
     if mode == "plugin":
-        kwargs.update(storage_plugins=["kvfs"], extra_config={
-            "storage_plugin.kvfs.module_path": "kvfs.client.lmcache_backend",
-            "storage_plugin.kvfs.class_name": "KvfsBackend", "kvfs.path": directory,
-            "kvfs.threads": THREADS})
+        kwargs.update(
+            storage_plugins=["kvfs"],
+            extra_config={
+                "storage_plugin.kvfs.module_path": "kvfs.client.lmcache_backend",
+                "storage_plugin.kvfs.class_name": "KvfsBackend",
+                "kvfs.path": directory,
+                "kvfs.threads": THREADS,
+            },
+        )
     else:
-        kwargs.update(local_disk=directory, max_local_disk_size=4 * n * CHUNK / 1e9,
-                      extra_config={"use_odirect": odirect, "disk_io_threads": THREADS})
+        kwargs.update(
+            local_disk=directory,
+            max_local_disk_size=4 * n * CHUNK / 1e9,
+            extra_config={"use_odirect": odirect, "disk_io_threads": THREADS},
+        )
     config = LMCacheEngineConfig.from_defaults(**kwargs)
-    meta = LMCacheMetadata(model_name=model, world_size=1, local_world_size=1, worker_id=0,
-                           local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=KV_SHAPE)
+    meta = LMCacheMetadata(
+        model_name=model,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=KV_SHAPE,
+    )
     PinMonitor.GetOrCreate(config)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -100,21 +115,28 @@ def worker(argv: list[str]) -> None:
         from collections import OrderedDict
 
         from lmcache.v1.storage_backend import storage_plugin_launcher
+
         backends: OrderedDict = OrderedDict()
         storage_plugin_launcher(config, meta, loop, cpu, "cpu", backends)
         backend = backends["kvfs"]
     else:
         from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+
         backend = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
     shape = torch.Size((2, KV_SHAPE[0], 256, KV_SHAPE[3] * KV_SHAPE[4]))
-    keys = [CacheEngineKey(model, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63),
-                           torch.bfloat16) for i in range(n)]
+    keys = [
+        CacheEngineKey(
+            model, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63), torch.bfloat16
+        )
+        for i in range(n)
+    ]
     objs, digests = [], []
     for i in range(n):
         obj = cpu.allocate(shape, torch.bfloat16, MemoryFormat.KV_2LTD)
         g = torch.Generator().manual_seed(i)
-        obj.tensor.view(torch.int16).copy_(torch.randint(-32768, 32767, shape, generator=g,
-                                                         dtype=torch.int16))
+        obj.tensor.view(torch.int16).copy_(
+            torch.randint(-32768, 32767, shape, generator=g, dtype=torch.int16)
+        )
         digests.append(xxhash.xxh3_64_intdigest(obj.byte_array))
         objs.append(obj)
     t = time.perf_counter()
@@ -126,14 +148,17 @@ def worker(argv: list[str]) -> None:
     for obj in objs:
         obj.ref_count_down()
     print("STORED " + json.dumps({"store_s": store_s}), flush=True)
-    sys.stdin.readline()                       # the parent dropped the caches
+    sys.stdin.readline()  # the parent dropped the caches
     t = time.perf_counter()
     got = backend.batched_get_blocking(keys)
     read_s = time.perf_counter() - t
-    exact = sum(1 for o, d in zip(got, digests)
-                if o is not None and xxhash.xxh3_64_intdigest(o.byte_array) == d)
+    exact = sum(
+        1
+        for o, d in zip(got, digests)
+        if o is not None and xxhash.xxh3_64_intdigest(o.byte_array) == d
+    )
     print("READ " + json.dumps({"read_s": read_s, "exact": exact}), flush=True)
-    os._exit(0)                                # LMCache leaves non-daemon workers behind
+    os._exit(0)  # LMCache leaves non-daemon workers behind
 
 
 # --- the harness -----------------------------------------------------------------------------
@@ -144,9 +169,21 @@ def drop_page_cache() -> None:
 
 
 def run_lmcache(mode: str, directory: Path, n: int, odirect: bool, group, drop) -> dict:
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", mode, str(directory), str(n),
-                             "1" if odirect else "0"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            mode,
+            str(directory),
+            str(n),
+            "1" if odirect else "0",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
     if group is not None:
         group.add(proc.pid)
     out: dict = {}
@@ -163,8 +200,9 @@ def run_lmcache(mode: str, directory: Path, n: int, odirect: bool, group, drop) 
     finally:
         proc.wait(60)
     if out.get("exact") != n:
-        raise RuntimeError(f"{mode} on {directory}: {out.get('exact')} of {n} chunks read back "
-                           f"bit-exact ({out})")
+        raise RuntimeError(
+            f"{mode} on {directory}: {out.get('exact')} of {n} chunks read back bit-exact ({out})"
+        )
     out["read_gbps"] = n * CHUNK / out["read_s"] / 1e9
     out["store_gbps"] = n * CHUNK / out["store_s"] / 1e9
     return out
@@ -174,26 +212,38 @@ def run_ext4(tmp: Path, n: int, bps, odirect: bool, raid0: bool = False) -> dict
     """LMCache's local_disk on ext4: on one device, or (`raid0`) on a RAID-0 of 4 devices at
     `bps` each (testing/emulate.py's ext4_on_raid0: dm-stripe, or its stand-in)."""
     size = n * CHUNK + 512 * MiB
-    with Emulation(f"{size // MiB + 1024}m") as emu, \
-            (ext4_on_raid0(emu, tmp, "raid0", 4, size, bps) if raid0 else
-             ext4_on_loop(emu, tmp, "ext4", size, bps)) as setup:
+    with (
+        Emulation(f"{size // MiB + 1024}m") as emu,
+        (
+            ext4_on_raid0(emu, tmp, "raid0", 4, size, bps)
+            if raid0
+            else ext4_on_loop(emu, tmp, "ext4", size, bps)
+        ) as setup,
+    ):
         (setup.root / "lmcache").mkdir()
-        out = run_lmcache("local_disk", setup.root / "lmcache", n, odirect, setup.group,
-                          drop_page_cache)
+        out = run_lmcache(
+            "local_disk", setup.root / "lmcache", n, odirect, setup.group, drop_page_cache
+        )
         if raid0:
             out["raid0"] = setup.raid0
         return out
 
 
-def run_kvfs(tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk",
-             fresh_memory: bool = False) -> dict:
+def run_kvfs(
+    tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk", fresh_memory: bool = False
+) -> dict:
     from kvfs.cli import main as kvfs_main
     from testing.mount import MountedKvfs, write_config
+
     per_ns = n * CHUNK // 4 + 256 * MiB
     with Emulation(f"{4 * per_ns // MiB + 512}m") as emu:
         devs = [emu.loop(f"ns{i}", per_ns) for i in range(4)]
-        cfg = write_config(tmp / "kvfs.toml", tmp / "state", [{"path": d.path} for d in devs],
-                           dram=f"{n * CHUNK // MiB + 512}MiB")
+        cfg = write_config(
+            tmp / "kvfs.toml",
+            tmp / "state",
+            [{"path": d.path} for d in devs],
+            dram=f"{n * CHUNK // MiB + 512}MiB",
+        )
         with contextlib.redirect_stdout(io.StringIO()):
             if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
                 raise RuntimeError("kvfs format failed")
@@ -208,12 +258,14 @@ def run_kvfs(tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk",
             def drop() -> None:
                 m.control("drop_dram", {"memory": True} if fresh_memory else None)
                 drop_page_cache()
+
             out = run_lmcache(mode, m.mountpoint / "lmcache", n, odirect, group, drop)
             st = m.stats()
             out["passthrough"] = st["data_path"]["passthrough"]
             out["memory"] = st["data_path"]["memory"]
             out["prefetch"] = st.get("prefetch")
         import shutil
+
         shutil.rmtree(tmp / "state", ignore_errors=True)
         return out
 
@@ -228,16 +280,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speeds", default="throttled,gbps1,fast")
     ap.add_argument("--no-nodirect", action="store_true", help="skip the use_odirect: false rows")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; ratios are their medians")
-    ap.add_argument("--fresh-memory", action="store_true",
-                    help="kvfs gives the dropped blocks' memory back before the cold read")
+    ap.add_argument(
+        "--fresh-memory",
+        action="store_true",
+        help="kvfs gives the dropped blocks' memory back before the cold read",
+    )
     args = parse(ap, argv)
     speeds = [s for s in args.speeds.split(",") if s]
     n = args.chunks
     warm_memory(min(16, 6 * n * CHUNK / (1 << 30) + 2))
     rows: dict[str, dict] = {}
     rounds: dict[str, list[float]] = {}
-    out: dict = {"chunks": n, "chunk_bytes": CHUNK, "threads": THREADS, "repeat": args.repeat,
-                 "fresh_memory": args.fresh_memory}
+    out: dict = {
+        "chunks": n,
+        "chunk_bytes": CHUNK,
+        "threads": THREADS,
+        "repeat": args.repeat,
+        "fresh_memory": args.fresh_memory,
+    }
 
     def ratio(key: str, value: float) -> None:
         rounds.setdefault(key, []).append(value)
@@ -249,12 +309,12 @@ def main(argv: list[str] | None = None) -> int:
                 bps = SPEEDS[speed]
                 for odirect in (True,) if args.no_nodirect else (True, False):
                     tag = "" if odirect else "_nodirect"
-                    r0 = rows[f"{speed}{tag} raid0"] = run_ext4(tmp, n, bps, odirect,
-                                                                raid0=True)
+                    r0 = rows[f"{speed}{tag} raid0"] = run_ext4(tmp, n, bps, odirect, raid0=True)
                     out["raid0"] = r0.pop("raid0")
                     e = rows[f"{speed}{tag} ext4"] = run_ext4(tmp, n, bps, odirect)
-                    k = rows[f"{speed}{tag} kvfs"] = run_kvfs(tmp, n, bps, odirect,
-                                                              fresh_memory=args.fresh_memory)
+                    k = rows[f"{speed}{tag} kvfs"] = run_kvfs(
+                        tmp, n, bps, odirect, fresh_memory=args.fresh_memory
+                    )
                     for base, b in (("raid0", r0), ("ext4", e)):
                         ratio(f"{speed}_read_vs_{base}{tag}", k["read_gbps"] / b["read_gbps"])
                         ratio(f"{speed}_store_vs_{base}{tag}", b["store_s"] / k["store_s"])
@@ -267,13 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     for key, vs in rounds.items():
         out[key] = round(statistics.median(vs), 3)
     out["ratios_range"] = {k: [round(min(v), 3), round(max(v), 3)] for k, v in rounds.items()}
-    out["rows"] = {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv)
-                       for kk, vv in v.items()} for k, v in rows.items()}
+    out["rows"] = {
+        k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+        for k, v in rows.items()
+    }
     if args.json:
         print(dumps(out))
         return 0
-    print(f"LMCache 0.5.6, {n} chunks of 32 MiB, {THREADS} disk threads; kvfs on 4 namespaces, "
-          f"raid0: {out.get('raid0')}, ext4 on 1; reads cold (page cache and kvfs DRAM dropped)")
+    print(
+        f"LMCache 0.5.6, {n} chunks of 32 MiB, {THREADS} disk threads; kvfs on 4 namespaces, "
+        f"raid0: {out.get('raid0')}, ext4 on 1; reads cold (page cache and kvfs DRAM dropped)"
+    )
     print(f"{'run (the last round)':<26}{'store GB/s':>11}{'read GB/s':>11}")
     for name, r in rows.items():
         print(f"{name:<26}{r['store_gbps']:>11.2f}{r['read_gbps']:>11.2f}")

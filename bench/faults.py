@@ -61,8 +61,11 @@ def log_lines(m: MountedKvfs, *needles: str) -> list[str]:
         text = m.log.read_text(errors="replace")
     except OSError:
         return []
-    return [ln for ln in text.splitlines()
-            if (" ERROR " in ln or " WARNING " in ln) and all(n in ln for n in needles)]
+    return [
+        ln
+        for ln in text.splitlines()
+        if (" ERROR " in ln or " WARNING " in ln) and all(n in ln for n in needles)
+    ]
 
 
 def doctor(mount: Path | None = None, config: Path | None = None) -> list[str]:
@@ -77,8 +80,11 @@ def doctor(mount: Path | None = None, config: Path | None = None) -> list[str]:
         found = json.loads(r.stdout)["findings"]
     except (ValueError, KeyError):
         return [f"FAIL doctor: no report ({r.returncode}): {r.stderr.strip()[-300:]}"]
-    return [f"{f['status'].upper()} {f['check']}: {f['detail']}" for f in found
-            if f["status"] in ("fail", "warn")]
+    return [
+        f"{f['status'].upper()} {f['check']}: {f['detail']}"
+        for f in found
+        if f["status"] in ("fail", "warn")
+    ]
 
 
 def serving(m: MountedKvfs, name: str = "probe") -> bool:
@@ -109,11 +115,21 @@ def namespaces_of(path: Path) -> set[int]:
     return {u[0] for u in lay["unit_map"]}
 
 
-def formatted(tmp: Path, paths: list[str], *, dram: str = "64MiB", pool: str = "",
-              extra: str = "", queue_depth: int | None = None) -> Path:
+def formatted(
+    tmp: Path,
+    paths: list[str],
+    *,
+    dram: str = "64MiB",
+    pool: str = "",
+    extra: str = "",
+    queue_depth: int | None = None,
+) -> Path:
     from kvfs.cli import main as kvfs_main
-    nss = [{"path": p} if queue_depth is None else {"path": p, "queue_depth": queue_depth}
-           for p in paths]
+
+    nss = [
+        {"path": p} if queue_depth is None else {"path": p, "queue_depth": queue_depth}
+        for p in paths
+    ]
     cfg = write_config(tmp / "k.toml", tmp / "state", nss, dram=dram, pool=pool, extra=extra)
     with contextlib.redirect_stdout(io.StringIO()):
         assert kvfs_main(["format", "--config", str(cfg)]) == 0
@@ -126,7 +142,7 @@ def singles(m: MountedKvfs, n: int = 6) -> dict[str, bytes]:
     for i in range(n):
         out[f"s{i}"] = os.urandom(4096 + i)
         (m.mountpoint / f"s{i}").write_bytes(out[f"s{i}"])
-    m.sync()                      # in the pool (durability "fsync": written back now)
+    m.sync()  # in the pool (durability "fsync": written back now)
     return out
 
 
@@ -169,13 +185,14 @@ def shrink(tmp: Path, phase: str) -> dict:
                 m.sync()
                 m.drop_caches()
             group = emu.cgroup("kvfs-fault")
-            for d in devs:                        # about 2 s for the big block's I/O
+            for d in devs:  # about 2 s for the big block's I/O
                 group.limit(d, read_bps=12e6, write_bps=12e6)
             group.add(m.pid)
             key = "bytes_written" if phase == "write" else "bytes_read"
 
-            def moved() -> int:              # bytes the namespaces moved (counted per I/O)
+            def moved() -> int:  # bytes the namespaces moved (counted per I/O)
                 return sum(n[key] for n in m.stats()["namespaces"])
+
             before = moved()
             got: dict = {}
 
@@ -189,7 +206,9 @@ def shrink(tmp: Path, phase: str) -> dict:
                         src.write_bytes(big)
                         r = subprocess.run(
                             [sys.executable, "-c", _COPY, str(src), str(m.mountpoint / "big")],
-                            capture_output=True, text=True)
+                            capture_output=True,
+                            text=True,
+                        )
                         if r.returncode:
                             raise OSError(int(r.stdout.strip() or errno.EIO), r.stderr.strip())
                     else:
@@ -200,46 +219,59 @@ def shrink(tmp: Path, phase: str) -> dict:
 
             t = threading.Thread(target=client)
             t.start()
-            wait_until(lambda: moved() > before + 2 * MiB or not t.is_alive(), 60,
-                       f"the {phase} to reach the namespaces")
+            wait_until(
+                lambda: moved() > before + 2 * MiB or not t.is_alive(),
+                60,
+                f"the {phase} to reach the namespaces",
+            )
             in_flight = t.is_alive()
             devs[1].end_at(MiB)
             t.join(120)
             group.remove()
-            out = {"scenario": f"shrink_mid_{phase}", "client_errno": got.get("errno"),
-                   "in_flight_when_shrunk": in_flight}
+            out = {
+                "scenario": f"shrink_mid_{phase}",
+                "client_errno": got.get("errno"),
+                "in_flight_when_shrunk": in_flight,
+            }
             out["log"] = log_lines(m, "marking the namespace failed")
             m.drop_caches()
             affected = {}
             for name, data in small.items():
                 on_ns1 = 1 in namespaces_of(m.mountpoint / name)
-                affected[name] = {"on_failed_namespace": on_ns1,
-                                  "read": read_errno(m.mountpoint / name, data)}
+                affected[name] = {
+                    "on_failed_namespace": on_ns1,
+                    "read": read_errno(m.mountpoint / name, data),
+                }
             out["small_files"] = affected
-            out["others_ok"] = all(v["read"] is None for v in affected.values()
-                                   if not v["on_failed_namespace"])
-            out["affected_fail_with"] = sorted({v["read"] for v in affected.values()
-                                               if v["on_failed_namespace"]} - {None})
+            out["others_ok"] = all(
+                v["read"] is None for v in affected.values() if not v["on_failed_namespace"]
+            )
+            out["affected_fail_with"] = sorted(
+                {v["read"] for v in affected.values() if v["on_failed_namespace"]} - {None}
+            )
             out["namespace_states"] = [n["state"] for n in m.stats()["namespaces"]]
             out["log_ok_again"] = log_lines(m, "I/O succeeds again")
             out["serving"] = serving(m, "after")
             out["doctor"] = doctor(m.mountpoint)
             m.stop()
-            devs[1].end_at(None)                           # the device comes back
+            devs[1].end_at(None)  # the device comes back
             m.start()
             m.drop_caches()
             out["after_remount"] = {
                 "namespace_states": [n["state"] for n in m.stats()["namespaces"]],
                 "small_files": {n: read_errno(m.mountpoint / n, d) for n, d in small.items()},
-                "big": read_errno(m.mountpoint / "big", big) if (m.mountpoint / "big").exists()
+                "big": read_errno(m.mountpoint / "big", big)
+                if (m.mountpoint / "big").exists()
                 else "ENOENT",
-                "after": read_errno(m.mountpoint / "after")}
+                "after": read_errno(m.mountpoint / "after"),
+            }
             ar = out["after_remount"]
-            out["recovered"] = (all(s == "ok" for s in ar["namespace_states"]) and
-                                all(v is None for v in ar["small_files"].values()) and
-                                ar["after"] is None and
-                                (ar["big"] is None if phase == "read" else
-                                 ar["big"] in (None, "ENOENT")))
+            out["recovered"] = (
+                all(s == "ok" for s in ar["namespace_states"])
+                and all(v is None for v in ar["small_files"].values())
+                and ar["after"] is None
+                and (ar["big"] is None if phase == "read" else ar["big"] in (None, "ENOENT"))
+            )
             return out
         finally:
             m.stop()
@@ -265,14 +297,20 @@ def detached(tmp: Path) -> dict:
             (m.mountpoint / "f").write_bytes(data)
             devs[1].detach()
             m.drop_caches()
-            out = {"scenario": "detached", "read_while_mounted": read_errno(m.mountpoint / "f",
-                                                                           data),
-                   "serving": serving(m)}
+            out = {
+                "scenario": "detached",
+                "read_while_mounted": read_errno(m.mountpoint / "f", data),
+                "serving": serving(m),
+            }
             m.stop()
             (tmp / "mnt2").mkdir()
-            r = subprocess.run([sys.executable, "-m", "kvfs", "mount", str(tmp / "mnt2"),
-                                "--config", str(cfg)], capture_output=True, text=True,
-                               cwd=ROOT, timeout=120)
+            r = subprocess.run(
+                [sys.executable, "-m", "kvfs", "mount", str(tmp / "mnt2"), "--config", str(cfg)],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=120,
+            )
             out["remount_status"] = r.returncode
             out["remount_error"] = r.stderr.strip()
             out["doctor"] = doctor(config=cfg)
@@ -287,9 +325,13 @@ def detached(tmp: Path) -> dict:
 
 # --- a full pool: writers racing eviction ---------------------------------------------------------
 def enospc(tmp: Path, evict: str, writers: int = 8, files: int = 24) -> dict:
-    cfg = write_config(tmp / "k.toml", tmp / "state",
-                       [{"path": str(tmp / f"ns{i}.img"), "size": "24MiB"} for i in range(2)],
-                       dram="16MiB", pool=f'evict = "{evict}"')
+    cfg = write_config(
+        tmp / "k.toml",
+        tmp / "state",
+        [{"path": str(tmp / f"ns{i}.img"), "size": "24MiB"} for i in range(2)],
+        dram="16MiB",
+        pool=f'evict = "{evict}"',
+    )
     m = start(tmp, cfg)
     try:
         errors: dict[str, int] = {}
@@ -314,7 +356,7 @@ def enospc(tmp: Path, evict: str, writers: int = 8, files: int = 24) -> dict:
             t.start()
         for t in ts:
             t.join()
-        m.sync()            # (durability "fsync": what closed is written back, its space used)
+        m.sync()  # (durability "fsync": what closed is written back, its space used)
         st = m.stats()["tiers"]["pool"]
         m.drop_caches()
         present = os.listdir(m.mountpoint)
@@ -325,15 +367,22 @@ def enospc(tmp: Path, evict: str, writers: int = 8, files: int = 24) -> dict:
                 reads[r or "ok"] = reads.get(r or "ok", 0) + 1
         # a new file whose write or commit failed is gone (not an empty or partial file)
         failed_present = sorted(n for n in present if n not in closed)
-        out = {"scenario": f"enospc_{evict}", "writes": writers * files,
-               "closed_ok": len(closed), "client_errnos": errors,
-               "evictions": st["evictions"], "reserved_after": st["reserved"],
-               "used_after": st["used"], "capacity": st["capacity"],
-               "present": len(present), "reads_of_present": reads,
-               "failed_present": failed_present,
-               "log": log_lines(m, "pool is full")[:3] + log_lines(m, "Traceback"),
-               "traceback": "Traceback" in m.log.read_text(errors="replace")}
-        if evict == "never":            # a full pool is the point: make room first
+        out = {
+            "scenario": f"enospc_{evict}",
+            "writes": writers * files,
+            "closed_ok": len(closed),
+            "client_errnos": errors,
+            "evictions": st["evictions"],
+            "reserved_after": st["reserved"],
+            "used_after": st["used"],
+            "capacity": st["capacity"],
+            "present": len(present),
+            "reads_of_present": reads,
+            "failed_present": failed_present,
+            "log": log_lines(m, "pool is full")[:3] + log_lines(m, "Traceback"),
+            "traceback": "Traceback" in m.log.read_text(errors="replace"),
+        }
+        if evict == "never":  # a full pool is the point: make room first
             for n in present:
                 if n not in closed and n.startswith("w"):
                     os.unlink(m.mountpoint / n)
@@ -344,8 +393,11 @@ def enospc(tmp: Path, evict: str, writers: int = 8, files: int = 24) -> dict:
         out["doctor"] = doctor(m.mountpoint)
         m.stop()
         m.start()
-        out["recovered"] = all(read_errno(m.mountpoint / n, closed[n]) is None
-                               for n in os.listdir(m.mountpoint) if n in closed)
+        out["recovered"] = all(
+            read_errno(m.mountpoint / n, closed[n]) is None
+            for n in os.listdir(m.mountpoint)
+            if n in closed
+        )
         return out
     finally:
         m.stop()
@@ -363,18 +415,18 @@ def enospc_never(tmp: Path) -> dict:
 def state_dir_full(tmp: Path) -> dict:
     sd = tmp / "state"
     sd.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "kvfs-fault-sd", str(sd)],
-                   check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "kvfs-fault-sd", str(sd)], check=True)
     try:
-        cfg = write_config(tmp / "k.toml", sd, [{"path": str(tmp / "ns0.img"),
-                                                 "size": "64MiB"}], dram="32MiB")
+        cfg = write_config(
+            tmp / "k.toml", sd, [{"path": str(tmp / "ns0.img"), "size": "64MiB"}], dram="32MiB"
+        )
         m = start(tmp, cfg)
         try:
             before = {f"b{i}": os.urandom(100_000 + i) for i in range(3)}
             for n, d in before.items():
                 (m.mountpoint / n).write_bytes(d)
-            m.sync()                  # (durability "fsync": committed before the disk fills)
-            with open(sd / "filler", "wb") as f:          # the disk fills up
+            m.sync()  # (durability "fsync": committed before the disk fills)
+            with open(sd / "filler", "wb") as f:  # the disk fills up
                 with contextlib.suppress(OSError):
                     while True:
                         f.write(bytes(65536))
@@ -400,18 +452,21 @@ def state_dir_full(tmp: Path) -> dict:
             out["new_file_reads"] = read_errno(m.mountpoint / "new")
             out["log"] = log_lines(m, "catalog", "a write failed")
             m.drop_caches()
-            out["others_ok"] = all(read_errno(m.mountpoint / n, d) is None
-                                   for n, d in before.items())
+            out["others_ok"] = all(
+                read_errno(m.mountpoint / n, d) is None for n, d in before.items()
+            )
             out["serving_reads"] = bool(os.listdir(m.mountpoint))
             out["catalog_error"] = m.stats()["catalog"]["error"]
             out["doctor"] = doctor(m.mountpoint)
-            (sd / "filler").unlink()                     # space again: a remount recovers
+            (sd / "filler").unlink()  # space again: a remount recovers
             m.stop()
             m.start()
             out["after_remount"] = {
                 "files": sorted(os.listdir(m.mountpoint)),
-                "before_ok": all(read_errno(m.mountpoint / n, d) is None
-                                 for n, d in before.items())}
+                "before_ok": all(
+                    read_errno(m.mountpoint / n, d) is None for n, d in before.items()
+                ),
+            }
             out["recovered"] = out["after_remount"]["before_ok"] and serving(m)
             return out
         finally:
@@ -424,8 +479,7 @@ def state_dir_full(tmp: Path) -> dict:
 def slow_namespace(tmp: Path) -> dict:
     with Emulation("1g") as emu:
         devs = [emu.loop(f"ns{i}", 128 * MiB) for i in range(4)]
-        cfg = formatted(tmp, [d.path for d in devs], pool='stripe_unit = "256KiB"',
-                        dram="32MiB")
+        cfg = formatted(tmp, [d.path for d in devs], pool='stripe_unit = "256KiB"', dram="32MiB")
         m = start(tmp, cfg)
         try:
             group = emu.cgroup("kvfs-slow")
@@ -448,8 +502,7 @@ def slow_namespace(tmp: Path) -> dict:
             m.drop_caches()
             group.limit(devs[3], read_bps=1e6, write_bps=6e6)
             done = threading.Event()
-            t = threading.Thread(target=lambda: ((m.mountpoint / slow).read_bytes(),
-                                                 done.set()))
+            t = threading.Thread(target=lambda: ((m.mountpoint / slow).read_bytes(), done.set()))
             t.start()
             served = 0
             while not done.is_set() and served < 5:
@@ -462,19 +515,25 @@ def slow_namespace(tmp: Path) -> dict:
             m.drop_caches()
             bad = [n for n, d in blocks.items() if read_errno(m.mountpoint / n, d) is not None]
             st = m.stats()
-            out = {"scenario": "slow_namespace", "client_errnos": errs, "bad_reads": bad,
-                   "served_during_slow_read": served,
-                   "slow_read_finished_first": slow_read_finished_first,
-                   "placement_weights": st["tiers"]["pool"]["placement_weights"],
-                   "rate_mbps": [round(n["rate_bps"] / 1e6, 1) for n in st["namespaces"]],
-                   "namespace_states": [n["state"] for n in st["namespaces"]],
-                   "doctor": doctor(m.mountpoint), "serving": serving(m)}
+            out = {
+                "scenario": "slow_namespace",
+                "client_errnos": errs,
+                "bad_reads": bad,
+                "served_during_slow_read": served,
+                "slow_read_finished_first": slow_read_finished_first,
+                "placement_weights": st["tiers"]["pool"]["placement_weights"],
+                "rate_mbps": [round(n["rate_bps"] / 1e6, 1) for n in st["namespaces"]],
+                "namespace_states": [n["state"] for n in st["namespaces"]],
+                "doctor": doctor(m.mountpoint),
+                "serving": serving(m),
+            }
             group.remove()
             m.stop()
             m.start()
             out["doctor_after_remount"] = doctor(m.mountpoint)
-            out["recovered"] = all(read_errno(m.mountpoint / n, d) is None
-                                   for n, d in blocks.items())
+            out["recovered"] = all(
+                read_errno(m.mountpoint / n, d) is None for n, d in blocks.items()
+            )
             return out
         finally:
             m.stop()
@@ -482,8 +541,8 @@ def slow_namespace(tmp: Path) -> dict:
 
 # --- a device that fills or stalls, and heals, while writers want their files durable -----------
 KiB = 1 << 10
-FAULT_SECONDS = 12.0          # how long a stall lasts (a fill lasts until the writers are done):
-                              # longer than the I/O deadline (io_timeout_ms, 5 s)
+FAULT_SECONDS = 12.0  # how long a stall lasts (a fill lasts until the writers are done):
+# longer than the I/O deadline (io_timeout_ms, 5 s)
 
 
 def _durable_write(path: Path, data: bytes, calls: list) -> str | None:
@@ -534,18 +593,20 @@ def device_fault(tmp: Path, kind: str) -> dict:
     previous version after its write-back failed), recovery_s (the fault healed -> a new
     file written, fsync'd and read back cold) and longest_call_s."""
     with Emulation("2g") as emu:
-        shared = emu.tmpfs("small", "200m" if kind == "fill_one" else "420m") \
-            if kind.startswith("fill") else None
+        shared = (
+            emu.tmpfs("small", "200m" if kind == "fill_one" else "420m")
+            if kind.startswith("fill")
+            else None
+        )
         roots = {"fill_one": [None, shared, None], "fill_all": [shared] * 3}.get(kind, [None] * 3)
         devs = [emu.loop(f"ns{i}", 128 * MiB, roots[i]) for i in range(3)]
-        cfg = formatted(tmp, [d.path for d in devs], dram="96MiB",
-                        pool='stripe_unit = "256KiB"')
+        cfg = formatted(tmp, [d.path for d in devs], dram="96MiB", pool='stripe_unit = "256KiB"')
         m = start(tmp, cfg)
         out: dict = {"scenario": kind, "durability": m.durability}
         calls: list[float] = []
-        expect: dict[str, bytes] = {}        # what an fsync returned 0 for
-        before: dict[str, bytes] = {}        # what a file held before the fault
-        failed: dict[str, bytes] = {}        # written during the fault, fsync failed
+        expect: dict[str, bytes] = {}  # what an fsync returned 0 for
+        before: dict[str, bytes] = {}  # what a file held before the fault
+        failed: dict[str, bytes] = {}  # written during the fault, fsync failed
         try:
             for i in range(6):
                 data = os.urandom(256 * KiB + i)
@@ -566,6 +627,7 @@ def device_fault(tmp: Path, kind: str) -> dict:
                 def heal() -> None:
                     group.remove()
                     healed_at.append(time.monotonic())
+
                 timer = threading.Timer(FAULT_SECONDS, heal)
                 timer.start()
             else:
@@ -599,6 +661,7 @@ def device_fault(tmp: Path, kind: str) -> dict:
                         else:
                             failed[name] = data
                             errs[name] = e
+
             threads = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
             for th in threads:
                 th.start()
@@ -662,7 +725,7 @@ def device_fault(tmp: Path, kind: str) -> dict:
                 time.sleep(0.2)
             out["daemon_deaths"] = 0 if m.proc.poll() is None else 1
             out["longest_call_s"] = round(max(calls), 2)
-            out["io_timeout_s"] = 5.0           # (the default: not set in this config)
+            out["io_timeout_s"] = 5.0  # (the default: not set in this config)
             out["timeouts"] = [n["timeouts"] for n in m.stats()["namespaces"]]
 
             def check() -> tuple[list[str], list[str]]:
@@ -670,15 +733,17 @@ def device_fault(tmp: Path, kind: str) -> dict:
                 lost, wrong = [], []
                 for name, data in expect.items():
                     got = read_errno(m.mountpoint / name, data)
-                    if got is not None and not (name in probes_new and
-                                                read_errno(m.mountpoint / name,
-                                                           probes_new[name]) is None):
+                    if got is not None and not (
+                        name in probes_new
+                        and read_errno(m.mountpoint / name, probes_new[name]) is None
+                    ):
                         lost.append(f"{name}: {got}")
                 for name, data in failed.items():
                     p = m.mountpoint / name
                     if p.exists() and read_errno(p, data) is not None:
                         wrong.append(name)
                 return lost, wrong
+
             lost, wrong = check()
             out["exit_status"] = m.stop()
             m.start()
@@ -708,8 +773,11 @@ def stop_after_close(tmp: Path) -> dict:
     """close() returns after FLUSH; the kernel sends RELEASE later (and not at all while a
     duplicate of the descriptor is open, as here): a SIGTERM then must still write back
     what the close accepted."""
-    cfg = write_config(tmp / "k.toml", tmp / "state",
-                       [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(2)])
+    cfg = write_config(
+        tmp / "k.toml",
+        tmp / "state",
+        [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(2)],
+    )
     m = start(tmp, cfg)
     try:
         out = {"scenario": "stop_after_close", "durability": m.durability}
@@ -718,9 +786,9 @@ def stop_after_close(tmp: Path) -> dict:
         for name, d in data.items():
             fd = os.open(m.mountpoint / name, os.O_CREAT | os.O_WRONLY, 0o644)
             os.write(fd, d)
-            kept.append(os.dup(fd))          # no RELEASE while this is open
-            os.close(fd)                     # FLUSH: close() returns 0
-        out["exit_status"] = m.stop()        # SIGTERM
+            kept.append(os.dup(fd))  # no RELEASE while this is open
+            os.close(fd)  # FLUSH: close() returns 0
+        out["exit_status"] = m.stop()  # SIGTERM
         for fd in kept:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -744,8 +812,12 @@ def _flip(path: Path, offset: int, nbytes: int) -> None:
 
 def torn_superblock(tmp: Path) -> dict:
     from kvfs.pool.superblock import SB_SIZE
-    cfg = write_config(tmp / "k.toml", tmp / "state",
-                       [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(3)])
+
+    cfg = write_config(
+        tmp / "k.toml",
+        tmp / "state",
+        [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(3)],
+    )
     m = start(tmp, cfg)
     try:
         data = {f"f{i}": os.urandom(3 * MiB + i) for i in range(4)}
@@ -767,13 +839,17 @@ def torn_superblock(tmp: Path) -> dict:
         # 2. torn in its pool id: the mount is refused, with one line naming it
         _flip(ns1, raw.index(b'"pool_id"') + 14, 6)
         (tmp / "mnt2").mkdir()
-        r = subprocess.run([sys.executable, "-m", "kvfs", "mount", str(tmp / "mnt2"),
-                            "--config", str(cfg)], capture_output=True, text=True, cwd=ROOT,
-                           timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "kvfs", "mount", str(tmp / "mnt2"), "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         out["refused_status"] = r.returncode
         out["refused_error"] = r.stderr.strip()
         out["doctor_refused"] = doctor(config=cfg)
-        _flip(ns1, raw.index(b'"pool_id"') + 14, 6)       # the bytes restored
+        _flip(ns1, raw.index(b'"pool_id"') + 14, 6)  # the bytes restored
         m.start()
         m.drop_caches()
         out["recovered"] = all(read_errno(m.mountpoint / n, d) is None for n, d in data.items())
@@ -784,9 +860,12 @@ def torn_superblock(tmp: Path) -> dict:
 
 
 def truncated_wal(tmp: Path) -> dict:
-    cfg = write_config(tmp / "k.toml", tmp / "state",
-                       [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(2)],
-                       dram="32MiB")
+    cfg = write_config(
+        tmp / "k.toml",
+        tmp / "state",
+        [{"path": str(tmp / f"ns{i}.img"), "size": "64MiB"} for i in range(2)],
+        dram="32MiB",
+    )
     m = start(tmp, cfg)
     try:
         durability = m.durability
@@ -796,15 +875,18 @@ def truncated_wal(tmp: Path) -> dict:
         for i, (n, d) in enumerate(data.items()):
             (m.mountpoint / n).write_bytes(d)
             if durability == "close" and i == 9 or durability == "fsync" and i in (9, 19):
-                m.sync()          # (durability "fsync": the files' transactions, now)
-                kept_at = kept_at or wal.stat().st_size       # the log after f00-f09
+                m.sync()  # (durability "fsync": the files' transactions, now)
+                kept_at = kept_at or wal.stat().st_size  # the log after f00-f09
         free_before_kill = os.statvfs(m.mountpoint).f_bfree
-        m.kill()                                       # kill -9: the WAL is not checkpointed
+        m.kill()  # kill -9: the WAL is not checkpointed
         size = wal.stat().st_size
-        with open(wal, "r+b") as f:       # cut in the middle of what came after f09
+        with open(wal, "r+b") as f:  # cut in the middle of what came after f09
             f.truncate(kept_at + (size - kept_at) // 2 + 100)
-        out = {"scenario": "truncated_wal", "wal_bytes": size,
-               "doctor_unmounted": doctor(config=cfg)}
+        out = {
+            "scenario": "truncated_wal",
+            "wal_bytes": size,
+            "doctor_unmounted": doctor(config=cfg),
+        }
         m.start()
         out["log"] = log_lines(m, "catalog", "partial frame")
         out["opened_with"] = m.stats()["catalog"]["opened_with"]
@@ -818,17 +900,33 @@ def truncated_wal(tmp: Path) -> dict:
         out["serving"] = serving(m)
         m.stop()
         m.start()
-        out["recovered"] = set(os.listdir(m.mountpoint)) == present | {"probe"} and \
-            m.stats()["catalog"]["opened_with"] is None
+        out["recovered"] = (
+            set(os.listdir(m.mountpoint)) == present | {"probe"}
+            and m.stats()["catalog"]["opened_with"] is None
+        )
         return out
     finally:
         m.stop()
 
 
-SCENARIOS = {f.__name__: f for f in (shrink_mid_write, shrink_mid_read, detached, enospc_lru,
-                                      enospc_never, state_dir_full, slow_namespace,
-                                      fill_one, fill_all, stall, stop_after_close,
-                                      torn_superblock, truncated_wal)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        shrink_mid_write,
+        shrink_mid_read,
+        detached,
+        enospc_lru,
+        enospc_never,
+        state_dir_full,
+        slow_namespace,
+        fill_one,
+        fill_all,
+        stall,
+        stop_after_close,
+        torn_superblock,
+        truncated_wal,
+    )
+}
 
 
 def run(name: str) -> dict:

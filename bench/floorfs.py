@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testing.emulate import drop_kernel_caches
 from testing.mount import wait_until
 
-ATTR_TIMEOUT = 30.0      # kvfs's default mount.attr_timeout (one node)
-IDLE_TASKS = 32          # as kvfs/daemon.py
+ATTR_TIMEOUT = 30.0  # kvfs's default mount.attr_timeout (one node)
+IDLE_TASKS = 32  # as kvfs/daemon.py
 
 
 def serve(mountpoint: str) -> None:
@@ -66,8 +66,8 @@ def serve(mountpoint: str) -> None:
 
         def __init__(self, ino: int, mode: int) -> None:
             self.ino, self.mode, self.nlink, self.size = ino, mode, 1, 0
-            self.fd = -1                       # files: the memfd holding the bytes
-            self.backing, self.opens = 0, 0    # passthrough backing id while open
+            self.fd = -1  # files: the memfd holding the bytes
+            self.backing, self.opens = 0, 0  # passthrough backing id while open
             self.mtime_ns = time.time_ns()
             self.children: dict[bytes, int] | None = None
 
@@ -90,7 +90,7 @@ def serve(mountpoint: str) -> None:
             e.st_ino = n.ino
             e.entry_timeout = e.attr_timeout = ATTR_TIMEOUT
             e.st_mode, e.st_nlink = n.mode, n.nlink
-            if n.fd >= 0 and n.opens:            # written by passthrough: the memfd knows
+            if n.fd >= 0 and n.opens:  # written by passthrough: the memfd knows
                 n.size = os.fstat(n.fd).st_size
             e.st_size = n.size
             e.st_blksize = 1 << 20
@@ -120,7 +120,7 @@ def serve(mountpoint: str) -> None:
         async def lookup(self, parent_inode, name, ctx=None):
             self.count("lookup")
             ino = self.nodes[parent_inode].children.get(name)
-            if ino is None:                      # a negative entry, as kvfs on one node
+            if ino is None:  # a negative entry, as kvfs on one node
                 miss = pyfuse3.EntryAttributes()
                 miss.st_ino = 0
                 miss.entry_timeout = ATTR_TIMEOUT
@@ -144,16 +144,21 @@ def serve(mountpoint: str) -> None:
             self.count("create")
             n = self.make(parent_inode, name, stat.S_IFREG | (mode & 0o7777))
             n.fd = os.memfd_create("floor", os.MFD_CLOEXEC)
-            return pyfuse3.FileInfo(fh=n.ino, backing_id=self.bind(n), keep_cache=False), \
-                self.entry(n)
+            return pyfuse3.FileInfo(
+                fh=n.ino, backing_id=self.bind(n), keep_cache=False
+            ), self.entry(n)
 
         async def open(self, inode, flags, ctx):
             self.count("open")
             n = self.nodes[inode]
             if flags & os.O_TRUNC:
                 os.ftruncate(n.fd, 0)
-            return pyfuse3.FileInfo(fh=inode, backing_id=self.bind(n), keep_cache=False,
-                                    noflush=(flags & os.O_ACCMODE) == os.O_RDONLY)
+            return pyfuse3.FileInfo(
+                fh=inode,
+                backing_id=self.bind(n),
+                keep_cache=False,
+                noflush=(flags & os.O_ACCMODE) == os.O_RDONLY,
+            )
 
         async def flush(self, fh, ctx=None):
             self.count("flush")
@@ -202,7 +207,7 @@ def serve(mountpoint: str) -> None:
             del self.nodes[ino]
 
         async def getxattr(self, inode, name, ctx):
-            if name == b"user.floor.requests":       # the bench's statistics: not counted
+            if name == b"user.floor.requests":  # the bench's statistics: not counted
                 return repr(self.requests).encode()
             self.count("getxattr")
             raise pyfuse3.FUSEError(errno.ENODATA)
@@ -212,14 +217,17 @@ def serve(mountpoint: str) -> None:
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
+
             async def stop_on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGTERM) as signals:
                     async for _ in signals:
                         pyfuse3.terminate()
                         return
+
             nursery.start_soon(stop_on_signal)
             await pyfuse3.main(min_tasks=IDLE_TASKS)
             nursery.cancel_scope.cancel()
+
     try:
         trio.run(run)
     finally:
@@ -253,8 +261,9 @@ def floor_mounted(tmp: Path, name: str = "floor"):
     mnt.mkdir()
     proc = subprocess.Popen([sys.executable, __file__, str(mnt)])
     try:
-        wait_until(lambda: proc.poll() is not None or os.path.ismount(mnt),
-                   what="the floor's mount")
+        wait_until(
+            lambda: proc.poll() is not None or os.path.ismount(mnt), what="the floor's mount"
+        )
         if not os.path.ismount(mnt):
             raise RuntimeError("bench/floorfs.py: the floor file system did not mount")
         yield FloorSetup(mnt, proc)

@@ -70,13 +70,25 @@ class ReferenceTmpfs:
         self.root = Path(tempfile.mkdtemp(prefix="kvfs-ref-"))
         self.pages = "4 KiB"
         if huge:
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"huge=within_size,size={size}",
-                                "kvfs-ref", str(self.root)], capture_output=True, check=False)
+            r = subprocess.run(
+                [
+                    "mount",
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    f"huge=within_size,size={size}",
+                    "kvfs-ref",
+                    str(self.root),
+                ],
+                capture_output=True,
+                check=False,
+            )
             if r.returncode == 0:
                 self.pages = "huge"
                 return
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "kvfs-ref",
-                        str(self.root)], check=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "kvfs-ref", str(self.root)], check=True
+        )
 
     def __enter__(self) -> ReferenceTmpfs:
         return self
@@ -97,12 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     total = args.blocks * BLOCK
     results: dict[str, list[float]] = {"tmpfs": [], "dram": [], "pool": [], "pagecache": []}
 
-    with Emulation(f"{(total + 512 * MiB) // MiB}m") as emu, \
-            tempfile.TemporaryDirectory(prefix="kvfs-bench-") as tmp:
+    with (
+        Emulation(f"{(total + 512 * MiB) // MiB}m") as emu,
+        tempfile.TemporaryDirectory(prefix="kvfs-bench-") as tmp,
+    ):
         tmp = Path(tmp)
-        cfg = write_config(tmp / "kvfs.toml", tmp / "state",
-                           [{"path": str(emu.root / "ns0.img"), "size": f"{total // MiB + 256}MiB"}],
-                           dram=f"{total // MiB + 128}MiB")
+        cfg = write_config(
+            tmp / "kvfs.toml",
+            tmp / "state",
+            [{"path": str(emu.root / "ns0.img"), "size": f"{total // MiB + 256}MiB"}],
+            dram=f"{total // MiB + 128}MiB",
+        )
         with MountedKvfs(tmp / "mnt", cfg, tmp / "kvfs.log") as m:
             path = m.stats()["data_path"]
             passthrough = bool(path["passthrough"])
@@ -119,21 +136,21 @@ def main(argv: list[str] | None = None) -> int:
                     (m.mountpoint / f"block{i}.pt").write_bytes(data)
                     kv.append(m.mountpoint / f"block{i}.pt")
                 buf = mmap.mmap(-1, read_size)
-                read_all(ref, read_size, buf)           # warm-up
+                read_all(ref, read_size, buf)  # warm-up
                 for rnd in range(args.rounds):
                     # block by block, tmpfs and kvfs side by side, the order alternating
                     for r, k in zip(ref, kv):
-                        for path_name in (("tmpfs", "dram") if rnd % 2 == 0 else ("dram", "tmpfs")):
+                        for path_name in ("tmpfs", "dram") if rnd % 2 == 0 else ("dram", "tmpfs"):
                             if path_name == "tmpfs":
                                 results["tmpfs"].append(read_all([r], read_size, buf))
                                 continue
-                            read_all([k], read_size, buf)      # resident (the pool rows
-                            drop_page_cache([k])               # of the round before dropped it)
+                            read_all([k], read_size, buf)  # resident (the pool rows
+                            drop_page_cache([k])  # of the round before dropped it)
                             results["dram"].append(read_all([k], read_size, buf))
                             if not passthrough:
                                 results["pagecache"].append(read_all([k], read_size, buf))
-                    for k in (kv if rnd % 2 == 0 else kv[::-1]):    # cold, one block at a time
-                        m.control("drop_dram")     # (also what a read prefetched)
+                    for k in kv if rnd % 2 == 0 else kv[::-1]:  # cold, one block at a time
+                        m.control("drop_dram")  # (also what a read prefetched)
                         drop_page_cache([k])
                         results["pool"].append(read_all([k], read_size, buf))
                 # One block per run, through every path measured, must come back bit-exact
@@ -141,25 +158,34 @@ def main(argv: list[str] | None = None) -> int:
                 read_all(ref[:1], read_size, buf, check)
                 m.control("drop_dram")
                 drop_page_cache(kv[:1])
-                read_all(kv[:1], read_size, buf, check)       # pool
+                read_all(kv[:1], read_size, buf, check)  # pool
                 drop_page_cache(kv[:1])
-                read_all(kv[:1], read_size, buf, check)       # dram
-                read_all(kv[:1], read_size, buf, check)       # page cache, or dram again
+                read_all(kv[:1], read_size, buf, check)  # dram
+                read_all(kv[:1], read_size, buf, check)  # page cache, or dram again
                 stats = m.stats()
                 ref_pages = refdir.pages
 
     gbps = {k: BLOCK / statistics.median(v) / 1e9 for k, v in results.items()}
-    spread = {k: [round(BLOCK / max(v) / 1e9, 3), round(BLOCK / min(v) / 1e9, 3)]
-              for k, v in results.items()}
+    spread = {
+        k: [round(BLOCK / max(v) / 1e9, 3), round(BLOCK / min(v) / 1e9, 3)]
+        for k, v in results.items()
+    }
     out = {
-        "block_bytes": BLOCK, "blocks": args.blocks, "rounds": args.rounds, "read_size": read_size,
-        "samples_per_path": len(results["tmpfs"]), "passthrough": passthrough,
-        "kvfs_memory": path.get("memory"), "reference_pages": ref_pages,
-        "gbps": {k: round(v, 3) for k, v in gbps.items()}, "gbps_range": spread,
+        "block_bytes": BLOCK,
+        "blocks": args.blocks,
+        "rounds": args.rounds,
+        "read_size": read_size,
+        "samples_per_path": len(results["tmpfs"]),
+        "passthrough": passthrough,
+        "kvfs_memory": path.get("memory"),
+        "reference_pages": ref_pages,
+        "gbps": {k: round(v, 3) for k, v in gbps.items()},
+        "gbps_range": spread,
         "dram_vs_tmpfs": round(gbps["dram"] / gbps["tmpfs"], 3),
         "pool_vs_tmpfs": round(gbps["pool"] / gbps["tmpfs"], 3),
-        "pagecache_vs_tmpfs": (round(gbps["pagecache"] / gbps["tmpfs"], 3)
-                               if "pagecache" in gbps else None),
+        "pagecache_vs_tmpfs": (
+            round(gbps["pagecache"] / gbps["tmpfs"], 3) if "pagecache" in gbps else None
+        ),
         "dram_request_hits": stats["store"]["dram_request_hits"],
         # cold reads: one per block and round on the pool path, one per round's first resident
         # read of a block the pool path dropped, and the checks
@@ -168,14 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(dumps(out))
     else:
-        print(f"32 MiB blocks x {args.blocks}, {args.rounds} rounds, {read_size // 1024} KiB reads, "
-              f"one reader on every path, order alternated; median per block [slowest, fastest]; "
-              f"reference tmpfs with {ref_pages} pages, kvfs memory: {path.get('memory')}")
+        print(
+            f"32 MiB blocks x {args.blocks}, {args.rounds} rounds, {read_size // 1024} KiB reads, "
+            f"one reader on every path, order alternated; median per block [slowest, fastest]; "
+            f"reference tmpfs with {ref_pages} pages, kvfs memory: {path.get('memory')}"
+        )
         print(f"{'path':<12}{'GB/s':>8}{'range':>16}{'vs tmpfs':>10}")
         for k in results:
             lo, hi = spread[k]
-            print(f"{k:<12}{gbps[k]:>8.2f}{f'[{lo:.2f}, {hi:.2f}]':>16}"
-                  f"{gbps[k] / gbps['tmpfs']:>10.2f}")
+            print(
+                f"{k:<12}{gbps[k]:>8.2f}{f'[{lo:.2f}, {hi:.2f}]':>16}"
+                f"{gbps[k] / gbps['tmpfs']:>10.2f}"
+            )
         if passthrough:
             print("pagecache: not reported (with passthrough a re-read is the dram path)")
         print(f"dram_vs_tmpfs={out['dram_vs_tmpfs']}  pool_vs_tmpfs={out['pool_vs_tmpfs']}")

@@ -22,8 +22,9 @@ def digest(data) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def read_full(path: Path | str, view: memoryview, expect: int, *, flags: int = 0,
-              check: int | None = None) -> int:
+def read_full(
+    path: Path | str, view: memoryview, expect: int, *, flags: int = 0, check: int | None = None
+) -> int:
     """Read `path` from start to end with len(view)-byte requests into `view`; return the
     bytes read. Raises ShortRead unless exactly `expect` bytes came back, and (with `check`, an
     xxh3-64 digest) unless their digest matches."""

@@ -106,10 +106,10 @@ from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
 from testing.redis_server import RedisServer, read_reply  # noqa: E402
 
 MiB = 1 << 20
-POOL = "scale"                       # [cluster] name of the daemons' pool
-GEN_POOL = "gen"                     # the generator's
+POOL = "scale"  # [cluster] name of the daemons' pool
+GEN_POOL = "gen"  # the generator's
 NAMESPACES = 3
-STRIPE_UNIT = DEFAULT_STRIPE_UNIT    # the pool's (the configs here leave it alone)
+STRIPE_UNIT = DEFAULT_STRIPE_UNIT  # the pool's (the configs here leave it alone)
 # what this bench itself sends to Redis, never a node (commandstats: "xinfo|stream" and so on)
 BENCH_COMMANDS = {"info", "xinfo", "config", "script"}
 SHAS = {hashlib.sha1(text.encode()).hexdigest(): name for name, text in SCRIPTS.all().items()}
@@ -117,6 +117,7 @@ SHAS = {hashlib.sha1(text.encode()).hexdigest(): name for name, text in SCRIPTS.
 
 # ------------------------------------------------------------------------------------------------
 # A blocking Redis connection for the bench's own INFO and XINFO calls (one read event each)
+
 
 class Sync:
     def __init__(self, port: int):
@@ -138,7 +139,7 @@ class Sync:
             k, v = line.split(":", 1)
             if k.startswith("cmdstat_"):
                 f = dict(kv.split("=") for kv in v.split(","))
-                out["cmds"][k[len("cmdstat_"):]] = (int(f["calls"]), float(f["usec"]))
+                out["cmds"][k[len("cmdstat_") :]] = (int(f["calls"]), float(f["usec"]))
             else:
                 out[k] = v
         return out
@@ -156,6 +157,7 @@ class Sync:
 # The counting proxy (its own process): one listening port per node, commands and round trips
 # counted per client connection
 
+
 def _parse_commands(buf: bytearray) -> tuple[list[tuple[bytes, bytes]], int]:
     """Complete RESP commands at the start of `buf`: [(name, first argument)], bytes used."""
     out, pos, n = [], 0, len(buf)
@@ -163,23 +165,23 @@ def _parse_commands(buf: bytearray) -> tuple[list[tuple[bytes, bytes]], int]:
         e = buf.find(b"\r\n", pos)
         if e < 0:
             break
-        if buf[pos] != 42:                               # an inline command (redis-cli style)
+        if buf[pos] != 42:  # an inline command (redis-cli style)
             words = bytes(buf[pos:e]).split()
             out.append((words[0] if words else b"", words[1] if len(words) > 1 else b""))
             pos = e + 2
             continue
-        count, p, args, ok = int(buf[pos + 1:e]), e + 2, [], True
+        count, p, args, ok = int(buf[pos + 1 : e]), e + 2, [], True
         for _ in range(count):
             e = buf.find(b"\r\n", p)
             if e < 0:
                 ok = False
                 break
-            ln = int(buf[p + 1:e])
+            ln = int(buf[p + 1 : e])
             if e + 2 + ln + 2 > n:
                 ok = False
                 break
             if len(args) < 2:
-                args.append(bytes(buf[e + 2:e + 2 + ln]))
+                args.append(bytes(buf[e + 2 : e + 2 + ln]))
             p = e + 2 + ln + 2
         if not ok:
             break
@@ -273,8 +275,9 @@ def _proxy_main(ctl, nodes: int, redis_port: int) -> None:
                 msg = ctl.recv()
                 if msg == "stop":
                     return
-                ctl.send([{"node": r["node"], "rt": r["rt"], "cmds": dict(r["cmds"])}
-                          for r in conns])
+                ctl.send(
+                    [{"node": r["node"], "rt": r["rt"], "cmds": dict(r["cmds"])} for r in conns]
+                )
 
 
 class Proxy:
@@ -306,8 +309,13 @@ class Proxy:
 def proxy_totals(conns: list[dict], nodes: int) -> dict:
     """Per node and in all: round trips and commands of its link (every connection but the
     follower's) and of its follower (the connection that reads the log with XREAD)."""
-    per = [{"link": {"rt": 0, "cmds": collections.Counter()},
-            "follower": {"rt": 0, "cmds": collections.Counter()}} for _ in range(nodes)]
+    per = [
+        {
+            "link": {"rt": 0, "cmds": collections.Counter()},
+            "follower": {"rt": 0, "cmds": collections.Counter()},
+        }
+        for _ in range(nodes)
+    ]
     for c in conns:
         side = per[c["node"]]["follower" if c["cmds"].get("XREAD") else "link"]
         side["rt"] += c["rt"]
@@ -317,6 +325,7 @@ def proxy_totals(conns: list[dict], nodes: int) -> dict:
 
 # ------------------------------------------------------------------------------------------------
 # Snapshots and their differences
+
 
 class Probe:
     """Everything a phase is measured by: Redis's INFO, the proxy's counters, the nodes'
@@ -334,9 +343,16 @@ class Probe:
             nodes = []
             for m in self.mounts:
                 c = m.stats()["cluster"]
-                nodes.append({"redis_calls": c["redis_calls"], "evictions": c["evictions"],
-                              "events": c["events"], "evict_lines": log_evictions(m.log)})
+                nodes.append(
+                    {
+                        "redis_calls": c["redis_calls"],
+                        "evictions": c["evictions"],
+                        "events": c["events"],
+                        "evict_lines": log_evictions(m.log),
+                    }
+                )
             return nodes, [(n["evictions"], n["evict_lines"]) for n in nodes]
+
         for _ in range(50):
             nodes, marks = read()
             proxy = self.proxy.snapshot() if self.proxy else None
@@ -344,7 +360,7 @@ class Probe:
             if read()[1] == marks:
                 break
         snap = {"t": time.monotonic(), "nodes": nodes, "proxy": proxy}
-        snap["info"] = self.sync.info()             # last: its own call is counted in it
+        snap["info"] = self.sync.info()  # last: its own call is counted in it
         snap["bench_calls"] = self.sync.calls
         return snap
 
@@ -362,24 +378,32 @@ class Probe:
 
         def f(info, key):
             return float(info.get(key, 0.0))
+
         cpu = sum(f(ib, k) - f(ia, k) for k in ("used_cpu_sys", "used_cpu_user"))
-        main = sum(f(ib, k) - f(ia, k) for k in ("used_cpu_sys_main_thread",
-                                                  "used_cpu_user_main_thread"))
+        main = sum(
+            f(ib, k) - f(ia, k) for k in ("used_cpu_sys_main_thread", "used_cpu_user_main_thread")
+        )
         out = {
             "seconds": round(b["t"] - a["t"], 3),
             "commands": dict(sorted(cmds.items(), key=lambda kv: -kv[1])),
             "usec": usec,
-            "cpu_s": round(cpu, 4), "cpu_main_s": round(main, 4),
-            "read_events": int(ib["total_reads_processed"]) - int(ia["total_reads_processed"])
+            "cpu_s": round(cpu, 4),
+            "cpu_main_s": round(main, 4),
+            "read_events": int(ib["total_reads_processed"])
+            - int(ia["total_reads_processed"])
             - (b["bench_calls"] - a["bench_calls"]),
-            "redis_calls": sum(y["redis_calls"] - x["redis_calls"]
-                               for x, y in zip(a["nodes"], b["nodes"])),
-            "redis_calls_per_node": [y["redis_calls"] - x["redis_calls"]
-                                     for x, y in zip(a["nodes"], b["nodes"])],
-            "evictions": sum(y["evictions"] - x["evictions"]
-                             for x, y in zip(a["nodes"], b["nodes"])),
-            "evict_log_lines": sum(y["evict_lines"] - x["evict_lines"]
-                                   for x, y in zip(a["nodes"], b["nodes"])),
+            "redis_calls": sum(
+                y["redis_calls"] - x["redis_calls"] for x, y in zip(a["nodes"], b["nodes"])
+            ),
+            "redis_calls_per_node": [
+                y["redis_calls"] - x["redis_calls"] for x, y in zip(a["nodes"], b["nodes"])
+            ],
+            "evictions": sum(
+                y["evictions"] - x["evictions"] for x, y in zip(a["nodes"], b["nodes"])
+            ),
+            "evict_log_lines": sum(
+                y["evict_lines"] - x["evict_lines"] for x, y in zip(a["nodes"], b["nodes"])
+            ),
         }
         if a["proxy"] is not None:
             n = len(self.mounts)
@@ -407,11 +431,16 @@ class Probe:
                 flat[k.split(" ", 1)[0].lower()] += v
             inside = {k: v - flat.get(k, 0) for k, v in cmds.items() if v - flat.get(k, 0)}
             out["proxy"] = {
-                "round_trips_link": link_rt, "round_trips_follower": follower_rt,
+                "round_trips_link": link_rt,
+                "round_trips_follower": follower_rt,
                 "direct": dict(sorted(flat.items(), key=lambda kv: -kv[1])),
                 "evalsha_by_script": dict(sorted(by_script.items(), key=lambda kv: -kv[1])),
-                "follower_direct": dict(sum((collections.Counter(p["follower"]["cmds"])
-                                             for p in per_node), collections.Counter())),
+                "follower_direct": dict(
+                    sum(
+                        (collections.Counter(p["follower"]["cmds"]) for p in per_node),
+                        collections.Counter(),
+                    )
+                ),
                 "in_scripts": dict(sorted(inside.items(), key=lambda kv: -kv[1])),
                 "per_node": per_node,
             }
@@ -456,12 +485,21 @@ def per_op(d: dict, ops: int) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Phase 1: real daemons
 
+
 def node_config(tmp: Path, i: int, url: str, nss: list[dict], args) -> Path:
-    extra = (f'[cluster]\nredis = "{url}"\nnode_id = "node{i}"\nname = "{POOL}"\n'
-             f"grace_seconds = {args.grace}\nlease_seconds = {args.lease}\n"
-             f"regions = {args.regions}\n")
-    return write_config(tmp / f"node{i}.toml", tmp / f"state{i}", nss, dram=args.dram,
-                        extra=extra, pool=f'evict = "{args.evict}"')
+    extra = (
+        f'[cluster]\nredis = "{url}"\nnode_id = "node{i}"\nname = "{POOL}"\n'
+        f"grace_seconds = {args.grace}\nlease_seconds = {args.lease}\n"
+        f"regions = {args.regions}\n"
+    )
+    return write_config(
+        tmp / f"node{i}.toml",
+        tmp / f"state{i}",
+        nss,
+        dram=args.dram,
+        extra=extra,
+        pool=f'evict = "{args.evict}"',
+    )
 
 
 def write_file(path: Path, data: bytes) -> None:
@@ -488,6 +526,7 @@ def run_threads(jobs: list[list], fn) -> tuple[int, int]:
         with lock:
             done[0] += ok
             failed[0] += bad
+
     ts = [threading.Thread(target=work, args=(job,)) for job in jobs if job]
     for t in ts:
         t.start()
@@ -504,8 +543,9 @@ def store_jobs(mounts, names_per_node: list[list[str]], threads: int) -> list[li
     return jobs
 
 
-def settle(sync: Sync, mounts, base: dict, key: str, extra: float = 0.3,
-           timeout: float = 60.0) -> None:
+def settle(
+    sync: Sync, mounts, base: dict, key: str, extra: float = 0.3, timeout: float = 60.0
+) -> None:
     """Persist what every node batches (access times, the chain links its writes taught it:
     kvfs does it every 5 s, kvfs.service.CLUSTER_FLUSH_SECONDS; here at the end of a phase, so
     that each phase pays for its own), then wait until every node's follower has applied
@@ -515,15 +555,19 @@ def settle(sync: Sync, mounts, base: dict, key: str, extra: float = 0.3,
     target = sync.entries_added(key) - base["added"]
 
     def caught_up() -> bool:
-        return all(m.stats()["cluster"]["events"] - e0 >= target
-                   for m, e0 in zip(mounts, base["events"]))
+        return all(
+            m.stats()["cluster"]["events"] - e0 >= target for m, e0 in zip(mounts, base["events"])
+        )
+
     wait_until(caught_up, timeout, "the followers to catch up", interval=0.05)
     time.sleep(extra)
 
 
 def log_base(sync: Sync, mounts, key: str) -> dict:
-    return {"added": sync.entries_added(key),
-            "events": [m.stats()["cluster"]["events"] for m in mounts]}
+    return {
+        "added": sync.entries_added(key),
+        "events": [m.stats()["cluster"]["events"] for m in mounts],
+    }
 
 
 def run_daemons(tmp: Path, args, say) -> dict:
@@ -532,13 +576,15 @@ def run_daemons(tmp: Path, args, say) -> dict:
     stored = stored_length(fsize, STRIPE_UNIT, 0) * unit_count(fsize, STRIPE_UNIT)
     if args.ns_size:
         ns_size = args.ns_size
-    else:                        # the stores fill about 2/3 of the pool
+    else:  # the stores fill about 2/3 of the pool
         need = n * args.files * stored * 3 // 2
         ns_size = max(32 * MiB, -(-need // NAMESPACES // MiB) * MiB + 2 * MiB)
     shared = tmp / "shared"
     shared.mkdir()
-    nss = [{"path": str(shared / f"ns{i}.img"), "size": f"{ns_size // MiB}MiB"}
-           for i in range(NAMESPACES)]
+    nss = [
+        {"path": str(shared / f"ns{i}.img"), "size": f"{ns_size // MiB}MiB"}
+        for i in range(NAMESPACES)
+    ]
     redis = RedisServer(tmp / "redis").start()
     proxy = None
     mounts: list[MountedKvfs] = []
@@ -567,13 +613,18 @@ def run_daemons(tmp: Path, args, say) -> dict:
         base = log_base(sync, mounts, key)
         s0 = probe.snap()
         t = time.monotonic()
-        done, failed = run_threads(store_jobs(mounts, names, args.threads),
-                                   lambda p: write_file(p, data))
+        done, failed = run_threads(
+            store_jobs(mounts, names, args.threads), lambda p: write_file(p, data)
+        )
         store_s = time.monotonic() - t
         settle(sync, mounts, base, key)
         d = probe.diff(s0, probe.snap())
-        d.update(ops=done, failed=failed, files_per_s=round(done / store_s, 1),
-                 store_seconds=round(store_s, 3))
+        d.update(
+            ops=done,
+            failed=failed,
+            files_per_s=round(done / store_s, 1),
+            store_seconds=round(store_s, 3),
+        )
         phases["store"] = d
         say(f"store: {done} files in {store_s:.1f} s ({failed} failed)")
 
@@ -589,16 +640,21 @@ def run_daemons(tmp: Path, args, say) -> dict:
         look = min(args.lookups, args.files)
         for kind in ("hit", "miss"):
             if kind == "hit":
-                jobs = [[m.mountpoint / "d" / nm for nm in names[(i + 1) % n][:look]]
-                        for i, m in enumerate(mounts)]
+                jobs = [
+                    [m.mountpoint / "d" / nm for nm in names[(i + 1) % n][:look]]
+                    for i, m in enumerate(mounts)
+                ]
             else:
-                jobs = [[m.mountpoint / "d" / f"x{i}-{k}" for k in range(look)]
-                        for i, m in enumerate(mounts)]
+                jobs = [
+                    [m.mountpoint / "d" / f"x{i}-{k}" for k in range(look)]
+                    for i, m in enumerate(mounts)
+                ]
             wrong = [0]
 
             def check(p, expect=(kind == "hit")):
                 if p.exists() != expect:
                     wrong[0] += 1
+
             base = log_base(sync, mounts, key)
             s0 = probe.snap()
             t = time.monotonic()
@@ -620,6 +676,7 @@ def run_daemons(tmp: Path, args, say) -> dict:
 
         def evicted() -> int:
             return sum(m.stats()["cluster"]["evictions"] for m in mounts)
+
         cap_files = NAMESPACES * (ns_size - DATA_START) // stored
         fill = 0
         step = max(8, args.threads * 4)
@@ -627,23 +684,30 @@ def run_daemons(tmp: Path, args, say) -> dict:
         t = time.monotonic()
         while evicted() == 0:
             if fill > 2 * cap_files:
-                raise RuntimeError(f"no eviction after storing {fill} more files per node "
-                                   f"(a pool of about {cap_files} files)")
+                raise RuntimeError(
+                    f"no eviction after storing {fill} more files per node "
+                    f"(a pool of about {cap_files} files)"
+                )
             batch(step)
             fill += step
         fill_s = time.monotonic() - t
-        settle(sync, mounts, base, key)           # the fill's links flushed before the window
+        settle(sync, mounts, base, key)  # the fill's links flushed before the window
         say(f"evict: {fill} files per node filled the pool ({fill_s:.1f} s)")
         base = log_base(sync, mounts, key)
         s0 = probe.snap()
         t = time.monotonic()
         done, failed = batch(args.evict_files)
         store_s = time.monotonic() - t
-        time.sleep(args.grace * 1.5 + 0.5)          # the evicted blocks' purges
+        time.sleep(args.grace * 1.5 + 0.5)  # the evicted blocks' purges
         settle(sync, mounts, base, key)
         d = probe.diff(s0, probe.snap())
-        d.update(ops=d["evictions"], stored=done, failed=failed, store_seconds=round(store_s, 3),
-                 fill_files_per_node=fill)
+        d.update(
+            ops=d["evictions"],
+            stored=done,
+            failed=failed,
+            store_seconds=round(store_s, 3),
+            fill_files_per_node=fill,
+        )
         phases["evict"] = d
         say(f"evict: {done} stored ({failed} failed), {d['evictions']} evicted in the window")
         stats = [m.stats()["cluster"] for m in mounts]
@@ -659,11 +723,28 @@ def run_daemons(tmp: Path, args, say) -> dict:
         if sync is not None:
             sync.close()
         redis.stop()
-    return {"nodes": n, "ns_size": ns_size, "pool_files": cap_files, "phases": phases,
-            "node_stats_end": [{k: s.get(k) for k in ("redis_calls", "redis_call_ms", "events",
-                                                       "refreshes", "evictions", "room_waits",
-                                                       "room_wait_seconds", "leases_lost")}
-                               for s in stats]}
+    return {
+        "nodes": n,
+        "ns_size": ns_size,
+        "pool_files": cap_files,
+        "phases": phases,
+        "node_stats_end": [
+            {
+                k: s.get(k)
+                for k in (
+                    "redis_calls",
+                    "redis_call_ms",
+                    "events",
+                    "refreshes",
+                    "evictions",
+                    "room_waits",
+                    "room_wait_seconds",
+                    "leases_lost",
+                )
+            }
+            for s in stats
+        ],
+    }
 
 
 def summarize_daemons(res: dict, args) -> dict:
@@ -680,44 +761,66 @@ def summarize_daemons(res: dict, args) -> dict:
     if "proxy" in idle:
         p = idle["proxy"]
         bg["round_trips_all_per_node_s"] = round(
-            (p["round_trips_link"] + p["round_trips_follower"]) / n / secs, 3)
-        bg["evalsha_by_script_per_node_s"] = {k: round(v / n / secs, 3)
-                                             for k, v in p["evalsha_by_script"].items()}
-        bg["follower_per_node_s"] = {k: round(v / n / secs, 3)
-                                     for k, v in p["follower_direct"].items()}
+            (p["round_trips_link"] + p["round_trips_follower"]) / n / secs, 3
+        )
+        bg["evalsha_by_script_per_node_s"] = {
+            k: round(v / n / secs, 3) for k, v in p["evalsha_by_script"].items()
+        }
+        bg["follower_per_node_s"] = {
+            k: round(v / n / secs, 3) for k, v in p["follower_direct"].items()
+        }
     out = {"background": bg}
     for name in ("store", "lookup_hit", "lookup_miss", "evict"):
         d = ph[name]
         o = per_op(d, d["ops"])
         # the background's share of the phase (the idle rate over the phase's length)
-        o["background_commands"] = round(bg["commands_per_node_s"] * n * d["seconds"]
-                                         / max(1, d["ops"]), 3)
+        o["background_commands"] = round(
+            bg["commands_per_node_s"] * n * d["seconds"] / max(1, d["ops"]), 3
+        )
         out[name] = o
     # the eviction's own cost: the window less what its stores cost in the store phase
     ev, st = ph["evict"], ph["store"]
     if ev["ops"] > 0 and st["ops"] > 0:
         k = ev["stored"] / st["ops"]
-        own = {c: ev["commands"].get(c, 0) - k * st["commands"].get(c, 0)
-               for c in set(ev["commands"]) | set(st["commands"])}
-        own = {c: round(v / ev["ops"], 3) for c, v in sorted(own.items(), key=lambda kv: -kv[1])
-               if abs(v / ev["ops"]) >= 0.005}
-        o = {"commands": round(sum(own.values()), 3), "by_name": own,
-             "round_trips": round((ev["redis_calls"] - k * st["redis_calls"]) / ev["ops"], 3),
-             "redis_cpu_main_ms": round(1000 * (ev["cpu_main_s"] - k * st["cpu_main_s"])
-                                        / ev["ops"], 4),
-             "stores_per_eviction": round(ev["stored"] / ev["ops"], 3)}
+        own = {
+            c: ev["commands"].get(c, 0) - k * st["commands"].get(c, 0)
+            for c in set(ev["commands"]) | set(st["commands"])
+        }
+        own = {
+            c: round(v / ev["ops"], 3)
+            for c, v in sorted(own.items(), key=lambda kv: -kv[1])
+            if abs(v / ev["ops"]) >= 0.005
+        }
+        o = {
+            "commands": round(sum(own.values()), 3),
+            "by_name": own,
+            "round_trips": round((ev["redis_calls"] - k * st["redis_calls"]) / ev["ops"], 3),
+            "redis_cpu_main_ms": round(
+                1000 * (ev["cpu_main_s"] - k * st["cpu_main_s"]) / ev["ops"], 4
+            ),
+            "stores_per_eviction": round(ev["stored"] / ev["ops"], 3),
+        }
         if "proxy" in ev and "proxy" in st:
             pe, ps = ev["proxy"], st["proxy"]
             o["evalsha_by_script"] = {
-                s: round((pe["evalsha_by_script"].get(s, 0)
-                          - k * ps["evalsha_by_script"].get(s, 0)) / ev["ops"], 3)
-                for s in set(pe["evalsha_by_script"]) | set(ps["evalsha_by_script"])}
+                s: round(
+                    (pe["evalsha_by_script"].get(s, 0) - k * ps["evalsha_by_script"].get(s, 0))
+                    / ev["ops"],
+                    3,
+                )
+                for s in set(pe["evalsha_by_script"]) | set(ps["evalsha_by_script"])
+            }
             o["round_trips_follower"] = round(
-                (pe["round_trips_follower"] - k * ps["round_trips_follower"]) / ev["ops"], 3)
+                (pe["round_trips_follower"] - k * ps["round_trips_follower"]) / ev["ops"], 3
+            )
             o["follower_by_name"] = {
-                c: round((pe["follower_direct"].get(c, 0) - k * ps["follower_direct"].get(c, 0))
-                         / ev["ops"], 3)
-                for c in set(pe["follower_direct"]) | set(ps["follower_direct"])}
+                c: round(
+                    (pe["follower_direct"].get(c, 0) - k * ps["follower_direct"].get(c, 0))
+                    / ev["ops"],
+                    3,
+                )
+                for c in set(pe["follower_direct"]) | set(ps["follower_direct"])
+            }
         out["evict_own"] = o
     st = ph["store"]
     files = max(1, st["ops"])
@@ -732,13 +835,15 @@ def summarize_daemons(res: dict, args) -> dict:
         "saturation_files_per_s_process_cpu": round(1000 / cpu_k) if cpu_k else None,
         "nodes_at_rate": round(1000 / main_k / args.rate, 2) if main_k else None,
         "nodes_at_rate_margin": round(args.margin * 1000 / main_k / args.rate, 2)
-        if main_k else None,
+        if main_k
+        else None,
     }
     return out
 
 
 # ------------------------------------------------------------------------------------------------
 # Phase 3: the load generator (worker processes: `--gen-worker SPEC`)
+
 
 class _Incomplete(Exception):
     pass
@@ -750,16 +855,16 @@ def _parse(buf: bytearray, pos: int):
     if e < 0:
         raise _Incomplete
     t = buf[pos]
-    if t == 36:                                          # $
-        n = int(buf[pos + 1:e])
+    if t == 36:  # $
+        n = int(buf[pos + 1 : e])
         if n < 0:
             return None, e + 2
         end = e + 2 + n
         if end + 2 > len(buf):
             raise _Incomplete
-        return bytes(buf[e + 2:end]), end + 2
-    if t == 42:                                          # *
-        n = int(buf[pos + 1:e])
+        return bytes(buf[e + 2 : end]), end + 2
+    if t == 42:  # *
+        n = int(buf[pos + 1 : e])
         pos = e + 2
         if n < 0:
             return None, pos
@@ -768,11 +873,11 @@ def _parse(buf: bytearray, pos: int):
             v, pos = _parse(buf, pos)
             out.append(v)
         return out, pos
-    if t == 45:                                          # -
-        raise RuntimeError(buf[pos + 1:e].decode(errors="replace"))
-    if t == 58:                                          # :
-        return int(buf[pos + 1:e]), e + 2
-    return bytes(buf[pos + 1:e]), e + 2
+    if t == 45:  # -
+        raise RuntimeError(buf[pos + 1 : e].decode(errors="replace"))
+    if t == 58:  # :
+        return int(buf[pos + 1 : e]), e + 2
+    return bytes(buf[pos + 1 : e]), e + 2
 
 
 def _skip(buf: bytearray, pos: int, todo: int) -> tuple[int, int]:
@@ -785,18 +890,18 @@ def _skip(buf: bytearray, pos: int, todo: int) -> tuple[int, int]:
             break
         t = buf[pos]
         if t == 36:
-            ln = int(buf[pos + 1:e])
+            ln = int(buf[pos + 1 : e])
             end = e + 2 + ln + 2 if ln >= 0 else e + 2
             if end > n:
                 break
             pos = end
         elif t == 42:
-            k = int(buf[pos + 1:e])
+            k = int(buf[pos + 1 : e])
             pos = e + 2
             if k > 0:
                 todo += k
         elif t == 45:
-            raise RuntimeError(buf[pos + 1:e].decode(errors="replace"))
+            raise RuntimeError(buf[pos + 1 : e].decode(errors="replace"))
         else:
             pos = e + 2
         todo -= 1
@@ -814,6 +919,7 @@ class RawConn:
     @classmethod
     async def connect(cls, port: int) -> "RawConn":
         import trio
+
         c = cls(await trio.open_tcp_stream("127.0.0.1", port))
         await c.send([("SELECT", 0)])
         await c.skip(1)
@@ -865,19 +971,21 @@ class VNode:
         # this node's own changes of the shared directory (each mknode): in flight, and a
         # sequence number of the last to finish (kvfs: RedisMirror._changing)
         self.in_flight = self.seq = 0
-        self.prev: int | None = None            # the last file this node created
-        self.links: list = []                   # chain links learned, not yet flushed
+        self.prev: int | None = None  # the last file this node created
+        self.links: list = []  # chain links learned, not yet flushed
 
     async def setup(self) -> None:
         import trio
+
         self.caught_up = trio.Event()
         sp = self.spec
         self.bg = await RedisClient.connect(self.url)
         self.epoch = await self.bg.call("INCR", self.P + "epoch")
         self.token = f"gen{self.v}/{self.epoch}/{uuid.uuid4().hex[:8]}"
         cands = [self.v + k * sp["all"] for k in range(64)]
-        got, tail = await self.bg.eval(SCRIPTS.acquire, [self.P],
-                                       [self.token, sp["lease_ms"], *cands])
+        got, tail = await self.bg.eval(
+            SCRIPTS.acquire, [self.P], [self.token, sp["lease_ms"], *cands]
+        )
         if not got:
             raise RuntimeError("the generator found no free region")
         self.region = int(got)
@@ -896,36 +1004,64 @@ class VNode:
         nu = unit_count(size, unit)
         base = DATA_START + self.region * sp["region_size"]
         off = base + (self.counter * stored_length(size, unit, 0)) % sp["region_size"]
-        lay = Layout(size, unit, tuple(k % NAMESPACES for k in range(nu)),
-                     tuple(off + k * unit for k in range(nu)),
-                     tuple(hash((ino, k)) & ((1 << 64) - 1) for k in range(nu)))
-        rec = BlobRec(ino, lay, now)             # the generator's block ids are its inodes
-        if self.prev is not None:                # kvfs.tiers.readahead: a writer's files form a chain
+        lay = Layout(
+            size,
+            unit,
+            tuple(k % NAMESPACES for k in range(nu)),
+            tuple(off + k * unit for k in range(nu)),
+            tuple(hash((ino, k)) & ((1 << 64) - 1) for k in range(nu)),
+        )
+        rec = BlobRec(ino, lay, now)  # the generator's block ids are its inodes
+        if self.prev is not None:  # kvfs.tiers.readahead: a writer's files form a chain
             self.links += [self.prev, ino, LINK_WRITE, 1.0]
         self.prev = ino
-        node = Node(ino, sp["dir"], name, stat_mod.S_IFREG | 0o644, 0, 0, now, now, now,
-                    cookie=ino, blob=rec)
+        node = Node(
+            ino,
+            sp["dir"],
+            name,
+            stat_mod.S_IFREG | 0o644,
+            0,
+            0,
+            now,
+            now,
+            now,
+            cookie=ino,
+            blob=rec,
+        )
         if sp["evict"] == "prefix":
             node.prio, node.uses = 0.5 + (self.counter % 1000) * 1e-6, 1
         blob = blob_fields(rec, ino)
-        args = [self.epoch, ino, sp["dir"], name, "replace", self.token, str(self.region),
-                sp["grace_ms"], now, ino, len(blob) // 2, *blob, *node_fields(node)]
+        args = [
+            self.epoch,
+            ino,
+            sp["dir"],
+            name,
+            "replace",
+            self.token,
+            str(self.region),
+            sp["grace_ms"],
+            now,
+            ino,
+            len(blob) // 2,
+            *blob,
+            *node_fields(node),
+        ]
         return name, ghost_key(sp["dir"], name), args
 
     async def write(self, c: RedisClient, end: float) -> None:
         import trio
+
         depth = self.spec["depth"]
         prefix = self.spec["evict"] == "prefix"
         while trio.current_time() < end:
             files = [self.new_file() for _ in range(depth)]
             # the create's lookup of a new name: a miss, asked of Redis
             await c.pipeline([("HGET", self.dkey, f[0]) for f in files])
-            if prefix:                       # the evicted name's uses, if any (ghost.lua)
+            if prefix:  # the evicted name's uses, if any (ghost.lua)
                 await c.pipeline([("EVALSHA", self.sha["ghost"], 1, self.P, f[1]) for f in files])
             self.in_flight += depth
             try:
-                await c.pipeline([("EVALSHA", self.sha["mknode"], 1, self.P, *f[2])
-                                  for f in files])
+                await c.pipeline([("EVALSHA", self.sha["mknode"], 1, self.P, *f[2]) for f in files])
             finally:
                 self.in_flight -= depth
                 self.seq += depth
@@ -954,6 +1090,7 @@ class VNode:
     async def follow(self) -> None:
         """kvfs's follower (RedisMirror._follow_loop, _apply_entries, _refresh)."""
         import trio
+
         key = self.P + "log"
         last = self.tail
         origin = str(self.epoch).encode()
@@ -1013,6 +1150,7 @@ class VNode:
         """The timers of a node's space layer: renewals (lease/4), purges (grace/4, at least
         0.2 s) and, evicting by the policy, the floor's GET (each second)."""
         import trio
+
         sp = self.spec
         lease_s, grace_s = sp["lease_ms"] / 1000, sp["grace_ms"] / 1000
         timers = {"renew": lease_s / 4, "purge": max(0.2, grace_s / 4), "flush": 5.0}
@@ -1024,8 +1162,9 @@ class VNode:
             await trio.sleep_until(due[k])
             due[k] += timers[k]
             if k == "renew":
-                await self.bg.eval(SCRIPTS.renew, [self.P],
-                                   [self.token, sp["lease_ms"], self.region])
+                await self.bg.eval(
+                    SCRIPTS.renew, [self.P], [self.token, sp["lease_ms"], self.region]
+                )
             elif k == "purge":
                 await self.bg.eval(SCRIPTS.purge, [self.P], [self.epoch, 256])
             elif k == "flush":
@@ -1038,14 +1177,15 @@ class VNode:
 
     async def run(self, end: float) -> None:
         import trio
+
         async with trio.open_nursery() as outer:
             outer.start_soon(self.follow)
             outer.start_soon(self.background)
             async with trio.open_nursery() as w:
                 for c in self.writers:
                     w.start_soon(self.write, c, end)
-            await self.flush_links()               # as the daemons' phases end with a flush
-            await trio.sleep(0.3)                  # the other processes' last files
+            await self.flush_links()  # as the daemons' phases end with a flush
+            await trio.sleep(0.3)  # the other processes' last files
             last = await self.bg.call("XREVRANGE", self.P + "log", "+", "-", "COUNT", 1)
             self.target = stream_id(last[0][0]) if last else (0, 0)
             with trio.move_on_after(30):
@@ -1074,6 +1214,7 @@ def gen_worker(spec: dict) -> int:
         async def window_end():
             await trio.sleep_until(end)
             at_end.append(resource.getrusage(resource.RUSAGE_SELF))
+
         async with trio.open_nursery() as n:
             n.start_soon(window_end)
             for vn in vns:
@@ -1082,19 +1223,27 @@ def gen_worker(spec: dict) -> int:
 
         def used(a, b):
             return (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
+
         rt, cmds = collections.Counter(), collections.Counter()
         for vn in vns:
             rt.update(vn.rt)
             cmds.update(vn.cmds)
-        return {"files": sum(v.files for v in vns), "late": sum(v.late for v in vns),
-                "round_trips": dict(rt), "commands": dict(cmds),
-                "entries": sum(v.entries for v in vns), "batches": sum(v.batches for v in vns),
-                "rereads": sum(v.rereads for v in vns),
-                "caught_up": all(v.caught_up.is_set() for v in vns),
-                "cpu_s": used(ru0, ru1), "cpu_window_s": used(ru0, at_end[0]),
-                "wall_s": trio.current_time() - t0}
+        return {
+            "files": sum(v.files for v in vns),
+            "late": sum(v.late for v in vns),
+            "round_trips": dict(rt),
+            "commands": dict(cmds),
+            "entries": sum(v.entries for v in vns),
+            "batches": sum(v.batches for v in vns),
+            "rereads": sum(v.rereads for v in vns),
+            "caught_up": all(v.caught_up.is_set() for v in vns),
+            "cpu_s": used(ru0, ru1),
+            "cpu_window_s": used(ru0, at_end[0]),
+            "wall_s": trio.current_time() - t0,
+        }
+
     out = trio.run(main)
-    print(dumps(out), flush=True)           # to the coordinator (its provenance is harmless)
+    print(dumps(out), flush=True)  # to the coordinator (its provenance is harmless)
     return 0
 
 
@@ -1137,32 +1286,61 @@ async def _gen_setup(port: int, grace_ms: int) -> int:
     c = await RedisClient.connect(f"redis://127.0.0.1:{port}/0")
     P = f"kvfs:{{{GEN_POOL}}}:"
     now = time.time_ns()
-    root = [b"p", 1, b"n", b"", b"c", 0, b"m", stat_mod.S_IFDIR | 0o755, b"u", 0, b"g", 0,
-            b"a", now, b"t", now, b"k", now, b"d", 1]
+    root = [
+        b"p",
+        1,
+        b"n",
+        b"",
+        b"c",
+        0,
+        b"m",
+        stat_mod.S_IFDIR | 0o755,
+        b"u",
+        0,
+        b"g",
+        0,
+        b"a",
+        now,
+        b"t",
+        now,
+        b"k",
+        now,
+        b"d",
+        1,
+    ]
     await c.eval(SCRIPTS.init, [P], [uuid.uuid4().hex, SCHEMA_VERSION, *root])
     epoch = await c.call("INCR", P + "epoch")
     ino = (epoch << EPOCH_SHIFT) | 1
-    d = Node(ino, 1, b"d", stat_mod.S_IFDIR | 0o755, 0, 0, now, now, now, cookie=ino,
-             children={})
-    await c.eval(SCRIPTS.mknode, [P], [epoch, ino, 1, b"d", "excl", "", "", grace_ms, now, "", 0,
-                                       *node_fields(d)])
+    d = Node(ino, 1, b"d", stat_mod.S_IFDIR | 0o755, 0, 0, now, now, now, cookie=ino, children={})
+    await c.eval(
+        SCRIPTS.mknode,
+        [P],
+        [epoch, ino, 1, b"d", "excl", "", "", grace_ms, now, "", 0, *node_fields(d)],
+    )
     for text in SCRIPTS.all().values():
         await c.call("SCRIPT", "LOAD", text)
     await c.aclose()
     return ino
 
 
-def gen_step(redis: RedisServer, sync: Sync, base_spec: dict, nodes: int, conns: int,
-             depth: int, procs: int) -> dict:
+def gen_step(
+    redis: RedisServer, sync: Sync, base_spec: dict, nodes: int, conns: int, depth: int, procs: int
+) -> dict:
     procs = max(1, min(procs, nodes))
     workers = []
     try:
         for p in range(procs):
-            spec = dict(base_spec, vnodes=list(range(p, nodes, procs)), all=nodes,
-                        conns=conns, depth=depth)
-            workers.append(subprocess.Popen(
-                [sys.executable, __file__, "--gen-worker", json.dumps(spec)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            spec = dict(
+                base_spec, vnodes=list(range(p, nodes, procs)), all=nodes, conns=conns, depth=depth
+            )
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--gen-worker", json.dumps(spec)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
         for w in workers:
             line = w.stdout.readline().strip()
             if line != "ready":
@@ -1198,6 +1376,7 @@ def gen_step(redis: RedisServer, sync: Sync, base_spec: dict, nodes: int, conns:
 
     def f(info, k):
         return float(info.get(k, 0.0))
+
     main_keys = ("used_cpu_sys_main_thread", "used_cpu_user_main_thread")
     main = sum(f(s1, k) - f(s0, k) for k in main_keys)
     cpu = sum(f(s1, k) - f(s0, k) for k in ("used_cpu_sys", "used_cpu_user"))
@@ -1234,21 +1413,30 @@ def gen_step(redis: RedisServer, sync: Sync, base_spec: dict, nodes: int, conns:
         limit = "neither (more concurrency needed)"
     fl = max(1, total)
     return {
-        "nodes": nodes, "conns_per_node": conns, "depth": depth, "procs": procs,
-        "files": files, "files_total": total, "files_per_s": round(files / secs, 1),
+        "nodes": nodes,
+        "conns_per_node": conns,
+        "depth": depth,
+        "procs": procs,
+        "files": files,
+        "files_total": total,
+        "files_per_s": round(files / secs, 1),
         "seconds": secs,
         "window_s": round(wall, 3),
         "redis_cpu_main_share": round(main_share, 3),
-        "redis_cpu_share": round(cpu_window / wall, 3), "machine_idle_share": round(idle, 3),
-        "redis_disk_wait_share": round(disk, 3), "redis_busy_share": round(busy, 3),
+        "redis_cpu_share": round(cpu_window / wall, 3),
+        "machine_idle_share": round(idle, 3),
+        "redis_disk_wait_share": round(disk, 3),
+        "redis_busy_share": round(busy, 3),
         "redis_thread_states": states,
-        "generator_cpu_share": round(gen_share, 3), "limit": limit,
+        "generator_cpu_share": round(gen_share, 3),
+        "limit": limit,
         "cpu_main_s_per_1000_files": round(1000 * main / fl, 4),
         "cpu_s_per_1000_files": round(1000 * cpu / fl, 4),
         "busy_s_per_1000_files": round(1000 * (main_window + disk * wall) / max(1, files), 4),
         "commands_per_file": round(sum(cmds.values()) / fl, 3),
-        "commands_per_file_by_name": {k: round(v / fl, 3)
-                                      for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])},
+        "commands_per_file_by_name": {
+            k: round(v / fl, 3) for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])
+        },
         "round_trips_per_file": {k: round(v / fl, 3) for k, v in rt.items()},
         "sent_per_file": {k: round(v / fl, 3) for k, v in gcmds.items()},
         "follower_entries_per_file": round(sum(o["entries"] for o in outs) / fl, 3),
@@ -1256,8 +1444,14 @@ def gen_step(redis: RedisServer, sync: Sync, base_spec: dict, nodes: int, conns:
         "follower_rereads": sum(o["rereads"] for o in outs),
         "followers_caught_up": all(o["caught_up"] for o in outs),
         "redis_read_events_per_file": round(
-            (int(s1["total_reads_processed"]) - int(s0["total_reads_processed"])
-             - (sync.calls - calls0)) / fl, 3),
+            (
+                int(s1["total_reads_processed"])
+                - int(s0["total_reads_processed"])
+                - (sync.calls - calls0)
+            )
+            / fl,
+            3,
+        ),
     }
 
 
@@ -1281,21 +1475,31 @@ def run_generator(tmp: Path, args, say) -> dict:
             if got[1].decode() != mode:
                 raise RuntimeError(f"redis-server runs with appendfsync {got[1]!r}, not {mode}")
             import trio
+
             dir_ino = trio.run(_gen_setup, redis.port, int(args.grace * 1000))
-            base = {"port": redis.port, "name": GEN_POOL, "dir": dir_ino, "shas":
-                    {k: hashlib.sha1(v.encode()).hexdigest() for k, v in SCRIPTS.all().items()},
-                    "file_size": args.file_size, "region_size": region_size,
-                    "lease_ms": int(args.lease * 1000), "grace_ms": int(args.grace * 1000),
-                    "evict": args.evict, "seconds": args.gen_seconds}
+            base = {
+                "port": redis.port,
+                "name": GEN_POOL,
+                "dir": dir_ino,
+                "shas": {k: hashlib.sha1(v.encode()).hexdigest() for k, v in SCRIPTS.all().items()},
+                "file_size": args.file_size,
+                "region_size": region_size,
+                "lease_ms": int(args.lease * 1000),
+                "grace_ms": int(args.grace * 1000),
+                "evict": args.evict,
+                "seconds": args.gen_seconds,
+            }
             for nodes in counts:
                 for conns, depth in msteps:
                     r = gen_step(redis, sync, base, nodes, conns, depth, args.gen_procs)
                     r["appendfsync"] = mode
                     out["runs"].append(r)
-                    say(f"generator ({mode}) {nodes} nodes {conns}x{depth}: "
+                    say(
+                        f"generator ({mode}) {nodes} nodes {conns}x{depth}: "
                         f"{r['files_per_s']:.0f} files/s, Redis main thread "
                         f"{r['redis_cpu_main_share']:.0%} CPU + {r['redis_disk_wait_share']:.0%} "
-                        f"disk, generator {r['generator_cpu_share']:.0%}: limit {r['limit']}")
+                        f"disk, generator {r['generator_cpu_share']:.0%}: limit {r['limit']}"
+                    )
         finally:
             if sync is not None:
                 sync.close()
@@ -1306,24 +1510,32 @@ def run_generator(tmp: Path, args, say) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Phase 4: capacity
 
+
 def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
     rate, margin = args.rate, args.margin
     bg = 0.0
     if daemons is not None:
         bg = daemons["background"]["redis_cpu_ms_per_node_s"] / 1000
-    out: dict = {"rate_files_per_s_per_node": rate, "margin": margin,
-                 "background_cpu_s_per_node_s": round(bg, 6)}
+    out: dict = {
+        "rate_files_per_s_per_node": rate,
+        "margin": margin,
+        "background_cpu_s_per_node_s": round(bg, 6),
+    }
 
     def nodes_for(a: float, b: float, budget: float) -> int:
         n = 0
         while n < 100_000 and rate * (n + 1) * (a + b * n) + (n + 1) * bg <= budget:
             n += 1
         return n
+
     if daemons is not None and daemons["cpu"]["saturation_files_per_s"]:
         cpu = daemons["cpu"]
         out["plain_from_daemons"] = {
-            "nodes": args.nodes, "saturation_files_per_s": cpu["saturation_files_per_s"],
-            "nodes_at_rate": cpu["nodes_at_rate"], "nodes_at_margin": cpu["nodes_at_rate_margin"]}
+            "nodes": args.nodes,
+            "saturation_files_per_s": cpu["saturation_files_per_s"],
+            "nodes_at_rate": cpu["nodes_at_rate"],
+            "nodes_at_margin": cpu["nodes_at_rate_margin"],
+        }
     if gen is not None:
         best = {}
         for r in gen["runs"]:
@@ -1333,32 +1545,51 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
                 best[r["nodes"]] = r
         top = {}
         for r in gen["runs"]:
-            if r["appendfsync"] == "always" and r["files"] and \
-                    (r["nodes"] not in top or r["files_per_s"] > top[r["nodes"]]["files_per_s"]):
+            if (
+                r["appendfsync"] == "always"
+                and r["files"]
+                and (r["nodes"] not in top or r["files_per_s"] > top[r["nodes"]]["files_per_s"])
+            ):
                 top[r["nodes"]] = r
         out["generator_points"] = [
-            {"nodes": n, "conns_per_node": r["conns_per_node"], "depth": r["depth"],
-             "files_per_s": r["files_per_s"], "limit": r["limit"],
-             "cpu_main_s_per_1000_files": r["cpu_main_s_per_1000_files"],
-             "busy_s_per_1000_files": r["busy_s_per_1000_files"],
-             "derived_saturation_files_per_s": round(1000 / r["cpu_main_s_per_1000_files"])
-             if r["cpu_main_s_per_1000_files"] else None,
-             "redis_busy_share": r["redis_busy_share"],
-             "commands_per_file": r["commands_per_file"],
-             "follower_reads_per_batch": round(
-                 1 + r["follower_rereads"] / max(1, r["follower_batches"]), 2)}
-            for n, r in sorted(best.items())]
+            {
+                "nodes": n,
+                "conns_per_node": r["conns_per_node"],
+                "depth": r["depth"],
+                "files_per_s": r["files_per_s"],
+                "limit": r["limit"],
+                "cpu_main_s_per_1000_files": r["cpu_main_s_per_1000_files"],
+                "busy_s_per_1000_files": r["busy_s_per_1000_files"],
+                "derived_saturation_files_per_s": round(1000 / r["cpu_main_s_per_1000_files"])
+                if r["cpu_main_s_per_1000_files"]
+                else None,
+                "redis_busy_share": r["redis_busy_share"],
+                "commands_per_file": r["commands_per_file"],
+                "follower_reads_per_batch": round(
+                    1 + r["follower_rereads"] / max(1, r["follower_batches"]), 2
+                ),
+            }
+            for n, r in sorted(best.items())
+        ]
         out["generator_fastest"] = [
-            {"nodes": n, "conns_per_node": r["conns_per_node"], "depth": r["depth"],
-             "files_per_s": r["files_per_s"], "limit": r["limit"],
-             "redis_busy_share": r["redis_busy_share"],
-             "measured_saturation": r["limit"] == "redis"}
-            for n, r in sorted(top.items())]
+            {
+                "nodes": n,
+                "conns_per_node": r["conns_per_node"],
+                "depth": r["depth"],
+                "files_per_s": r["files_per_s"],
+                "limit": r["limit"],
+                "redis_busy_share": r["redis_busy_share"],
+                "measured_saturation": r["limit"] == "redis",
+            }
+            for n, r in sorted(top.items())
+        ]
         pts = sorted(best.items())
         if len(pts) >= 2:
             (n1, r1), (n2, r2) = pts[0], pts[-1]
-            for name, key in (("model", "cpu_main_s_per_1000_files"),
-                              ("model_with_fsync_waits", "busy_s_per_1000_files")):
+            for name, key in (
+                ("model", "cpu_main_s_per_1000_files"),
+                ("model_with_fsync_waits", "busy_s_per_1000_files"),
+            ):
                 c1, c2 = r1[key] / 1000, r2[key] / 1000
                 b = max(0.0, (c2 - c1) / (n2 - n1))
                 a = max(0.0, c1 - b * (n1 - 1))
@@ -1374,15 +1605,18 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
             out["statement"] = (
                 f"One Redis carries about {m['nodes_carried']} nodes storing {rate:g} files/s "
                 f"each ({m['nodes_carried_at_margin']} at {margin:.0%} of its core)"
-                + (": below 64 nodes." if m["nodes_carried"] < 64 else "."))
+                + (": below 64 nodes." if m["nodes_carried"] < 64 else ".")
+            )
         if args.nodes in best:
             r = best[args.nodes]
             sat = 1000 / r["cpu_main_s_per_1000_files"] if r["cpu_main_s_per_1000_files"] else 0
             out["plain_from_generator"] = {
-                "nodes": args.nodes, "derived_saturation_files_per_s": round(sat),
+                "nodes": args.nodes,
+                "derived_saturation_files_per_s": round(sat),
                 "nodes_at_rate": round(sat / rate, 2),
-                "nodes_at_margin": round(margin * sat / rate, 2)}
-    if "statement" not in out:               # no model (one node count): the plain figure
+                "nodes_at_margin": round(margin * sat / rate, 2),
+            }
+    if "statement" not in out:  # no model (one node count): the plain figure
         plain = out.get("plain_from_generator") or out.get("plain_from_daemons")
         if plain is not None:
             out["below_64_nodes"] = plain["nodes_at_rate"] < 64
@@ -1390,94 +1624,128 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
                 f"One Redis carries about {plain['nodes_at_rate']:g} nodes storing {rate:g} "
                 f"files/s each ({plain['nodes_at_margin']:g} at {margin:.0%} of its core; the "
                 f"cost of following grows with the nodes, so fewer)"
-                + (": below 64 nodes." if plain["nodes_at_rate"] < 64 else "."))
+                + (": below 64 nodes." if plain["nodes_at_rate"] < 64 else ".")
+            )
     return out
 
 
 # ------------------------------------------------------------------------------------------------
 # Report
 
+
 def table(out: dict) -> None:
     d = out.get("daemons")
     if d is not None:
         s = d["summary"]
-        print(f"Redis traffic per file operation: {d['nodes']} kvfs nodes, one redis-server "
-              f"(appendfsync always), {out['file_size'] // 1024} KiB files, "
-              f"evict = \"{out['evict']}\"")
-        print(f"{'operation':<13}{'ops':>6}{'cmds':>8}{'EVALSHA':>9}{'in Lua':>8}{'direct':>8}"
-              f"{'follower':>9}{'rt node':>8}{'rt all':>8}{'CPU ms':>8}")
-        for name, label in (("store", "store"), ("lookup_hit", "lookup hit"),
-                            ("lookup_miss", "lookup miss"), ("evict", "evict (all)")):
+        print(
+            f"Redis traffic per file operation: {d['nodes']} kvfs nodes, one redis-server "
+            f"(appendfsync always), {out['file_size'] // 1024} KiB files, "
+            f'evict = "{out["evict"]}"'
+        )
+        print(
+            f"{'operation':<13}{'ops':>6}{'cmds':>8}{'EVALSHA':>9}{'in Lua':>8}{'direct':>8}"
+            f"{'follower':>9}{'rt node':>8}{'rt all':>8}{'CPU ms':>8}"
+        )
+        for name, label in (
+            ("store", "store"),
+            ("lookup_hit", "lookup hit"),
+            ("lookup_miss", "lookup miss"),
+            ("evict", "evict (all)"),
+        ):
             o = s[name]
             ops = d["phases"][name]["ops"]
-            print(f"{label:<13}{ops:>6}{o.get('commands', 0):>8.2f}{o.get('evalsha', 0):>9.2f}"
-                  f"{o.get('in_scripts', float('nan')):>8.2f}"
-                  f"{o.get('direct_commands', float('nan')):>8.2f}"
-                  f"{o.get('follower_commands', float('nan')):>9.2f}"
-                  f"{o.get('round_trips', 0):>8.2f}{o.get('round_trips_all', float('nan')):>8.2f}"
-                  f"{o.get('redis_cpu_main_ms', 0):>8.3f}")
+            print(
+                f"{label:<13}{ops:>6}{o.get('commands', 0):>8.2f}{o.get('evalsha', 0):>9.2f}"
+                f"{o.get('in_scripts', float('nan')):>8.2f}"
+                f"{o.get('direct_commands', float('nan')):>8.2f}"
+                f"{o.get('follower_commands', float('nan')):>9.2f}"
+                f"{o.get('round_trips', 0):>8.2f}{o.get('round_trips_all', float('nan')):>8.2f}"
+                f"{o.get('redis_cpu_main_ms', 0):>8.3f}"
+            )
         if "evict_own" in s:
             o = s["evict_own"]
-            print(f"{'evict (own)':<13}{'':>6}{o['commands']:>8.2f}{'':>9}{'':>8}{'':>8}{'':>9}"
-                  f"{o['round_trips']:>8.2f}{'':>8}{o['redis_cpu_main_ms']:>8.3f}")
-        print("  cmds: Redis commands (commandstats, Lua's inside included); direct: sent by the "
-              "nodes; follower: of those, by the followers; rt node: the nodes' redis_calls "
-              "(no follower); rt all: the proxy's count; CPU: Redis main thread")
+            print(
+                f"{'evict (own)':<13}{'':>6}{o['commands']:>8.2f}{'':>9}{'':>8}{'':>8}{'':>9}"
+                f"{o['round_trips']:>8.2f}{'':>8}{o['redis_cpu_main_ms']:>8.3f}"
+            )
+        print(
+            "  cmds: Redis commands (commandstats, Lua's inside included); direct: sent by the "
+            "nodes; follower: of those, by the followers; rt node: the nodes' redis_calls "
+            "(no follower); rt all: the proxy's count; CPU: Redis main thread"
+        )
         for name in ("store", "lookup_miss", "evict"):
             o = s[name]
             top = ", ".join(f"{k} {v:g}" for k, v in list(o["by_name"].items())[:10])
             print(f"  {name} by name: {top}")
             if "evalsha_by_script" in o:
-                print(f"  {name} scripts: " + ", ".join(
-                    f"{k} {v:g}" for k, v in o["evalsha_by_script"].items()))
+                print(
+                    f"  {name} scripts: "
+                    + ", ".join(f"{k} {v:g}" for k, v in o["evalsha_by_script"].items())
+                )
         if "evict_own" in s:
             top = ", ".join(f"{k} {v:g}" for k, v in list(s["evict_own"]["by_name"].items())[:10])
             print(f"  evict (own) by name: {top}")
         bg = s["background"]
-        print(f"background, per node per second (idle): {bg['commands_per_node_s']:g} commands, "
-              f"{bg['round_trips_per_node_s']:g} round trips (node), "
-              f"{bg.get('round_trips_all_per_node_s', float('nan')):g} (all), "
-              f"{bg['redis_cpu_ms_per_node_s']:g} ms Redis CPU")
+        print(
+            f"background, per node per second (idle): {bg['commands_per_node_s']:g} commands, "
+            f"{bg['round_trips_per_node_s']:g} round trips (node), "
+            f"{bg.get('round_trips_all_per_node_s', float('nan')):g} (all), "
+            f"{bg['redis_cpu_ms_per_node_s']:g} ms Redis CPU"
+        )
         if "evalsha_by_script_per_node_s" in bg:
-            print("  scripts: " + ", ".join(f"{k} {v:g}" for k, v in
-                                          bg["evalsha_by_script_per_node_s"].items())
-                  + "; follower: " + ", ".join(f"{k} {v:g}" for k, v in
-                                              bg["follower_per_node_s"].items()))
+            print(
+                "  scripts: "
+                + ", ".join(f"{k} {v:g}" for k, v in bg["evalsha_by_script_per_node_s"].items())
+                + "; follower: "
+                + ", ".join(f"{k} {v:g}" for k, v in bg["follower_per_node_s"].items())
+            )
         c = s["cpu"]
-        print(f"Redis CPU per 1,000 stored files: {c['cpu_s_per_1000_files']:.3f} CPU-s "
-              f"(main thread {c['cpu_main_s_per_1000_files']:.3f}); one core saturates at "
-              f"{c['saturation_files_per_s']} files/s (derived from CPU: Redis runs commands on "
-              f"one thread; fsync waits not included)")
+        print(
+            f"Redis CPU per 1,000 stored files: {c['cpu_s_per_1000_files']:.3f} CPU-s "
+            f"(main thread {c['cpu_main_s_per_1000_files']:.3f}); one core saturates at "
+            f"{c['saturation_files_per_s']} files/s (derived from CPU: Redis runs commands on "
+            f"one thread; fsync waits not included)"
+        )
     g = out.get("generator")
     if g is not None:
         print("\nload generator (per-file command stream of N nodes, replayed)")
-        print(f"{'fsync':<9}{'nodes':>6}{'CxD':>7}{'files/s':>9}{'CPU':>6}{'disk':>6}{'gen':>6}"
-              f"{'ms/file':>9}{'cmds/f':>8}  limit")
+        print(
+            f"{'fsync':<9}{'nodes':>6}{'CxD':>7}{'files/s':>9}{'CPU':>6}{'disk':>6}{'gen':>6}"
+            f"{'ms/file':>9}{'cmds/f':>8}  limit"
+        )
         for r in g["runs"]:
             cxd = f"{r['conns_per_node']}x{r['depth']}"
-            print(f"{r['appendfsync']:<9}{r['nodes']:>6}{cxd:>7}"
-                  f"{r['files_per_s']:>9.0f}{r['redis_cpu_main_share']:>6.0%}"
-                  f"{r['redis_disk_wait_share']:>6.0%}{r['generator_cpu_share']:>6.0%}"
-                  f"{r['cpu_main_s_per_1000_files']:>9.4f}{r['commands_per_file']:>8.2f}  "
-                  f"{r['limit']}")
-        print("  CPU: Redis main thread's share of a core; disk: share of samples it waited on "
-              "the disk (fsync); gen: the generator's CPU (cores); ms/file: Redis main-thread "
-              "CPU per file")
+            print(
+                f"{r['appendfsync']:<9}{r['nodes']:>6}{cxd:>7}"
+                f"{r['files_per_s']:>9.0f}{r['redis_cpu_main_share']:>6.0%}"
+                f"{r['redis_disk_wait_share']:>6.0%}{r['generator_cpu_share']:>6.0%}"
+                f"{r['cpu_main_s_per_1000_files']:>9.4f}{r['commands_per_file']:>8.2f}  "
+                f"{r['limit']}"
+            )
+        print(
+            "  CPU: Redis main thread's share of a core; disk: share of samples it waited on "
+            "the disk (fsync); gen: the generator's CPU (cores); ms/file: Redis main-thread "
+            "CPU per file"
+        )
     c = out["capacity"]
     print(f"\ncapacity at {c['rate_files_per_s_per_node']:g} stored files/s per node")
     for k in ("plain_from_daemons", "plain_from_generator"):
         if k in c:
             p = c[k]
             sat = p.get("saturation_files_per_s", p.get("derived_saturation_files_per_s"))
-            print(f"  {k}: saturation {sat} files/s at {p['nodes']} nodes -> {p['nodes_at_rate']} "
-                  f"nodes ({p['nodes_at_margin']} at {c['margin']:.0%})")
+            print(
+                f"  {k}: saturation {sat} files/s at {p['nodes']} nodes -> {p['nodes_at_rate']} "
+                f"nodes ({p['nodes_at_margin']} at {c['margin']:.0%})"
+            )
     for k, what in (("model", "CPU"), ("model_with_fsync_waits", "CPU + fsync waits")):
         if k in c:
             m = c[k]
-            print(f"  {k} ({what}): {m['writer_ms_per_file']} ms + "
-                  f"{m['follower_ms_per_file_per_node']} ms per following node, per file -> "
-                  f"{m['nodes_carried']} nodes ({m['nodes_carried_at_margin']} at "
-                  f"{c['margin']:.0%})")
+            print(
+                f"  {k} ({what}): {m['writer_ms_per_file']} ms + "
+                f"{m['follower_ms_per_file_per_node']} ms per following node, per file -> "
+                f"{m['nodes_carried']} nodes ({m['nodes_carried_at_margin']} at "
+                f"{c['margin']:.0%})"
+            )
     if "statement" in c:
         print(f"  {c['statement']}")
 
@@ -1494,22 +1762,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--file-size", type=parse_size, default="64KiB")
     ap.add_argument("--lookups", type=int, default=250, help="stats per node, hits and misses each")
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of the idle phase")
-    ap.add_argument("--evict-files", type=int, default=250,
-                    help="files per node stored in the eviction window")
-    ap.add_argument("--ns-size", type=parse_size, default=0,
-                    help="size of each of the 3 namespace files (default: the stores fill 2/3)")
+    ap.add_argument(
+        "--evict-files", type=int, default=250, help="files per node stored in the eviction window"
+    )
+    ap.add_argument(
+        "--ns-size",
+        type=parse_size,
+        default=0,
+        help="size of each of the 3 namespace files (default: the stores fill 2/3)",
+    )
     ap.add_argument("--regions", type=int, default=16)
     ap.add_argument("--grace", type=float, default=1.0, help="[cluster] grace_seconds")
     ap.add_argument("--lease", type=float, default=2.0, help="[cluster] lease_seconds")
     ap.add_argument("--evict", default="prefix", choices=("prefix", "lru"), help="[pool] evict")
     ap.add_argument("--dram", default="64MiB", help="each node's DRAM tier")
-    ap.add_argument("--no-proxy", action="store_true",
-                    help="nodes talk to Redis directly (no split of direct/in-script commands)")
-    ap.add_argument("--gen-nodes", default=None,
-                    help="virtual node counts of the generator (default: --nodes,16)")
+    ap.add_argument(
+        "--no-proxy",
+        action="store_true",
+        help="nodes talk to Redis directly (no split of direct/in-script commands)",
+    )
+    ap.add_argument(
+        "--gen-nodes",
+        default=None,
+        help="virtual node counts of the generator (default: --nodes,16)",
+    )
     ap.add_argument("--gen-procs", type=int, default=2, help="generator processes")
-    ap.add_argument("--gen-steps", default="1x1,4x1,16x1,16x16",
-                    help="CxD: connections per virtual node x files per round trip")
+    ap.add_argument(
+        "--gen-steps",
+        default="1x1,4x1,16x1,16x16",
+        help="CxD: connections per virtual node x files per round trip",
+    )
     ap.add_argument("--gen-seconds", type=float, default=3.0, help="seconds per generator step")
     ap.add_argument("--no-everysec", action="store_true", help="skip the appendfsync everysec run")
     ap.add_argument("--no-daemons", action="store_true", help="the generator only")
@@ -1531,12 +1813,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def say(msg: str) -> None:
         print(f"[redis_scale] {msg}", file=sys.stderr, flush=True)
-    out: dict = {"nodes": args.nodes, "threads": args.threads, "files_per_node": args.files,
-                 "file_size": args.file_size, "evict": args.evict, "grace_seconds": args.grace,
-                 "lease_seconds": args.lease, "regions": args.regions,
-                 "cpus": os.cpu_count(), "proxy": not args.no_proxy,
-                 "redis_version": subprocess.run(["redis-server", "--version"],
-                                                 capture_output=True, text=True).stdout.strip()}
+
+    out: dict = {
+        "nodes": args.nodes,
+        "threads": args.threads,
+        "files_per_node": args.files,
+        "file_size": args.file_size,
+        "evict": args.evict,
+        "grace_seconds": args.grace,
+        "lease_seconds": args.lease,
+        "regions": args.regions,
+        "cpus": os.cpu_count(),
+        "proxy": not args.no_proxy,
+        "redis_version": subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True
+        ).stdout.strip(),
+    }
     with tempfile.TemporaryDirectory(prefix="kvfs-redis-scale-", dir="/var/tmp") as tmp:
         tmp = Path(tmp)
         daemons = None

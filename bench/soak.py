@@ -43,7 +43,7 @@ from bench.reads import digest  # noqa: E402
 from testing.mount import MountedKvfs, process_memory, wait_until, write_config  # noqa: E402
 
 MiB = 1 << 20
-CHUNK = 32 * MiB                       # an LMCache chunk of a large model
+CHUNK = 32 * MiB  # an LMCache chunk of a large model
 ALLOWED = {"ENOENT"}
 
 
@@ -76,13 +76,16 @@ def held(stats: dict) -> dict:
     """What the daemon holds now that should be zero once every client is done."""
     f = stats["files"]
     # (backing ids in use by open handles; an idle resident block keeps its id until it dies)
-    return {"open_handles": f["open_handles"],
-            "backing_ids": stats["data_path"]["backing_ids_in_use"],
-            "leases_held": f["leases_held"], "allocations_pending": f["allocations_pending"],
-            "held_blocks": stats["tiers"]["pool"]["held_blocks"],
-            "dram_write_buffers": stats["tiers"]["dram"]["write_buffers"],
-            "pool_reserved": stats["tiers"]["pool"]["reserved"],
-            "dram_blocks": stats["tiers"]["dram"]["blocks"]}
+    return {
+        "open_handles": f["open_handles"],
+        "backing_ids": stats["data_path"]["backing_ids_in_use"],
+        "leases_held": f["leases_held"],
+        "allocations_pending": f["allocations_pending"],
+        "held_blocks": stats["tiers"]["pool"]["held_blocks"],
+        "dram_write_buffers": stats["tiers"]["dram"]["write_buffers"],
+        "pool_reserved": stats["tiers"]["pool"]["reserved"],
+        "dram_blocks": stats["tiers"]["dram"]["blocks"],
+    }
 
 
 class Registry:
@@ -147,7 +150,7 @@ class Client(threading.Thread):
         name = f"t{self.tid:02d}-{self.n:06d}.pt"
         size = CHUNK if self.rng.random() < 0.3 else self.rng.randrange(64 << 10, 4 * MiB)
         data = os.urandom(size)
-        if self.rng.random() < 0.3:                   # tmp, then rename into place
+        if self.rng.random() < 0.3:  # tmp, then rename into place
             tmp = self.root / (name + ".tmp")
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -173,7 +176,7 @@ class Client(threading.Thread):
                         break
                     n += k
         except FileNotFoundError:
-            self.reg.forget(name)                      # evicted (or unlinked) meanwhile
+            self.reg.forget(name)  # evicted (or unlinked) meanwhile
             raise
         self.bytes_read += n
         if n != size or digest(memoryview(self.buf)[:n]) != dig:
@@ -195,9 +198,11 @@ class Client(threading.Thread):
                 again = os.stat(self.root / name).st_size
             except OSError as e:
                 again = errno.errorcode.get(e.errno, e.errno)
-            self.wrong.append(f"{name}: stat says {st.st_size} bytes, {size} were written "
-                              f"(inode {st.st_ino}, nlink {st.st_nlink}, a second stat: "
-                              f"{again})")
+            self.wrong.append(
+                f"{name}: stat says {st.st_size} bytes, {size} were written "
+                f"(inode {st.st_ino}, nlink {st.st_nlink}, a second stat: "
+                f"{again})"
+            )
 
     def unlink(self) -> None:
         picked = self.reg.pick(self.rng)
@@ -225,17 +230,32 @@ def percentiles(xs: list[float]) -> dict:
     if not xs:
         return {}
     xs = sorted(xs)
-    pick = lambda q: round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 2)   # noqa: E731
-    return {"count": len(xs), "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99),
-            "max_ms": round(1000 * xs[-1], 2)}
+    pick = lambda q: round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 2)  # noqa: E731
+    return {
+        "count": len(xs),
+        "p50_ms": pick(0.5),
+        "p90_ms": pick(0.9),
+        "p99_ms": pick(0.99),
+        "max_ms": round(1000 * xs[-1], 2),
+    }
 
 
-def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: float,
-         workdir: Path, seed: int = 1) -> dict:
+def soak(
+    minutes: float,
+    threads: int,
+    pool_mib: int,
+    dram_mib: int,
+    sample: float,
+    workdir: Path,
+    seed: int = 1,
+) -> dict:
     per_ns = pool_mib // 4
-    cfg = write_config(workdir / "k.toml", workdir / "state",
-                       [{"path": str(workdir / f"ns{i}.img"), "size": f"{per_ns}MiB"}
-                        for i in range(4)], dram=f"{dram_mib}MiB")
+    cfg = write_config(
+        workdir / "k.toml",
+        workdir / "state",
+        [{"path": str(workdir / f"ns{i}.img"), "size": f"{per_ns}MiB"} for i in range(4)],
+        dram=f"{dram_mib}MiB",
+    )
     m = MountedKvfs(workdir / "mnt", cfg, workdir / "kvfs.log").start()
     try:
         root = m.mountpoint / "lmcache"
@@ -254,10 +274,15 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
         while True:
             now = time.monotonic() - t0
             st = m.stats()
-            s = {"t_s": round(now, 1), **process_memory(pid), **proc_fds(pid),
-                 "evictions": st["tiers"]["pool"]["evictions"],
-                 "pool_used": st["tiers"]["pool"]["used"],
-                 "dram_used": st["tiers"]["dram"]["used"], **held(st)}
+            s = {
+                "t_s": round(now, 1),
+                **process_memory(pid),
+                **proc_fds(pid),
+                "evictions": st["tiers"]["pool"]["evictions"],
+                "pool_used": st["tiers"]["pool"]["used"],
+                "dram_used": st["tiers"]["dram"]["used"],
+                **held(st),
+            }
             samples.append(s)
             if warm is None and now >= 0.1 * duration:
                 warm = s
@@ -272,11 +297,15 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("2")
         wait_until(lambda: held(m.stats())["open_handles"] == 0, 30, "handles to be released")
-        m.sync()        # (durability "fsync": closed files are write buffers until written back)
+        m.sync()  # (durability "fsync": closed files are write buffers until written back)
         st = m.stats()
-        quiet = {**process_memory(pid), **proc_fds(pid), **held(st),
-                 "inode_states": st["files"]["inode_states"]}
-        m.control("drop_dram", {"memory": True})   # resident blocks and spare memory hold
+        quiet = {
+            **process_memory(pid),
+            **proc_fds(pid),
+            **held(st),
+            "inode_states": st["files"]["inode_states"],
+        }
+        m.control("drop_dram", {"memory": True})  # resident blocks and spare memory hold
         # descriptors too: let them go
         dropped = {**process_memory(pid), **proc_fds(pid)}
         # every buffer is gone with the DRAM tier: the backing ids went with them
@@ -296,35 +325,59 @@ def soak(minutes: float, threads: int, pool_mib: int, dram_mib: int, sample: flo
         # the second half of the run: where a leak shows as growth without a plateau
         half = min(samples, key=lambda x: abs(x["t_s"] - end["t_s"] / 2))
         out = {
-            "minutes": minutes, "threads": threads, "pool_bytes": st["tiers"]["pool"]["capacity"],
+            "minutes": minutes,
+            "threads": threads,
+            "pool_bytes": st["tiers"]["pool"]["capacity"],
             "dram_bytes": st["tiers"]["dram"]["capacity"],
             "passthrough": st["data_path"]["passthrough"],
             "ops": {k: sum(c.ops.get(k, 0) for c in clients) for k in lat},
             "bytes_written": sum(c.bytes_written for c in clients),
             "bytes_read": sum(c.bytes_read for c in clients),
             "evictions": end["evictions"],
-            "errors": errors, "unexpected_errors": unexpected, "wrong_reads": wrong[:20],
-            "wrong_read_count": len(wrong), "wrong_log": wrong_log,
-            "rss": {"start": warm["VmRSS"], "end": end["VmRSS"],
-                    "growth": end["VmRSS"] - warm["VmRSS"],
-                    "anon_start": warm["RssAnon"], "anon_end": end["RssAnon"],
-                    "anon_growth": end["RssAnon"] - warm["RssAnon"],
-                    "anon_second_half_growth": end["RssAnon"] - half["RssAnon"],
-                    "second_half_from_s": half["t_s"],
-                    "shmem_start": warm["RssShmem"], "shmem_end": end["RssShmem"],
-                    "after_clients": quiet["VmRSS"], "anon_after_clients": quiet["RssAnon"],
-                    "after_drop_dram": dropped["VmRSS"],
-                    "max": max(s["VmRSS"] for s in samples),
-                    "start_after_s": warm["t_s"]},
-            "fds": {"mounted": base_fds, "start": {k: warm[k] for k in ("fds", "memory_fds")},
-                    "end": {k: end[k] for k in ("fds", "memory_fds")},
-                    "after_clients": {k: quiet[k] for k in ("fds", "memory_fds")},
-                    "after_drop_dram": {k: dropped[k] for k in ("fds", "memory_fds")}},
+            "errors": errors,
+            "unexpected_errors": unexpected,
+            "wrong_reads": wrong[:20],
+            "wrong_read_count": len(wrong),
+            "wrong_log": wrong_log,
+            "rss": {
+                "start": warm["VmRSS"],
+                "end": end["VmRSS"],
+                "growth": end["VmRSS"] - warm["VmRSS"],
+                "anon_start": warm["RssAnon"],
+                "anon_end": end["RssAnon"],
+                "anon_growth": end["RssAnon"] - warm["RssAnon"],
+                "anon_second_half_growth": end["RssAnon"] - half["RssAnon"],
+                "second_half_from_s": half["t_s"],
+                "shmem_start": warm["RssShmem"],
+                "shmem_end": end["RssShmem"],
+                "after_clients": quiet["VmRSS"],
+                "anon_after_clients": quiet["RssAnon"],
+                "after_drop_dram": dropped["VmRSS"],
+                "max": max(s["VmRSS"] for s in samples),
+                "start_after_s": warm["t_s"],
+            },
+            "fds": {
+                "mounted": base_fds,
+                "start": {k: warm[k] for k in ("fds", "memory_fds")},
+                "end": {k: end[k] for k in ("fds", "memory_fds")},
+                "after_clients": {k: quiet[k] for k in ("fds", "memory_fds")},
+                "after_drop_dram": {k: dropped[k] for k in ("fds", "memory_fds")},
+            },
             "backing_ids_after_drop_dram": ids_dropped,
-            "held_after_clients": {k: quiet[k] for k in (
-                "open_handles", "backing_ids", "leases_held", "allocations_pending",
-                "held_blocks", "dram_write_buffers", "pool_reserved", "inode_states",
-                "dram_blocks")},
+            "held_after_clients": {
+                k: quiet[k]
+                for k in (
+                    "open_handles",
+                    "backing_ids",
+                    "leases_held",
+                    "allocations_pending",
+                    "held_blocks",
+                    "dram_write_buffers",
+                    "pool_reserved",
+                    "inode_states",
+                    "dram_blocks",
+                )
+            },
             "daemon_latency": st["latency"],
             "client_latency": {k: percentiles(v) for k, v in lat.items()},
             "samples": samples,
@@ -346,24 +399,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", help="where the pool files go (default: a temporary directory)")
     args = parse(ap, argv, lambda a: "needs root (FUSE)" if os.geteuid() != 0 else None)
     with tempfile.TemporaryDirectory(prefix="kvfs-soak-", dir=args.dir) as tmp:
-        out = soak(args.minutes, args.threads, args.pool_mib, args.dram_mib, args.sample,
-                   Path(tmp))
-    ok = not out["unexpected_errors"] and not out["wrong_read_count"] and \
-        not any(out["held_after_clients"][k] for k in (
-            "open_handles", "backing_ids", "leases_held", "allocations_pending",
-            "held_blocks", "dram_write_buffers", "pool_reserved"))
+        out = soak(args.minutes, args.threads, args.pool_mib, args.dram_mib, args.sample, Path(tmp))
+    ok = (
+        not out["unexpected_errors"]
+        and not out["wrong_read_count"]
+        and not any(
+            out["held_after_clients"][k]
+            for k in (
+                "open_handles",
+                "backing_ids",
+                "leases_held",
+                "allocations_pending",
+                "held_blocks",
+                "dram_write_buffers",
+                "pool_reserved",
+            )
+        )
+    )
     if args.json:
         print(dumps(out))
         return 0 if ok else 1
     r = out["rss"]
-    print(f"{out['threads']} threads for {out['minutes']} min, pool {out['pool_bytes'] >> 20} "
-          f"MiB, DRAM {out['dram_bytes'] >> 20} MiB, passthrough {out['passthrough']}")
-    print(f"ops {out['ops']}  written {out['bytes_written'] >> 20} MiB, read "
-          f"{out['bytes_read'] >> 20} MiB, evictions {out['evictions']}")
-    print(f"errors {out['errors']}  unexpected {out['unexpected_errors']}  wrong reads "
-          f"{out['wrong_read_count']}")
-    print(f"daemon RSS {r['start'] >> 20} -> {r['end'] >> 20} MiB (growth "
-          f"{r['growth'] / MiB:+.1f} MiB; anonymous {r['anon_growth'] / MiB:+.1f} MiB)")
+    print(
+        f"{out['threads']} threads for {out['minutes']} min, pool {out['pool_bytes'] >> 20} "
+        f"MiB, DRAM {out['dram_bytes'] >> 20} MiB, passthrough {out['passthrough']}"
+    )
+    print(
+        f"ops {out['ops']}  written {out['bytes_written'] >> 20} MiB, read "
+        f"{out['bytes_read'] >> 20} MiB, evictions {out['evictions']}"
+    )
+    print(
+        f"errors {out['errors']}  unexpected {out['unexpected_errors']}  wrong reads "
+        f"{out['wrong_read_count']}"
+    )
+    print(
+        f"daemon RSS {r['start'] >> 20} -> {r['end'] >> 20} MiB (growth "
+        f"{r['growth'] / MiB:+.1f} MiB; anonymous {r['anon_growth'] / MiB:+.1f} MiB)"
+    )
     print(f"fds {out['fds']}")
     print(f"held after clients {out['held_after_clients']}")
     for k, v in sorted(out["daemon_latency"].items()):

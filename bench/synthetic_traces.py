@@ -9,8 +9,9 @@ import itertools
 import random
 
 
-def zipf_chains(n_requests: int = 20000, n_chains: int = 2000, depth: int = 16, s: float = 1.1,
-                seed: int = 1) -> list[list[int]]:
+def zipf_chains(
+    n_requests: int = 20000, n_chains: int = 2000, depth: int = 16, s: float = 1.1, seed: int = 1
+) -> list[list[int]]:
     """Requests read a prefix of one of many fixed chains, chosen by a Zipf law (hot documents)."""
     rng = random.Random(seed)
     # random.choices(range(n_chains), weights) draw by draw, with the cumulative weights
@@ -25,8 +26,9 @@ def zipf_chains(n_requests: int = 20000, n_chains: int = 2000, depth: int = 16, 
     return out
 
 
-def recent_repeat(n_requests: int = 20000, depth: int = 12, keep: int = 50,
-                  seed: int = 2) -> list[list[int]]:
+def recent_repeat(
+    n_requests: int = 20000, depth: int = 12, keep: int = 50, seed: int = 2
+) -> list[list[int]]:
     """Strong temporal locality: most requests repeat one of the last `keep` chains."""
     rng = random.Random(seed)
     recent: list[int] = []
@@ -48,8 +50,9 @@ def loop(n_requests: int = 12000, n_chains: int = 300, depth: int = 10) -> list[
     return [[(r % n_chains) * depth + i for i in range(depth)] for r in range(n_requests)]
 
 
-def sessions(n_requests: int = 20000, p_continue: float = 0.6, active: int = 200,
-             seed: int = 3) -> list[list[int]]:
+def sessions(
+    n_requests: int = 20000, p_continue: float = 0.6, active: int = 200, seed: int = 3
+) -> list[list[int]]:
     """Multi-turn sessions with a different return probability and no shared system prompt;
     every block is full (a session's last block is reused by its next turn)."""
     rng = random.Random(seed)
@@ -73,5 +76,9 @@ def sessions(n_requests: int = 20000, p_continue: float = 0.6, active: int = 200
     return out
 
 
-TRACES = {"zipf_chains": zipf_chains, "recent_repeat": recent_repeat, "loop": loop,
-          "sessions": sessions}
+TRACES = {
+    "zipf_chains": zipf_chains,
+    "recent_repeat": recent_repeat,
+    "loop": loop,
+    "sessions": sessions,
+}

@@ -165,19 +165,32 @@ KiB, MiB = 1 << 10, 1 << 20
 MIN_SIZE = 41
 MAX_SIZE = 9 * MiB
 NAMES_PER_WRITER = 10
-ABSENT = -1                      # the outcome "no such file"
+ABSENT = -1  # the outcome "no such file"
 SINGLE_SCENARIOS = ["random", "commit", "rename", "evict", "format", "unmount", "writer"]
-CLUSTER_SCENARIOS = ["random", "publish", "rename", "redis", "evict", "commit", "format",
-                     "unmount", "writer"]
+CLUSTER_SCENARIOS = [
+    "random",
+    "publish",
+    "rename",
+    "redis",
+    "evict",
+    "commit",
+    "format",
+    "unmount",
+    "writer",
+]
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED, errno.ENODEV)
 # Writer errors a scenario explains (any other fails the run): the daemon killed under the
 # writer (every scenario), a full small pool (evict: ENOSPC, ENOENT for a file the pool
 # evicted under the writer, ESTALE for a file another node evicted while this one wrote it),
 # Redis down (redis: EIO, or ETIMEDOUT, and only while it is down: REDIS_GRACE_MS).
-EXPLAINED = {"*": set(DEAD_MOUNT), "evict": {errno.ENOSPC, errno.ENOENT, errno.ESTALE},
-             "redis": {errno.EIO, errno.ETIMEDOUT}, "failover": {errno.EIO, errno.ETIMEDOUT}}
-OUTAGES = ("redis", "failover")     # scenarios whose Redis errors are excused in an outage
-STALE_SECONDS = 5.0           # a node that does not see another's change by then: a stale view
+EXPLAINED = {
+    "*": set(DEAD_MOUNT),
+    "evict": {errno.ENOSPC, errno.ENOENT, errno.ESTALE},
+    "redis": {errno.EIO, errno.ETIMEDOUT},
+    "failover": {errno.EIO, errno.ETIMEDOUT},
+}
+OUTAGES = ("redis", "failover")  # scenarios whose Redis errors are excused in an outage
+STALE_SECONDS = 5.0  # a node that does not see another's change by then: a stale view
 # How long a change made on one node may take to be seen on the other (docs/cluster.md): the
 # longest wait measured (`seen_after`) must stay under it.
 STALE_BOUND_MS = 2000
@@ -200,8 +213,9 @@ def segment(name: str, version: int, size: int) -> bytes:
     header = f"<{name}|{version}|{size}>".encode()
     if size < len(header):
         raise ValueError(f"segment of {size} bytes is too short for its header")
-    seed = int.from_bytes(hashlib.blake2b(f"{name}/{version}".encode(), digest_size=8).digest(),
-                          "little")
+    seed = int.from_bytes(
+        hashlib.blake2b(f"{name}/{version}".encode(), digest_size=8).digest(), "little"
+    )
     return header + random.Random(seed).randbytes(size - len(header))
 
 
@@ -234,7 +248,7 @@ def base_name(name: str) -> str:
 
 # --- the shared control page (stop flag, writers' phases) ----------------------------------------
 PH_IDLE, PH_WRITE, PH_CLOSE, PH_FSYNC, PH_RENAME, PH_UNLINK = b"IWCSRU"
-_SLOT = struct.Struct("<cBxxxxxxqq")     # phase, node, size of the file it concerns, done events
+_SLOT = struct.Struct("<cBxxxxxxqq")  # phase, node, size of the file it concerns, done events
 
 
 class Control:
@@ -301,7 +315,7 @@ class Writer:
         self.rng = random.Random(a.seed)
         self.ctl = Control(Path(a.control), a.writers)
         self.roots = [os.open(m, os.O_RDONLY | os.O_DIRECTORY) for m in a.mounts]
-        for m, r in zip(a.mounts, self.roots):    # not the bare directory under a mount
+        for m, r in zip(a.mounts, self.roots):  # not the bare directory under a mount
             if os.fstat(r).st_dev == os.stat(Path(m).parent).st_dev:
                 raise SystemExit(f"writer {self.i}: {m} is not mounted")
         self.journal = open(a.journal, "a")
@@ -309,8 +323,8 @@ class Writer:
         self.state: dict[str, dict] = json.loads(Path(a.state).read_text())
         self.names = sorted(self.state)
         self.done = 0
-        self.node = 0               # the node the current operation goes through
-        self.started: str | None = None   # the name of the last operation started
+        self.node = 0  # the node the current operation goes through
+        self.started: str | None = None  # the name of the last operation started
 
     # journal -------------------------------------------------------------------------------------
     def log(self, **rec) -> None:
@@ -318,7 +332,7 @@ class Writer:
         rec["w"] = self.i
         if rec["op"] == "start":
             self.started = rec["name"]
-            rec.setdefault("node", getattr(self, "node", 0))    # which node's mount it used
+            rec.setdefault("node", getattr(self, "node", 0))  # which node's mount it used
         self.journal.write(json.dumps(rec) + "\n")
         self.journal.flush()
         os.fsync(self.journal.fileno())
@@ -360,13 +374,13 @@ class Writer:
         chunks, off = [], 0
         while off < len(data):
             n = self.rng.choice([4 * KiB, 64 * KiB, 128 * KiB, 1 * MiB, self.rng.randint(1, MiB)])
-            chunks.append((off, data[off:off + n]))
+            chunks.append((off, data[off : off + n]))
             off += n
-        if sequential:                   # O_APPEND: the kernel chooses the offset
+        if sequential:  # O_APPEND: the kernel chooses the offset
             for _, c in chunks:
                 view = memoryview(c)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             return
         if len(chunks) > 1 and self.rng.random() < 0.15:
             self.rng.shuffle(chunks)
@@ -378,8 +392,14 @@ class Writer:
 
     def set_state(self, name: str, v: int | None, recipe: list | None, node: int) -> None:
         st = self.state[name]
-        st.update(v=v, recipe=recipe, size=len(build(recipe)) if recipe else 0, unknown=False,
-                  node=node, t_done=time.monotonic())
+        st.update(
+            v=v,
+            recipe=recipe,
+            size=len(build(recipe)) if recipe else 0,
+            unknown=False,
+            node=node,
+            t_done=time.monotonic(),
+        )
 
     def root(self, name: str) -> tuple[int, int]:
         """The node for the next operation on `name` (cluster: either). Nodes learn each
@@ -390,8 +410,7 @@ class Writer:
         safety, which is what this checks)."""
         st = self.state[name]
         node = self.rng.randrange(len(self.roots))
-        if node != st["node"] and not st["unknown"] and not self.sees(self.roots[node], name,
-                                                                       st):
+        if node != st["node"] and not st["unknown"] and not self.sees(self.roots[node], name, st):
             self.log(op="stale_view", name=name, node=node, want=st["size"])
             node = st["node"]
         self.node = node
@@ -511,8 +530,14 @@ class Writer:
             os.close(fd)
         self.log(op="read", name=name, ok=got == build(st["recipe"]))
         if got != build(st["recipe"]):
-            self.log(op="badread", name=name, v=st["v"], got=len(got), want=st["size"],
-                     claims=(parse(got) or [[None, None, None]])[-1][:2])
+            self.log(
+                op="badread",
+                name=name,
+                v=st["v"],
+                got=len(got),
+                want=st["size"],
+                claims=(parse(got) or [[None, None, None]])[-1][:2],
+            )
 
     def vanished(self, name: str) -> None:
         """The name is gone though this writer had it: only an eviction may do that."""
@@ -538,14 +563,17 @@ class Writer:
                 size = os.stat(name, dir_fd=root).st_size
                 seen = st["v"] is not None and size == st["size"]
             except FileNotFoundError:
-                seen = st["v"] is None      # (the stat must run: a name left absent is seen so)
+                seen = st["v"] is None  # (the stat must run: a name left absent is seen so)
                 if not seen and self.gone_everywhere(name, st):
-                    return True             # evicted meanwhile: not a stale view (the next
-                                            # operation finds it vanished and says so)
+                    return True  # evicted meanwhile: not a stale view (the next
+                    # operation finds it vanished and says so)
             if seen:
-                if not first and "t_done" in st:     # how long the change took to be seen
-                    self.log(op="seen_after", name=name,
-                             ms=round((time.monotonic() - st["t_done"]) * 1000, 1))
+                if not first and "t_done" in st:  # how long the change took to be seen
+                    self.log(
+                        op="seen_after",
+                        name=name,
+                        ms=round((time.monotonic() - st["t_done"]) * 1000, 1),
+                    )
                 return True
             first = False
             time.sleep(0.01)
@@ -555,14 +583,26 @@ class Writer:
         name = self.rng.choice(self.names)
         st = self.state[name]
         r = self.rng.random()
-        if st["unknown"]:                  # after an error: only content-independent operations
+        if st["unknown"]:  # after an error: only content-independent operations
             kind = "unlink" if r < 0.1 else "tmp" if r < 0.4 else "write"
         elif st["v"] is None:
             kind = "write" if r < 0.55 else "tmp" if r < 0.85 else "fsync"
         else:
-            kind = ("write" if r < 0.25 else "tmp" if r < 0.5 else "append" if r < 0.62 else
-                    "fsync" if r < 0.72 else "ftrunc" if r < 0.8 else "unlink" if r < 0.92 else
-                    "check")
+            kind = (
+                "write"
+                if r < 0.25
+                else "tmp"
+                if r < 0.5
+                else "append"
+                if r < 0.62
+                else "fsync"
+                if r < 0.72
+                else "ftrunc"
+                if r < 0.8
+                else "unlink"
+                if r < 0.92
+                else "check"
+            )
             if kind == "append" and st["size"] > MAX_SIZE - MiB:
                 kind = "write"
         if kind in ("write", "ftrunc", "fsync"):
@@ -571,7 +611,7 @@ class Writer:
             getattr(self, "op_" + kind)(name)
 
     def run(self) -> int:
-        self.phase(PH_IDLE)                       # tells the harness this writer is up
+        self.phase(PH_IDLE)  # tells the harness this writer is up
         while not self.ctl.stopping:
             self.phase(PH_IDLE)
             self.started = None
@@ -603,9 +643,9 @@ def writer_main(a) -> int:
 # --- journals and verification ---------------------------------------------------------------------
 @dataclass
 class Expect:
-    durable: int = ABSENT          # a version, or ABSENT
+    durable: int = ABSENT  # a version, or ABSENT
     maybe: set = field(default_factory=set)
-    since: float = 0.0             # when the operation that made `durable` started
+    since: float = 0.0  # when the operation that made `durable` started
     # ("fsync" mode) outcomes whose call returned after `durable`'s but that were not made
     # durable (a close, rename or unlink within the write-back window before the kill):
     # (outcome, when its call returned), oldest first; each may be lost
@@ -626,21 +666,21 @@ class Figures:
     divergent: int = 0
     writer_errors: int = 0
     stale_views: int = 0
-    broken: int = 0                # the torture could not go on (kvfs did not mount again)
-    hung: int = 0                  # a writer stuck in a request kvfs never answered
-    unaimed: int = 0               # an aimed kill whose moment never came (killed anyway)
-    unexplained_errors: int = 0    # writer errors the cycle's scenario does not explain
+    broken: int = 0  # the torture could not go on (kvfs did not mount again)
+    hung: int = 0  # a writer stuck in a request kvfs never answered
+    unaimed: int = 0  # an aimed kill whose moment never came (killed anyway)
+    unexplained_errors: int = 0  # writer errors the cycle's scenario does not explain
     # (redis) of those, the EIO/ETIMEDOUT logged while its Redis was up (outside the outage
     # and its grace); and the outages the cycles made
     redis_errors_outside: int = 0
     redis_outages: int = 0
-    writer_failures: int = 0       # writer processes that crashed (not killed by the harness)
-    lost_in_window: int = 0        # ("fsync" mode) closes within the window lost: allowed
+    writer_failures: int = 0  # writer processes that crashed (not killed by the harness)
+    lost_in_window: int = 0  # ("fsync" mode) closes within the window lost: allowed
     format_outcomes: dict = field(default_factory=dict)
-    errnos: dict = field(default_factory=dict)     # writer errors by errno name
-    seen_after_ms: list = field(default_factory=list)   # (cluster) waits for the other node
+    errnos: dict = field(default_factory=dict)  # writer errors by errno name
+    seen_after_ms: list = field(default_factory=list)  # (cluster) waits for the other node
     lost_window_ms: list = field(default_factory=list)  # kill - close of each lost close
-    writer_failure_lines: list = field(default_factory=list)   # each crash's last stderr line
+    writer_failure_lines: list = field(default_factory=list)  # each crash's last stderr line
     # (redis) how long after Redis was up again each excused error came (0 if before)
     redis_error_after_up_ms: list = field(default_factory=list)
     # (failover) see the module docstring
@@ -667,9 +707,20 @@ class Figures:
 
     @property
     def failures(self) -> int:
-        return (self.lost + self.partial + self.resurrected + self.stray + self.broken +
-                self.hung + self.divergent + self.unexplained_evictions + self.shared_extents +
-                self.unexplained_errors + self.stale_views + self.writer_failures)
+        return (
+            self.lost
+            + self.partial
+            + self.resurrected
+            + self.stray
+            + self.broken
+            + self.hung
+            + self.divergent
+            + self.unexplained_evictions
+            + self.shared_extents
+            + self.unexplained_errors
+            + self.stale_views
+            + self.writer_failures
+        )
 
 
 @dataclass
@@ -679,8 +730,10 @@ class Eviction:
     size: int
 
 
-_EVICT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ kvfs\.files: pool full: "
-                    r"evicting /(\S+) \((\d+) bytes\)")
+_EVICT = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ kvfs\.files: pool full: "
+    r"evicting /(\S+) \((\d+) bytes\)"
+)
 
 
 def evictions_in(text: str) -> list[Eviction]:
@@ -698,13 +751,23 @@ class Instance:
     """One kvfs pool under test: one node (SQLite catalog) or two (Redis), its writers' names,
     the state found after the last cycle, and every version's recipe."""
 
-    def __init__(self, name: str, work: Path, *, nodes: int, ns_size: str, evict: bool,
-                 redis: str | None = None, stripe_unit: str | None = None, dram: str = "64MiB",
-                 durability: str = "fsync"):
+    def __init__(
+        self,
+        name: str,
+        work: Path,
+        *,
+        nodes: int,
+        ns_size: str,
+        evict: bool,
+        redis: str | None = None,
+        stripe_unit: str | None = None,
+        dram: str = "64MiB",
+        durability: str = "fsync",
+    ):
         """`redis`: the [cluster] keys that reach the pool's Redis (its URL, or sentinels)."""
         self.name = name
         self.durability = durability
-        self.killed_at: float | None = None     # the last kill -9 of a node this cycle
+        self.killed_at: float | None = None  # the last kill -9 of a node this cycle
         self.dir = work / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.redis = redis
@@ -716,15 +779,24 @@ class Instance:
         for k in range(nodes):
             extra = ""
             if redis is not None:
-                extra = (f'[cluster]\n{redis}\nnode_id = "{name}{k}"\n'
-                         f'name = "{name}"\ngrace_seconds = 1.0\nlease_seconds = 2.0\n'
-                         f'regions = 12\n')
+                extra = (
+                    f'[cluster]\n{redis}\nnode_id = "{name}{k}"\n'
+                    f'name = "{name}"\ngrace_seconds = 1.0\nlease_seconds = 2.0\n'
+                    f"regions = 12\n"
+                )
             mount = f'durability = "{durability}"' if redis is None else ""
-            cfg = write_config(self.dir / f"node{k}.toml", self.dir / f"state{k}", nss,
-                               dram=dram, extra=extra, pool=pool, mount=mount)
+            cfg = write_config(
+                self.dir / f"node{k}.toml",
+                self.dir / f"state{k}",
+                nss,
+                dram=dram,
+                extra=extra,
+                pool=pool,
+                mount=mount,
+            )
             self.configs.append(cfg)
             self.nodes.append(MountedKvfs(self.dir / f"mnt{k}", cfg, self.dir / f"node{k}.log"))
-        self.state: dict[str, dict] = {}          # what the last verification found
+        self.state: dict[str, dict] = {}  # what the last verification found
         self.recipes: dict[str, dict[int, list]] = {}
         self.maxv: dict[str, int] = {}
         self.log_offsets = [0] * nodes
@@ -748,7 +820,7 @@ class Instance:
 
     def kill(self, which: list[int] | None = None) -> None:
         self.killed_at = time.time()
-        for k in (range(len(self.nodes)) if which is None else which):
+        for k in range(len(self.nodes)) if which is None else which:
             self.nodes[k].kill()
 
     def new_log(self, k: int) -> str:
@@ -779,17 +851,32 @@ class Instance:
         for name in self.names_for(writer):
             st = self.state.get(name)
             rec = self.recipes.get(name, {}).get(st) if st is not None else None
-            out[name] = {"v": st, "recipe": rec, "size": len(build(rec)) if rec else 0,
-                         "maxv": self.maxv.get(name, 0), "unknown": False, "node": 0}
+            out[name] = {
+                "v": st,
+                "recipe": rec,
+                "size": len(build(rec)) if rec else 0,
+                "maxv": self.maxv.get(name, 0),
+                "unknown": False,
+                "node": 0,
+            }
         return out
 
 
 # --- the harness ------------------------------------------------------------------------------------
 class Torture:
-    def __init__(self, work: Path, *, writers: int = 4, cluster: bool = False, seed: int = 1,
-                 scenarios: list[str] | None = None, quiet: bool = True,
-                 durability: str = "fsync", window_ms: float = WINDOW_BOUND_MS,
-                 failover: bool = False):
+    def __init__(
+        self,
+        work: Path,
+        *,
+        writers: int = 4,
+        cluster: bool = False,
+        seed: int = 1,
+        scenarios: list[str] | None = None,
+        quiet: bool = True,
+        durability: str = "fsync",
+        window_ms: float = WINDOW_BOUND_MS,
+        failover: bool = False,
+    ):
         self.work = work
         cluster = cluster or failover
         self.failover = failover
@@ -803,37 +890,57 @@ class Torture:
         self.rng = random.Random(seed)
         self.seed = seed
         self.quiet = quiet
-        self.scenarios = scenarios or (["failover"] if failover else
-                                       CLUSTER_SCENARIOS if cluster else SINGLE_SCENARIOS)
+        self.scenarios = scenarios or (
+            ["failover"] if failover else CLUSTER_SCENARIOS if cluster else SINGLE_SCENARIOS
+        )
         self.figures: dict[str, Figures] = {}
         self.problems: list[str] = []
         self.cycle = 0
         self.fig = Figures()
-        self.redis = None                   # the Redis server (with --failover, the master now)
-        self.group = None                   # (--failover) master, replicas, sentinels
-        self.killed_writers: set[int] = set()     # pids of writers the harness killed itself
+        self.redis = None  # the Redis server (with --failover, the master now)
+        self.group = None  # (--failover) master, replicas, sentinels
+        self.killed_writers: set[int] = set()  # pids of writers the harness killed itself
         # (redis) this cycle's outages: [time.time() of the kill, of the restart's end or None]
         self.outages: list[list] = []
         keys = None
         if failover:
             from testing.redis_sentinel import SentinelGroup
+
             self.group = SentinelGroup(work / "redis", replicas=2).start()
             self.redis = self.group.master
-            keys = (f"sentinels = {json.dumps(self.group.sentinel_addresses)}\n"
-                    f'master_name = "{self.group.name}"')
+            keys = (
+                f"sentinels = {json.dumps(self.group.sentinel_addresses)}\n"
+                f'master_name = "{self.group.name}"'
+            )
         elif cluster:
             from testing.redis_server import RedisServer
+
             self.redis = RedisServer(work / "redis").start()
             keys = f'redis = "{self.redis.url}"'
         n = 2 if cluster else 1
         # main: large enough that nothing is evicted (40 names of at most ~18 MiB each, plus
         # tmp files); small: evict = "lru" evicts all the time
-        self.main = Instance("main", work, nodes=n, ns_size="512MiB", evict=True,
-                             redis=keys, stripe_unit="256KiB" if cluster else None,
-                             durability=self.durability)
-        self.small = Instance("small", work, nodes=n, ns_size="24MiB", evict=True,
-                              redis=keys, stripe_unit="256KiB" if cluster else None,
-                              dram="16MiB", durability=self.durability)
+        self.main = Instance(
+            "main",
+            work,
+            nodes=n,
+            ns_size="512MiB",
+            evict=True,
+            redis=keys,
+            stripe_unit="256KiB" if cluster else None,
+            durability=self.durability,
+        )
+        self.small = Instance(
+            "small",
+            work,
+            nodes=n,
+            ns_size="24MiB",
+            evict=True,
+            redis=keys,
+            stripe_unit="256KiB" if cluster else None,
+            dram="16MiB",
+            durability=self.durability,
+        )
         self.format_seconds = 0.5
 
     def say(self, msg: str) -> None:
@@ -856,13 +963,31 @@ class Torture:
             state = cdir / f"w{i}.state.json"
             state.write_text(json.dumps(inst.writer_state(i)))
             with open(cdir / f"w{i}.err", "wb") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(Path(__file__).resolve()), "--writer", "--index",
-                     str(i), "--writers", str(self.writers), "--control", str(ctl_path),
-                     "--journal", str(cdir / f"w{i}.journal"), "--state", str(state),
-                     "--seed", str(self.rng.randrange(1 << 30)),
-                     *[a for m in inst.mounts for a in ("--mount", str(m))]],
-                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(Path(__file__).resolve()),
+                            "--writer",
+                            "--index",
+                            str(i),
+                            "--writers",
+                            str(self.writers),
+                            "--control",
+                            str(ctl_path),
+                            "--journal",
+                            str(cdir / f"w{i}.journal"),
+                            "--state",
+                            str(state),
+                            "--seed",
+                            str(self.rng.randrange(1 << 30)),
+                            *[a for m in inst.mounts for a in ("--mount", str(m))],
+                        ],
+                        cwd=ROOT,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                    )
+                )
                 procs[-1].err_path = cdir / f"w{i}.err"
                 procs[-1].index = i
         return procs
@@ -874,8 +999,9 @@ class Torture:
             err = p.err_path.read_text(errors="replace")
         except OSError:
             err = ""
-        if (p.pid in self.killed_writers and p.returncode == -signal.SIGKILL) or \
-                (p.returncode == 0 and "Traceback" not in err):
+        if (p.pid in self.killed_writers and p.returncode == -signal.SIGKILL) or (
+            p.returncode == 0 and "Traceback" not in err
+        ):
             return None
         lines = [ln for ln in err.splitlines() if ln.strip()]
         last = lines[-1].strip() if lines else f"(no output; exit status {p.returncode})"
@@ -884,8 +1010,9 @@ class Torture:
         self.problem(f"writer {p.index} (pid {p.pid}) exited with {p.returncode}: {last[:300]}")
         return last
 
-    def end_writers(self, inst: Instance, procs: list, ctl: Control, fig: Figures,
-                    timeout: float = 60) -> None:
+    def end_writers(
+        self, inst: Instance, procs: list, ctl: Control, fig: Figures, timeout: float = 60
+    ) -> None:
         ctl.stop()
         deadline = time.monotonic() + timeout
         for p in procs:
@@ -901,8 +1028,10 @@ class Torture:
                     # stuck in a request no daemon answers: abort the connections, and
                     # restart the nodes before verifying
                     fig.hung += 1
-                    self.problem(f"writer {p.pid} hung in a request kvfs never answered; "
-                                 f"connections aborted (umount -f)")
+                    self.problem(
+                        f"writer {p.pid} hung in a request kvfs never answered; "
+                        f"connections aborted (umount -f)"
+                    )
                     for m in inst.mounts:
                         subprocess.run(["umount", "-f", str(m)], capture_output=True)
                     p.wait(60)
@@ -912,8 +1041,9 @@ class Torture:
                 self.writer_failed(p, fig)
 
     # kills ---------------------------------------------------------------------------------------
-    def wait_phase(self, ctl: Control, phase: int, min_size: int, timeout: float,
-                   which: list | None = None) -> int | None:
+    def wait_phase(
+        self, ctl: Control, phase: int, min_size: int, timeout: float, which: list | None = None
+    ) -> int | None:
         """Wait until a writer is in `phase` on a file of at least `min_size` bytes; the node
         it works through (and its index in `which`), or None at the deadline."""
         deadline = time.monotonic() + timeout
@@ -934,21 +1064,32 @@ class Torture:
         r = self.rng.random()
         return [0, 1] if r < 0.2 else [self.rng.randrange(n)]
 
-    def run_scenario(self, scenario: str, inst: Instance, ctl: Control, procs: list,
-                     fig: Figures) -> None:
+    def run_scenario(
+        self, scenario: str, inst: Instance, ctl: Control, procs: list, fig: Figures
+    ) -> None:
         def ready() -> bool:
             for p in procs:
                 if p.poll() is not None:
-                    err = [ln for ln in p.err_path.read_text(errors="replace").splitlines()
-                           if ln.strip()]
-                    raise RuntimeError(f"writer {p.pid} exited with {p.returncode} at start: "
-                                       f"{err[-1] if err else '(no output)'}")
+                    err = [
+                        ln
+                        for ln in p.err_path.read_text(errors="replace").splitlines()
+                        if ln.strip()
+                    ]
+                    raise RuntimeError(
+                        f"writer {p.pid} exited with {p.returncode} at start: "
+                        f"{err[-1] if err else '(no output)'}"
+                    )
             return all(ctl.get(i)[0] != 0 for i in range(self.writers))
+
         wait_until(ready, 60, "the writers to start", interval=0.01)
         # let the writers commit something first
         base = ctl.done_total()
-        wait_until(lambda: ctl.done_total() >= base + 2 * self.writers, 120,
-                   "the writers' first commits", interval=0.01)
+        wait_until(
+            lambda: ctl.done_total() >= base + 2 * self.writers,
+            120,
+            "the writers' first commits",
+            interval=0.01,
+        )
         if scenario == "random":
             time.sleep(self.rng.uniform(0.0, 2.0))
             inst.kill(self.pick_nodes(inst))
@@ -1002,7 +1143,7 @@ class Torture:
             # back at once, as a replica of the new master: with confirm = "all" (the default)
             # the killed server is a replica Sentinel knows of, and stores wait for it
             self.group.restart(old)
-            self.redis = self.group.master   # (a loaded machine may have failed over again)
+            self.redis = self.group.master  # (a loaded machine may have failed over again)
             self.outages[-1][1] = time.time()
             self.after_outage_ends(inst, ctl, "commits after the failover", kill_share=0.5)
         elif scenario == "format":
@@ -1036,11 +1177,16 @@ class Torture:
         """Whether the call `rec` says returned made its outcome durable: always in "close"
         mode; in "fsync" mode an fsync, or any call that returned at least the write-back
         window before the kill (none this cycle: a clean stop made everything durable)."""
-        return (inst.durability == "close" or rec.get("sync", False) or
-                inst.killed_at is None or rec["t"] < inst.killed_at - self.window_ms / 1000)
+        return (
+            inst.durability == "close"
+            or rec.get("sync", False)
+            or inst.killed_at is None
+            or rec["t"] < inst.killed_at - self.window_ms / 1000
+        )
 
-    def replay(self, inst: Instance, cdir: Path, fig: Figures,
-               scenario: str = "random") -> tuple[dict, list]:
+    def replay(
+        self, inst: Instance, cdir: Path, fig: Figures, scenario: str = "random"
+    ) -> tuple[dict, list]:
         exp: dict[str, Expect] = {}
         for name, v in inst.state.items():
             exp[name] = Expect(durable=v if v is not None else ABSENT)
@@ -1053,12 +1199,12 @@ class Torture:
             if not jp.exists():
                 continue
             started: dict[str, float] = {}
-            tmp_of: dict[str, str] = {}     # name -> the tmp file its operation in flight renames
+            tmp_of: dict[str, str] = {}  # name -> the tmp file its operation in flight renames
             for line in jp.read_text().splitlines():
                 try:
                     rec = json.loads(line)
                 except ValueError:
-                    continue              # a line cut by the writer's death
+                    continue  # a line cut by the writer's death
                 op, name = rec["op"], rec.get("name")
                 if op == "start":
                     started[name] = rec["t"]
@@ -1105,16 +1251,17 @@ class Torture:
                     fig.errnos[code] = fig.errnos.get(code, 0) + 1
                     if rec.get("errno") not in EXPLAINED["*"] | EXPLAINED.get(scenario, set()):
                         fig.unexplained_errors += 1
-                        self.problem(f"writer {i} in a {scenario} cycle: {code} "
-                                     f"{json.dumps(rec)}")
+                        self.problem(f"writer {i} in a {scenario} cycle: {code} {json.dumps(rec)}")
                     elif scenario in OUTAGES and rec.get("errno") not in EXPLAINED["*"]:
                         # Redis's errors are explained only while Redis was down
                         after = self.after_outage(rec["t"])
                         if after is None:
                             fig.unexplained_errors += 1
                             fig.redis_errors_outside += 1
-                            self.problem(f"writer {i}: {code} while Redis was up "
-                                         f"({self.outage_text(rec['t'])}): {json.dumps(rec)}")
+                            self.problem(
+                                f"writer {i}: {code} while Redis was up "
+                                f"({self.outage_text(rec['t'])}): {json.dumps(rec)}"
+                            )
                         else:
                             fig.redis_error_after_up_ms.append(after)
                     # a rename that failed may still have happened (Redis applied it, and its
@@ -1122,15 +1269,23 @@ class Torture:
                     # name, which later operations may since have overwritten
                     if name in tmp_of:
                         exp[tmp_of.pop(name)].maybe.add(ABSENT)
-                elif op == "stale_view" and scenario in OUTAGES and \
-                        self.in_outage(rec["t"] - STALE_SECONDS, rec["t"]):
-                    fig.stale_in_outage += 1     # (nodes cannot learn changes while it lasts)
+                elif (
+                    op == "stale_view"
+                    and scenario in OUTAGES
+                    and self.in_outage(rec["t"] - STALE_SECONDS, rec["t"])
+                ):
+                    fig.stale_in_outage += 1  # (nodes cannot learn changes while it lasts)
                 elif op == "stale_view":
                     fig.stale_views += 1
-                    self.problem(f"writer {i}: node {rec.get('node')} did not see {name} as "
-                                 f"left within {STALE_SECONDS:.0f} s")
-                elif op == "seen_after" and scenario in OUTAGES and \
-                        self.in_outage(rec["t"] - rec["ms"] / 1000, rec["t"]):
+                    self.problem(
+                        f"writer {i}: node {rec.get('node')} did not see {name} as "
+                        f"left within {STALE_SECONDS:.0f} s"
+                    )
+                elif (
+                    op == "seen_after"
+                    and scenario in OUTAGES
+                    and self.in_outage(rec["t"] - rec["ms"] / 1000, rec["t"])
+                ):
                     fig.seen_after_outage_ms.append(rec["ms"])
                 elif op == "seen_after":
                     fig.seen_after_ms.append(rec["ms"])
@@ -1159,14 +1314,21 @@ class Torture:
 
     def in_outage(self, a: float, b: float) -> bool:
         """Whether [a, b] overlaps one of this cycle's outages (and its REDIS_GRACE_MS)."""
-        return any(a <= (up if up is not None else b) + REDIS_GRACE_MS / 1000 and b >= down
-                   for down, up in self.outages)
+        return any(
+            a <= (up if up is not None else b) + REDIS_GRACE_MS / 1000 and b >= down
+            for down, up in self.outages
+        )
 
     def outage_text(self, t: float) -> str:
-        return "; ".join(f"{(t - down) * 1000:+.0f} ms from the kill of redis-server"
-                         f"{' (the master)' if self.failover else ''}, "
-                         + (f"{(t - up) * 1000:+.0f} ms from its restart" if up else "no restart")
-                         for down, up in self.outages) or "no outage this cycle"
+        return (
+            "; ".join(
+                f"{(t - down) * 1000:+.0f} ms from the kill of redis-server"
+                f"{' (the master)' if self.failover else ''}, "
+                + (f"{(t - up) * 1000:+.0f} ms from its restart" if up else "no restart")
+                for down, up in self.outages
+            )
+            or "no outage this cycle"
+        )
 
     def read_views(self, inst: Instance) -> list[dict[str, bytes]]:
         views = []
@@ -1176,27 +1338,36 @@ class Torture:
                 try:
                     view[name] = (m / name).read_bytes()
                 except OSError as e:
-                    view[name] = e          # EIO: a checksum mismatch, say
+                    view[name] = e  # EIO: a checksum mismatch, say
             views.append(view)
         return views
 
-    def verify(self, inst: Instance, cdir: Path, fig: Figures,
-               evictions: list[Eviction], scenario: str = "random") -> None:
+    def verify(
+        self,
+        inst: Instance,
+        cdir: Path,
+        fig: Figures,
+        evictions: list[Eviction],
+        scenario: str = "random",
+    ) -> None:
         exp, vanished = self.replay(inst, cdir, fig, scenario)
         views = self.read_views(inst)
         if len(views) > 1:
+
             def agree() -> bool:
                 nonlocal views
                 if all(_digest(v) == _digest(views[0]) for v in views[1:]):
                     return True
                 views = self.read_views(inst)
                 return False
+
             try:
                 wait_until(agree, 10, "the nodes to agree", interval=0.2)
             except TimeoutError:
                 a, b = views[0], views[1]
-                diff = sorted(n for n in set(a) | set(b)
-                              if _digest({n: a.get(n)}) != _digest({n: b.get(n)}))
+                diff = sorted(
+                    n for n in set(a) | set(b) if _digest({n: a.get(n)}) != _digest({n: b.get(n)})
+                )
                 fig.divergent += len(diff)
                 self.problem(f"{inst.name}: nodes disagree on {diff[:10]}")
         present = views[0]
@@ -1215,11 +1386,11 @@ class Torture:
                 return
             found = [k for k, (o, _) in enumerate(e.weak) if o == outcome]
             if found:
-                lost = e.weak[found[-1] + 1:]
+                lost = e.weak[found[-1] + 1 :]
             elif outcome == e.durable:
                 lost = e.weak
             else:
-                lost = []               # an operation in flight at the kill went through
+                lost = []  # an operation in flight at the kill went through
             if lost:
                 fig.lost_in_window += len(lost)
                 fig.lost_window_ms.append(round((inst.killed_at - lost[0][1]) * 1000, 1))
@@ -1227,8 +1398,9 @@ class Torture:
         for name, v, e in vanished:
             if v is not None and not evicted(name, v, e.since):
                 fig.lost += 1
-                self.problem(f"{inst.name}: {name} v{v} vanished under its writer (no eviction "
-                             f"logged)")
+                self.problem(
+                    f"{inst.name}: {name} v{v} vanished under its writer (no eviction logged)"
+                )
         new_state: dict[str, int | None] = {}
         remove: list[str] = []
         # tmp names last: a tmp file whose rename went through is absent, its content under
@@ -1239,8 +1411,10 @@ class Torture:
             data = present.get(name)
             if e is None:
                 fig.stray += 1
-                self.problem(f"{inst.name}: stray name {name!r} "
-                             f"({len(data) if isinstance(data, bytes) else data})")
+                self.problem(
+                    f"{inst.name}: stray name {name!r} "
+                    f"({len(data) if isinstance(data, bytes) else data})"
+                )
                 remove.append(name)
                 continue
             allowed = {e.durable} | e.maybe
@@ -1248,15 +1422,18 @@ class Torture:
                 if ABSENT in allowed:
                     pass
                 elif ".tmp" in name and seen.get(base_name(name)) == e.durable:
-                    pass                                # renamed into place
-                elif evicted(name, e.durable, e.since) or \
-                        any(evicted(name, o, e.since) for o, _ in e.weak if o != ABSENT):
-                    fig.evicted += 1                # (an eviction of a later, closed version
+                    pass  # renamed into place
+                elif evicted(name, e.durable, e.since) or any(
+                    evicted(name, o, e.since) for o, _ in e.weak if o != ABSENT
+                ):
+                    fig.evicted += 1  # (an eviction of a later, closed version
                     #                                  removes the name too)
                 else:
                     fig.lost += 1
-                    self.problem(f"{inst.name}: {name} lost: v{e.durable} committed, file absent"
-                                 f" (allowed {sorted(allowed)})")
+                    self.problem(
+                        f"{inst.name}: {name} lost: v{e.durable} committed, file absent"
+                        f" (allowed {sorted(allowed)})"
+                    )
                 lost_closes(e, ABSENT)
                 new_state[name] = None
                 continue
@@ -1269,14 +1446,20 @@ class Torture:
             segs = parse(data)
             claim = segs[-1][1] if segs else None
             recipe = inst.recipes.get(name, {}).get(claim)
-            if segs is None or recipe is None or segs[-1][0] != base_name(name) or \
-                    build(recipe) != data:
+            if (
+                segs is None
+                or recipe is None
+                or segs[-1][0] != base_name(name)
+                or build(recipe) != data
+            ):
                 fig.partial += 1
                 if len(data) == 0:
                     fig.zero_byte += 1
-                self.problem(f"{inst.name}: {name} partial: {len(data)} bytes, claims "
-                             f"{segs[-1] if segs else None}; durable v{e.durable}, allowed "
-                             f"{sorted(allowed)} ({_compare(inst, name, data, allowed)})")
+                self.problem(
+                    f"{inst.name}: {name} partial: {len(data)} bytes, claims "
+                    f"{segs[-1] if segs else None}; durable v{e.durable}, allowed "
+                    f"{sorted(allowed)} ({_compare(inst, name, data, allowed)})"
+                )
                 (cdir / f"partial-{name}").write_bytes(data)
                 remove.append(name)
                 new_state[name] = None
@@ -1285,8 +1468,9 @@ class Torture:
                 pass
             elif e.durable == ABSENT:
                 fig.resurrected += 1
-                self.problem(f"{inst.name}: {name} resurrected: v{claim} present after its "
-                             f"unlink returned")
+                self.problem(
+                    f"{inst.name}: {name} resurrected: v{claim} present after its unlink returned"
+                )
             elif claim < e.durable:
                 fig.lost += 1
                 self.problem(f"{inst.name}: {name} lost: has v{claim}, v{e.durable} committed")
@@ -1307,7 +1491,9 @@ class Torture:
         inst.state = {n: v for n, v in new_state.items() if v is not None and ".tmp" not in n}
 
     # the format scenario's second half ----------------------------------------------------------------
-    def kvfs_format(self, inst: Instance, kill_after: float | None) -> subprocess.CompletedProcess | None:
+    def kvfs_format(
+        self, inst: Instance, kill_after: float | None
+    ) -> subprocess.CompletedProcess | None:
         cmd = [sys.executable, "-m", "kvfs", "format", "--force", "--config", str(inst.configs[0])]
         t0 = time.monotonic()
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -1319,18 +1505,18 @@ class Torture:
             except subprocess.TimeoutExpired:
                 p.kill()
             out, _ = p.communicate()
-        if p.returncode == 0:           # aim the next kill within a whole format's time
+        if p.returncode == 0:  # aim the next kill within a whole format's time
             self.format_seconds = time.monotonic() - t0
         return subprocess.CompletedProcess(cmd, p.returncode, out, b"")
 
     def format_cycle(self, inst: Instance, fig: Figures) -> None:
         inst.stop()
-        if self.redis is not None:            # a killed node's leases must lapse first
+        if self.redis is not None:  # a killed node's leases must lapse first
             self._wait_no_leases(inst)
         delay = self.rng.uniform(0.0, self.format_seconds * 1.2)
         r = self.kvfs_format(inst, delay)
         killed = r.returncode == -signal.SIGKILL
-        if self.redis is not None:            # the operator's step after a killed format
+        if self.redis is not None:  # the operator's step after a killed format
             self._redis_cli("DEL", f"kvfs:{{{inst.name}}}:init")
         try:
             inst.start()
@@ -1351,8 +1537,10 @@ class Torture:
             before = dict(inst.state)
             self.verify(inst, self.work / "empty-cycle", empty, [], "format")
             if inst.state != before or empty.failures:
-                self.problem(f"after a killed format: {len(names)} names, not the old pool "
-                             f"intact ({empty.failures} failures)")
+                self.problem(
+                    f"after a killed format: {len(names)} names, not the old pool "
+                    f"intact ({empty.failures} failures)"
+                )
             fig.add(empty)
             key = "old pool intact"
         else:
@@ -1376,6 +1564,7 @@ class Torture:
         space handed out twice across a failover would show here."""
         from kvfs.catalog.redis.codec import pairs, parse_blob
         from testing.redis_sentinel import _ask
+
         port, prefix = self.redis_port, f"kvfs:{{{inst.name}}}:"
         keys, cursor = [], b"0"
         while True:
@@ -1393,23 +1582,34 @@ class Torture:
         for a, b in zip(units, units[1:]):
             if a[0] == b[0] and b[1] < a[2]:
                 fig.shared_extents += 1
-                self.problem(f"{inst.name}: blocks {a[3]} and {b[3]} both claim namespace "
-                             f"{a[0]} bytes {b[1]}-{min(a[2], b[2])}")
+                self.problem(
+                    f"{inst.name}: blocks {a[3]} and {b[3]} both claim namespace "
+                    f"{a[0]} bytes {b[1]}-{min(a[2], b[2])}"
+                )
 
     def _redis_cli(self, *args: str) -> str:
-        return subprocess.run(["redis-cli", "-p", str(self.redis_port), *args],
-                              capture_output=True, text=True, timeout=20).stdout
+        return subprocess.run(
+            ["redis-cli", "-p", str(self.redis_port), *args],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
 
     def _wait_no_leases(self, inst: Instance) -> None:
-        wait_until(lambda: not self._redis_cli("--scan", "--pattern",
-                                               f"kvfs:{{{inst.name}}}:lease:*").strip(),
-                   30, "the killed node's leases to lapse", interval=0.1)
+        wait_until(
+            lambda: (
+                not self._redis_cli("--scan", "--pattern", f"kvfs:{{{inst.name}}}:lease:*").strip()
+            ),
+            30,
+            "the killed node's leases to lapse",
+            interval=0.1,
+        )
 
     # one cycle -------------------------------------------------------------------------------------
     def one_cycle(self, scenario: str) -> Figures:
         self.cycle += 1
         fig = Figures(cycles=1)
-        self.fig = fig                      # (what a cycle that breaks off still found)
+        self.fig = fig  # (what a cycle that breaks off still found)
         self.outages = []
         inst = self.small if scenario == "evict" else self.main
         inst.killed_at = None
@@ -1418,7 +1618,7 @@ class Torture:
             other.stop()
         inst.start()
         for k in range(len(inst.nodes)):
-            inst.new_log(k)                 # evictions are read from what follows
+            inst.new_log(k)  # evictions are read from what follows
         cdir = self.work / f"cycle{self.cycle:04d}-{scenario}"
         cdir.mkdir(parents=True)
         ctl_path = Path("/dev/shm") / f"kvfs-torture-{os.getpid()}-{self.cycle}"
@@ -1434,7 +1634,7 @@ class Torture:
             ctl.close()
             ctl_path.unlink()
         if self.group is not None:
-            for server in self.group.servers:       # a cycle cut short left one down
+            for server in self.group.servers:  # a cycle cut short left one down
                 if server.proc is None:
                     self.group.restart(server)
         elif self.redis is not None and self.redis.proc is None:
@@ -1456,9 +1656,11 @@ class Torture:
             self.format_cycle(inst, fig)
         if not fig.failures:
             shutil.rmtree(cdir, ignore_errors=True)
-        self.say(f"cycle {self.cycle} {scenario}: {fig.commits} commits, lost {fig.lost}, partial "
-                 f"{fig.partial}, resurrected {fig.resurrected}, stray {fig.stray}, evicted "
-                 f"{fig.evicted}, errors {fig.writer_errors} ({time.monotonic() - t0:.1f}s)")
+        self.say(
+            f"cycle {self.cycle} {scenario}: {fig.commits} commits, lost {fig.lost}, partial "
+            f"{fig.partial}, resurrected {fig.resurrected}, stray {fig.stray}, evicted "
+            f"{fig.evicted}, errors {fig.writer_errors} ({time.monotonic() - t0:.1f}s)"
+        )
         return fig
 
     def run(self, cycles: int, minutes: float | None = None) -> dict:
@@ -1466,7 +1668,7 @@ class Torture:
         total = Figures()
         try:
             self._cycles(cycles, minutes, t0, total)
-        except KeyboardInterrupt:              # SIGINT, or SIGTERM (see main): report what ran
+        except KeyboardInterrupt:  # SIGINT, or SIGTERM (see main): report what ran
             self.problems.append(f"interrupted during cycle {self.cycle} (not counted)")
         finally:
             self.close()
@@ -1475,43 +1677,87 @@ class Torture:
 
         def q(f: float) -> float | None:
             return waits[min(len(waits) - 1, int(f * len(waits)))] if waits else None
-        staleness = {"waits": len(waits), "p50_ms": q(0.5), "p99_ms": q(0.99),
-                     "max_ms": waits[-1] if waits else None, "bound_ms": STALE_BOUND_MS}
+
+        staleness = {
+            "waits": len(waits),
+            "p50_ms": q(0.5),
+            "p99_ms": q(0.99),
+            "max_ms": waits[-1] if waits else None,
+            "bound_ms": STALE_BOUND_MS,
+        }
         over = int(bool(waits) and waits[-1] > STALE_BOUND_MS)
         if over:
-            self.problems.append(f"a change took {waits[-1]:.0f} ms to be seen on the other "
-                                 f"node (bound {STALE_BOUND_MS} ms)")
+            self.problems.append(
+                f"a change took {waits[-1]:.0f} ms to be seen on the other "
+                f"node (bound {STALE_BOUND_MS} ms)"
+            )
         return {
             "mode": "cluster" if self.cluster else "single",
-            "durability": self.durability, "window_bound_ms": self.window_ms,
+            "durability": self.durability,
+            "window_bound_ms": self.window_ms,
             "max_lost_window_ms": max(total.lost_window_ms, default=0.0),
-            "writers": self.writers, "seed": self.seed,
-            **{k: v for k, v in total.__dict__.items()
-               if k not in ("seen_after_ms", "lost_window_ms", "redis_error_after_up_ms",
-                            "failover_ms", "first_publish_ms", "seen_after_outage_ms")},
+            "writers": self.writers,
+            "seed": self.seed,
+            **{
+                k: v
+                for k, v in total.__dict__.items()
+                if k
+                not in (
+                    "seen_after_ms",
+                    "lost_window_ms",
+                    "redis_error_after_up_ms",
+                    "failover_ms",
+                    "first_publish_ms",
+                    "seen_after_outage_ms",
+                )
+            },
             "max_seen_after_outage_ms": max(total.seen_after_outage_ms, default=None),
             "redis_grace_ms": REDIS_GRACE_MS,
             "max_redis_error_after_up_ms": max(total.redis_error_after_up_ms, default=None),
-            "staleness": staleness, "stale_over_bound": over,
-            **({"failover": {"cycles": len(total.failover_ms),
-                             "failover_ms": _spread(total.failover_ms),
-                             "first_publish_ms": _spread(total.first_publish_ms),
-                             "reads_in_outage_ok": total.reads_in_outage_ok,
-                             "reads_in_outage_failed": total.reads_in_outage_failed,
-                             "min_replicas": 1, "replicas": 2, "sentinels": 3,
-                             "confirm": "all", "down_after_ms": self.group.down_after_ms,
-                             # failovers Sentinel made; more than `cycles`: it also replaced
-                             # masters that were alive (a stall longer than down_after_ms)
-                             "sentinel_failovers": self.group.switches()}}
-               if self.failover else {}),
+            "staleness": staleness,
+            "stale_over_bound": over,
+            **(
+                {
+                    "failover": {
+                        "cycles": len(total.failover_ms),
+                        "failover_ms": _spread(total.failover_ms),
+                        "first_publish_ms": _spread(total.first_publish_ms),
+                        "reads_in_outage_ok": total.reads_in_outage_ok,
+                        "reads_in_outage_failed": total.reads_in_outage_failed,
+                        "min_replicas": 1,
+                        "replicas": 2,
+                        "sentinels": 3,
+                        "confirm": "all",
+                        "down_after_ms": self.group.down_after_ms,
+                        # failovers Sentinel made; more than `cycles`: it also replaced
+                        # masters that were alive (a stall longer than down_after_ms)
+                        "sentinel_failovers": self.group.switches(),
+                    }
+                }
+                if self.failover
+                else {}
+            ),
             "seconds": round(seconds, 1),
             "cycles_per_minute": round(total.cycles / seconds * 60, 2) if seconds else 0,
-            "scenarios": {k: {**{kk: vv for kk, vv in f.__dict__.items()
-                                 if kk not in ("seen_after_ms", "lost_window_ms",
-                                               "redis_error_after_up_ms", "failover_ms",
-                                               "first_publish_ms", "seen_after_outage_ms")},
-                              "staleness_max_ms": max(f.seen_after_ms, default=None)}
-                          for k, f in self.figures.items()},
+            "scenarios": {
+                k: {
+                    **{
+                        kk: vv
+                        for kk, vv in f.__dict__.items()
+                        if kk
+                        not in (
+                            "seen_after_ms",
+                            "lost_window_ms",
+                            "redis_error_after_up_ms",
+                            "failover_ms",
+                            "first_publish_ms",
+                            "seen_after_outage_ms",
+                        )
+                    },
+                    "staleness_max_ms": max(f.seen_after_ms, default=None),
+                }
+                for k, f in self.figures.items()
+            },
             "problems": self.problems[:100],
         }
 
@@ -1522,20 +1768,24 @@ class Torture:
             scenario = self.scenarios[c % len(self.scenarios)]
             try:
                 fig = self.one_cycle(scenario)
-            except (RuntimeError, TimeoutError, OSError) as e:   # kvfs no longer mounts, say
+            except (RuntimeError, TimeoutError, OSError) as e:  # kvfs no longer mounts, say
                 self.problem(f"{scenario}: {str(e)[-1500:]}")
                 # writers that crashed in it (end_writers saw them) still count
-                fig = Figures(cycles=1, broken=1,
-                              writer_failures=self.fig.writer_failures,
-                              writer_failure_lines=self.fig.writer_failure_lines)
+                fig = Figures(
+                    cycles=1,
+                    broken=1,
+                    writer_failures=self.fig.writer_failures,
+                    writer_failure_lines=self.fig.writer_failure_lines,
+                )
                 self.figures.setdefault(scenario, Figures()).add(fig)
                 total.add(fig)
                 break
             self.figures.setdefault(scenario, Figures()).add(fig)
             total.add(fig)
-            with open(self.work / "cycles.jsonl", "a") as f:       # survives a crashed run
-                f.write(json.dumps({"cycle": self.cycle, "scenario": scenario,
-                                    **fig.__dict__}) + "\n")
+            with open(self.work / "cycles.jsonl", "a") as f:  # survives a crashed run
+                f.write(
+                    json.dumps({"cycle": self.cycle, "scenario": scenario, **fig.__dict__}) + "\n"
+                )
 
     def close(self) -> None:
         for inst in (self.main, self.small):
@@ -1556,12 +1806,15 @@ def _spread(values: list) -> dict:
 
     def q(f: float):
         return v[min(len(v) - 1, int(f * len(v)))] if v else None
+
     return {"n": len(v), "p50": q(0.5), "p99": q(0.99), "max": v[-1] if v else None}
 
 
 def _digest(view: dict) -> dict:
-    return {n: (hashlib.blake2b(d, digest_size=16).hexdigest() if isinstance(d, bytes) else
-                repr(d)) for n, d in view.items()}
+    return {
+        n: (hashlib.blake2b(d, digest_size=16).hexdigest() if isinstance(d, bytes) else repr(d))
+        for n, d in view.items()
+    }
 
 
 def _compare(inst: Instance, name: str, data: bytes, versions) -> str:
@@ -1573,23 +1826,53 @@ def _compare(inst: Instance, name: str, data: bytes, versions) -> str:
             continue
         want = build(rec)
         n = min(len(want), len(data))
-        first = next((i for i in range(0, n, 4096) if want[i:i + 4096] != data[i:i + 4096]), None)
+        first = next(
+            (i for i in range(0, n, 4096) if want[i : i + 4096] != data[i : i + 4096]), None
+        )
         if first is not None:
             first += next(j for j in range(4096) if want[first + j] != data[first + j])
         zeros = data.count(0) if len(data) < 64 * MiB else -1
-        out.append(f"v{v}: {len(want)} bytes, first difference at "
-                   f"{first if first is not None else min(len(want), len(data))}, zero bytes in"
-                   f" file {zeros}")
+        out.append(
+            f"v{v}: {len(want)} bytes, first difference at "
+            f"{first if first is not None else min(len(want), len(data))}, zero bytes in"
+            f" file {zeros}"
+        )
     return "; ".join(out)
 
 
 # --- command line ----------------------------------------------------------------------------------
-COLUMNS = ["cycles", "commits", "lost", "partial", "zero_byte", "resurrected", "stray", "evicted",
-           "writer_errors", "unexplained_errors", "writer_failures", "broken", "hung", "unaimed"]
+COLUMNS = [
+    "cycles",
+    "commits",
+    "lost",
+    "partial",
+    "zero_byte",
+    "resurrected",
+    "stray",
+    "evicted",
+    "writer_errors",
+    "unexplained_errors",
+    "writer_failures",
+    "broken",
+    "hung",
+    "unaimed",
+]
 # outcomes any one of which fails the run (and the short form's test)
-FAILING = ("lost", "partial", "resurrected", "stray", "broken", "hung", "divergent",
-           "unexplained_evictions", "unexplained_errors", "stale_views", "stale_over_bound",
-           "writer_failures", "shared_extents")
+FAILING = (
+    "lost",
+    "partial",
+    "resurrected",
+    "stray",
+    "broken",
+    "hung",
+    "divergent",
+    "unexplained_evictions",
+    "unexplained_errors",
+    "stale_views",
+    "stale_over_bound",
+    "writer_failures",
+    "shared_extents",
+)
 
 
 def table(report: dict) -> str:
@@ -1598,44 +1881,62 @@ def table(report: dict) -> str:
         rows.append([name, *[str(f[c]) for c in COLUMNS]])
     rows.append(["total", *[str(report[c]) for c in COLUMNS]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in rows]
-    head = (f"kvfs torture ({report['mode']}, durability {report['durability']}, "
-            f"{report['writers']} writers, seed {report['seed']}): "
-            f"{report['cycles']} cycles in {report['seconds']} s "
-            f"({report['cycles_per_minute']} per minute)")
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
+    head = (
+        f"kvfs torture ({report['mode']}, durability {report['durability']}, "
+        f"{report['writers']} writers, seed {report['seed']}): "
+        f"{report['cycles']} cycles in {report['seconds']} s "
+        f"({report['cycles_per_minute']} per minute)"
+    )
     tail = []
     if report["format_outcomes"]:
-        tail.append("format outcomes: " + ", ".join(f"{k} {v}" for k, v in
-                                                    report["format_outcomes"].items()))
+        tail.append(
+            "format outcomes: "
+            + ", ".join(f"{k} {v}" for k, v in report["format_outcomes"].items())
+        )
     if report["durability"] == "fsync":
-        tail.append(f"closes rolled back by a crash (within the write-back window): "
-                    f"{report['lost_in_window']}; the oldest "
-                    f"{report['max_lost_window_ms']} ms before its kill (bound "
-                    f"{report['window_bound_ms']:.0f} ms)")
-    tail.append("writer errors by errno: " + (", ".join(
-        f"{k} {v}" for k, v in sorted(report["errnos"].items())) or "none"))
+        tail.append(
+            f"closes rolled back by a crash (within the write-back window): "
+            f"{report['lost_in_window']}; the oldest "
+            f"{report['max_lost_window_ms']} ms before its kill (bound "
+            f"{report['window_bound_ms']:.0f} ms)"
+        )
+    tail.append(
+        "writer errors by errno: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(report["errnos"].items())) or "none")
+    )
     if report["redis_outages"]:
-        tail.append(f"Redis outages {report['redis_outages']}: errors while it was up "
-                    f"{report['redis_errors_outside']}, the latest excused one "
-                    f"{report['max_redis_error_after_up_ms']} ms after the restart (grace "
-                    f"{report['redis_grace_ms']} ms)")
+        tail.append(
+            f"Redis outages {report['redis_outages']}: errors while it was up "
+            f"{report['redis_errors_outside']}, the latest excused one "
+            f"{report['max_redis_error_after_up_ms']} ms after the restart (grace "
+            f"{report['redis_grace_ms']} ms)"
+        )
     fo = report.get("failover")
     if fo:
         f, p = fo["failover_ms"], fo["first_publish_ms"]
-        tail.append(f"failovers {fo['cycles']}: the kill to a promoted master p50 {f['p50']} ms, "
-                    f"max {f['max']} ms; to the first publish p50 {p['p50']} ms, p99 {p['p99']} "
-                    f"ms, max {p['max']} ms; reads meanwhile {fo['reads_in_outage_ok']} ok, "
-                    f"{fo['reads_in_outage_failed']} failed; extents claimed twice "
-                    f"{report['shared_extents']}")
+        tail.append(
+            f"failovers {fo['cycles']}: the kill to a promoted master p50 {f['p50']} ms, "
+            f"max {f['max']} ms; to the first publish p50 {p['p50']} ms, p99 {p['p99']} "
+            f"ms, max {p['max']} ms; reads meanwhile {fo['reads_in_outage_ok']} ok, "
+            f"{fo['reads_in_outage_failed']} failed; extents claimed twice "
+            f"{report['shared_extents']}"
+        )
     st = report["staleness"]
     if st["waits"]:
-        tail.append(f"changes seen on the other node after a wait: {st['waits']}, p50 "
-                    f"{st['p50_ms']} ms, p99 {st['p99_ms']} ms, max {st['max_ms']} ms (bound "
-                    f"{st['bound_ms']} ms)")
+        tail.append(
+            f"changes seen on the other node after a wait: {st['waits']}, p50 "
+            f"{st['p50_ms']} ms, p99 {st['p99_ms']} ms, max {st['max_ms']} ms (bound "
+            f"{st['bound_ms']} ms)"
+        )
     if report["unexplained_evictions"] or report["divergent"] or report["stale_views"]:
-        tail.append(f"evictions in the large pool {report['unexplained_evictions']}, divergent "
-                    f"{report['divergent']}, stale views {report['stale_views']}")
+        tail.append(
+            f"evictions in the large pool {report['unexplained_evictions']}, divergent "
+            f"{report['divergent']}, stale views {report['stale_views']}"
+        )
     tail += report["problems"][:30]
     return "\n".join([head, *lines, *tail])
 
@@ -1645,18 +1946,33 @@ def main(argv=None) -> int:
     p.add_argument("--cycles", type=int, default=200)
     p.add_argument("--writers", type=int, default=4)
     p.add_argument("--cluster", action="store_true")
-    p.add_argument("--failover", action="store_true",
-                   help="(implies --cluster) Redis behind Sentinel; kill -9 its master")
-    p.add_argument("--durability", choices=["fsync", "close"], default="fsync",
-                   help="the single-node pool's [mount] durability (a cluster is \"close\")")
-    p.add_argument("--window-ms", type=float, default=WINDOW_BOUND_MS,
-                   help="(\"fsync\") a close this long before the kill must survive it")
+    p.add_argument(
+        "--failover",
+        action="store_true",
+        help="(implies --cluster) Redis behind Sentinel; kill -9 its master",
+    )
+    p.add_argument(
+        "--durability",
+        choices=["fsync", "close"],
+        default="fsync",
+        help='the single-node pool\'s [mount] durability (a cluster is "close")',
+    )
+    p.add_argument(
+        "--window-ms",
+        type=float,
+        default=WINDOW_BOUND_MS,
+        help='("fsync") a close this long before the kill must survive it',
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
     p.add_argument("--scenarios", help="comma-separated, taken in turn")
     p.add_argument("--minutes", type=float, help="stop starting cycles after this long")
-    p.add_argument("--workdir", type=Path, help="keep everything here (default: a temporary "
-                                                "directory, removed unless something failed)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep everything here (default: a temporary "
+        "directory, removed unless something failed)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     # the writer process
     p.add_argument("--writer", action="store_true", help=argparse.SUPPRESS)
@@ -1671,15 +1987,25 @@ def main(argv=None) -> int:
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         print("torture: needs root and /dev/fuse", file=sys.stderr)
         return 2
+
     def interrupt(signum, frame):
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, interrupt)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kvfs-torture-"))
     work.mkdir(parents=True, exist_ok=True)
     scen = a.scenarios.split(",") if a.scenarios else None
-    t = Torture(work, writers=a.writers, cluster=a.cluster, seed=a.seed, scenarios=scen,
-                quiet=not a.verbose, durability=a.durability, window_ms=a.window_ms,
-                failover=a.failover)
+    t = Torture(
+        work,
+        writers=a.writers,
+        cluster=a.cluster,
+        seed=a.seed,
+        scenarios=scen,
+        quiet=not a.verbose,
+        durability=a.durability,
+        window_ms=a.window_ms,
+        failover=a.failover,
+    )
     report = t.run(a.cycles, a.minutes)
     report["workdir"] = str(work)
     failed = sum(report[k] for k in FAILING)

@@ -100,16 +100,22 @@ def replay(requests: list[list[int]], capacity: int, policy: str) -> dict:
     for ids in requests:
         hits += serve(tier, ids)
         total += len(ids)
-    out = {"policy": policy, "capacity_blocks": capacity, "hit_rate": hits / total,
-           "block_hit_rate": tier.hits / max(1, tier.hits + tier.misses),
-           "requests": len(requests), "blocks": total, "seconds": time.perf_counter() - t}
+    out = {
+        "policy": policy,
+        "capacity_blocks": capacity,
+        "hit_rate": hits / total,
+        "block_hit_rate": tier.hits / max(1, tier.hits + tier.misses),
+        "requests": len(requests),
+        "blocks": total,
+        "seconds": time.perf_counter() - t,
+    }
     mode = getattr(tier.policy, "mode_name", None)
     if mode:
         out["final_mode"] = mode
     return out
 
 
-NEVER = float("inf")       # the next use of a block that is not used again
+NEVER = float("inf")  # the next use of a block that is not used again
 
 
 def _replay_knowing_next_uses(requests: list[list[int]], kept, use) -> dict:
@@ -143,8 +149,9 @@ def replay_bound(requests: list[list[int]], capacity: int) -> dict:
     then every block of it is used. No online policy can beat this on block hits; on prefix
     hits it is the yardstick the policy work is measured against (`pct_of_bound`)."""
     import heapq
-    kept: dict[int, float] = {}          # block -> its next use
-    heap: list[tuple[float, int]] = []   # (-next use, block), stale entries skipped
+
+    kept: dict[int, float] = {}  # block -> its next use
+    heap: list[tuple[float, int]] = []  # (-next use, block), stale entries skipped
 
     def use(h: int, n: float) -> None:
         if h in kept:
@@ -157,10 +164,11 @@ def replay_bound(requests: list[list[int]], capacity: int) -> dict:
             while kept.get(heap[0][1]) != -heap[0][0]:
                 heapq.heappop(heap)
             if -heap[0][0] <= n:
-                return                       # every kept block is needed before this one
+                return  # every kept block is needed before this one
             del kept[heapq.heappop(heap)[1]]
         kept[h] = n
         heapq.heappush(heap, (-n, h))
+
     return {"capacity_blocks": capacity, **_replay_knowing_next_uses(requests, kept, use)}
 
 
@@ -171,6 +179,7 @@ def replay_admission_oracle(requests: list[list[int]], capacity: int) -> dict:
     policy could reach by predicting reuse perfectly and keeping the rest in recency order;
     the rest of the bound is knowing when."""
     import collections
+
     lru: collections.OrderedDict[int, None] = collections.OrderedDict()
 
     def use(h: int, n: float) -> None:
@@ -180,6 +189,7 @@ def replay_admission_oracle(requests: list[list[int]], capacity: int) -> dict:
             lru[h] = None
             if len(lru) > capacity:
                 lru.popitem(last=False)
+
     return {"capacity_blocks": capacity, **_replay_knowing_next_uses(requests, lru, use)}
 
 
@@ -204,6 +214,7 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
     0.59x of this at 2,000 blocks). What knowing *whether* and a good model of *when* reach
     together. Same semantics as `serve`."""
     import bisect
+
     seq = [h for ids in requests for h in ids]
     last_of_request = set()
     pos = 0
@@ -218,6 +229,7 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
             u = uses.get(h, 0) + 1
             uses[h] = u
             yield i, h, (min(u, 6), i in last_of_request)
+
     # the reuse-distance histogram of each class, over the reuses (the oracle drops the rest)
     seen: dict[int, int] = {}
     cls_at: dict[int, tuple] = {}
@@ -225,7 +237,7 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
     for i, h, c in classes():
         if h in seen:
             hist.setdefault(cls_at[h], [0.0] * _NB)[_age_bucket(i - seen[h])] += 1
-        hist.setdefault(c, [0.0] * _NB)          # a class no block of comes back: none
+        hist.setdefault(c, [0.0] * _NB)  # a class no block of comes back: none
         seen[h], cls_at[h] = i, c
     # every (density, class, age bucket), lowest first: the victim is the first one that
     # holds a resident block
@@ -234,7 +246,7 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
         for a in range(_NB):
             left = sum(hh[a:])
             best = hits = spent = 0.0
-            for t in range(a, _NB):        # keep it to the end of bucket t at most
+            for t in range(a, _NB):  # keep it to the end of bucket t at most
                 hits += hh[t]
                 spent += hh[t] * ((_EDGES[t] + _EDGES[t + 1]) / 2 - _EDGES[a])
                 cost = spent + (left - hits) * (_EDGES[t + 1] - _EDGES[a])
@@ -242,10 +254,10 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
                     best = max(best, hits / cost)
             order.append((best, c, a))
     order.sort(key=lambda x: x[0])
-    young = {c: d for d, c, a in order if a == 0}   # a block's density as it is used
-    kept: dict[int, tuple[int, tuple]] = {}      # block -> (last use, class)
-    times: dict[tuple, list[int]] = {}           # per class: last uses, ascending (some stale)
-    blocks: dict[tuple, list[int]] = {}          # the block of each of them
+    young = {c: d for d, c, a in order if a == 0}  # a block's density as it is used
+    kept: dict[int, tuple[int, tuple]] = {}  # block -> (last use, class)
+    times: dict[tuple, list[int]] = {}  # per class: last uses, ascending (some stale)
+    blocks: dict[tuple, list[int]] = {}  # the block of each of them
     live: collections.Counter = collections.Counter()
     clock = iter(classes())
 
@@ -274,16 +286,17 @@ def replay_timed_oracle(requests: list[list[int]], capacity: int) -> dict:
         if len(kept) >= capacity:
             d, k = victim(i)
             if d >= young[c]:
-                return                           # the block itself is worth least: not kept
+                return  # the block itself is worth least: not kept
             drop(k)
         kept[h] = (i, c)
         live[c] += 1
         tl, bl = times.setdefault(c, []), blocks.setdefault(c, [])
         tl.append(i)
         bl.append(h)
-        if len(tl) > 2 * live[c] + 64:         # drop the stale entries
+        if len(tl) > 2 * live[c] + 64:  # drop the stale entries
             pairs = [(t, k) for t, k in zip(tl, bl) if kept.get(k) == (t, c)]
             times[c], blocks[c] = [t for t, _ in pairs], [k for _, k in pairs]
+
     return {"capacity_blocks": capacity, **_replay_knowing_next_uses(requests, kept, use)}
 
 
@@ -292,25 +305,32 @@ POOL_SIMULATION = {"prefix": "score", "lru": "lru"}
 NODE_POOL = SHARED_POOL = "score"
 
 
-def replay_nodes(requests: list[list[int]], capacity: int, policy: str, nodes: int,
-                 shared: str | None = None) -> dict:
+def replay_nodes(
+    requests: list[list[int]], capacity: int, policy: str, nodes: int, shared: str | None = None
+) -> dict:
     """Requests spread round-robin over `nodes` inference nodes (a load balancer that does not
     route by prefix): each node with its own pool of `capacity` blocks evicting by `policy`,
     against one pool of `nodes * capacity` blocks shared by all (kvfs [cluster]) evicting by
     `shared` (default: the same). Prefix hit rates of both."""
     shared = shared or policy
-    local = [TierIndex(capacity, make_policy(policy, capacity, typical_size=1))
-             for _ in range(nodes)]
+    local = [
+        TierIndex(capacity, make_policy(policy, capacity, typical_size=1)) for _ in range(nodes)
+    ]
     pooled = TierIndex(nodes * capacity, make_policy(shared, nodes * capacity, typical_size=1))
     hl = hp = total = 0
     for i, ids in enumerate(requests):
         hl += serve(local[i % nodes], ids)
         hp += serve(pooled, ids)
         total += len(ids)
-    return {"nodes": nodes, "capacity_blocks_per_node": capacity, "pool_eviction": policy,
-            "shared_pool_eviction": shared,
-            "node_local_hit_rate": hl / total, "pooled_hit_rate": hp / total,
-            "pooled_vs_node_local": hp / hl if hl else float("inf")}
+    return {
+        "nodes": nodes,
+        "capacity_blocks_per_node": capacity,
+        "pool_eviction": policy,
+        "shared_pool_eviction": shared,
+        "node_local_hit_rate": hl / total,
+        "pooled_hit_rate": hp / total,
+        "pooled_vs_node_local": hp / hl if hl else float("inf"),
+    }
 
 
 def replay_mounted(requests: list[list[int]], capacity: int, policy: str, block: int) -> dict:
@@ -319,15 +339,19 @@ def replay_mounted(requests: list[list[int]], capacity: int, policy: str, block:
     import tempfile
 
     from testing.mount import MountedKvfs, write_config
+
     uniq = len({h for r in requests for h in r})
     with tempfile.TemporaryDirectory(prefix="kvfs-replay-") as tmp:
         tmp = Path(tmp)
         pool_bytes = (uniq * block * 2) // (1 << 20) + 64
-        cfg = write_config(tmp / "kvfs.toml", tmp / "state",
-                           [{"path": str(tmp / "ns0.img"), "size": f"{pool_bytes}MiB"}],
-                           dram=str(capacity * block),
-                           extra='[prefetch]\nenabled = false\n',
-                           pool=f'stripe_unit = "{min(block, 1 << 20)}"')
+        cfg = write_config(
+            tmp / "kvfs.toml",
+            tmp / "state",
+            [{"path": str(tmp / "ns0.img"), "size": f"{pool_bytes}MiB"}],
+            dram=str(capacity * block),
+            extra="[prefetch]\nenabled = false\n",
+            pool=f'stripe_unit = "{min(block, 1 << 20)}"',
+        )
         cfg.write_text(cfg.read_text().replace("[dram]\n", f'[dram]\npolicy = "{policy}"\n'))
         payload = os.urandom(block)
         prefix_hits = blocks = 0
@@ -355,16 +379,24 @@ def replay_mounted(requests: list[list[int]], capacity: int, policy: str, block:
                         f.read()
             st = m.stats()
         dram = st["tiers"]["dram"]
-        return {"policy": policy, "requests": len(requests), "blocks": blocks,
-                "dram_prefix_hit_rate": prefix_hits / blocks,
-                "dram_block_hit_rate": dram["hits"] / max(1, dram["hits"] + dram["misses"]),
-                "pool_block_hits": st["tiers"]["pool"]["hits"], "dram_hits": dram["hits"],
-                "dram_misses": dram["misses"], "dram_evictions": dram["evictions"],
-                "policy_mode": dram["policy_mode"], "seconds": time.perf_counter() - t}
+        return {
+            "policy": policy,
+            "requests": len(requests),
+            "blocks": blocks,
+            "dram_prefix_hit_rate": prefix_hits / blocks,
+            "dram_block_hit_rate": dram["hits"] / max(1, dram["hits"] + dram["misses"]),
+            "pool_block_hits": st["tiers"]["pool"]["hits"],
+            "dram_hits": dram["hits"],
+            "dram_misses": dram["misses"],
+            "dram_evictions": dram["evictions"],
+            "policy_mode": dram["policy_mode"],
+            "seconds": time.perf_counter() - t,
+        }
 
 
-def replay_mounted_pool(requests: list[list[int]], capacity: int, policy: str,
-                        block: int, nodes: int = 1) -> dict:
+def replay_mounted_pool(
+    requests: list[list[int]], capacity: int, policy: str, block: int, nodes: int = 1
+) -> dict:
     """Replay requests through a real mount whose pool is the tier that evicts: a pool of
     about `capacity` blocks (each a file of `block` bytes, one stripe unit) with `pool.evict =
     policy`, a DRAM tier of a few blocks. A request's hit is the leading run of its blocks that
@@ -379,6 +411,7 @@ def replay_mounted_pool(requests: list[list[int]], capacity: int, policy: str,
     from kvfs.pool.layout import DATA_START
     from testing.mount import MountedKvfs, write_config
     from testing.redis_server import RedisServer
+
     with tempfile.TemporaryDirectory(prefix="kvfs-replay-") as tmp:
         tmp = Path(tmp)
         ns_bytes = DATA_START + capacity * block
@@ -387,13 +420,19 @@ def replay_mounted_pool(requests: list[list[int]], capacity: int, policy: str,
         try:
             for i in range(nodes):
                 extra = "[prefetch]\nenabled = false\n"
-                if redis is not None:       # evicted space is reused after a second, not 30
-                    extra += (f'[cluster]\nredis = "{redis.url}"\nnode_id = "node{i}"\n'
-                              f'grace_seconds = 1.0\nregions = 16\n')
-                cfg = write_config(tmp / f"kvfs{i}.toml", tmp / f"state{i}",
-                                   [{"path": str(tmp / "ns0.img"), "size": ns_bytes}],
-                                   dram=str(8 * block), extra=extra,
-                                   pool=f'stripe_unit = "{block}"\nevict = "{policy}"')
+                if redis is not None:  # evicted space is reused after a second, not 30
+                    extra += (
+                        f'[cluster]\nredis = "{redis.url}"\nnode_id = "node{i}"\n'
+                        f"grace_seconds = 1.0\nregions = 16\n"
+                    )
+                cfg = write_config(
+                    tmp / f"kvfs{i}.toml",
+                    tmp / f"state{i}",
+                    [{"path": str(tmp / "ns0.img"), "size": ns_bytes}],
+                    dram=str(8 * block),
+                    extra=extra,
+                    pool=f'stripe_unit = "{block}"\nevict = "{policy}"',
+                )
                 mounts.append(MountedKvfs(tmp / f"mnt{i}", cfg, tmp / f"kvfs{i}.log").start())
             payload = os.urandom(block)
             hits = blocks = 0
@@ -419,20 +458,28 @@ def replay_mounted_pool(requests: list[list[int]], capacity: int, policy: str,
                 m.stop()
             if redis is not None:
                 redis.stop()
-        return {"policy": policy, "nodes": nodes, "requests": len(requests), "blocks": blocks,
-                "pool_capacity_blocks": pool_blocks, "pool_prefix_hit_rate": hits / blocks,
-                "pool_evictions": sum(st["files"]["pool_evictions"] for st in stats),
-                "evict_mode": stats[0]["tiers"]["pool"].get("evict_mode", policy),
-                "seconds": time.perf_counter() - t}
+        return {
+            "policy": policy,
+            "nodes": nodes,
+            "requests": len(requests),
+            "blocks": blocks,
+            "pool_capacity_blocks": pool_blocks,
+            "pool_prefix_hit_rate": hits / blocks,
+            "pool_evictions": sum(st["files"]["pool_evictions"] for st in stats),
+            "evict_mode": stats[0]["tiers"]["pool"].get("evict_mode", policy),
+            "seconds": time.perf_counter() - t,
+        }
 
 
-def mounted_pool_against_simulation(requests: list[list[int]], capacity: int, policy: str,
-                                    block: int, nodes: int = 1) -> dict:
+def mounted_pool_against_simulation(
+    requests: list[list[int]], capacity: int, policy: str, block: int, nodes: int = 1
+) -> dict:
     """`replay_mounted_pool`, with the simulation of the same requests at the pool's capacity
     in blocks beside it (`simulated_hit_rate`, `points_from_simulation`)."""
     x = replay_mounted_pool(requests, capacity, policy, block, nodes)
-    x["simulated_hit_rate"] = replay(requests, x["pool_capacity_blocks"],
-                                     POOL_SIMULATION[policy])["hit_rate"]
+    x["simulated_hit_rate"] = replay(requests, x["pool_capacity_blocks"], POOL_SIMULATION[policy])[
+        "hit_rate"
+    ]
     x["points_from_simulation"] = 100 * (x["pool_prefix_hit_rate"] - x["simulated_hit_rate"])
     return x
 
@@ -444,11 +491,15 @@ def scale(capacity: int, policy: str, as_json: bool) -> int:
     blocks, so the tier evicts throughout. For --policy, for the pool's policy (score) and for
     LRU."""
     from bench.synthetic_traces import zipf_chains
+
     requests = zipf_chains(n_requests=int(0.4 * capacity), n_chains=capacity, depth=16, s=0.7)
-    out = {"scale_blocks": capacity, "requests": len(requests),
-           "blocks": sum(len(r) for r in requests),
-           "distinct_blocks": len({h for r in requests for h in r})}
-    runs: dict[str, dict] = {}           # each policy replayed once (--policy may be a baseline)
+    out = {
+        "scale_blocks": capacity,
+        "requests": len(requests),
+        "blocks": sum(len(r) for r in requests),
+        "distinct_blocks": len({h for r in requests for h in r}),
+    }
+    runs: dict[str, dict] = {}  # each policy replayed once (--policy may be a baseline)
     for name, key in ((policy, ""), (POOL_SIMULATION["prefix"], "pool_"), ("lru", "lru_")):
         if name not in runs:
             runs[name] = replay(requests, capacity, name)
@@ -459,13 +510,17 @@ def scale(capacity: int, policy: str, as_json: bool) -> int:
     if as_json:
         print(dumps(out))
         return 0
-    print(f"zipf chains: {out['requests']} requests, {out['blocks']} block accesses, "
-          f"{out['distinct_blocks']} distinct blocks, capacity {capacity} blocks")
+    print(
+        f"zipf chains: {out['requests']} requests, {out['blocks']} block accesses, "
+        f"{out['distinct_blocks']} distinct blocks, capacity {capacity} blocks"
+    )
     print(f"{'policy':>10}{'hit rate':>10}{'us/access':>11}")
     for key in ("", "pool_", "lru_"):
         if not key or out[f"{key}policy"] != policy:
-            print(f"{out[key + 'policy']:>10}{out[key + 'hit_rate']:>10.4f}"
-                  f"{out[key + 'us_per_access']:>11.2f}")
+            print(
+                f"{out[key + 'policy']:>10}{out[key + 'hit_rate']:>10.4f}"
+                f"{out[key + 'us_per_access']:>11.2f}"
+            )
     return 0
 
 
@@ -474,20 +529,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace")
     ap.add_argument("--capacity-blocks", type=int, nargs="+")
     ap.add_argument("--policy", default="prefix", choices=POLICIES)
-    ap.add_argument("--mounted", type=int, metavar="N",
-                    help="also replay the first N requests through a real mount")
-    ap.add_argument("--mounted-nodes", type=int, default=1, metavar="N",
-                    help="with --mounted, also replay through N nodes sharing one pool "
-                         "([cluster] mode, a real redis-server): slow, see above")
+    ap.add_argument(
+        "--mounted",
+        type=int,
+        metavar="N",
+        help="also replay the first N requests through a real mount",
+    )
+    ap.add_argument(
+        "--mounted-nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --mounted, also replay through N nodes sharing one pool "
+        "([cluster] mode, a real redis-server): slow, see above",
+    )
     ap.add_argument("--block-size", type=int, default=64 * 1024)
-    ap.add_argument("--nodes", type=int, metavar="N",
-                    help="also compare N node-local caches with one pool shared by N nodes")
-    ap.add_argument("--nodes-policy", default=NODE_POOL, choices=POLICIES,
-                    help=f"what the node-local pools evict by with --nodes (default "
-                         f"{NODE_POOL}, as kvfs's; the shared pool: {SHARED_POOL})")
-    ap.add_argument("--scale", type=int, metavar="N",
-                    help="instead: the cost per access at a capacity of N blocks, on a "
-                         "synthetic trace that evicts (see below)")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        metavar="N",
+        help="also compare N node-local caches with one pool shared by N nodes",
+    )
+    ap.add_argument(
+        "--nodes-policy",
+        default=NODE_POOL,
+        choices=POLICIES,
+        help=f"what the node-local pools evict by with --nodes (default "
+        f"{NODE_POOL}, as kvfs's; the shared pool: {SHARED_POOL})",
+    )
+    ap.add_argument(
+        "--scale",
+        type=int,
+        metavar="N",
+        help="instead: the cost per access at a capacity of N blocks, on a "
+        "synthetic trace that evicts (see below)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.scale:
@@ -516,77 +592,108 @@ def main(argv: list[str] | None = None) -> int:
     mounted = None
     if args.mounted:
         cap = args.capacity_blocks[0]
-        sub = requests[:args.mounted]
+        sub = requests[: args.mounted]
         ours = replay_mounted(sub, cap, args.policy, args.block_size)
         base = replay_mounted(sub, cap, "lru", args.block_size)
-        mounted = {"capacity_blocks": cap, args.policy: ours, "lru": base,
-                   "dram_prefix_vs_lru": ours["dram_prefix_hit_rate"] /
-                   max(base["dram_prefix_hit_rate"], 1e-9)}
+        mounted = {
+            "capacity_blocks": cap,
+            args.policy: ours,
+            "lru": base,
+            "dram_prefix_vs_lru": ours["dram_prefix_hit_rate"]
+            / max(base["dram_prefix_hit_rate"], 1e-9),
+        }
         # the pool as the tier that evicts (pool.evict = the policy), against the simulation
         # of the same requests at the pool's capacity in blocks
         # (a pool's "prefix" is the score policy, kvfs.tiers.policy.PrefixScore, kept in the catalog)
-        pool = {name: mounted_pool_against_simulation(sub, cap, name, args.block_size)
-                for name in ("prefix", "lru")}
-        pool["pool_vs_lru"] = (pool["prefix"]["pool_prefix_hit_rate"] /
-                               max(pool["lru"]["pool_prefix_hit_rate"], 1e-9))
+        pool = {
+            name: mounted_pool_against_simulation(sub, cap, name, args.block_size)
+            for name in ("prefix", "lru")
+        }
+        pool["pool_vs_lru"] = pool["prefix"]["pool_prefix_hit_rate"] / max(
+            pool["lru"]["pool_prefix_hit_rate"], 1e-9
+        )
         mounted["pool"] = pool
         if args.mounted_nodes > 1:
             # one pool shared by that many nodes ([cluster], Redis), the requests round-robin:
             # the cluster-wide order against the simulation of one pool of its capacity
             mounted["shared_pool"] = mounted_pool_against_simulation(
-                sub, cap, "prefix", args.block_size, args.mounted_nodes)
+                sub, cap, "prefix", args.block_size, args.mounted_nodes
+            )
         for r in rows:
             r["mounted"] = mounted
     if args.nodes:
         for r in rows:
-            r["pooling"] = replay_nodes(requests, r["capacity_blocks"], args.nodes_policy,
-                                        args.nodes, SHARED_POOL)
+            r["pooling"] = replay_nodes(
+                requests, r["capacity_blocks"], args.nodes_policy, args.nodes, SHARED_POOL
+            )
     if args.json:
         print(dumps(rows[0] if len(rows) == 1 else {"rows": rows}))
         return 0
     print(f"{args.trace}: {rows[0]['requests']} requests, {rows[0]['blocks']} block reads")
-    print(f"{'capacity':>9}{'policy':>10}{'hit rate':>10}{'LRU':>9}{'bound':>9}{'vs LRU':>8}"
-          f"{'% bound':>9}{'LRU %':>7}{'oracle %':>9}{'timed %':>8}{'us/access':>11}  mode")
+    print(
+        f"{'capacity':>9}{'policy':>10}{'hit rate':>10}{'LRU':>9}{'bound':>9}{'vs LRU':>8}"
+        f"{'% bound':>9}{'LRU %':>7}{'oracle %':>9}{'timed %':>8}{'us/access':>11}  mode"
+    )
     for r in rows:
-        print(f"{r['capacity_blocks']:>9}{r['policy']:>10}{r['hit_rate']:>10.4f}{r['lru_hit_rate']:>9.4f}"
-              f"{r['bound_hit_rate']:>9.4f}{r['vs_lru']:>8.3f}{r['pct_of_bound']:>9.1f}"
-              f"{r['lru_pct_of_bound']:>7.1f}{r['admission_oracle_pct_of_bound']:>9.1f}"
-              f"{r['timed_oracle_pct_of_bound']:>8.1f}"
-              f"{r['us_per_access']:>11.2f}  {r.get('final_mode', '')}")
+        print(
+            f"{r['capacity_blocks']:>9}{r['policy']:>10}{r['hit_rate']:>10.4f}{r['lru_hit_rate']:>9.4f}"
+            f"{r['bound_hit_rate']:>9.4f}{r['vs_lru']:>8.3f}{r['pct_of_bound']:>9.1f}"
+            f"{r['lru_pct_of_bound']:>7.1f}{r['admission_oracle_pct_of_bound']:>9.1f}"
+            f"{r['timed_oracle_pct_of_bound']:>8.1f}"
+            f"{r['us_per_access']:>11.2f}  {r.get('final_mode', '')}"
+        )
     if args.nodes:
-        print(f"\n{args.nodes} nodes, requests round-robin; node-local pools evict by "
-              f"{args.nodes_policy}, the shared pool by {SHARED_POOL} (cluster-wide)")
+        print(
+            f"\n{args.nodes} nodes, requests round-robin; node-local pools evict by "
+            f"{args.nodes_policy}, the shared pool by {SHARED_POOL} (cluster-wide)"
+        )
         print(f"{'per node':>9}{'node-local':>12}{'pooled':>9}{'pooled/local':>14}")
         for r in rows:
             x = r["pooling"]
-            print(f"{r['capacity_blocks']:>9}{x['node_local_hit_rate']:>12.4f}"
-                  f"{x['pooled_hit_rate']:>9.4f}{x['pooled_vs_node_local']:>14.3f}")
+            print(
+                f"{r['capacity_blocks']:>9}{x['node_local_hit_rate']:>12.4f}"
+                f"{x['pooled_hit_rate']:>9.4f}{x['pooled_vs_node_local']:>14.3f}"
+            )
     if mounted:
-        print(f"\nmounted replay of {args.mounted} requests, {args.block_size // 1024} KiB blocks, "
-              f"DRAM tier of {mounted['capacity_blocks']} blocks over the pool:")
-        print(f"{'policy':>10}{'DRAM prefix':>13}{'DRAM block':>12}{'DRAM hits':>11}"
-              f"{'pool hits':>11}{'evictions':>11}")
+        print(
+            f"\nmounted replay of {args.mounted} requests, {args.block_size // 1024} KiB blocks, "
+            f"DRAM tier of {mounted['capacity_blocks']} blocks over the pool:"
+        )
+        print(
+            f"{'policy':>10}{'DRAM prefix':>13}{'DRAM block':>12}{'DRAM hits':>11}"
+            f"{'pool hits':>11}{'evictions':>11}"
+        )
         for name in (args.policy, "lru"):
             x = mounted[name]
-            print(f"{name:>10}{x['dram_prefix_hit_rate']:>13.4f}{x['dram_block_hit_rate']:>12.4f}"
-                  f"{x['dram_hits']:>11}{x['pool_block_hits']:>11}{x['dram_evictions']:>11}")
+            print(
+                f"{name:>10}{x['dram_prefix_hit_rate']:>13.4f}{x['dram_block_hit_rate']:>12.4f}"
+                f"{x['dram_hits']:>11}{x['pool_block_hits']:>11}{x['dram_evictions']:>11}"
+            )
         print(f"dram prefix hit rate vs LRU: {mounted['dram_prefix_vs_lru']:.3f}")
         pool = mounted["pool"]
-        print(f"\nmounted replay, the pool as the tier that evicts (pool.evict = policy), "
-              f"{pool['lru']['pool_capacity_blocks']} blocks:")
-        print(f"{'policy':>10}{'pool prefix':>13}{'simulated':>11}{'points off':>12}{'evictions':>11}")
+        print(
+            f"\nmounted replay, the pool as the tier that evicts (pool.evict = policy), "
+            f"{pool['lru']['pool_capacity_blocks']} blocks:"
+        )
+        print(
+            f"{'policy':>10}{'pool prefix':>13}{'simulated':>11}{'points off':>12}{'evictions':>11}"
+        )
         for name in ("prefix", "lru"):
             x = pool[name]
-            print(f"{name:>10}{x['pool_prefix_hit_rate']:>13.4f}{x['simulated_hit_rate']:>11.4f}"
-                  f"{x['points_from_simulation']:>12.2f}{x['pool_evictions']:>11}")
+            print(
+                f"{name:>10}{x['pool_prefix_hit_rate']:>13.4f}{x['simulated_hit_rate']:>11.4f}"
+                f"{x['points_from_simulation']:>12.2f}{x['pool_evictions']:>11}"
+            )
         print(f"pool prefix hit rate vs LRU: {pool['pool_vs_lru']:.3f}")
         x = mounted.get("shared_pool")
         if x:
-            print(f"\none pool of {x['pool_capacity_blocks']} blocks shared by {x['nodes']} "
-                  f"nodes (cluster), requests round-robin: prefix hit rate "
-                  f"{x['pool_prefix_hit_rate']:.4f}, simulated {x['simulated_hit_rate']:.4f} "
-                  f"({x['points_from_simulation']:+.2f} points), {x['pool_evictions']} "
-                  f"evictions, {x['seconds']:.0f} s")
+            print(
+                f"\none pool of {x['pool_capacity_blocks']} blocks shared by {x['nodes']} "
+                f"nodes (cluster), requests round-robin: prefix hit rate "
+                f"{x['pool_prefix_hit_rate']:.4f}, simulated {x['simulated_hit_rate']:.4f} "
+                f"({x['points_from_simulation']:+.2f} points), {x['pool_evictions']} "
+                f"evictions, {x['seconds']:.0f} s"
+            )
     return 0
 
 

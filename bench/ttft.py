@@ -75,8 +75,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parse, parser  # noqa: E402
 from testing import inference  # noqa: E402
-from testing.emulate import (Emulation, available, ext4_on_loop, ext4_on_raid0,  # noqa: E402
-                             kvfs_on_loops, throttled)
+from testing.emulate import (
+    Emulation,
+    available,
+    ext4_on_loop,
+    ext4_on_raid0,  # noqa: E402
+    kvfs_on_loops,
+    throttled,
+)
 from testing.mount import cpu_seconds  # noqa: E402
 
 MiB = 1 << 20
@@ -94,18 +100,30 @@ def directories(tmp: Path, r: int, bps: float | None, data: int):
     its stand-in) and ext4 over 1, on devices of their own (a loop device's file keeps every
     page written to it); [(fs, set-up)] in the round's order (rounds alternate it)."""
     speed = speed_label(bps)
-    with Emulation(f"{(3 * data + 3 * GiB) // MiB}m") as emu, \
-            ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB, bps) as on_ext4, \
-            ext4_on_raid0(emu, tmp, f"raid0-{r}-{speed}", 4, data + 512 * MiB,
-                          bps) as on_raid0, \
-            kvfs_on_loops(emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB, bps,
-                          dram="1GiB") as on_kvfs:
+    with (
+        Emulation(f"{(3 * data + 3 * GiB) // MiB}m") as emu,
+        ext4_on_loop(emu, tmp, f"ext4-{r}-{speed}", data + 512 * MiB, bps) as on_ext4,
+        ext4_on_raid0(emu, tmp, f"raid0-{r}-{speed}", 4, data + 512 * MiB, bps) as on_raid0,
+        kvfs_on_loops(
+            emu, tmp, f"kvfs-{r}-{speed}", 4, data + 512 * MiB, bps, dram="1GiB"
+        ) as on_kvfs,
+    ):
         order = [("kvfs", on_kvfs), ("raid0", on_raid0), ("ext4", on_ext4)]
         yield order if r % 2 == 0 else order[::-1]
 
 
-def phases(setup, fs: str, model: Path, prompts: dict[tuple[int, int], list[int]], logs: Path,
-           l1_gb: float, kv_gib: int, max_tokens: int, adapter: dict, nice: int) -> dict:
+def phases(
+    setup,
+    fs: str,
+    model: Path,
+    prompts: dict[tuple[int, int], list[int]],
+    logs: Path,
+    l1_gb: float,
+    kv_gib: int,
+    max_tokens: int,
+    adapter: dict,
+    nice: int,
+) -> dict:
     """The three phases of every prompt (keyed by (tokens, prompt number)) on one directory;
     {key: {cold, directory, dram, first, load_ms}}."""
     d = setup.root / "lmcache"
@@ -114,12 +132,20 @@ def phases(setup, fs: str, model: Path, prompts: dict[tuple[int, int], list[int]
     chunks = {key: key[0] // inference.CHUNK_TOKENS for key in prompts}
 
     def run(phase_names: tuple[str, ...]) -> None:
-        with inference.LMCacheServer(d, logs / f"server-{fs}.log", l1_gb=l1_gb,
-                                     adapter=adapter) as server, \
-                throttled(setup, server.proc.pid), \
-                inference.Engine(model, logs / f"engine-{fs}.log", port=server.port,
-                                 kv_cache_gib=kv_gib, max_tokens=max_tokens,
-                                 nice=nice) as engine:
+        with (
+            inference.LMCacheServer(
+                d, logs / f"server-{fs}.log", l1_gb=l1_gb, adapter=adapter
+            ) as server,
+            throttled(setup, server.proc.pid),
+            inference.Engine(
+                model,
+                logs / f"engine-{fs}.log",
+                port=server.port,
+                kv_cache_gib=kv_gib,
+                max_tokens=max_tokens,
+                nice=nice,
+            ) as engine,
+        ):
             for key, ids in prompts.items():
                 n = key[0]
                 for phase in phase_names:
@@ -127,30 +153,36 @@ def phases(setup, fs: str, model: Path, prompts: dict[tuple[int, int], list[int]
                     cpu0 = cpu_seconds(setup.kvfs.pid) if setup.kvfs is not None else None
                     seconds, first = engine.ttft(ids)
                     out[key][phase] = seconds
-                    if cpu0 is not None:     # what the file system's daemon did meanwhile
+                    if cpu0 is not None:  # what the file system's daemon did meanwhile
                         out[key][f"{phase}_daemon_cpu_s"] = cpu_seconds(setup.kvfs.pid) - cpu0
                     if out[key].setdefault("first", first) != first:
-                        raise SystemExit(f"bench/ttft.py: {fs}, {n} tokens: first token {first} "
-                                         f"in the {phase} phase, {out[key]['first']} before")
+                        raise SystemExit(
+                            f"bench/ttft.py: {fs}, {n} tokens: first token {first} "
+                            f"in the {phase} phase, {out[key]['first']} before"
+                        )
                     if phase == "directory":
                         got = server.loads()[before:]
                         l2 = sum(x["l2"] for x in got)
                         if l2 < chunks[key]:
                             raise SystemExit(
                                 f"bench/ttft.py: {fs}, {n} tokens: {l2} of {chunks[key]} chunks "
-                                f"loaded from the directory (server log: {got}); nothing to time")
+                                f"loaded from the directory (server log: {got}); nothing to time"
+                            )
                         out[key]["load_ms"] = sum(x["ms"] for x in got)
+
     run(("cold",))
     files = [f for f in d.iterdir() if f.is_file()]
     if len(files) < sum(chunks.values()):
-        raise SystemExit(f"bench/ttft.py: {fs}: {len(files)} chunk files after the cold phase, "
-                         f"{sum(chunks.values())} expected (is LMCache storing anything?)")
+        raise SystemExit(
+            f"bench/ttft.py: {fs}: {len(files)} chunk files after the cold phase, "
+            f"{sum(chunks.values())} expected (is LMCache storing anything?)"
+        )
     out["stored_bytes"] = sum(f.stat().st_size for f in files)
     setup.sync()
-    setup.drop()                     # the page cache (and kvfs's DRAM tier)
+    setup.drop()  # the page cache (and kvfs's DRAM tier)
     before = setup.kvfs.stats()["prefetch"] if setup.kvfs is not None else None
     run(("directory", "dram"))
-    if before is not None:           # kvfs's readahead along the chunks' chain while loading
+    if before is not None:  # kvfs's readahead along the chunks' chain while loading
         after = setup.kvfs.stats()["prefetch"]
         out["prefetch"] = {k: after[k] - before[k] for k in ("issued", "used", "wasted")}
     shutil.rmtree(d)
@@ -158,32 +190,53 @@ def phases(setup, fs: str, model: Path, prompts: dict[tuple[int, int], list[int]
     return out
 
 
-def recompute(model: Path, prompts: dict[tuple[int, int], list[int]], logs: Path, kv_gib: int,
-              max_tokens: int, firsts: dict, nice: int) -> dict[tuple[int, int], float]:
+def recompute(
+    model: Path,
+    prompts: dict[tuple[int, int], list[int]],
+    logs: Path,
+    kv_gib: int,
+    max_tokens: int,
+    firsts: dict,
+    nice: int,
+) -> dict[tuple[int, int], float]:
     out = {}
-    with inference.Engine(model, logs / "engine-recompute.log", kv_cache_gib=kv_gib,
-                          max_tokens=max_tokens, nice=nice) as engine:
+    with inference.Engine(
+        model, logs / "engine-recompute.log", kv_cache_gib=kv_gib, max_tokens=max_tokens, nice=nice
+    ) as engine:
         for key, ids in prompts.items():
             out[key], first = engine.ttft(ids)
             if key in firsts and firsts[key] != first:
-                raise SystemExit(f"bench/ttft.py: recompute of {key[0]} tokens gave first token "
-                                 f"{first}, the directories {firsts[key]}")
+                raise SystemExit(
+                    f"bench/ttft.py: recompute of {key[0]} tokens gave first token "
+                    f"{first}, the directories {firsts[key]}"
+                )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--sizes", default="2048,8192,16384", help="prompt lengths in tokens")
-    ap.add_argument("--throttles", default="none,1e9,2e8",
-                    help="bytes/s per device (read and write), 'none' for unthrottled")
+    ap.add_argument(
+        "--throttles",
+        default="none,1e9,2e8",
+        help="bytes/s per device (read and write), 'none' for unthrottled",
+    )
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--prompts", type=int, default=1,
-                    help="distinct prompts of each size (medians over rounds x prompts)")
-    ap.add_argument("--adapter", default='{"type": "fs"}',
-                    help="LMCache's L2 adapter as JSON, without base_path (e.g. "
-                         "'{\"type\": \"fs_native\", \"num_workers\": 8}')")
-    ap.add_argument("--engine-nice", type=int, default=19,
-                    help="the engine's niceness (0: none; see above)")
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=1,
+        help="distinct prompts of each size (medians over rounds x prompts)",
+    )
+    ap.add_argument(
+        "--adapter",
+        default='{"type": "fs"}',
+        help="LMCache's L2 adapter as JSON, without base_path (e.g. "
+        '\'{"type": "fs_native", "num_workers": 8}\')',
+    )
+    ap.add_argument(
+        "--engine-nice", type=int, default=19, help="the engine's niceness (0: none; see above)"
+    )
     ap.add_argument("--logs", help="keep the servers' and engines' logs here")
     args = parse(ap, argv, lambda a: available() or inference.available())
     sizes = sorted(int(s) for s in args.sizes.split(","))
@@ -205,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         kv_gib = max(1, -(-max(sizes) * per_token // GiB) + 1)
         max_tokens = max(sizes) + 64
         # prompt 0 of each size is the one earlier versions of this bench used (seed = size)
-        prompts = {(n, p): inference.prompt(n, seed=n + 7919 * p)
-                   for n in sizes for p in range(args.prompts)}
+        prompts = {
+            (n, p): inference.prompt(n, seed=n + 7919 * p)
+            for n in sizes
+            for p in range(args.prompts)
+        }
         for r in range(args.rounds):
             firsts: dict[tuple[int, int], int] = {}
             for bps in throttles:
@@ -217,32 +273,71 @@ def main(argv: list[str] | None = None) -> int:
                             raid0_kind = setup.raid0
                         # the set-up's syncs from this process meet its limit (ext4's
                         # set-ups each have a group; a process is in one at a time)
-                        with (throttled(setup, os.getpid()) if setup.kvfs is None
-                              else contextlib.nullcontext()):
-                            got = phases(setup, fs, model, prompts, logs, l1_gb, kv_gib,
-                                         max_tokens, adapter, args.engine_nice)
+                        with (
+                            throttled(setup, os.getpid())
+                            if setup.kvfs is None
+                            else contextlib.nullcontext()
+                        ):
+                            got = phases(
+                                setup,
+                                fs,
+                                model,
+                                prompts,
+                                logs,
+                                l1_gb,
+                                kv_gib,
+                                max_tokens,
+                                adapter,
+                                args.engine_nice,
+                            )
                         for key in prompts:
                             n, p = key
                             g = got[key]
                             if firsts.setdefault(key, g["first"]) != g["first"]:
-                                raise SystemExit(f"bench/ttft.py: {n} tokens: first token "
-                                                 f"{g['first']} on {fs}, {firsts[key]} before")
-                            rows.append({"round": r, "fs": fs, "speed": speed, "tokens": n,
-                                         "prompt": p,
-                                         **{k: g[k] for k in ("cold", "directory", "dram",
-                                                              "load_ms", "first")},
-                                         **{k: g[k] for k in ("cold_daemon_cpu_s",
-                                                              "directory_daemon_cpu_s")
-                                            if k in g},
-                                         **({"prefetch": got["prefetch"]}
-                                            if "prefetch" in got else {})})
-                        print(f"round {r} {speed:>11} {fs}: " + ", ".join(
-                            f"{n}#{p}: {got[n, p]['directory']:.2f} s" for n, p in prompts),
-                            file=sys.stderr, flush=True)
-            for (n, p), s in recompute(model, prompts, logs, kv_gib, max_tokens,
-                                       firsts, args.engine_nice).items():
-                rows.append({"round": r, "fs": "recompute", "speed": "-", "tokens": n,
-                             "prompt": p, "directory": s})
+                                raise SystemExit(
+                                    f"bench/ttft.py: {n} tokens: first token "
+                                    f"{g['first']} on {fs}, {firsts[key]} before"
+                                )
+                            rows.append(
+                                {
+                                    "round": r,
+                                    "fs": fs,
+                                    "speed": speed,
+                                    "tokens": n,
+                                    "prompt": p,
+                                    **{
+                                        k: g[k]
+                                        for k in ("cold", "directory", "dram", "load_ms", "first")
+                                    },
+                                    **{
+                                        k: g[k]
+                                        for k in ("cold_daemon_cpu_s", "directory_daemon_cpu_s")
+                                        if k in g
+                                    },
+                                    **({"prefetch": got["prefetch"]} if "prefetch" in got else {}),
+                                }
+                            )
+                        print(
+                            f"round {r} {speed:>11} {fs}: "
+                            + ", ".join(
+                                f"{n}#{p}: {got[n, p]['directory']:.2f} s" for n, p in prompts
+                            ),
+                            file=sys.stderr,
+                            flush=True,
+                        )
+            for (n, p), s in recompute(
+                model, prompts, logs, kv_gib, max_tokens, firsts, args.engine_nice
+            ).items():
+                rows.append(
+                    {
+                        "round": r,
+                        "fs": "recompute",
+                        "speed": "-",
+                        "tokens": n,
+                        "prompt": p,
+                        "directory": s,
+                    }
+                )
     out = summarize(rows, sizes, [speed_label(b) for b in throttles])
     out["minutes"] = round((time.monotonic() - started) / 60, 1)
     out["raid0"] = raid0_kind
@@ -261,37 +356,44 @@ def _median(xs: list[float]) -> tuple[float, float, float]:
 
 
 def summarize(rows: list[dict], sizes: list[int], speeds: list[str]) -> dict:
-    out: dict = {"rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
-                          for r in rows]}
+    out: dict = {
+        "rows": [
+            {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows
+        ]
+    }
     # every row by (round and prompt, fs, speed, tokens); recompute's rows have the speed "-"
     # (rows of earlier versions, one prompt per size, have no "prompt": it was prompt 0)
-    by = {((r["round"], r.get("prompt", 0)), r["fs"], r["speed"], r["tokens"]): r
-          for r in rows}
+    by = {((r["round"], r.get("prompt", 0)), r["fs"], r["speed"], r["tokens"]): r for r in rows}
     rounds = sorted({k[0] for k in by})
 
     def median_of(fs, speed, n, key):
         xs = [by[r, fs, speed, n][key] for r in rounds if (r, fs, speed, n) in by]
         return round(_median(xs)[0], 3) if xs else None
+
     for n in sizes:
         out[f"ttft_{n}_recompute"] = median_of("recompute", "-", n, "directory")
         for speed in speeds:
             for fs in ("kvfs", "raid0", "ext4"):
                 for key, name in (("directory", "ttft"), ("cold", "cold"), ("dram", "dram")):
                     v = median_of(fs, speed, n, key)
-                    if v is not None:           # (rows of earlier versions have no raid0)
+                    if v is not None:  # (rows of earlier versions have no raid0)
                         out[f"{name}_{n}_{fs}_{speed}"] = v
     big = max(sizes)
     for speed in speeds:
         # per round and prompt: the baseline's time over kvfs's (above 1: kvfs is faster)
         for name, base, base_speed, key in (
-                (f"ttft_speedup_vs_raid0_{speed}", "raid0", speed, "directory"),
-                (f"ttft_speedup_vs_ext4_{speed}", "ext4", speed, "directory"),
-                (f"ttft_speedup_vs_recompute_{speed}", "recompute", "-", "directory"),
-                (f"cold_vs_raid0_{speed}", "raid0", speed, "cold"),
-                (f"cold_vs_ext4_{speed}", "ext4", speed, "cold")):
-            xs = [by[r, base, base_speed, big]["directory" if base == "recompute" else key]
-                  / by[r, "kvfs", speed, big][key] for r in rounds
-                  if (r, base, base_speed, big) in by and (r, "kvfs", speed, big) in by]
+            (f"ttft_speedup_vs_raid0_{speed}", "raid0", speed, "directory"),
+            (f"ttft_speedup_vs_ext4_{speed}", "ext4", speed, "directory"),
+            (f"ttft_speedup_vs_recompute_{speed}", "recompute", "-", "directory"),
+            (f"cold_vs_raid0_{speed}", "raid0", speed, "cold"),
+            (f"cold_vs_ext4_{speed}", "ext4", speed, "cold"),
+        ):
+            xs = [
+                by[r, base, base_speed, big]["directory" if base == "recompute" else key]
+                / by[r, "kvfs", speed, big][key]
+                for r in rounds
+                if (r, base, base_speed, big) in by and (r, "kvfs", speed, big) in by
+            ]
             if xs:
                 med, lo, hi = _median(xs)
                 out[name] = round(med, 2)
@@ -300,27 +402,37 @@ def summarize(rows: list[dict], sizes: list[int], speeds: list[str]) -> dict:
 
 
 def print_table(out: dict, sizes: list[int], speeds: list[str]) -> None:
-    print(f"TTFT in seconds, median of {out['rounds']} round(s) x {out.get('prompts', 1)} "
-          f"prompt(s) of each size ({out['minutes']} min); "
-          "directory: served from the chunk files after both processes restarted and the "
-          "caches dropped; cold: compute + store; DRAM: from LMCache's memory")
-    print(f"{'devices':>12} {'tokens':>7} {'recompute':>10} {'kvfs dir':>9} {'raid0 dir':>10} "
-          f"{'ext4 dir':>9} {'kvfs cold':>10} {'raid0 cold':>11} {'ext4 cold':>10} "
-          f"{'kvfs DRAM':>10} {'ext4 DRAM':>10}")
+    print(
+        f"TTFT in seconds, median of {out['rounds']} round(s) x {out.get('prompts', 1)} "
+        f"prompt(s) of each size ({out['minutes']} min); "
+        "directory: served from the chunk files after both processes restarted and the "
+        "caches dropped; cold: compute + store; DRAM: from LMCache's memory"
+    )
+    print(
+        f"{'devices':>12} {'tokens':>7} {'recompute':>10} {'kvfs dir':>9} {'raid0 dir':>10} "
+        f"{'ext4 dir':>9} {'kvfs cold':>10} {'raid0 cold':>11} {'ext4 cold':>10} "
+        f"{'kvfs DRAM':>10} {'ext4 DRAM':>10}"
+    )
     for speed in speeds:
         for n in sizes:
             g = lambda k: out.get(k) or float("nan")  # noqa: E731
-            print(f"{speed:>12} {n:>7} {g(f'ttft_{n}_recompute'):>10.2f} "
-                  f"{g(f'ttft_{n}_kvfs_{speed}'):>9.2f} {g(f'ttft_{n}_raid0_{speed}'):>10.2f} "
-                  f"{g(f'ttft_{n}_ext4_{speed}'):>9.2f} "
-                  f"{g(f'cold_{n}_kvfs_{speed}'):>10.2f} {g(f'cold_{n}_raid0_{speed}'):>11.2f} "
-                  f"{g(f'cold_{n}_ext4_{speed}'):>10.2f} "
-                  f"{g(f'dram_{n}_kvfs_{speed}'):>10.2f} {g(f'dram_{n}_ext4_{speed}'):>10.2f}")
+            print(
+                f"{speed:>12} {n:>7} {g(f'ttft_{n}_recompute'):>10.2f} "
+                f"{g(f'ttft_{n}_kvfs_{speed}'):>9.2f} {g(f'ttft_{n}_raid0_{speed}'):>10.2f} "
+                f"{g(f'ttft_{n}_ext4_{speed}'):>9.2f} "
+                f"{g(f'cold_{n}_kvfs_{speed}'):>10.2f} {g(f'cold_{n}_raid0_{speed}'):>11.2f} "
+                f"{g(f'cold_{n}_ext4_{speed}'):>10.2f} "
+                f"{g(f'dram_{n}_kvfs_{speed}'):>10.2f} {g(f'dram_{n}_ext4_{speed}'):>10.2f}"
+            )
     print(f"largest prompt ({max(sizes)} tokens), kvfs's speed-up (median [range]):")
     for speed in speeds:
-        for key in (f"ttft_speedup_vs_raid0_{speed}", f"ttft_speedup_vs_ext4_{speed}",
-                    f"ttft_speedup_vs_recompute_{speed}", f"cold_vs_raid0_{speed}",
-                    f"cold_vs_ext4_{speed}"):
+        for key in (
+            f"ttft_speedup_vs_raid0_{speed}",
+            f"ttft_speedup_vs_ext4_{speed}",
+            f"ttft_speedup_vs_recompute_{speed}",
+            f"cold_vs_raid0_{speed}",
+            f"cold_vs_ext4_{speed}",
+        ):
             if key in out:
                 print(f"  {key:<40} {out[key]:>6} {out[key + '_range']}")
 

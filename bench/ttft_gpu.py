@@ -64,11 +64,12 @@ def lmcache_config(path: Path, directory: Path, cpu_gb: float, disk_gb: float) -
         f'local_disk: "file://{directory}/"\n'
         f"max_local_disk_size: {disk_gb}\n"
         "extra_config:\n"
-        "  use_odirect: true\n")
+        "  use_odirect: true\n"
+    )
     return path
 
 
-DEGRADED = "degraded mode (recompute)"     # LMCache without a GPU connector: stores nothing
+DEGRADED = "degraded mode (recompute)"  # LMCache without a GPU connector: stores nothing
 
 
 def wait_for_files(d: Path, count: int, log: Path, timeout: float = 120) -> int:
@@ -77,28 +78,42 @@ def wait_for_files(d: Path, count: int, log: Path, timeout: float = 120) -> int:
     deadline = time.monotonic() + timeout
     while True:
         n = sum(1 for f in d.iterdir() if f.is_file())
-        if n >= count or time.monotonic() > deadline or \
-                DEGRADED in log.read_text(errors="replace"):
+        if n >= count or time.monotonic() > deadline or DEGRADED in log.read_text(errors="replace"):
             return n
         time.sleep(0.2)
 
 
-def phases(setup, fs: str, model: Path, sizes: list[int], logs: Path, python: Path,
-           per_token: int, max_tokens: int) -> dict:
+def phases(
+    setup,
+    fs: str,
+    model: Path,
+    sizes: list[int],
+    logs: Path,
+    python: Path,
+    per_token: int,
+    max_tokens: int,
+) -> dict:
     d = setup.root / "lmcache"
     d.mkdir()
     out: dict = {}
     for n in sizes:
         a, b = inference.prompt(n, seed=n), inference.prompt(n, seed=n + 1)
         chunks = n // inference.CHUNK_TOKENS
-        cfg = lmcache_config(logs / f"lmcache-{fs}-{n}.yaml", d,
-                             cpu_gb=round(1.2 * n * per_token / GiB, 2),
-                             disk_gb=round(4 * n * per_token / GiB + 1, 1))
+        cfg = lmcache_config(
+            logs / f"lmcache-{fs}-{n}.yaml",
+            d,
+            cpu_gb=round(1.2 * n * per_token / GiB, 2),
+            disk_gb=round(4 * n * per_token / GiB + 1, 1),
+        )
         log = logs / f"engine-{fs}-{n}.log"
-        with inference.Engine(model, log, max_tokens=max_tokens, python=python,
-                              connector={"kv_connector": "LMCacheConnectorV1",
-                                         "kv_role": "kv_both"},
-                              env={"LMCACHE_CONFIG_FILE": str(cfg)}) as engine:
+        with inference.Engine(
+            model,
+            log,
+            max_tokens=max_tokens,
+            python=python,
+            connector={"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
+            env={"LMCACHE_CONFIG_FILE": str(cfg)},
+        ) as engine:
             row: dict = {}
             row["cold"], row["first"] = engine.ttft(a)
             stored = wait_for_files(d, chunks, log)
@@ -106,7 +121,8 @@ def phases(setup, fs: str, model: Path, sizes: list[int], logs: Path, python: Pa
                 raise SystemExit(
                     f"bench/ttft_gpu.py: {fs}, {n} tokens: {stored} chunk files after the cold "
                     f"phase, {chunks} expected: LMCache stored nothing (no GPU? its in-process "
-                    f"connector then runs degraded: recompute). Log: {log}")
+                    f"connector then runs degraded: recompute). Log: {log}"
+                )
             engine.ttft(b)
             wait_for_files(d, 2 * chunks, log)
             setup.sync()
@@ -116,12 +132,16 @@ def phases(setup, fs: str, model: Path, sizes: list[int], logs: Path, python: Pa
             got = RETRIEVED.findall(log.read_text(errors="replace"))[seen:]
             loaded = sum(int(x[0]) for x in got)
             if loaded < chunks * inference.CHUNK_TOKENS:
-                raise SystemExit(f"bench/ttft_gpu.py: {fs}, {n} tokens: LMCache retrieved "
-                                 f"{loaded} tokens of {n}; nothing to time. Log: {log}")
+                raise SystemExit(
+                    f"bench/ttft_gpu.py: {fs}, {n} tokens: LMCache retrieved "
+                    f"{loaded} tokens of {n}; nothing to time. Log: {log}"
+                )
             row["dram"], first2 = engine.ttft(a)
             if not row["first"] == first == first2:
-                raise SystemExit(f"bench/ttft_gpu.py: {fs}, {n} tokens: first tokens "
-                                 f"{row['first']}, {first}, {first2} in the three phases")
+                raise SystemExit(
+                    f"bench/ttft_gpu.py: {fs}, {n} tokens: first tokens "
+                    f"{row['first']}, {first}, {first2} in the three phases"
+                )
             out[n] = row
         shutil.rmtree(d)
         d.mkdir()
@@ -131,15 +151,24 @@ def phases(setup, fs: str, model: Path, sizes: list[int], logs: Path, python: Pa
 
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
-    ap.add_argument("--python", default=str(inference.ENGINE_PYTHON if
-                                            inference.ENGINE_PYTHON.exists() else sys.executable),
-                    help="an interpreter with vLLM (CUDA) and LMCache")
+    ap.add_argument(
+        "--python",
+        default=str(
+            inference.ENGINE_PYTHON if inference.ENGINE_PYTHON.exists() else sys.executable
+        ),
+        help="an interpreter with vLLM (CUDA) and LMCache",
+    )
     ap.add_argument("--sizes", default="8192,32768", help="prompt lengths in tokens")
-    ap.add_argument("--throttles", default="none,1e9",
-                    help="bytes/s per device, 'none' for unthrottled")
+    ap.add_argument(
+        "--throttles", default="none,1e9", help="bytes/s per device, 'none' for unthrottled"
+    )
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--model", choices=("8b", "small"), default="8b",
-                    help="8b: Llama-3.1-8B's shape; small: bench/ttft.py's (a check on a CPU)")
+    ap.add_argument(
+        "--model",
+        choices=("8b", "small"),
+        default="8b",
+        help="8b: Llama-3.1-8B's shape; small: bench/ttft.py's (a check on a CPU)",
+    )
     ap.add_argument("--logs", help="keep the engines' logs and LMCache's configs here")
     args = parse(ap, argv)
     sizes = sorted(int(s) for s in args.sizes.split(","))
@@ -152,38 +181,66 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         logs = Path(args.logs) if args.logs else tmp / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        model = inference.write_model(tmp / "model",
-                                      **(inference.LLAMA_8B if args.model == "8b" else {}))
+        model = inference.write_model(
+            tmp / "model", **(inference.LLAMA_8B if args.model == "8b" else {})
+        )
         per_token = inference.kv_bytes_per_token(model)
-        data = 2 * max(sizes) * per_token           # prompts A and B of the largest size
+        data = 2 * max(sizes) * per_token  # prompts A and B of the largest size
         max_tokens = max(sizes) + 64
-        firsts: dict[int, int] = {}     # the first token of each prompt: the same everywhere
+        firsts: dict[int, int] = {}  # the first token of each prompt: the same everywhere
         for r in range(args.rounds):
             for bps in throttles:
                 speed = speed_label(bps)
                 with directories(tmp, r, bps, data) as order:
                     for fs, setup in order:
-                        got = phases(setup, fs, model, sizes, logs, Path(args.python),
-                                     per_token, max_tokens)
+                        got = phases(
+                            setup, fs, model, sizes, logs, Path(args.python), per_token, max_tokens
+                        )
                         for n in sizes:
                             if firsts.setdefault(n, got[n]["first"]) != got[n]["first"]:
-                                raise SystemExit(f"bench/ttft_gpu.py: {n} tokens: first token "
-                                                 f"{got[n]['first']} on {fs}, {firsts[n]} before")
-                            rows.append({"round": r, "fs": fs, "speed": speed, "tokens": n,
-                                         **{k: got[n][k] for k in ("cold", "directory", "dram",
-                                                                   "first")}})
-                        print(f"round {r} {speed:>11} {fs}: " + ", ".join(
-                            f"{n}: {got[n]['directory']:.2f} s" for n in sizes),
-                            file=sys.stderr, flush=True)
-            with inference.Engine(model, logs / "engine-recompute.log", max_tokens=max_tokens,
-                                  python=Path(args.python)) as engine:
+                                raise SystemExit(
+                                    f"bench/ttft_gpu.py: {n} tokens: first token "
+                                    f"{got[n]['first']} on {fs}, {firsts[n]} before"
+                                )
+                            rows.append(
+                                {
+                                    "round": r,
+                                    "fs": fs,
+                                    "speed": speed,
+                                    "tokens": n,
+                                    **{
+                                        k: got[n][k] for k in ("cold", "directory", "dram", "first")
+                                    },
+                                }
+                            )
+                        print(
+                            f"round {r} {speed:>11} {fs}: "
+                            + ", ".join(f"{n}: {got[n]['directory']:.2f} s" for n in sizes),
+                            file=sys.stderr,
+                            flush=True,
+                        )
+            with inference.Engine(
+                model,
+                logs / "engine-recompute.log",
+                max_tokens=max_tokens,
+                python=Path(args.python),
+            ) as engine:
                 for n in sizes:
                     seconds, first = engine.ttft(inference.prompt(n, seed=n))
                     if n in firsts and firsts[n] != first:
-                        raise SystemExit(f"bench/ttft_gpu.py: recompute of {n} tokens gave "
-                                         f"first token {first}, the directories {firsts[n]}")
-                    rows.append({"round": r, "fs": "recompute", "speed": "-", "tokens": n,
-                                 "directory": seconds})
+                        raise SystemExit(
+                            f"bench/ttft_gpu.py: recompute of {n} tokens gave "
+                            f"first token {first}, the directories {firsts[n]}"
+                        )
+                    rows.append(
+                        {
+                            "round": r,
+                            "fs": "recompute",
+                            "speed": "-",
+                            "tokens": n,
+                            "directory": seconds,
+                        }
+                    )
     out = summarize(rows, sizes, [speed_label(b) for b in throttles])
     out["minutes"] = round((time.monotonic() - started) / 60, 1)
     out["rounds"] = args.rounds

@@ -28,7 +28,7 @@ DEFAULT_WRITEBACK_MS = 100
 # at 64 MB/s) is failed for new placement and the share written elsewhere: Linux's NVMe
 # driver waits 30 s before it aborts a command, a stall no writer should wait out.
 DEFAULT_IO_TIMEOUT_MS = 5000
-DEFAULT_ATTR_TIMEOUT = 30.0      # seconds the kernel keeps names and attributes (one node)
+DEFAULT_ATTR_TIMEOUT = 30.0  # seconds the kernel keeps names and attributes (one node)
 
 
 def default_state_dir() -> Path:
@@ -58,36 +58,36 @@ def mem_available() -> int:
 @dataclass(frozen=True)
 class NamespaceConfig:
     path: Path
-    size: int | None = None          # files only: created and preallocated at this size
+    size: int | None = None  # files only: created and preallocated at this size
     queue_depth: int = DEFAULT_QUEUE_DEPTH
-    weight: float = 1.0              # share of each block placed here (relative to the others)
+    weight: float = 1.0  # share of each block placed here (relative to the others)
 
 
 @dataclass(frozen=True)
 class PoolConfig:
     namespaces: tuple[NamespaceConfig, ...]
-    evict: str = "prefix"            # a full pool drops closed files: "prefix" by the prefix-aware
-                                     # policy, "lru" least recently used first; "never": ENOSPC
+    evict: str = "prefix"  # a full pool drops closed files: "prefix" by the prefix-aware
+    # policy, "lru" least recently used first; "never": ENOSPC
     stripe_unit: int = DEFAULT_STRIPE_UNIT
     max_block_size: int | None = None  # default: the pool's capacity
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
-    io_engine: str = "auto"          # small blocks' I/O by Linux AIO on the trio thread ("auto"),
-                                     # or by worker threads ("threads")
-    io_timeout_ms: int = DEFAULT_IO_TIMEOUT_MS   # a namespace's share of a write past this
-                                     # (plus its bytes at 64 MB/s): failed, written elsewhere
+    io_engine: str = "auto"  # small blocks' I/O by Linux AIO on the trio thread ("auto"),
+    # or by worker threads ("threads")
+    io_timeout_ms: int = DEFAULT_IO_TIMEOUT_MS  # a namespace's share of a write past this
+    # (plus its bytes at 64 MB/s): failed, written elsewhere
 
 
 @dataclass(frozen=True)
 class DramConfig:
     capacity: int = DEFAULT_DRAM_CAPACITY
     policy: str = "prefix"
-    huge_pages: bool = True          # block memory on a private tmpfs with transparent huge pages
+    huge_pages: bool = True  # block memory on a private tmpfs with transparent huge pages
 
 
 @dataclass(frozen=True)
 class LocalConfig:
     path: Path
-    size: int | None = None          # files only: created and preallocated at this size
+    size: int | None = None  # files only: created and preallocated at this size
     queue_depth: int = DEFAULT_QUEUE_DEPTH
     policy: str = "prefix"
     admission: str = "second-access"
@@ -96,50 +96,51 @@ class LocalConfig:
 @dataclass(frozen=True)
 class PrefetchConfig:
     enabled: bool = True
-    max_window: int = 16           # blocks fetched ahead of a reader at most
+    max_window: int = 16  # blocks fetched ahead of a reader at most
 
 
 @dataclass(frozen=True)
 class MountConfig:
     allow_other: bool = False
-    attr_timeout: float = 30.0       # (1.0 with [cluster])
-    max_tasks: int = 512             # concurrent FUSE requests in flight
-    passthrough: bool = True         # FUSE passthrough where the kernel offers it
+    attr_timeout: float = 30.0  # (1.0 with [cluster])
+    max_tasks: int = 512  # concurrent FUSE requests in flight
+    passthrough: bool = True  # FUSE passthrough where the kernel offers it
     # When a file's bytes are durable (docs/architecture.md, "Durability and write-back"):
     # "fsync" (POSIX's, the default on one node): fsync()/fdatasync() make a file durable, a
     # closed file is written back within `writeback_ms`; "close": close() returns once the
     # file is durable (a shared pool always publishes at close)
     durability: str = "fsync"
     writeback_ms: int = DEFAULT_WRITEBACK_MS
-    dirty_limit: int = 0             # bytes not yet written back before writers wait (0: auto)
+    dirty_limit: int = 0  # bytes not yet written back before writers wait (0: auto)
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
     """A pool shared by several nodes, its catalog in Redis (see docs/cluster.md)."""
-    redis: str                       # redis://[user:password@]host:port/db or rediss:// (TLS)
-    node_id: str                     # this node's name in logs and statistics
-    name: str = "kvfs"               # key prefix: one Redis can hold several pools
-    password: str | None = None      # overrides the URL's password
+
+    redis: str  # redis://[user:password@]host:port/db or rediss:// (TLS)
+    node_id: str  # this node's name in logs and statistics
+    name: str = "kvfs"  # key prefix: one Redis can hold several pools
+    password: str | None = None  # overrides the URL's password
     password_file: Path | None = None
-    tls_ca: Path | None = None       # rediss://: CA bundle to verify the server with
-    tls_cert: Path | None = None     # rediss://: client certificate (mutual TLS)
+    tls_ca: Path | None = None  # rediss://: CA bundle to verify the server with
+    tls_cert: Path | None = None  # rediss://: client certificate (mutual TLS)
     tls_key: Path | None = None
-    lease_seconds: float = 10.0      # a dead node's allocation leases expire after this
-    grace_seconds: float = 30.0      # an evicted or replaced block's space is reused after this
-    regions: int = 64                # the pool is leased in this many regions
-    free_target: float = 0.05        # evict ahead to keep this share free (docs/cluster.md: sizing)
+    lease_seconds: float = 10.0  # a dead node's allocation leases expire after this
+    grace_seconds: float = 30.0  # an evicted or replaced block's space is reused after this
+    regions: int = 64  # the pool is leased in this many regions
+    free_target: float = 0.05  # evict ahead to keep this share free (docs/cluster.md: sizing)
     # Sentinel (docs/cluster.md, "Surviving the loss of Redis"): the master is found through
     # these sentinels; `redis` then names no host, only the scheme, credentials and database.
     sentinels: tuple[tuple[str, int], ...] = ()
-    master_name: str = "kvfs"        # the name the sentinels monitor the master under
+    master_name: str = "kvfs"  # the name the sentinels monitor the master under
     sentinel_password: str | None = None
     # A change kvfs reports durable (a publish at close, a lease, a mount's epoch) has reached
     # the replicas `confirm` names, and at least this many (Redis WAIT); 1 with sentinels, 0
     # without (0: no WAIT at all).
     min_replicas: int = 0
-    replica_timeout_ms: int = 1000   # how long one WAIT waits for them
-    no_replica: str = "fail"         # then: "fail" (EIO) or "wait" (retry until they answer)
+    replica_timeout_ms: int = 1000  # how long one WAIT waits for them
+    no_replica: str = "fail"  # then: "fail" (EIO) or "wait" (retry until they answer)
     # (sentinels) which replicas must confirm: "all" Sentinel knows of, up or down (a replaced
     # master can acknowledge nothing the promoted replica lacks), or only those "up" (stores
     # resume right after a failover; a split brain can lose acknowledged changes)
@@ -150,9 +151,11 @@ class ClusterConfig:
         """host:port of the Redis server (for messages; no password); with sentinels, the
         master's name and the sentinels."""
         if self.sentinels:
-            return f"master {self.master_name!r} via sentinels " + \
-                ",".join(f"{h}:{p}" for h, p in self.sentinels)
+            return f"master {self.master_name!r} via sentinels " + ",".join(
+                f"{h}:{p}" for h, p in self.sentinels
+            )
         from urllib.parse import urlparse
+
         u = urlparse(self.redis)
         return f"{u.hostname}:{u.port or 6379}"
 
@@ -167,9 +170,9 @@ class Config:
     local: LocalConfig | None = None
     cluster: ClusterConfig | None = None
     log_level: str = "info"
-    metrics_port: int = 0            # serve Prometheus metrics on this port (0: off)
+    metrics_port: int = 0  # serve Prometheus metrics on this port (0: off)
     metrics_address: str = "127.0.0.1"
-    source: Path | None = None       # the file this came from; None for the embedded default
+    source: Path | None = None  # the file this came from; None for the embedded default
 
     @property
     def catalog_path(self) -> Path:
@@ -178,6 +181,7 @@ class Config:
 
 # ---------------------------------------------------------------------------------------------
 # Validation helpers: each takes (value, key) and returns the typed value or raises ConfigError.
+
 
 def _size(value: Any, key: str) -> int:
     try:
@@ -211,14 +215,18 @@ def _choice(*choices: str) -> Callable[[Any, str], str]:
             want = " or ".join(repr(c) for c in choices)
             raise ConfigError(f"config: {key}: expected {want}, got {value!r}")
         return value
+
     return check
 
 
 def _int_range(lo: int, hi: int) -> Callable[[Any, str], int]:
     def check(value: Any, key: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise ConfigError(f"config: {key}: expected an integer from {lo} to {hi}, got {value!r}")
+            raise ConfigError(
+                f"config: {key}: expected an integer from {lo} to {hi}, got {value!r}"
+            )
         return value
+
     return check
 
 
@@ -227,6 +235,7 @@ def _number_range(lo: float, hi: float) -> Callable[[Any, str], float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
             raise ConfigError(f"config: {key}: expected a number from {lo} to {hi}, got {value!r}")
         return float(value)
+
     return check
 
 
@@ -259,19 +268,22 @@ class _Table:
 def _passthrough_allowed() -> bool:
     """KVFS_PASSTHROUGH=off in the environment turns FUSE passthrough off whatever the config
     says (to run the test suite on the fallback data path)."""
-    return os.environ.get("KVFS_PASSTHROUGH", "").strip().lower() not in ("0", "off", "no",
-                                                                          "false")
+    return os.environ.get("KVFS_PASSTHROUGH", "").strip().lower() not in ("0", "off", "no", "false")
 
 
 def _removed_io(value: Any, key: str) -> None:
-    raise ConfigError(f"config: {key}: removed (the io_uring engine depended on a wheel that "
-                      f"crashes on CPUs without AVX-512); see pool.io_engine")
+    raise ConfigError(
+        f"config: {key}: removed (the io_uring engine depended on a wheel that "
+        f"crashes on CPUs without AVX-512); see pool.io_engine"
+    )
 
 
 def _stripe_unit(value: Any, key: str) -> int:
     n = _size(value, key)
     if n < 4 * KiB or n > 64 * MiB or n & (n - 1):
-        raise ConfigError(f"config: {key}: must be a power of two from 4KiB to 64MiB, got {value!r}")
+        raise ConfigError(
+            f"config: {key}: must be a power of two from 4KiB to 64MiB, got {value!r}"
+        )
     return n
 
 
@@ -282,6 +294,7 @@ def _path(base: Path) -> Callable[[Any, str], Path]:
             raise ConfigError(f"config: {key}: must not be empty")
         p = Path(os.path.expanduser(s))
         return p if p.is_absolute() else (base / p).resolve()
+
     return check
 
 
@@ -314,6 +327,7 @@ def _namespaces(value: Any, key: str, base: Path) -> tuple[NamespaceConfig, ...]
 
 def _redis_url(value: Any, key: str, *, host: bool = True) -> str:
     from urllib.parse import urlparse
+
     s = _str(value, key)
     try:
         u = urlparse(s)
@@ -321,10 +335,14 @@ def _redis_url(value: Any, key: str, *, host: bool = True) -> str:
     except ValueError as e:
         raise ConfigError(f"config: {key}: not a valid URL: {e}") from None
     if not host and (u.hostname or port):
-        raise ConfigError(f"config: {key}: with sentinels, name no host (Sentinel names the "
-                          f"master): redis://[user:password@]/db or rediss://..., got {s!r}")
+        raise ConfigError(
+            f"config: {key}: with sentinels, name no host (Sentinel names the "
+            f"master): redis://[user:password@]/db or rediss://..., got {s!r}"
+        )
     if u.scheme not in ("redis", "rediss") or (host and not u.hostname):
-        raise ConfigError(f"config: {key}: expected redis://host:port/db or rediss://..., got {s!r}")
+        raise ConfigError(
+            f"config: {key}: expected redis://host:port/db or rediss://..., got {s!r}"
+        )
     db = (u.path or "/").strip("/")
     if db and not db.isdigit():
         raise ConfigError(f"config: {key}: the database must be a number, got {db!r}")
@@ -336,32 +354,38 @@ def _address(value: Any, key: str) -> tuple[str, int]:
     s = _str(value, key)
     host, _, port = s.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"config: {key}: expected \"host:port\", got {s!r}")
+        raise ConfigError(f'config: {key}: expected "host:port", got {s!r}')
     return host.strip("[]"), int(port)
 
 
 def _addresses(value: Any, key: str) -> tuple[tuple[str, int], ...]:
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"config: {key}: expected a non-empty list of \"host:port\"")
+        raise ConfigError(f'config: {key}: expected a non-empty list of "host:port"')
     return tuple(_address(v, f"{key}[{i}]") for i, v in enumerate(value))
 
 
 def _cluster(t: "_Table", base: Path) -> ClusterConfig:
     import socket
+
     sentinels = t.take("sentinels", _addresses, ())
     redis = t.take("redis", lambda v, k: _redis_url(v, k, host=not sentinels))
     if redis is None:
         if not sentinels:
-            raise ConfigError("config: cluster.redis: missing (redis://host:port/db), or give "
-                              "cluster.sentinels")
+            raise ConfigError(
+                "config: cluster.redis: missing (redis://host:port/db), or give cluster.sentinels"
+            )
         redis = "redis:///0"
     node_id = t.take("node_id", _str) or socket.gethostname()
     name = t.take("name", _str, "kvfs")
     if not name or any(c in name for c in "{}: \t\n"):
-        raise ConfigError(f"config: cluster.name: must be non-empty without braces, colons or "
-                          f"spaces, got {name!r}")
+        raise ConfigError(
+            f"config: cluster.name: must be non-empty without braces, colons or "
+            f"spaces, got {name!r}"
+        )
     c = ClusterConfig(
-        redis=redis, node_id=node_id, name=name,
+        redis=redis,
+        node_id=node_id,
+        name=name,
         password=t.take("password", _str),
         password_file=t.take("password_file", _path(base)),
         tls_ca=t.take("tls_ca", _path(base)),
@@ -436,7 +460,8 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         if lsize is not None and lsize % (4 * KiB):
             raise ConfigError("config: local.size: must be a multiple of 4KiB")
         local = LocalConfig(
-            path=lpath, size=lsize,
+            path=lpath,
+            size=lsize,
             queue_depth=lt.take("queue_depth", _int_range(1, 256), DEFAULT_QUEUE_DEPTH),
             policy=lt.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
             admission=lt.take("admission", _choice("second-access", "always"), "second-access"),
@@ -452,12 +477,15 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
 
     mount_t = top.table("mount")
     shared = "cluster" in top.data
-    durability = mount_t.take("durability", _choice("fsync", "close"),
-                              "close" if shared else "fsync")
+    durability = mount_t.take(
+        "durability", _choice("fsync", "close"), "close" if shared else "fsync"
+    )
     if shared and durability != "close":
-        raise ConfigError("config: mount.durability: a shared pool ([cluster]) publishes each "
-                          "file at close (other nodes see it once close() returns): only "
-                          "\"close\" is supported there")
+        raise ConfigError(
+            "config: mount.durability: a shared pool ([cluster]) publishes each "
+            "file at close (other nodes see it once close() returns): only "
+            '"close" is supported there'
+        )
     dirty_limit = mount_t.take("dirty_limit", _positive_size)
     mount = MountConfig(
         allow_other=mount_t.take("allow_other", _bool, False),
@@ -465,8 +493,9 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         # (the kernel updates its cache) or announced to the kernel (an eviction, a dropped
         # write-back): the kernel may keep them long. A shared pool: other nodes' changes
         # reach this kernel through the follower, so a short timeout bounds a missed one.
-        attr_timeout=mount_t.take("attr_timeout", _number_range(0.0, 3600.0),
-                                  1.0 if shared else DEFAULT_ATTR_TIMEOUT),
+        attr_timeout=mount_t.take(
+            "attr_timeout", _number_range(0.0, 3600.0), 1.0 if shared else DEFAULT_ATTR_TIMEOUT
+        ),
         max_tasks=mount_t.take("max_tasks", _int_range(4, 4096), 512),
         passthrough=mount_t.take("passthrough", _bool, True) and _passthrough_allowed(),
         durability=durability,
@@ -479,8 +508,11 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     ns_key = pool_t.key("namespace")
     raw_ns = pool_t.data.pop("namespace", None)
     if raw_ns is None:
-        namespaces = (NamespaceConfig(path=state_dir / "pool" / "ns0.img",
-                                      size=default_pool_file_size(state_dir)),)
+        namespaces = (
+            NamespaceConfig(
+                path=state_dir / "pool" / "ns0.img", size=default_pool_file_size(state_dir)
+            ),
+        )
     else:
         namespaces = _namespaces(raw_ns, ns_key, base)
     max_block = pool_t.take("max_block_size", _positive_size)
@@ -492,26 +524,39 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         max_block_size=max_block,
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
         io_engine=pool_t.take("io_engine", _choice("auto", "threads"), "auto"),
-        io_timeout_ms=pool_t.take("io_timeout_ms", _int_range(100, 600_000),
-                                  DEFAULT_IO_TIMEOUT_MS),
+        io_timeout_ms=pool_t.take("io_timeout_ms", _int_range(100, 600_000), DEFAULT_IO_TIMEOUT_MS),
     )
     pool_t.done()
     cluster = None
     if "cluster" in top.data:
         cluster = _cluster(top.table("cluster"), base)
         if raw_ns is None:
-            raise ConfigError("config: cluster: every node must mount the same namespaces; list "
-                              "them in [[pool.namespace]] (the embedded default pool is node-local)")
+            raise ConfigError(
+                "config: cluster: every node must mount the same namespaces; list "
+                "them in [[pool.namespace]] (the embedded default pool is node-local)"
+            )
         for n in namespaces:
             if state_dir in n.path.parents:
-                raise ConfigError(f"config: pool.namespace {n.path}: inside state_dir, which is "
-                                  f"node-local; a cluster's namespaces are shared by every node")
+                raise ConfigError(
+                    f"config: pool.namespace {n.path}: inside state_dir, which is "
+                    f"node-local; a cluster's namespaces are shared by every node"
+                )
     top.done()
     if local is not None and any(local.path == n.path for n in namespaces):
         raise ConfigError(f"config: local.path: {local.path} is also a pool namespace")
-    return Config(state_dir=state_dir, pool=pool, dram=dram, mount=mount, prefetch=prefetch,
-                  local=local, cluster=cluster, log_level=log_level, metrics_port=metrics_port,
-                  metrics_address=metrics_address, source=source)
+    return Config(
+        state_dir=state_dir,
+        pool=pool,
+        dram=dram,
+        mount=mount,
+        prefetch=prefetch,
+        local=local,
+        cluster=cluster,
+        log_level=log_level,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
+        source=source,
+    )
 
 
 def load(path: str | os.PathLike | None) -> Config:

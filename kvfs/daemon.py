@@ -39,7 +39,7 @@ from kvfs.service import Service, open_layers
 log = logging.getLogger("kvfs.daemon")
 
 FUSE_DEVICE = "/dev/fuse"
-READ_AHEAD_KB = 1024     # page-cache readahead of the mount: 1 MiB FUSE read requests
+READ_AHEAD_KB = 1024  # page-cache readahead of the mount: 1 MiB FUSE read requests
 # pyfuse3 request tasks kept waiting for requests: a task whose handler waits (a commit, a
 # fetch) is replaced by a new one while none waits, and one is ended while more than this
 # many wait. Under a steady load of concurrent files four went back and forth, a task
@@ -68,39 +68,49 @@ def _writable_dir_or_creatable(path: Path) -> None:
 def preflight(cfg: Config, mountpoint: Path) -> None:
     """Check what can be checked without changing anything; raise StartupError otherwise."""
     if os.geteuid() != 0:
-        raise StartupError("kvfs mount must run as root (it opens /dev/fuse and the namespace "
-                           "devices)", errno.EPERM)
+        raise StartupError(
+            "kvfs mount must run as root (it opens /dev/fuse and the namespace devices)",
+            errno.EPERM,
+        )
     try:
         st = os.stat(FUSE_DEVICE)
         if not stat.S_ISCHR(st.st_mode):
             raise FileNotFoundError
     except FileNotFoundError:
-        raise StartupError(f"{FUSE_DEVICE} is missing: this kernel or container has no FUSE "
-                           f"(load the fuse module, or give the container /dev/fuse)",
-                           errno.ENODEV) from None
+        raise StartupError(
+            f"{FUSE_DEVICE} is missing: this kernel or container has no FUSE "
+            f"(load the fuse module, or give the container /dev/fuse)",
+            errno.ENODEV,
+        ) from None
     entry = mount_entry(mountpoint)
     if entry is not None and entry["fstype"].startswith("fuse"):
         try:
-            os.statvfs(mountpoint)       # never cached by the kernel: reaches the daemon
+            os.statvfs(mountpoint)  # never cached by the kernel: reaches the daemon
         except OSError as e:
             if e.errno == errno.ENOTCONN:
-                raise StartupError(f"mountpoint {mountpoint}: a stale mount is left there (its "
-                                   f"daemon died); run `umount {mountpoint}` first",
-                                   errno.EBUSY) from None
+                raise StartupError(
+                    f"mountpoint {mountpoint}: a stale mount is left there (its "
+                    f"daemon died); run `umount {mountpoint}` first",
+                    errno.EBUSY,
+                ) from None
     try:
         st = os.stat(mountpoint)
     except FileNotFoundError:
         raise StartupError(f"mountpoint {mountpoint}: does not exist", errno.ENOENT) from None
     except OSError as e:
         if e.errno == errno.ENOTCONN:
-            raise StartupError(f"mountpoint {mountpoint}: a stale mount is left there (its daemon "
-                               f"died); run `umount {mountpoint}` first", errno.EBUSY) from None
+            raise StartupError(
+                f"mountpoint {mountpoint}: a stale mount is left there (its daemon "
+                f"died); run `umount {mountpoint}` first",
+                errno.EBUSY,
+            ) from None
         raise StartupError(f"mountpoint {mountpoint}: {e.strerror}", e.errno) from None
     if not stat.S_ISDIR(st.st_mode):
         raise StartupError(f"mountpoint {mountpoint}: not a directory", errno.ENOTDIR)
     if entry is not None or os.path.ismount(mountpoint):
-        raise StartupError(f"mountpoint {mountpoint}: busy (something is already mounted there)",
-                           errno.EBUSY)
+        raise StartupError(
+            f"mountpoint {mountpoint}: busy (something is already mounted there)", errno.EBUSY
+        )
     sd = cfg.state_dir
     if sd.exists():
         if not sd.is_dir():
@@ -111,13 +121,19 @@ def preflight(cfg: Config, mountpoint: Path) -> None:
         _writable_dir_or_creatable(sd)
     if cfg.metrics_port:
         import socket
+
         try:
-            with socket.socket(socket.AF_INET6 if ":" in cfg.metrics_address else socket.AF_INET) as s:
+            with socket.socket(
+                socket.AF_INET6 if ":" in cfg.metrics_address else socket.AF_INET
+            ) as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind((cfg.metrics_address, cfg.metrics_port))
         except OSError as e:
-            raise StartupError(f"metrics_port {cfg.metrics_port}: cannot listen on "
-                               f"{cfg.metrics_address}: {e.strerror}", e.errno) from None
+            raise StartupError(
+                f"metrics_port {cfg.metrics_port}: cannot listen on "
+                f"{cfg.metrics_address}: {e.strerror}",
+                e.errno,
+            ) from None
     real_mp = os.path.realpath(mountpoint)
     if os.path.realpath(sd) == real_mp or os.path.realpath(sd).startswith(real_mp + os.sep):
         raise StartupError(f"state_dir {sd}: must not be inside the mountpoint", errno.EINVAL)
@@ -150,6 +166,7 @@ async def _terminate_on_signal(signals) -> None:
 def raise_fd_limit() -> None:
     """Every block in DRAM holds a descriptor (its memfd): allow as many as the hard limit."""
     import resource
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         try:
@@ -158,8 +175,13 @@ def raise_fd_limit() -> None:
             log.debug("raising the descriptor limit failed: %s", e)
 
 
-def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
-        on_state_dir: Callable[[], None] | None = None) -> int:
+def run(
+    cfg: Config,
+    mountpoint: Path,
+    ready: Callable[[str | None], None],
+    *,
+    on_state_dir: Callable[[], None] | None = None,
+) -> int:
     """Mount and serve until unmounted or signalled. `ready(None)` is called once the mount is
     up; `ready(message)` if start-up fails (the StartupError is raised too). `on_state_dir` is
     called once the state directory exists (to move logging into it)."""
@@ -168,7 +190,7 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
     except StartupError as e:
         ready(str(e))
         raise
-    real_mountpoint = os.path.realpath(mountpoint)     # resolved before it becomes ours
+    real_mountpoint = os.path.realpath(mountpoint)  # resolved before it becomes ours
     raise_fd_limit()
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     if cfg.dram.huge_pages:
@@ -179,9 +201,13 @@ def run(cfg: Config, mountpoint: Path, ready: Callable[[str | None], None], *,
     return trio.run(_serve, cfg, mountpoint, real_mountpoint, ready, on_state_dir)
 
 
-async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
-                 ready: Callable[[str | None], None],
-                 on_state_dir: Callable[[], None] | None) -> int:
+async def _serve(
+    cfg: Config,
+    mountpoint: Path,
+    real_mountpoint: str,
+    ready: Callable[[str | None], None],
+    on_state_dir: Callable[[], None] | None,
+) -> int:
     """Start-up, serving and shutdown in one trio run, under one exit stack: whatever was
     opened is closed in reverse order however this ends."""
     async with contextlib.AsyncExitStack() as stack:
@@ -215,13 +241,22 @@ async def _serve(cfg: Config, mountpoint: Path, real_mountpoint: str,
         # Catch the stopping signals before saying the mount is up: one sent as soon as it
         # is (a harness, systemd) killed the daemon by the default action, uncleanly.
         signals = stack.enter_context(
-            trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+            trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        )
         conn = mount_entry(real_mountpoint, resolve=False)
         conn_dev = conn["dev"] if conn is not None else None
-        log.info("kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
-                 mountpoint, pool.pool_id, len(pool.namespaces), pool.capacity, cfg.dram.capacity,
-                 os.getpid(), f"; shared, catalog in Redis at {cfg.cluster.where} (node "
-                              f"{cfg.cluster.node_id})" if cfg.cluster else "")
+        log.info(
+            "kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
+            mountpoint,
+            pool.pool_id,
+            len(pool.namespaces),
+            pool.capacity,
+            cfg.dram.capacity,
+            os.getpid(),
+            f"; shared, catalog in Redis at {cfg.cluster.where} (node {cfg.cluster.node_id})"
+            if cfg.cluster
+            else "",
+        )
         ready(None)
         clean = False
         lost = 0

@@ -12,7 +12,7 @@ import time
 from kvfs.units import format_size
 
 SAMPLE = "demo/meta-llama-Llama-3.1-8B@1@0@-274654dcc82ea3f3@bfloat16.pt"
-SIZE = 32 << 20      # one 256-token chunk of Llama-3.1-8B in bf16
+SIZE = 32 << 20  # one 256-token chunk of Llama-3.1-8B in bf16
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(path, "wb") as f:
         f.write(data)
         t1 = time.perf_counter()
-        os.fsync(f.fileno())            # the durability point (with durability "close": close)
+        os.fsync(f.fileno())  # the durability point (with durability "close": close)
         t2 = time.perf_counter()
     write_s, sync_s = t1 - t0 + time.perf_counter() - t2, t2 - t1
     t1 = time.perf_counter()
@@ -39,18 +39,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvfs demo: {path} did not read back identical", file=sys.stderr)
         return 1
     stats = json.loads(os.getxattr(mnt, "user.kvfs.stats"))
-    durable = (f"fsync() made it durable in the pool in {sync_s:.3f} s "
-               f"(close() alone: within writeback_ms)" if "writeback" in stats else
-               "durable in the pool once close() returned (durability \"close\")")
+    durable = (
+        f"fsync() made it durable in the pool in {sync_s:.3f} s "
+        f"(close() alone: within writeback_ms)"
+        if "writeback" in stats
+        else 'durable in the pool once close() returned (durability "close")'
+    )
     pool, dram = stats["tiers"]["pool"], stats["tiers"]["dram"]
     vfs = os.statvfs(mnt)
     print(f"""
 kvfs is mounted at {os.path.abspath(mnt)}
   wrote  {SAMPLE} ({format_size(SIZE)}) in {write_s:.3f} s; {durable}
   read   it back bit-exact in {t2 - t1:.3f} s (sha256 {hashlib.sha256(back).hexdigest()[:16]}...)
-  pool   {format_size(pool['capacity'])} on {len(stats['namespaces'])} namespace(s), {format_size(pool['free'])} free; statfs block size {vfs.f_bsize}
-  DRAM   {format_size(dram['used'])} of {format_size(dram['capacity'])} in use ({stats['data_path']['memory']})
-  path   {"FUSE passthrough: the kernel moves file data without the daemon" if stats['data_path']['passthrough'] else "through the daemon: " + stats['data_path']['why']}
+  pool   {format_size(pool["capacity"])} on {len(stats["namespaces"])} namespace(s), {format_size(pool["free"])} free; statfs block size {vfs.f_bsize}
+  DRAM   {format_size(dram["used"])} of {format_size(dram["capacity"])} in use ({stats["data_path"]["memory"]})
+  path   {"FUSE passthrough: the kernel moves file data without the daemon" if stats["data_path"]["passthrough"] else "through the daemon: " + stats["data_path"]["why"]}
 
 Use it:
   point LMCache at it:  LMCACHE_LOCAL_DISK=file://{os.path.abspath(mnt)}/lmcache  LMCACHE_MAX_LOCAL_DISK_SIZE=2

@@ -13,10 +13,12 @@ from kvfs.config import Config
 class Knobs:
     prefetch_enabled: bool = True
     prefetch_max_window: int = 16
-    pool_evict: str = "prefix"         # "prefix", "lru" or "never"
+    pool_evict: str = "prefix"  # "prefix", "lru" or "never"
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Knobs":
-        return cls(prefetch_enabled=cfg.prefetch.enabled,
-                   prefetch_max_window=cfg.prefetch.max_window,
-                   pool_evict=cfg.pool.evict)
+        return cls(
+            prefetch_enabled=cfg.prefetch.enabled,
+            prefetch_max_window=cfg.prefetch.max_window,
+            pool_evict=cfg.pool.evict,
+        )

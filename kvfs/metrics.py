@@ -37,17 +37,54 @@ def render(st: dict) -> str:
     for tier, t in st["tiers"].items():
         metric("kvfs_tier_capacity_bytes", "gauge", "capacity of a tier", t["capacity"], tier=tier)
         metric("kvfs_tier_used_bytes", "gauge", "bytes used in a tier", t["used"], tier=tier)
-        metric("kvfs_tier_hits_total", "counter", "block accesses a tier served", t["hits"], tier=tier)
-        metric("kvfs_tier_misses_total", "counter", "block accesses a tier missed", t["misses"], tier=tier)
-        metric("kvfs_tier_in_bytes_total", "counter", "bytes placed into a tier", t["bytes_in"], tier=tier)
-        metric("kvfs_tier_out_bytes_total", "counter", "bytes read out of a tier", t["bytes_out"], tier=tier)
-        metric("kvfs_tier_evictions_total", "counter", "blocks evicted from a tier", t["evictions"], tier=tier)
+        metric(
+            "kvfs_tier_hits_total", "counter", "block accesses a tier served", t["hits"], tier=tier
+        )
+        metric(
+            "kvfs_tier_misses_total",
+            "counter",
+            "block accesses a tier missed",
+            t["misses"],
+            tier=tier,
+        )
+        metric(
+            "kvfs_tier_in_bytes_total",
+            "counter",
+            "bytes placed into a tier",
+            t["bytes_in"],
+            tier=tier,
+        )
+        metric(
+            "kvfs_tier_out_bytes_total",
+            "counter",
+            "bytes read out of a tier",
+            t["bytes_out"],
+            tier=tier,
+        )
+        metric(
+            "kvfs_tier_evictions_total",
+            "counter",
+            "blocks evicted from a tier",
+            t["evictions"],
+            tier=tier,
+        )
     for ns in st["namespaces"]:
         lab = {"namespace": ns["index"], "path": ns["path"]}
-        metric("kvfs_namespace_up", "gauge", "1 if the namespace is healthy",
-               1 if ns["state"] == "ok" else 0, **lab)
+        metric(
+            "kvfs_namespace_up",
+            "gauge",
+            "1 if the namespace is healthy",
+            1 if ns["state"] == "ok" else 0,
+            **lab,
+        )
         metric("kvfs_namespace_read_bytes_total", "counter", "bytes read", ns["bytes_read"], **lab)
-        metric("kvfs_namespace_written_bytes_total", "counter", "bytes written", ns["bytes_written"], **lab)
+        metric(
+            "kvfs_namespace_written_bytes_total",
+            "counter",
+            "bytes written",
+            ns["bytes_written"],
+            **lab,
+        )
         metric("kvfs_namespace_errors_total", "counter", "failed I/Os", ns["errors"], **lab)
         metric("kvfs_namespace_inflight", "gauge", "I/Os in flight", ns["inflight"], **lab)
     for k in ("issued", "used", "joined", "wasted", "cancelled", "skipped"):
@@ -55,18 +92,32 @@ def render(st: dict) -> str:
     for op, x in st.get("latency", {}).items():
         metric("kvfs_requests_total", "counter", "FUSE requests handled", x["count"], op=op)
         for q in ("p50", "p90", "p99"):
-            metric("kvfs_request_latency_seconds", "gauge", "request latency percentiles",
-                   x[f"{q}_us"] / 1e6, op=op, quantile=q[1:])
+            metric(
+                "kvfs_request_latency_seconds",
+                "gauge",
+                "request latency percentiles",
+                x[f"{q}_us"] / 1e6,
+                op=op,
+                quantile=q[1:],
+            )
     f = st["files"]
-    for k in ("commits", "commit_errors", "pool_evictions", "creates", "opens",
-              "passthrough_opens", "plain_opens"):
+    for k in (
+        "commits",
+        "commit_errors",
+        "pool_evictions",
+        "creates",
+        "opens",
+        "passthrough_opens",
+        "plain_opens",
+    ):
         metric(f"kvfs_{k}_total", "counter", k.replace("_", " "), f[k])
     metric("kvfs_open_handles", "gauge", "open file handles", f["open_handles"])
     return "\n".join(lines) + "\n"
 
 
-async def serve(statistics: Callable[[], dict], host: str, port: int, *,
-                task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve(
+    statistics: Callable[[], dict], host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     """Serve GET /metrics until cancelled."""
 
     async def handle(stream: trio.SocketStream) -> None:
@@ -81,11 +132,15 @@ async def serve(statistics: Callable[[], dict], host: str, port: int, *,
                 line = data.split(b"\r\n", 1)[0].split()
                 if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
                     body = render(statistics()).encode()
-                    head = (f"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                            f"Content-Length: {len(body)}\r\n\r\n").encode()
+                    head = (
+                        f"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                        f"Content-Length: {len(body)}\r\n\r\n"
+                    ).encode()
                 else:
                     body = b"kvfs: GET /metrics\n"
-                    head = (f"HTTP/1.0 404 Not Found\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+                    head = (
+                        f"HTTP/1.0 404 Not Found\r\nContent-Length: {len(body)}\r\n\r\n"
+                    ).encode()
                 await stream.send_all(head + body)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass

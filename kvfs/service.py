@@ -90,6 +90,7 @@ class Seam:
 @dataclass
 class Seams:
     """Every call that goes up, by the protocol its lower end declares."""
+
     # the space layer -> the file layer (Files): may a file go, delete it, is a block read
     # here (kvfs/space/base.py `Evictor`)
     evictor: Seam = field(default_factory=lambda: Seam("space -> files (evictor)"))
@@ -112,7 +113,8 @@ def writes_back(cfg: Config) -> bool:
 @dataclass
 class Layers:
     """What the daemon runs on, and the seams the layers above it bind."""
-    catalog: object             # SqliteCatalog or RedisCatalog
+
+    catalog: object  # SqliteCatalog or RedisCatalog
     pool: Pool
     space: Space
     local: LocalTier | None
@@ -164,7 +166,7 @@ def _remove_pool_files(cfg: Config) -> None:
 async def open_layers(cfg: Config, knobs: Knobs, stack: contextlib.AsyncExitStack) -> Layers:
     """Open (or create) the catalog, the pool and its space, and the local tier."""
     seams = Seams()
-    with contextlib.ExitStack() as undo:       # what to remove again if start-up fails
+    with contextlib.ExitStack() as undo:  # what to remove again if start-up fails
         if cfg.cluster is None:
             catalog, pool, space = _open_sqlite(cfg, knobs, stack, undo, seams)
         else:
@@ -173,7 +175,7 @@ async def open_layers(cfg: Config, knobs: Knobs, stack: contextlib.AsyncExitStac
         if cfg.local is not None:
             local = LocalTier.open(cfg.local, pool.unit)
             stack.callback(local.close)
-        undo.pop_all()                          # started: keep everything
+        undo.pop_all()  # started: keep everything
     return Layers(catalog, pool, space, local, seams)
 
 
@@ -187,7 +189,8 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
         sync_changes=not write_back,
         before_commit=seams.writes.later("writes_settled"),
         on_unsynced=seams.unsynced.later("kick") if write_back else None,
-        on_failure=failures.later("stop_freeing"))
+        on_failure=failures.later("stop_freeing"),
+    )
     catalog = None
     catalog_exists = cfg.catalog_path.exists()
     if catalog_exists:
@@ -195,7 +198,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
         catalog = SqliteCatalog.open(cfg.catalog_path, hooks)
         stack.callback(catalog.close)
     expect = catalog.pool_id if catalog else None
-    for nc in cfg.pool.namespaces:      # the embedded default keeps its pool in state_dir
+    for nc in cfg.pool.namespaces:  # the embedded default keeps its pool in state_dir
         if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
             _mkdirs(nc.path.parent, undo)
     pool = Pool.open(cfg.pool, expect_pool_id=expect, create_new=expect is None)
@@ -203,9 +206,11 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
     if pool.created:
         undo.callback(_remove_pool_files, cfg)
     if expect is None and not pool.created:
-        raise StartupError(f"the namespaces hold pool {pool.pool_id}, but state_dir {sd} has "
-                           f"no catalog for it (state_dir lost?); to start over, run "
-                           f"`kvfs format --force`")
+        raise StartupError(
+            f"the namespaces hold pool {pool.pool_id}, but state_dir {sd} has "
+            f"no catalog for it (state_dir lost?); to start over, run "
+            f"`kvfs format --force`"
+        )
     if catalog is None:
         _mkdirs(sd, undo)
         stack.callback(os.close, lock_state_dir(sd))
@@ -220,8 +225,13 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
     # in "fsync" mode space is freed once the change that released it is durable (in "close"
     # mode every change is durable before its space is retired: freed at once, and a free
     # never waits for an unrelated later transaction)
-    space = LocalSpace(pool, knobs, seams.evictor, order=catalog,
-                       after_release=catalog.after_release if write_back else None)
+    space = LocalSpace(
+        pool,
+        knobs,
+        seams.evictor,
+        order=catalog,
+        after_release=catalog.after_release if write_back else None,
+    )
     return catalog, pool, space
 
 
@@ -247,8 +257,13 @@ async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
     # the shared space and the catalog in Redis call each other: the space's side is a seam
     order = Seam("shared space -> catalog (order, change log)")
     space = ClusterSpace(pool, knobs, link, cfg.cluster, seams.evictor, order)
-    catalog = RedisCatalog(link, cfg.cluster, space, pool_id=pool.pool_id,
-                           on_change=seams.changes.later("changed_elsewhere"))
+    catalog = RedisCatalog(
+        link,
+        cfg.cluster,
+        space,
+        pool_id=pool.pool_id,
+        on_change=seams.changes.later("changed_elsewhere"),
+    )
     order.bind(catalog)
     await catalog.load()
     link.started()
@@ -260,8 +275,11 @@ async def format_layers(cfg: Config, *, force: bool) -> tuple[str, str]:
     state_dir, or in Redis), and the local tier. Returns (pool id, where the catalog is)."""
     sd = cfg.state_dir
     if cfg.cluster is None and cfg.catalog_path.exists() and not force:
-        raise StartupError(f"state_dir {sd} already holds a catalog; refusing to start a new "
-                           f"pool over it (use --force to discard it)", errno.EEXIST)
+        raise StartupError(
+            f"state_dir {sd} already holds a catalog; refusing to start a new "
+            f"pool over it (use --force to discard it)",
+            errno.EEXIST,
+        )
     sd.mkdir(parents=True, exist_ok=True, mode=0o700)
     for nc in cfg.pool.namespaces:
         if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
@@ -279,11 +297,14 @@ async def format_layers(cfg: Config, *, force: bool) -> tuple[str, str]:
             where = str(cfg.catalog_path)
         else:
             from kvfs.catalog.redis import bootstrap
+
             pool_id = await bootstrap.format_catalog(
-                cfg.cluster, lambda: Pool.format(cfg.pool, force=force), force=force)
+                cfg.cluster, lambda: Pool.format(cfg.pool, force=force), force=force
+            )
             where = f"in Redis at {cfg.cluster.where} (cluster {cfg.cluster.name!r})"
         if cfg.local is not None:
             from kvfs.tiers.local import format_local
+
             format_local(cfg.local, cfg.pool.stripe_unit, force)
     finally:
         os.close(lock)
@@ -294,8 +315,8 @@ log = logging.getLogger("kvfs.service")
 
 STATS_VERSION = 1
 ATIME_FLUSH_SECONDS = 30.0
-CLUSTER_FLUSH_SECONDS = 5.0    # a shared pool's LRU order and chains are shared: flush sooner
-RECHARGE_SECONDS = 0.25        # how often passthrough writers' memory is accounted
+CLUSTER_FLUSH_SECONDS = 5.0  # a shared pool's LRU order and chains are shared: flush sooner
+RECHARGE_SECONDS = 0.25  # how often passthrough writers' memory is accounted
 
 
 class Service:
@@ -307,8 +328,13 @@ class Service:
         self.catalog = catalog = layers.catalog
         self.pool = pool = layers.pool
         self.space = space = layers.space
-        self.store = store = BlockStore(pool, cfg.dram.capacity, policy=cfg.dram.policy,
-                                        local=layers.local, on_free=space.retired)
+        self.store = store = BlockStore(
+            pool,
+            cfg.dram.capacity,
+            policy=cfg.dram.policy,
+            local=layers.local,
+            on_free=space.retired,
+        )
         self.readahead = Readahead(catalog, store, knobs)
         self.leases = Leases(store)
         self.allocations = Allocations(pool, space)
@@ -317,34 +343,66 @@ class Service:
         if writes_back(cfg):
             # (a writer waits for the dirty limit at most two I/O deadlines and the delay)
             queue = WriteQueue(
-                catalog, delay=cfg.mount.writeback_ms / 1000, dirty_limit=cfg.mount.dirty_limit,
-                dirty_wait_max=2 * cfg.pool.io_timeout_ms / 1000 + cfg.mount.writeback_ms / 1000)
+                catalog,
+                delay=cfg.mount.writeback_ms / 1000,
+                dirty_limit=cfg.mount.dirty_limit,
+                dirty_wait_max=2 * cfg.pool.io_timeout_ms / 1000 + cfg.mount.writeback_ms / 1000,
+            )
             seams.unsynced.bind(queue)
-        sessions = Sessions(catalog, store, pool, space,
-                            max_block_size=cfg.pool.max_block_size or pool.capacity,
-                            pending=queue, write_behind=queue is None)
+        sessions = Sessions(
+            catalog,
+            store,
+            pool,
+            space,
+            max_block_size=cfg.pool.max_block_size or pool.capacity,
+            pending=queue,
+            write_behind=queue is None,
+        )
         seams.writes.bind(sessions)
 
         def durability(listener) -> Durability:
             if queue is not None:
                 return WriteBack(queue, sessions, listener)
             return CommitAtClose(sessions)
-        self.files = files = Files(catalog, store, space, sessions, self.leases,
-                                   self.allocations, durability=durability,
-                                   readahead=self.readahead, kernel=kernel)
+
+        self.files = files = Files(
+            catalog,
+            store,
+            space,
+            sessions,
+            self.leases,
+            self.allocations,
+            durability=durability,
+            readahead=self.readahead,
+            kernel=kernel,
+        )
         seams.evictor.bind(files)
         seams.changes.bind(files)
         self.durability = files.durability
-        self.direct = DirectAccess(catalog, files.handles, sessions, space, self.leases,
-                                   self.allocations, files.hits)
+        self.direct = DirectAccess(
+            catalog, files.handles, sessions, space, self.leases, self.allocations, files.hits
+        )
         self.latency = Latency()
-        self.control = Control(catalog, store, files, self.direct, knobs,
-                               statistics=self.statistics,
-                               flush=self.flush,
-                               pool_info={"pool_id": pool.pool_id, "namespace_paths":
-                                          [str(ns.path) for ns in pool.namespaces]})
-        self.ops = FuseOps(files, self.control, self.latency, cfg.mount.attr_timeout,
-                           passthrough=cfg.mount.passthrough)
+        self.control = Control(
+            catalog,
+            store,
+            files,
+            self.direct,
+            knobs,
+            statistics=self.statistics,
+            flush=self.flush,
+            pool_info={
+                "pool_id": pool.pool_id,
+                "namespace_paths": [str(ns.path) for ns in pool.namespaces],
+            },
+        )
+        self.ops = FuseOps(
+            files,
+            self.control,
+            self.latency,
+            cfg.mount.attr_timeout,
+            passthrough=cfg.mount.passthrough,
+        )
         self.started = time.time()
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -360,8 +418,10 @@ class Service:
             nursery.start_soon(self.leases.expire_periodically, self.allocations, log)
             if self.cfg.metrics_port:
                 from kvfs import metrics
-                await nursery.start(metrics.serve, self.statistics, self.cfg.metrics_address,
-                                    self.cfg.metrics_port)
+
+                await nursery.start(
+                    metrics.serve, self.statistics, self.cfg.metrics_address, self.cfg.metrics_port
+                )
             task_status.started()
             await trio.sleep_forever()
 
@@ -379,9 +439,13 @@ class Service:
         await self.flush()
         unseen = self.files.write_errors.unseen()
         if lost or unseen:
-            log.error("%d file(s) could not be written back at the stop, and %d earlier "
-                      "write-back failure(s) no fsync reported: those files keep their previous "
-                      "version (or have no name)", lost, unseen)
+            log.error(
+                "%d file(s) could not be written back at the stop, and %d earlier "
+                "write-back failure(s) no fsync reported: those files keep their previous "
+                "version (or have no name)",
+                lost,
+                unseen,
+            )
         with trio.move_on_after(5):
             await self.space.stop()
             await self.catalog.stop()
@@ -403,8 +467,11 @@ class Service:
             out["links"] = await self.catalog.flush_links()
         except KvfsError as e:
             # after a catalog failure (logged once where it happened) every round fails: debug
-            log.log(logging.DEBUG if self.catalog.failure else logging.WARNING,
-                    "persisting access times and chain links failed (retried later): %s", e)
+            log.log(
+                logging.DEBUG if self.catalog.failure else logging.WARNING,
+                "persisting access times and chain links failed (retried later): %s",
+                e,
+            )
         except Exception:  # noqa: BLE001 - logged; the next round retries
             log.exception("persisting access times and chain links failed")
         return out
@@ -421,16 +488,21 @@ class Service:
 
     def dirty_files(self) -> int:
         """Files open for writing with bytes not committed (reported at shutdown)."""
-        return sum(1 for st in self.files.handles.states.values()
-                   if st.session is not None and st.session.dirty
-                   and st.session.writeback is None)
+        return sum(
+            1
+            for st in self.files.handles.states.values()
+            if st.session is not None and st.session.dirty and st.session.writeback is None
+        )
 
     def data_path(self) -> dict:
         """Which path serves file data, and why (the FUSE layer knows once INIT is answered)."""
         ops = self.ops
-        return {**ops.data_path, "backing_ids": ops.backings.opened - ops.backings.closed,
-                "backing_ids_in_use": ops.backings.in_use,
-                "backing_ids_opened": ops.backings.opened}
+        return {
+            **ops.data_path,
+            "backing_ids": ops.backings.opened - ops.backings.closed,
+            "backing_ids_in_use": ops.backings.in_use,
+            "backing_ids_opened": ops.backings.opened,
+        }
 
     def statistics(self) -> dict:
         """A versioned, JSON-friendly snapshot of what every layer counts."""
@@ -439,8 +511,12 @@ class Service:
         space = self.space.statistics()
         tiers = store["tiers"]
         tiers["pool"].update(pool["tier"])
-        tiers["pool"].update(reserved=space["reserved"], evict=space["evict"],
-                             evictions=space["evictions"], blocks=self.catalog.file_count)
+        tiers["pool"].update(
+            reserved=space["reserved"],
+            evict=space["evict"],
+            evictions=space["evictions"],
+            blocks=self.catalog.file_count,
+        )
         if "evict_mode" in space:  # evicting by the policy: the credit it follows now
             tiers["pool"]["evict_mode"] = space["evict_mode"]
         prefetch = store["prefetch"]
@@ -461,14 +537,21 @@ class Service:
             "prefetch": prefetch,
             "files": self.files.statistics(),
             **({"writeback": wb} if (wb := self.durability.statistics()) is not None else {}),
-            "data_path": {**self.data_path(), "memory": MEMORY.kind,
-                          "dram_memfd_bytes": self.store.memfd_bytes()},
+            "data_path": {
+                **self.data_path(),
+                "memory": MEMORY.kind,
+                "dram_memfd_bytes": self.store.memfd_bytes(),
+            },
             "latency": self.latency.summary(),
-            "catalog": {"kind": "redis" if cat.shared else "sqlite",
-                        "transactions": cat.commits, "statements": cat.statements,
-                        "commit_seconds": round(cat.commit_seconds, 4),
-                        "error": cat.failure,
-                        "opened_with": cat.opened_with, **cat.cache_statistics()},
+            "catalog": {
+                "kind": "redis" if cat.shared else "sqlite",
+                "transactions": cat.commits,
+                "statements": cat.statements,
+                "commit_seconds": round(cat.commit_seconds, 4),
+                "error": cat.failure,
+                "opened_with": cat.opened_with,
+                **cat.cache_statistics(),
+            },
         }
         if self.space.kind == "cluster":
             out["cluster"] = {**cat.statistics(), **space}

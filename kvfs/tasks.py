@@ -33,7 +33,7 @@ async def run_all(thunks: Iterable[Callable[[], Awaitable[object]]]) -> None:
     exception groups (so callers can catch KvfsError).
     """
     thunks = list(thunks)
-    if len(thunks) == 1:                 # nothing to run alongside: no nursery
+    if len(thunks) == 1:  # nothing to run alongside: no nursery
         await thunks[0]()
         return
     errors: list[BaseException] = []
@@ -80,7 +80,7 @@ class Lock:
         try:
             await ev.wait()
         except BaseException:
-            if ev.is_set():          # handed over as we were cancelled: give it on
+            if ev.is_set():  # handed over as we were cancelled: give it on
                 self._release()
             else:
                 self._waiters.remove(ev)
@@ -91,19 +91,20 @@ class Lock:
 
     def _release(self) -> None:
         if self._waiters:
-            self._waiters.popleft().set()      # (still held: it passes to that waiter)
+            self._waiters.popleft().set()  # (still held: it passes to that waiter)
         else:
             self._held = False
+
 
 async def run_sync(fn: Callable[..., T], *args) -> T:
     """fn(*args) in a worker thread; its result, or its exception raised here."""
     task = trio.lowlevel.current_task()
     token = trio.lowlevel.current_trio_token()
 
-    def deliver(result) -> None:              # in the worker thread
+    def deliver(result) -> None:  # in the worker thread
         try:
             token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-        except trio.RunFinishedError:         # trio has exited: nobody waits for it
+        except trio.RunFinishedError:  # trio has exited: nobody waits for it
             pass
 
     trio.lowlevel.start_thread_soon(lambda: fn(*args), deliver)

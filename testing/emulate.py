@@ -30,13 +30,14 @@ BLKIO = Path("/sys/fs/cgroup/blkio")
 V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 
 
-def throttle_support(*, blkio: Path = BLKIO, v2_roots=V2_ROOTS,
-                     choice: str | None = None) -> tuple[str | None, str]:
+def throttle_support(
+    *, blkio: Path = BLKIO, v2_roots=V2_ROOTS, choice: str | None = None
+) -> tuple[str | None, str]:
     """("v1", blkio directory) or ("v2", hierarchy root) where devices can be throttled here,
     else (None, why not). cgroup v2 is chosen only once `+io` is in its root's
     cgroup.subtree_control (written here if need be). An unknown `choice` is a ValueError."""
     choice = choice or os.environ.get("KVFS_THROTTLE", "auto")
-    if choice not in ("auto", "v1", "v2", "none"):     # a typo must not skip every test
+    if choice not in ("auto", "v1", "v2", "none"):  # a typo must not skip every test
         raise ValueError(f"KVFS_THROTTLE={choice!r}: not one of auto, v1, v2, none")
     if choice == "none":
         return None, "throttling turned off (KVFS_THROTTLE=none)"
@@ -51,17 +52,21 @@ def throttle_support(*, blkio: Path = BLKIO, v2_roots=V2_ROOTS,
             if not ctl.exists():
                 continue
             if "io" in ctl.read_text().split():
-                sub = root / "cgroup.subtree_control"   # io must be enabled for its children
+                sub = root / "cgroup.subtree_control"  # io must be enabled for its children
                 try:
                     if "io" not in sub.read_text().split():
                         sub.write_text("+io\n")
                     return "v2", str(root)
                 except OSError as e:
-                    why.append(f"cgroup v2 at {root} has an io controller, but it cannot be "
-                               f"enabled for child groups (+io in {sub}: {e.strerror})")
+                    why.append(
+                        f"cgroup v2 at {root} has an io controller, but it cannot be "
+                        f"enabled for child groups (+io in {sub}: {e.strerror})"
+                    )
                     break
-            why.append(f"cgroup v2 at {root} has no io controller (it offers: "
-                       f"{ctl.read_text().strip() or 'nothing'})")
+            why.append(
+                f"cgroup v2 at {root} has no io controller (it offers: "
+                f"{ctl.read_text().strip() or 'nothing'})"
+            )
             break
         else:
             why.append("no cgroup v2 hierarchy")
@@ -121,6 +126,7 @@ class LoopDevice:
         as on an NVMe-oF namespace whose path drops and returns."""
         import fcntl
         import struct
+
         fd = os.open(self.path, os.O_RDONLY)
         try:
             info = bytearray(fcntl.ioctl(fd, self._LOOP_GET_STATUS64, bytes(self._INFO64)))
@@ -141,10 +147,21 @@ class BlkioGroup:
         self.dir = root / name
         self.dir.mkdir(exist_ok=True)
 
-    def limit(self, dev: LoopDevice, *, read_bps: float = 0, write_bps: float = 0,
-              read_iops: float = 0, write_iops: float = 0) -> None:
-        for fname, value in (("read_bps_device", read_bps), ("write_bps_device", write_bps),
-                             ("read_iops_device", read_iops), ("write_iops_device", write_iops)):
+    def limit(
+        self,
+        dev: LoopDevice,
+        *,
+        read_bps: float = 0,
+        write_bps: float = 0,
+        read_iops: float = 0,
+        write_iops: float = 0,
+    ) -> None:
+        for fname, value in (
+            ("read_bps_device", read_bps),
+            ("write_bps_device", write_bps),
+            ("read_iops_device", read_iops),
+            ("write_iops_device", write_iops),
+        ):
             (self.dir / f"blkio.throttle.{fname}").write_text(f"{dev.devno} {int(value)}\n")
 
     def add(self, pid: int) -> None:
@@ -154,13 +171,15 @@ class BlkioGroup:
         """Move a process back to the root group (unthrottled)."""
         (self.root / "cgroup.procs").write_text(f"{pid}\n")
 
-    controller = "blkio"          # its field in /proc/PID/cgroup ("" for cgroup v2)
+    controller = "blkio"  # its field in /proc/PID/cgroup ("" for cgroup v2)
 
     def contains(self, pid: int) -> bool:
         """Is the process in this group?"""
         with open(f"/proc/{pid}/cgroup") as f:
-            return any(line.split(":")[1] == self.controller and
-                       line.strip().endswith("/" + self.dir.name) for line in f)
+            return any(
+                line.split(":")[1] == self.controller and line.strip().endswith("/" + self.dir.name)
+                for line in f
+            )
 
     def remove(self) -> None:
         if not self.dir.exists():
@@ -190,10 +209,24 @@ class IoMaxGroup(BlkioGroup):
             ctl.write_text("+io\n")
         super().__init__(name, root)
 
-    def limit(self, dev: LoopDevice, *, read_bps: float = 0, write_bps: float = 0,
-              read_iops: float = 0, write_iops: float = 0) -> None:
-        values = " ".join(f"{key}={int(v) if v else 'max'}" for key, v in (
-            ("rbps", read_bps), ("wbps", write_bps), ("riops", read_iops), ("wiops", write_iops)))
+    def limit(
+        self,
+        dev: LoopDevice,
+        *,
+        read_bps: float = 0,
+        write_bps: float = 0,
+        read_iops: float = 0,
+        write_iops: float = 0,
+    ) -> None:
+        values = " ".join(
+            f"{key}={int(v) if v else 'max'}"
+            for key, v in (
+                ("rbps", read_bps),
+                ("wbps", write_bps),
+                ("riops", read_iops),
+                ("wiops", write_iops),
+            )
+        )
         (self.dir / "io.max").write_text(f"{dev.devno} {values}\n")
 
 
@@ -212,8 +245,10 @@ class Emulation:
 
     def __init__(self, tmpfs_size: str = "8g"):
         self.root = Path(tempfile.mkdtemp(prefix="kvfs-emu-"))
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_size}", "kvfs-emu",
-                        str(self.root)], check=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={tmpfs_size}", "kvfs-emu", str(self.root)],
+            check=True,
+        )
         self.loops: list[LoopDevice] = []
         self.groups: list[BlkioGroup] = []
 
@@ -229,8 +264,9 @@ class Emulation:
         when space comes back (`heal`)."""
         p = self.root / name
         p.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", f"kvfs-emu-{name}",
-                        str(p)], check=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", f"kvfs-emu-{name}", str(p)], check=True
+        )
         return p
 
     @staticmethod
@@ -255,8 +291,12 @@ class Emulation:
         """A loop device (direct I/O) over a sparse file of `size` bytes on the emulation's
         tmpfs, or on `root` (a `tmpfs` of its own)."""
         backing = self.file(name + ".img", size, root)
-        r = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(backing)],
-                           capture_output=True, text=True, check=True)
+        r = subprocess.run(
+            ["losetup", "-f", "--show", "--direct-io=on", str(backing)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         dev = LoopDevice(r.stdout.strip(), backing)
         self.loops.append(dev)
         return dev
@@ -297,7 +337,7 @@ class Ext4Setup:
     set)."""
 
     kvfs = None
-    raid0 = None        # what ext4_on_raid0 built, when it did
+    raid0 = None  # what ext4_on_raid0 built, when it did
 
     def __init__(self, root: Path, dev: LoopDevice, group: BlkioGroup):
         self.root, self.dev, self.group = root, dev, group
@@ -315,6 +355,7 @@ class Ext4Setup:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
         paths = [os.path.join(d, f) for d, _, fs in os.walk(self.root) for f in fs]
         with ThreadPoolExecutor(threads) as ex:
             list(ex.map(fsync, paths))
@@ -359,8 +400,15 @@ def throttled(setup, pid: int):
 
 
 @contextlib.contextmanager
-def _ext4(emu: Emulation, tmp: Path, name: str, path: str, devs: list[LoopDevice],
-          bps: float | None, mkfs: tuple[str, ...] = ()):
+def _ext4(
+    emu: Emulation,
+    tmp: Path,
+    name: str,
+    path: str,
+    devs: list[LoopDevice],
+    bps: float | None,
+    mkfs: tuple[str, ...] = (),
+):
     """ext4 made on `path` and mounted at tmp/<name>-mnt; with `bps`, each of `devs` (the loop
     devices under it) throttled to it in a group of their own that this process joins."""
     subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs, path], check=True)
@@ -391,7 +439,7 @@ def ext4_on_loop(emu: Emulation, tmp: Path, name: str, size: int, bps: float | N
         yield setup
 
 
-RAID0_CHUNK = 512 << 10         # md's default chunk; dm-stripe's here
+RAID0_CHUNK = 512 << 10  # md's default chunk; dm-stripe's here
 
 
 def raid0_support(misc: Path = Path("/proc/misc")) -> str | None:
@@ -411,8 +459,7 @@ def raid0_support(misc: Path = Path("/proc/misc")) -> str | None:
 
 
 @contextlib.contextmanager
-def ext4_on_raid0(emu: Emulation, tmp: Path, name: str, count: int, size: int,
-                  bps: float | None):
+def ext4_on_raid0(emu: Emulation, tmp: Path, name: str, count: int, size: int, bps: float | None):
     """What a user with `count` namespaces and no kvfs builds: ext4 on a RAID-0 across them.
     Where the kernel has device-mapper: a dm-stripe (512 KiB chunks, as md's default) over
     `count` loop devices of size/count each, each throttled at `bps`, ext4 told the geometry.
@@ -421,21 +468,31 @@ def ext4_on_raid0(emu: Emulation, tmp: Path, name: str, count: int, size: int,
     why = raid0_support()
     if why is not None:
         with ext4_on_loop(emu, tmp, name, size, bps * count if bps else None) as setup:
-            setup.raid0 = (f"stand-in: ext4 on 1 loop device at {count}x the per-device limit "
-                           f"(no RAID-0 here: {why})")
+            setup.raid0 = (
+                f"stand-in: ext4 on 1 loop device at {count}x the per-device limit "
+                f"(no RAID-0 here: {why})"
+            )
             yield setup
         return
     per = (size // count + RAID0_CHUNK - 1) // RAID0_CHUNK * RAID0_CHUNK
     devs = [emu.loop(f"{name}-d{i}", per) for i in range(count)]
     chunk = RAID0_CHUNK // 512
-    table = f"0 {per * count // 512} striped {count} {chunk} " + \
-        " ".join(f"{d.path} 0" for d in devs)
+    table = f"0 {per * count // 512} striped {count} {chunk} " + " ".join(
+        f"{d.path} 0" for d in devs
+    )
     dm = f"kvfs-bench-{name}-{os.getpid()}"
     subprocess.run(["dmsetup", "create", dm, "--table", table], check=True)
     stride = RAID0_CHUNK // 4096
     try:
-        with _ext4(emu, tmp, name, f"/dev/mapper/{dm}", devs, bps,
-                   ("-E", f"stride={stride},stripe_width={stride * count}")) as setup:
+        with _ext4(
+            emu,
+            tmp,
+            name,
+            f"/dev/mapper/{dm}",
+            devs,
+            bps,
+            ("-E", f"stride={stride},stripe_width={stride * count}"),
+        ) as setup:
             setup.raid0 = f"ext4 on dm-stripe (RAID-0, 512 KiB chunks) over {count} loop devices"
             yield setup
     finally:
@@ -443,15 +500,25 @@ def ext4_on_raid0(emu: Emulation, tmp: Path, name: str, count: int, size: int,
 
 
 @contextlib.contextmanager
-def kvfs_on_loops(emu: Emulation, tmp: Path, name: str, count: int, size: int,
-                  bps: float | None, *, dram: str = "256MiB"):
+def kvfs_on_loops(
+    emu: Emulation,
+    tmp: Path,
+    name: str,
+    count: int,
+    size: int,
+    bps: float | None,
+    *,
+    dram: str = "256MiB",
+):
     """kvfs over `count` loop namespaces of `size` bytes in all, formatted and mounted; the
     daemon runs in the namespaces' cgroup."""
     from kvfs.cli import main as kvfs_main
     from testing.mount import MountedKvfs, write_config
+
     devs = [emu.loop(f"{name}-ns{i}", size // count + (64 << 20)) for i in range(count)]
-    cfg = write_config(tmp / f"{name}.toml", tmp / f"{name}-state",
-                       [{"path": d.path} for d in devs], dram=dram)
+    cfg = write_config(
+        tmp / f"{name}.toml", tmp / f"{name}-state", [{"path": d.path} for d in devs], dram=dram
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
             raise RuntimeError("kvfs format failed")

@@ -55,8 +55,12 @@ class Engine:
         logf = open(log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "testing.engine", client, str(cmd_r), str(res_w)],
-            pass_fds=(cmd_r, res_w), stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, **(env or {})})
+            pass_fds=(cmd_r, res_w),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+        )
         logf.close()
         os.close(cmd_r)
         os.close(res_w)
@@ -83,8 +87,10 @@ class Engine:
         reader.start()
         reader.join(timeout)
         if not reply or not reply[0]:
-            raise EngineError(f"{self.client} engine: no answer to {op} "
-                              f"({'timed out' if not reply else 'exited'}):\n{self.log_text()}")
+            raise EngineError(
+                f"{self.client} engine: no answer to {op} "
+                f"({'timed out' if not reply else 'exited'}):\n{self.log_text()}"
+            )
         res = json.loads(reply[0])
         if not res["ok"]:
             raise EngineError(f"{self.client} engine: {op} failed:\n{res['error']}")
@@ -139,7 +145,7 @@ def serve(client: str, cmd_fd: int, res_fd: int) -> None:
             except Exception:  # noqa: BLE001 - exiting anyway
                 traceback.print_exc()
     sys.stdout.flush()
-    os._exit(0)         # the libraries leave non-daemon threads behind
+    os._exit(0)  # the libraries leave non-daemon threads behind
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Run a kvfs daemon in a subprocess and drive it as a user would (tests and benchmarks).
 
-    with MountedKvfs(mountpoint, config_path, log_path) as m:
-        (m.mountpoint / "x").write_bytes(b"...")
-        m.drop_caches()          # cold reads: DRAM tier and kernel page cache dropped
-        print(m.stats())
+with MountedKvfs(mountpoint, config_path, log_path) as m:
+    (m.mountpoint / "x").write_bytes(b"...")
+    m.drop_caches()          # cold reads: DRAM tier and kernel page cache dropped
+    print(m.stats())
 """
 
 from __future__ import annotations
@@ -22,8 +22,12 @@ from kvfs.client.mounts import abort_connection, mount_entry
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition",
-               interval: float = 0.02) -> None:
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 30.0,
+    what: str = "condition",
+    interval: float = 0.02,
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if predicate():
@@ -33,8 +37,16 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str =
         time.sleep(interval)
 
 
-def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: str = "64MiB",
-                 extra: str = "", pool: str = "", mount: str = "") -> Path:
+def write_config(
+    path: Path,
+    state_dir: Path,
+    namespaces: list[dict],
+    *,
+    dram: str = "64MiB",
+    extra: str = "",
+    pool: str = "",
+    mount: str = "",
+) -> Path:
     """Write a kvfs config. `extra` holds top-level keys and other tables (it goes first);
     `pool` holds keys of the [pool] table, `mount` of the [mount] table.
     KVFS_TEST_DURABILITY=close (or fsync) in the environment sets `[mount] durability` where
@@ -45,8 +57,7 @@ def write_config(path: Path, state_dir: Path, namespaces: list[dict], *, dram: s
     if io and "io_engine" not in pool:
         pool = f'io_engine = "{io}"\n' + pool
     mode = os.environ.get("KVFS_TEST_DURABILITY", "").strip()
-    if mode and "durability" not in mount and "[cluster]" not in extra and \
-            "[mount]" not in extra:
+    if mode and "durability" not in mount and "[cluster]" not in extra and "[mount]" not in extra:
         mount = f'durability = "{mode}"\n' + mount
     lines = [f'state_dir = "{state_dir}"', extra, "[dram]", f'capacity = "{dram}"', "[pool]"]
     if pool:
@@ -89,22 +100,34 @@ class MountedKvfs:
         self.log = log
         self.nofile = nofile
         self.proc: subprocess.Popen | None = None
-        self.dev: str | None = None          # the mount's device ("0:53"), once mounted
+        self.dev: str | None = None  # the mount's device ("0:53"), once mounted
 
     def start(self, timeout: float = 30.0) -> "MountedKvfs":
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         logf = open(self.log, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvfs", "mount", str(self.mountpoint), "--foreground",
-             "--config", str(self.config)],
-            stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT if (ROOT / 'kvfs').is_dir() else None,
-            preexec_fn=self._limit if self.nofile else None)
+            [
+                sys.executable,
+                "-m",
+                "kvfs",
+                "mount",
+                str(self.mountpoint),
+                "--foreground",
+                "--config",
+                str(self.config),
+            ],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT if (ROOT / "kvfs").is_dir() else None,
+            preexec_fn=self._limit if self.nofile else None,
+        )
         logf.close()
         deadline = time.monotonic() + timeout
         while not is_mounted(self.mountpoint):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"kvfs exited with {self.proc.returncode} during start-up:\n"
-                                   + self.log_text())
+                raise RuntimeError(
+                    f"kvfs exited with {self.proc.returncode} during start-up:\n" + self.log_text()
+                )
             if time.monotonic() > deadline:
                 self.kill()
                 raise TimeoutError("kvfs did not mount in time:\n" + self.log_text())
@@ -114,6 +137,7 @@ class MountedKvfs:
 
     def _limit(self) -> None:
         import resource
+
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def open_descriptors(self) -> int:
@@ -138,7 +162,7 @@ class MountedKvfs:
 
     @property
     def durability(self) -> str:
-        """"fsync" (close is not a commit; closed files are written back in batches) or
+        """ "fsync" (close is not a commit; closed files are written back in batches) or
         "close"."""
         return self.stats()["files"]["durability"]
 

@@ -38,24 +38,27 @@ MODEL = "meta-llama/Llama-3.1-8B"
 
 def key(i: int) -> CacheEngineKey:
     # LMCache chunk hashes are signed 64-bit: negative ones too
-    return CacheEngineKey(MODEL, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63),
-                          torch.bfloat16)
+    return CacheEngineKey(
+        MODEL, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63), torch.bfloat16
+    )
 
 
 def _shape(layers: int = LAYERS) -> tuple:
-    return (2, layers, 256, 8 * 64)     # a chunk as LMCache stores it (KV_2LTD)
+    return (2, layers, 256, 8 * 64)  # a chunk as LMCache stores it (KV_2LTD)
 
 
 def expected(i: int, layers: int = LAYERS) -> torch.Tensor:
     shape = _shape(layers)
-    return torch.from_numpy(content(i, 2 * 256 * 8 * 64 * 2 * layers)).view(torch.bfloat16
-                                                                          ).view(shape)
+    return (
+        torch.from_numpy(content(i, 2 * 256 * 8 * 64 * 2 * layers)).view(torch.bfloat16).view(shape)
+    )
 
 
 def same(obj, i: int, layers: int = LAYERS) -> bool:
     """Bit-exact (random bytes include NaN patterns: compare them as integers)."""
-    return torch.equal(obj.tensor.view(_shape(layers)).view(torch.int16),
-                       expected(i, layers).view(torch.int16))
+    return torch.equal(
+        obj.tensor.view(_shape(layers)).view(torch.int16), expected(i, layers).view(torch.int16)
+    )
 
 
 def close(state: dict) -> None:
@@ -64,7 +67,7 @@ def close(state: dict) -> None:
         try:
             if obj is not None and hasattr(obj, "close"):
                 obj.close()
-        except OSError as e:        # its files were on a mount that is gone (a failed test)
+        except OSError as e:  # its files were on a mount that is gone (a failed test)
             print(f"closing the {name}: {e}", flush=True)
 
 
@@ -75,21 +78,43 @@ def _loop(state: dict) -> asyncio.AbstractEventLoop:
     return state["loop"]
 
 
-def open_backend(state: dict, dir: str, pool_size: int = 0, direct: bool = True,
-                 engine: str = "aio", layers: int = LAYERS, cpu_gb: float = 0.125) -> dict:
+def open_backend(
+    state: dict,
+    dir: str,
+    pool_size: int = 0,
+    direct: bool = True,
+    engine: str = "aio",
+    layers: int = LAYERS,
+    cpu_gb: float = 0.125,
+) -> dict:
     """layers: 4 makes 2 MiB chunks, 16 makes 8 MiB ones (256 tokens, 8 KV heads of 64)."""
     close(state)
     state["layers"] = layers
     params = {"use_uring": "true"} if engine == "uring" else {"use_aio": "true"}
     config = LMCacheEngineConfig.from_defaults(
-        chunk_size=256, local_cpu=False, max_local_cpu_size=cpu_gb, nixl_buffer_device="cpu",
+        chunk_size=256,
+        local_cpu=False,
+        max_local_cpu_size=cpu_gb,
+        nixl_buffer_device="cpu",
         save_unfull_chunk=False,
-        extra_config={"enable_nixl_storage": True, "nixl_backend": "POSIX",
-                      "nixl_pool_size": pool_size, "nixl_path": dir,
-                      "use_direct_io": direct, "nixl_backend_params": params})
-    meta = LMCacheMetadata(model_name=MODEL, world_size=1, local_world_size=1, worker_id=0,
-                           local_worker_id=0, kv_dtype=torch.bfloat16,
-                           kv_shape=(layers,) + KV_SHAPE[1:])
+        extra_config={
+            "enable_nixl_storage": True,
+            "nixl_backend": "POSIX",
+            "nixl_pool_size": pool_size,
+            "nixl_path": dir,
+            "use_direct_io": direct,
+            "nixl_backend_params": params,
+        },
+    )
+    meta = LMCacheMetadata(
+        model_name=MODEL,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(layers,) + KV_SHAPE[1:],
+    )
     PinMonitor.GetOrCreate(config)
     os.makedirs(dir, exist_ok=True)
     cpu = LocalCPUBackend(config, meta, dst_device="cpu")
@@ -104,7 +129,7 @@ def put(state: dict, keys: list[int], batch: int = 4, timed: bool = False):
     b, cpu, layers = state["backend"], state["cpu"], state["layers"]
     seconds = 0.0
     for i in range(0, len(keys), batch):
-        part = keys[i:i + batch]
+        part = keys[i : i + batch]
         objs = []
         for k in part:
             obj = cpu.allocate(torch.Size(_shape(layers)), torch.bfloat16, MemoryFormat.KV_2LTD)
@@ -154,7 +179,7 @@ def batched_get(state: dict, keys: list[int], timed: bool = False, batch: int = 
     t = time.perf_counter()
     objs = []
     for i in range(0, len(keys), batch):
-        objs += b.batched_get_blocking([key(k) for k in keys[i:i + batch]])
+        objs += b.batched_get_blocking([key(k) for k in keys[i : i + batch]])
     seconds = time.perf_counter() - t
     out = []
     for k, obj in zip(keys, objs):
@@ -168,5 +193,12 @@ def files(state: dict, dir: str) -> dict:
     return {n: os.stat(os.path.join(dir, n)).st_size for n in sorted(os.listdir(dir))}
 
 
-OPS = {"open": open_backend, "put": put, "contains": contains, "get": get,
-       "batched_get": batched_get, "files": files, "close": close}
+OPS = {
+    "open": open_backend,
+    "put": put,
+    "contains": contains,
+    "get": get,
+    "batched_get": batched_get,
+    "files": files,
+    "close": close,
+}

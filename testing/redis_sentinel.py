@@ -32,6 +32,7 @@ FAILOVER_TIMEOUT_MS = 20000
 def _ask(port: int, *args: str, timeout: float = 2.0) -> list | bytes | int | None:
     """One command to a server or a sentinel on 127.0.0.1 (RESP, blocking): its reply."""
     from kvfs.cluster.resp import _encode
+
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(_encode(args))
         return read_reply(s.makefile("rb"))
@@ -42,8 +43,15 @@ def _pairs(flat: list) -> dict:
 
 
 class SentinelGroup:
-    def __init__(self, directory: Path, replicas: int = 1, sentinels: int = 3,
-                 name: str = "kvfs", min_replicas: int = 1, down_after_ms: int = DOWN_AFTER_MS):
+    def __init__(
+        self,
+        directory: Path,
+        replicas: int = 1,
+        sentinels: int = 3,
+        name: str = "kvfs",
+        min_replicas: int = 1,
+        down_after_ms: int = DOWN_AFTER_MS,
+    ):
         self.dir = directory
         self.down_after_ms = down_after_ms
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -59,8 +67,16 @@ class SentinelGroup:
         return [f"127.0.0.1:{p}" for p in self.sentinel_ports]
 
     def _args(self, master: RedisServer | None) -> list[str]:
-        args = ["--min-replicas-to-write", str(self.min_replicas), "--min-replicas-max-lag", "10",
-                "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+        args = [
+            "--min-replicas-to-write",
+            str(self.min_replicas),
+            "--min-replicas-max-lag",
+            "10",
+            "--repl-diskless-sync",
+            "yes",
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
         if master is not None:
             args += ["--replicaof", "127.0.0.1", str(master.port)]
         return args
@@ -79,8 +95,10 @@ class SentinelGroup:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                known = [int(_pairs(_ask(p, "SENTINEL", "master", self.name))
-                             [b"num-other-sentinels"]) for p in self.sentinel_ports]
+                known = [
+                    int(_pairs(_ask(p, "SENTINEL", "master", self.name))[b"num-other-sentinels"])
+                    for p in self.sentinel_ports
+                ]
                 if all(k == len(self.sentinels) - 1 for k in known):
                     return self
             except (OSError, RuntimeError, ValueError, IndexError):
@@ -92,16 +110,20 @@ class SentinelGroup:
         d = self.dir / f"sentinel{i}"
         d.mkdir(exist_ok=True)
         conf = d / "sentinel.conf"
-        if not conf.exists():               # a restarted sentinel keeps what it learned
+        if not conf.exists():  # a restarted sentinel keeps what it learned
             conf.write_text(
                 f"port {self.sentinel_ports[i]}\nbind 127.0.0.1\ndir {d}\n"
                 f"logfile {d / 'sentinel.log'}\nprotected-mode no\n"
                 f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 2\n"
                 f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.name} {FAILOVER_TIMEOUT_MS}\n"
-                f"sentinel parallel-syncs {self.name} 1\n")
-        self.sentinels[i] = subprocess.Popen([shutil.which("redis-sentinel"), str(conf)],
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                f"sentinel parallel-syncs {self.name} 1\n"
+            )
+        self.sentinels[i] = subprocess.Popen(
+            [shutil.which("redis-sentinel"), str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -109,8 +131,10 @@ class SentinelGroup:
                 return
             except OSError:
                 if time.monotonic() > deadline or self.sentinels[i].poll() is not None:
-                    raise RuntimeError(f"redis-sentinel {i} did not start: "
-                                       + (d / "sentinel.log").read_text()[-2000:]) from None
+                    raise RuntimeError(
+                        f"redis-sentinel {i} did not start: "
+                        + (d / "sentinel.log").read_text()[-2000:]
+                    ) from None
                 time.sleep(0.05)
 
     def master_port(self) -> int | None:
@@ -143,8 +167,9 @@ class SentinelGroup:
             except (OSError, RuntimeError):
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Redis at {master.port}: {n} replicas not in sync after "
-                                   f"{timeout:.0f} s")
+                raise RuntimeError(
+                    f"Redis at {master.port}: {n} replicas not in sync after {timeout:.0f} s"
+                )
             time.sleep(0.05)
 
     def kill_master(self) -> RedisServer:
@@ -185,8 +210,9 @@ class SentinelGroup:
                 except RuntimeError:
                     pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Redis at {server.port}: not back in sync within "
-                                   f"{timeout:.0f} s")
+                raise RuntimeError(
+                    f"Redis at {server.port}: not back in sync within {timeout:.0f} s"
+                )
 
     def switches(self) -> int:
         """Failovers the first sentinel has seen (its +switch-master lines): more than the
@@ -203,4 +229,3 @@ class SentinelGroup:
                 p.wait(10)
         for s in self.servers:
             s.stop()
-

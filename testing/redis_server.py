@@ -40,8 +40,13 @@ class RedisServer:
     """`args`: extra redis-server options (a password, TLS). With `tls` set (a dict with cert,
     key, ca paths) the server listens for TLS only, on `port`, and `url` is rediss://."""
 
-    def __init__(self, directory: Path, port: int | None = None, args: list[str] | None = None,
-                 tls: dict | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        args: list[str] | None = None,
+        tls: dict | None = None,
+    ):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -60,16 +65,46 @@ class RedisServer:
         log = self.dir / "redis.log"
         ports = ["--port", str(self.port)]
         if self.tls:
-            ports = ["--port", "0", "--tls-port", str(self.port),
-                     "--tls-cert-file", str(self.tls["cert"]), "--tls-key-file", str(self.tls["key"]),
-                     "--tls-ca-cert-file", str(self.tls["ca"]),
-                     "--tls-auth-clients", "yes" if self.tls.get("mutual") else "no"]
+            ports = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(self.tls["cert"]),
+                "--tls-key-file",
+                str(self.tls["key"]),
+                "--tls-ca-cert-file",
+                str(self.tls["ca"]),
+                "--tls-auth-clients",
+                "yes" if self.tls.get("mutual") else "no",
+            ]
         seen = log.stat().st_size if log.exists() else 0
         self.proc = subprocess.Popen(
-            [exe, *ports, "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--protected-mode", "no", "--daemonize", "no", "--logfile", str(log), *self.args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                exe,
+                *ports,
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--protected-mode",
+                "no",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(log),
+                *self.args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -80,8 +115,10 @@ class RedisServer:
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start: "
-                                   + (log.read_text()[-2000:] if log.exists() else ""))
+                raise RuntimeError(
+                    "redis-server did not start: "
+                    + (log.read_text()[-2000:] if log.exists() else "")
+                )
             time.sleep(0.05)
 
     def stop(self) -> None:

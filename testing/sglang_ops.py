@@ -36,9 +36,16 @@ def close(state: dict) -> None:
         b.close()
 
 
-def open_backend(state: dict, dir: str, backend: str = "file", extra: dict | None = None,
-                 model: str = "meta-llama/Llama-3.1-8B", tp_rank: int = 0, tp_size: int = 1,
-                 page: int = PAGE) -> dict:
+def open_backend(
+    state: dict,
+    dir: str,
+    backend: str = "file",
+    extra: dict | None = None,
+    model: str = "meta-llama/Llama-3.1-8B",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    page: int = PAGE,
+) -> dict:
     close(state)
     state["page"] = page
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = dir
@@ -46,17 +53,34 @@ def open_backend(state: dict, dir: str, backend: str = "file", extra: dict | Non
     name = backend
     if backend == "kvfs":
         name = "dynamic"
-        extra.update(backend_name="kvfs", module_path="kvfs.client.sglang_backend",
-                     class_name="KvfsHiCacheStorage")
+        extra.update(
+            backend_name="kvfs",
+            module_path="kvfs.client.sglang_backend",
+            class_name="KvfsHiCacheStorage",
+        )
     cfg = HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name=model, extra_config=extra or None)
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name=model,
+        extra_config=extra or None,
+    )
     b = StorageBackendFactory.create_backend(name, cfg, None)
     state["backend"] = b
     ev = b._evictor
-    return {"class": type(b).__name__, "dir": b.file_path, "evicts": ev.enabled,
-            "max_size": ev.max_size_bytes, "indexed": len(ev._lru)}
+    return {
+        "class": type(b).__name__,
+        "dir": b.file_path,
+        "evicts": ev.enabled,
+        "max_size": ev.max_size_bytes,
+        "indexed": len(ev._lru),
+    }
 
 
 def set_pages(state: dict, keys: list[int], timed: bool = False):
@@ -94,9 +118,12 @@ def get(state: dict, keys: list[int], timed: bool = False, batch: bool = False):
     else:
         got = [b.get(key(k), target) for k, target in zip(keys, targets)]
     seconds = time.perf_counter() - t
-    out = [None if g is None else bool(torch.equal(g.view(torch.uint8),
-                                                   value(k, state["page"]).view(torch.uint8)))
-           for k, g in zip(keys, got)]
+    out = [
+        None
+        if g is None
+        else bool(torch.equal(g.view(torch.uint8), value(k, state["page"]).view(torch.uint8)))
+        for k, g in zip(keys, got)
+    ]
     return {"ok": out, "seconds": seconds} if timed else out
 
 
@@ -119,6 +146,15 @@ def stats(state: dict):
     return state["backend"].get_stats()
 
 
-OPS = {"open": open_backend, "set": set_pages, "exists": exists, "batch_exists": batch_exists,
-       "get": get, "evictor": evictor, "files": files, "names": names, "stats": stats,
-       "close": close}
+OPS = {
+    "open": open_backend,
+    "set": set_pages,
+    "exists": exists,
+    "batch_exists": batch_exists,
+    "get": get,
+    "evictor": evictor,
+    "files": files,
+    "names": names,
+    "stats": stats,
+    "close": close,
+}

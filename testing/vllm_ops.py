@@ -16,32 +16,54 @@ from unittest.mock import MagicMock
 
 import numpy as np
 import torch
-from vllm.v1.kv_offload.base import (LookupResult, OffloadingKVEventsConfig, ReqContext,
-                                     ScheduleEndContext, make_offload_key)
-from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig,
-                                       OffloadingModelConfig, OffloadingParallelConfig)
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    OffloadingKVEventsConfig,
+    ReqContext,
+    ScheduleEndContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
 from testing.engine import content
 
-BLOCK = 2 << 20          # bytes per KV block (one chunk of one block)
+BLOCK = 2 << 20  # bytes per KV block (one chunk of one block)
 
 
 def _spec(model: str, block: int) -> MagicMock:
     spec = MagicMock()
     spec.config = OffloadingConfig(
-        groups=(), worker_kv_bytes_per_block=block, enable_kv_cache_events=False,
-        extra_config={}, engine_id="kvfs-test",
+        groups=(),
+        worker_kv_bytes_per_block=block,
+        enable_kv_cache_events=False,
+        extra_config={},
+        engine_id="kvfs-test",
         model=OffloadingModelConfig(name=model, dtype="bfloat16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=False))
+            rank=0,
+            world_size=1,
+            tp_size=1,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
     spec.blocks_per_chunk = 1
-    spec.kv_events_config = OffloadingKVEventsConfig(enable_kv_cache_events=False,
-                                                     self_describing_kv_events=False)
+    spec.kv_events_config = OffloadingKVEventsConfig(
+        enable_kv_cache_events=False, self_describing_kv_events=False
+    )
     return spec
 
 
@@ -55,39 +77,63 @@ def close(state: dict) -> None:
         tier.shutdown()
 
 
-def open_tier(state: dict, root: str, tier: str = "fs", slots: int = 16, threads: int = 16,
-              model: str = "meta-llama/Llama-3.1-8B", block: int = BLOCK, **extra) -> dict:
+def open_tier(
+    state: dict,
+    root: str,
+    tier: str = "fs",
+    slots: int = 16,
+    threads: int = 16,
+    model: str = "meta-llama/Llama-3.1-8B",
+    block: int = BLOCK,
+    **extra,
+) -> dict:
     close(state)
     buf = state.get("buf")
     if buf is None or len(buf) != slots * block:
-        buf = state["buf"] = mmap.mmap(-1, slots * block)        # page-aligned, like pinned memory
+        buf = state["buf"] = mmap.mmap(-1, slots * block)  # page-aligned, like pinned memory
     primary = torch.frombuffer(buf, dtype=torch.uint8).view(slots, block)
-    cfg = {"type": "fs", "root_dir": root, "n_read_threads": threads,
-           "n_write_threads": threads, **extra}
+    cfg = {
+        "type": "fs",
+        "root_dir": root,
+        "n_read_threads": threads,
+        "n_write_threads": threads,
+        **extra,
+    }
     if tier == "kvfs":
         cfg.update(type="KvfsTier", module_path="kvfs.client.vllm_tier")
-    t = SecondaryTierFactory.create_secondary_tier(cfg, memoryview(primary.numpy()),
-                                                   _spec(model, block))
+    t = SecondaryTierFactory.create_secondary_tier(
+        cfg, memoryview(primary.numpy()), _spec(model, block)
+    )
     state.update(tier=t, primary=primary, slots=slots, block=block, job=state.get("job", 0))
-    return {"class": type(t).__name__, "o_direct": t._use_o_direct,
-            "config": t.file_mapper.get_config_file_path(),
-            "file0": t.file_mapper.get_file_name(key(0))}
+    return {
+        "class": type(t).__name__,
+        "o_direct": t._use_o_direct,
+        "config": t.file_mapper.get_config_file_path(),
+        "file0": t.file_mapper.get_file_name(key(0)),
+    }
 
 
 def _run(state: dict, submit, keys: list[int], first_slot: int) -> dict:
     tier = state["tier"]
     state["job"] += 1
-    job = TransferJob(job_id=state["job"], keys=[key(k) for k in keys],
-                      chunk_ids=np.arange(first_slot, first_slot + len(keys)),
-                      is_promotion=submit == "load", req_context=ReqContext(req_id="io"))
+    job = TransferJob(
+        job_id=state["job"],
+        keys=[key(k) for k in keys],
+        chunk_ids=np.arange(first_slot, first_slot + len(keys)),
+        is_promotion=submit == "load",
+        req_context=ReqContext(req_id="io"),
+    )
     (tier.submit_load if submit == "load" else tier.submit_store)(job)
     tier.drain_jobs()
     results = list(tier.get_finished_jobs())
     assert len(results) == 1 and results[0].job_id == job.job_id, results
     r = results[0]
-    return {"success": bool(r.success),
-            "ok_keys": None if r.successful_keys is None else
-            [int.from_bytes(bytes(k)[:8], "big") for k in r.successful_keys]}
+    return {
+        "success": bool(r.success),
+        "ok_keys": None
+        if r.successful_keys is None
+        else [int.from_bytes(bytes(k)[:8], "big") for k in r.successful_keys],
+    }
 
 
 def store(state: dict, keys: list[int], batch: int | None = None, timed: bool = False):
@@ -97,7 +143,7 @@ def store(state: dict, keys: list[int], batch: int | None = None, timed: bool = 
     batch = min(batch or slots, slots)
     out, seconds = [], 0.0
     for i in range(0, len(keys), batch):
-        part = keys[i:i + batch]
+        part = keys[i : i + batch]
         for j, k in enumerate(part):
             state["primary"][j] = torch.from_numpy(content(k, state["block"]))
         t = time.perf_counter()
@@ -110,12 +156,14 @@ def load(state: dict, keys: list[int]) -> dict:
     """Load blocks `keys` in one job into zeroed slots; which arrived bit-exact, and the
     seconds the job took."""
     assert len(keys) <= state["slots"]
-    state["primary"][:len(keys)] = 0
+    state["primary"][: len(keys)] = 0
     t = time.perf_counter()
     r = _run(state, "load", keys, 0)
     r["seconds"] = time.perf_counter() - t
-    r["exact"] = [bool(np.array_equal(state["primary"][j].numpy(), content(k, state["block"])))
-                  for j, k in enumerate(keys)]
+    r["exact"] = [
+        bool(np.array_equal(state["primary"][j].numpy(), content(k, state["block"])))
+        for j, k in enumerate(keys)
+    ]
     return r
 
 
@@ -129,14 +177,18 @@ def transfer_many(state: dict, kind: str, keys: list[int], per_job: int = 1) -> 
         for j, k in enumerate(keys):
             primary[j] = torch.from_numpy(content(k, block))
     else:
-        primary[:len(keys)] = 0
+        primary[: len(keys)] = 0
     jobs = []
     t = time.perf_counter()
     for i in range(0, len(keys), per_job):
         state["job"] += 1
-        job = TransferJob(job_id=state["job"], keys=[key(k) for k in keys[i:i + per_job]],
-                          chunk_ids=np.arange(i, min(i + per_job, len(keys))),
-                          is_promotion=kind == "load", req_context=ReqContext(req_id=f"r{i}"))
+        job = TransferJob(
+            job_id=state["job"],
+            keys=[key(k) for k in keys[i : i + per_job]],
+            chunk_ids=np.arange(i, min(i + per_job, len(keys))),
+            is_promotion=kind == "load",
+            req_context=ReqContext(req_id=f"r{i}"),
+        )
         (tier.submit_load if kind == "load" else tier.submit_store)(job)
         jobs.append(job.job_id)
     tier.drain_jobs()
@@ -144,8 +196,9 @@ def transfer_many(state: dict, kind: str, keys: list[int], per_job: int = 1) -> 
     results = {r.job_id: r.success for r in tier.get_finished_jobs()}
     out = {"seconds": seconds, "success": all(results.get(j) for j in jobs)}
     if kind == "load":
-        out["exact"] = all(np.array_equal(primary[j].numpy(), content(k, block))
-                           for j, k in enumerate(keys))
+        out["exact"] = all(
+            np.array_equal(primary[j].numpy(), content(k, block)) for j, k in enumerate(keys)
+        )
     return out
 
 
@@ -171,5 +224,12 @@ def files(state: dict, root: str) -> list[str]:
     return sorted(out)
 
 
-OPS = {"open": open_tier, "store": store, "load": load, "transfer_many": transfer_many,
-       "lookup": lookup, "files": files, "close": close}
+OPS = {
+    "open": open_tier,
+    "store": store,
+    "load": load,
+    "transfer_many": transfer_many,
+    "lookup": lookup,
+    "files": files,
+    "close": close,
+}

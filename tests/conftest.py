@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from testing.redis_server import RedisServer
+from tests.helpers import Mount, can_mount, write_config
+
 # Timings on shared 2-core machines are noisy: no per-example deadlines.
 settings.register_profile("kvfs", deadline=None)
 settings.load_profile("kvfs")
-
-from testing.redis_server import RedisServer
-from tests.helpers import Mount, can_mount, write_config
 
 TESTS = Path(__file__).resolve().parent
 # Tests that mount kvfs: everything under these directories, and any test using these fixtures.
@@ -33,14 +33,30 @@ def pytest_collection_modifyitems(config, items):
 def pool_config(tmp_path: Path):
     """Make a config with file namespaces under tmp_path: pool_config(n=1, size='256MiB', ...);
     `durability`: "fsync" (the default) or "close" (`mount`: other keys of [mount])."""
-    def make(n: int = 1, size: str = "256MiB", dram: str = "64MiB", pool: str = "",
-             extra: str = "", name: str = "kvfs.toml", durability: str | None = None,
-             mount: str = "") -> Path:
+
+    def make(
+        n: int = 1,
+        size: str = "256MiB",
+        dram: str = "64MiB",
+        pool: str = "",
+        extra: str = "",
+        name: str = "kvfs.toml",
+        durability: str | None = None,
+        mount: str = "",
+    ) -> Path:
         namespaces = [{"path": str(tmp_path / f"ns{i}.img"), "size": size} for i in range(n)]
         if durability is not None:
             mount = f'durability = "{durability}"\n' + mount
-        return write_config(tmp_path / name, tmp_path / "state", namespaces, dram=dram,
-                            pool=pool, extra=extra, mount=mount)
+        return write_config(
+            tmp_path / name,
+            tmp_path / "state",
+            namespaces,
+            dram=dram,
+            pool=pool,
+            extra=extra,
+            mount=mount,
+        )
+
     return make
 
 
@@ -81,11 +97,13 @@ def make_mount(tmp_path: Path, request):
             failed.append(f"{m.mountpoint}: stopping the daemon failed: {e!r}")
             continue
         if code != 0:
-            failed.append(f"{m.mountpoint}: the daemon exited with status {code}:\n"
-                          f"{m.log_text()[-2000:]}")
+            failed.append(
+                f"{m.mountpoint}: the daemon exited with status {code}:\n{m.log_text()[-2000:]}"
+            )
     if failed:
-        pytest.fail("kvfs daemon(s) did not exit cleanly at unmount:\n" + "\n".join(failed),
-                    pytrace=False)
+        pytest.fail(
+            "kvfs daemon(s) did not exit cleanly at unmount:\n" + "\n".join(failed), pytrace=False
+        )
 
 
 @pytest.fixture
@@ -105,19 +123,35 @@ def redis(tmp_path):
 @pytest.fixture
 def cluster_nodes(tmp_path, redis, make_mount):
     """cluster_nodes(n, ...) -> n mounted kvfs daemons sharing 4 namespace files and one Redis."""
-    def start(n: int = 2, size: str = "48MiB", grace: float = 1.0, lease: float = 2.0,
-              regions: int = 12, dram: str = "32MiB"):
+
+    def start(
+        n: int = 2,
+        size: str = "48MiB",
+        grace: float = 1.0,
+        lease: float = 2.0,
+        regions: int = 12,
+        dram: str = "32MiB",
+    ):
         shared = tmp_path / "shared"
         shared.mkdir(exist_ok=True)
         nss = [{"path": str(shared / f"ns{i}.img"), "size": size} for i in range(4)]
         mounts = []
         for i in range(n):
-            extra = (f'[cluster]\nredis = "{redis.url}"\nnode_id = "node{i}"\n'
-                     f'grace_seconds = {grace}\nlease_seconds = {lease}\nregions = {regions}\n')
-            cfg = write_config(tmp_path / f"node{i}.toml", tmp_path / f"state{i}", nss,
-                               dram=dram, extra=extra, pool='stripe_unit = "256KiB"')
+            extra = (
+                f'[cluster]\nredis = "{redis.url}"\nnode_id = "node{i}"\n'
+                f"grace_seconds = {grace}\nlease_seconds = {lease}\nregions = {regions}\n"
+            )
+            cfg = write_config(
+                tmp_path / f"node{i}.toml",
+                tmp_path / f"state{i}",
+                nss,
+                dram=dram,
+                extra=extra,
+                pool='stripe_unit = "256KiB"',
+            )
             mounts.append(make_mount(cfg, name=f"mnt{i}"))
         return mounts
+
     return start
 
 

@@ -48,6 +48,17 @@ def build(directory: Path) -> Path:
     src = directory / "cuda_stub.c"
     body = "".join(f"int {name}(void) {{ return NOT_INITIALIZED; }}\n" for name in NOT_INITIALIZED)
     src.write_text(SOURCE_HEAD + body)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o",
-                    str(directory / "libcuda.so.1"), str(src)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(directory / "libcuda.so.1"),
+            str(src),
+        ],
+        check=True,
+    )
     return directory

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from testing.mount import (ROOT, MountedKvfs as Mount, is_mounted, wait_until,  # noqa: F401
-                          write_config)
+# (re-exported: the tests import them from here)
+from testing.mount import ROOT, is_mounted, wait_until, write_config  # noqa: F401
+from testing.mount import MountedKvfs as Mount  # noqa: F401
 
 MiB = 1 << 20
 
@@ -26,11 +27,11 @@ requires_mount = pytest.mark.skipif(can_mount() is not None, reason=str(can_moun
 
 def _emulation(throttle: bool) -> str | None:
     from testing.emulate import available
+
     return available(throttle=throttle)
 
 
 # Tests on emulated namespaces: loop devices alone, or loop devices throttled by a cgroup (v1
 # blkio or v2 io.max, whichever the machine has; testing/emulate.py). Each says why it skips.
 requires_loops = pytest.mark.skipif(_emulation(False) is not None, reason=str(_emulation(False)))
-requires_throttle = pytest.mark.skipif(_emulation(True) is not None,
-                                       reason=str(_emulation(True)))
+requires_throttle = pytest.mark.skipif(_emulation(True) is not None, reason=str(_emulation(True)))

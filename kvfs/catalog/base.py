@@ -18,8 +18,8 @@ import xxhash
 from kvfs.pool.layout import Layout
 
 ROOT_INO = 1
-CONTROL_INO = 2          # the hidden control file (see kvfs/fs/control.py)
-FIRST_INO = 16           # inodes below this are reserved
+CONTROL_INO = 2  # the hidden control file (see kvfs/fs/control.py)
+FIRST_INO = 16  # inodes below this are reserved
 NAME_MAX = 255
 
 
@@ -38,8 +38,9 @@ class BlobRec:
         self._packed = None
 
     @classmethod
-    def packed(cls, id: int, size: int, unit: int, ns: bytes, offsets: bytes, sums: bytes,
-               created_ns: int) -> "BlobRec":
+    def packed(
+        cls, id: int, size: int, unit: int, ns: bytes, offsets: bytes, sums: bytes, created_ns: int
+    ) -> "BlobRec":
         rec = cls.__new__(cls)
         rec.id, rec.created_ns, rec.size = id, created_ns, size
         rec._layout, rec._packed = None, (size, unit, ns, offsets, sums)
@@ -87,18 +88,18 @@ class Node:
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
-    cookie: int = 0                            # readdir position within the parent
-    blob: BlobRec | None = None                # files: the committed version
-    target: bytes | None = None                # symlinks
+    cookie: int = 0  # readdir position within the parent
+    blob: BlobRec | None = None  # files: the committed version
+    target: bytes | None = None  # symlinks
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
-    children: dict[bytes, int] | None = None   # directories of a memory tree: name -> ino
-    subdirs: int = 0                           # directories: how many children are directories
-    persisted: bool = False                    # False while pending (created, never committed)
-    linked: bool = True                        # False once unlinked (kept while open)
-    removed_elsewhere: bool = False            # removed while open for writing here: by
-                                               # another node, or by an eviction here
-    prio: float | None = None                  # files: place in the pool's eviction order
-    uses: int = 0                              # and stores + reads (pool.evict = "prefix")
+    children: dict[bytes, int] | None = None  # directories of a memory tree: name -> ino
+    subdirs: int = 0  # directories: how many children are directories
+    persisted: bool = False  # False while pending (created, never committed)
+    linked: bool = True  # False once unlinked (kept while open)
+    removed_elsewhere: bool = False  # removed while open for writing here: by
+    # another node, or by an eviction here
+    prio: float | None = None  # files: place in the pool's eviction order
+    uses: int = 0  # and stores + reads (pool.evict = "prefix")
 
     @property
     def is_dir(self) -> bool:

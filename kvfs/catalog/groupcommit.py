@@ -40,13 +40,14 @@ from kvfs.errors import KvfsError
 
 log = logging.getLogger("kvfs.catalog")
 
-GROUP_WAIT_MAX = 0.005          # a round waits at most this long for commits still writing
+GROUP_WAIT_MAX = 0.005  # a round waits at most this long for commits still writing
 
 
 @dataclass(frozen=True)
 class CommitHooks:
     """What the group commit tells or asks the layers around it, given when the catalog is
     opened (kvfs/service.py; the calls that go up pass through its seams)."""
+
     # a change to the tree waits for durability (False: durability = "fsync", write-back)
     sync_changes: bool = True
     # before_commit(seconds): return once no commit is writing its block, or after that long
@@ -63,25 +64,25 @@ class GroupCommit:
 
     def _init_group_commit(self, hooks: CommitHooks) -> None:
         self._in_txn = False
-        self._txn = 1                   # the transaction statements go to (open or next)
-        self._committed = 0             # the last transaction committed (in the WAL)
-        self._synced = 0                # the last transaction durable (WAL synced)
+        self._txn = 1  # the transaction statements go to (open or next)
+        self._committed = 0  # the last transaction committed (in the WAL)
+        self._synced = 0  # the last transaction durable (WAL synced)
         self._syncing = False
         self._round: trio.Event | None = None
         self._wal_fd: int | None = None
-        self.syncs = 0                  # WAL fdatasyncs (for statistics)
+        self.syncs = 0  # WAL fdatasyncs (for statistics)
         self.before_commit = hooks.before_commit
-        self._sync_estimate = 0.0       # recent duration of a WAL sync (seconds)
+        self._sync_estimate = 0.0  # recent duration of a WAL sync (seconds)
         self.sync_changes = hooks.sync_changes
         self.on_unsynced = hooks.on_unsynced
         self.on_failure = hooks.on_failure
-        self._txn_began = 0.0           # trio time the open transaction began
+        self._txn_began = 0.0  # trio time the open transaction began
         # the transaction whose durability frees the space released last (a row deleted, or
         # pointed at a new block); callbacks waiting for it (`after_release`)
         self._release_mark = 0
         self._after: list[tuple[int, Callable[[], None]]] = []
-        self.sql_seconds = 0.0          # COMMITs on the trio thread
-        self.sync_seconds = 0.0         # WAL syncs (in a worker thread)
+        self.sql_seconds = 0.0  # COMMITs on the trio thread
+        self.sync_seconds = 0.0  # WAL syncs (in a worker thread)
 
     def _fail(self, e: BaseException) -> None:
         """A write failed: roll back the open transaction and refuse every later change
@@ -95,8 +96,9 @@ class GroupCommit:
         self._in_txn = False
         if self.failure:
             return
-        self.failure = (f"catalog {self.path}: a write failed ({e}); refusing changes until "
-                        f"kvfs is restarted")
+        self.failure = (
+            f"catalog {self.path}: a write failed ({e}); refusing changes until kvfs is restarted"
+        )
         log.error(self.failure)
         if self.on_failure is not None:
             self.on_failure(self.failure)
@@ -104,14 +106,16 @@ class GroupCommit:
     def _execute(self, stmts: list[Stmt]) -> int:
         """Run statements in the open transaction (opening one); return its number."""
         return self._in_open_transaction(
-            [(self._conn.execute, sql, params) for sql, params in stmts])
+            [(self._conn.execute, sql, params) for sql, params in stmts]
+        )
 
     def _execute_many(self, batches: list[tuple[str, list[tuple]]]) -> int:
         """Run each statement once per parameter tuple (executemany) in the open transaction;
         return its number."""
         return self._in_open_transaction(
             [(self._conn.executemany, sql, rows) for sql, rows in batches if rows],
-            count=sum(len(rows) for _, rows in batches))
+            count=sum(len(rows) for _, rows in batches),
+        )
 
     def _in_open_transaction(self, calls: list, count: int | None = None) -> int:
         """Make the calls (method, sql, parameters) in the open transaction, opening one; a
@@ -170,6 +174,7 @@ class GroupCommit:
             self._after = [(txn, fn) for txn, fn in self._after if txn > self._synced]
             for fn in due:
                 fn()
+
     async def _durable(self, txn: int) -> None:
         """Wait until transaction `txn` is committed and a WAL sync that started after its
         commit has completed (the first waiter of a round does the work; see the module doc)."""
@@ -218,8 +223,9 @@ class GroupCommit:
             self._run_after()
             took = time.perf_counter() - t1
             self.sync_seconds += took
-            self._sync_estimate = took if not self._sync_estimate else \
-                0.8 * self._sync_estimate + 0.2 * took
+            self._sync_estimate = (
+                took if not self._sync_estimate else 0.8 * self._sync_estimate + 0.2 * took
+            )
         self.commit_seconds += time.perf_counter() - t
 
     def _sync_wal(self) -> None:
@@ -233,7 +239,7 @@ class GroupCommit:
             fd = self._wal_fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
             d = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_DIRECTORY)
             try:
-                os.fsync(d)                 # the WAL's directory entry, once
+                os.fsync(d)  # the WAL's directory entry, once
             finally:
                 os.close(d)
         os.fdatasync(fd)

@@ -64,19 +64,35 @@ from kvfs.catalog.groupcommit import CommitHooks, GroupCommit
 from kvfs.catalog.sqlite_chains import ChainRows
 from kvfs.catalog.sqlite_order import OrderRows
 from kvfs.catalog.sqlite_schema import (
-    BY_INO, BY_NAME, COLS, INDEXES, NODES_TABLE, PAGE_QUERY, PAGE_ROWS, S_IFDIR, S_IFMT,
-    SCHEMA_VERSION, SUBDIRS, TABLES, Stmt, extents, extents_by_row, migrate_v1, migrate_v2,
-    wal_damage)
+    BY_INO,
+    BY_NAME,
+    COLS,
+    INDEXES,
+    NODES_TABLE,
+    PAGE_QUERY,
+    PAGE_ROWS,
+    S_IFDIR,
+    S_IFMT,
+    SCHEMA_VERSION,
+    SUBDIRS,
+    TABLES,
+    Stmt,
+    extents,
+    extents_by_row,
+    migrate_v1,
+    migrate_v2,
+    wal_damage,
+)
 from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
 from kvfs.errors import KvfsError, StartupError, not_found
 from kvfs.pool.layout import Layout
 
 log = logging.getLogger("kvfs.catalog")
 
-CACHE_NODES = 8192          # nodes kept in memory beyond those in use
-MISSES_KEPT = 4096          # names remembered as absent (a lookup's miss, for the create after it)
-BLOB_ID_STEP = 4096         # block ids the meta row's high-water mark runs ahead by
-XATTR_COUNT = 20            # the column of BY_NAME and BY_INO that counts the node's xattrs
+CACHE_NODES = 8192  # nodes kept in memory beyond those in use
+MISSES_KEPT = 4096  # names remembered as absent (a lookup's miss, for the create after it)
+BLOB_ID_STEP = 4096  # block ids the meta row's high-water mark runs ahead by
+XATTR_COUNT = 20  # the column of BY_NAME and BY_INO that counts the node's xattrs
 
 
 class SqliteListing:
@@ -93,8 +109,14 @@ class SqliteListing:
             rows = cat._conn.execute(PAGE_QUERY, (self.ino, cookie, PAGE_ROWS)).fetchall()
             nodes = [cat._from_row(r) for r in rows]
             hi = rows[-1][3] if len(rows) == PAGE_ROWS else None
-            extra = [n for n in cat._pending.values() if n.parent == self.ino and n.linked
-                     and n.cookie > cookie and (hi is None or n.cookie <= hi)]
+            extra = [
+                n
+                for n in cat._pending.values()
+                if n.parent == self.ino
+                and n.linked
+                and n.cookie > cookie
+                and (hi is None or n.cookie <= hi)
+            ]
             if extra:
                 nodes = sorted(nodes + extra, key=lambda n: n.cookie)
             yield from nodes
@@ -110,11 +132,11 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
 
     def __init__(self, conn: sqlite3.Connection, path: Path, hooks: CommitHooks = CommitHooks()):
         super().__init__()
-        del self.nodes                  # no memory tree: see find() and the module doc
+        del self.nodes  # no memory tree: see find() and the module doc
         del self.successors, self.predecessors, self._dirty_links
         self._conn = conn
         self.path = path
-        self.opened_with: str | None = None    # what wal_damage found at open
+        self.opened_with: str | None = None  # what wal_damage found at open
         self.cache_nodes = CACHE_NODES
         self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
         self._cache: collections.OrderedDict[int, Node] = collections.OrderedDict()
@@ -129,8 +151,8 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         # which forgets its miss; nothing else adds names to the table while mounted.
         self._misses: dict[tuple[int, bytes], None] = {}
         self._unlinked: dict[int, Node] = {}
-        self._nodes = 0                 # rows (persisted nodes)
-        self._files = 0                 # rows with a block
+        self._nodes = 0  # rows (persisted nodes)
+        self._files = 0  # rows with a block
         self._links_changed = 0
         self._init_chains()
         self._init_order()
@@ -141,7 +163,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
     def open(cls, path: Path, hooks: CommitHooks = CommitHooks()) -> "SqliteCatalog":
         """Open (creating if absent) the catalog database; nothing is loaded but counters.
         `hooks`: what the group commit tells or asks the layers around it."""
-        damage = wal_damage(path)       # before SQLite reads (and then resets) the log
+        damage = wal_damage(path)  # before SQLite reads (and then resets) the log
         if damage:
             log.warning("catalog %s: %s", path, damage)
         try:
@@ -179,30 +201,45 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             with c:
                 c.execute("BEGIN")
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                c.execute(f"INSERT OR IGNORE INTO nodes ({COLS}) VALUES "
-                          f"(?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,0)",
-                          (ROOT_INO, ROOT_INO, b"", 0, stat.S_IFDIR | 0o755, os.geteuid(),
-                           os.getegid(), now, now, now))
+                c.execute(
+                    f"INSERT OR IGNORE INTO nodes ({COLS}) VALUES "
+                    f"(?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,0)",
+                    (
+                        ROOT_INO,
+                        ROOT_INO,
+                        b"",
+                        0,
+                        stat.S_IFDIR | 0o755,
+                        os.geteuid(),
+                        os.getegid(),
+                        now,
+                        now,
+                        now,
+                    ),
+                )
         elif int(version) == 1:
             migrate_v1(c, self.path)
         elif int(version) == 2:
             migrate_v2(c, self.path)
         elif int(version) != SCHEMA_VERSION:
-            raise StartupError(f"catalog {self.path}: schema version {version} is not supported "
-                               f"(this kvfs uses {SCHEMA_VERSION})")
+            raise StartupError(
+                f"catalog {self.path}: schema version {version} is not supported "
+                f"(this kvfs uses {SCHEMA_VERSION})"
+            )
         c.executescript(INDEXES)
         self.pool_id = self._meta("pool_id")
         if c.execute("SELECT 1 FROM nodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
             raise StartupError(f"catalog {self.path}: the root directory is missing")
         # one scan of the table for the counters (a fraction of a second at a million rows)
         nodes, files, ino, cookie, blob = c.execute(
-            "SELECT count(*), count(blob), max(ino), max(cookie), max(blob) FROM nodes").fetchone()
+            "SELECT count(*), count(blob), max(ino), max(cookie), max(blob) FROM nodes"
+        ).fetchone()
         self._nodes, self._files = nodes, files
         self._next_ino = max(FIRST_INO - 1, ino) + 1
         self._next_cookie = (cookie or 0) + 1
         hwm = int(self._meta("blob_hwm") or 0)
         self._next_blob = max(hwm, blob or 0) + 1
-        self._blob_hwm = self._next_blob - 1      # the highest block id the meta row covers
+        self._blob_hwm = self._next_blob - 1  # the highest block id the meta row covers
         # SQLite's own page cache grows with the catalog (64 bytes a node, 8 to 128 MiB: the
         # interior pages of the indexes and the hottest leaves); the rest comes from the
         # kernel's page cache, which is asked to read the database ahead now
@@ -221,7 +258,6 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         with c:
             c.execute("BEGIN")
             c.execute("DELETE FROM links WHERE pred >= ?1 OR succ >= ?1", (self._next_ino,))
-
 
     def set_pool_id(self, pool_id: str) -> None:
         """Bind a new catalog to its pool (synchronous: start-up and `kvfs format` only)."""
@@ -251,7 +287,6 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
     def _extents_by_row(self):
         return extents_by_row(self._conn)
 
-
     # ------------------------------------------------------------------------------ nodes
     def _remember(self, node: Node) -> None:
         c = self._cache
@@ -266,29 +301,45 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             key = (old.parent, old.name)
             if self._names.get(key) == old.ino:
                 del self._names[key]
-            if len(self._names) > 2 * len(c):       # (entries of nodes that left the cache
+            if len(self._names) > 2 * len(c):  # (entries of nodes that left the cache
                 # otherwise, e.g. `drop`: never used, since a lookup checks the node)
                 self._names = {(n.parent, n.name): i for i, n in c.items() if n.linked}
 
     def _from_row(self, row) -> Node:
         ino = row[0]
         node = self._live.get(ino)
-        if node is not None:            # in use: its memory is the truth
+        if node is not None:  # in use: its memory is the truth
             self._remember(node)
             return node
-        node = Node(ino, row[1], row[2], row[4], row[5], row[6], row[7], row[8], row[9],
-                    cookie=row[3], target=row[10], persisted=True, prio=row[18], uses=row[19])
-        if row[11] is not None:         # (the layout is unpacked when something needs it)
-            node.blob = BlobRec.packed(row[11], row[12], row[13], row[14], row[15], row[16],
-                                       row[17])
+        node = Node(
+            ino,
+            row[1],
+            row[2],
+            row[4],
+            row[5],
+            row[6],
+            row[7],
+            row[8],
+            row[9],
+            cookie=row[3],
+            target=row[10],
+            persisted=True,
+            prio=row[18],
+            uses=row[19],
+        )
+        if row[11] is not None:  # (the layout is unpacked when something needs it)
+            node.blob = BlobRec.packed(
+                row[11], row[12], row[13], row[14], row[15], row[16], row[17]
+            )
         if node.mode & S_IFMT == S_IFDIR:
             node.subdirs = self._one(SUBDIRS, (ino,))
         dirty = self._dirty_atime.get(ino)
         if dirty is not None:
             node.atime_ns, node.prio, node.uses = dirty
-        if len(row) <= XATTR_COUNT or row[XATTR_COUNT]:     # (BY_NAME/BY_INO count them)
-            for name, value in self._conn.execute("SELECT name, value FROM xattrs WHERE ino=?",
-                                                  (ino,)):
+        if len(row) <= XATTR_COUNT or row[XATTR_COUNT]:  # (BY_NAME/BY_INO count them)
+            for name, value in self._conn.execute(
+                "SELECT name, value FROM xattrs WHERE ino=?", (ino,)
+            ):
                 node.xattrs[name] = value
         self._live[ino] = node
         self._remember(node)
@@ -306,7 +357,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         return self._from_row(row) if row is not None else None
 
     def lookup(self, parent: int, name: bytes) -> Node:
-        if len(name) > NAME_MAX:      # no such name can exist; ext4 and tmpfs say so too
+        if len(name) > NAME_MAX:  # no such name can exist; ext4 and tmpfs say so too
             raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
         self.dir(parent)
         ino = self._pending_names.get((parent, name))
@@ -315,8 +366,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         ino = self._names.get((parent, name))
         if ino is not None:
             node = self._cache.get(ino)
-            if node is not None and node.linked and node.name == name and \
-                    node.parent == parent:
+            if node is not None and node.linked and node.name == name and node.parent == parent:
                 self._cache.move_to_end(ino)
                 return node
         row = self._conn.execute(BY_NAME, (parent, name)).fetchone()
@@ -334,15 +384,18 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             return ino
         if (d.ino, name) in self._misses:
             return None
-        row = self._conn.execute("SELECT ino FROM nodes WHERE parent=? AND name=?",
-                                 (d.ino, name)).fetchone()
+        row = self._conn.execute(
+            "SELECT ino FROM nodes WHERE parent=? AND name=?", (d.ino, name)
+        ).fetchone()
         return row[0] if row is not None else None
 
     def _has_children(self, d: Node) -> bool:
         if any(n.parent == d.ino and n.linked for n in self._pending.values()):
             return True
-        return self._conn.execute("SELECT 1 FROM nodes WHERE parent=? LIMIT 1",
-                                  (d.ino,)).fetchone() is not None
+        return (
+            self._conn.execute("SELECT 1 FROM nodes WHERE parent=? LIMIT 1", (d.ino,)).fetchone()
+            is not None
+        )
 
     def listing(self, ino: int) -> SqliteListing:
         self.dir(ino)
@@ -352,8 +405,10 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         """Every file with a committed block (a scan of the whole catalog: tests and tools)."""
         last = 0
         while True:
-            rows = self._conn.execute(f"SELECT {COLS} FROM nodes WHERE ino>? AND blob IS NOT "
-                                      f"NULL ORDER BY ino LIMIT ?", (last, PAGE_ROWS)).fetchall()
+            rows = self._conn.execute(
+                f"SELECT {COLS} FROM nodes WHERE ino>? AND blob IS NOT NULL ORDER BY ino LIMIT ?",
+                (last, PAGE_ROWS),
+            ).fetchall()
             if not rows:
                 return
             for r in rows:
@@ -364,8 +419,9 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         return (n.blob.layout for n in self.files())
 
     def pinned_files(self) -> list[Node]:
-        rows = self._conn.execute("SELECT ino FROM xattrs WHERE name=? AND value=?",
-                                  (b"user.kvfs.pin", b"1")).fetchall()
+        rows = self._conn.execute(
+            "SELECT ino FROM xattrs WHERE name=? AND value=?", (b"user.kvfs.pin", b"1")
+        ).fetchall()
         nodes = [self.find(ino) for (ino,) in rows]
         return [n for n in nodes if n is not None and n.blob is not None]
 
@@ -378,11 +434,17 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         return self._files
 
     def cache_statistics(self) -> dict:
-        return {"wal_syncs": self.syncs, "commit_sql_seconds": round(self.sql_seconds, 4),
-                "wal_sync_seconds": round(self.sync_seconds, 4),
-                "cached_nodes": len(self._cache), "live_nodes": len(self._live),
-                "pending_nodes": len(self._pending), "unlinked_nodes": len(self._unlinked),
-                "dirty_atimes": len(self._dirty_atime), "cache_limit": self.cache_nodes}
+        return {
+            "wal_syncs": self.syncs,
+            "commit_sql_seconds": round(self.sql_seconds, 4),
+            "wal_sync_seconds": round(self.sync_seconds, 4),
+            "cached_nodes": len(self._cache),
+            "live_nodes": len(self._live),
+            "pending_nodes": len(self._pending),
+            "unlinked_nodes": len(self._unlinked),
+            "dirty_atimes": len(self._dirty_atime),
+            "cache_limit": self.cache_nodes,
+        }
 
     def _register(self, node: Node) -> None:
         self._live[node.ino] = node
@@ -424,21 +486,44 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             self._dirty_atime.pop(ino, None)
 
     def statistics(self) -> dict:
-        return {"wal_syncs": self.syncs, **self.cache_statistics(),
-                "commit_sql_seconds": round(self.sql_seconds, 4),
-                "wal_sync_seconds": round(self.sync_seconds, 4),
-                "nodes": self.node_count, "files": self.file_count}
+        return {
+            "wal_syncs": self.syncs,
+            **self.cache_statistics(),
+            "commit_sql_seconds": round(self.sql_seconds, 4),
+            "wal_sync_seconds": round(self.sync_seconds, 4),
+            "nodes": self.node_count,
+            "files": self.file_count,
+        }
 
     @staticmethod
     def _insert_node(node: Node) -> list[Stmt]:
         b = node.blob
-        blob = (b.id, b.layout.size, b.layout.unit, *b.layout.pack(), b.created_ns) \
-            if b is not None else (None,) * 7
-        out: list[Stmt] = [(
-            f"INSERT INTO nodes ({COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (node.ino, node.parent, node.name, node.cookie, node.mode, node.uid, node.gid,
-             node.atime_ns, node.mtime_ns, node.ctime_ns, node.target, *blob, node.prio,
-             node.uses))]
+        blob = (
+            (b.id, b.layout.size, b.layout.unit, *b.layout.pack(), b.created_ns)
+            if b is not None
+            else (None,) * 7
+        )
+        out: list[Stmt] = [
+            (
+                f"INSERT INTO nodes ({COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    node.ino,
+                    node.parent,
+                    node.name,
+                    node.cookie,
+                    node.mode,
+                    node.uid,
+                    node.gid,
+                    node.atime_ns,
+                    node.mtime_ns,
+                    node.ctime_ns,
+                    node.target,
+                    *blob,
+                    node.prio,
+                    node.uses,
+                ),
+            )
+        ]
         for name, value in node.xattrs.items():
             out.append(("INSERT INTO xattrs VALUES (?,?,?)", (node.ino, name, value)))
         return out
@@ -449,16 +534,22 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             self._files -= 1
         self._dirty_atime.pop(node.ino, None)
         self._uncache_links(node.ino)
-        self._release_mark = self._txn      # its block's space is free once this is durable
-        return [("DELETE FROM nodes WHERE ino=?", (node.ino,)),
-                ("DELETE FROM xattrs WHERE ino=?", (node.ino,))] + self._delete_links(node.ino)
+        self._release_mark = self._txn  # its block's space is free once this is durable
+        return [
+            ("DELETE FROM nodes WHERE ino=?", (node.ino,)),
+            ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
+        ] + self._delete_links(node.ino)
 
     # ------------------------------------------------------------------------------ mutations
     def _parent_times(self, parent: Node) -> list[Stmt]:
         if not parent.persisted:
             return []
-        return [("UPDATE nodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
-                 (parent.mtime_ns, parent.ctime_ns, parent.ino))]
+        return [
+            (
+                "UPDATE nodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
+                (parent.mtime_ns, parent.ctime_ns, parent.ino),
+            )
+        ]
 
     async def _add(self, node: Node) -> None:
         """A new directory or symlink: in the tree first, then durable (out of the tree
@@ -467,8 +558,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         self._place(node)
         self._nodes += 1
         try:
-            await self._change(self._insert_node(node) +
-                               self._parent_times(self.get(node.parent)))
+            await self._change(self._insert_node(node) + self._parent_times(self.get(node.parent)))
         except BaseException:
             # rolled back (or never executed): the row is not there, nor may the node be
             if node.linked:
@@ -483,8 +573,9 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             self._cache.pop(node.ino, None)
             raise
 
-    async def commit(self, node: Node, layout: Layout,
-                     score: tuple[float, int] | None = None) -> tuple[BlobRec, BlobRec | None]:
+    async def commit(
+        self, node: Node, layout: Layout, score: tuple[float, int] | None = None
+    ) -> tuple[BlobRec, BlobRec | None]:
         """Make `layout` the file's committed content; return (new, old) versions. `score`:
         the file's new (priority, uses) in the pool's order, if the pool keeps one.
 
@@ -494,8 +585,9 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         """
         return (await self.commit_batch([(node, layout, score)]))[0]
 
-    async def commit_batch(self, items: list[tuple], mtimes: list[int] | None = None
-                           ) -> list[tuple[BlobRec, BlobRec | None]]:
+    async def commit_batch(
+        self, items: list[tuple], mtimes: list[int] | None = None
+    ) -> list[tuple[BlobRec, BlobRec | None]]:
         """`commit` for several files, each (node, layout, score), in one transaction and one
         wait for its WAL sync (the write-back flusher's batch, kvfs/write/writeback.py): each
         statement runs once with every file's parameters (executemany). `mtimes`: each
@@ -504,7 +596,8 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         out, undo, batches = [], [], {}
         for i, (node, layout, score) in enumerate(items):
             rec, old, before, stmts = self._prepare_commit(
-                node, layout, score, mtimes[i] if mtimes is not None else None)
+                node, layout, score, mtimes[i] if mtimes is not None else None
+            )
             out.append((rec, old))
             undo.append((node, old, before))
             for sql, params in stmts:
@@ -542,21 +635,40 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             # one beyond the ids given, BLOB_ID_STEP at a time, rather than every id in every
             # commit. A restart then starts past it (ids skip at most one step).
             self._blob_hwm = rec.id + BLOB_ID_STEP
-            stmts.append(("INSERT OR REPLACE INTO meta VALUES ('blob_hwm', ?)",
-                          (str(self._blob_hwm),)))
+            stmts.append(
+                ("INSERT OR REPLACE INTO meta VALUES ('blob_hwm', ?)", (str(self._blob_hwm),))
+            )
         if node.persisted:
             ns, offs, sums = layout.pack()
-            stmts.append(("UPDATE nodes SET blob=?, size=?, unit=?, ns=?, offsets=?, sums=?, "
-                          "blob_ns=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, atime_ns=?, "
-                          "prio=?, uses=? WHERE ino=?",
-                          (rec.id, layout.size, layout.unit, ns, offs, sums, now,
-                           node.mtime_ns, node.ctime_ns,
-                           node.mode, node.uid, node.gid, node.atime_ns, node.prio, node.uses,
-                           node.ino)))
+            stmts.append(
+                (
+                    "UPDATE nodes SET blob=?, size=?, unit=?, ns=?, offsets=?, sums=?, "
+                    "blob_ns=?, mtime_ns=?, ctime_ns=?, mode=?, uid=?, gid=?, atime_ns=?, "
+                    "prio=?, uses=? WHERE ino=?",
+                    (
+                        rec.id,
+                        layout.size,
+                        layout.unit,
+                        ns,
+                        offs,
+                        sums,
+                        now,
+                        node.mtime_ns,
+                        node.ctime_ns,
+                        node.mode,
+                        node.uid,
+                        node.gid,
+                        node.atime_ns,
+                        node.prio,
+                        node.uses,
+                        node.ino,
+                    ),
+                )
+            )
             self._dirty_atime.pop(node.ino, None)
             if old is None:
                 self._files += 1
-            self._release_mark = self._txn      # the old version's row reference goes here
+            self._release_mark = self._txn  # the old version's row reference goes here
         else:
             self._persisted(node)
             self._files += 1
@@ -578,8 +690,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             elif old is None:
                 self._files -= 1
 
-    async def remove(self, node: Node, expect: BlobRec | None = None,
-                     ghosts: int = 0) -> Node:
+    async def remove(self, node: Node, expect: BlobRec | None = None, ghosts: int = 0) -> Node:
         """Unlink a file by node (eviction uses this; on one node nothing else can have
         replaced `expect`). `ghosts`: remember the name's uses among the `ghosts` names
         evicted last (in the same transaction)."""
@@ -602,8 +713,16 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         await self._change(self._delete_node(node) + self._parent_times(p))
         return node
 
-    async def _rename(self, src: Node, pold: Node, name_old: bytes, pnew: Node,
-                      name_new: bytes, target: Node | None, flags: int) -> Node | None:
+    async def _rename(
+        self,
+        src: Node,
+        pold: Node,
+        name_old: bytes,
+        pnew: Node,
+        name_new: bytes,
+        target: Node | None,
+        flags: int,
+    ) -> Node | None:
         if flags & RENAME_EXCHANGE:
             return await self._exchange(src, target)
         stmts: list[Stmt] = []
@@ -616,8 +735,12 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         now = _now()
         self._move(src, pold, pnew, name_new, now)
         if src.persisted:
-            stmts.append(("UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
-                          (src.parent, src.name, src.cookie, now, src.ino)))
+            stmts.append(
+                (
+                    "UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
+                    (src.parent, src.name, src.cookie, now, src.ino),
+                )
+            )
         stmts += self._parent_times(pold)
         if pnew is not pold:
             stmts += self._parent_times(pnew)
@@ -634,15 +757,26 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
             stmts.append(("UPDATE nodes SET parent=0, name=? WHERE ino=?", (b"\0swap", a.ino)))
         for n in (b, a):
             if n.persisted:
-                stmts.append(("UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
-                              (n.parent, n.name, n.cookie, now, n.ino)))
+                stmts.append(
+                    (
+                        "UPDATE nodes SET parent=?, name=?, cookie=?, ctime_ns=? WHERE ino=?",
+                        (n.parent, n.name, n.cookie, now, n.ino),
+                    )
+                )
         if stmts:
             await self._change(stmts)
         return None
 
-    async def setattr(self, node: Node, *, mode: int | None = None, uid: int | None = None,
-                      gid: int | None = None, atime_ns: int | None = None,
-                      mtime_ns: int | None = None) -> None:
+    async def setattr(
+        self,
+        node: Node,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> None:
         if mode is not None:
             node.mode = (node.mode & ~0o7777) | (mode & 0o7777)
         if uid is not None:
@@ -656,17 +790,33 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         node.ctime_ns = _now()
         if node.persisted and node.linked:
             self._dirty_atime.pop(node.ino, None)
-            await self._change([("UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
-                                 "ctime_ns=?, prio=?, uses=? WHERE ino=?",
-                                 (node.mode, node.uid, node.gid, node.atime_ns, node.mtime_ns,
-                                  node.ctime_ns, node.prio, node.uses, node.ino))])
+            await self._change(
+                [
+                    (
+                        "UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
+                        "ctime_ns=?, prio=?, uses=? WHERE ino=?",
+                        (
+                            node.mode,
+                            node.uid,
+                            node.gid,
+                            node.atime_ns,
+                            node.mtime_ns,
+                            node.ctime_ns,
+                            node.prio,
+                            node.uses,
+                            node.ino,
+                        ),
+                    )
+                ]
+            )
 
     async def set_xattr(self, node: Node, name: bytes, value: bytes) -> None:
         node.xattrs[name] = value
         node.ctime_ns = _now()
         if node.persisted and node.linked:
-            await self._change([("INSERT OR REPLACE INTO xattrs VALUES (?,?,?)",
-                                 (node.ino, name, value))])
+            await self._change(
+                [("INSERT OR REPLACE INTO xattrs VALUES (?,?,?)", (node.ino, name, value))]
+            )
 
     async def remove_xattr(self, node: Node, name: bytes) -> None:
         if name not in node.xattrs:

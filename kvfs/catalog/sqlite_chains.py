@@ -23,8 +23,8 @@ from kvfs.catalog.sqlite_schema import Stmt
 from kvfs.catalog.tree import merge_link
 from kvfs.errors import KvfsError
 
-CHAIN_CACHE = 8192          # blocks whose links are kept in memory, each way
-LINK_BATCH = 256            # learned links written together (executemany)
+CHAIN_CACHE = 8192  # blocks whose links are kept in memory, each way
+LINK_BATCH = 256  # learned links written together (executemany)
 
 
 class ChainRows:
@@ -39,10 +39,11 @@ class ChainRows:
     def _cached(self, cache: collections.OrderedDict, key: int, query: str) -> dict[int, list]:
         out = cache.get(key)
         if out is None:
-            if self._link_queue:            # the rows must hold what was learned
+            if self._link_queue:  # the rows must hold what was learned
                 self._write_queued_links()
-            out = cache[key] = {other: [src, w] for other, src, w in
-                                self._conn.execute(query, (key,))}
+            out = cache[key] = {
+                other: [src, w] for other, src, w in self._conn.execute(query, (key,))
+            }
             if len(cache) > CHAIN_CACHE:
                 cache.popitem(last=False)
         else:
@@ -50,12 +51,10 @@ class ChainRows:
         return out
 
     def _links_from(self, pred: int) -> dict[int, list]:
-        return self._cached(self._succ, pred,
-                            "SELECT succ, source, weight FROM links WHERE pred=?")
+        return self._cached(self._succ, pred, "SELECT succ, source, weight FROM links WHERE pred=?")
 
     def _links_to(self, succ: int) -> dict[int, list]:
-        return self._cached(self._pred, succ,
-                            "SELECT pred, source, weight FROM links WHERE succ=?")
+        return self._cached(self._pred, succ, "SELECT pred, source, weight FROM links WHERE succ=?")
 
     def _new_chain_node(self, ino: int) -> None:
         """A block made since the start: it has no links yet (no query needed to know)."""
@@ -83,7 +82,7 @@ class ChainRows:
             self._execute(stmts)
             self._links_changed += 1
         except KvfsError:
-            pass                        # a hint: nothing to undo
+            pass  # a hint: nothing to undo
 
     def _queue_link(self, pred: int, succ: int, value: list | None) -> None:
         """A link to write (`value` [source, weight]) or delete (None). Links are learned at
@@ -102,11 +101,15 @@ class ChainRows:
         gone = [k for k, v in queue.items() if v is None]
         kept = [(p, s, v[0], v[1]) for (p, s), v in queue.items() if v is not None]
         try:
-            self._execute_many([("DELETE FROM links WHERE pred=? AND succ=?", gone),
-                                ("INSERT OR REPLACE INTO links VALUES (?,?,?,?)", kept)])
+            self._execute_many(
+                [
+                    ("DELETE FROM links WHERE pred=? AND succ=?", gone),
+                    ("INSERT OR REPLACE INTO links VALUES (?,?,?,?)", kept),
+                ]
+            )
             self._links_changed += 1
         except KvfsError:
-            pass                        # hints: nothing to undo
+            pass  # hints: nothing to undo
 
     def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
         if pred == succ:
@@ -118,7 +121,7 @@ class ChainRows:
         changed, weakest = merge_link(out, succ, source, weight)
         if not changed:
             return
-        if weakest is not None:                             # keep the strongest few successors
+        if weakest is not None:  # keep the strongest few successors
             self._queue_link(pred, weakest, None)
             w = self._pred.get(weakest)
             if w is not None:

@@ -20,7 +20,7 @@ from kvfs.catalog.base import Node, ghost_key
 from kvfs.catalog.sqlite_schema import LRU_QUERY, PAGE_ROWS, PRIO_QUERY, SCORE_UNSCORED, Stmt
 from kvfs.errors import KvfsError
 
-DIRTY_ATIMES = 4096         # access times kept in memory before they go to the database
+DIRTY_ATIMES = 4096  # access times kept in memory before they go to the database
 
 
 class OrderRows:
@@ -42,13 +42,15 @@ class OrderRows:
         """Write the recorded access times in the open transaction (they ride with the next
         commit; `flush_atimes` makes them durable)."""
         dirty, self._dirty_atime = self._dirty_atime, {}
-        stmts = [("UPDATE nodes SET atime_ns=?, prio=?, uses=? WHERE ino=?", (t, p, u, i))
-                 for i, (t, p, u) in dirty.items()]
+        stmts = [
+            ("UPDATE nodes SET atime_ns=?, prio=?, uses=? WHERE ino=?", (t, p, u, i))
+            for i, (t, p, u) in dirty.items()
+        ]
         if stmts:
             try:
                 self._execute(stmts)
             except KvfsError:
-                pass                        # LRU hints: the next restart starts from older ones
+                pass  # LRU hints: the next restart starts from older ones
         return len(stmts)
 
     async def flush_atimes(self) -> int:
@@ -107,8 +109,9 @@ class OrderRows:
 
     def lowest_priority(self) -> float | None:
         """The lowest priority of a file in the pool's order (where the policy's floor was)."""
-        row = self._conn.execute("SELECT min(prio) FROM nodes WHERE blob IS NOT NULL AND prio "
-                                 "IS NOT NULL").fetchone()
+        row = self._conn.execute(
+            "SELECT min(prio) FROM nodes WHERE blob IS NOT NULL AND prio IS NOT NULL"
+        ).fetchone()
         low = row[0] if row else None
         dirty = [p for (_, p, _) in self._dirty_atime.values() if p is not None]
         return min([x for x in (low, *dirty) if x is not None], default=None)
@@ -121,10 +124,11 @@ class OrderRows:
         if n:
             await self._persist([(SCORE_UNSCORED, ())])
             held = {n.ino: n for n in (*self._cache.values(), *self._live.values())}
-            for node in held.values():          # the nodes in memory take their rows' priority
+            for node in held.values():  # the nodes in memory take their rows' priority
                 if node.prio is None and node.persisted and node.blob is not None:
-                    row = self._conn.execute("SELECT prio FROM nodes WHERE ino=?",
-                                             (node.ino,)).fetchone()
+                    row = self._conn.execute(
+                        "SELECT prio FROM nodes WHERE ino=?", (node.ino,)
+                    ).fetchone()
                     if row is not None:
                         node.prio = row[0]
         return n
@@ -142,11 +146,19 @@ class OrderRows:
     def _ghost(self, node: Node, limit: int) -> list[Stmt]:
         """Remember the uses of an evicted file's name (the `limit` names evicted last)."""
         self._ghost_puts += 1
-        out: list[Stmt] = [("INSERT OR REPLACE INTO ghosts (key, uses) VALUES (?, ?)",
-                            (ghost_key(node.parent, node.name), node.uses))]
+        out: list[Stmt] = [
+            (
+                "INSERT OR REPLACE INTO ghosts (key, uses) VALUES (?, ?)",
+                (ghost_key(node.parent, node.name), node.uses),
+            )
+        ]
         if self._ghost_puts % 256 == 0:
-            out.append(("DELETE FROM ghosts WHERE seq <= (SELECT max(seq) FROM ghosts) - ?",
-                        (max(1, limit),)))
+            out.append(
+                (
+                    "DELETE FROM ghosts WHERE seq <= (SELECT max(seq) FROM ghosts) - ?",
+                    (max(1, limit),),
+                )
+            )
         return out
 
     def ghost_count(self) -> int:

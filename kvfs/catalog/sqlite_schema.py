@@ -50,28 +50,36 @@ CREATE INDEX IF NOT EXISTS nodes_prio ON nodes (prio, max(atime_ns, mtime_ns), i
     WHERE blob IS NOT NULL AND prio IS NOT NULL;
 CREATE INDEX IF NOT EXISTS links_succ ON links (succ);
 """
-COLS = ("ino, parent, name, cookie, mode, uid, gid, atime_ns, mtime_ns, ctime_ns, target, "
-         "blob, size, unit, ns, offsets, sums, blob_ns, prio, uses")
+COLS = (
+    "ino, parent, name, cookie, mode, uid, gid, atime_ns, mtime_ns, ctime_ns, target, "
+    "blob, size, unit, ns, offsets, sums, blob_ns, prio, uses"
+)
 # a lookup's row also says how many xattrs the node has, so a node without any (most) needs no
 # second query for them
 _XATTR_COUNT = "(SELECT count(*) FROM xattrs WHERE xattrs.ino = nodes.ino)"
 BY_INO = f"SELECT {COLS}, {_XATTR_COUNT} FROM nodes WHERE ino=?"
 BY_NAME = f"SELECT {COLS}, {_XATTR_COUNT} FROM nodes WHERE parent=? AND name=?"
-PAGE_ROWS = 128             # rows per page of the paged queries (readdir, the pool order)
+PAGE_ROWS = 128  # rows per page of the paged queries (readdir, the pool order)
 PAGE_QUERY = f"SELECT {COLS} FROM nodes WHERE parent=? AND cookie>? ORDER BY cookie LIMIT ?"
 SUBDIRS = f"SELECT count(*) FROM nodes WHERE parent=? AND (mode & {S_IFMT}) = {S_IFDIR}"
-LRU_QUERY = ("SELECT max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL AND "
-        "(max(atime_ns, mtime_ns), ino) > (?, ?) ORDER BY max(atime_ns, mtime_ns), ino LIMIT ?")
+LRU_QUERY = (
+    "SELECT max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL AND "
+    "(max(atime_ns, mtime_ns), ino) > (?, ?) ORDER BY max(atime_ns, mtime_ns), ino LIMIT ?"
+)
 
 # (equal priorities: least recently used first)
-PRIO_QUERY = ("SELECT prio, max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL "
-              "AND prio IS NOT NULL AND (prio, max(atime_ns, mtime_ns), ino) > (?, ?, ?) "
-              "ORDER BY prio, max(atime_ns, mtime_ns), ino LIMIT ?")
+PRIO_QUERY = (
+    "SELECT prio, max(atime_ns, mtime_ns), ino, blob FROM nodes WHERE blob IS NOT NULL "
+    "AND prio IS NOT NULL AND (prio, max(atime_ns, mtime_ns), ino) > (?, ?, ?) "
+    "ORDER BY prio, max(atime_ns, mtime_ns), ino LIMIT ?"
+)
 # Files stored under "lru" (no priority) get one when "prefix" takes over: below every scored
 # file (-1 to 0), in their order of last use.
-SCORE_UNSCORED = ("UPDATE nodes SET prio = r.p FROM (SELECT ino, (row_number() OVER (ORDER BY "
-                  "max(atime_ns, mtime_ns), ino)) * 1.0 / (count(*) OVER ()) - 1.0 AS p FROM "
-                  "nodes WHERE blob IS NOT NULL AND prio IS NULL) AS r WHERE nodes.ino = r.ino")
+SCORE_UNSCORED = (
+    "UPDATE nodes SET prio = r.p FROM (SELECT ino, (row_number() OVER (ORDER BY "
+    "max(atime_ns, mtime_ns), ino)) * 1.0 / (count(*) OVER ()) - 1.0 AS p FROM "
+    "nodes WHERE blob IS NOT NULL AND prio IS NULL) AS r WHERE nodes.ino = r.ino"
+)
 
 Stmt = tuple[str, tuple]
 
@@ -103,25 +111,28 @@ def wal_damage(path: Path) -> str | None:
     frame = WAL_FRAME_HEADER + page
     partial = (size - WAL_HEADER) % frame
     if partial:
-        return (f"its write-ahead log {wal} ends in a partial frame ({partial} of {frame} "
-                f"bytes): it was cut short. After a crash mid-transaction nothing committed is "
-                f"lost; if the file was truncated or damaged, the changes after its last intact "
-                f"commit are (files closed after it are missing)")
+        return (
+            f"its write-ahead log {wal} ends in a partial frame ({partial} of {frame} "
+            f"bytes): it was cut short. After a crash mid-transaction nothing committed is "
+            f"lost; if the file was truncated or damaged, the changes after its last intact "
+            f"commit are (files closed after it are missing)"
+        )
     return None
 
 
 def migrate_v1(conn: sqlite3.Connection, path) -> None:
     """Schema 1 (a `blobs` table) to 2 (the block in the node's row), in one transaction."""
     c = conn
-    log.info("catalog %s: upgrading the schema from version 1 to %d", path,
-             SCHEMA_VERSION)
+    log.info("catalog %s: upgrading the schema from version 1 to %d", path, SCHEMA_VERSION)
     with c:
         c.execute("BEGIN")
         c.execute(NODES_TABLE.replace("CREATE TABLE nodes", "CREATE TABLE nodes2"))
-        c.execute(f"INSERT INTO nodes2 ({COLS}) SELECT n.ino, n.parent, n.name, n.cookie, "
-                  f"n.mode, n.uid, n.gid, n.atime_ns, n.mtime_ns, n.ctime_ns, n.target, b.id, "
-                  f"b.size, b.unit, b.ns, b.offsets, b.sums, b.created_ns, NULL, 0 FROM nodes n "
-                  f"LEFT JOIN blobs b ON b.id = n.blob")
+        c.execute(
+            f"INSERT INTO nodes2 ({COLS}) SELECT n.ino, n.parent, n.name, n.cookie, "
+            f"n.mode, n.uid, n.gid, n.atime_ns, n.mtime_ns, n.ctime_ns, n.target, b.id, "
+            f"b.size, b.unit, b.ns, b.offsets, b.sums, b.created_ns, NULL, 0 FROM nodes n "
+            f"LEFT JOIN blobs b ON b.id = n.blob"
+        )
         c.execute("DROP TABLE nodes")
         c.execute("DROP TABLE blobs")
         c.execute("ALTER TABLE nodes2 RENAME TO nodes")
@@ -151,22 +162,31 @@ def extents(conn: sqlite3.Connection) -> tuple[np.ndarray, np.ndarray, np.ndarra
             "SELECT CAST(group_concat(ns, '') AS BLOB), CAST(group_concat(offsets, '') AS "
             "BLOB), group_concat(printf('%016x', size), ''), "
             "group_concat(printf('%08x', length(ns) / 2), ''), min(unit), max(unit) "
-            "FROM nodes WHERE blob IS NOT NULL").fetchone()
-    except sqlite3.Error:                    # too big for one value: row by row
+            "FROM nodes WHERE blob IS NOT NULL"
+        ).fetchone()
+    except sqlite3.Error:  # too big for one value: row by row
         return extents_by_row(conn)
     if sizes is None:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, empty
     units = np.unique(np.asarray([umin, umax], dtype=np.int64))
-    if len(units) > 1:                       # blocks of several stripe units: each one
-        units = np.asarray([u for (u,) in conn.execute(
-            "SELECT DISTINCT unit FROM nodes WHERE blob IS NOT NULL")], dtype=np.int64)
+    if len(units) > 1:  # blocks of several stripe units: each one
+        units = np.asarray(
+            [u for (u,) in conn.execute("SELECT DISTINCT unit FROM nodes WHERE blob IS NOT NULL")],
+            dtype=np.int64,
+        )
         return (*extents_by_row(conn)[:3], units)
-    return (*unit_extents(
-        np.frombuffer(ns or b"", dtype=np.uint16), np.frombuffer(off or b"", dtype=np.uint64),
-        np.frombuffer(bytes.fromhex(sizes), dtype=">u8").astype(np.int64),
-        np.frombuffer(bytes.fromhex(counts), dtype=">u4").astype(np.int64),
-        int(umin)), units)
+    return (
+        *unit_extents(
+            np.frombuffer(ns or b"", dtype=np.uint16),
+            np.frombuffer(off or b"", dtype=np.uint64),
+            np.frombuffer(bytes.fromhex(sizes), dtype=">u8").astype(np.int64),
+            np.frombuffer(bytes.fromhex(counts), dtype=">u4").astype(np.int64),
+            int(umin),
+        ),
+        units,
+    )
+
 
 def unit_extents(ns, off, sizes, counts, unit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-unit (namespace, offset, stored length) from per-block sizes and unit counts."""
@@ -175,10 +195,14 @@ def unit_extents(ns, off, sizes, counts, unit) -> tuple[np.ndarray, np.ndarray, 
     first = np.cumsum(counts) - counts
     k = np.arange(len(ns), dtype=np.int64) - np.repeat(first, counts)
     size = np.repeat(sizes, counts)
-    unit = np.repeat(np.asarray(unit, dtype=np.int64), len(ns)) if np.ndim(unit) == 0 \
+    unit = (
+        np.repeat(np.asarray(unit, dtype=np.int64), len(ns))
+        if np.ndim(unit) == 0
         else np.repeat(unit, counts)
+    )
     content = np.minimum(unit, size - k * unit)
     return ns, off, (content + PAGE - 1) // PAGE * PAGE
+
 
 def extents_by_row(conn: sqlite3.Connection):
     ns_parts: list[bytes] = []
@@ -197,7 +221,13 @@ def extents_by_row(conn: sqlite3.Connection):
         off_parts += o
     counts = np.fromiter(map(len, ns_parts), dtype=np.int64, count=len(ns_parts)) // 2
     u = np.asarray(units, dtype=np.int64)
-    return (*unit_extents(np.frombuffer(b"".join(ns_parts), dtype=np.uint16),
-                                np.frombuffer(b"".join(off_parts), dtype=np.uint64),
-                                np.asarray(sizes, dtype=np.int64), counts, u),
-            np.unique(u))
+    return (
+        *unit_extents(
+            np.frombuffer(b"".join(ns_parts), dtype=np.uint16),
+            np.frombuffer(b"".join(off_parts), dtype=np.uint64),
+            np.asarray(sizes, dtype=np.int64),
+            counts,
+            u,
+        ),
+        np.unique(u),
+    )

@@ -30,7 +30,7 @@ RENAME_EXCHANGE = 2
 
 # Where a chain link was learned; a higher source outranks a lower one.
 LINK_WRITE, LINK_READ, LINK_HINT = 1, 2, 3
-MAX_SUCCESSORS = 8       # the strongest few successors of a block are kept
+MAX_SUCCESSORS = 8  # the strongest few successors of a block are kept
 
 
 def _now() -> int:
@@ -44,7 +44,9 @@ def check_name(name: bytes) -> None:
         raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
 
 
-def merge_link(out: dict[int, list], succ: int, source: int, weight: float) -> tuple[bool, int | None]:
+def merge_link(
+    out: dict[int, list], succ: int, source: int, weight: float
+) -> tuple[bool, int | None]:
     """Apply a learned link pred -> succ to pred's successors `out` ({succ: [source, weight]}):
     a stronger source replaces a weaker one, the same source adds weight, a weaker one is
     ignored. Returns (whether `out` changed, the weakest successor dropped to keep the
@@ -66,13 +68,13 @@ def merge_link(out: dict[int, list], succ: int, source: int, weight: float) -> t
 class TreeCatalog:
     """The memory tree and the chains; subclasses add durability."""
 
-    shared = False           # True: other nodes change the same catalog (RedisCatalog)
-    tree_children = True     # directories hold their `children` in memory
-    fresh = True             # False while a shared catalog may be out of date here
+    shared = False  # True: other nodes change the same catalog (RedisCatalog)
+    tree_children = True  # directories hold their `children` in memory
+    fresh = True  # False while a shared catalog may be out of date here
     # Why changes can no longer be made durable (a catalog write failed), until a restart
     # (a SQLite catalog then calls its hooks' on_failure: kvfs/catalog/groupcommit.py).
     failure: str | None = None
-    opened_with: str | None = None    # what the catalog found amiss when it was opened
+    opened_with: str | None = None  # what the catalog found amiss when it was opened
 
     def cache_statistics(self) -> dict:
         """What the catalog's caches hold and hit (none: every node is in memory)."""
@@ -89,9 +91,9 @@ class TreeCatalog:
         self.successors: dict[int, dict[int, list]] = {}
         self.predecessors: dict[int, set[int]] = {}
         self._dirty_links: set[tuple[int, int]] = set()
-        self.commits = 0            # durable transactions (for statistics)
+        self.commits = 0  # durable transactions (for statistics)
         self.statements = 0
-        self.commit_seconds = 0.0   # time spent making changes durable
+        self.commit_seconds = 0.0  # time spent making changes durable
 
     # ------------------------------------------------------------------------------ queries
     def find(self, ino: int) -> Node | None:
@@ -118,7 +120,7 @@ class TreeCatalog:
         return bool(d.children)
 
     def lookup(self, parent: int, name: bytes) -> Node:
-        if len(name) > NAME_MAX:      # no such name can exist; ext4 and tmpfs say so too
+        if len(name) > NAME_MAX:  # no such name can exist; ext4 and tmpfs say so too
             raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
         d = self.dir(parent)
         ino = self._child(d, name)
@@ -129,8 +131,9 @@ class TreeCatalog:
     def listing(self, ino: int) -> "Listing":
         """A directory's entries for readdir (see `Listing`)."""
         d = self.dir(ino)
-        return Listing(ino, sorted((self.nodes[i] for i in d.children.values()),
-                                   key=lambda n: n.cookie))
+        return Listing(
+            ino, sorted((self.nodes[i] for i in d.children.values()), key=lambda n: n.cookie)
+        )
 
     def entries(self, ino: int) -> list[Node]:
         """The directory's children in readdir order (by cookie, which only grows)."""
@@ -170,8 +173,9 @@ class TreeCatalog:
         self._next_blob += 1
         return bid
 
-    async def lookup_fresh(self, parent: int, name: bytes,
-                           held_here: Callable[[Node], bool] | None = None) -> Node:
+    async def lookup_fresh(
+        self, parent: int, name: bytes, held_here: Callable[[Node], bool] | None = None
+    ) -> Node:
         """`lookup` for the FUSE layer: the name as the catalog holds it now. (A shared catalog
         asks Redis about names it does not know, and, while its mirror may be behind, about
         files whose content is not `held_here`.)"""
@@ -207,8 +211,18 @@ class TreeCatalog:
         if self._child(parent, name) is not None:
             raise exists(name.decode(errors="replace"))
         now = _now()
-        return Node(self._id("_next_ino"), parent.ino, name, mode, uid, gid, now, now, now,
-                    cookie=self._id("_next_cookie"))
+        return Node(
+            self._id("_next_ino"),
+            parent.ino,
+            name,
+            mode,
+            uid,
+            gid,
+            now,
+            now,
+            now,
+            cookie=self._id("_next_cookie"),
+        )
 
     def _register(self, node: Node) -> None:
         """A new node exists (in memory)."""
@@ -257,8 +271,15 @@ class TreeCatalog:
         self._place(node)
         return node
 
-    def _move(self, src: Node, pold: Node, pnew: Node, name_new: bytes, now: int,
-              cookie: int | None = None) -> None:
+    def _move(
+        self,
+        src: Node,
+        pold: Node,
+        pnew: Node,
+        name_new: bytes,
+        now: int,
+        cookie: int | None = None,
+    ) -> None:
         """Rename `src` to `name_new` in `pnew` (the target name is free); it gets a new readdir
         cookie (`cookie`, or the next one)."""
         self._leave(pold, src)
@@ -305,7 +326,6 @@ class TreeCatalog:
                 return False
             cur = self.get(cur.parent)
 
-
     async def unlink(self, parent: int, name: bytes) -> Node:
         """Remove a file or symlink; the node stays in memory (unlinked) until `drop`."""
         node = self.lookup(parent, name)
@@ -325,31 +345,47 @@ class TreeCatalog:
         if not node.is_dir:
             raise KvfsError(errno.ENOTDIR, f"not a directory: {name.decode(errors='replace')}")
         if self._has_children(node):
-            raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}")
+            raise KvfsError(
+                errno.ENOTEMPTY, f"directory not empty: {name.decode(errors='replace')}"
+            )
         return node
 
-    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
-                     flags: int = 0) -> Node | None:
+    async def rename(
+        self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int = 0
+    ) -> Node | None:
         """Atomically rename, replacing the target; return the replaced node (now unlinked).
         The checks are made here; a name renamed onto itself is left as it is."""
-        src, pold, pnew, target = self._rename_check(parent_old, name_old, parent_new, name_new,
-                                                     flags)
+        src, pold, pnew, target = self._rename_check(
+            parent_old, name_old, parent_new, name_new, flags
+        )
         if target is src:
             return None
         return await self._rename(src, pold, name_old, pnew, name_new, target, flags)
 
-    async def _rename(self, src: Node, pold: Node, name_old: bytes, pnew: Node,
-                      name_new: bytes, target: Node | None, flags: int) -> Node | None:
+    async def _rename(
+        self,
+        src: Node,
+        pold: Node,
+        name_old: bytes,
+        pnew: Node,
+        name_new: bytes,
+        target: Node | None,
+        flags: int,
+    ) -> Node | None:
         """Make a checked rename durable and apply it to the tree (each catalog its own way):
         `src`, named `name_old` in `pold`, becomes `name_new` in `pnew`, replacing `target`
         (None: the name is free), or trading names with it under RENAME_EXCHANGE."""
         raise NotImplementedError
 
-    def _rename_check(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
-                      flags: int) -> tuple[Node, Node, Node, Node | None]:
+    def _rename_check(
+        self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int
+    ) -> tuple[Node, Node, Node, Node | None]:
         """Validate a rename against the tree; return (source, old parent, new parent, target).
         The target is None when the name is free; the source itself when renaming onto itself."""
-        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+        if (
+            flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)
+            or flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        ):
             raise KvfsError(errno.EINVAL, f"unsupported rename flags {flags:#x}")
         check_name(name_new)
         src = self.lookup(parent_old, name_old)
@@ -370,11 +406,17 @@ class TreeCatalog:
             if flags & RENAME_NOREPLACE:
                 raise exists(name_new.decode(errors="replace"))
             if src.is_dir and not target.is_dir:
-                raise KvfsError(errno.ENOTDIR, f"not a directory: {name_new.decode(errors='replace')}")
+                raise KvfsError(
+                    errno.ENOTDIR, f"not a directory: {name_new.decode(errors='replace')}"
+                )
             if not src.is_dir and target.is_dir:
-                raise KvfsError(errno.EISDIR, f"is a directory: {name_new.decode(errors='replace')}")
+                raise KvfsError(
+                    errno.EISDIR, f"is a directory: {name_new.decode(errors='replace')}"
+                )
             if target.is_dir and self._has_children(target):
-                raise KvfsError(errno.ENOTEMPTY, f"directory not empty: {name_new.decode(errors='replace')}")
+                raise KvfsError(
+                    errno.ENOTEMPTY, f"directory not empty: {name_new.decode(errors='replace')}"
+                )
         return src, pold, pnew, target
 
     def rescore(self, node: Node) -> None:

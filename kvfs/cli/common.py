@@ -38,8 +38,9 @@ def _getxattr(path: str, name: str) -> bytes:
         return os.getxattr(path, name)
     except OSError as e:
         if e.errno == errno.ENOTCONN:
-            raise CliError(f"kvfs at {path} is not responding (its daemon died: umount it and "
-                           f"mount again)") from None
+            raise CliError(
+                f"kvfs at {path} is not responding (its daemon died: umount it and mount again)"
+            ) from None
         if e.errno == errno.ENOENT:
             raise CliError(f"no such file or directory: {path}") from None
         raise
@@ -108,7 +109,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: str = ""
     for r in cells:
         parts = []
         for i, c in enumerate(r):
-            parts.append(c.rjust(widths[i]) if headers[i] in right.split(",") else c.ljust(widths[i]))
+            parts.append(
+                c.rjust(widths[i]) if headers[i] in right.split(",") else c.ljust(widths[i])
+            )
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
 

@@ -24,13 +24,15 @@ import re
 from kvfs.cli.findings import Finding
 from kvfs.units import format_size
 
-SAMPLE = 64          # file names looked at per directory
-MAX_DIRS = 256       # directories looked at per mount
+SAMPLE = 64  # file names looked at per directory
+MAX_DIRS = 256  # directories looked at per mount
 
 LMCACHE_DISK = re.compile(r"^.+@\d+@\d+@-?[0-9a-f]+@[A-Za-z0-9_]+\.pt$")
 NIXL_SLOT = re.compile(r"^obj_\d+_[0-9a-f]{4}\.bin$")
-NIXL_DYNAMIC = re.compile(r"^.+_\d+_\d+_-?[0-9a-f]+_(bfloat16|float16|float32|float8_e4m3fn|"
-                          r"float8_e5m2|uint8|int8)$")
+NIXL_DYNAMIC = re.compile(
+    r"^.+_\d+_\d+_-?[0-9a-f]+_(bfloat16|float16|float32|float8_e4m3fn|"
+    r"float8_e5m2|uint8|int8)$"
+)
 SGLANG_FILE = re.compile(r"^[0-9a-f]{64}(\.[a-z_0-9]+)?_.+_\d+_\d+(_.+)?\.bin$")
 
 
@@ -67,12 +69,17 @@ def _kind(path: str, files: list[str]) -> str | None:
     names = [f for f in files if not f.startswith(".")]
     if not names:
         return None
-    for kind, pat in (("lmcache_disk", LMCACHE_DISK), ("nixl_static", NIXL_SLOT),
-                      ("nixl_dynamic", NIXL_DYNAMIC), ("sglang", SGLANG_FILE)):
+    for kind, pat in (
+        ("lmcache_disk", LMCACHE_DISK),
+        ("nixl_static", NIXL_SLOT),
+        ("nixl_dynamic", NIXL_DYNAMIC),
+        ("sglang", SGLANG_FILE),
+    ):
         if sum(bool(pat.match(n)) for n in names) * 2 > len(names):
-            if kind == "lmcache_disk" and _has_xattr(os.path.join(path, names[0]),
-                                                     "user.lmcache.meta"):
-                return "lmcache_plugin"       # kvfs's own LMCache plugin: same names
+            if kind == "lmcache_disk" and _has_xattr(
+                os.path.join(path, names[0]), "user.lmcache.meta"
+            ):
+                return "lmcache_plugin"  # kvfs's own LMCache plugin: same names
             return kind
     return None
 
@@ -98,7 +105,7 @@ def find_client_dirs(mount: str, depth: int = 3) -> list[tuple[str, str]]:
         if kind is not None:
             out.append((path, kind))
             if kind == "vllm":
-                continue            # its fan-out directories hold its blocks
+                continue  # its fan-out directories hold its blocks
         if level < depth:
             todo += [(os.path.join(path, d), level + 1) for d in sorted(dirs)]
     return out
@@ -114,49 +121,84 @@ def check_clients(mount: str, st: dict) -> list[Finding]:
     for path, kind in find_client_dirs(mount):
         where = f"{path}: "
         if kind == "lmcache_disk":
-            detail = (where + "LMCache local_disk keeps its index in the engine's memory: if "
-                      "max_local_disk_size is more than the pool holds, kvfs's eviction deletes chunks "
-                      "LMCache still lists (contains() says yes, get_blocking raises KeyError)")
+            detail = (
+                where + "LMCache local_disk keeps its index in the engine's memory: if "
+                "max_local_disk_size is more than the pool holds, kvfs's eviction deletes chunks "
+                "LMCache still lists (contains() says yes, get_blocking raises KeyError)"
+            )
             if evict == "never":
-                detail = (where + "LMCache local_disk counts its own bytes and does not check "
-                          "its writes: past the pool's capacity they fail with ENOSPC unnoticed")
+                detail = (
+                    where + "LMCache local_disk counts its own bytes and does not check "
+                    "its writes: past the pool's capacity they fail with ENOSPC unnoticed"
+                )
             if evicted:
                 detail += f"; kvfs has evicted {evicted} file(s) since it started"
-            out.append(Finding(
-                "warn" if evicted or evict == "never" else "info", "clients", detail,
-                f"set max_local_disk_size to at most {math.floor(safe / 1e6) / 1e3:g} (GB, 90% of "
-                f"the pool's {format_size(cap)}), or use LMCache's fs connector or kvfs's LMCache "
-                f"plugin, which look chunks up by name"))
+            out.append(
+                Finding(
+                    "warn" if evicted or evict == "never" else "info",
+                    "clients",
+                    detail,
+                    f"set max_local_disk_size to at most {math.floor(safe / 1e6) / 1e3:g} (GB, 90% of "
+                    f"the pool's {format_size(cap)}), or use LMCache's fs connector or kvfs's LMCache "
+                    f"plugin, which look chunks up by name",
+                )
+            )
         elif kind == "nixl_static":
-            out.append(Finding(
-                "warn", "clients",
-                where + "LMCache NIXL static pool (nixl_pool_size > 0): the engine keeps its slot "
-                        "files open, so their chunks stay uncommitted in kvfs's memory until it "
-                        "exits; its index is in memory and a restarted engine writes new slot "
-                        "files, leaving the old ones for kvfs's eviction",
-                "use nixl_pool_size: 0 (one file per chunk, looked up by name, survives "
-                "restarts, evicted by kvfs as a clean miss)"))
+            out.append(
+                Finding(
+                    "warn",
+                    "clients",
+                    where
+                    + "LMCache NIXL static pool (nixl_pool_size > 0): the engine keeps its slot "
+                    "files open, so their chunks stay uncommitted in kvfs's memory until it "
+                    "exits; its index is in memory and a restarted engine writes new slot "
+                    "files, leaving the old ones for kvfs's eviction",
+                    "use nixl_pool_size: 0 (one file per chunk, looked up by name, survives "
+                    "restarts, evicted by kvfs as a clean miss)",
+                )
+            )
         elif kind in ("nixl_dynamic", "vllm"):
-            name = {"nixl_dynamic": "LMCache NIXL dynamic backend",
-                    "vllm": "vLLM's fs tier"}[kind]
+            name = {"nixl_dynamic": "LMCache NIXL dynamic backend", "vllm": "vLLM's fs tier"}[kind]
             if evict == "never":
-                out.append(Finding("warn", "clients", where + f"{name} never deletes a chunk "
-                                    f"and evict = \"never\": the pool fills and its stores fail",
-                                    "set [pool] evict = \"prefix\" (or \"lru\"): kvfs's eviction "
-                                    "is its eviction"))
+                out.append(
+                    Finding(
+                        "warn",
+                        "clients",
+                        where + f"{name} never deletes a chunk "
+                        f'and evict = "never": the pool fills and its stores fail',
+                        'set [pool] evict = "prefix" (or "lru"): kvfs\'s eviction is its eviction',
+                    )
+                )
             else:
-                out.append(Finding("ok", "clients", where + f"{name}: no eviction of its own, "
-                                    f"looks chunks up by name: kvfs evicts them as clean "
-                                    f"misses"))
+                out.append(
+                    Finding(
+                        "ok",
+                        "clients",
+                        where + f"{name}: no eviction of its own, "
+                        f"looks chunks up by name: kvfs evicts them as clean "
+                        f"misses",
+                    )
+                )
         elif kind == "sglang":
-            out.append(Finding(
-                "ok" if evict != "never" else "info", "clients",
-                where + "SGLang HiCacheFile looks pages up by name: pages kvfs evicts are clean "
-                        "misses",
-                f"set min_free_space (e.g. {format_size(cap // 10)}) so that SGLang evicts by "
-                f"statvfs before kvfs has to" + ("" if evict != "never" else
-                                                " (with evict = \"never\" it must)")))
+            out.append(
+                Finding(
+                    "ok" if evict != "never" else "info",
+                    "clients",
+                    where
+                    + "SGLang HiCacheFile looks pages up by name: pages kvfs evicts are clean "
+                    "misses",
+                    f"set min_free_space (e.g. {format_size(cap // 10)}) so that SGLang evicts by "
+                    f"statvfs before kvfs has to"
+                    + ("" if evict != "never" else ' (with evict = "never" it must)'),
+                )
+            )
         elif kind == "lmcache_plugin":
-            out.append(Finding("ok", "clients", where + "kvfs's LMCache plugin: no index of its "
-                                "own, evicted chunks are clean misses"))
+            out.append(
+                Finding(
+                    "ok",
+                    "clients",
+                    where + "kvfs's LMCache plugin: no index of its "
+                    "own, evicted chunks are clean misses",
+                )
+            )
     return out

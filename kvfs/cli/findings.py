@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass
 class Finding:
-    status: str          # ok, info, warn, fail
+    status: str  # ok, info, warn, fail
     check: str
     detail: str
     fix: str = ""

@@ -11,7 +11,16 @@ import time
 from typing import Any
 
 from kvfs.cli.common import (
-    CliError, emit, file_attrs, find_mount, pct, size, stats, table, with_json)
+    CliError,
+    emit,
+    file_attrs,
+    find_mount,
+    pct,
+    size,
+    stats,
+    table,
+    with_json,
+)
 
 TIERS = ("dram", "local", "pool")
 
@@ -32,19 +41,28 @@ def cmd_stat(args: argparse.Namespace) -> int:
         blocks = []
         for a in items:
             lay = a["layout"]
-            blocks.append("\n".join([
-                f"  File: {a['path']}",
-                f"  Size: {a['size']} ({size(a['size'])})   Tier: {a['tier']}   "
-                f"Pinned: {'yes' if a['pinned'] else 'no'}",
-                f"  Hits: {a['hits']}   Last access: {_when(a['atime_ns'])}",
-                f"  Generation: {lay.get('generation', '-')}   Checksum: {lay.get('checksum', '-')}"
-                f"   Stripe unit: {size(lay['stripe_unit']) if 'stripe_unit' in lay else '-'}",
-                f"  Namespaces: {','.join(map(str, lay.get('namespaces', []))) or '-'}   "
-                f"Extents: {_extents(lay) or '-'}",
-                f"  Chain: parent {a['chain']['parent'] or '-'}   next {a['chain']['next'] or '-'}",
-            ]))
+            blocks.append(
+                "\n".join(
+                    [
+                        f"  File: {a['path']}",
+                        f"  Size: {a['size']} ({size(a['size'])})   Tier: {a['tier']}   "
+                        f"Pinned: {'yes' if a['pinned'] else 'no'}",
+                        f"  Hits: {a['hits']}   Last access: {_when(a['atime_ns'])}",
+                        f"  Generation: {lay.get('generation', '-')}   Checksum: {lay.get('checksum', '-')}"
+                        f"   Stripe unit: {size(lay['stripe_unit']) if 'stripe_unit' in lay else '-'}",
+                        f"  Namespaces: {','.join(map(str, lay.get('namespaces', []))) or '-'}   "
+                        f"Extents: {_extents(lay) or '-'}",
+                        f"  Chain: parent {a['chain']['parent'] or '-'}   next {a['chain']['next'] or '-'}",
+                    ]
+                )
+            )
         return "\n".join(blocks)
-    emit(args.json, out if len(out) > 1 else out[0], lambda o: human(o if isinstance(o, list) else [o]))
+
+    emit(
+        args.json,
+        out if len(out) > 1 else out[0],
+        lambda o: human(o if isinstance(o, list) else [o]),
+    )
     return 0
 
 
@@ -75,12 +93,21 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     def human(items: list[dict]) -> str:
         if not args.long:
-            return "\n".join(f"{i['tier']:<6} {i['name']}{'/' if i['type'] == 'dir' else ''}"
-                             for i in items)
-        rows = [[i["tier"], size(i["size"]) if i["type"] == "file" else "-",
-                 i.get("hits", "-"), _when(i["mtime_ns"]),
-                 i["name"] + ("/" if i["type"] == "dir" else "")] for i in items]
+            return "\n".join(
+                f"{i['tier']:<6} {i['name']}{'/' if i['type'] == 'dir' else ''}" for i in items
+            )
+        rows = [
+            [
+                i["tier"],
+                size(i["size"]) if i["type"] == "file" else "-",
+                i.get("hits", "-"),
+                _when(i["mtime_ns"]),
+                i["name"] + ("/" if i["type"] == "dir" else ""),
+            ]
+            for i in items
+        ]
         return table(["TIER", "SIZE", "HITS", "MODIFIED", "NAME"], rows, right="SIZE,HITS")
+
     emit(args.json, items, human)
     return 0
 
@@ -97,8 +124,12 @@ def chains(directory: str) -> tuple[list[str], dict[str, list[str]], dict[str, d
             continue
         path = f"{rel}/{item['name']}" if rel else f"/{item['name']}"
         chain = json.loads(os.getxattr(os.path.join(directory, item["name"]), "user.kvfs.chain"))
-        info[path] = {"name": item["name"], "tier": item["tier"], "size": item["size"],
-                      "parent": chain["parent"]}
+        info[path] = {
+            "name": item["name"],
+            "tier": item["tier"],
+            "size": item["size"],
+            "parent": chain["parent"],
+        }
     children: dict[str, list[str]] = {p: [] for p in info}
     roots = []
     for path, i in info.items():
@@ -133,8 +164,12 @@ def cmd_tree(args: argparse.Namespace) -> int:
     def as_json(p: str, seen: set) -> dict:
         seen.add(p)
         i = info[p]
-        return {"name": i["name"], "tier": i["tier"], "size": i["size"],
-                "next": [as_json(c, seen) for c in children[p] if c not in seen]}
+        return {
+            "name": i["name"],
+            "tier": i["tier"],
+            "size": i["size"],
+            "next": [as_json(c, seen) for c in children[p] if c not in seen],
+        }
 
     if args.json:
         seen: set = set()
@@ -182,26 +217,43 @@ def cmd_df(args: argparse.Namespace) -> int:
             if t is None:
                 continue
             cap, used = t["capacity"], t["used"]
-            rows.append([name, size(cap), size(used), size(max(0, cap - used)), pct(used, cap),
-                         t.get("blocks", "-"),
-                         t["hits"], t["misses"], pct(t["hits"], t["hits"] + t["misses"])])
+            rows.append(
+                [
+                    name,
+                    size(cap),
+                    size(used),
+                    size(max(0, cap - used)),
+                    pct(used, cap),
+                    t.get("blocks", "-"),
+                    t["hits"],
+                    t["misses"],
+                    pct(t["hits"], t["hits"] + t["misses"]),
+                ]
+            )
         out = f"kvfs at {mount}\n" + table(
-            ["TIER", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HITS", "MISSES", "HIT%"], rows,
-            right="CAPACITY,USED,FREE,USE%,BLOCKS,HITS,MISSES,HIT%")
+            ["TIER", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HITS", "MISSES", "HIT%"],
+            rows,
+            right="CAPACITY,USED,FREE,USE%,BLOCKS,HITS,MISSES,HIT%",
+        )
         c = st.get("cluster")
         if c:
-            out += (f"\ncluster: node {c['node_id']}, Redis {c['redis']} "
-                    f"{'online' if c['online'] else 'UNREACHABLE'}, mirror "
-                    f"{'fresh' if c['fresh'] else 'STALE'} (lag {c['lag_seconds']:.1f} s), "
-                    f"regions leased {c['regions_held']}/{c['regions']}, waiting out grace "
-                    f"{size(c['grave_bytes'])} in {c['grave_blocks']} blocks, stores that "
-                    f"waited for room {c['room_waits']} ({c['room_wait_seconds']:.1f} s)")
+            out += (
+                f"\ncluster: node {c['node_id']}, Redis {c['redis']} "
+                f"{'online' if c['online'] else 'UNREACHABLE'}, mirror "
+                f"{'fresh' if c['fresh'] else 'STALE'} (lag {c['lag_seconds']:.1f} s), "
+                f"regions leased {c['regions_held']}/{c['regions']}, waiting out grace "
+                f"{size(c['grave_bytes'])} in {c['grave_blocks']} blocks, stores that "
+                f"waited for room {c['room_waits']} ({c['room_wait_seconds']:.1f} s)"
+            )
             if c.get("min_replicas") or c.get("failovers"):
-                out += (f"\nreplicas: {c['replicas_confirming']} confirm each change; failovers "
-                        f"seen {c['failovers']}, changes no replica confirmed {c['unreplicated']}, "
-                        f"waits for replicas {c['replica_waits']}, changes Redis refused "
-                        f"{c['refused_writes']}")
+                out += (
+                    f"\nreplicas: {c['replicas_confirming']} confirm each change; failovers "
+                    f"seen {c['failovers']}, changes no replica confirmed {c['unreplicated']}, "
+                    f"waits for replicas {c['replica_waits']}, changes Redis refused "
+                    f"{c['refused_writes']}"
+                )
         return out
+
     if args.json:
         print(json.dumps({"mount": mount, "tiers": st["tiers"], "cluster": st.get("cluster")}))
     else:
@@ -222,18 +274,21 @@ def cmd_du(args: argparse.Namespace) -> int:
             tier = os.getxattr(p, "user.kvfs.tier").decode()
             n = os.stat(p).st_size
         except OSError:
-            continue                       # gone meanwhile (evicted, unlinked)
+            continue  # gone meanwhile (evicted, unlinked)
         per.setdefault(tier, {"bytes": 0, "files": 0})
         per[tier]["bytes"] += n
         per[tier]["files"] += 1
-    total = {"bytes": sum(v["bytes"] for v in per.values()),
-             "files": sum(v["files"] for v in per.values())}
+    total = {
+        "bytes": sum(v["bytes"] for v in per.values()),
+        "files": sum(v["files"] for v in per.values()),
+    }
     out = {"path": args.path, "tiers": {k: v for k, v in per.items() if v["files"]}, "total": total}
 
     def human(o: dict) -> str:
         rows = [[t, size(v["bytes"]), v["files"]] for t, v in o["tiers"].items()]
         rows.append(["total", size(total["bytes"]), total["files"]])
         return table(["TIER", "BYTES", "FILES"], rows, right="BYTES,FILES")
+
     emit(args.json, out, human)
     return 0
 
@@ -254,56 +309,120 @@ def render_top(mount: str, prev: dict, cur: dict) -> dict:
         x, y = a["tiers"].get(name, {}), b["tiers"][name]
         hits = y["hits"] - x.get("hits", 0)
         misses = y["misses"] - x.get("misses", 0)
-        tiers[name] = {"capacity": y["capacity"], "used": y["used"],
-                       "hits_per_s": hits / dt, "misses_per_s": misses / dt,
-                       "hit_rate": hits / (hits + misses) if hits + misses else None,
-                       "in_bytes_per_s": (y["bytes_in"] - x.get("bytes_in", 0)) / dt,
-                       "out_bytes_per_s": (y["bytes_out"] - x.get("bytes_out", 0)) / dt}
+        tiers[name] = {
+            "capacity": y["capacity"],
+            "used": y["used"],
+            "hits_per_s": hits / dt,
+            "misses_per_s": misses / dt,
+            "hit_rate": hits / (hits + misses) if hits + misses else None,
+            "in_bytes_per_s": (y["bytes_in"] - x.get("bytes_in", 0)) / dt,
+            "out_bytes_per_s": (y["bytes_out"] - x.get("bytes_out", 0)) / dt,
+        }
     namespaces = []
     for x, y in zip(a["namespaces"], b["namespaces"]):
-        namespaces.append({"index": y["index"], "path": y["path"], "state": y["state"],
-                           "read_bytes_per_s": (y["bytes_read"] - x["bytes_read"]) / dt,
-                           "write_bytes_per_s": (y["bytes_written"] - x["bytes_written"]) / dt,
-                           "inflight": y["inflight"], "errors": y["errors"]})
+        namespaces.append(
+            {
+                "index": y["index"],
+                "path": y["path"],
+                "state": y["state"],
+                "read_bytes_per_s": (y["bytes_read"] - x["bytes_read"]) / dt,
+                "write_bytes_per_s": (y["bytes_written"] - x["bytes_written"]) / dt,
+                "inflight": y["inflight"],
+                "errors": y["errors"],
+            }
+        )
     pa, pb = a["prefetch"], b["prefetch"]
     issued, used = pb["issued"] - pa["issued"], pb["used"] - pa["used"]
-    return {"mount": mount, "pid": b["pid"], "uptime_s": b["uptime_s"], "interval_s": dt,
-            "tiers": tiers, "namespaces": namespaces,
-            "prefetch": {"issued_per_s": issued / dt, "used_per_s": used / dt,
-                         "wasted_per_s": (pb["wasted"] - pa["wasted"]) / dt,
-                         "accuracy": used / issued if issued else None,
-                         "accuracy_total": pb["used"] / pb["issued"] if pb["issued"] else None},
-            "latency": b.get("latency", {})}
+    return {
+        "mount": mount,
+        "pid": b["pid"],
+        "uptime_s": b["uptime_s"],
+        "interval_s": dt,
+        "tiers": tiers,
+        "namespaces": namespaces,
+        "prefetch": {
+            "issued_per_s": issued / dt,
+            "used_per_s": used / dt,
+            "wasted_per_s": (pb["wasted"] - pa["wasted"]) / dt,
+            "accuracy": used / issued if issued else None,
+            "accuracy_total": pb["used"] / pb["issued"] if pb["issued"] else None,
+        },
+        "latency": b.get("latency", {}),
+    }
 
 
 def top_text(v: dict) -> str:
     up = datetime.timedelta(seconds=int(v["uptime_s"]))
-    lines = [f"kvfs top - {v['mount']}  pid {v['pid']}  up {up}  every {v['interval_s']:.1f}s",
-             ""]
+    lines = [f"kvfs top - {v['mount']}  pid {v['pid']}  up {up}  every {v['interval_s']:.1f}s", ""]
     rows = []
     for name, t in v["tiers"].items():
-        rows.append([name, size(t["capacity"]), size(t["used"]), pct(t["used"], t["capacity"]),
-                     f"{t['hits_per_s']:.1f}", f"{t['misses_per_s']:.1f}",
-                     "-" if t["hit_rate"] is None else f"{100 * t['hit_rate']:.1f}%",
-                     f"{t['in_bytes_per_s'] / 1e6:.1f}", f"{t['out_bytes_per_s'] / 1e6:.1f}"])
-    lines.append(table(["TIER", "CAPACITY", "USED", "USE%", "HITS/s", "MISSES/s", "HIT%",
-                        "IN MB/s", "OUT MB/s"], rows,
-                       right="CAPACITY,USED,USE%,HITS/s,MISSES/s,HIT%,IN MB/s,OUT MB/s"))
+        rows.append(
+            [
+                name,
+                size(t["capacity"]),
+                size(t["used"]),
+                pct(t["used"], t["capacity"]),
+                f"{t['hits_per_s']:.1f}",
+                f"{t['misses_per_s']:.1f}",
+                "-" if t["hit_rate"] is None else f"{100 * t['hit_rate']:.1f}%",
+                f"{t['in_bytes_per_s'] / 1e6:.1f}",
+                f"{t['out_bytes_per_s'] / 1e6:.1f}",
+            ]
+        )
+    lines.append(
+        table(
+            [
+                "TIER",
+                "CAPACITY",
+                "USED",
+                "USE%",
+                "HITS/s",
+                "MISSES/s",
+                "HIT%",
+                "IN MB/s",
+                "OUT MB/s",
+            ],
+            rows,
+            right="CAPACITY,USED,USE%,HITS/s,MISSES/s,HIT%,IN MB/s,OUT MB/s",
+        )
+    )
     lines.append("")
-    rows = [[n["index"], n["path"], n["state"], f"{n['read_bytes_per_s'] / 1e6:.1f}",
-             f"{n['write_bytes_per_s'] / 1e6:.1f}", n["inflight"], n["errors"]]
-            for n in v["namespaces"]]
-    lines.append(table(["NS", "PATH", "STATE", "READ MB/s", "WRITE MB/s", "INFLIGHT", "ERRORS"],
-                       rows, right="READ MB/s,WRITE MB/s,INFLIGHT,ERRORS"))
+    rows = [
+        [
+            n["index"],
+            n["path"],
+            n["state"],
+            f"{n['read_bytes_per_s'] / 1e6:.1f}",
+            f"{n['write_bytes_per_s'] / 1e6:.1f}",
+            n["inflight"],
+            n["errors"],
+        ]
+        for n in v["namespaces"]
+    ]
+    lines.append(
+        table(
+            ["NS", "PATH", "STATE", "READ MB/s", "WRITE MB/s", "INFLIGHT", "ERRORS"],
+            rows,
+            right="READ MB/s,WRITE MB/s,INFLIGHT,ERRORS",
+        )
+    )
     p = v["prefetch"]
     acc = "-" if p["accuracy_total"] is None else f"{100 * p['accuracy_total']:.1f}%"
-    lines += ["", f"PREFETCH  issued {p['issued_per_s']:.1f}/s  used {p['used_per_s']:.1f}/s  "
-                  f"wasted {p['wasted_per_s']:.1f}/s  accuracy {acc}"]
+    lines += [
+        "",
+        f"PREFETCH  issued {p['issued_per_s']:.1f}/s  used {p['used_per_s']:.1f}/s  "
+        f"wasted {p['wasted_per_s']:.1f}/s  accuracy {acc}",
+    ]
     lat = v.get("latency") or {}
     if lat:
-        lines.append("LATENCY   " + "  ".join(
-            f"{op} p50 {x['p50_us']:.0f}us p99 {x['p99_us']:.0f}us"
-            for op, x in sorted(lat.items()) if op in ("read", "write", "open", "flush")))
+        lines.append(
+            "LATENCY   "
+            + "  ".join(
+                f"{op} p50 {x['p50_us']:.0f}us p99 {x['p99_us']:.0f}us"
+                for op, x in sorted(lat.items())
+                if op in ("read", "write", "open", "flush")
+            )
+        )
     return "\n".join(lines)
 
 
@@ -333,8 +452,9 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 # --- parsers ---------------------------------------------------------------------------------
 def add_parsers(sub) -> None:
-    p = with_json(sub.add_parser("stat",
-                                 help="where files' blocks are, how hot, what follows them"))
+    p = with_json(
+        sub.add_parser("stat", help="where files' blocks are, how hot, what follows them")
+    )
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_stat)
 
@@ -355,8 +475,9 @@ def add_parsers(sub) -> None:
     p.add_argument("path", nargs="?", default=".")
     p.set_defaults(func=cmd_du)
 
-    p = with_json(sub.add_parser("top",
-                                 help="a live view of tiers, namespaces, prefetch and latency"))
+    p = with_json(
+        sub.add_parser("top", help="a live view of tiers, namespaces, prefetch and latency")
+    )
     p.add_argument("mount", nargs="?", default=".")
     p.add_argument("--interval", "-i", type=float, default=1.0, help="seconds between refreshes")
     p.add_argument("--count", "-n", type=int, help="stop after this many refreshes")

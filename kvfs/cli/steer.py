@@ -19,8 +19,11 @@ def _mount_rel(paths: list[str]) -> tuple[str, list[str]]:
     rels = []
     for p in paths:
         if not os.path.isfile(p):
-            raise CliError(f"not a regular file: {p}" if os.path.exists(p)
-                           else f"no such file or directory: {p}")
+            raise CliError(
+                f"not a regular file: {p}"
+                if os.path.exists(p)
+                else f"no such file or directory: {p}"
+            )
         rels.append("/" + os.path.relpath(os.path.realpath(p), mount))
     return mount, rels
 
@@ -35,11 +38,18 @@ def cmd_pin(args: argparse.Namespace, on: bool = True) -> int:
             else:
                 os.setxattr(p, "user.kvfs.pin", b"0")
         except OSError as e:
-            raise CliError(f"{'pin' if on else 'unpin'} {p}: {e.strerror}"
-                           + (" (the DRAM tier cannot hold it pinned)" if e.errno == 28 else ""))
+            raise CliError(
+                f"{'pin' if on else 'unpin'} {p}: {e.strerror}"
+                + (" (the DRAM tier cannot hold it pinned)" if e.errno == 28 else "")
+            )
         out.append({"path": p, "pinned": on, "tier": os.getxattr(p, "user.kvfs.tier").decode()})
-    emit(args.json, out, lambda o: "\n".join(f"{'pinned' if on else 'unpinned'} {x['path']} "
-                                             f"({x['tier']})" for x in o))
+    emit(
+        args.json,
+        out,
+        lambda o: "\n".join(
+            f"{'pinned' if on else 'unpinned'} {x['path']} ({x['tier']})" for x in o
+        ),
+    )
     return 0
 
 
@@ -56,8 +66,14 @@ def cmd_evict(args: argparse.Namespace) -> int:
     else:
         mount, rels = _mount_rel(args.files)
         res = control(mount, "evict", {"paths": rels})
-    emit(args.json, res, lambda r: f"evicted {len(r['evicted'])} block(s), "
-                                   f"{r['bytes']} bytes, from the fast tiers of {mount}")
+    emit(
+        args.json,
+        res,
+        lambda r: (
+            f"evicted {len(r['evicted'])} block(s), "
+            f"{r['bytes']} bytes, from the fast tiers of {mount}"
+        ),
+    )
     return 0
 
 
@@ -88,10 +104,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     if show:
         sys.stderr.write("\n")
-    out = {"blocks": [{"path": p, "tier": t} for p, t in zip(paths, tiers)],
-           "resident": done, "total": len(paths)}
-    emit(args.json, out, lambda o: f"{o['resident']} of {o['total']} block(s) of the chain "
-                                   f"in DRAM")
+    out = {
+        "blocks": [{"path": p, "tier": t} for p, t in zip(paths, tiers)],
+        "resident": done,
+        "total": len(paths),
+    }
+    emit(args.json, out, lambda o: f"{o['resident']} of {o['total']} block(s) of the chain in DRAM")
     return 0 if done == len(paths) else 1
 
 

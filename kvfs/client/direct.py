@@ -56,7 +56,7 @@ import xxhash
 
 PAGE = 4096
 DEFAULT_TTL = 30.0
-MAX_RUN = 4          # units read by one preadv at most (a run keeps the namespace busy alone)
+MAX_RUN = 4  # units read by one preadv at most (a run keeps the namespace busy alone)
 
 
 class StaleBlock(OSError):
@@ -90,6 +90,7 @@ def _host_view(buf: Any, writable: bool = True) -> memoryview:
     with the buffer protocol, such as a CPU torch tensor's storage); writable unless asked."""
     if hasattr(buf, "__array_interface__") and not isinstance(buf, (bytearray, memoryview)):
         import numpy as np
+
         arr = np.asarray(buf)
         if not arr.flags.c_contiguous:
             raise ValueError("kvfs.client.direct: the buffer must be contiguous")
@@ -107,6 +108,7 @@ def _address(mv: memoryview) -> int:
     if not mv.readonly:
         return ctypes.addressof(ctypes.c_char.from_buffer(mv))
     import numpy as np
+
     return np.frombuffer(mv, dtype=np.uint8).__array_interface__["data"][0]
 
 
@@ -130,19 +132,29 @@ def _check_sum(lay: BlockLayout, k: int, data: Any) -> None:
 class Direct:
     """Direct reads for one kvfs mount. Thread-safe; keep one per process and mount."""
 
-    def __init__(self, mountpoint: str, *, threads: int = 16, verify: bool = True,
-                 use_kvikio: bool | None = None, ttl: float = DEFAULT_TTL, retries: int = 3):
+    def __init__(
+        self,
+        mountpoint: str,
+        *,
+        threads: int = 16,
+        verify: bool = True,
+        use_kvikio: bool | None = None,
+        ttl: float = DEFAULT_TTL,
+        retries: int = 3,
+    ):
         self.mountpoint = os.path.abspath(mountpoint)
         self.verify = verify
         self.use_kvikio = use_kvikio
         self.ttl = ttl
         self.retries = retries
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="kvfs-direct")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            threads, thread_name_prefix="kvfs-direct"
+        )
         self._fds: dict[tuple[str, bool], int] = {}
         self._cufiles: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._layouts: dict[str, BlockLayout] = {}   # last layout seen per path
+        self._layouts: dict[str, BlockLayout] = {}  # last layout seen per path
 
     # --- metadata through the mount ------------------------------------------------------------
     def layout(self, path: str) -> BlockLayout:
@@ -155,19 +167,32 @@ class Direct:
         if not raw:
             raise OSError(errno.EAGAIN, f"{path} has no committed content yet", path)
         umap = raw["unit_map"]
-        return BlockLayout(path, raw["size"], raw["stripe_unit"], raw["generation"],
-                           [u[0] for u in umap], [u[1] for u in umap], raw["sums"],
-                           raw["namespace_paths"])
+        return BlockLayout(
+            path,
+            raw["size"],
+            raw["stripe_unit"],
+            raw["generation"],
+            [u[0] for u in umap],
+            [u[1] for u in umap],
+            raw["sums"],
+            raw["namespace_paths"],
+        )
 
     def _lease(self, lay: BlockLayout) -> None:
-        os.setxattr(lay.path, "user.kvfs.lease",
-                    json.dumps({"generation": lay.generation, "ttl": self.ttl}).encode())
+        os.setxattr(
+            lay.path,
+            "user.kvfs.lease",
+            json.dumps({"generation": lay.generation, "ttl": self.ttl}).encode(),
+        )
 
     def _release(self, lay: BlockLayout, hit: bool) -> bool:
         """True if the lease was still valid (the bytes read are the block's)."""
         try:
-            os.setxattr(lay.path, "user.kvfs.release",
-                        json.dumps({"generation": lay.generation, "hit": hit}).encode())
+            os.setxattr(
+                lay.path,
+                "user.kvfs.release",
+                json.dumps({"generation": lay.generation, "hit": hit}).encode(),
+            )
             return True
         except OSError as e:
             if e.errno == errno.ESTALE:
@@ -225,7 +250,7 @@ class Direct:
         stored = (length + PAGE - 1) // PAGE * PAGE
         fd = self._fd(lay.ns_paths[lay.ns[k]])
         off = lay.offsets[k]
-        target = dest[k * lay.unit:k * lay.unit + length]
+        target = dest[k * lay.unit : k * lay.unit + length]
         # O_DIRECT straight into the caller's buffer when it is aligned, else via a bounce buffer
         straight = stored == length and _address(target) % PAGE == 0
         view = target if straight else memoryview(self._bounce(stored))[:stored]
@@ -245,8 +270,13 @@ class Direct:
             j = lay.ns[k]
             run = last.get(j)
             full = lay.unit_length(k) == lay.unit
-            if aligned and full and run is not None and \
-                    lay.offsets[run[-1]] + lay.unit == lay.offsets[k] and len(run) < MAX_RUN:
+            if (
+                aligned
+                and full
+                and run is not None
+                and lay.offsets[run[-1]] + lay.unit == lay.offsets[k]
+                and len(run) < MAX_RUN
+            ):
                 run.append(k)
                 continue
             run = [k]
@@ -258,10 +288,10 @@ class Direct:
         if len(run) == 1:
             return self._read_unit_host(lay, run[0], dest, verify)
         fd = self._fd(lay.ns_paths[lay.ns[run[0]]])
-        views = [dest[k * lay.unit:(k + 1) * lay.unit] for k in run]
+        views = [dest[k * lay.unit : (k + 1) * lay.unit] for k in run]
         total = lay.unit * len(run)
         got = os.preadv(fd, views, lay.offsets[run[0]])
-        if got != total:                          # short: finish unit by unit
+        if got != total:  # short: finish unit by unit
             for k in run:
                 self._read_unit_host(lay, k, dest, False)
         if verify:
@@ -272,6 +302,7 @@ class Direct:
         f = self._cufiles.get(path)
         if f is None:
             import kvikio
+
             with self._lock:
                 f = self._cufiles.get(path)
                 if f is None:
@@ -285,7 +316,7 @@ class Direct:
         for k in range(len(lay.ns)):
             length = lay.unit_length(k)
             f = self._kvikio_file(lay.ns_paths[lay.ns[k]])
-            part = dest[k * lay.unit:k * lay.unit + length]
+            part = dest[k * lay.unit : k * lay.unit + length]
             reads.append((k, length, part, f.pread(part, length, lay.offsets[k])))
         return reads
 
@@ -296,27 +327,37 @@ class Direct:
         k, length, part, future = read
         try:
             got = future.get()
-        except RuntimeError as e:           # kvikio's errors (a read past the end: "EOF")
-            raise OSError(errno.EIO, f"kvikio could not read unit {k} of {lay.path}: "
-                                     f"{str(e).strip().splitlines()[-1]}") from None
+        except RuntimeError as e:  # kvikio's errors (a read past the end: "EOF")
+            raise OSError(
+                errno.EIO,
+                f"kvikio could not read unit {k} of {lay.path}: {str(e).strip().splitlines()[-1]}",
+            ) from None
         if got != length:
-            raise OSError(errno.EIO, f"short read of unit {k} of {lay.path}: "
-                                     f"{got} of {length} bytes")
+            raise OSError(
+                errno.EIO, f"short read of unit {k} of {lay.path}: {got} of {length} bytes"
+            )
         if verify and host:
             _check_sum(lay, k, part)
 
     @staticmethod
     def _flat_cuda(buf: Any):
         """A flat uint8 view of a CUDA array (CuPy or torch)."""
-        if hasattr(buf, "view") and hasattr(buf, "reshape") and type(buf).__module__.startswith("torch"):
+        if (
+            hasattr(buf, "view")
+            and hasattr(buf, "reshape")
+            and type(buf).__module__.startswith("torch")
+        ):
             import torch
+
             return buf.reshape(-1).view(torch.uint8)
         import cupy
+
         return cupy.asarray(buf).reshape(-1).view(cupy.uint8)
 
     # --- the API -------------------------------------------------------------------------------
-    def read_many(self, paths: Sequence[str], bufs: Sequence[Any],
-                  verify: bool | None = None) -> list[int]:
+    def read_many(
+        self, paths: Sequence[str], bufs: Sequence[Any], verify: bool | None = None
+    ) -> list[int]:
         """Read many blocks, every stripe unit of all of them in parallel; returns their sizes."""
         if len(paths) != len(bufs):
             raise ValueError("kvfs.client.direct.read_many: as many buffers as paths")
@@ -326,30 +367,41 @@ class Direct:
         for _ in range(self.retries):
             lays = {}
             read: set[int] = set()
-            failed: dict[int, OSError] = {}     # a unit that failed its checksum (or its read)
+            failed: dict[int, OSError] = {}  # a unit that failed its checksum (or its read)
             try:
                 for i in pending:
                     lays[i] = self._leased_layout(paths[i])
                 jobs = []
                 for i, lay in lays.items():
-                    nbytes = (bufs[i].nbytes if hasattr(bufs[i], "nbytes")
-                              else memoryview(bufs[i]).nbytes)
+                    nbytes = (
+                        bufs[i].nbytes if hasattr(bufs[i], "nbytes") else memoryview(bufs[i]).nbytes
+                    )
                     if nbytes < lay.size:
-                        raise ValueError(f"kvfs.client.direct: buffer of {nbytes} bytes is smaller than "
-                                         f"{lay.path} ({lay.size} bytes)")
+                        raise ValueError(
+                            f"kvfs.client.direct: buffer of {nbytes} bytes is smaller than "
+                            f"{lay.path} ({lay.size} bytes)"
+                        )
                     if _is_cuda(bufs[i]):
-                        jobs.append(("kvikio-device", i,
-                                     self._reads_kvikio(lay, self._flat_cuda(bufs[i]))))
+                        jobs.append(
+                            ("kvikio-device", i, self._reads_kvikio(lay, self._flat_cuda(bufs[i])))
+                        )
                     elif self.use_kvikio:
                         dest = __import__("numpy").frombuffer(_host_view(bufs[i]), dtype="uint8")
                         jobs.append(("kvikio-host", i, self._reads_kvikio(lay, dest)))
                     else:
                         dest = _host_view(bufs[i])
-                        jobs.append(("host", i, [self._pool.submit(
-                            self._read_run, lay, run, dest, verify)
-                            for run in self._runs(lay, dest)]))
+                        jobs.append(
+                            (
+                                "host",
+                                i,
+                                [
+                                    self._pool.submit(self._read_run, lay, run, dest, verify)
+                                    for run in self._runs(lay, dest)
+                                ],
+                            )
+                        )
                 for kind, i, futures in jobs:
-                    for f in futures:           # every unit's read ends before the release
+                    for f in futures:  # every unit's read ends before the release
                         try:
                             if kind == "host":
                                 f.result()
@@ -364,7 +416,7 @@ class Direct:
                 stale = [i for i, lay in lays.items() if not self._release(lay, hit=i in read)]
             for i, e in failed.items():
                 if i not in stale:
-                    raise e         # the lease held: the block's bytes on the device are bad
+                    raise e  # the lease held: the block's bytes on the device are bad
                 # else its lease expired during the read: the extents may have been reused
                 # (a checksum mismatch is then expected), so it is read again
             pending = stale
@@ -383,7 +435,7 @@ class Direct:
         length = max(0, min(unit, size - k * unit))
         stored = (length + PAGE - 1) // PAGE * PAGE
         ns, off = alloc["unit_map"][k]
-        content = src[k * unit:k * unit + length]
+        content = src[k * unit : k * unit + length]
         digest = xxhash.xxh3_64_intdigest(content)
         straight = stored == length and _address(content) % PAGE == 0 if length else False
         if straight:
@@ -392,14 +444,20 @@ class Direct:
             view = memoryview(self._bounce(stored))[:stored]
             view[:length] = content
             view[length:] = bytes(stored - length)
-        if time.monotonic() > deadline:     # the space may be another writer's by now
+        if time.monotonic() > deadline:  # the space may be another writer's by now
             raise OSError(errno.ESTALE, f"allocation {alloc['alloc']} ran out before unit {k}")
         fd = self._fd(alloc["namespace_paths"][ns], write=True)
         _whole(os.pwritev, fd, view, off, "short write to namespace", ns)
         return digest
 
-    def write_many(self, paths: Sequence[str], bufs: Sequence[Any], *, mode: int = 0o644,
-                   xattrs: Sequence[dict] | None = None) -> None:
+    def write_many(
+        self,
+        paths: Sequence[str],
+        bufs: Sequence[Any],
+        *,
+        mode: int = 0o644,
+        xattrs: Sequence[dict] | None = None,
+    ) -> None:
         """Store many blocks, every stripe unit of all of them written in parallel. Each goes
         to a temporary name in its directory, is committed there and renamed over `paths[i]`
         (so readers of an older version keep it, and nobody sees a partial block);
@@ -418,17 +476,30 @@ class Direct:
                 tmps.append(tmp)
                 for name, value in (xattrs[i] if xattrs else {}).items():
                     os.setxattr(fd, name, value)
-                os.setxattr(fd, "user.kvfs.alloc",
-                            json.dumps({"size": src.nbytes, "ttl": self.ttl}).encode())
+                os.setxattr(
+                    fd,
+                    "user.kvfs.alloc",
+                    json.dumps({"size": src.nbytes, "ttl": self.ttl}).encode(),
+                )
                 alloc = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
                 deadline = time.monotonic() + 0.8 * alloc["expires_in"]
-                jobs.append((fd, alloc, [self._pool.submit(self._write_unit, alloc, k, src,
-                                                           deadline)
-                                         for k in range(len(alloc["unit_map"]))]))
+                jobs.append(
+                    (
+                        fd,
+                        alloc,
+                        [
+                            self._pool.submit(self._write_unit, alloc, k, src, deadline)
+                            for k in range(len(alloc["unit_map"]))
+                        ],
+                    )
+                )
             for fd, alloc, futures in jobs:
                 sums = [f.result() for f in futures]
-                os.setxattr(fd, "user.kvfs.commit",
-                            json.dumps({"alloc": alloc["alloc"], "sums": sums}).encode())
+                os.setxattr(
+                    fd,
+                    "user.kvfs.commit",
+                    json.dumps({"alloc": alloc["alloc"], "sums": sums}).encode(),
+                )
             for fd in fds:
                 os.close(fd)
             fds.clear()

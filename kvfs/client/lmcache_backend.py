@@ -43,29 +43,39 @@ from kvfs.client.mounts import find_mount
 log = logging.getLogger("kvfs.lmcache")
 
 META_XATTR = "user.lmcache.meta"
-_DTYPES = {str(t): t for t in (torch.bfloat16, torch.float16, torch.float32, torch.uint8,
-                                torch.int8, torch.float64)}
+_DTYPES = {
+    str(t): t
+    for t in (torch.bfloat16, torch.float16, torch.float32, torch.uint8, torch.int8, torch.float64)
+}
 for _name in ("float8_e4m3fn", "float8_e5m2"):
     if hasattr(torch, _name):
         _DTYPES[str(getattr(torch, _name))] = getattr(torch, _name)
 
 
 class KvfsBackend(StoragePluginInterface):
-    def __init__(self, config=None, metadata=None, local_cpu_backend=None, loop=None,
-                 dst_device: str = "cpu"):
-        super().__init__(dst_device=dst_device, config=config, metadata=metadata,
-                         local_cpu_backend=local_cpu_backend, loop=loop)
+    def __init__(
+        self, config=None, metadata=None, local_cpu_backend=None, loop=None, dst_device: str = "cpu"
+    ):
+        super().__init__(
+            dst_device=dst_device,
+            config=config,
+            metadata=metadata,
+            local_cpu_backend=local_cpu_backend,
+            loop=loop,
+        )
         extra = (config.extra_config or {}) if config is not None else {}
         path = extra.get("kvfs.path")
         if not path:
-            raise ValueError("KvfsBackend: set extra_config['kvfs.path'] to a directory in a "
-                             "kvfs mount")
+            raise ValueError(
+                "KvfsBackend: set extra_config['kvfs.path'] to a directory in a kvfs mount"
+            )
         self.path = os.path.abspath(path)
         os.makedirs(self.path, exist_ok=True)
         self.mount = find_mount(self.path)
         self.direct = direct.Direct(self.mount, verify=bool(extra.get("kvfs.verify", True)))
-        self._writers = concurrent.futures.ThreadPoolExecutor(int(extra.get("kvfs.threads", 8)),
-                                                              thread_name_prefix="kvfs-put")
+        self._writers = concurrent.futures.ThreadPoolExecutor(
+            int(extra.get("kvfs.threads", 8)), thread_name_prefix="kvfs-put"
+        )
         self.direct_writes = bool(extra.get("kvfs.direct_writes", True))
         self._put_tasks: set[CacheEngineKey] = set()
         self._lock = threading.Lock()
@@ -80,10 +90,11 @@ class KvfsBackend(StoragePluginInterface):
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         return os.path.exists(self._file(key))
 
-    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey],
-                                     pin: bool = False) -> int:
+    async def batched_async_contains(
+        self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
+    ) -> int:
         n = 0
-        for key in keys:                    # a prefix: stop at the first chunk missing
+        for key in keys:  # a prefix: stop at the first chunk missing
             if not self.contains(key):
                 break
             n += 1
@@ -94,20 +105,29 @@ class KvfsBackend(StoragePluginInterface):
             return key in self._put_tasks
 
     # --- writes --------------------------------------------------------------------------------
-    def _put(self, key: CacheEngineKey, obj: MemoryObj,
-             callback: Optional[Callable[[CacheEngineKey], None]]) -> None:
+    def _put(
+        self,
+        key: CacheEngineKey,
+        obj: MemoryObj,
+        callback: Optional[Callable[[CacheEngineKey], None]],
+    ) -> None:
         final = self._file(key)
         tmp = final + f".tmp{threading.get_ident()}"
         try:
-            meta = json.dumps({"shape": list(obj.get_shape()), "dtype": str(obj.get_dtype()),
-                               "fmt": obj.get_memory_format().name}).encode()
+            meta = json.dumps(
+                {
+                    "shape": list(obj.get_shape()),
+                    "dtype": str(obj.get_dtype()),
+                    "fmt": obj.get_memory_format().name,
+                }
+            ).encode()
             if self.direct_writes:
                 self.direct.write(final, obj.byte_array, xattrs={META_XATTR: meta})
             else:
                 with open(tmp, "wb") as f:
                     f.write(obj.byte_array)
                     os.setxattr(f.fileno(), META_XATTR, meta)
-                os.replace(tmp, final)      # durable once close() returned; visible now
+                os.replace(tmp, final)  # durable once close() returned; visible now
         except OSError as e:
             log.error("kvfs: storing %s failed: %s", final, e)
             try:
@@ -124,8 +144,9 @@ class KvfsBackend(StoragePluginInterface):
             except Exception:  # noqa: BLE001 - LMCache's callbacks must not break puts
                 log.exception("kvfs: put callback failed")
 
-    def submit_put_task(self, key: CacheEngineKey, obj: MemoryObj,
-                        on_complete_callback=None) -> Optional[concurrent.futures.Future]:
+    def submit_put_task(
+        self, key: CacheEngineKey, obj: MemoryObj, on_complete_callback=None
+    ) -> Optional[concurrent.futures.Future]:
         with self._lock:
             if key in self._put_tasks:
                 return None
@@ -133,8 +154,13 @@ class KvfsBackend(StoragePluginInterface):
         obj.ref_count_up()
         return self._writers.submit(self._put, key, obj, on_complete_callback)
 
-    def batched_submit_put_task(self, keys: Sequence[CacheEngineKey], objs: List[MemoryObj],
-                                transfer_spec: Any = None, on_complete_callback=None):
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: List[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback=None,
+    ):
         return [self.submit_put_task(k, o, on_complete_callback) for k, o in zip(keys, objs)]
 
     # --- reads ---------------------------------------------------------------------------------
@@ -143,8 +169,9 @@ class KvfsBackend(StoragePluginInterface):
             meta = json.loads(os.getxattr(path, META_XATTR))
         except OSError:
             return None
-        obj = self.local_cpu_backend.allocate(torch.Size(meta["shape"]), _DTYPES[meta["dtype"]],
-                                              MemoryFormat[meta["fmt"]])
+        obj = self.local_cpu_backend.allocate(
+            torch.Size(meta["shape"]), _DTYPES[meta["dtype"]], MemoryFormat[meta["fmt"]]
+        )
         return obj
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
@@ -169,12 +196,13 @@ class KvfsBackend(StoragePluginInterface):
     def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None):
         return self._writers.submit(self.get_blocking, key)
 
-    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
-                                       transfer_spec: Any = None) -> list[MemoryObj]:
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list[CacheEngineKey], transfer_spec: Any = None
+    ) -> list[MemoryObj]:
         loop = asyncio.get_running_loop()
         objs = await loop.run_in_executor(None, self.batched_get_blocking, keys)
         out = []
-        for o in objs:                      # a prefix: stop at the first chunk missing
+        for o in objs:  # a prefix: stop at the first chunk missing
             if o is None:
                 break
             out.append(o)
@@ -182,7 +210,7 @@ class KvfsBackend(StoragePluginInterface):
 
     # --- the rest of the interface -------------------------------------------------------------
     def pin(self, key: CacheEngineKey) -> bool:
-        return self.contains(key)           # kvfs never evicts an open or pinned chunk mid-read
+        return self.contains(key)  # kvfs never evicts an open or pinned chunk mid-read
 
     def unpin(self, key: CacheEngineKey) -> bool:
         return self.contains(key)

@@ -31,9 +31,13 @@ def mount_entry(mountpoint: str | os.PathLike, *, resolve: bool = True) -> dict 
             point = fields[4].encode().decode("unicode_escape")
             if point == target:
                 rfields = right.split()
-                found = {"dev": fields[2], "mountpoint": point, "fstype": rfields[0],
-                         "source": rfields[1] if len(rfields) > 1 else ""}
-    return found          # the last entry wins: it is the one on top
+                found = {
+                    "dev": fields[2],
+                    "mountpoint": point,
+                    "fstype": rfields[0],
+                    "source": rfields[1] if len(rfields) > 1 else "",
+                }
+    return found  # the last entry wins: it is the one on top
 
 
 def abort_connection(dev: str) -> bool:
@@ -46,10 +50,11 @@ def abort_connection(dev: str) -> bool:
     the lock, waits for the daemon's answer. No answer ever comes, so the thread never returns,
     the process never closes /dev/fuse, and the connection is never aborted by itself."""
     major, minor = (int(x) for x in dev.split(":"))
-    name = str(major << 20 | minor)          # the kernel's dev_t, as fusectl names connections
+    name = str(major << 20 | minor)  # the kernel's dev_t, as fusectl names connections
     if not os.path.exists(os.path.join(FUSECTL, name)) and not os.path.ismount(FUSECTL):
-        subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL], capture_output=True,
-                       check=False)
+        subprocess.run(
+            ["mount", "-t", "fusectl", "none", FUSECTL], capture_output=True, check=False
+        )
     try:
         with open(os.path.join(FUSECTL, name, "abort"), "w") as f:
             f.write("1")

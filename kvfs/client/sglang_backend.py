@@ -38,9 +38,11 @@ class KvfsHiCacheStorage(HiCacheFile):
         # directory from SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR or extra_config
         super().__init__(storage_config)
         extra = storage_config.extra_config or {}
-        self._direct = direct.Direct(find_mount(os.path.abspath(self.file_path)),
-                                     threads=int(extra.get("kvfs_threads", 16)),
-                                     verify=bool(extra.get("kvfs_verify", True)))
+        self._direct = direct.Direct(
+            find_mount(os.path.abspath(self.file_path)),
+            threads=int(extra.get("kvfs_threads", 16)),
+            verify=bool(extra.get("kvfs_verify", True)),
+        )
 
     def _path(self, suffixed: str) -> str:
         return os.path.join(self.file_path, f"{suffixed}.bin")
@@ -59,12 +61,17 @@ class KvfsHiCacheStorage(HiCacheFile):
             self.metadata_cache.remove(suffixed)
         log.debug("kvfs: page %s is a miss: %s", key, why)
 
-    def get(self, key: str, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> torch.Tensor | None:
+    def get(
+        self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None
+    ) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
 
-    def batch_get(self, keys: List[str], target_locations: List[torch.Tensor],
-                  target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
+    def batch_get(
+        self,
+        keys: List[str],
+        target_locations: List[torch.Tensor],
+        target_sizes: Optional[Any] = None,
+    ) -> List[torch.Tensor | None]:
         """Read every page in parallel (all stripe units of all pages at once); a page that is
         gone (evicted, removed) or of another size is a miss (None), never wrong bytes."""
         suffixed = [self._get_suffixed_key(k) for k in keys]
@@ -92,8 +99,13 @@ class KvfsHiCacheStorage(HiCacheFile):
             out.append(target)
         return out
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(
+        self,
+        key: str,
+        value: Optional[Any] = None,
+        target_location: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
         """HiCacheFile.set, storing the page with a kvfs.client.direct write (committed under a
         temporary name and renamed into place, as HiCacheFile's tmp-then-rename does)."""
         suffixed = self._get_suffixed_key(key)

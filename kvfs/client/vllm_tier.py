@@ -42,14 +42,14 @@ class KvfsTier(FileSystemTierManager):
         """Fill the primary tier's slots; on failure raise an OSError whose num_succeeded
         says how many blocks, in order, arrived (vLLM keeps those)."""
         view = self._primary_kv_view.cast("B")
-        bufs = [view[o:o + self._block_size] for o in offsets]
+        bufs = [view[o : o + self._block_size] for o in offsets]
         try:
             sizes = self._direct.read_many(paths, bufs)
-        except (OSError, ValueError):      # a block vanished, changed or is larger than a slot
+        except (OSError, ValueError):  # a block vanished, changed or is larger than a slot
             sizes = None
         if sizes is not None and all(s == self._block_size for s in sizes):
             return
-        for i, (path, buf) in enumerate(zip(paths, bufs)):    # find the first bad block
+        for i, (path, buf) in enumerate(zip(paths, bufs)):  # find the first bad block
             try:
                 size = self._direct.read_into(path, buf)
                 if size != self._block_size:
@@ -79,8 +79,11 @@ class KvfsTier(FileSystemTierManager):
 
         def store_task() -> None:
             view = self._primary_kv_view.cast("B")
-            todo = [(p, view[o:o + self._block_size]) for p, o in zip(paths, offsets)
-                    if not os.path.exists(p)]           # already stored: skipped, as vLLM does
+            todo = [
+                (p, view[o : o + self._block_size])
+                for p, o in zip(paths, offsets)
+                if not os.path.exists(p)
+            ]  # already stored: skipped, as vLLM does
             for p, _ in todo:
                 _ensure_dirs(p)
             if todo:

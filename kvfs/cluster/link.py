@@ -36,16 +36,18 @@ from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable, reason
 
 log = logging.getLogger("kvfs.cluster.link")
 
-CONNECTIONS = 4            # calls in flight to Redis at once (each connection is sequential)
-RECONNECT_SECONDS = 0.5    # between attempts while Redis is unreachable
-CALL_TIMEOUT = 5.0         # a call that takes longer is treated as Redis being unreachable
-SENTINEL_TIMEOUT = 1.0     # one sentinel's answer (the next one is asked after this)
-WARN_EVERY = 5.0           # seconds between two log lines about the same replica trouble
-CHECK_SECONDS = 1.0        # how often the follower asks Sentinel for the master and its replicas
+CONNECTIONS = 4  # calls in flight to Redis at once (each connection is sequential)
+RECONNECT_SECONDS = 0.5  # between attempts while Redis is unreachable
+CALL_TIMEOUT = 5.0  # a call that takes longer is treated as Redis being unreachable
+SENTINEL_TIMEOUT = 1.0  # one sentinel's answer (the next one is asked after this)
+WARN_EVERY = 5.0  # seconds between two log lines about the same replica trouble
+CHECK_SECONDS = 1.0  # how often the follower asks Sentinel for the master and its replicas
 
 # Error replies our scripts raise: "<ERRNO> message" -> the errno the caller gets.
-_ERRNOS = {name: getattr(errno, name) for name in
-           ("ENOENT", "EEXIST", "ENOTEMPTY", "EISDIR", "ENOTDIR", "EINVAL", "ESTALE", "EIO")}
+_ERRNOS = {
+    name: getattr(errno, name)
+    for name in ("ENOENT", "EEXIST", "ENOTEMPTY", "EISDIR", "ENOTDIR", "EINVAL", "ESTALE", "EIO")
+}
 
 
 def _password(cfg: ClusterConfig) -> str | None:
@@ -81,22 +83,22 @@ class ClusterLink:
         self._idle: list[RedisClient] = []
         self._slots = trio.Semaphore(CONNECTIONS)
         self.online = True
-        self.quiet = False              # start-up: failures become one StartupError, not logs
+        self.quiet = False  # start-up: failures become one StartupError, not logs
         self.down_since: float | None = None
         self._next_attempt = 0.0
         self.calls = 0
         self.call_seconds = 0.0
         self.failures = 0
-        self.epoch = 0                  # this mount's epoch and lease token (bootstrap.join)
+        self.epoch = 0  # this mount's epoch and lease token (bootstrap.join)
         self.token = ""
-        self.master: tuple[str, int] | None = None     # with sentinels: the master now
-        self.replicas_up = 0            # its replicas Sentinel counts as up (not s_down)
-        self.replicas_known = 0         # all the replicas Sentinel knows of
+        self.master: tuple[str, int] | None = None  # with sentinels: the master now
+        self.replicas_up = 0  # its replicas Sentinel counts as up (not s_down)
+        self.replicas_known = 0  # all the replicas Sentinel knows of
         self._checked = -CHECK_SECONDS
-        self.failovers = 0              # times Sentinel named another master than before
-        self.unreplicated = 0           # changes made on the master that no replica confirmed
-        self.replica_waits = 0          # WAITs repeated for them (no_replica = "wait")
-        self.refused = 0                # writes a replica (READONLY) or the master refused
+        self.failovers = 0  # times Sentinel named another master than before
+        self.unreplicated = 0  # changes made on the master that no replica confirmed
+        self.replica_waits = 0  # WAITs repeated for them (no_replica = "wait")
+        self.refused = 0  # writes a replica (READONLY) or the master refused
         self._first_sentinel = 0
         self._warned: dict[str, float] = {}
 
@@ -121,11 +123,13 @@ class ClusterLink:
         """A new dedicated connection to the master (the event follower uses one);
         RedisUnavailable if down, or if Sentinel names a server that is not (yet) a master."""
         if not self.cfg.sentinels:
-            return await RedisClient.connect(self.cfg.redis, tls=self.tls, password=self.password,
-                                             timeout=CALL_TIMEOUT)
+            return await RedisClient.connect(
+                self.cfg.redis, tls=self.tls, password=self.password, timeout=CALL_TIMEOUT
+            )
         host, port = addr = await self.ask_sentinels()
-        c = await RedisClient.connect(self.cfg.redis, tls=self.tls, password=self.password,
-                                      timeout=CALL_TIMEOUT, address=addr)
+        c = await RedisClient.connect(
+            self.cfg.redis, tls=self.tls, password=self.password, timeout=CALL_TIMEOUT, address=addr
+        )
         try:
             with trio.fail_after(CALL_TIMEOUT):
                 role = await c.call("ROLE")
@@ -137,9 +141,11 @@ class ClusterLink:
             raise
         if not role or role[0] != b"master":
             c.abort()
-            raise RedisUnavailable(f"Redis at {host}:{port}, which Sentinel names master "
-                                   f"{self.cfg.master_name!r}, is a "
-                                   f"{(role or [b'?'])[0].decode()} (a failover under way?)")
+            raise RedisUnavailable(
+                f"Redis at {host}:{port}, which Sentinel names master "
+                f"{self.cfg.master_name!r}, is a "
+                f"{(role or [b'?'])[0].decode()} (a failover under way?)"
+            )
         self._follow_master(addr)
         return c
 
@@ -148,8 +154,12 @@ class ClusterLink:
         moved = self.master is not None and addr != self.master
         if moved:
             self.failovers += 1
-            log.warning("cluster: master %r moved from %s:%d to %s:%d (Sentinel failover); "
-                        "following it", self.cfg.master_name, *self.master, *addr)
+            log.warning(
+                "cluster: master %r moved from %s:%d to %s:%d (Sentinel failover); following it",
+                self.cfg.master_name,
+                *self.master,
+                *addr,
+            )
             self._drop_idle()
         self.master = addr
         return moved
@@ -189,17 +199,24 @@ class ClusterLink:
             i = (self._first_sentinel + k) % n
             host, port = self.cfg.sentinels[i]
             try:
-                c = await RedisClient.connect(f"{scheme}://", tls=self.tls,
-                                              password=self.cfg.sentinel_password,
-                                              timeout=SENTINEL_TIMEOUT, address=(host, port))
+                c = await RedisClient.connect(
+                    f"{scheme}://",
+                    tls=self.tls,
+                    password=self.cfg.sentinel_password,
+                    timeout=SENTINEL_TIMEOUT,
+                    address=(host, port),
+                )
             except RedisUnavailable as e:
                 why.append(str(e))
                 continue
             try:
                 with trio.fail_after(SENTINEL_TIMEOUT):
-                    got, replicas = await c.pipeline([
-                        ("SENTINEL", "get-master-addr-by-name", self.cfg.master_name),
-                        ("SENTINEL", "replicas", self.cfg.master_name)])
+                    got, replicas = await c.pipeline(
+                        [
+                            ("SENTINEL", "get-master-addr-by-name", self.cfg.master_name),
+                            ("SENTINEL", "replicas", self.cfg.master_name),
+                        ]
+                    )
             except (RedisUnavailable, RedisError, trio.TooSlowError) as e:
                 why.append(f"sentinel {host}:{port}: {reason(e)}")
                 continue
@@ -229,15 +246,22 @@ class ClusterLink:
             self.online = False
             self.down_since = trio.current_time()
             if not self.quiet:
-                log.error("cluster: Redis at %s is unreachable (%s): lookups of names this node "
-                          "does not know and all changes fail with EIO until it is back; open and "
-                          "DRAM-resident blocks keep being served", self.where, why)
+                log.error(
+                    "cluster: Redis at %s is unreachable (%s): lookups of names this node "
+                    "does not know and all changes fail with EIO until it is back; open and "
+                    "DRAM-resident blocks keep being served",
+                    self.where,
+                    why,
+                )
         return KvfsError(errno.EIO, f"cluster catalog unavailable: {why}")
 
     def _up(self) -> None:
         if not self.online and not self.quiet:
-            log.warning("cluster: Redis at %s is reachable again after %.1f s", self.where,
-                        trio.current_time() - (self.down_since or trio.current_time()))
+            log.warning(
+                "cluster: Redis at %s is reachable again after %.1f s",
+                self.where,
+                trio.current_time() - (self.down_since or trio.current_time()),
+            )
         self.online = True
         self.down_since = None
 
@@ -251,8 +275,9 @@ class ClusterLink:
                 c = self._idle.pop()
             else:
                 if not self.online and trio.current_time() < self._next_attempt:
-                    raise self.mark_down(f"Redis at {self.where} is still unreachable",
-                                     attempted=False)
+                    raise self.mark_down(
+                        f"Redis at {self.where} is still unreachable", attempted=False
+                    )
                 try:
                     c = await self.connect()
                 except RedisUnavailable as e:
@@ -265,9 +290,10 @@ class ClusterLink:
                     reply = await self._replicated(c, *reply, replicas)
             except trio.TooSlowError:
                 c.abort()
-                err = self.mark_down(f"no reply from Redis at {self.where} within "
-                                     f"{CALL_TIMEOUT:.0f} s")
-                err.maybe_done = True          # the command may have run: its reply is lost
+                err = self.mark_down(
+                    f"no reply from Redis at {self.where} within {CALL_TIMEOUT:.0f} s"
+                )
+                err.maybe_done = True  # the command may have run: its reply is lost
                 raise err from None
             except RedisUnavailable as e:
                 err = self.mark_down(str(e))
@@ -283,10 +309,13 @@ class ClusterLink:
                     if text.startswith("READONLY"):
                         c.abort()
                         self._drop_idle()
-                    self._warn(text[:10], "cluster: Redis at %s refused a change: %s",
-                               self.where, text)
-                    raise KvfsError(errno.EIO, f"cluster catalog: Redis at {self.where} "
-                                               f"refused the change: {text}") from None
+                    self._warn(
+                        text[:10], "cluster: Redis at %s refused a change: %s", self.where, text
+                    )
+                    raise KvfsError(
+                        errno.EIO,
+                        f"cluster catalog: Redis at {self.where} refused the change: {text}",
+                    ) from None
                 raise _translate(e) from None
             finally:
                 if c.closed:
@@ -308,17 +337,32 @@ class ClusterLink:
         while acked < n:
             if self.cfg.no_replica == "fail":
                 self.unreplicated += 1
-                self._warn("replicas", "cluster: a change reached %d of %d replicas of Redis at "
-                           "%s within %d ms: failing it (cluster.no_replica = \"fail\")",
-                           acked, n, self.where, ms)
-                err = KvfsError(errno.EIO, f"cluster catalog: the change reached {acked} of {n} "
-                                           f"replicas of Redis at {self.where} within {ms} ms")
+                self._warn(
+                    "replicas",
+                    "cluster: a change reached %d of %d replicas of Redis at "
+                    '%s within %d ms: failing it (cluster.no_replica = "fail")',
+                    acked,
+                    n,
+                    self.where,
+                    ms,
+                )
+                err = KvfsError(
+                    errno.EIO,
+                    f"cluster catalog: the change reached {acked} of {n} "
+                    f"replicas of Redis at {self.where} within {ms} ms",
+                )
                 err.unreplicated = True
                 raise err
             self.replica_waits += 1
-            self._warn("replicas", "cluster: a change reached %d of %d replicas of Redis at %s "
-                       "within %d ms: waiting (cluster.no_replica = \"wait\")",
-                       acked, n, self.where, ms)
+            self._warn(
+                "replicas",
+                "cluster: a change reached %d of %d replicas of Redis at %s "
+                'within %d ms: waiting (cluster.no_replica = "wait")',
+                acked,
+                n,
+                self.where,
+                ms,
+            )
             if self.cfg.sentinels:
                 try:
                     moved = await self.ask_sentinels() != self.master
@@ -326,13 +370,16 @@ class ClusterLink:
                     moved = False
                 if moved:
                     c.abort()
-                    raise RedisUnavailable("Sentinel named another master while a change waited "
-                                           "for its replicas")
+                    raise RedisUnavailable(
+                        "Sentinel named another master while a change waited for its replicas"
+                    )
             with trio.fail_after(ms / 1000 + CALL_TIMEOUT):
                 acked = await c.call("WAIT", n, ms)
         return reply
 
-    async def pipeline(self, commands: Sequence[Sequence[Any]], *, raise_errors: bool = True) -> list:
+    async def pipeline(
+        self, commands: Sequence[Sequence[Any]], *, raise_errors: bool = True
+    ) -> list:
         return await self._run(lambda c: c.pipeline(commands, raise_errors=raise_errors))
 
     async def call(self, *args: Any) -> Any:
@@ -348,6 +395,7 @@ class ClusterLink:
         async def run(c: RedisClient):
             reply, acked = await c.pipeline([args, ("WAIT", n, self.cfg.replica_timeout_ms)])
             return reply, acked
+
         return await self._run(run, replicas=n)
 
     async def eval(self, script: str, args: Sequence[Any], *, durable: bool = True) -> Any:
@@ -357,9 +405,10 @@ class ClusterLink:
         n = self.replica_target if durable else 0
         if not n:
             return await self._run(lambda c: c.eval(script, [self.prefix], args))
-        return await self._run(lambda c: c.eval(script, [self.prefix], args,
-                                                wait=(n, self.cfg.replica_timeout_ms)),
-                               replicas=n)
+        return await self._run(
+            lambda c: c.eval(script, [self.prefix], args, wait=(n, self.cfg.replica_timeout_ms)),
+            replicas=n,
+        )
 
     def started(self) -> None:
         """Start-up is over: failures are logged from now on (until then they raise and

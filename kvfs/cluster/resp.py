@@ -61,7 +61,7 @@ class _Reader:
             i = self.buf.find(b"\r\n")
             if i >= 0:
                 line = bytes(self.buf[:i])
-                del self.buf[:i + 2]
+                del self.buf[: i + 2]
                 return line
             await self._fill()
 
@@ -69,7 +69,7 @@ class _Reader:
         while len(self.buf) < n + 2:
             await self._fill()
         data = bytes(self.buf[:n])
-        del self.buf[:n + 2]
+        del self.buf[: n + 2]
         return data
 
     async def read(self) -> Any:
@@ -116,9 +116,15 @@ class RedisClient:
         self.closed = False
 
     @classmethod
-    async def connect(cls, url: str, *, timeout: float = 5.0,
-                      tls: ssl.SSLContext | None = None, password: str | None = None,
-                      address: tuple[str, int] | None = None) -> "RedisClient":
+    async def connect(
+        cls,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        tls: ssl.SSLContext | None = None,
+        password: str | None = None,
+        address: tuple[str, int] | None = None,
+    ) -> "RedisClient":
         """`address` (host, port) overrides the URL's (a master Sentinel named); the URL still
         gives the scheme, the credentials and the database."""
         u = urlparse(url)
@@ -147,15 +153,18 @@ class RedisClient:
                     try:
                         await client.call(*args)
                     except RedisError as e:
-                        raise RedisUnavailable(f"Redis at {host}:{port} refused the password: "
-                                               f"{e}") from None
+                        raise RedisUnavailable(
+                            f"Redis at {host}:{port} refused the password: {e}"
+                        ) from None
                 db = (u.path or "/").strip("/")
                 if db:
                     await client.call("SELECT", int(db))
         except trio.TooSlowError:
             client.abort()
-            raise RedisUnavailable(f"Redis at {host}:{port} accepted the connection but did not "
-                                   f"answer within {timeout:.0f} s") from None
+            raise RedisUnavailable(
+                f"Redis at {host}:{port} accepted the connection but did not "
+                f"answer within {timeout:.0f} s"
+            ) from None
         except BaseException:
             await client.aclose()
             raise
@@ -192,7 +201,9 @@ class RedisClient:
             self.closed = True
             raise RedisUnavailable(f"lost the connection to Redis: {e}") from None
 
-    async def pipeline(self, commands: Sequence[Sequence[Any]], *, raise_errors: bool = True) -> list:
+    async def pipeline(
+        self, commands: Sequence[Sequence[Any]], *, raise_errors: bool = True
+    ) -> list:
         """Send commands in one round trip; returns their replies in order."""
         if self.closed:
             raise RedisUnavailable("the connection to Redis is closed")
@@ -201,7 +212,7 @@ class RedisClient:
                 await self._send(b"".join(_encode(c) for c in commands))
                 replies = [await self._recv() for _ in commands]
             except BaseException:
-                self.abort()            # a reply may be half read: this connection is done
+                self.abort()  # a reply may be half read: this connection is done
                 raise
         if raise_errors:
             for r in replies:
@@ -212,8 +223,14 @@ class RedisClient:
     async def call(self, *args: Any) -> Any:
         return (await self.pipeline([args]))[0]
 
-    async def eval(self, script: str, keys: Sequence[Any], args: Sequence[Any], *,
-                   wait: tuple[int, int] | None = None) -> Any:
+    async def eval(
+        self,
+        script: str,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        wait: tuple[int, int] | None = None,
+    ) -> Any:
         """Run a Lua script (by its SHA once loaded). With `wait` (replicas, milliseconds), a
         WAIT follows in the same round trip and the reply is (script's reply, replicas that
         acknowledged everything this connection wrote)."""
@@ -222,11 +239,13 @@ class RedisClient:
             sha = hashlib.sha1(script.encode()).hexdigest()
             self._scripts[script] = sha
         tail = [("WAIT", *wait)] if wait else []
-        replies = await self.pipeline([("EVALSHA", sha, len(keys), *keys, *args), *tail],
-                                      raise_errors=False)
+        replies = await self.pipeline(
+            [("EVALSHA", sha, len(keys), *keys, *args), *tail], raise_errors=False
+        )
         if isinstance(replies[0], RedisError) and str(replies[0]).startswith("NOSCRIPT"):
-            replies = await self.pipeline([("EVAL", script, len(keys), *keys, *args), *tail],
-                                          raise_errors=False)
+            replies = await self.pipeline(
+                [("EVAL", script, len(keys), *keys, *args), *tail], raise_errors=False
+            )
         for r in replies:
             if isinstance(r, RedisError):
                 raise r

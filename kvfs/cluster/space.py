@@ -43,7 +43,7 @@ log = logging.getLogger("kvfs.space")
 class ClusterOrder(Protocol):
     """What a shared pool's space asks the catalog in Redis."""
 
-    file_count: int                   # files in the pool
+    file_count: int  # files in the pool
 
     async def catch_up(self, tail: bytes) -> bool:
         """Wait until the mirror has applied the change log up to `tail`; False on timeout."""
@@ -54,7 +54,8 @@ class ClusterOrder(Protocol):
     async def raise_floor(self, priority: float) -> float:
         """The cluster's floor of priorities, raised to `priority` if below."""
 
-LEASE_MARGIN = 0.8        # a lease is trusted for this share of its time-to-live
+
+LEASE_MARGIN = 0.8  # a lease is trusted for this share of its time-to-live
 VICTIM_BATCH = 64
 # Every node looks each CLEAN_PERIOD whether the pool needs evicting ahead of writers; a lock
 # of the same length lets one of them do it. (A 5 s lock let the cluster clean once per 5 s:
@@ -81,7 +82,7 @@ class Regions(Area):
         self.deadline: dict[int, float] = {}
         self.inflight: collections.Counter[int] = collections.Counter()
         self.used_at: dict[int, float] = {}
-        self.fenced = 0                    # writes refused because a lease had run out
+        self.fenced = 0  # writes refused because a lease had run out
 
     def of(self, offset: int) -> int:
         return (offset - DATA_START) // self.size
@@ -130,21 +131,31 @@ class Regions(Area):
         for r in self.touched(offset, length):
             if not self.valid(r):
                 self.fenced += 1
-                raise KvfsError(errno.EIO, f"the allocation lease on pool region {r} ran out "
-                                           f"(Redis unreachable?); not writing there")
+                raise KvfsError(
+                    errno.EIO,
+                    f"the allocation lease on pool region {r} ran out "
+                    f"(Redis unreachable?); not writing there",
+                )
 
 
 class ClusterSpace(Space):
     kind = "cluster"
 
-    def __init__(self, pool: Pool, knobs: Knobs, link: ClusterLink, cfg: ClusterConfig,
-                 evictor: Evictor, order: ClusterOrder):
+    def __init__(
+        self,
+        pool: Pool,
+        knobs: Knobs,
+        link: ClusterLink,
+        cfg: ClusterConfig,
+        evictor: Evictor,
+        order: ClusterOrder,
+    ):
         """`order`: the cluster's order of files and its change log, kept by the catalog in
         Redis (kvfs/catalog/redis/catalog.py), which is built with this space: the factory
         passes a seam it binds to the catalog (kvfs/service.py)."""
         super().__init__(pool, knobs, evictor)
         self.link = link
-        self.leases = RegionLeases(link)     # acquire, renew, release; purge, hold
+        self.leases = RegionLeases(link)  # acquire, renew, release; purge, hold
         self.cfg = cfg
         self.order = order
         data = max(ns.size for ns in pool.namespaces) - DATA_START
@@ -153,13 +164,13 @@ class ClusterSpace(Space):
         self.room_wait = max(cfg.grace_seconds, cfg.lease_seconds) * 1.5 + 2
         self.grace_ms = int(cfg.grace_seconds * 1000)
         self.lease_ms = int(cfg.lease_seconds * 1000)
-        self.grave: dict[int, BlobRec] = {}      # retired blocks whose space is not free yet
-        self.used: dict[int, BlobRec] = {}       # published blocks whose space is used here
+        self.grave: dict[int, BlobRec] = {}  # retired blocks whose space is not free yet
+        self.used: dict[int, BlobRec] = {}  # published blocks whose space is used here
         self.leases_lost = 0
         self.purged_count = 0
-        self.room_waits = 0              # writers that waited for the grave or for regions
+        self.room_waits = 0  # writers that waited for the grave or for regions
         self.room_wait_seconds = 0.0
-        self._scored_all = False     # files stored without a priority joined the order
+        self._scored_all = False  # files stored without a priority joined the order
 
     def file_count(self) -> int:
         return self.order.file_count
@@ -194,7 +205,9 @@ class ClusterSpace(Space):
             if b in self.used:
                 self.grave[b] = self.used[b]
 
-    async def settle(self, leaving: list[BlobRec], conn=None, retired: set[int] | None = None) -> None:
+    async def settle(
+        self, leaving: list[BlobRec], conn=None, retired: set[int] | None = None
+    ) -> None:
         """Blocks that stopped being a file's content here: in the grave (space still used),
         still live in Redis (space still used), or already purged (space free). `retired`: ids
         known to be in the grave; others are asked."""
@@ -205,8 +218,16 @@ class ClusterSpace(Space):
         scores, live = {}, set()
         if unknown:
             c = conn or self.link
-            replies = await c.pipeline([cmd for r in unknown for cmd in (
-                ("ZSCORE", self.link.key("grave"), r.id), ("EXISTS", self.link.key("b", r.id)))])
+            replies = await c.pipeline(
+                [
+                    cmd
+                    for r in unknown
+                    for cmd in (
+                        ("ZSCORE", self.link.key("grave"), r.id),
+                        ("EXISTS", self.link.key("b", r.id)),
+                    )
+                ]
+            )
             scores = {r.id: s for r, s in zip(unknown, replies[0::2])}
             live = {r.id for r, e in zip(unknown, replies[1::2]) if e}
         for r in leaving:
@@ -226,8 +247,11 @@ class ClusterSpace(Space):
         purged, or retired by this node after the grave was read: only one whose record is
         gone from Redis has free space."""
         missing = [bid for bid in self.grave if bid not in grave_ids]
-        exists = await self.link.pipeline([("EXISTS", self.link.key("b", b))
-                                           for b in missing]) if missing else []
+        exists = (
+            await self.link.pipeline([("EXISTS", self.link.key("b", b)) for b in missing])
+            if missing
+            else []
+        )
         for bid, alive in zip(missing, exists):
             if not alive and bid in self.grave:
                 rec = self.grave.pop(bid)
@@ -277,9 +301,14 @@ class ClusterSpace(Space):
         regions = self.regions
         free = self.region_free()
         held = set(regions.held())
-        cands = sorted((r for r in range(regions.count)
-                        if r not in held and free[r][1] >= stored_length(need, self.pool.unit, 0)),
-                       key=lambda r: -free[r][0])[:16]
+        cands = sorted(
+            (
+                r
+                for r in range(regions.count)
+                if r not in held and free[r][1] >= stored_length(need, self.pool.unit, 0)
+            ),
+            key=lambda r: -free[r][0],
+        )[:16]
         if not cands:
             return False
         t = trio.current_time()
@@ -308,15 +337,18 @@ class ClusterSpace(Space):
             try:
                 ok = {int(r) for r in await self.leases.renew(held, self.lease_ms)}
             except KvfsError:
-                continue                     # the deadlines run out by themselves
+                continue  # the deadlines run out by themselves
             for r in held:
                 if r in ok:
                     regions.deadline[r] = t + self.cfg.lease_seconds * LEASE_MARGIN
                 else:
                     del regions.deadline[r]
                     self.leases_lost += 1
-                    log.warning("cluster: lost the allocation lease on region %d (expired while "
-                                "Redis was unreachable?)", r)
+                    log.warning(
+                        "cluster: lost the allocation lease on region %d (expired while "
+                        "Redis was unreachable?)",
+                        r,
+                    )
             await self._give_back_regions()
 
     async def _give_back_regions(self) -> None:
@@ -326,9 +358,12 @@ class ClusterSpace(Space):
         regions = self.regions
         free = self.region_free()
         idle_since = trio.current_time() - self.cfg.lease_seconds
-        full = [r for r in regions.held()
-                if regions.inflight[r] <= 0 and (free[r][1] < self.pool.unit or
-                                                 regions.used_at.get(r, 0.0) < idle_since)]
+        full = [
+            r
+            for r in regions.held()
+            if regions.inflight[r] <= 0
+            and (free[r][1] < self.pool.unit or regions.used_at.get(r, 0.0) < idle_since)
+        ]
         if full:
             await self._release(full)
 
@@ -338,7 +373,7 @@ class ClusterSpace(Space):
         try:
             await self.leases.release(rs)
         except KvfsError:
-            pass                              # they expire instead
+            pass  # they expire instead
 
     async def stop(self) -> None:
         """Unmounting: give back the regions this node holds."""
@@ -383,8 +418,11 @@ class ClusterSpace(Space):
 
     async def try_lock(self, name: str, seconds: float) -> bool:
         """A short cluster-wide lock (e.g. one node at a time cleans the pool)."""
-        return bool(await self.link.call("SET", self.link.key("lock", name), self.link.token,
-                                         "NX", "PX", int(seconds * 1000)))
+        return bool(
+            await self.link.call(
+                "SET", self.link.key("lock", name), self.link.token, "NX", "PX", int(seconds * 1000)
+            )
+        )
 
     async def scored_victims(self, n: int) -> list[tuple[int, float]]:
         """(inode, priority) of the `n` files lowest in the cluster's policy order."""
@@ -431,14 +469,16 @@ class ClusterSpace(Space):
                         break
             if top is not None:
                 rule.evicted(top)
-                rule.evicted(await self.order.raise_floor(top))    # for the other nodes too
+                rule.evicted(await self.order.raise_floor(top))  # for the other nodes too
             if freed >= nbytes:
                 return freed
         async with aclosing(self._in_batches(self.victims)) as order:
             async for ino in order:
-                if rule is not None and await self.link.call(
-                        "ZSCORE", self.link.key("prio"), ino) is not None:
-                    continue                     # scored: its turn was above
+                if (
+                    rule is not None
+                    and await self.link.call("ZSCORE", self.link.key("prio"), ino) is not None
+                ):
+                    continue  # scored: its turn was above
                 freed += await self._evict(ino, exclude)
                 if freed >= nbytes:
                     break
@@ -482,8 +522,10 @@ class ClusterSpace(Space):
         elsewhere_until = trio.current_time() + cfg.lease_seconds * 1.5 + 1
 
         def hopeless() -> bool:
-            return not self.grave and (pool.free - self.reserved < need or
-                                       trio.current_time() > elsewhere_until)
+            return not self.grave and (
+                pool.free - self.reserved < need or trio.current_time() > elsewhere_until
+            )
+
         if hopeless():
             return False
         began, waited = trio.current_time(), False
@@ -499,7 +541,7 @@ class ClusterSpace(Space):
                     await trio.sleep(0.1)
             return False
         finally:
-            if waited:              # a writer waited: free_target is too small for the load
+            if waited:  # a writer waited: free_target is too small for the load
                 self.room_waits += 1
                 self.room_wait_seconds += trio.current_time() - began
 
@@ -520,7 +562,7 @@ class ClusterSpace(Space):
             await trio.sleep(CLEAN_PERIOD)
             try:
                 rule = self._rule()
-                if rule is not None:          # other nodes' evictions raise the floor
+                if rule is not None:  # other nodes' evictions raise the floor
                     floor = await self.link.call("GET", self.link.key("floor"))
                     if floor is not None:
                         rule.evicted(float(floor))
@@ -542,14 +584,21 @@ class ClusterSpace(Space):
     def statistics(self) -> dict:
         regions = self.regions
         out = super().statistics()
-        out.update({
-            "regions": regions.count, "region_size": regions.size,
-            "regions_held": len(regions.held()), "leases_lost": self.leases_lost,
-            "fenced_writes": regions.fenced,
-            "evict_order": {"never": "never", "lru": "lru"}.get(self.knobs.pool_evict,
-                                                                 "policy"),
-            "grave_blocks": len(self.grave), "grave_bytes": self.grave_bytes,
-            "purged": self.purged_count, "room_waits": self.room_waits,
-            "room_wait_seconds": round(self.room_wait_seconds, 3),
-        })
+        out.update(
+            {
+                "regions": regions.count,
+                "region_size": regions.size,
+                "regions_held": len(regions.held()),
+                "leases_lost": self.leases_lost,
+                "fenced_writes": regions.fenced,
+                "evict_order": {"never": "never", "lru": "lru"}.get(
+                    self.knobs.pool_evict, "policy"
+                ),
+                "grave_blocks": len(self.grave),
+                "grave_bytes": self.grave_bytes,
+                "purged": self.purged_count,
+                "room_waits": self.room_waits,
+                "room_wait_seconds": round(self.room_wait_seconds, 3),
+            }
+        )
         return out

@@ -30,7 +30,7 @@ from kvfs.write.handles import Attr
 from kvfs.knobs import Knobs
 from kvfs.tiers.store import BlockStore
 
-FH_BASE = 1 << 62            # control-file handles live apart from file handles
+FH_BASE = 1 << 62  # control-file handles live apart from file handles
 PREFIX = b"user.kvfs."
 
 HELP = """kvfs control file. Actions are setxattr calls with a JSON argument, for example
@@ -47,10 +47,18 @@ class Control:
     daemon's snapshot (kvfs/service.py composes it), `flush()` persists what is batched, and
     `pool_info` ({"pool_id", "namespace_paths"}) goes into every layout a direct reader gets."""
 
-    def __init__(self, catalog, store: BlockStore, files: Files, direct: DirectAccess,
-                 knobs: Knobs, *,
-                 statistics: Callable[[], dict], flush: Callable[[], Awaitable[dict]],
-                 pool_info: dict):
+    def __init__(
+        self,
+        catalog,
+        store: BlockStore,
+        files: Files,
+        direct: DirectAccess,
+        knobs: Knobs,
+        *,
+        statistics: Callable[[], dict],
+        flush: Callable[[], Awaitable[dict]],
+        pool_info: dict,
+    ):
         self.catalog = catalog
         self.store = store
         self.files = files
@@ -64,27 +72,50 @@ class Control:
         self._next_fh = FH_BASE
         self._open: set[int] = set()
         self._results: dict[int, bytes] = {}
-        self._stats: tuple[float, bytes] | None = None     # (when, the last snapshot given)
+        self._stats: tuple[float, bytes] | None = None  # (when, the last snapshot given)
         self.actions: dict[str, tuple[Callable[[dict], Awaitable[Any]], str]] = {
-            "drop_dram": (self._drop_dram, 'drop every DRAM-resident copy (all are in the pool); '
-                                           'with {"memory": true} also give the memory kept '
-                                           'for reuse (spares) back to the system'),
-            "flush": (self._flush, "make closed files durable (write-back), persist access "
-                                  "times and learned chain links now"),
-            "evict": (self._evict, '{"paths": ["/a", ...]} or {"cold": N}: drop blocks from '
-                                   'DRAM and the local tier'),
-            "warm": (self._warm, '{"path": "/a", "depth": N}: fetch a file and the N blocks of '
-                                 'its chain after it into DRAM'),
-            "set": (self._set, '{"prefetch.enabled": true, "prefetch.max_window": 8, '
-                               '"dram.capacity": "2GiB", "pool.evict": "never"}: change a knob '
-                               'until the next mount'),
+            "drop_dram": (
+                self._drop_dram,
+                "drop every DRAM-resident copy (all are in the pool); "
+                'with {"memory": true} also give the memory kept '
+                "for reuse (spares) back to the system",
+            ),
+            "flush": (
+                self._flush,
+                "make closed files durable (write-back), persist access "
+                "times and learned chain links now",
+            ),
+            "evict": (
+                self._evict,
+                '{"paths": ["/a", ...]} or {"cold": N}: drop blocks from DRAM and the local tier',
+            ),
+            "warm": (
+                self._warm,
+                '{"path": "/a", "depth": N}: fetch a file and the N blocks of '
+                "its chain after it into DRAM",
+            ),
+            "set": (
+                self._set,
+                '{"prefetch.enabled": true, "prefetch.max_window": 8, '
+                '"dram.capacity": "2GiB", "pool.evict": "never"}: change a knob '
+                "until the next mount",
+            ),
         }
 
     # --- the control file as a file ------------------------------------------------------------
     def attr(self) -> Attr:
         t = self.started
-        return Attr(CONTROL_INO, stat.S_IFREG | 0o644, 1, self.owner, os.getegid(),
-                    len(self.help()), t, t, t)
+        return Attr(
+            CONTROL_INO,
+            stat.S_IFREG | 0o644,
+            1,
+            self.owner,
+            os.getegid(),
+            len(self.help()),
+            t,
+            t,
+            t,
+        )
 
     def help(self) -> bytes:
         lines = [f"    {name:12s} {doc}" for name, (_, doc) in sorted(self.actions.items())]
@@ -100,7 +131,7 @@ class Control:
         return fh >= FH_BASE
 
     def read(self, fh: int, off: int, size: int) -> bytes:
-        return self.help()[off:off + size]
+        return self.help()[off : off + size]
 
     def release(self, fh: int) -> None:
         self._open.discard(fh)
@@ -112,7 +143,7 @@ class Control:
         """The value of a kvfs attribute, or None when `name` is an ordinary user attribute."""
         if not name.startswith(PREFIX):
             return None
-        key = name[len(PREFIX):]
+        key = name[len(PREFIX) :]
         if inode == ROOT_INO and key == b"stats":
             return self._stats_snapshot()
         if inode == CONTROL_INO:
@@ -122,16 +153,17 @@ class Control:
         if key in self.FILE_ATTRS:
             node = self.catalog.get(inode)
             if node.is_file:
-                if key == b"layout":        # extents a direct reader will read: durable first
+                if key == b"layout":  # extents a direct reader will read: durable first
                     await self.files.settle(inode)
                 return self._file_attr(node, key)
         if key == b"alloc":
             a = self.files.allocations.latest(inode)
-            return json.dumps(self.files.allocations.describe(
-                a, self.pool_info["namespace_paths"])).encode()
+            return json.dumps(
+                self.files.allocations.describe(a, self.pool_info["namespace_paths"])
+            ).encode()
         return None
 
-    STATS_REUSE = 1.0        # seconds a snapshot is given again (once)
+    STATS_REUSE = 1.0  # seconds a snapshot is given again (once)
 
     def _stats_snapshot(self) -> bytes:
         """The statistics as JSON. A reader asks for the size first and then for the value (two
@@ -162,14 +194,20 @@ class Control:
             def name_of(ino):
                 n = cat.find(ino) if ino is not None else None
                 return cat.path_of(n) if n is not None else None
-            return json.dumps({"parent": name_of(cat.parent_of(node.ino)),
-                               "next": name_of(cat.next_of(node.ino))}).encode()
+
+            return json.dumps(
+                {"parent": name_of(cat.parent_of(node.ino)), "next": name_of(cat.next_of(node.ino))}
+            ).encode()
         if key == b"layout":
             if node.blob is None:
                 return b"{}"
             lay = node.blob.layout.describe()
-            lay.update(checksum=f"{node.blob.checksum:016x}", generation=node.blob.id,
-                       sums=list(node.blob.layout.sums), **self.pool_info)
+            lay.update(
+                checksum=f"{node.blob.checksum:016x}",
+                generation=node.blob.id,
+                sums=list(node.blob.layout.sums),
+                **self.pool_info,
+            )
             return json.dumps(lay).encode()
         raise KvfsError(errno.ENODATA, "no such attribute")
 
@@ -189,39 +227,48 @@ class Control:
         if inode != CONTROL_INO:
             if not name.startswith(PREFIX):
                 return False
-            key = name[len(PREFIX):]
+            key = name[len(PREFIX) :]
             if key in (b"pin", b"next", b"parent"):
                 await self._set_file_attr(inode, key, value)
                 return True
             if key in (b"lease", b"release"):
-                if key == b"lease":     # the version it leases must be the file's content
+                if key == b"lease":  # the version it leases must be the file's content
                     await self.files.settle(inode)
                 self._lease(inode, key, value)
                 return True
             if key in (b"alloc", b"commit"):
                 await self._direct_write(inode, key, value)
                 return True
-            raise KvfsError(errno.EPERM, f"{name.decode(errors='replace')} is not writable "
-                                         f"(writable kvfs attributes: pin, next, parent)")
+            raise KvfsError(
+                errno.EPERM,
+                f"{name.decode(errors='replace')} is not writable "
+                f"(writable kvfs attributes: pin, next, parent)",
+            )
         if uid not in (0, self.owner):
             raise KvfsError(errno.EPERM, "only the mount's owner or root may run kvfs actions")
-        action = name[len(PREFIX):].decode(errors="replace") if name.startswith(PREFIX) else ""
+        action = name[len(PREFIX) :].decode(errors="replace") if name.startswith(PREFIX) else ""
         entry = self.actions.get(action)
         try:
             if entry is None:
-                raise KvfsError(errno.EINVAL, f"unknown action {name.decode(errors='replace')!r} "
-                                              f"(known: {', '.join(sorted(self.actions))})")
+                raise KvfsError(
+                    errno.EINVAL,
+                    f"unknown action {name.decode(errors='replace')!r} "
+                    f"(known: {', '.join(sorted(self.actions))})",
+                )
             try:
                 args = json.loads(value or b"{}")
             except ValueError:
-                raise KvfsError(errno.EINVAL, f"{action}: the argument is not JSON: "
-                                              f"{value[:80].decode(errors='replace')!r}") from None
+                raise KvfsError(
+                    errno.EINVAL,
+                    f"{action}: the argument is not JSON: {value[:80].decode(errors='replace')!r}",
+                ) from None
             if not isinstance(args, dict):
                 raise KvfsError(errno.EINVAL, f"{action}: the argument must be a JSON object")
             result = await entry[0](args)
         except KvfsError as e:
-            self._results[uid] = json.dumps({"ok": False, "action": action, "error": str(e),
-                                             "errno": e.errno}).encode()
+            self._results[uid] = json.dumps(
+                {"ok": False, "action": action, "error": str(e), "errno": e.errno}
+            ).encode()
             raise
         self._results[uid] = json.dumps({"ok": True, "action": action, "result": result}).encode()
         return True
@@ -235,8 +282,9 @@ class Control:
             if isinstance(gen, bool) or not isinstance(gen, int):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
-            raise KvfsError(errno.EINVAL, f"user.kvfs.{key.decode()} takes "
-                                          f'{{"generation": N, ...}}') from None
+            raise KvfsError(
+                errno.EINVAL, f'user.kvfs.{key.decode()} takes {{"generation": N, ...}}'
+            ) from None
         direct = self.direct
         if key == b"lease":
             ttl = args.get("ttl", 30)
@@ -314,7 +362,7 @@ class Control:
     async def _drop_dram(self, args: dict) -> dict:
         if set(args) - {"memory"} or not isinstance(args.get("memory", False), bool):
             raise KvfsError(errno.EINVAL, 'drop_dram: takes nothing, or {"memory": true}')
-        await self.files.sync_all()     # (closed files still in write-back are in DRAM only)
+        await self.files.sync_all()  # (closed files still in write-back are in DRAM only)
         out = {"bytes_dropped": self.store.drop_dram()}
         if args.get("memory"):
             out["spare_bytes_freed"] = self.store.spares.bytes
@@ -323,7 +371,7 @@ class Control:
 
     def _path_node(self, path, action: str):
         if not isinstance(path, str) or not path:
-            raise KvfsError(errno.EINVAL, f"{action}: paths are strings like \"/dir/file\"")
+            raise KvfsError(errno.EINVAL, f'{action}: paths are strings like "/dir/file"')
         cat = self.catalog
         node = cat.get(ROOT_INO)
         for part in [p for p in path.split("/") if p]:
@@ -383,6 +431,7 @@ class Control:
 
     async def _set(self, args: dict) -> dict:
         from kvfs.units import parse_size
+
         knobs, store = self.knobs, self.store
         known = ("prefetch.enabled", "prefetch.max_window", "dram.capacity", "pool.evict")
         if not args:
@@ -397,18 +446,22 @@ class Control:
             elif key == "dram.capacity":
                 try:
                     if parse_size(value) < store.pinned_bytes:
-                        raise KvfsError(errno.EINVAL, "set: dram.capacity is below the pinned "
-                                                      "bytes; unpin first")
+                        raise KvfsError(
+                            errno.EINVAL,
+                            "set: dram.capacity is below the pinned bytes; unpin first",
+                        )
                 except ValueError as e:
                     raise KvfsError(errno.EINVAL, f"set: dram.capacity: {e}") from None
             elif key == "pool.evict":
                 if value not in ("lru", "prefix", "never"):
-                    raise KvfsError(errno.EINVAL, "set: pool.evict takes \"lru\", \"prefix\" "
-                                                  "or \"never\"")
+                    raise KvfsError(
+                        errno.EINVAL, 'set: pool.evict takes "lru", "prefix" or "never"'
+                    )
             else:
-                raise KvfsError(errno.EINVAL, f"set: unknown knob {key!r} (known: "
-                                              f"{', '.join(known)})")
-        for key, value in args.items():      # all valid: apply them together
+                raise KvfsError(
+                    errno.EINVAL, f"set: unknown knob {key!r} (known: {', '.join(known)})"
+                )
+        for key, value in args.items():  # all valid: apply them together
             if key == "prefetch.enabled":
                 knobs.prefetch_enabled = value
             elif key == "prefetch.max_window":
@@ -417,9 +470,12 @@ class Control:
                 store.set_capacity(parse_size(value))
             elif key == "pool.evict":
                 knobs.pool_evict = value
-        return {"prefetch.enabled": knobs.prefetch_enabled,
-                "prefetch.max_window": knobs.prefetch_max_window,
-                "dram.capacity": store.capacity, "pool.evict": knobs.pool_evict}
+        return {
+            "prefetch.enabled": knobs.prefetch_enabled,
+            "prefetch.max_window": knobs.prefetch_max_window,
+            "dram.capacity": store.capacity,
+            "pool.evict": knobs.pool_evict,
+        }
 
     async def _flush(self, args: dict) -> dict:
         self._no_args("flush", args)

@@ -18,15 +18,23 @@ from kvfs.space import Space
 
 
 class DirectAccess:
-    def __init__(self, catalog, handles: Handles, sessions: Sessions, space: Space,
-                 leases: Leases, allocations: Allocations, hits: collections.Counter):
+    def __init__(
+        self,
+        catalog,
+        handles: Handles,
+        sessions: Sessions,
+        space: Space,
+        leases: Leases,
+        allocations: Allocations,
+        hits: collections.Counter,
+    ):
         self.catalog = catalog
         self.handles = handles
         self.sessions = sessions
         self.space = space
         self.leases = leases
         self.allocations = allocations
-        self.hits = hits              # reads per file (Files.hits: a direct read counts too)
+        self.hits = hits  # reads per file (Files.hits: a direct read counts too)
 
     # --- direct writers ------------------------------------------------------------------------
     async def direct_alloc(self, ino: int, size: int, ttl: float) -> dict:
@@ -49,10 +57,13 @@ class DirectAccess:
         a = self.allocations.take(alloc_id, ino)
         lay = a.layout
         try:
-            if len(sums) != lay.nunits or not all(isinstance(x, int) and 0 <= x < 1 << 64
-                                                  for x in sums):
-                raise KvfsError(errno.EINVAL, f"commit of {lay.nunits} units needs "
-                                              f"{lay.nunits} 64-bit checksums")
+            if len(sums) != lay.nunits or not all(
+                isinstance(x, int) and 0 <= x < 1 << 64 for x in sums
+            ):
+                raise KvfsError(
+                    errno.EINVAL,
+                    f"commit of {lay.nunits} units needs {lay.nunits} 64-bit checksums",
+                )
             layout = Layout(lay.size, lay.unit, lay.ns, lay.offsets, tuple(sums))
             for e in layout.unit_extents():
                 self.space.pool.fence(e.offset, e.length)
@@ -65,7 +76,7 @@ class DirectAccess:
         st = self.handles.state(ino)
         async with st.lock:
             rec = await self.sessions.publish(node, layout)
-            self.sessions.end(st)       # what the writer wrote through the mount is superseded
+            self.sessions.end(st)  # what the writer wrote through the mount is superseded
         self.allocations.stats.direct_writes += 1
         self.allocations.stats.direct_write_bytes += layout.size
         await self.sessions.keep_pinned(node, rec)

@@ -55,7 +55,7 @@ class Eviction:
         except BaseException as e:
             node.removed_elsewhere = False
             if isinstance(e, KvfsError) and e.errno in (errno.ENOENT, errno.ESTALE):
-                return 0                    # changed by another node meanwhile
+                return 0  # changed by another node meanwhile
             raise
         self._unlinked(node)
         self.kernel.evicted(parent, name, ino)

@@ -57,18 +57,27 @@ __all__ = ["Attr", "Files", "OpenResult", "PIN_XATTR"]
 class FilesStats:
     opens: int = 0
     creates: int = 0
-    passthrough_opens: int = 0        # answered with a memfd the kernel reads and writes itself
-    plain_opens: int = 0              # served by the daemon (no passthrough, or the fallback)
+    passthrough_opens: int = 0  # answered with a memfd the kernel reads and writes itself
+    plain_opens: int = 0  # served by the daemon (no passthrough, or the fallback)
 
 
 class Files(Eviction, Attributes):
     """The POSIX behaviour FUSE needs (the module doc); eviction (kvfs/fs/eviction.py) and
     extended attributes and pins (kvfs/fs/xattrs.py) are its parts of their own."""
 
-    def __init__(self, catalog, store: BlockStore, space: Space, sessions: Sessions,
-                 leases: Leases, allocations: Allocations, *,
-                 durability: Callable[[Listener], Durability], readahead=None,
-                 kernel: NoKernel = NO_KERNEL):
+    def __init__(
+        self,
+        catalog,
+        store: BlockStore,
+        space: Space,
+        sessions: Sessions,
+        leases: Leases,
+        allocations: Allocations,
+        *,
+        durability: Callable[[Listener], Durability],
+        readahead=None,
+        kernel: NoKernel = NO_KERNEL,
+    ):
         """`durability` makes the seam that says when bytes are durable (kvfs/write/durability.py)
         with this layer as its listener: the factory chooses which (kvfs/service.py).
         `kernel`: what to tell the kernel's caches when a file changes behind its back
@@ -83,7 +92,7 @@ class Files(Eviction, Attributes):
         self.kernel = kernel
         self.handles = Handles()
         self._passthrough = False
-        self.hits: collections.Counter[int] = collections.Counter()   # reads per file, since mount
+        self.hits: collections.Counter[int] = collections.Counter()  # reads per file, since mount
         # unlinked files whose uncommitted content went with their session (a closed file
         # removed before its write-back): the size it had, for the kernel's GETATTRs until
         # it forgets the inode (a stat racing with the unlink), as ext4 would answer
@@ -123,7 +132,7 @@ class Files(Eviction, Attributes):
             if not handles.idle(ino, st):
                 return
             if st.session is not None:
-                if ino in self._gone_sizes:              # unlinked: its last size
+                if ino in self._gone_sizes:  # unlinked: its last size
                     self._gone_sizes[ino] = st.session.size
                 self.sessions.end(st)
             if st.held is not None:
@@ -132,7 +141,7 @@ class Files(Eviction, Attributes):
         if ino not in handles.lookups:
             self._gone_sizes.pop(ino, None)
             if ino in self.write_errors.files:
-                node = self.catalog.find(ino)       # (an unlinked node is still known)
+                node = self.catalog.find(ino)  # (an unlinked node is still known)
                 if node is not None and not node.linked:
                     self.write_errors.forget(ino)
             self.catalog.drop(ino)
@@ -145,8 +154,17 @@ class Files(Eviction, Attributes):
             size = node.committed_size
         else:
             size = self._gone_sizes.get(node.ino, node.committed_size)
-        return Attr(node.ino, node.mode, node.nlink, node.uid, node.gid, size,
-                    node.atime_ns, node.mtime_ns, node.ctime_ns)
+        return Attr(
+            node.ino,
+            node.mode,
+            node.nlink,
+            node.uid,
+            node.gid,
+            size,
+            node.atime_ns,
+            node.mtime_ns,
+            node.ctime_ns,
+        )
 
     def counted(self, node: Node) -> Attr:
         """attr() for a reply that gives the kernel a reference (lookup, create, mkdir...)."""
@@ -158,8 +176,9 @@ class Files(Eviction, Attributes):
         """Is the node's content served by this node without asking a shared catalog (open
         here, or resident in DRAM or the local tier)?"""
         st = self.handles.states.get(node.ino)
-        return (st is not None and st.opens > 0) or \
-            (node.blob is not None and self.store.tier_of(node.blob) != "pool")
+        return (st is not None and st.opens > 0) or (
+            node.blob is not None and self.store.tier_of(node.blob) != "pool"
+        )
 
     async def lookup(self, parent: int, name: bytes) -> Attr:
         return self.counted(await self.catalog.lookup_fresh(parent, name, self._held_here))
@@ -176,11 +195,12 @@ class Files(Eviction, Attributes):
     def getattr(self, ino: int) -> Attr:
         return self.attr(self.catalog.get(ino))
 
-    def changed_elsewhere(self, kind: str, node: Node, old: BlobRec | None, parent: int,
-                          name: bytes) -> None:
+    def changed_elsewhere(
+        self, kind: str, node: Node, old: BlobRec | None, parent: int, name: bytes
+    ) -> None:
         """Another node changed the shared catalog (the mirror's `on_change`)."""
         if kind == "gone":
-            node.removed_elsewhere = True     # a writer here must not take its close for a commit
+            node.removed_elsewhere = True  # a writer here must not take its close for a commit
             self._unlinked(node)
             self.kernel.evicted(parent, name, node.ino)
         elif kind == "content":
@@ -195,7 +215,7 @@ class Files(Eviction, Attributes):
     # --- directories and names -----------------------------------------------------------------
     @staticmethod
     def _owner(parent: Node, gid: int, mode: int, is_dir: bool) -> tuple[int, int]:
-        if parent.mode & stat.S_ISGID:     # BSD group semantics on setgid directories
+        if parent.mode & stat.S_ISGID:  # BSD group semantics on setgid directories
             gid = parent.gid
             if is_dir:
                 mode |= stat.S_ISGID
@@ -222,10 +242,10 @@ class Files(Eviction, Attributes):
     def _unlinked(self, node: Node) -> None:
         """A node lost its name: retire its content unless someone still uses the node (a
         closed content waiting for write-back is dropped: kvfs/write/writeback.py)."""
-        self.hits.pop(node.ino, None)       # (reads per file since mount: only while it exists)
+        self.hits.pop(node.ino, None)  # (reads per file since mount: only while it exists)
         st = self.handles.states.get(node.ino)
         if st is not None and st.session is not None:
-            self._gone_sizes[node.ino] = st.session.size     # (see attr)
+            self._gone_sizes[node.ino] = st.session.size  # (see attr)
             if st.session.writeback is not None:
                 self.durability.unlinked(st.session)
         if node.blob is not None:
@@ -244,8 +264,9 @@ class Files(Eviction, Attributes):
     async def rmdir(self, parent: int, name: bytes) -> None:
         self._unlinked(await self.catalog.rmdir(parent, name))
 
-    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
-                     flags: int) -> None:
+    async def rename(
+        self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int
+    ) -> None:
         src = self.catalog.lookup(parent_old, name_old)
         if src.is_file and self._commit_before_rename(src, parent_new, name_new):
             # Like ext4's auto_da_alloc: a file renamed into place (write tmp, rename) has its
@@ -284,31 +305,46 @@ class Files(Eviction, Attributes):
             return False
         return target.persisted
 
-    async def setattr(self, ino: int, fh: int | None, *, mode: int | None = None,
-                      uid: int | None = None, gid: int | None = None, size: int | None = None,
-                      atime_ns: int | None = None, mtime_ns: int | None = None) -> Attr:
+    async def setattr(
+        self,
+        ino: int,
+        fh: int | None,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Attr:
         node = self.catalog.get(ino)
         if size is not None:
             if not node.is_file:
-                raise KvfsError(errno.EISDIR if node.is_dir else errno.EINVAL,
-                                "can only truncate regular files")
-            await self.settle(ino)          # (the inode's state may go: looked up after)
+                raise KvfsError(
+                    errno.EISDIR if node.is_dir else errno.EINVAL, "can only truncate regular files"
+                )
+            await self.settle(ino)  # (the inode's state may go: looked up after)
             st = self.handles.state(ino)
-            if st.passthrough > 0 and not (st.session is not None and not st.session.frozen
-                                           and st.backing is st.session.buffer):
+            if st.passthrough > 0 and not (
+                st.session is not None and not st.session.frozen and st.backing is st.session.buffer
+            ):
                 # the kernel serves readers here another version's memory: as for a rewrite
-                raise KvfsError(errno.ETXTBSY, f"{self.catalog.path_of(node)}: open for "
-                                               f"reading on this node; truncate a new file and "
-                                               f"rename it over this one instead")
+                raise KvfsError(
+                    errno.ETXTBSY,
+                    f"{self.catalog.path_of(node)}: open for "
+                    f"reading on this node; truncate a new file and "
+                    f"rename it over this one instead",
+                )
             async with st.lock:
                 await self.sessions.truncate(node, st, size)
-                if st.writers == 0:       # truncate(2) by path: nobody will close it, commit now
+                if st.writers == 0:  # truncate(2) by path: nobody will close it, commit now
                     await self.sessions.commit_locked(node, st)
                     self.sessions.end(st)
             self._release_state(node)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
-            await self.catalog.setattr(node, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns,
-                                       mtime_ns=mtime_ns)
+            await self.catalog.setattr(
+                node, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns
+            )
         return self.attr(node)
 
     # --- opening -------------------------------------------------------------------------------
@@ -322,11 +358,12 @@ class Files(Eviction, Attributes):
     @staticmethod
     def _open_result(h: Handle, st: NodeState) -> OpenResult:
         node = h.node
-        noflush = not h.writable          # closing a read-only handle commits nothing
+        noflush = not h.writable  # closing a read-only handle commits nothing
         if h.backing is not None:
             st.cache_version = None
-            return OpenResult(h.fh, keep_cache=False, direct_io=False, backing=h.backing,
-                              noflush=noflush)
+            return OpenResult(
+                h.fh, keep_cache=False, direct_io=False, backing=h.backing, noflush=noflush
+            )
         # A writer opened while read-only handles pin a committed version bypasses the page
         # cache, so its new bytes never reach those readers through cached pages.
         direct = h.writable and bool(st.readers)
@@ -352,11 +389,15 @@ class Files(Eviction, Attributes):
             return False
         if st.passthrough > 0:
             s = st.session
-            if writable and not (s is not None and s.passthrough and not s.frozen
-                                 and st.backing is s.buffer):
-                raise KvfsError(errno.ETXTBSY, f"{self.catalog.path_of(node)}: open for "
-                                               f"reading on this node; write a new file and "
-                                               f"rename it over this one instead")
+            if writable and not (
+                s is not None and s.passthrough and not s.frozen and st.backing is s.buffer
+            ):
+                raise KvfsError(
+                    errno.ETXTBSY,
+                    f"{self.catalog.path_of(node)}: open for "
+                    f"reading on this node; write a new file and "
+                    f"rename it over this one instead",
+                )
             return True
         if writable or st.session is not None:
             return True
@@ -370,8 +411,9 @@ class Files(Eviction, Attributes):
         if not node.linked and self.handles.states.get(ino, NodeState()).opens == 0:
             # No handle keeps it: the kernel opened a name it still caches for a file deleted
             # behind its back (eviction; it is told asynchronously). Its space may be reused.
-            raise KvfsError(errno.ENOENT, f"{node.name.decode(errors='replace')}: deleted "
-                                          f"(evicted)")
+            raise KvfsError(
+                errno.ENOENT, f"{node.name.decode(errors='replace')}: deleted (evicted)"
+            )
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         if writable:
             # a closed file's buffer waiting for write-back is never written again (once
@@ -421,19 +463,19 @@ class Files(Eviction, Attributes):
                 s = await self.sessions.writable(node, st)
                 if not s.passthrough:
                     s.passthrough = True
-                    if not s.dirty:         # a copy of the committed version: unchanged so far
+                    if not s.dirty:  # a copy of the committed version: unchanged so far
                         s.sig, s.rec = s.buffer.signature(), node.blob
             buf, st.backing_version = s.buffer, s
         elif isinstance(h.version, BlobRec):
             buf = await self.store.materialize(h.version)
             st.backing_version = h.version
-        else:                       # the write session (or an empty session) it pinned
-            if h.version is None:   # a new file whose first commit failed: no content yet
+        else:  # the write session (or an empty session) it pinned
+            if h.version is None:  # a new file whose first commit failed: no content yet
                 h.version = Session(Buffer(self.sessions.pool.chunk), dirty=False)
             buf, st.backing_version = h.version.buffer, h.version
         if h.writable:
-            st.session.rdwr |= h.readable        # may be mmap'd for writing
-            buf.shared = True                    # the kernel writes into it itself
+            st.session.rdwr |= h.readable  # may be mmap'd for writing
+            buf.shared = True  # the kernel writes into it itself
         h.backing = st.backing = buf
         st.passthrough += 1
         self.stats.passthrough_opens += 1
@@ -459,7 +501,7 @@ class Files(Eviction, Attributes):
             self.store.hold(node.blob, node.ino)
             st.readers[node.blob.id] = st.readers.get(node.blob.id, 0) + 1
             if not access:
-                return      # O_NOATIME (a scan, a checksum run): no atime, hit or LRU move
+                return  # O_NOATIME (a scan, a checksum run): no atime, hit or LRU move
             # one access per open (not per read request): tiers count it, the policy hears it
             # with the block this reader read before it in the chain, readahead looks ahead
             parent = self.readahead.opened(node, pid) if self.readahead else None
@@ -478,8 +520,9 @@ class Files(Eviction, Attributes):
                 st.readers.pop(h.version.id, None)
         h.version = None
 
-    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
-                     gid: int, pid: int = 0) -> tuple[OpenResult, Attr]:
+    async def create(
+        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int, pid: int = 0
+    ) -> tuple[OpenResult, Attr]:
         gid, mode = self._owner(self.catalog.dir(parent), gid, mode, False)
         await self.durability.throttle()
         node = self.catalog.create_file(parent, name, mode, uid, gid)
@@ -490,7 +533,7 @@ class Files(Eviction, Attributes):
         s = self.sessions.new(st)
         h = self.handles.new(node, flags, pid)
         try:
-            if not h.writable:      # O_CREAT|O_RDONLY: the empty file exists once create returns
+            if not h.writable:  # O_CREAT|O_RDONLY: the empty file exists once create returns
                 h.version = s
                 await self.sessions.commit_if_dirty(node, st)
             await self._serve(h, st, self.passthrough)
@@ -527,8 +570,11 @@ class Files(Eviction, Attributes):
             if version.rollbacks != h.rollbacks and not h.writable:
                 # what it read was dropped (a failed write-back or commit): one version per
                 # open, the rest of it is EIO rather than the previous version's bytes
-                raise KvfsError(errno.EIO, f"{self.catalog.path_of(h.node)}: its content was "
-                                           f"rolled back under this open (not written)")
+                raise KvfsError(
+                    errno.EIO,
+                    f"{self.catalog.path_of(h.node)}: its content was "
+                    f"rolled back under this open (not written)",
+                )
             return version.buffer.view(offset, length)
         return await self.store.read(version, offset, length)
 
@@ -574,8 +620,9 @@ class Files(Eviction, Attributes):
             # pid tells nothing).
             s = st.session if st is not None else None
             if s is not None and not s.frozen and s.failed is None and s.changed():
-                s.failed = KvfsError(errno.EIO, f"process {closer} was killed before it "
-                                                f"closed the file")
+                s.failed = KvfsError(
+                    errno.EIO, f"process {closer} was killed before it closed the file"
+                )
             return
         # A failed commit raises an error that says what the kernel may cache wrongly now
         # (`dropped`, `removed`: see Sessions.drop); the FUSE layer tells the kernel before
@@ -614,7 +661,7 @@ class Files(Eviction, Attributes):
         try:
             await self.durability.sync_file(h.node, self.handles.states.get(ino))
         except KvfsError:
-            _, h.wb_seen = self.write_errors.check(h.wb_seen, ino)     # told now
+            _, h.wb_seen = self.write_errors.check(h.wb_seen, ino)  # told now
             raise
         err, h.wb_seen = self.write_errors.check(h.wb_seen, ino)
         if err is not None:
@@ -637,8 +684,9 @@ class Files(Eviction, Attributes):
             try:
                 await self.durability.released(h.node, st)
             except KvfsError as e:
-                log.error("%s: closed, not written back at the stop: %s",
-                          self.catalog.path_of(h.node), e)
+                log.error(
+                    "%s: closed, not written back at the stop: %s", self.catalog.path_of(h.node), e
+                )
                 self.write_errors.record(h.node.ino, e)
         return n
 
@@ -661,8 +709,12 @@ class Files(Eviction, Attributes):
         """Has the file content not committed yet (open for writing, or closed and waiting
         for write-back)?"""
         st = self.handles.states.get(ino)
-        return st is not None and st.session is not None and not st.session.frozen \
+        return (
+            st is not None
+            and st.session is not None
+            and not st.session.frozen
             and (st.session.writeback is not None or st.session.changed())
+        )
 
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh)
@@ -690,10 +742,13 @@ class Files(Eviction, Attributes):
                     raise
             except KvfsError as e:
                 # (after a catalog failure, logged once where it happened, only at debug level)
-                log.log(logging.DEBUG if self.catalog.failure else logging.ERROR,
-                        "%s: commit at release failed, content dropped: %s",
-                        self.catalog.path_of(node), e)
-                if not known:           # nobody waits for a release: the fsyncs to come
+                log.log(
+                    logging.DEBUG if self.catalog.failure else logging.ERROR,
+                    "%s: commit at release failed, content dropped: %s",
+                    self.catalog.path_of(node),
+                    e,
+                )
+                if not known:  # nobody waits for a release: the fsyncs to come
                     self.write_errors.record(node.ino, e)
             if node.linked or st.opens == 0:
                 self.sessions.end(st)
@@ -723,9 +778,11 @@ class Files(Eviction, Attributes):
     def statfs(self) -> dict:
         free = self.space.free
         return {
-            "bsize": 4096, "frsize": 4096,
+            "bsize": 4096,
+            "frsize": 4096,
             "blocks": self.space.pool.capacity // 4096,
-            "bfree": free // 4096, "bavail": free // 4096,
+            "bfree": free // 4096,
+            "bavail": free // 4096,
             "files": self.catalog.node_count,
             "ffree": 1 << 32,
             "namemax": 255,
@@ -733,16 +790,24 @@ class Files(Eviction, Attributes):
 
     def statistics(self) -> dict:
         s = self.sessions.stats
-        return {"opens": self.stats.opens, "creates": self.stats.creates,
-                "passthrough_opens": self.stats.passthrough_opens,
-                "plain_opens": self.stats.plain_opens,
-                "commits": s.commits, "commit_errors": s.commit_errors,
-                "bytes_written": s.bytes_written, "pool_evictions": self.space.evictions,
-                "durability": self.durability.mode,
-                **vars(self.leases.stats), **vars(self.allocations.stats),
-                "open_handles": len(self.handles), "nodes": self.catalog.node_count,
-                "kernel_refs": len(self.handles.lookups), "node_states": len(self.handles.states),
-                # what is held now (a leak shows here once clients are done)
-                "inode_states": len(self.handles.states),
-                "leases_held": sum(len(v) for v in self.leases.held.values()),
-                "allocations_pending": len(self.allocations.pending)}
+        return {
+            "opens": self.stats.opens,
+            "creates": self.stats.creates,
+            "passthrough_opens": self.stats.passthrough_opens,
+            "plain_opens": self.stats.plain_opens,
+            "commits": s.commits,
+            "commit_errors": s.commit_errors,
+            "bytes_written": s.bytes_written,
+            "pool_evictions": self.space.evictions,
+            "durability": self.durability.mode,
+            **vars(self.leases.stats),
+            **vars(self.allocations.stats),
+            "open_handles": len(self.handles),
+            "nodes": self.catalog.node_count,
+            "kernel_refs": len(self.handles.lookups),
+            "node_states": len(self.handles.states),
+            # what is held now (a leak shows here once clients are done)
+            "inode_states": len(self.handles.states),
+            "leases_held": sum(len(v) for v in self.leases.held.values()),
+            "allocations_pending": len(self.allocations.pending),
+        }

@@ -35,13 +35,13 @@ class KernelCache(NoKernel):
     def evicted(self, parent: int, name: bytes, ino: int) -> None:
         try:
             pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
-        except Exception:   # noqa: BLE001 - the kernel may not know the entry; nothing to undo
+        except Exception:  # noqa: BLE001 - the kernel may not know the entry; nothing to undo
             log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
 
     def new_name(self, parent: int, name: bytes) -> None:
         try:
             pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
-        except Exception:   # noqa: BLE001 - nothing cached, nothing to undo
+        except Exception:  # noqa: BLE001 - nothing cached, nothing to undo
             log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
 
     def new_content(self, ino: int) -> None:
@@ -49,5 +49,5 @@ class KernelCache(NoKernel):
         version; an open beside a session keeps none): only the attributes are dropped."""
         try:
             pyfuse3.invalidate_inode(ino, attr_only=True)
-        except Exception:   # noqa: BLE001 - the kernel may not know the inode
+        except Exception:  # noqa: BLE001 - the kernel may not know the inode
             log.debug("invalidate_inode(%d) failed", ino, exc_info=True)

@@ -11,7 +11,7 @@ class Latency:
     def __init__(self) -> None:
         self.counts: dict[str, list[int]] = {}
         self.maxima: dict[str, float] = {}
-        self.cpu: dict[str, float] = {}       # trio-thread CPU seconds in each handler (opt-in)
+        self.cpu: dict[str, float] = {}  # trio-thread CPU seconds in each handler (opt-in)
 
     def add_cpu(self, op: str, seconds: float) -> None:
         self.cpu[op] = self.cpu.get(op, 0.0) + seconds
@@ -38,7 +38,7 @@ class Latency:
                 for b, k in enumerate(c):
                     acc += k
                     if acc >= target:
-                        res[name] = float(1 << b)    # the bucket's upper bound
+                        res[name] = float(1 << b)  # the bucket's upper bound
                         break
             out[op] = res
         return out

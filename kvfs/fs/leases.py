@@ -35,15 +35,18 @@ class LeaseStats:
 class Leases:
     def __init__(self, store: BlockStore):
         self.store = store
-        self.held: dict[int, list[tuple[float, BlobRec]]] = {}   # generation -> [(expiry, rec)]
+        self.held: dict[int, list[tuple[float, BlobRec]]] = {}  # generation -> [(expiry, rec)]
         self.stats = LeaseStats()
 
     def lease(self, node: Node, generation: int, ttl: float) -> None:
         """Hold the file's committed version `generation` for up to `ttl` seconds. ESTALE if
         the file's current version is another one."""
         if node.blob is None or node.blob.id != generation:
-            raise KvfsError(errno.ESTALE, f"version {generation} is not the file's current one"
-                                          f" ({node.blob.id if node.blob else 'none'})")
+            raise KvfsError(
+                errno.ESTALE,
+                f"version {generation} is not the file's current one"
+                f" ({node.blob.id if node.blob else 'none'})",
+            )
         self.store.hold(node.blob)
         self.held.setdefault(generation, []).append((trio.current_time() + ttl, node.blob))
         self.stats.leases += 1
@@ -97,16 +100,17 @@ class Leases:
 @dataclass
 class Allocation:
     """Space handed to a direct writer: a block's stripe units, not yet published."""
+
     id: int
     ino: int
-    layout: Layout                 # the units' places (checksums unknown until commit)
-    expires: float                 # trio clock
+    layout: Layout  # the units' places (checksums unknown until commit)
+    expires: float  # trio clock
 
 
 @dataclass
 class AllocationStats:
     allocations: int = 0
-    direct_writes: int = 0         # blocks committed by direct writers
+    direct_writes: int = 0  # blocks committed by direct writers
     direct_write_bytes: int = 0
     expired_allocations: int = 0
 
@@ -149,8 +153,11 @@ class Allocations:
         """The allocation to commit (it leaves the pending set); ESTALE if it expired."""
         a = self.pending.get(alloc_id)
         if a is None or a.ino != ino:
-            raise KvfsError(errno.ESTALE, f"no live direct-write allocation {alloc_id} on this "
-                                          f"file (expired, or committed already?)")
+            raise KvfsError(
+                errno.ESTALE,
+                f"no live direct-write allocation {alloc_id} on this "
+                f"file (expired, or committed already?)",
+            )
         del self.pending[alloc_id]
         if a.expires < trio.current_time():
             self.pool.release(a.layout)
@@ -170,7 +177,11 @@ class Allocations:
     @staticmethod
     def describe(a: Allocation, namespace_paths: list[str]) -> dict:
         lay = a.layout
-        return {"alloc": a.id, "size": lay.size, "stripe_unit": lay.unit,
-                "unit_map": [[lay.ns[k], lay.offsets[k]] for k in range(lay.nunits)],
-                "namespace_paths": namespace_paths,
-                "expires_in": round(max(0.0, a.expires - trio.current_time()), 3)}
+        return {
+            "alloc": a.id,
+            "size": lay.size,
+            "stripe_unit": lay.unit,
+            "unit_map": [[lay.ns[k], lay.offsets[k]] for k in range(lay.nunits)],
+            "namespace_paths": namespace_paths,
+            "expires_in": round(max(0.0, a.expires - trio.current_time()), 3),
+        }

@@ -27,7 +27,7 @@ from kvfs.fs.latency import Latency
 log = logging.getLogger("kvfs.fuse")
 
 CONTROL_NAME = b".kvfs-control"
-PREFERRED_IO = 1 << 20      # st_blksize: buffered writers then send 1 MiB writes
+PREFERRED_IO = 1 << 20  # st_blksize: buffered writers then send 1 MiB writes
 
 
 # KVFS_HANDLER_CPU=1: count the trio thread's CPU time in each handler's own steps (not the
@@ -73,7 +73,7 @@ class _Timed:
 
 
 def translate(fn):
-    name = fn.__name__.lstrip("_")       # (_getxattr: the getxattr that needs the handler)
+    name = fn.__name__.lstrip("_")  # (_getxattr: the getxattr that needs the handler)
 
     @functools.wraps(fn)
     async def wrapper(self, *args, **kwargs):
@@ -95,6 +95,7 @@ def translate(fn):
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             self.latency.record(name, time.perf_counter() - t0)
+
     return wrapper
 
 
@@ -109,10 +110,10 @@ class Backings:
 
     def __init__(self) -> None:
         self.ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Buffer -> [id, handles]
-        self.of_fh: dict[int, object] = {}         # fh -> Buffer
-        self.opened = 0                            # backing ids registered, for statistics
-        self.closed = 0                            # ... and closed (open: the difference)
-        self.token: trio.lowlevel.TrioToken | None = None     # set at INIT (FuseOps.init)
+        self.of_fh: dict[int, object] = {}  # fh -> Buffer
+        self.opened = 0  # backing ids registered, for statistics
+        self.closed = 0  # ... and closed (open: the difference)
+        self.token: trio.lowlevel.TrioToken | None = None  # set at INIT (FuseOps.init)
 
     @property
     def in_use(self) -> int:
@@ -133,7 +134,7 @@ class Backings:
     def release(self, fh: int) -> None:
         buf = self.of_fh.pop(fh, None)
         if buf is not None:
-            self.ids[buf][1] -= 1          # (the id stays while the buffer lives)
+            self.ids[buf][1] -= 1  # (the id stays while the buffer lives)
 
     def _died(self, bid: int) -> None:
         """A buffer with a backing id died (its finalizer, in any thread)."""
@@ -143,7 +144,7 @@ class Backings:
             return
         try:
             token.run_sync_soon(self._close, bid)
-        except trio.RunFinishedError:      # unmounted: /dev/fuse is closed, and the ids with it
+        except trio.RunFinishedError:  # unmounted: /dev/fuse is closed, and the ids with it
             pass
 
     def _close(self, bid: int) -> None:
@@ -163,14 +164,16 @@ def _has_noflush() -> bool:
     return True
 
 
-NOFLUSH = _has_noflush()      # read-only opens ask the kernel to send no FLUSH at close
+NOFLUSH = _has_noflush()  # read-only opens ask the kernel to send no FLUSH at close
 
 
 def passthrough_available() -> str | None:
     """None if this pyfuse3 can do FUSE passthrough, else why not."""
     if not hasattr(pyfuse3, "passthrough_open"):
-        return ("pyfuse3 has no passthrough API (install kvfs's patched build: make install, "
-                "mount/fuse/build.sh)")
+        return (
+            "pyfuse3 has no passthrough API (install kvfs's patched build: make install, "
+            "mount/fuse/build.sh)"
+        )
     return None
 
 
@@ -181,8 +184,14 @@ class FuseOps(pyfuse3.Operations):
     # directory's lock (mount/fuse/pyfuse3-parallel-dirops.patch; a stock pyfuse3 ignores it)
     enable_parallel_dirops = True
 
-    def __init__(self, files: Files, control: Control, latency: Latency,
-                 attr_timeout: float = 1.0, passthrough: bool = True):
+    def __init__(
+        self,
+        files: Files,
+        control: Control,
+        latency: Latency,
+        attr_timeout: float = 1.0,
+        passthrough: bool = True,
+    ):
         """What a file changes behind the kernel's back the layers below tell the kernel
         themselves (`files.kernel`, kvfs/fs/kernel.py): nothing here is called from below."""
         super().__init__()
@@ -195,15 +204,18 @@ class FuseOps(pyfuse3.Operations):
         latency.maxima.setdefault("getxattr", 0.0)
         # Ask for FUSE passthrough at INIT (the patched pyfuse3 reads this); whether the kernel
         # agreed is known in init(), and `data_path` says which path serves the data, and why.
-        why = passthrough_available() if passthrough else \
-            "FUSE passthrough is turned off ([mount] passthrough, or KVFS_PASSTHROUGH)"
+        why = (
+            passthrough_available()
+            if passthrough
+            else "FUSE passthrough is turned off ([mount] passthrough, or KVFS_PASSTHROUGH)"
+        )
         self.enable_passthrough = why is None
         self.data_path = {"passthrough": False, "why": why or "INIT not answered yet"}
         self.backings = Backings()
-        self._dirs: dict[int, object] = {}          # fh -> the directory's listing
-        self._dir_errors: dict[int, int] = {}       # fh -> write errors it has seen (errseq)
+        self._dirs: dict[int, object] = {}  # fh -> the directory's listing
+        self._dir_errors: dict[int, int] = {}  # fh -> write errors it has seen (errseq)
         self._next_dir = 1
-        self.initialized = trio.Event()      # set once the kernel's INIT has been answered
+        self.initialized = trio.Event()  # set once the kernel's INIT has been answered
 
     def init(self) -> None:
         # pyfuse3 calls this inside its INIT handler and replies right after it returns, so
@@ -212,11 +224,16 @@ class FuseOps(pyfuse3.Operations):
             self.backings.token = trio.lowlevel.current_trio_token()
             on = pyfuse3.passthrough_enabled()
             self.files.passthrough = on
-            self.data_path = {"passthrough": on, "why": (
-                "the kernel agreed to FUSE passthrough: reads, writes and mmap of files go "
-                "between the application and kvfs's memfds without the daemon" if on else
-                "the kernel did not offer FUSE passthrough (Linux >= 6.9 with "
-                "CONFIG_FUSE_PASSTHROUGH, and CAP_SYS_ADMIN, are needed)")}
+            self.data_path = {
+                "passthrough": on,
+                "why": (
+                    "the kernel agreed to FUSE passthrough: reads, writes and mmap of files go "
+                    "between the application and kvfs's memfds without the daemon"
+                    if on
+                    else "the kernel did not offer FUSE passthrough (Linux >= 6.9 with "
+                    "CONFIG_FUSE_PASSTHROUGH, and CAP_SYS_ADMIN, are needed)"
+                ),
+            }
         enabled = getattr(pyfuse3, "parallel_dirops_enabled", None)
         self.data_path["parallel_dirops"] = bool(enabled and enabled())
         self.initialized.set()
@@ -224,10 +241,14 @@ class FuseOps(pyfuse3.Operations):
     def _file_info(self, r) -> pyfuse3.FileInfo:
         extra = {"noflush": True} if r.noflush and NOFLUSH else {}
         if r.backing is not None:
-            return pyfuse3.FileInfo(fh=r.fh, backing_id=self.backings.bind(r.fh, r.backing),
-                                    direct_io=False, keep_cache=False, **extra)
-        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache,
-                                **extra)
+            return pyfuse3.FileInfo(
+                fh=r.fh,
+                backing_id=self.backings.bind(r.fh, r.backing),
+                direct_io=False,
+                keep_cache=False,
+                **extra,
+            )
+        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache, **extra)
 
     # --- helpers -------------------------------------------------------------------------------
     def entry(self, a: Attr) -> pyfuse3.EntryAttributes:
@@ -283,13 +304,15 @@ class FuseOps(pyfuse3.Operations):
         if inode == CONTROL_INO:
             raise KvfsError(errno.EPERM, "the control file cannot be changed")
         a = await self.files.setattr(
-            inode, fh,
+            inode,
+            fh,
             mode=attr.st_mode if fields.update_mode else None,
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
             size=attr.st_size if fields.update_size else None,
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
-            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None)
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+        )
         return self.entry(a)
 
     @translate
@@ -299,6 +322,7 @@ class FuseOps(pyfuse3.Operations):
     @translate
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         import stat
+
         if not stat.S_ISREG(mode):
             raise KvfsError(errno.EPERM, "kvfs holds regular files, directories and symlinks only")
         res, attr = await self.files.create(parent_inode, name, mode, os.O_RDONLY, ctx.uid, ctx.gid)
@@ -342,8 +366,12 @@ class FuseOps(pyfuse3.Operations):
     @translate
     async def open(self, inode, flags, ctx):
         if inode == CONTROL_INO:
-            return pyfuse3.FileInfo(fh=self.control.open(), direct_io=True, keep_cache=False,
-                                    **({"noflush": True} if NOFLUSH else {}))
+            return pyfuse3.FileInfo(
+                fh=self.control.open(),
+                direct_io=True,
+                keep_cache=False,
+                **({"noflush": True} if NOFLUSH else {}),
+            )
         r = await self.files.open(inode, flags, ctx.pid)
         try:
             return self._file_info(r)
@@ -355,8 +383,9 @@ class FuseOps(pyfuse3.Operations):
     async def create(self, parent_inode, name, mode, flags, ctx):
         if parent_inode == ROOT_INO and name == CONTROL_NAME:
             raise KvfsError(errno.EEXIST, "the control file exists")
-        r, attr = await self.files.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid,
-                                          ctx.pid)
+        r, attr = await self.files.create(
+            parent_inode, name, mode, flags, ctx.uid, ctx.gid, ctx.pid
+        )
         try:
             fi = self._file_info(r)
         except OSError:
@@ -422,7 +451,7 @@ class FuseOps(pyfuse3.Operations):
     def _forget_name(parent: int, name: bytes, ino: int) -> None:
         try:
             pyfuse3.invalidate_entry(parent, name)
-        except OSError as e:    # the kernel may not know the entry (ENOENT): nothing to undo
+        except OSError as e:  # the kernel may not know the entry (ENOENT): nothing to undo
             log.debug("invalidate_entry(%d, %r) failed: %s", parent, name, e)
 
     @translate
@@ -449,7 +478,7 @@ class FuseOps(pyfuse3.Operations):
         fh = self._next_dir
         self._next_dir += 1
         self._dirs[fh] = listing
-        self._dir_errors[fh] = self.files.write_errors.sample()   # (Files.fsyncdir)
+        self._dir_errors[fh] = self.files.write_errors.sample()  # (Files.fsyncdir)
         return fh
 
     @translate
@@ -460,7 +489,7 @@ class FuseOps(pyfuse3.Operations):
             attr = self.files.attr(node)
             if not pyfuse3.readdir_reply(token, node.name, self.entry(attr), node.cookie):
                 break
-            self.files.counted(node)     # readdirplus: the kernel took a reference
+            self.files.counted(node)  # readdirplus: the kernel took a reference
 
     async def releasedir(self, fh):
         self._dirs.pop(fh, None)
@@ -497,7 +526,7 @@ class FuseOps(pyfuse3.Operations):
             # The kernel asks for security.capability before a file's first write
             # (file_remove_privs) and keeps no answer: answered here without the handler's
             # frames, its error object and its log call (one request per stored file)
-            self._no_xattr[0] += 1            # (counted, in the first latency bucket)
+            self._no_xattr[0] += 1  # (counted, in the first latency bucket)
             raise pyfuse3.FUSEError(errno.ENODATA)
         return await self._getxattr(inode, name, ctx)
 
@@ -528,4 +557,4 @@ class FuseOps(pyfuse3.Operations):
         await self.files.removexattr(inode, name)
 
     async def access(self, inode, mode, ctx):
-        return True     # mounted with default_permissions: the kernel checks modes
+        return True  # mounted with default_permissions: the kernel checks modes

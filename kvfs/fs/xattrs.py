@@ -20,8 +20,10 @@ class Attributes:
     @staticmethod
     def _check_xattr_name(name: bytes) -> None:
         if not name.startswith(b"user."):
-            raise KvfsError(errno.ENOTSUP, f"only user.* attributes are supported, not "
-                                           f"{name.decode(errors='replace')}")
+            raise KvfsError(
+                errno.ENOTSUP,
+                f"only user.* attributes are supported, not {name.decode(errors='replace')}",
+            )
         if len(name) > XATTR_NAME_MAX:
             raise KvfsError(errno.ERANGE, "attribute name too long")
 
@@ -30,7 +32,9 @@ class Attributes:
         try:
             return node.xattrs[name]
         except KeyError:
-            raise KvfsError(errno.ENODATA, f"no attribute {name.decode(errors='replace')}") from None
+            raise KvfsError(
+                errno.ENODATA, f"no attribute {name.decode(errors='replace')}"
+            ) from None
 
     def listxattr(self, ino: int) -> list[bytes]:
         return list(self.catalog.get(ino).xattrs)
@@ -50,10 +54,11 @@ class Attributes:
         restarts as the attribute user.kvfs.pin."""
         node = self.catalog.get(ino)
         if not node.is_file:
-            raise KvfsError(errno.EISDIR if node.is_dir else errno.EINVAL,
-                            "only regular files can be pinned")
+            raise KvfsError(
+                errno.EISDIR if node.is_dir else errno.EINVAL, "only regular files can be pinned"
+            )
         if on:
-            await self.settle(ino)          # the version to pin is the closed content
+            await self.settle(ino)  # the version to pin is the closed content
             if node.blob is not None:
                 await self.store.pin(node.blob)
             await self.catalog.set_xattr(node, PIN_XATTR, b"1")
@@ -72,6 +77,7 @@ class Attributes:
                     await self.store.pin(node.blob)
                     n += 1
                 except KvfsError as e:
-                    log.warning("%s: cannot pin again after restart: %s",
-                                self.catalog.path_of(node), e)
+                    log.warning(
+                        "%s: cannot pin again after restart: %s", self.catalog.path_of(node), e
+                    )
         return n

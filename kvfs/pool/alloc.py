@@ -27,16 +27,17 @@ class ExtentAllocator:
         if unit <= 0 or unit % PAGE:
             raise ValueError(f"bad unit {unit}")
         self.start, self.end, self.unit = start, end, unit
-        self._starts: list[int] = []        # sorted starts of free extents
-        self._length: dict[int, int] = {}   # start -> length
+        self._starts: list[int] = []  # sorted starts of free extents
+        self._length: dict[int, int] = {}  # start -> length
         self.free_bytes = 0
-        self.unit_bytes = 0                 # free bytes in whole units (see the class doc)
+        self.unit_bytes = 0  # free bytes in whole units (see the class doc)
         if end > start:
             self._insert(start, end - start)
 
     @classmethod
-    def from_used(cls, start: int, end: int, used: Iterable[tuple[int, int]],
-                  unit: int = PAGE) -> "ExtentAllocator":
+    def from_used(
+        cls, start: int, end: int, used: Iterable[tuple[int, int]], unit: int = PAGE
+    ) -> "ExtentAllocator":
         """Build the map of [start, end) minus the (offset, length) extents in `used`.
 
         Raises ValueError if two used extents overlap or one lies outside the area: the catalog
@@ -47,8 +48,10 @@ class ExtentAllocator:
         pos = start
         for off, length in sorted(used):
             if off < pos or off + length > end or off % PAGE or length % PAGE:
-                raise ValueError(f"used extent ({off}, {length}) overlaps another or lies outside "
-                                 f"[{start}, {end})")
+                raise ValueError(
+                    f"used extent ({off}, {length}) overlaps another or lies outside "
+                    f"[{start}, {end})"
+                )
             if off > pos:
                 a._insert(pos, off - pos)
             pos = off + length
@@ -57,11 +60,11 @@ class ExtentAllocator:
         return a
 
     @classmethod
-    def from_sorted(cls, start: int, end: int, off, length,
-                    unit: int = PAGE) -> "ExtentAllocator":
+    def from_sorted(cls, start: int, end: int, off, length, unit: int = PAGE) -> "ExtentAllocator":
         """`from_used` for used extents given as numpy arrays sorted by offset (millions of
         blocks: the gaps between them are found without a Python loop per extent)."""
         import numpy as np
+
         a = cls(start, start, unit)
         a.end = end
         ends = off + length
@@ -70,8 +73,10 @@ class ExtentAllocator:
             bad[1:] |= off[1:] < ends[:-1]
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"used extent ({int(off[i])}, {int(length[i])}) overlaps another or "
-                             f"lies outside [{start}, {end})")
+            raise ValueError(
+                f"used extent ({int(off[i])}, {int(length[i])}) overlaps another or "
+                f"lies outside [{start}, {end})"
+            )
         lo = np.concatenate(([start], ends)).astype(np.int64)
         hi = np.concatenate((off, [end])).astype(np.int64)
         gap = hi > lo

@@ -75,13 +75,13 @@ class _Lock:
         self._lock.release()
         _holding.n -= 1
         if _dead and not _holding.n:
-            reap()      # what died meanwhile on this thread
+            reap()  # what died meanwhile on this thread
 
 
-MADV_POPULATE_WRITE = 23              # Linux >= 5.14
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_populate = [True, False]          # [enabled, ever worked]
+_populate = [True, False]  # [enabled, ever worked]
 
 
 def populate(views) -> None:
@@ -99,10 +99,11 @@ def populate(views) -> None:
         addr = ctypes.addressof(c)
         del c
         start = addr & ~(PAGE - 1)
-        if _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(addr + len(v) - start),
-                         MADV_POPULATE_WRITE):
+        if _libc.madvise(
+            ctypes.c_void_p(start), ctypes.c_size_t(addr + len(v) - start), MADV_POPULATE_WRITE
+        ):
             if ctypes.get_errno() == errno.EINVAL and not _populate[1]:
-                _populate[0] = False           # the kernel does not know it: stop trying
+                _populate[0] = False  # the kernel does not know it: stop trying
             return
         _populate[1] = True
 
@@ -130,7 +131,7 @@ class MemorySource:
         self.kind = "memfd"
         self.open_files = 0
         self._names = itertools.count(1)
-        self._lock = _Lock()               # buffers die (and close) on any thread
+        self._lock = _Lock()  # buffers die (and close) on any thread
 
     @property
     def named(self) -> bool:
@@ -145,8 +146,9 @@ class MemorySource:
         """A new empty file: (its descriptor, its name or None for a memfd)."""
         if self.dirfd is not None:
             name = b"b%x" % next(self._names)
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                         dir_fd=self.dirfd)
+            fd = os.open(
+                name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.dirfd
+            )
         else:
             name = None
             fd = os.memfd_create("kvfs-block", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -182,8 +184,16 @@ class MemorySource:
         where = tempfile.mkdtemp(prefix="kvfs-dram-")
         try:
             for opts in (f"huge=within_size,mode=0700,size={size}", f"mode=0700,size={size}"):
-                if libc.mount(b"kvfs-dram", where.encode(), b"tmpfs",
-                              MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.encode()) == 0:
+                if (
+                    libc.mount(
+                        b"kvfs-dram",
+                        where.encode(),
+                        b"tmpfs",
+                        MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                        opts.encode(),
+                    )
+                    == 0
+                ):
                     break
             else:
                 return f"mounting a private tmpfs failed: {os.strerror(ctypes.get_errno())}"
@@ -235,10 +245,10 @@ class Spares:
     def __init__(self, room: Callable[[], int], source: "MemorySource | None" = None):
         self.room = room
         self.source = source
-        self.files: list[tuple[bytes, int, int]] = []     # (name, size, bytes of memory)
+        self.files: list[tuple[bytes, int, int]] = []  # (name, size, bytes of memory)
         self.bytes = 0
-        self.reused = 0             # fetches that got a spare's memory
-        self.kept = 0               # dead buffers kept
+        self.reused = 0  # fetches that got a spare's memory
+        self.kept = 0  # dead buffers kept
         self.closed = False
         self._lock = _Lock()
 
@@ -253,12 +263,12 @@ class Spares:
                 st = os.fstat(fd)
                 nbytes = st.st_blocks * 512
                 if nbytes and _only_ours(fd):
-                    with self._lock:         # the room check too: buffers die on any thread
+                    with self._lock:  # the room check too: buffers die on any thread
                         if nbytes + self.bytes <= self.room():
                             self.files.append((name, st.st_size, nbytes))
                             self.bytes += nbytes
                             self.kept += 1
-                            name = None       # kept: not removed below
+                            name = None  # kept: not removed below
         except OSError:
             pass
         if fd is not None:
@@ -272,8 +282,10 @@ class Spares:
         with self._lock:
             if not self.files:
                 return None
-            i = next((i for i in range(len(self.files) - 1, -1, -1) if self.files[i][1] == size),
-                     len(self.files) - 1)
+            i = next(
+                (i for i in range(len(self.files) - 1, -1, -1) if self.files[i][1] == size),
+                len(self.files) - 1,
+            )
             name, _, nbytes = self.files.pop(i)
             self.bytes -= nbytes
             self.reused += 1
@@ -338,7 +350,7 @@ class Buffer:
         self.chunk = chunk
         got = spares.take(size) if spares is not None else None
         fd, name = MEMORY.new_file() if got is None else got
-        self._box = [fd, name, spares, MEMORY]        # what _release needs, kept current
+        self._box = [fd, name, spares, MEMORY]  # what _release needs, kept current
         weakref.finalize(self, _release, self._box)
         self.size = 0
         self._map: mmap.mmap | None = None
@@ -460,7 +472,7 @@ class Buffer:
             except OSError as e:
                 if e.errno != errno.ENXIO:
                     raise
-                data = end                      # only a hole up to the end of the file
+                data = end  # only a hole up to the end of the file
             data = min(data, end)
             if data > pos:
                 out.append((pos, data, False))
@@ -471,7 +483,9 @@ class Buffer:
             pos = hole
         return out
 
-    def io_views(self, offset: int, length: int, zero_chunk: mmap.mmap | None = None) -> list[memoryview]:
+    def io_views(
+        self, offset: int, length: int, zero_chunk: mmap.mmap | None = None
+    ) -> list[memoryview]:
         """Aligned slices covering [offset, offset+length) for O_DIRECT I/O (4 KiB multiples).
 
         For reads into the buffer (`zero_chunk` None) the range must lie within the size (a
@@ -486,20 +500,20 @@ class Buffer:
             if end > self.size:
                 raise ValueError("I/O view past the end of the buffer")
             return self._views(offset, end)
-        full = self.size // PAGE * PAGE          # end of the whole pages of content
+        full = self.size // PAGE * PAGE  # end of the whole pages of content
         out: list[memoryview] = []
         if min(end, full) > offset:
             for lo, hi, is_data in self._data_runs(offset, min(end, full)):
                 lo, hi = lo // PAGE * PAGE, -(-hi // PAGE) * PAGE
                 out += self._views(lo, hi) if is_data else _zeros(zero_chunk, hi - lo)
         pos = max(offset, full)
-        if full < self.size and offset <= full < end:        # the partial last page
+        if full < self.size and offset <= full < end:  # the partial last page
             page = mmap.mmap(-1, PAGE)
-            page[:self.size - full] = os.pread(self.fd, self.size - full, full)
+            page[: self.size - full] = os.pread(self.fd, self.size - full, full)
             out.append(memoryview(page))
             pos = full + PAGE
         if end > pos:
-            out += _zeros(zero_chunk, end - pos)                 # padding past the content
+            out += _zeros(zero_chunk, end - pos)  # padding past the content
         return out
 
     # A block no larger than a chunk is moved through the worker thread's staging memory
@@ -514,10 +528,10 @@ class Buffer:
         mem = staging(total)
         out, pos = [], 0
         for start, stored, length in spans:
-            v = mem[pos:pos + stored]
+            v = mem[pos : pos + stored]
             got = os.preadv(self.fd, [v[:length]], start) if length else 0
             if got < stored:
-                v[got:] = bytes(stored - got)       # past the content (or a short file): zeros
+                v[got:] = bytes(stored - got)  # past the content (or a short file): zeros
             out.append([v])
             pos += stored
         return out
@@ -528,7 +542,7 @@ class Buffer:
         mem = staging(sum(stored for _, stored, _ in spans))
         out, pos = [], 0
         for _, stored, _ in spans:
-            out.append([mem[pos:pos + stored]])
+            out.append([mem[pos : pos + stored]])
             pos += stored
         return out
 
@@ -551,7 +565,7 @@ class Buffer:
     def become(self, other: "Buffer") -> None:
         """Take `other`'s content in place: the same file, so whoever maps it or reads it by
         passthrough reads `other`'s bytes from now on (a failed session rolled back)."""
-        self.resize(0)                  # no page of the old content survives
+        self.resize(0)  # no page of the old content survives
         self.resize(other.size)
         other._copy_into(self)
 
@@ -572,11 +586,11 @@ class Buffer:
         if not self.sealed:
             self.sealed = True
             if self._box[1] is not None:
-                return                    # a file on the private tmpfs: it takes no seals
+                return  # a file on the private tmpfs: it takes no seals
             try:
                 fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW)
             except OSError:
-                pass                      # files on a tmpfs take no seals
+                pass  # files on a tmpfs take no seals
 
 
 _staging = threading.local()

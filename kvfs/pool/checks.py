@@ -24,24 +24,35 @@ def check_paths(cfg: PoolConfig) -> list[tuple[bool, bool, int]]:
         exists, is_block, size = probe(nc.path)
         if not exists:
             if nc.size is None:
-                raise StartupError(f"namespace {nc.path}: does not exist (give a size to "
-                                   f"have kvfs create it as a file)", errno.ENOENT)
+                raise StartupError(
+                    f"namespace {nc.path}: does not exist (give a size to "
+                    f"have kvfs create it as a file)",
+                    errno.ENOENT,
+                )
             parent = nc.path.parent
             if not parent.is_dir():
-                raise StartupError(f"namespace {nc.path}: directory {parent} does not exist",
-                                   errno.ENOENT)
+                raise StartupError(
+                    f"namespace {nc.path}: directory {parent} does not exist", errno.ENOENT
+                )
         elif nc.size is not None and not is_block and size != nc.size:
-            raise StartupError(f"namespace {nc.path}: the file has {size} bytes but the "
-                               f"config says size = {nc.size} (changed geometry)")
+            raise StartupError(
+                f"namespace {nc.path}: the file has {size} bytes but the "
+                f"config says size = {nc.size} (changed geometry)"
+            )
         if exists and is_block and nc.size is not None:
-            raise StartupError(f"namespace {nc.path}: is a block device; size applies to "
-                               f"files only")
+            raise StartupError(
+                f"namespace {nc.path}: is a block device; size applies to files only"
+            )
         found.append((exists, is_block, size))
     return found
 
 
-def validate(namespaces: list[Namespace], cfg: PoolConfig, expect: str | None,
-              rebuilt: list[str] | None = None) -> str:
+def validate(
+    namespaces: list[Namespace],
+    cfg: PoolConfig,
+    expect: str | None,
+    rebuilt: list[str] | None = None,
+) -> str:
     sbs: list[Superblock | None] = []
     damaged: dict[int, tuple[bytes, SuperblockError]] = {}
     for ns in namespaces:
@@ -56,66 +67,109 @@ def validate(namespaces: list[Namespace], cfg: PoolConfig, expect: str | None,
         sbs[i] = _rebuilt(namespaces[i], raw, e, good, cfg, expect, len(namespaces))
     formatted = [sb for sb in sbs if sb is not None]
     if not formatted:
-        raise StartupError(f"namespace {namespaces[0].path}: not a kvfs namespace "
-                           f"(run `kvfs format` to create a pool)")
+        raise StartupError(
+            f"namespace {namespaces[0].path}: not a kvfs namespace "
+            f"(run `kvfs format` to create a pool)"
+        )
     pool_id = expect or formatted[0].pool_id
     for ns, sb in zip(namespaces, sbs):
         if sb is None:
-            raise StartupError(f"namespace {ns.path}: not a kvfs namespace, but the others "
-                               f"belong to pool {pool_id}")
+            raise StartupError(
+                f"namespace {ns.path}: not a kvfs namespace, but the others "
+                f"belong to pool {pool_id}"
+            )
         if sb.pool_id != pool_id:
             whose = "the catalog" if expect else f"namespace {namespaces[0].path}"
-            raise StartupError(f"namespace {ns.path}: belongs to pool {sb.pool_id}, but "
-                               f"{whose} to pool {pool_id}")
+            raise StartupError(
+                f"namespace {ns.path}: belongs to pool {sb.pool_id}, but {whose} to pool {pool_id}"
+            )
     for ns, sb in zip(namespaces, sbs):
         if sb.ns_count != len(namespaces):
-            raise StartupError(f"pool {pool_id} has {sb.ns_count} namespaces, but the config "
-                               f"lists {len(namespaces)} (missing or extra namespace?)")
+            raise StartupError(
+                f"pool {pool_id} has {sb.ns_count} namespaces, but the config "
+                f"lists {len(namespaces)} (missing or extra namespace?)"
+            )
         if sb.ns_index != ns.index:
-            raise StartupError(f"namespace {ns.path}: is number {sb.ns_index} of pool "
-                               f"{pool_id} but is listed as number {ns.index} (reordered?)")
+            raise StartupError(
+                f"namespace {ns.path}: is number {sb.ns_index} of pool "
+                f"{pool_id} but is listed as number {ns.index} (reordered?)"
+            )
         if sb.stripe_unit != cfg.stripe_unit:
-            raise StartupError(f"pool {pool_id} was formatted with stripe_unit "
-                               f"{sb.stripe_unit}, but the config says {cfg.stripe_unit} "
-                               f"(changed geometry)")
+            raise StartupError(
+                f"pool {pool_id} was formatted with stripe_unit "
+                f"{sb.stripe_unit}, but the config says {cfg.stripe_unit} "
+                f"(changed geometry)"
+            )
         if sb.size != ns.size:
-            raise StartupError(f"namespace {ns.path}: was formatted with {sb.size} bytes but "
-                               f"now has {ns.size} (changed geometry)")
-    for i, (_, e) in damaged.items():       # everything else checked: write them back
+            raise StartupError(
+                f"namespace {ns.path}: was formatted with {sb.size} bytes but "
+                f"now has {ns.size} (changed geometry)"
+            )
+    for i, (_, e) in damaged.items():  # everything else checked: write them back
         ns = namespaces[i]
         ns.write_superblock(sbs[i])
         source = " and the other namespaces' superblocks" if good else ""
-        msg = (f"namespace {ns.path}: its superblock was damaged ({e}); rebuilt from the "
-               f"catalog's pool id{source}")
+        msg = (
+            f"namespace {ns.path}: its superblock was damaged ({e}); rebuilt from the "
+            f"catalog's pool id{source}"
+        )
         log.warning(msg)
         if rebuilt is not None:
             rebuilt.append(msg)
     return pool_id
 
-def _rebuilt(ns: Namespace, raw: bytes, e: SuperblockError, good: list[Superblock],
-             cfg: PoolConfig, expect: str | None, count: int) -> Superblock:
+
+def _rebuilt(
+    ns: Namespace,
+    raw: bytes,
+    e: SuperblockError,
+    good: list[Superblock],
+    cfg: PoolConfig,
+    expect: str | None,
+    count: int,
+) -> Superblock:
     """The superblock a namespace whose own is damaged (its checksum fails: a torn write)
     must have, when nothing is in doubt: the catalog names the pool, the damaged bytes
     still carry that pool id, and the other superblocks agree. Else start-up is refused."""
     others = {(sb.pool_id, sb.ns_count, sb.stripe_unit, sb.created) for sb in good}
-    if expect is None or expect.encode() not in raw or len(others) > 1 or \
-            any(o[0] != expect or o[1] != count for o in others):
-        raise StartupError(f"namespace {ns.path}: {e}, and it cannot be rebuilt safely (it "
-                           f"does not name this catalog's pool, or the other namespaces "
-                           f"disagree)")
+    if (
+        expect is None
+        or expect.encode() not in raw
+        or len(others) > 1
+        or any(o[0] != expect or o[1] != count for o in others)
+    ):
+        raise StartupError(
+            f"namespace {ns.path}: {e}, and it cannot be rebuilt safely (it "
+            f"does not name this catalog's pool, or the other namespaces "
+            f"disagree)"
+        )
     if others:
         _, _, unit, created = next(iter(others))
     else:
         unit = cfg.stripe_unit
         created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return Superblock(pool_id=expect, ns_index=ns.index, ns_count=count, stripe_unit=unit,
-                      size=ns.size, created=created)
+    return Superblock(
+        pool_id=expect,
+        ns_index=ns.index,
+        ns_count=count,
+        stripe_unit=unit,
+        size=ns.size,
+        created=created,
+    )
+
 
 def write_superblocks(namespaces: list[Namespace], unit: int) -> str:
     pool_id = uuid.uuid4().hex
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     for ns in namespaces:
-        ns.write_superblock(Superblock(pool_id=pool_id, ns_index=ns.index,
-                                       ns_count=len(namespaces), stripe_unit=unit,
-                                       size=ns.size, created=created))
+        ns.write_superblock(
+            Superblock(
+                pool_id=pool_id,
+                ns_index=ns.index,
+                ns_count=len(namespaces),
+                stripe_unit=unit,
+                size=ns.size,
+                created=created,
+            )
+        )
     return pool_id

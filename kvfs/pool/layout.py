@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 PAGE = 4096
-DATA_START = 1 << 20      # bytes [0, DATA_START) of every namespace hold its superblock
+DATA_START = 1 << 20  # bytes [0, DATA_START) of every namespace hold its superblock
 
 
 def align_up(n: int, a: int = PAGE) -> int:
@@ -48,9 +48,14 @@ def units_covering(offset: int, length: int, size: int, unit: int) -> range:
     return range(offset // unit, (end - 1) // unit + 1)
 
 
-def place_units(nunits: int, weights: Sequence[float], start: int,
-                room: Sequence[int] | None = None, unit_bytes: Sequence[int] | None = None,
-                credit: list[float] | None = None) -> list[int]:
+def place_units(
+    nunits: int,
+    weights: Sequence[float],
+    start: int,
+    room: Sequence[int] | None = None,
+    unit_bytes: Sequence[int] | None = None,
+    credit: list[float] | None = None,
+) -> list[int]:
     """Choose a namespace for each of `nunits` units.
 
     Smooth weighted round robin: every namespace earns its weight at each step and the richest
@@ -112,8 +117,10 @@ class Layout:
     def __post_init__(self) -> None:
         n = unit_count(self.size, self.unit)
         if not (len(self.ns) == len(self.offsets) == len(self.sums) == n):
-            raise ValueError(f"layout of {self.size} bytes needs {n} units, got "
-                             f"{len(self.ns)}/{len(self.offsets)}/{len(self.sums)}")
+            raise ValueError(
+                f"layout of {self.size} bytes needs {n} units, got "
+                f"{len(self.ns)}/{len(self.offsets)}/{len(self.sums)}"
+            )
 
     @property
     def nunits(self) -> int:
@@ -145,8 +152,11 @@ class Layout:
 
     # --- persistence -------------------------------------------------------------------------
     def pack(self) -> tuple[bytes, bytes, bytes]:
-        return (array("H", self.ns).tobytes(), array("Q", self.offsets).tobytes(),
-                array("Q", self.sums).tobytes())
+        return (
+            array("H", self.ns).tobytes(),
+            array("Q", self.offsets).tobytes(),
+            array("Q", self.sums).tobytes(),
+        )
 
     @classmethod
     def unpack(cls, size: int, unit: int, ns: bytes, offsets: bytes, sums: bytes) -> "Layout":

@@ -48,30 +48,42 @@ IOCB_CMD_FDSYNC = 3
 IOCB_CMD_PREADV = 7
 IOCB_CMD_PWRITEV = 8
 IOCB_FLAG_RESFD = 1
-RWF_NOWAIT = 0x8             # fail with EAGAIN rather than block (a file system's locks, allocation)
-DEPTH = 1024                 # I/Os in flight at once per engine (io_setup's nr_events); more
-                             # are refused with EAGAIN, and the namespace uses a thread for them
+RWF_NOWAIT = 0x8  # fail with EAGAIN rather than block (a file system's locks, allocation)
+DEPTH = 1024  # I/Os in flight at once per engine (io_setup's nr_events); more
+# are refused with EAGAIN, and the namespace uses a thread for them
 
 
-class _IOCB(ctypes.Structure):          # struct iocb, little-endian layout
-    _fields_ = [("aio_data", ctypes.c_uint64), ("aio_key", ctypes.c_uint32),
-                ("aio_rw_flags", ctypes.c_int32), ("aio_lio_opcode", ctypes.c_uint16),
-                ("aio_reqprio", ctypes.c_int16), ("aio_fildes", ctypes.c_uint32),
-                ("aio_buf", ctypes.c_uint64), ("aio_nbytes", ctypes.c_uint64),
-                ("aio_offset", ctypes.c_int64), ("aio_reserved2", ctypes.c_uint64),
-                ("aio_flags", ctypes.c_uint32), ("aio_resfd", ctypes.c_uint32)]
+class _IOCB(ctypes.Structure):  # struct iocb, little-endian layout
+    _fields_ = [
+        ("aio_data", ctypes.c_uint64),
+        ("aio_key", ctypes.c_uint32),
+        ("aio_rw_flags", ctypes.c_int32),
+        ("aio_lio_opcode", ctypes.c_uint16),
+        ("aio_reqprio", ctypes.c_int16),
+        ("aio_fildes", ctypes.c_uint32),
+        ("aio_buf", ctypes.c_uint64),
+        ("aio_nbytes", ctypes.c_uint64),
+        ("aio_offset", ctypes.c_int64),
+        ("aio_reserved2", ctypes.c_uint64),
+        ("aio_flags", ctypes.c_uint32),
+        ("aio_resfd", ctypes.c_uint32),
+    ]
 
 
-class _Event(ctypes.Structure):         # struct io_event
-    _fields_ = [("data", ctypes.c_uint64), ("obj", ctypes.c_uint64),
-                ("res", ctypes.c_int64), ("res2", ctypes.c_int64)]
+class _Event(ctypes.Structure):  # struct io_event
+    _fields_ = [
+        ("data", ctypes.c_uint64),
+        ("obj", ctypes.c_uint64),
+        ("res", ctypes.c_int64),
+        ("res2", ctypes.c_int64),
+    ]
 
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-_libc = ctypes.PyDLL(None, use_errno=True)      # PyDLL: the GIL stays held
+_libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
@@ -118,28 +130,52 @@ class Engine:
             self.ctx = None
             os.close(self.efd)
 
-    async def preadv(self, fd: int, views: list[memoryview], offset: int,
-                     nowait: bool = False) -> int:
+    async def preadv(
+        self, fd: int, views: list[memoryview], offset: int, nowait: bool = False
+    ) -> int:
         """Read into `views` (writable, page-aligned memory the caller keeps until this
         returns) from `offset`; the bytes read, as preadv(2) returns them. With `nowait` (RWF_NOWAIT) a read
         the kernel would have to block for fails with BlockingIOError (EAGAIN) instead."""
         iov = _iovecs(views)
-        return await self._submit(IOCB_CMD_PREADV, fd, ctypes.addressof(iov), len(views),
-                                  offset, iov, RWF_NOWAIT if nowait else 0)
+        return await self._submit(
+            IOCB_CMD_PREADV,
+            fd,
+            ctypes.addressof(iov),
+            len(views),
+            offset,
+            iov,
+            RWF_NOWAIT if nowait else 0,
+        )
 
-    async def pwritev(self, fd: int, views: list[memoryview], offset: int,
-                      nowait: bool = False) -> int:
+    async def pwritev(
+        self, fd: int, views: list[memoryview], offset: int, nowait: bool = False
+    ) -> int:
         """Write `views` at `offset`; the bytes written (as `preadv`)."""
         iov = _iovecs(views)
-        return await self._submit(IOCB_CMD_PWRITEV, fd, ctypes.addressof(iov), len(views),
-                                  offset, iov, RWF_NOWAIT if nowait else 0)
+        return await self._submit(
+            IOCB_CMD_PWRITEV,
+            fd,
+            ctypes.addressof(iov),
+            len(views),
+            offset,
+            iov,
+            RWF_NOWAIT if nowait else 0,
+        )
 
     async def fdatasync(self, fd: int) -> None:
         """fdatasync(fd), carried out by the kernel's workqueue."""
         await self._submit(IOCB_CMD_FDSYNC, fd, 0, 0, 0)
 
-    async def _submit(self, opcode: int, fd: int, address: int, nbytes: int, offset: int,
-                      keep=None, rw_flags: int = 0) -> int:
+    async def _submit(
+        self,
+        opcode: int,
+        fd: int,
+        address: int,
+        nbytes: int,
+        offset: int,
+        keep=None,
+        rw_flags: int = 0,
+    ) -> int:
         key = self._next
         self._next += 1
         cb = _IOCB()
@@ -176,8 +212,14 @@ class Engine:
 
     def _collect(self) -> None:
         while self._waiting:
-            n = _syscall(ctypes.c_long(_NR[2]), self.ctx, ctypes.c_long(0),
-                         ctypes.c_long(DEPTH), self._events, ctypes.byref(self._zero))
+            n = _syscall(
+                ctypes.c_long(_NR[2]),
+                self.ctx,
+                ctypes.c_long(0),
+                ctypes.c_long(DEPTH),
+                self._events,
+                ctypes.byref(self._zero),
+            )
             if n < 0:
                 e = ctypes.get_errno()
                 if e == errno.EINTR:
@@ -188,8 +230,12 @@ class Engine:
                 ev = self._events[i]
                 task, _cb = self._waiting.pop(ev.data)
                 res = ev.res
-                trio.lowlevel.reschedule(task, outcome.Value(res) if res >= 0 else outcome.Error(
-                    OSError(-res, os.strerror(-res))))
+                trio.lowlevel.reschedule(
+                    task,
+                    outcome.Value(res)
+                    if res >= 0
+                    else outcome.Error(OSError(-res, os.strerror(-res))),
+                )
             if n < DEPTH:
                 return
 
@@ -220,8 +266,9 @@ def engine() -> Engine | None:
             try:
                 eng = Engine()
             except OSError as e:
-                log.info("Linux AIO unavailable (%s): small blocks' I/O uses worker threads",
-                         e.strerror)
+                log.info(
+                    "Linux AIO unavailable (%s): small blocks' I/O uses worker threads", e.strerror
+                )
             else:
                 trio.lowlevel.spawn_system_task(eng.reap, name="kvfs.pool.linux_aio.reap")
         _RUN.set(eng)
@@ -245,7 +292,7 @@ class Staging:
     def give(self, mem: mmap.mmap) -> None:
         free = self._free.setdefault(len(mem), [])
         if len(free) < self.KEEP:
-            free.append(mem)            # (else unmapped once no view of it is left)
+            free.append(mem)  # (else unmapped once no view of it is left)
 
 
 STAGING = Staging()

@@ -33,8 +33,15 @@ from kvfs.tasks import run_all
 from kvfs.pool.buffer import populate, use_staging
 from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.layout import PAGE
-from kvfs.pool.requests import (MERGE_BYTES, PrioritySlots, WriteRequest, merged, mismatched,
-                                 transfer, transfer_aio)
+from kvfs.pool.requests import (
+    MERGE_BYTES,
+    PrioritySlots,
+    WriteRequest,
+    merged,
+    mismatched,
+    transfer,
+    transfer_aio,
+)
 from kvfs.pool.requests import IOV_MAX  # noqa: F401 - the limit a namespace's transfers keep
 from kvfs.pool.requests import digests as unit_digests
 from kvfs.pool.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode
@@ -42,13 +49,13 @@ from kvfs.pool.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockErr
 log = logging.getLogger("kvfs.pool.namespace")
 
 BLKGETSIZE64 = 0x80081272
-RATE_WINDOW = 16 << 20        # bytes per throughput sample
-GROUP_WRITE_BYTES = 1 << 20   # durable writes up to this size share a job and an fdatasync
-GROUPS_IN_FLIGHT = 2          # groups a namespace runs at once (the next forms meanwhile)
-BATCH_JOB_BYTES = 8 << 20     # a write-back batch's bytes per worker job on a namespace
-RETRY_SECONDS = 2.0           # a failed namespace without errors for this long is tried again
-DEADLINE_RATE = 64e6          # bytes per second a deadline allows beyond io_timeout
-STABLE_TRIES = 4              # writes of memory that keeps changing before a copy is written
+RATE_WINDOW = 16 << 20  # bytes per throughput sample
+GROUP_WRITE_BYTES = 1 << 20  # durable writes up to this size share a job and an fdatasync
+GROUPS_IN_FLIGHT = 2  # groups a namespace runs at once (the next forms meanwhile)
+BATCH_JOB_BYTES = 8 << 20  # a write-back batch's bytes per worker job on a namespace
+RETRY_SECONDS = 2.0  # a failed namespace without errors for this long is tried again
+DEADLINE_RATE = 64e6  # bytes per second a deadline allows beyond io_timeout
+STABLE_TRIES = 4  # writes of memory that keeps changing before a copy is written
 DAEMON_SHORTAGES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
@@ -59,13 +66,13 @@ class NamespaceStats:
     bytes_read: int = 0
     bytes_written: int = 0
     errors: int = 0
-    state: str = "ok"             # "ok" or "failed"
+    state: str = "ok"  # "ok" or "failed"
     last_error: str = ""
     inflight: int = 0
-    busy_seconds: float = 0.0     # time with at least one I/O in flight
-    rate_bps: float = 0.0         # recent bytes per busy second (0 until measured)
-    aio_fallbacks: int = 0        # small-block I/Os AIO refused (EAGAIN...), done by a thread
-    timeouts: int = 0             # jobs past their deadline (Namespace.bounded)
+    busy_seconds: float = 0.0  # time with at least one I/O in flight
+    rate_bps: float = 0.0  # recent bytes per busy second (0 until measured)
+    aio_fallbacks: int = 0  # small-block I/Os AIO refused (EAGAIN...), done by a thread
+    timeouts: int = 0  # jobs past their deadline (Namespace.bounded)
 
 
 def probe(path: Path) -> tuple[bool, bool, int]:
@@ -77,18 +84,22 @@ def probe(path: Path) -> tuple[bool, bool, int]:
     if stat.S_ISBLK(st.st_mode):
         try:
             fd = os.open(path, os.O_RDONLY)
-        except OSError as e:        # ENXIO: a device node with no device behind it
-            raise StartupError(f"namespace {path}: cannot open the device: {e.strerror}: is it "
-                               f"attached?", e.errno) from None
+        except OSError as e:  # ENXIO: a device node with no device behind it
+            raise StartupError(
+                f"namespace {path}: cannot open the device: {e.strerror}: is it attached?", e.errno
+            ) from None
         try:
             buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
         finally:
             os.close(fd)
         size = struct.unpack("<Q", buf)[0]
         if size == 0:
-            raise StartupError(f"namespace {path}: the block device has no capacity (0 bytes): "
-                               f"is it attached? (a detached loop device or a disconnected "
-                               f"NVMe-oF namespace looks like this)", errno.ENXIO)
+            raise StartupError(
+                f"namespace {path}: the block device has no capacity (0 bytes): "
+                f"is it attached? (a detached loop device or a disconnected "
+                f"NVMe-oF namespace looks like this)",
+                errno.ENXIO,
+            )
         return True, True, size
     if stat.S_ISREG(st.st_mode):
         return True, False, st.st_size
@@ -98,9 +109,19 @@ def probe(path: Path) -> tuple[bool, bool, int]:
 class Namespace:
     """An open namespace. Create with `Namespace.open`; I/O methods must run inside trio."""
 
-    def __init__(self, index: int, path: Path, fd: int, size: int, is_block: bool, direct: bool,
-                 queue_depth: int, weight: float, io_engine: str = "auto",
-                 io_timeout: float | None = None):
+    def __init__(
+        self,
+        index: int,
+        path: Path,
+        fd: int,
+        size: int,
+        is_block: bool,
+        direct: bool,
+        queue_depth: int,
+        weight: float,
+        io_engine: str = "auto",
+        io_timeout: float | None = None,
+    ):
         self.index = index
         self.path = path
         self.fd = fd
@@ -115,10 +136,10 @@ class Namespace:
         self.aio = direct and io_engine == "auto"
         self.nowait = not is_block
         self.stats = NamespaceStats()
-        self._failed_at = 0.0           # (monotonic) the last error that marked it failed
-        self._failed_writing = False    # ... and whether a write failed since it was ok
-        self.io_timeout = io_timeout    # seconds (`bounded`); None: no deadline
-        self.late = 0                   # jobs past their deadline, still in flight
+        self._failed_at = 0.0  # (monotonic) the last error that marked it failed
+        self._failed_writing = False  # ... and whether a write failed since it was ok
+        self.io_timeout = io_timeout  # seconds (`bounded`); None: no deadline
+        self.late = 0  # jobs past their deadline, still in flight
         self.slots = PrioritySlots(queue_depth)
         # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
         self._sync_started = 0
@@ -137,9 +158,17 @@ class Namespace:
         return f"<Namespace {self.index} {self.path}>"
 
     @classmethod
-    def open(cls, index: int, path: Path, *, queue_depth: int = 8, weight: float = 1.0,
-             create_size: int | None = None, io_engine: str = "auto",
-             io_timeout: float | None = None) -> "Namespace":
+    def open(
+        cls,
+        index: int,
+        path: Path,
+        *,
+        queue_depth: int = 8,
+        weight: float = 1.0,
+        create_size: int | None = None,
+        io_engine: str = "auto",
+        io_timeout: float | None = None,
+    ) -> "Namespace":
         """Open (and with `create_size`, first create and preallocate) a namespace.
 
         Raises StartupError with a one-line message on any problem.
@@ -160,8 +189,10 @@ class Namespace:
                     os.unlink(path)
                 except OSError:
                     pass
-                raise StartupError(f"namespace {path}: cannot create a {create_size}-byte file: "
-                                   f"{e.strerror}", e.errno) from None
+                raise StartupError(
+                    f"namespace {path}: cannot create a {create_size}-byte file: {e.strerror}",
+                    e.errno,
+                ) from None
             size = create_size
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
         direct = True
@@ -169,15 +200,18 @@ class Namespace:
             fd = os.open(path, flags | os.O_DIRECT)
         except OSError as e:
             if e.errno != errno.EINVAL:
-                raise StartupError(f"namespace {path}: cannot open: {e.strerror}", e.errno) from None
+                raise StartupError(
+                    f"namespace {path}: cannot open: {e.strerror}", e.errno
+                ) from None
             # The filesystem under a file namespace does not do O_DIRECT (tmpfs on old kernels):
             # fall back to buffered I/O; fsync at commit still makes writes durable.
             fd = os.open(path, flags)
             direct = False
             log.warning("namespace %s: O_DIRECT is not supported here; using buffered I/O", path)
         size -= size % PAGE
-        return cls(index, path, fd, size, is_block, direct, queue_depth, weight, io_engine,
-                   io_timeout)
+        return cls(
+            index, path, fd, size, is_block, direct, queue_depth, weight, io_engine, io_timeout
+        )
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -187,12 +221,15 @@ class Namespace:
     # --- superblock (synchronous: used at start-up and by `kvfs format`) -----------------------
     def read_head(self) -> bytes:
         import mmap
+
         n = (PROBE_BYTES + PAGE - 1) // PAGE * PAGE
         buf = mmap.mmap(-1, n)
         try:
             got = os.preadv(self.fd, [buf], 0)
         except OSError as e:
-            raise StartupError(f"namespace {self.path}: cannot read: {e.strerror}", e.errno) from None
+            raise StartupError(
+                f"namespace {self.path}: cannot read: {e.strerror}", e.errno
+            ) from None
         return bytes(buf[:got])
 
     def read_superblock(self) -> Superblock | None:
@@ -203,14 +240,16 @@ class Namespace:
 
     def write_superblock(self, sb: Superblock) -> None:
         import mmap
+
         buf = mmap.mmap(-1, SB_SIZE)
         buf[:] = sb.encode()
         try:
             transfer(os.pwritev, self.fd, [memoryview(buf)], 0)
             os.fsync(self.fd)
         except OSError as e:
-            raise StartupError(f"namespace {self.path}: cannot write the superblock: {e.strerror}",
-                               e.errno) from None
+            raise StartupError(
+                f"namespace {self.path}: cannot write the superblock: {e.strerror}", e.errno
+            ) from None
 
     # --- data I/O (async) --------------------------------------------------------------------
     def _failed(self, what: str, e: OSError, writing: bool = True) -> KvfsError:
@@ -228,7 +267,7 @@ class Namespace:
         self._failed_at = time.monotonic()
         self._failed_writing = self._failed_writing or writing
         err = KvfsError(errno.EIO, msg)
-        err.namespace = self.index      # a device's failure: the block may go elsewhere
+        err.namespace = self.index  # a device's failure: the block may go elsewhere
         return err
 
     def on_probation(self) -> bool:
@@ -236,8 +275,11 @@ class Namespace:
         its deadline: placement tries it again (a write that fails there is placed
         elsewhere: kvfs/write/writeback.py), so a device that healed is used again without a
         remount."""
-        return self.stats.state != "ok" and not self.late and \
-            time.monotonic() - self._failed_at >= RETRY_SECONDS
+        return (
+            self.stats.state != "ok"
+            and not self.late
+            and time.monotonic() - self._failed_at >= RETRY_SECONDS
+        )
 
     async def bounded(self, job, nbytes: int):
         """Run `job()` (this namespace's I/O of `nbytes`) and return its result, within the
@@ -257,6 +299,7 @@ class Namespace:
                 box["error"] = e
             finally:
                 done.set()
+
         trio.lowlevel.spawn_system_task(run)
         limit = self.io_timeout + nbytes / DEADLINE_RATE
         with trio.move_on_after(limit):
@@ -272,11 +315,18 @@ class Namespace:
             await done.wait()
             self.late -= 1
             if "error" in box:
-                log.warning("namespace %d (%s): an I/O past its deadline ended: %s", self.index,
-                            self.path, box["error"])
+                log.warning(
+                    "namespace %d (%s): an I/O past its deadline ended: %s",
+                    self.index,
+                    self.path,
+                    box["error"],
+                )
+
         trio.lowlevel.spawn_system_task(settle)
-        err = self._failed(f"no answer within {limit:.1f} s (io_timeout_ms)",
-                           OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)))
+        err = self._failed(
+            f"no answer within {limit:.1f} s (io_timeout_ms)",
+            OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)),
+        )
         err.pending = done
         raise err
 
@@ -285,15 +335,23 @@ class Namespace:
         RETRY_SECONDS, and a write failure ends only with a write that succeeds (a device
         that fills still reads: its reads would make it flip between ok and failed, and
         placement send writes to it, at every read)."""
-        if self.stats.state == "ok" or (self._failed_writing and not writing) or \
-                time.monotonic() - self._failed_at < RETRY_SECONDS:
+        if (
+            self.stats.state == "ok"
+            or (self._failed_writing and not writing)
+            or time.monotonic() - self._failed_at < RETRY_SECONDS
+        ):
             return
         log.warning("namespace %d (%s): I/O succeeds again; marking it ok", self.index, self.path)
         self.stats.state = "ok"
         self._failed_writing = False
 
-    async def read(self, views: Sequence[memoryview], offset: int,
-                   check: tuple[int, int] | None = None, prefetch: bool = False) -> None:
+    async def read(
+        self,
+        views: Sequence[memoryview],
+        offset: int,
+        check: tuple[int, int] | None = None,
+        prefetch: bool = False,
+    ) -> None:
         """Fill `views` from `offset`. With `check=(length, digest)`, verify the xxh3-64 of the
         first `length` bytes (off the trio thread) and raise EIO on a mismatch. A `prefetch`
         read yields to demand reads for an I/O slot."""
@@ -301,9 +359,16 @@ class Namespace:
         if bad:
             raise KvfsError(errno.EIO, self._mismatch(offset, sum(len(v) for v in views)))
 
-    async def read_units(self, units, offset: int, checks: list[tuple[int, int] | None],
-                         prefetch: bool = False, *, sizes: list[int] | None = None,
-                         after=None) -> list[int]:
+    async def read_units(
+        self,
+        units,
+        offset: int,
+        checks: list[tuple[int, int] | None],
+        prefetch: bool = False,
+        *,
+        sizes: list[int] | None = None,
+        after=None,
+    ) -> list[int]:
         """Fill several units that lie back to back from `offset` with one preadv, and verify
         each unit's checksum (`checks[i]` = (length, digest) or None). Returns the indices of
         the units whose checksum did not match (each logged); raises EIO if the read failed.
@@ -331,16 +396,16 @@ class Namespace:
                         if not self._falls_back(e):
                             raise
                 if bad is None:
-                    bad = await tasks.run_sync(self._read_sync, units, flat, offset, checks,
-                                                 after)
+                    bad = await tasks.run_sync(self._read_sync, units, flat, offset, checks, after)
             except OSError as e:
-                raise self._failed(f"read of {nbytes} bytes at {offset}", e,
-                                   writing=False) from None
+                raise self._failed(
+                    f"read of {nbytes} bytes at {offset}", e, writing=False
+                ) from None
             finally:
                 self._end(nbytes)
         self.stats.reads += 1
         self.stats.bytes_read += nbytes
-        if not bad:          # bytes that fail their checksums are no sign the device is back
+        if not bad:  # bytes that fail their checksums are no sign the device is back
             self._ok(writing=False)
         for i in bad:
             self.stats.errors += 1
@@ -348,16 +413,25 @@ class Namespace:
         return bad
 
     def _mismatch(self, offset: int, nbytes: int) -> str:
-        return (f"namespace {self.index} ({self.path}): checksum mismatch in {nbytes} bytes at "
-                f"offset {offset}")
+        return (
+            f"namespace {self.index} ({self.path}): checksum mismatch in {nbytes} bytes at "
+            f"offset {offset}"
+        )
 
     async def write(self, views: Sequence[memoryview], offset: int, digest_len: int = -1) -> int:
         """Write `views` at `offset`; return the xxh3-64 of the first `digest_len` bytes (computed
         off the trio thread), or 0 when digest_len is negative."""
         return (await self.write_units([list(views)], offset, [digest_len]))[0]
 
-    async def write_units(self, units, offset: int, digest_lens: list[int], sync: bool = False,
-                          nbytes: int | None = None, verify: bool = False) -> list[int]:
+    async def write_units(
+        self,
+        units,
+        offset: int,
+        digest_lens: list[int],
+        sync: bool = False,
+        nbytes: int | None = None,
+        verify: bool = False,
+    ) -> list[int]:
         """Write several units back to back from `offset` with one pwritev; return each unit's
         xxh3-64 over its first `digest_lens[i]` bytes (0 where that is negative). With `sync`
         the write is durable on return: the worker thread that wrote also fdatasyncs when no
@@ -373,17 +447,19 @@ class Namespace:
         if offset < 0 or offset + nbytes > self.size:
             raise KvfsError(errno.EIO, f"namespace {self.index}: write at {offset} beyond its end")
         if sync and nbytes <= GROUP_WRITE_BYTES:
-            return await self._write_grouped(WriteRequest(units, flat, offset, digest_lens,
-                                                          nbytes, verify))
+            return await self._write_grouped(
+                WriteRequest(units, flat, offset, digest_lens, nbytes, verify)
+            )
         lead = sync and not self._syncing
-        if lead:                           # this job's fdatasync is the round others wait for
+        if lead:  # this job's fdatasync is the round others wait for
             number = self._begin_sync()
         try:
             async with self.slots.take():
                 self._begin()
                 try:
-                    digests = await tasks.run_sync(self._write_sync, units, flat, offset,
-                                                     digest_lens, lead, verify)
+                    digests = await tasks.run_sync(
+                        self._write_sync, units, flat, offset, digest_lens, lead, verify
+                    )
                 except OSError as e:
                     raise self._failed(f"write of {nbytes} bytes at {offset}", e) from None
                 finally:
@@ -406,11 +482,11 @@ class Namespace:
         the first of them leads the next group once it is done."""
         self._group.append(req)
         if self._groups_running >= GROUPS_IN_FLIGHT:
-            with trio.CancelScope(shield=True):     # a lost leader would stall the queue
+            with trio.CancelScope(shield=True):  # a lost leader would stall the queue
                 await req.done.wait()
             if req.batch is None:
                 return req.result()
-            batch = req.batch               # handed the queue by a group that ended
+            batch = req.batch  # handed the queue by a group that ended
         else:
             self._groups_running += 1
             batch, self._group = self._group, []
@@ -420,8 +496,8 @@ class Namespace:
         finally:
             for r in batch:
                 r.finished()
-            if self._group:                 # the queue becomes the next group, which the
-                nxt = self._group[0]        # first request waiting leads (this group's slot)
+            if self._group:  # the queue becomes the next group, which the
+                nxt = self._group[0]  # first request waiting leads (this group's slot)
                 nxt.batch, self._group = self._group, []
                 nxt.done.set()
             else:
@@ -472,7 +548,7 @@ class Namespace:
                 else:
                     sync_error = await tasks.run_sync(self._write_group_sync, batch, sync)
             except (OSError, KvfsError) as e:
-                sync_error = e          # (a step outside any one request: all of them fail)
+                sync_error = e  # (a step outside any one request: all of them fail)
                 for r in batch:
                     r.error = r.error or e
             except Exception as e:  # noqa: BLE001 - a bug must not take the mount down
@@ -489,8 +565,11 @@ class Namespace:
                 r.error = self._failed(f"write of {r.nbytes} bytes at {r.offset}", r.error)
         written = [r for r in batch if r.error is None]
         if sync_error is not None:
-            err = sync_error if isinstance(sync_error, KvfsError) else \
-                self._failed("fdatasync", sync_error)
+            err = (
+                sync_error
+                if isinstance(sync_error, KvfsError)
+                else self._failed("fdatasync", sync_error)
+            )
             for r in written:
                 r.digests = None
                 r.error = err
@@ -509,8 +588,9 @@ class Namespace:
         any_written = False
         for r in batch:
             try:
-                r.digests = self._write_sync(r.units, r.flat, r.offset, r.digest_lens,
-                                             verify=r.verify)
+                r.digests = self._write_sync(
+                    r.units, r.flat, r.offset, r.digest_lens, verify=r.verify
+                )
                 any_written = True
             except OSError as e:
                 r.error = e
@@ -521,8 +601,9 @@ class Namespace:
                 return e
         return None
 
-    async def _write_group_aio(self, eng: "linux_aio.Engine", batch: list["WriteRequest"],
-                               then_sync: bool) -> OSError | None:
+    async def _write_group_aio(
+        self, eng: "linux_aio.Engine", batch: list["WriteRequest"], then_sync: bool
+    ) -> OSError | None:
         """`_write_group_sync` on the trio thread, for staged requests: their content copied
         into staging memory with their checksums and written by AIO, requests back to back on
         the device as one write (`merged`: a write-back batch's small blocks are allocated
@@ -537,8 +618,12 @@ class Namespace:
                 if e is None:
                     any_written = True
                     continue
-                log.debug("%s: a merged write of %d requests failed (%s): one by one",
-                          self.path, len(run), e)
+                log.debug(
+                    "%s: a merged write of %d requests failed (%s): one by one",
+                    self.path,
+                    len(run),
+                    e,
+                )
             for r in run:
                 if await self._write_one_aio(eng, r):
                     any_written = True
@@ -558,16 +643,18 @@ class Namespace:
         try:
             if not self._falls_back(e):
                 raise e
-            r.digests = await tasks.run_sync(self._write_sync, r.units, None, r.offset,
-                                               r.digest_lens)
+            r.digests = await tasks.run_sync(
+                self._write_sync, r.units, None, r.offset, r.digest_lens
+            )
             return True
         except OSError as e2:
             r.digests = None
             r.error = e2
             return False
 
-    async def _write_run_aio(self, eng: "linux_aio.Engine", run: list["WriteRequest"]
-                             ) -> OSError | None:
+    async def _write_run_aio(
+        self, eng: "linux_aio.Engine", run: list["WriteRequest"]
+    ) -> OSError | None:
         """Requests back to back on the device staged into one memory, with their checksums,
         and written by one AIO write (`transfer_aio`: short writes continue); the error that
         stopped it, if any (their digests are unset then)."""
@@ -578,7 +665,7 @@ class Namespace:
         try:
             pos = 0
             for r in run:
-                with use_staging(view[pos:pos + r.nbytes]):
+                with use_staging(view[pos : pos + r.nbytes]):
                     units = r.units()
                 r.digests = unit_digests(units, r.digest_lens)
                 flat += [v for u in units for v in u]
@@ -599,16 +686,20 @@ class Namespace:
         would have blocked for it, RWF_NOWAIT; or the AIO context is full), or a file system
         that does not take RWF_NOWAIT at all (then no more AIO on this namespace)."""
         if e.errno == errno.EOPNOTSUPP and self.nowait:
-            log.warning("namespace %s: its file system does not take RWF_NOWAIT; small blocks "
-                        "go to worker threads", self.path)
+            log.warning(
+                "namespace %s: its file system does not take RWF_NOWAIT; small blocks "
+                "go to worker threads",
+                self.path,
+            )
             self.aio = False
         elif e.errno != errno.EAGAIN:
             return False
         self.stats.aio_fallbacks += 1
         return True
 
-    async def _read_aio(self, eng: "linux_aio.Engine", make_units, nbytes: int, offset: int,
-                        checks, after) -> list[int]:
+    async def _read_aio(
+        self, eng: "linux_aio.Engine", make_units, nbytes: int, offset: int, checks, after
+    ) -> list[int]:
         """`_read_sync` of staged units on the trio thread: `make_units()` makes their views
         in staging memory of this read's own, AIO fills them, their checksums are verified,
         then `after(units)` copies their content where it goes."""
@@ -616,8 +707,9 @@ class Namespace:
         try:
             with use_staging(mem):
                 units = make_units()
-            await transfer_aio(eng.preadv, self.fd, [v for u in units for v in u], offset,
-                                self.nowait)
+            await transfer_aio(
+                eng.preadv, self.fd, [v for u in units for v in u], offset, self.nowait
+            )
             bad = mismatched(units, checks)
             if after is not None:
                 after(units)
@@ -628,7 +720,7 @@ class Namespace:
     def _read_sync(self, units, flat, offset: int, checks, after=None) -> list[int]:
         """In a worker thread: one preadv (looping over short transfers), then the checksums;
         the indices of the units that failed theirs."""
-        if callable(units):          # (the caller's memory, already present: staging)
+        if callable(units):  # (the caller's memory, already present: staging)
             units = units()
             flat = [v for u in units for v in u]
         else:
@@ -639,8 +731,9 @@ class Namespace:
             after(units)
         return bad
 
-    def _write_sync(self, units, flat, offset: int, digest_lens, then_sync: bool = False,
-                    verify: bool = False) -> list[int]:
+    def _write_sync(
+        self, units, flat, offset: int, digest_lens, then_sync: bool = False, verify: bool = False
+    ) -> list[int]:
         """In a worker thread: the checksums, then one pwritev (and an fdatasync). Staged
         units (`units` a function) are a private copy. With `verify`, `flat` is memory the
         kernel may write into meanwhile (`Buffer.shared`): the checksums are taken again
@@ -661,15 +754,20 @@ class Namespace:
                 break
             digests = again
         else:
-            log.warning("namespace %d: the block at %d changed while it was written, %d "
-                        "times: writing a copy", self.index, offset, STABLE_TRIES)
+            log.warning(
+                "namespace %d: the block at %d changed while it was written, %d "
+                "times: writing a copy",
+                self.index,
+                offset,
+                STABLE_TRIES,
+            )
             copy = mmap.mmap(-1, sum(len(v) for v in flat))
             pos, frozen = 0, []
             for u in units:
                 views = []
                 for v in u:
-                    copy[pos:pos + len(v)] = v
-                    views.append(memoryview(copy)[pos:pos + len(v)])
+                    copy[pos : pos + len(v)] = v
+                    views.append(memoryview(copy)[pos : pos + len(v)])
                     pos += len(v)
                 frozen.append(views)
             digests = unit_digests(frozen, digest_lens)
@@ -697,7 +795,7 @@ class Namespace:
         Shared by concurrent committers: this returns once an fdatasync that started after the
         call has completed; while one runs, callers wait for it to end and the first of them
         starts the next, which covers them all (one sync for a burst of commits)."""
-        need = self._sync_started + 1           # the first sync that starts from now on
+        need = self._sync_started + 1  # the first sync that starts from now on
         while self._sync_done < need:
             if self._syncing:
                 await self._sync_round.wait()

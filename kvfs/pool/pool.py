@@ -38,8 +38,8 @@ from kvfs.pool.superblock import foreign_signature
 
 log = logging.getLogger("kvfs.pool.pool")
 
-OBSERVE_UNITS = 128     # units moved between two updates of the placement balance
-RUN_UNITS = 8           # stripe units one I/O moves at most (back to back on a namespace)
+OBSERVE_UNITS = 128  # units moved between two updates of the placement balance
+RUN_UNITS = 8  # stripe units one I/O moves at most (back to back on a namespace)
 
 
 class Area:
@@ -50,7 +50,7 @@ class Area:
     its area, and tells it what it allocates, frees and publishes; it never asks who it is.
     """
 
-    whole = True        # every namespace entirely: free space in the area is all free space
+    whole = True  # every namespace entirely: free space in the area is all free space
 
     def ranges(self, ns_size: int) -> list[tuple[int, int]]:
         """The [lo, hi) spans of a namespace of `ns_size` bytes this node may allocate in."""
@@ -70,33 +70,40 @@ class Area:
 
 
 class Pool:
-    def __init__(self, namespaces: list[Namespace], pool_id: str, unit: int, *,
-                 adaptive: bool = True, area: Area | None = None):
+    def __init__(
+        self,
+        namespaces: list[Namespace],
+        pool_id: str,
+        unit: int,
+        *,
+        adaptive: bool = True,
+        area: Area | None = None,
+    ):
         self.namespaces = namespaces
         self.pool_id = pool_id
         self.unit = unit
         self.adaptive = adaptive
-        self.balance = [1.0] * len(namespaces)   # learned per-namespace factors (see observe)
+        self.balance = [1.0] * len(namespaces)  # learned per-namespace factors (see observe)
         self._obs_units = [0] * len(namespaces)
         self._obs_seconds = [0.0] * len(namespaces)
         self.chunk = chunk_size_for(unit)
         self.allocators: list[ExtentAllocator] = [
-            ExtentAllocator(DATA_START, ns.size, unit) for ns in namespaces]
-        self.area = area or Area()      # where this node may allocate (see Area)
-        self.created = False          # formatted by this open (a brand-new pool)
+            ExtentAllocator(DATA_START, ns.size, unit) for ns in namespaces
+        ]
+        self.area = area or Area()  # where this node may allocate (see Area)
+        self.created = False  # formatted by this open (a brand-new pool)
         # shared pool: the extents of claimed blocks that were still counted as used here when
         # claimed (see claim), by block layout
         self._contested: dict[Layout, list] = {}
-        self.frees_stopped: str | None = None    # see stop_freeing
-        self.rebuilt_superblocks: list[str] = []   # damaged superblocks rewritten at open
+        self.frees_stopped: str | None = None  # see stop_freeing
+        self.rebuilt_superblocks: list[str] = []  # damaged superblocks rewritten at open
         self._rotation = 0
-        self._credit = [0.0] * len(self.namespaces)    # place_units' round robin, block to block
-        self.zero = zero_chunk(self.chunk)   # the source of padding and holes in unit writes
+        self._credit = [0.0] * len(self.namespaces)  # place_units' round robin, block to block
+        self.zero = zero_chunk(self.chunk)  # the source of padding and holes in unit writes
 
     # --- opening and formatting --------------------------------------------------------------
     @classmethod
-    def open(cls, cfg: PoolConfig, *, expect_pool_id: str | None,
-             create_new: bool) -> "Pool":
+    def open(cls, cfg: PoolConfig, *, expect_pool_id: str | None, create_new: bool) -> "Pool":
         """Open and validate the namespaces of `cfg`.
 
         `expect_pool_id` is the pool id the catalog remembers (None for a new catalog).
@@ -107,22 +114,36 @@ class Pool:
         missing = [nc.path for nc, f in zip(cfg.namespaces, found) if not f[0]]
         fresh = len(missing) == len(found)
         if missing and not fresh:
-            raise StartupError(f"namespace {missing[0]}: does not exist, but other namespaces of "
-                               f"the pool do (missing namespace?)", errno.ENOENT)
+            raise StartupError(
+                f"namespace {missing[0]}: does not exist, but other namespaces of "
+                f"the pool do (missing namespace?)",
+                errno.ENOENT,
+            )
         if fresh and (not create_new or expect_pool_id is not None):
             if expect_pool_id is not None:
-                raise StartupError(f"namespace {missing[0]}: does not exist, but the catalog "
-                                   f"belongs to pool {expect_pool_id}", errno.ENOENT)
+                raise StartupError(
+                    f"namespace {missing[0]}: does not exist, but the catalog "
+                    f"belongs to pool {expect_pool_id}",
+                    errno.ENOENT,
+                )
             raise StartupError(f"namespace {missing[0]}: does not exist", errno.ENOENT)
         namespaces: list[Namespace] = []
         try:
             for i, nc in enumerate(cfg.namespaces):
-                ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
-                                    io_engine=cfg.io_engine, io_timeout=cfg.io_timeout_ms / 1000,
-                                    create_size=nc.size if fresh else None)
+                ns = Namespace.open(
+                    i,
+                    nc.path,
+                    queue_depth=nc.queue_depth,
+                    weight=nc.weight,
+                    io_engine=cfg.io_engine,
+                    io_timeout=cfg.io_timeout_ms / 1000,
+                    create_size=nc.size if fresh else None,
+                )
                 if ns.size <= DATA_START:
-                    raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small "
-                                       f"(kvfs needs more than {DATA_START})")
+                    raise StartupError(
+                        f"namespace {nc.path}: {ns.size} bytes is too small "
+                        f"(kvfs needs more than {DATA_START})"
+                    )
                 namespaces.append(ns)
             if fresh:
                 pool_id = write_superblocks(namespaces, cfg.stripe_unit)
@@ -158,9 +179,14 @@ class Pool:
         created: list[Path] = []
         try:
             for i, (nc, (exists, _, _)) in enumerate(zip(cfg.namespaces, found)):
-                ns = Namespace.open(i, nc.path, queue_depth=nc.queue_depth, weight=nc.weight,
-                                    io_engine=cfg.io_engine,
-                                    create_size=None if exists else nc.size)
+                ns = Namespace.open(
+                    i,
+                    nc.path,
+                    queue_depth=nc.queue_depth,
+                    weight=nc.weight,
+                    io_engine=cfg.io_engine,
+                    create_size=None if exists else nc.size,
+                )
                 opened.append(ns)
                 if not exists:
                     created.append(nc.path)
@@ -169,8 +195,11 @@ class Pool:
                 if exists and not force:
                     what = foreign_signature(ns.read_head(), str(nc.path))
                     if what:
-                        raise StartupError(f"namespace {nc.path}: holds {what}; refusing to "
-                                           f"overwrite it (use --force)", errno.EEXIST)
+                        raise StartupError(
+                            f"namespace {nc.path}: holds {what}; refusing to "
+                            f"overwrite it (use --force)",
+                            errno.EEXIST,
+                        )
             return write_superblocks(opened, cfg.stripe_unit)
         except BaseException:
             for p in created:
@@ -200,27 +229,39 @@ class Pool:
                 ns.append(e.ns)
                 off.append(e.offset)
                 length.append(e.length)
-        self.attach_extents(np.asarray(ns, dtype=np.int64), np.asarray(off, dtype=np.int64),
-                            np.asarray(length, dtype=np.int64), units)
+        self.attach_extents(
+            np.asarray(ns, dtype=np.int64),
+            np.asarray(off, dtype=np.int64),
+            np.asarray(length, dtype=np.int64),
+            units,
+        )
 
     def attach_extents(self, ns, off, length, units: Iterable[int] = ()) -> None:
         """Rebuild free space from the (namespace, offset, length) arrays of every stripe unit
         the catalog holds (`units`: the stripe units of its blocks), sorted here."""
         for u in units:
             if int(u) != self.unit:
-                raise StartupError(f"catalog holds a block with stripe unit {int(u)}, "
-                                   f"the pool uses {self.unit}")
+                raise StartupError(
+                    f"catalog holds a block with stripe unit {int(u)}, the pool uses {self.unit}"
+                )
         if len(ns) and int(ns.max()) >= len(self.namespaces):
-            raise StartupError(f"catalog refers to namespace {int(ns.max())}, the pool has "
-                               f"{len(self.namespaces)}")
+            raise StartupError(
+                f"catalog refers to namespace {int(ns.max())}, the pool has {len(self.namespaces)}"
+            )
         order = np.lexsort((off, ns))
         ns, off, length = ns[order], off[order], length[order]
         bounds = np.searchsorted(ns, np.arange(len(self.namespaces) + 1))
         try:
             self.allocators = [
-                ExtentAllocator.from_sorted(DATA_START, nsp.size, off[bounds[j]:bounds[j + 1]],
-                                            length[bounds[j]:bounds[j + 1]], self.unit)
-                for j, nsp in enumerate(self.namespaces)]
+                ExtentAllocator.from_sorted(
+                    DATA_START,
+                    nsp.size,
+                    off[bounds[j] : bounds[j + 1]],
+                    length[bounds[j] : bounds[j + 1]],
+                    self.unit,
+                )
+                for j, nsp in enumerate(self.namespaces)
+            ]
         except ValueError as e:
             raise StartupError(f"catalog is inconsistent with the pool: {e}") from None
 
@@ -238,8 +279,11 @@ class Pool:
         """Free bytes this node may allocate now (in its area)."""
         if self.area.whole:
             return self.free
-        return sum(a.free_in(lo, hi)[0] for a, ns in zip(self.allocators, self.namespaces)
-                   for lo, hi in self.area.ranges(ns.size))
+        return sum(
+            a.free_in(lo, hi)[0]
+            for a, ns in zip(self.allocators, self.namespaces)
+            for lo, hi in self.area.ranges(ns.size)
+        )
 
     @property
     def unit_free(self) -> int:
@@ -253,23 +297,36 @@ class Pool:
         use. Each free extent counts its length rounded down to a multiple of `grain`."""
         if self.area.whole and grain == self.unit:
             return self.unit_free
-        return sum(a.unit_bytes_in(lo, hi, grain)
-                   for a, ns in zip(self.allocators, self.namespaces)
-                   for lo, hi in self.area.ranges(ns.size))
+        return sum(
+            a.unit_bytes_in(lo, hi, grain)
+            for a, ns in zip(self.allocators, self.namespaces)
+            for lo, hi in self.area.ranges(ns.size)
+        )
 
     def statistics(self) -> dict:
         """The pool tier's geometry and space, and each namespace's counters."""
         return {
-            "tier": {"capacity": self.capacity, "used": self.capacity - self.free,
-                     "free": self.free, "stripe_unit": self.unit, "pool_id": self.pool_id,
-                     "placement_weights": [round(w, 3) for w in self.placement_weights()],
-                     "rebuilt_superblocks": self.rebuilt_superblocks},
+            "tier": {
+                "capacity": self.capacity,
+                "used": self.capacity - self.free,
+                "free": self.free,
+                "stripe_unit": self.unit,
+                "pool_id": self.pool_id,
+                "placement_weights": [round(w, 3) for w in self.placement_weights()],
+                "rebuilt_superblocks": self.rebuilt_superblocks,
+            },
             "namespaces": [
-                {"index": ns.index, "path": str(ns.path), "size": ns.size,
-                 "direct_io": ns.direct, "queue_depth": ns.queue_depth,
-                 "io_engine": "aio" if ns.aio and linux_aio.available() else "threads",
-                 **dataclasses.asdict(ns.stats)}
-                for ns in self.namespaces],
+                {
+                    "index": ns.index,
+                    "path": str(ns.path),
+                    "size": ns.size,
+                    "direct_io": ns.direct,
+                    "queue_depth": ns.queue_depth,
+                    "io_engine": "aio" if ns.aio and linux_aio.available() else "threads",
+                    **dataclasses.asdict(ns.stats),
+                }
+                for ns in self.namespaces
+            ],
         }
 
     # --- blocks other nodes of a shared pool wrote ------------------------------------------------
@@ -278,17 +335,20 @@ class Pool:
         used here by a block whose purge this node has not applied yet (a node reads a file's
         current state, which may be newer than the change log it has applied): that part
         becomes this block's when the old block is unclaimed. False (logged) if so."""
-        short = []                # (extent, the pieces of it this block holds so far)
+        short = []  # (extent, the pieces of it this block holds so far)
         for e in layout.unit_extents():
             parts = self.allocators[e.ns].take_free_parts(e.offset, e.length)
             if sum(n for _, n in parts) < e.length:
                 short.append((e, parts))
         if short:
             self._contested[layout] = short
-            log.warning("block of %d bytes published by another node overlaps space this node "
-                        "still counts as in use (a purge not applied here yet, or two nodes "
-                        "wrote the same space) (namespace extents %s)", layout.size,
-                        [(e.ns, e.offset, e.length) for e, _ in short][:4])
+            log.warning(
+                "block of %d bytes published by another node overlaps space this node "
+                "still counts as in use (a purge not applied here yet, or two nodes "
+                "wrote the same space) (namespace extents %s)",
+                layout.size,
+                [(e.ns, e.offset, e.length) for e, _ in short][:4],
+            )
         return not short
 
     def unclaim(self, layout: Layout) -> None:
@@ -385,9 +445,11 @@ class Pool:
         if sum(self._obs_units) < OBSERVE_UNITS:
             return
         weights = self.placement_weights()
-        predicted = {j: weights[j] * self._obs_seconds[j] / self._obs_units[j]
-                     for j in range(len(self.namespaces))
-                     if self._obs_units[j] > 0 and weights[j] > 0}
+        predicted = {
+            j: weights[j] * self._obs_seconds[j] / self._obs_units[j]
+            for j in range(len(self.namespaces))
+            if self._obs_units[j] > 0 and weights[j] > 0
+        }
         self._obs_units = [0] * len(self.namespaces)
         self._obs_seconds = [0.0] * len(self.namespaces)
         if len(predicted) < 2:
@@ -406,14 +468,19 @@ class Pool:
         n = unit_count(size, self.unit)
         lengths = [stored_length(size, self.unit, k) for k in range(n)]
         weights = self.placement_weights()
-        if self.area.whole:             # (free_in walks every free extent of the range)
+        if self.area.whole:  # (free_in walks every free extent of the range)
             room = [a.free_bytes for a in self.allocators]
         else:
-            room = [sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
-                    for a, ns in zip(self.allocators, self.namespaces)]
+            room = [
+                sum(a.free_in(lo, hi)[0] for lo, hi in self.area.ranges(ns.size))
+                for a, ns in zip(self.allocators, self.namespaces)
+            ]
         try:
-            assign = list(place_units(n, weights, self._rotation % len(self.namespaces), room,
-                                      lengths, self._credit))
+            assign = list(
+                place_units(
+                    n, weights, self._rotation % len(self.namespaces), room, lengths, self._credit
+                )
+            )
         except ValueError:
             raise no_space(f"pool is full: no room for a block of {size} bytes") from None
         self.next_rotation()
@@ -430,16 +497,19 @@ class Pool:
                         offsets[k] = off
                         off += lengths[k]
                     continue
-                for k in ks:   # fragmented: one extent per unit, elsewhere if need be
-                    for j2 in [j] + sorted((i for i in range(len(room)) if i != j),
-                                           key=lambda i: -room[i]):
+                for k in ks:  # fragmented: one extent per unit, elsewhere if need be
+                    for j2 in [j] + sorted(
+                        (i for i in range(len(room)) if i != j), key=lambda i: -room[i]
+                    ):
                         off = self.alloc_extent(j2, lengths[k])
                         if off is not None:
                             break
                     else:
-                        raise no_space(f"pool is full: no namespace has room for a "
-                                       f"{lengths[k]}-byte stripe unit (free space is "
-                                       f"fragmented)")
+                        raise no_space(
+                            f"pool is full: no namespace has room for a "
+                            f"{lengths[k]}-byte stripe unit (free space is "
+                            f"fragmented)"
+                        )
                     taken.append((j2, off, lengths[k]))
                     assign[k] = j2
                     offsets[k] = off
@@ -463,9 +533,11 @@ class Pool:
         """`free_extent` of each (namespace, offset, length), once every I/O in `late` (trio
         Events of I/Os past their deadline, which may still be writing there) has ended:
         until then nothing else may be placed there. At once if none is late."""
+
         def free() -> None:
             for j, off, length in extents:
                 self.free_extent(j, off, length)
+
         if not late:
             free()
             return
@@ -474,6 +546,7 @@ class Pool:
             for ev in late:
                 await ev.wait()
             free()
+
         trio.lowlevel.spawn_system_task(later)
 
     def release_after(self, layout: Layout, late: list) -> None:
@@ -491,7 +564,7 @@ class Pool:
         """Units grouped into runs one I/O can move: on one namespace, back to back there (a
         block's units on a namespace are usually allocated as one extent), at most `limit`."""
         by_ns: dict[int, list[int]] = {}
-        for k in (range(len(ns_of)) if ks is None else ks):
+        for k in range(len(ns_of)) if ks is None else ks:
             by_ns.setdefault(ns_of[k], []).append(k)
         out = []
         for kk in by_ns.values():
@@ -499,7 +572,10 @@ class Pool:
             run = [kk[0]]
             for k in kk[1:]:
                 p = run[-1]
-                if offsets[p] + stored_length(size, self.unit, p) == offsets[k] and len(run) < limit:
+                if (
+                    offsets[p] + stored_length(size, self.unit, p) == offsets[k]
+                    and len(run) < limit
+                ):
                     run.append(k)
                 else:
                     out.append(run)
@@ -536,6 +612,7 @@ class Pool:
 
             def staged() -> list[list[memoryview]]:
                 return buf.stage_out(spans)
+
             j = ns_of[run[0]]
             ns = self.namespaces[j]
             nbytes = sum(stored for _, stored, _ in spans)
@@ -543,22 +620,29 @@ class Pool:
             def job():
                 # the only run on its namespace: written and made durable in one job
                 return ns.write_units(
-                    staged if small else
-                    [buf.io_views(start, stored, self.zero) for start, stored, _ in spans],
-                    offsets[run[0]], lengths, sync=per_ns[j] == 1, nbytes=nbytes,
-                    verify=buf.shared and not small)
+                    staged
+                    if small
+                    else [buf.io_views(start, stored, self.zero) for start, stored, _ in spans],
+                    offsets[run[0]],
+                    lengths,
+                    sync=per_ns[j] == 1,
+                    nbytes=nbytes,
+                    verify=buf.shared and not small,
+                )
+
             digests = await (self.bounded(j, job, nbytes, late) if deadline else job())
             for k, d in zip(run, digests):
                 sums[k] = d
             done[j] = time.perf_counter() - t0
 
-        late: list = []                         # I/Os past their deadline, still in flight
+        late: list = []  # I/Os past their deadline, still in flight
 
         async def sync(j: int) -> None:
             ns = self.namespaces[j]
             await (self.bounded(j, ns.sync, 0, late) if deadline else ns.sync())
+
         try:
-            if len(runs) == 1:                  # one I/O (a small block): no nursery
+            if len(runs) == 1:  # one I/O (a small block): no nursery
                 await write(runs[0])
             else:
                 await run_all((lambda r=r: write(r)) for r in runs)
@@ -568,13 +652,19 @@ class Pool:
             raise
         counts = {j: ns_of.count(j) for j in done}
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("wrote %d bytes in %.3f s: units per namespace %s, seconds %s", size,
-                      time.perf_counter() - t0, counts, {j: round(t, 3) for j, t in done.items()})
+            log.debug(
+                "wrote %d bytes in %.3f s: units per namespace %s, seconds %s",
+                size,
+                time.perf_counter() - t0,
+                counts,
+                {j: round(t, 3) for j, t in done.items()},
+            )
         self.observe(counts, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
-    async def write_batch(self, blocks: list[tuple[Buffer, int, Layout | None]]
-                          ) -> list[Layout | KvfsError]:
+    async def write_batch(
+        self, blocks: list[tuple[Buffer, int, Layout | None]]
+    ) -> list[Layout | KvfsError]:
         """Write several blocks at once (the write-back flusher's batch, kvfs/write/writeback.py):
         each goes where it was allocated (its Layout, checksums unknown), or is allocated now
         (None); then every namespace gets one worker job for all the runs placed on it (more
@@ -604,14 +694,27 @@ class Pool:
             plans.append(plan)
             small = size <= buf.chunk
             for run in self.runs(ns_of, offsets, size):
-                spans = [(k * self.unit, stored_length(size, self.unit, k),
-                          min(self.unit, size - k * self.unit)) for k in run]
-                units = (lambda b=buf, sp=spans: b.stage_out(sp)) if small else \
-                    [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
-                req = WriteRequest(units, None if small else [v for u in units for v in u],
-                                   offsets[run[0]], [length for _, _, length in spans],
-                                   sum(stored for _, stored, _ in spans),
-                                   verify=buf.shared and not small)
+                spans = [
+                    (
+                        k * self.unit,
+                        stored_length(size, self.unit, k),
+                        min(self.unit, size - k * self.unit),
+                    )
+                    for k in run
+                ]
+                units = (
+                    (lambda b=buf, sp=spans: b.stage_out(sp))
+                    if small
+                    else [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
+                )
+                req = WriteRequest(
+                    units,
+                    None if small else [v for u in units for v in u],
+                    offsets[run[0]],
+                    [length for _, _, length in spans],
+                    sum(stored for _, stored, _ in spans),
+                    verify=buf.shared and not small,
+                )
                 by_ns.setdefault(ns_of[run[0]], []).append(req)
                 plan[5].append((run, req))
         t0 = time.perf_counter()
@@ -621,7 +724,7 @@ class Pool:
             ns, reqs = self.namespaces[j], by_ns[j]
             try:
                 await ns.bounded(lambda: ns.write_batch(reqs), sum(r.nbytes for r in reqs))
-            except KvfsError as e:          # past its deadline (it goes on: `e.pending`)
+            except KvfsError as e:  # past its deadline (it goes on: `e.pending`)
                 for r in reqs:
                     r.error = e
             except Exception as e:  # noqa: BLE001 - per-block results, never a dead flusher
@@ -629,6 +732,7 @@ class Pool:
                 for r in reqs:
                     r.error = r.error or KvfsError(errno.EIO, f"namespace {j}: {e}")
             done[j] = time.perf_counter() - t0
+
         if by_ns:
             await run_all((lambda j=j: write(j)) for j in by_ns)
         units: collections.Counter[int] = collections.Counter()
@@ -636,13 +740,19 @@ class Pool:
             layout = Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of))
             try:
                 for run, req in runs:
-                    if getattr(req.error, "pending", None) is None:   # (else still in use)
-                        req.units = req.flat = None     # (the block's memory: not needed)
+                    if getattr(req.error, "pending", None) is None:  # (else still in use)
+                        req.units = req.flat = None  # (the block's memory: not needed)
                     for k, d in zip(run, req.result()):
                         sums[k] = d
             except KvfsError as e:
-                self.release_after(layout, [r.error.pending for _, r in runs
-                                            if getattr(r.error, "pending", None) is not None])
+                self.release_after(
+                    layout,
+                    [
+                        r.error.pending
+                        for _, r in runs
+                        if getattr(r.error, "pending", None) is not None
+                    ],
+                )
                 out[i] = e
                 continue
             out[i] = Layout(size, self.unit, ns_of, offsets, tuple(sums))
@@ -659,8 +769,9 @@ class Pool:
         """Whether a block whose write failed with `e` can be written again elsewhere: a
         namespace failed (`Namespace._failed` names it), and another is healthy."""
         bad = getattr(e, "namespace", None)
-        return bad is not None and any(ns.stats.state == "ok" and ns.index != bad
-                                       for ns in self.namespaces)
+        return bad is not None and any(
+            ns.stats.state == "ok" and ns.index != bad for ns in self.namespaces
+        )
 
     def next_rotation(self) -> int:
         """The namespace the next block starts on (rotates block by block)."""
@@ -684,8 +795,9 @@ class Pool:
                     return j, off
         raise no_space(f"pool is full: no room for a {length}-byte stripe unit")
 
-    async def read_run(self, layout: Layout, run: list[int], buf: Buffer, *,
-                       prefetch: bool = False) -> list[int]:
+    async def read_run(
+        self, layout: Layout, run: list[int], buf: Buffer, *, prefetch: bool = False
+    ) -> list[int]:
         """Read units that lie back to back on one namespace (`runs`) into their places in
         `buf` with one I/O, and verify their checksums; returns the units that failed theirs.
         Raises EIO if the read itself failed. A `prefetch` read yields to demand reads."""
@@ -698,19 +810,30 @@ class Pool:
         def zero_padding(units: list[list[memoryview]]) -> None:
             for (_, stored, length), unit_views in zip(spans, units):
                 pad = stored - length
-                if pad:   # keep the bytes past the content zero, whatever the padding held
+                if pad:  # keep the bytes past the content zero, whatever the padding held
                     last = unit_views[-1]
-                    last[len(last) - pad:] = bytes(pad) if pad <= len(last) else last[:0]
+                    last[len(last) - pad :] = bytes(pad) if pad <= len(last) else last[:0]
+
         ns = self.namespaces[layout.ns[run[0]]]
         sizes = [stored for _, stored, _ in spans]
         if buf.size <= buf.chunk:
             # a small block: read into the worker thread's staging memory, then its content
             # into the buffer's file (Buffer.stage_in); the file is never mapped
-            bad = await ns.read_units(lambda: buf.stage_in(spans), layout.offsets[run[0]],
-                                      checks, prefetch, sizes=sizes,
-                                      after=lambda units: buf.unstage(spans, units))
+            bad = await ns.read_units(
+                lambda: buf.stage_in(spans),
+                layout.offsets[run[0]],
+                checks,
+                prefetch,
+                sizes=sizes,
+                after=lambda units: buf.unstage(spans, units),
+            )
         else:
-            bad = await ns.read_units([buf.io_views(start, stored) for start, stored, _ in spans],
-                                      layout.offsets[run[0]], checks, prefetch, sizes=sizes,
-                                      after=zero_padding)
+            bad = await ns.read_units(
+                [buf.io_views(start, stored) for start, stored, _ in spans],
+                layout.offsets[run[0]],
+                checks,
+                prefetch,
+                sizes=sizes,
+                after=zero_padding,
+            )
         return [run[i] for i in bad]

@@ -16,9 +16,9 @@ import xxhash
 
 from kvfs.errors import KvfsError
 
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024   # views per call
-MERGE_BYTES = 1 << 20         # staged writes back to back on a device go as one AIO write of
-MERGE_VIEWS = 256             # at most this many bytes, and views (the kernel takes 1,024)
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # views per call
+MERGE_BYTES = 1 << 20  # staged writes back to back on a device go as one AIO write of
+MERGE_VIEWS = 256  # at most this many bytes, and views (the kernel takes 1,024)
 
 
 def transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) -> None:
@@ -36,8 +36,9 @@ def transfer(op: Callable, fd: int, views: Sequence[memoryview], offset: int) ->
         advance(views, n)
 
 
-async def transfer_aio(op: Callable, fd: int, views: Sequence[memoryview], offset: int,
-                        nowait: bool = False) -> None:
+async def transfer_aio(
+    op: Callable, fd: int, views: Sequence[memoryview], offset: int, nowait: bool = False
+) -> None:
     """`transfer` by Linux AIO (`op`: the engine's preadv or pwritev)."""
     total = sum(len(v) for v in views)
     done = 0
@@ -73,8 +74,10 @@ class PrioritySlots:
         self.free = n
         self.prefetch_held = 0
         self.prefetch_max = max(1, n // 4)
-        self.waiting: tuple[collections.deque, collections.deque] = (collections.deque(),
-                                                                     collections.deque())
+        self.waiting: tuple[collections.deque, collections.deque] = (
+            collections.deque(),
+            collections.deque(),
+        )
 
     def _grant(self) -> None:
         while self.free > 0:
@@ -91,8 +94,11 @@ class PrioritySlots:
     @contextlib.asynccontextmanager
     async def take(self, prefetch: bool = False):
         pri = 1 if prefetch else 0
-        if self.free > 0 and not self.waiting[0] and not (prefetch and (
-                self.waiting[1] or self.prefetch_held >= self.prefetch_max)):
+        if (
+            self.free > 0
+            and not self.waiting[0]
+            and not (prefetch and (self.waiting[1] or self.prefetch_held >= self.prefetch_max))
+        ):
             self.free -= 1
             if prefetch:
                 self.prefetch_held += 1
@@ -102,7 +108,7 @@ class PrioritySlots:
             try:
                 await ev.wait()
             except BaseException:
-                if ev.is_set():                 # granted while being cancelled: give it back
+                if ev.is_set():  # granted while being cancelled: give it back
                     self._release(prefetch)
                 else:
                     self.waiting[pri].remove(ev)
@@ -125,16 +131,25 @@ class WriteRequest:
     `units`: each unit's views (`flat`: all of them in order), or a function called in the
     worker thread that makes them (`flat` None)."""
 
-    __slots__ = ("units", "flat", "offset", "digest_lens", "nbytes", "verify", "done", "batch",
-                 "digests", "error")
+    __slots__ = (
+        "units",
+        "flat",
+        "offset",
+        "digest_lens",
+        "nbytes",
+        "verify",
+        "done",
+        "batch",
+        "digests",
+        "error",
+    )
 
-    def __init__(self, units, flat, offset: int, digest_lens, nbytes: int,
-                 verify: bool = False):
+    def __init__(self, units, flat, offset: int, digest_lens, nbytes: int, verify: bool = False):
         self.units, self.flat, self.offset = units, flat, offset
         self.digest_lens, self.nbytes = digest_lens, nbytes
-        self.verify = verify        # live memory the kernel may write (Namespace._write_sync)
+        self.verify = verify  # live memory the kernel may write (Namespace._write_sync)
         self.done = trio.Event()
-        self.batch: list | None = None   # set when woken to run this group, not with a result
+        self.batch: list | None = None  # set when woken to run this group, not with a result
         self.digests: list[int] | None = None
         self.error: BaseException | None = None
 
@@ -151,17 +166,22 @@ class WriteRequest:
         if isinstance(self.error, KvfsError):
             raise self.error
         if self.error is not None:
-            raise KvfsError(getattr(self.error, "errno", None) or errno.EIO,
-                            f"write of {self.nbytes} bytes at {self.offset}: {self.error}")
-        if self.digests is None:      # its group ended without reaching it (cancelled)
+            raise KvfsError(
+                getattr(self.error, "errno", None) or errno.EIO,
+                f"write of {self.nbytes} bytes at {self.offset}: {self.error}",
+            )
+        if self.digests is None:  # its group ended without reaching it (cancelled)
             raise KvfsError(errno.EIO, "write was not carried out")
         return self.digests
 
 
 def mismatched(units, checks) -> list[int]:
     """The indices of the units whose xxh3-64 is not their check's (length, digest)."""
-    return [i for i, (u, c) in enumerate(zip(units, checks))
-            if c is not None and digest(u, c[0]) != c[1]]
+    return [
+        i
+        for i, (u, c) in enumerate(zip(units, checks))
+        if c is not None and digest(u, c[0]) != c[1]
+    ]
 
 
 def merged(batch: list["WriteRequest"]) -> list[list["WriteRequest"]]:
@@ -171,8 +191,12 @@ def merged(batch: list["WriteRequest"]) -> list[list["WriteRequest"]]:
     end = nbytes = views = 0
     for r in sorted(batch, key=lambda r: r.offset):
         n = len(r.digest_lens)
-        if runs and r.offset == end and nbytes + r.nbytes <= MERGE_BYTES and \
-                views + n <= MERGE_VIEWS:
+        if (
+            runs
+            and r.offset == end
+            and nbytes + r.nbytes <= MERGE_BYTES
+            and views + n <= MERGE_VIEWS
+        ):
             runs[-1].append(r)
             nbytes += r.nbytes
             views += n

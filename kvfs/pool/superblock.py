@@ -30,7 +30,7 @@ class Superblock:
     ns_index: int
     ns_count: int
     stripe_unit: int
-    size: int            # bytes of the namespace kvfs uses (a 4 KiB multiple)
+    size: int  # bytes of the namespace kvfs uses (a 4 KiB multiple)
     created: str
 
     def encode(self) -> bytes:
@@ -52,10 +52,12 @@ def decode(raw: bytes) -> Superblock | None:
         return None
     version, length = struct.unpack_from("<II", raw, 8)
     if version != VERSION:
-        raise SuperblockError(f"format version {version} is not supported (this kvfs reads {VERSION})")
+        raise SuperblockError(
+            f"format version {version} is not supported (this kvfs reads {VERSION})"
+        )
     if 16 + length + 4 > len(raw):
         raise SuperblockError("superblock is truncated")
-    head = raw[:16 + length]
+    head = raw[: 16 + length]
     (crc,) = struct.unpack_from("<I", raw, 16 + length)
     if zlib.crc32(head) != crc:
         raise SuperblockError("superblock checksum mismatch")
@@ -79,7 +81,7 @@ _SIGNATURES = [
     (512, b"EFI PART", "a GPT partition table"),
     (510, b"\x55\xaa", "a DOS partition table or boot sector"),
     (0x8001, b"CD001", "an ISO9660 filesystem"),
-    (0, b"\x56\x44\x4f\x20" , "a VDO volume"),
+    (0, b"\x56\x44\x4f\x20", "a VDO volume"),
 ]
 PROBE_BYTES = 0x10040 + 8
 
@@ -87,12 +89,13 @@ PROBE_BYTES = 0x10040 + 8
 def foreign_signature(head: bytes, path: str | None = None) -> str | None:
     """Name what `head` (the first PROBE_BYTES of a device) holds, or None if it looks unused."""
     for off, magic, what in _SIGNATURES:
-        if head[off:off + len(magic)] == magic:
+        if head[off : off + len(magic)] == magic:
             return what
     if path is not None:
         try:
-            r = subprocess.run(["blkid", "-p", "-o", "export", path], capture_output=True,
-                               text=True, timeout=10)
+            r = subprocess.run(
+                ["blkid", "-p", "-o", "export", path], capture_output=True, text=True, timeout=10
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         if r.returncode == 0:

@@ -19,7 +19,7 @@ class LocalOrder(Protocol):
     """What a pool used by one node learns of its files' order from the catalog (its rows:
     kvfs/catalog/sqlite.py)."""
 
-    file_count: int                   # files in the pool
+    file_count: int  # files in the pool
 
     def lru_files(self) -> Iterator[tuple[int, int]]:
         """(block id, inode), least recently used first."""
@@ -50,16 +50,22 @@ class LocalSpace(Space):
 
     kind = "local"
 
-    def __init__(self, pool: Pool, knobs: Knobs, evictor: Evictor, order: LocalOrder,
-                 after_release: Callable[[Callable[[], None]], None] | None = None):
+    def __init__(
+        self,
+        pool: Pool,
+        knobs: Knobs,
+        evictor: Evictor,
+        order: LocalOrder,
+        after_release: Callable[[Callable[[], None]], None] | None = None,
+    ):
         """`order`: the pool's order of files, kept by the catalog (its rows). `after_release`:
         after_release(fn) calls fn() once the catalog change that stopped referencing a block
         is durable (kvfs/catalog/groupcommit.py); None: retired blocks are free at once."""
         super().__init__(pool, knobs, evictor)
         self.order = order
         self.after_release = after_release
-        self._scored_all = False     # files stored under "lru" have a priority too
-        self.releasing = 0           # bytes of retired blocks waiting for their change's sync
+        self._scored_all = False  # files stored under "lru" have a priority too
+        self.releasing = 0  # bytes of retired blocks waiting for their change's sync
 
     def file_count(self) -> int:
         return self.order.file_count
@@ -80,6 +86,7 @@ class LocalSpace(Space):
         def release() -> None:
             self.releasing -= nbytes
             self.pool.release(layout)
+
         self.after_release(release)
 
     @property
@@ -110,9 +117,9 @@ class LocalSpace(Space):
             went = True
             while went and not (evicted and self._roomy(need)):
                 went = False
-                for bid, ino, *prio in order():     # (from the start again: the order changed)
+                for bid, ino, *prio in order():  # (from the start again: the order changed)
                     if upto is not None and self._after(ino, prio, upto):
-                        break                       # a file waiting for write-back goes first
+                        break  # a file waiting for write-back goes first
                     if not self.evictor.held(bid) and await self._evict(ino, exclude, bid):
                         if rule is not None:
                             rule.evicted(prio[0])

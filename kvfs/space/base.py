@@ -15,6 +15,7 @@ from kvfs.pool.pool import Pool
 
 log = logging.getLogger("kvfs.space")
 
+
 class Evictor(Protocol):
     """The space layer's one call upward: whether a file may be deleted to make room is the
     file layer's to say (it knows open files, pins, what is read here and the kernel's caches);
@@ -45,9 +46,9 @@ class Space:
     def __init__(self, pool: Pool, knobs: Knobs, evictor: Evictor):
         self.pool = pool
         self.knobs = knobs
-        self.evictor = evictor        # deletes files to make room (the file layer decides)
-        self.reserved = 0             # bytes set aside for write sessions, not yet allocated
-        self.evictions = 0            # files deleted to make room
+        self.evictor = evictor  # deletes files to make room (the file layer decides)
+        self.reserved = 0  # bytes set aside for write sessions, not yet allocated
+        self.evictions = 0  # files deleted to make room
         self.rule: PrefixScore | None = None
 
     # --- reservations --------------------------------------------------------------------------
@@ -69,8 +70,10 @@ class Space:
         making room as needed; raises ENOSPC when nothing helps."""
         while not self.try_reserve(nbytes):
             if not await self.make_room(exclude, nbytes):
-                raise no_space(f"pool is full: {nbytes} more bytes needed, "
-                               f"{max(0, self.pool.writable - self.reserved)} free")
+                raise no_space(
+                    f"pool is full: {nbytes} more bytes needed, "
+                    f"{max(0, self.pool.writable - self.reserved)} free"
+                )
 
     def unreserve(self, nbytes: int) -> None:
         self.reserved = max(0, self.reserved - nbytes)
@@ -84,7 +87,7 @@ class Space:
     # --- the pool's policy (pool.evict = "prefix") ------------------------------------------------
     # It hears of every store, read and rename of a file and keeps each file's priority and uses
     # on its node (the catalog persists them: its rows on one node, Redis for a shared pool).
-    GHOSTS = 5               # evicted names remembered, in pool capacities
+    GHOSTS = 5  # evicted names remembered, in pool capacities
 
     def file_count(self) -> int:
         """Files in the pool (the catalog's count)."""
@@ -143,8 +146,11 @@ class Space:
         rule = self._rule()
         if rule is None or node.blob is None:
             return False
-        had = replaced.uses if replaced is not None and replaced.blob is not None else \
-            (await self._ghost(node) or 0)
+        had = (
+            replaced.uses
+            if replaced is not None and replaced.blob is not None
+            else (await self._ghost(node) or 0)
+        )
         if not had:
             return False
         node.uses = max(node.uses, had + 1)
@@ -154,7 +160,7 @@ class Space:
     async def _ghost(self, node) -> int | None:
         try:
             return await self.take_ghost(node.parent, node.name)
-        except KvfsError as e:          # a hint: the file is scored as new
+        except KvfsError as e:  # a hint: the file is scored as new
             log.debug("pool order: the ghost of %r: %s", node.name, e)
             return None
 
@@ -189,8 +195,12 @@ class Space:
         """Unmounting."""
 
     def statistics(self) -> dict:
-        out = {"kind": self.kind, "reserved": self.reserved, "evictions": self.evictions,
-               "evict": self.knobs.pool_evict}
+        out = {
+            "kind": self.kind,
+            "reserved": self.reserved,
+            "evictions": self.evictions,
+            "evict": self.knobs.pool_evict,
+        }
         if self.rule is not None and self.knobs.pool_evict == "prefix":
             out["evict_mode"] = self.rule.mode_name
             out["evict_floor"] = round(self.rule.floor, 3)

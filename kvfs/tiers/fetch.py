@@ -38,21 +38,32 @@ FETCH_RUN = 4
 class Fetch:
     """One attempt to bring a whole block into DRAM."""
 
-    __slots__ = ("buffer", "ready", "errors", "queues", "prefetch", "cancelled", "source",
-                 "parent", "done", "run")
+    __slots__ = (
+        "buffer",
+        "ready",
+        "errors",
+        "queues",
+        "prefetch",
+        "cancelled",
+        "source",
+        "parent",
+        "done",
+        "run",
+    )
 
-    def __init__(self, buffer: Buffer, nunits: int, prefetch: bool, source: str, parent,
-                 run: int = 1):
+    def __init__(
+        self, buffer: Buffer, nunits: int, prefetch: bool, source: str, parent, run: int = 1
+    ):
         self.buffer = buffer
         self.ready = [trio.Event() for _ in range(nunits)]
         self.errors: dict[int, KvfsError] = {}
-        self.queues: dict[int, collections.deque[int]] = {}   # namespace -> units not yet issued
+        self.queues: dict[int, collections.deque[int]] = {}  # namespace -> units not yet issued
         self.prefetch = prefetch
         self.cancelled = False
-        self.source = source           # "pool" or "local"
-        self.parent = parent           # the block before it in its chain walk, for the policy
+        self.source = source  # "pool" or "local"
+        self.parent = parent  # the block before it in its chain walk, for the policy
         self.done = trio.Event()
-        self.run = run                 # units per I/O: 1 while a reader streams it
+        self.run = run  # units per I/O: 1 while a reader streams it
 
     def expedite(self, layout: Layout, k: int) -> None:
         """A reader waits for unit k: issue it before the namespace's other queued units."""
@@ -78,11 +89,14 @@ class Fetcher:
         async def run_reader(run: list[int]) -> None:
             if await self.read_run(rec, run, buf, "pool", False):
                 raise KvfsError(errno.EIO, f"checksum mismatch in block {rec.id}")
-        await run_all((lambda r=r: run_reader(r))
-                      for r in self.pool.runs(lay.ns, lay.offsets, lay.size, ks))
 
-    async def read_run(self, rec: BlobRec, run: list[int], buf: Buffer, source: str,
-                       prefetch: bool) -> list[int]:
+        await run_all(
+            (lambda r=r: run_reader(r)) for r in self.pool.runs(lay.ns, lay.offsets, lay.size, ks)
+        )
+
+    async def read_run(
+        self, rec: BlobRec, run: list[int], buf: Buffer, source: str, prefetch: bool
+    ) -> list[int]:
         """Read a run of units (back to back on one device) from the pool or the local tier;
         returns the units that failed their checksums."""
         length = sum(rec.layout.unit_span(k)[1] for k in run)
@@ -102,7 +116,9 @@ class Fetcher:
         run = [q.popleft()]
         while q and len(run) < limit:
             p, k = run[-1], q[0]
-            if layout.ns[k] != layout.ns[p] or layout.offsets[k] != layout.offsets[p] + layout.stored(p):
+            if layout.ns[k] != layout.ns[p] or layout.offsets[k] != layout.offsets[
+                p
+            ] + layout.stored(p):
                 break
             run.append(q.popleft())
         return run
@@ -120,10 +136,12 @@ class Fetcher:
             while q and not fetch.cancelled:
                 run = self._take_run(q, layout, fetch.run)
                 try:
-                    for k in await self.read_run(rec, run, fetch.buffer, fetch.source,
-                                                 fetch.prefetch):
-                        fetch.errors[k] = KvfsError(errno.EIO, f"checksum mismatch in unit {k} "
-                                                               f"of block {rec.id}")
+                    for k in await self.read_run(
+                        rec, run, fetch.buffer, fetch.source, fetch.prefetch
+                    ):
+                        fetch.errors[k] = KvfsError(
+                            errno.EIO, f"checksum mismatch in unit {k} of block {rec.id}"
+                        )
                 except KvfsError as e:
                     for k in run:
                         fetch.errors[k] = e
@@ -134,8 +152,8 @@ class Fetcher:
 
         while True:
             if len(fetch.queues) == 1:
-                (j, q), = fetch.queues.items()
-                if len(q) <= fetch.run:          # (one I/O at most, a small block: no nursery)
+                ((j, q),) = fetch.queues.items()
+                if len(q) <= fetch.run:  # (one I/O at most, a small block: no nursery)
                     await worker(j, q)
                     if fetch.cancelled and not fetch.prefetch:
                         fetch.cancelled = False
@@ -147,6 +165,6 @@ class Fetcher:
                     for _ in range(min(len(q), qd, FETCH_WINDOW)):
                         nursery.start_soon(worker, j, q)
             if fetch.cancelled and not fetch.prefetch:
-                fetch.cancelled = False          # a reader came for it after all: finish
+                fetch.cancelled = False  # a reader came for it after all: finish
                 continue
             return units, done

@@ -34,18 +34,22 @@ log = logging.getLogger("kvfs.tiers.local")
 LOCAL_PREFIX = "local-"
 
 
-def _open_namespace(cfg: LocalConfig, unit: int, *, format_new: bool = False,
-                    force: bool = False) -> Namespace:
+def _open_namespace(
+    cfg: LocalConfig, unit: int, *, format_new: bool = False, force: bool = False
+) -> Namespace:
     """Open the local tier's device or file. Anything kvfs did not create itself must carry a
     kvfs local superblock, which only `kvfs format` (`format_new`) writes on an existing
     device, refusing one that holds a filesystem unless `force`."""
     exists, _, _ = probe(cfg.path)
     if not exists and cfg.size is None:
-        raise StartupError(f"local tier {cfg.path}: does not exist (give a size to have kvfs "
-                           f"create it as a file)", errno.ENOENT)
+        raise StartupError(
+            f"local tier {cfg.path}: does not exist (give a size to have kvfs create it as a file)",
+            errno.ENOENT,
+        )
     created = not exists
-    ns = Namespace.open(0, cfg.path, queue_depth=cfg.queue_depth,
-                        create_size=cfg.size if created else None)
+    ns = Namespace.open(
+        0, cfg.path, queue_depth=cfg.queue_depth, create_size=cfg.size if created else None
+    )
     try:
         if ns.size <= DATA_START:
             raise StartupError(f"local tier {cfg.path}: {ns.size} bytes is too small")
@@ -54,14 +58,17 @@ def _open_namespace(cfg: LocalConfig, unit: int, *, format_new: bool = False,
             raise StartupError(f"local tier {cfg.path}: holds a pool namespace, not a local tier")
         if sb is None and not created:
             if not format_new:
-                raise StartupError(f"local tier {cfg.path}: not a kvfs local tier (run "
-                                   f"`kvfs format`)")
+                raise StartupError(
+                    f"local tier {cfg.path}: not a kvfs local tier (run `kvfs format`)"
+                )
             what = foreign_signature(ns.read_head(), str(cfg.path))
             if what and not force:
-                raise StartupError(f"local tier {cfg.path}: holds {what}; refusing to "
-                                   f"overwrite it (use --force)", errno.EEXIST)
+                raise StartupError(
+                    f"local tier {cfg.path}: holds {what}; refusing to overwrite it (use --force)",
+                    errno.EEXIST,
+                )
         if sb is None or format_new or sb.stripe_unit != unit or sb.size != ns.size:
-            ns.write_superblock(_superblock(ns, unit))    # a cache: its geometry may change
+            ns.write_superblock(_superblock(ns, unit))  # a cache: its geometry may change
     except BaseException:
         ns.close()
         if created:
@@ -71,8 +78,14 @@ def _open_namespace(cfg: LocalConfig, unit: int, *, format_new: bool = False,
 
 
 def _superblock(ns: Namespace, unit: int) -> Superblock:
-    return Superblock(pool_id=LOCAL_PREFIX + uuid.uuid4().hex, ns_index=0, ns_count=1,
-                      stripe_unit=unit, size=ns.size, created="")
+    return Superblock(
+        pool_id=LOCAL_PREFIX + uuid.uuid4().hex,
+        ns_index=0,
+        ns_count=1,
+        stripe_unit=unit,
+        size=ns.size,
+        created="",
+    )
 
 
 def format_local(cfg: LocalConfig, unit: int, force: bool) -> None:
@@ -85,8 +98,9 @@ class LocalTier:
         self.path = ns.path
         self.pool = Pool([ns], "local", unit, adaptive=False)
         self.queue_depth = ns.queue_depth
-        self.index = TierIndex(self.pool.capacity, make_policy(cfg.policy, self.pool.capacity,
-                                                                self.pool.chunk))
+        self.index = TierIndex(
+            self.pool.capacity, make_policy(cfg.policy, self.pool.capacity, self.pool.chunk)
+        )
         self.admission = make_admission(cfg.admission)
         self.layouts: dict[int, Layout] = {}
         self.writing: set[int] = set()
@@ -118,7 +132,7 @@ class LocalTier:
         if need > self.pool.capacity:
             return False
         victims = self.index.make_room(need, lambda bid: bid in self.layouts)
-        for bid in victims:          # out of the index: free them (also when not enough)
+        for bid in victims:  # out of the index: free them (also when not enough)
             lay = self.layouts.pop(bid, None)
             if lay is not None:
                 self.pool.release(lay)
@@ -131,21 +145,28 @@ class LocalTier:
             except KvfsError as e:
                 if e.errno != errno.ENOSPC:
                     raise
-                return False                   # fragmented: skip this copy
+                return False  # fragmented: skip this copy
         finally:
             self.writing.discard(rec.id)
         self.layouts[rec.id] = lay
         self.index.add(rec.id, need)
         return True
 
-    async def read_run(self, rec: BlobRec, run: list[int], buf: Buffer, prefetch: bool) -> list[int]:
+    async def read_run(
+        self, rec: BlobRec, run: list[int], buf: Buffer, prefetch: bool
+    ) -> list[int]:
         """Read a run of the copy's units (see Pool.read_run); the units that failed."""
         self.index.lookup(rec.id)
         return await self.pool.read_run(self.layouts[rec.id], run, buf, prefetch=prefetch)
 
     def statistics(self) -> dict:
         ns = self.pool.namespaces[0]
-        return {"path": str(self.path), "capacity": self.pool.capacity,
-                "used": self.index.used, "blocks": len(self.layouts),
-                "admission": self.admission.name, "policy": self.index.policy.name,
-                "device": asdict(ns.stats)}
+        return {
+            "path": str(self.path),
+            "capacity": self.pool.capacity,
+            "used": self.index.used,
+            "blocks": len(self.layouts),
+            "admission": self.admission.name,
+            "policy": self.index.policy.name,
+            "device": asdict(ns.stats),
+        }

@@ -175,7 +175,7 @@ class ProbationFrequencyPolicy:
             return
         self.size[key] = size
         remembered = self.ghost.take(key)
-        if remembered is not None:          # evicted recently and back: it is reused
+        if remembered is not None:  # evicted recently and back: it is reused
             self.count[key] = remembered + 1
             self._to_main(key)
         else:
@@ -232,7 +232,7 @@ class ProbationFrequencyPolicy:
             while self.heap:
                 h, seq, key = heapq.heappop(self.heap)
                 if self.main.get(key) != h:
-                    continue                               # stale heap entry
+                    continue  # stale heap entry
                 if not evictable(key):
                     held.append((h, seq, key))
                     continue
@@ -241,7 +241,7 @@ class ProbationFrequencyPolicy:
         finally:
             for item in held:
                 heapq.heappush(self.heap, item)
-        for key in self.probation:                         # main is empty or all held
+        for key in self.probation:  # main is empty or all held
             if evictable(key):
                 return self._evict(key)
         return None
@@ -251,23 +251,24 @@ class ProbationFrequencyPolicy:
         nothing); keys read again on probation move to main instead."""
         skipped: list[Key] = []
         found = None
-        while self.probation and (cold_only or not self.main
-                                  or self.probation_bytes > self.small * self.capacity):
+        while self.probation and (
+            cold_only or not self.main or self.probation_bytes > self.small * self.capacity
+        ):
             key = next(iter(self.probation))
-            self.probation.move_to_end(key)                # out of the way while we look
+            self.probation.move_to_end(key)  # out of the way while we look
             if not evictable(key) or (cold_only and self.count[key] > 1):
                 skipped.append(key)
                 if len(skipped) >= len(self.probation):
                     break
                 continue
-            if self.count[key] > 1:                        # read again while on probation
+            if self.count[key] > 1:  # read again while on probation
                 del self.probation[key]
                 self.probation_bytes -= self.size[key]
                 self._to_main(key)
                 continue
             found = self._evict(key)
             break
-        for key in reversed(skipped):                      # skipped keys keep their place
+        for key in reversed(skipped):  # skipped keys keep their place
             if key in self.probation:
                 self.probation.move_to_end(key, last=False)
         return found
@@ -345,8 +346,9 @@ def _always(key: Key) -> bool:
     return True
 
 
-def _sign_test(beats: list[list[float]], status: list[bool], decay: float, lead: int,
-               z: float) -> int | None:
+def _sign_test(
+    beats: list[list[float]], status: list[bool], decay: float, lead: int, z: float
+) -> int | None:
     """Which of several simulated policies to follow: `status[i]` says whether policy i hit
     this access. A sign test per challenger on decayed counts of the accesses that only it hit
     (wins) against those that only the leader hit: a challenger takes the lead once its
@@ -364,8 +366,8 @@ def _sign_test(beats: list[list[float]], status: list[bool], decay: float, lead:
                     row[j] += 1.0
     for i in range(n):
         if i != lead:
-            w, l = beats[i][lead], beats[lead][i]
-            if w - l > z * math.sqrt(w + l) + 1.0:
+            won, lost = beats[i][lead], beats[lead][i]
+            if won - lost > z * math.sqrt(won + lost) + 1.0:
                 return i
     return None
 
@@ -503,6 +505,7 @@ def make_policy(name: str, capacity: int, typical_size: int = 1 << 20):
 # --------------------------------------------------------------------------------------------
 # Admission
 
+
 class AdmissionPolicy(Protocol):
     name: str
 
@@ -550,6 +553,7 @@ def make_admission(name: str):
 # A tier's index: which keys are resident, within a byte capacity (shared by the store and by
 # bench/trace_replay.py, so the replay runs kvfs's own placement code).
 
+
 class TierIndex:
     def __init__(self, capacity: int, policy):
         self.capacity = capacity
@@ -573,8 +577,9 @@ class TierIndex:
         self.misses += 1
         return False
 
-    def make_room(self, need: int, evictable: Evictable = _always,
-                  cold_only: bool = False) -> list[Key]:
+    def make_room(
+        self, need: int, evictable: Evictable = _always, cold_only: bool = False
+    ) -> list[Key]:
         """Evict until `need` more bytes fit, or nothing evictable is left; returns the victims
         (they are out of the index: the caller drops them), also when that was not enough:
         `fits(need)` says whether it was."""
@@ -611,6 +616,7 @@ class TierIndex:
 # --------------------------------------------------------------------------------------------
 # The pool's policy: a score per file
 
+
 class PrefixScore:
     """The prefix-aware policy as a rule over two numbers per file, so that a pool of millions
     of files keeps its policy's state in its catalog (a column beside the file's atime, an
@@ -643,11 +649,10 @@ class PrefixScore:
 
     # (credit of a new name, whether uses count): probation, GreedyDual-Frequency, LRU
     MODES = ((0.01, True), (1.0, True), (1.0, False))
-    SAMPLE = 2048            # blocks in each miniature simulation, at most
+    SAMPLE = 2048  # blocks in each miniature simulation, at most
     Z = 3.0
 
-    def __init__(self, capacity: int, typical_size: int = 1, adaptive: bool = True,
-                 mode: int = 0):
+    def __init__(self, capacity: int, typical_size: int = 1, adaptive: bool = True, mode: int = 0):
         self.floor = 0.0
         self.mode = mode
         self.credit, self.frequency = self.MODES[mode]
@@ -663,8 +668,10 @@ class PrefixScore:
         self.rate = min(1.0, self.SAMPLE / blocks)
         self._threshold = int(self.rate * (1 << 64))
         mini = max(self.typical, int(capacity * self.rate))
-        self.shadows = [TierIndex(mini, ScorePolicy(mini, adaptive=False, mode=m))
-                        for m in range(len(self.MODES))]
+        self.shadows = [
+            TierIndex(mini, ScorePolicy(mini, adaptive=False, mode=m))
+            for m in range(len(self.MODES))
+        ]
         n = len(self.MODES)
         self.beats = [[0.0] * n for _ in range(n)]
         self._decay = 1.0 - 1.0 / (8.0 * max(1.0, mini / self.typical))
@@ -685,8 +692,10 @@ class PrefixScore:
     def observe(self, key: Key, size: int) -> None:
         """An access (a store or a read) of `key`: fed to the miniature simulations if the key
         is in the sample; the rule may change its credit."""
-        if not self.shadows or \
-                (hash(key) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF >= self._threshold:
+        if (
+            not self.shadows
+            or (hash(key) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF >= self._threshold
+        ):
             return
         status = []
         for t in self.shadows:
@@ -711,12 +720,11 @@ class ScorePolicy:
     name = "score"
     GHOSTS = 5.0
 
-    def __init__(self, capacity: int, typical_size: int = 1, adaptive: bool = True,
-                 mode: int = 0):
+    def __init__(self, capacity: int, typical_size: int = 1, adaptive: bool = True, mode: int = 0):
         self.rule = PrefixScore(capacity, typical_size, adaptive, mode)
         self.prio: dict[Key, float] = {}
         self.uses: dict[Key, int] = {}
-        self.at: dict[Key, int] = {}         # the sequence number of a key's live heap entry
+        self.at: dict[Key, int] = {}  # the sequence number of a key's live heap entry
         self.heap: list[tuple[float, int, Key]] = []
         self.ghost = _Ghost(int(self.GHOSTS * max(1, capacity)))
         self.sizes: dict[Key, int] = {}
@@ -785,7 +793,7 @@ class ScorePolicy:
             while self.heap:
                 p, seq, key = heapq.heappop(self.heap)
                 if self.at.get(key) != seq:
-                    continue                               # stale heap entry
+                    continue  # stale heap entry
                 if not evictable(key) or (cold_only and self.uses[key] > 1):
                     held.append((p, seq, key))
                     continue

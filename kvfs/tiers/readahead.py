@@ -35,7 +35,7 @@ log = logging.getLogger("kvfs.tiers.readahead")
 INITIAL_WINDOW = 2
 MAX_WINDOW = 16
 IDLE_SECONDS = 5.0
-CHAIN_GAP_SECONDS = 2.0      # two creates of one writer further apart than this are unrelated
+CHAIN_GAP_SECONDS = 2.0  # two creates of one writer further apart than this are unrelated
 
 
 def process_of(pid: int, _cache: collections.OrderedDict = collections.OrderedDict()) -> int:
@@ -62,7 +62,8 @@ def process_of(pid: int, _cache: collections.OrderedDict = collections.OrderedDi
 @dataclass
 class Stream:
     """One reader's walk along chains."""
-    last: int | None = None            # inode it opened last
+
+    last: int | None = None  # inode it opened last
     at: float = 0.0
     window: int = 1
     ahead: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # ino -> rec
@@ -71,7 +72,7 @@ class Stream:
 @dataclass
 class ReadaheadStats:
     streams: int = 0
-    predicted_hits: int = 0            # opens of the block readahead expected
+    predicted_hits: int = 0  # opens of the block readahead expected
     predicted_misses: int = 0
     window_grows: int = 0
     window_shrinks: int = 0
@@ -81,7 +82,7 @@ class Readahead:
     def __init__(self, catalog, store, knobs: Knobs):
         self.catalog = catalog
         self.store = store
-        self.knobs = knobs                 # prefetch_enabled, prefetch_max_window
+        self.knobs = knobs  # prefetch_enabled, prefetch_max_window
         self.streams: collections.OrderedDict[int, Stream] = collections.OrderedDict()
         self.writers: dict[int, tuple[int, float]] = {}
         self.stats = ReadaheadStats()
@@ -132,7 +133,9 @@ class Readahead:
                 s.ahead.pop(node.ino, None)
                 self.stats.predicted_hits += 1
                 if s.window < self.knobs.prefetch_max_window:
-                    s.window = min(self.knobs.prefetch_max_window, max(INITIAL_WINDOW, s.window * 2))
+                    s.window = min(
+                        self.knobs.prefetch_max_window, max(INITIAL_WINDOW, s.window * 2)
+                    )
                     self.stats.window_grows += 1
             else:
                 self.stats.predicted_misses += 1

@@ -49,8 +49,15 @@ PREFETCH_FETCHES = 2
 
 
 class BlockStore:
-    def __init__(self, pool: Pool, dram_capacity: int, *, policy: str = "prefix",
-                 local=None, on_free: Callable[[Layout], None] | None = None):
+    def __init__(
+        self,
+        pool: Pool,
+        dram_capacity: int,
+        *,
+        policy: str = "prefix",
+        local=None,
+        on_free: Callable[[Layout], None] | None = None,
+    ):
         self.pool = pool
         # on_free(layout): a retired block nobody here reads any more (the space layer decides
         # when its extents may be reused)
@@ -64,10 +71,10 @@ class BlockStore:
         self.max_open_files = open_file_limit()
         self._open: collections.OrderedDict[int, CachedBlob] = collections.OrderedDict()
         self.admission = AlwaysAdmit()
-        self.local = local                 # LocalTier or None
+        self.local = local  # LocalTier or None
         self.blobs: dict[int, CachedBlob] = {}
-        self.charged = 0                   # write-session buffers
-        self.inflight = 0                  # buffers of fetches in progress
+        self.charged = 0  # write-session buffers
+        self.inflight = 0  # buffers of fetches in progress
         # memory of evicted blocks, kept (within the unused capacity) for the next fetches
         self.spares = Spares(self._unused)
         self.pinned_bytes = 0
@@ -76,7 +83,7 @@ class BlockStore:
         self.stats = StoreStats()
         self.fetcher = Fetcher(pool, local, self.stats)
         self._nursery: trio.Nursery | None = None
-        self.passthrough = False           # open handles may be served by the kernel itself
+        self.passthrough = False  # open handles may be served by the kernel itself
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the store's background work (fetches, demotions) until cancelled."""
@@ -100,8 +107,9 @@ class BlockStore:
         """Memory the resident copies, fetches in flight and spares occupy (their pages)."""
         total = self.spares.bytes
         total += sum(cb.resident.nbytes for cb in self.blobs.values() if cb.resident is not None)
-        return total + sum(cb.fetch.buffer.nbytes for cb in self.blobs.values()
-                           if cb.fetch is not None)
+        return total + sum(
+            cb.fetch.buffer.nbytes for cb in self.blobs.values() if cb.fetch is not None
+        )
 
     def statistics(self) -> dict:
         """{"tiers": per-tier counters and the DRAM tier's state, "store": request and fetch
@@ -109,18 +117,20 @@ class BlockStore:
         st = self.stats
         tiers = {name: dataclasses.asdict(t) for name, t in st.tiers.items()}
         policy = self.dram.policy
-        tiers["dram"].update({
-            "capacity": self.capacity,
-            "used": self.dram.used + self.charged + self.inflight,
-            "resident": self.dram.used,
-            "write_buffers": self.charged,
-            "fetching": self.inflight,
-            "spare": self.spares.bytes,
-            "pinned": self.pinned_bytes,
-            "blocks": len(self.dram.sizes),
-            "policy": policy.name,
-            "policy_mode": getattr(policy, "mode_name", policy.name),
-        })
+        tiers["dram"].update(
+            {
+                "capacity": self.capacity,
+                "used": self.dram.used + self.charged + self.inflight,
+                "resident": self.dram.used,
+                "write_buffers": self.charged,
+                "fetching": self.inflight,
+                "spare": self.spares.bytes,
+                "pinned": self.pinned_bytes,
+                "blocks": len(self.dram.sizes),
+                "policy": policy.name,
+                "policy_mode": getattr(policy, "mode_name", policy.name),
+            }
+        )
         # (tiers.pool.blocks, the files with a committed block, is the catalog's: service.py)
         # blocks held now (open handles, fetches, leases, copies): a leak shows here
         tiers["pool"]["held_blocks"] = sum(1 for cb in self.blobs.values() if cb.holders > 0)
@@ -133,8 +143,11 @@ class BlockStore:
         counters["spares_kept"] = self.spares.kept
         counters["open_block_files"] = MEMORY.open_files
         counters["spares_reused"] = self.spares.reused
-        prefetch = {k[len("prefetch_"):]: counters.pop(k) for k in list(counters)
-                    if k.startswith("prefetch_")}
+        prefetch = {
+            k[len("prefetch_") :]: counters.pop(k)
+            for k in list(counters)
+            if k.startswith("prefetch_")
+        }
         return {"tiers": tiers, "store": counters, "prefetch": prefetch}
 
     # --- lifecycle of a block ----------------------------------------------------------------
@@ -242,7 +255,7 @@ class BlockStore:
 
     def _drop_resident(self, cb: CachedBlob) -> None:
         if cb.resident is not None:
-            self.dram.remove(cb.rec.id)          # first: the buffer may become a spare now
+            self.dram.remove(cb.rec.id)  # first: the buffer may become a spare now
             self._unload(cb)
 
     def _unload(self, cb: CachedBlob):
@@ -265,6 +278,7 @@ class BlockStore:
             if cb is None or cb.pinned or cb.resident is None:
                 return False
             return cb.holders == 0 or not strict
+
         return ok
 
     def _make_room(self, need: int, *, cold_only: bool = False) -> bool:
@@ -277,7 +291,7 @@ class BlockStore:
         victims = self.dram.make_room(need, self._evictable(True), cold_only)
         if not self.dram.fits(need) and not cold_only and not self.passthrough:
             victims += self.dram.make_room(need, self._evictable(False))
-        for bid in victims:          # out of the index: drop them (also when not enough)
+        for bid in victims:  # out of the index: drop them (also when not enough)
             self._evicted(bid)
         return self.dram.fits(need)
 
@@ -332,22 +346,29 @@ class BlockStore:
                 self._maybe_forget(cb)
         return before - self.dram.used
 
-    def adopt(self, rec: BlobRec, buf: Buffer, ino: int, charged: int, parent=None,
-              nbytes: int | None = None) -> None:
+    def adopt(
+        self,
+        rec: BlobRec,
+        buf: Buffer,
+        ino: int,
+        charged: int,
+        parent=None,
+        nbytes: int | None = None,
+    ) -> None:
         """Keep a just-committed buffer as the resident copy of `rec`: the `charged` bytes it
         was accounted as a write buffer now count as a clean, evictable copy (`nbytes`, its
         memory, if the caller knows it)."""
         cb = self._get(rec, ino)
         self.charged -= charged
         buf.recycle(self.spares)
-        if cb.resident is not None or cb.retired:    # it has a copy already, or is gone
+        if cb.resident is not None or cb.retired:  # it has a copy already, or is gone
             return
         # an empty block counts as a page: the policy's history (ghosts, simulated experts) is
         # bounded in bytes, and blocks of 0 bytes would otherwise fill it without bound
         nbytes = max(buf.nbytes if nbytes is None else nbytes, PAGE)
         self._make_room(nbytes)
         if not self._room_for_one():
-            self._maybe_forget(cb)           # durable in the pool; not kept in DRAM
+            self._maybe_forget(cb)  # durable in the pool; not kept in DRAM
             return
         cb.resident = buf
         self.dram.add(rec.id, nbytes, parent)
@@ -369,15 +390,18 @@ class BlockStore:
         if cb.pinned:
             return
         if self.pinned_bytes + rec.size > self.capacity - self.charged:
-            raise KvfsError(errno.ENOSPC, f"pinning {rec.size} bytes would exceed the DRAM "
-                                          f"tier ({self.pinned_bytes} bytes pinned of "
-                                          f"{self.capacity})")
+            raise KvfsError(
+                errno.ENOSPC,
+                f"pinning {rec.size} bytes would exceed the DRAM "
+                f"tier ({self.pinned_bytes} bytes pinned of "
+                f"{self.capacity})",
+            )
         self._set_pinned(cb, True)
         self.hold(rec)
         try:
             if cb.resident is None and rec.size:
                 await self.read(rec, 0, rec.size)
-                if cb.fetch is not None:              # the fetch is settling in
+                if cb.fetch is not None:  # the fetch is settling in
                     await cb.fetch.done.wait()
         except BaseException:
             self._set_pinned(cb, False)
@@ -411,7 +435,7 @@ class BlockStore:
         if cb is not None and cb.fetch is not None:
             if cb.fetch.prefetch:
                 self.stats.prefetch_joined += 1
-            cb.fetch.prefetch = False            # a reader waits for it now
+            cb.fetch.prefetch = False  # a reader waits for it now
             cb.fetch.parent = parent
         if tier == "local":
             tiers["local"].hits += 1
@@ -437,14 +461,14 @@ class BlockStore:
         stats = self.stats
         stats.read_requests += 1
         cb = self.blobs.get(rec.id)
-        if cb is not None and cb.resident is not None:     # the hot path: one dict lookup
+        if cb is not None and cb.resident is not None:  # the hot path: one dict lookup
             stats.dram_request_hits += 1
             data = cb.resident.view(offset, length)
             stats.bytes_from_dram += len(data)
             return data
         if offset >= rec.size:
             return b""
-        length = min(length, rec.size - offset)      # a buffer being filled has whole pages
+        length = min(length, rec.size - offset)  # a buffer being filled has whole pages
         if rec.size > self.capacity:
             return await self._read_uncached(rec, offset, length)
         if cb is None:
@@ -454,7 +478,7 @@ class BlockStore:
             fetch = self._start_fetch(cb, prefetch=False, parent=parent, streaming=True)
         else:
             fetch.prefetch = False
-            fetch.run = 1                      # a reader streams it now: first units first
+            fetch.run = 1  # a reader streams it now: first units first
         layout = rec.layout
         for k in units_covering(offset, length, rec.size, layout.unit):
             if not fetch.ready[k].is_set():
@@ -498,12 +522,12 @@ class BlockStore:
         cb = self.blobs.get(rec.id)
         if cb is not None and cb.resident is not None:
             return cb.resident
-        if cb is not None and cb.fetch is not None:      # completed units, fetch still finishing
+        if cb is not None and cb.fetch is not None:  # completed units, fetch still finishing
             fetch = cb.fetch
             await self.read(rec, 0, rec.size)
-            await fetch.done.wait()      # then its buffer is cut from whole pages to rec.size
+            await fetch.done.wait()  # then its buffer is cut from whole pages to rec.size
             return fetch.buffer
-        buf = Buffer(self.pool.chunk, align_up(rec.size))   # larger than DRAM: uncached
+        buf = Buffer(self.pool.chunk, align_up(rec.size))  # larger than DRAM: uncached
         await self.fetcher.read_units(rec, range(rec.layout.nunits), buf)
         buf.resize(rec.size)
         return buf
@@ -511,7 +535,7 @@ class BlockStore:
     async def _read_uncached(self, rec: BlobRec, offset: int, length: int):
         """Read the covering units into a temporary buffer (blocks larger than the DRAM tier)."""
         ks = units_covering(offset, length, rec.size, rec.layout.unit)
-        tmp = Buffer(self.pool.chunk, align_up(rec.size))   # pages appear where units land
+        tmp = Buffer(self.pool.chunk, align_up(rec.size))  # pages appear where units land
         self.hold(rec)
         try:
             await self.fetcher.read_units(rec, ks, tmp)
@@ -519,8 +543,16 @@ class BlockStore:
             self.unhold(rec)
         return bytes(tmp.view(offset, min(length, rec.size - offset)))
 
-    def _start_fetch(self, cb: CachedBlob, *, prefetch: bool, parent=None, on_done=None,
-                     streaming: bool = False, run: bool = True) -> Fetch | None:
+    def _start_fetch(
+        self,
+        cb: CachedBlob,
+        *,
+        prefetch: bool,
+        parent=None,
+        on_done=None,
+        streaming: bool = False,
+        run: bool = True,
+    ) -> Fetch | None:
         """Start bringing a whole block into DRAM. A `streaming` fetch (a reader waits for its
         units in order) reads one unit per I/O, so its first bytes come early; others read
         runs of FETCH_RUN units back to back on a namespace per I/O. With `run` False the
@@ -534,9 +566,14 @@ class BlockStore:
         layout = self.local.layout(rec.id) if source == "local" else rec.layout
         # whole pages while it is filled (O_DIRECT); cut to the block's size when complete
         # (a spare's old bytes are fine: the fetch overwrites every page)
-        fetch = Fetch(Buffer(chunk, align_up(rec.size), self.spares), layout.nunits, prefetch,
-                      source, parent,
-                      run=1 if streaming else FETCH_RUN)
+        fetch = Fetch(
+            Buffer(chunk, align_up(rec.size), self.spares),
+            layout.nunits,
+            prefetch,
+            source,
+            parent,
+            run=1 if streaming else FETCH_RUN,
+        )
         for k in range(layout.nunits):
             fetch.queues.setdefault(layout.ns[k], collections.deque()).append(k)
         cb.fetch = fetch
@@ -562,7 +599,7 @@ class BlockStore:
             if fetch.cancelled:
                 self.stats.prefetch_cancelled += 1
                 self.stats.prefetch_wasted += 1
-            for k, ev in enumerate(fetch.ready):   # nobody may wait for a unit never read
+            for k, ev in enumerate(fetch.ready):  # nobody may wait for a unit never read
                 if not ev.is_set():
                     fetch.errors[k] = KvfsError(errno.EIO, "fetch cancelled")
                     ev.set()
@@ -571,9 +608,12 @@ class BlockStore:
             if fetch.source == "pool":
                 self.pool.observe(units, done)
             admit = not cb.retired and (cb.pinned or self.admission.admit(rec.id, rec.size))
-            if admit and not self._make_room(fetch.buffer.reserved_bytes, cold_only=fetch.prefetch) \
-                    and fetch.prefetch:
-                admit = False                    # readahead never displaces hotter blocks
+            if (
+                admit
+                and not self._make_room(fetch.buffer.reserved_bytes, cold_only=fetch.prefetch)
+                and fetch.prefetch
+            ):
+                admit = False  # readahead never displaces hotter blocks
                 self.stats.prefetch_wasted += 1
             if admit and not self._room_for_one():
                 admit = False
@@ -583,8 +623,12 @@ class BlockStore:
                 self._used(cb)
                 self.dram.add(rec.id, fetch.buffer.reserved_bytes, fetch.parent)
                 self.stats.tiers["dram"].bytes_in += rec.size
-                if fetch.source == "pool" and self.local is not None and \
-                        not self.local.has(rec.id) and self.local.admission.admit(rec.id, rec.size):
+                if (
+                    fetch.source == "pool"
+                    and self.local is not None
+                    and not self.local.has(rec.id)
+                    and self.local.admission.admit(rec.id, rec.size)
+                ):
                     self.hold(rec)
                     self._nursery.start_soon(self._copy_to_local, cb, fetch.buffer)
         self._maybe_forget(cb)
@@ -630,8 +674,12 @@ class BlockStore:
     def warm(self, rec: BlobRec) -> bool:
         """Start fetching a block into DRAM at demand priority (not awaited)."""
         cb = self._get(rec)
-        if cb.resident is not None or cb.fetch is not None or not rec.size \
-                or rec.size > self.capacity:
+        if (
+            cb.resident is not None
+            or cb.fetch is not None
+            or not rec.size
+            or rec.size > self.capacity
+        ):
             self._maybe_forget(cb)
             return False
         return self._start_fetch(cb, prefetch=False) is not None
@@ -643,11 +691,15 @@ class BlockStore:
         a reader needs next arrives first. False if the block is resident, being fetched or
         queued already, or cannot be cached."""
         cb = self.blobs.get(rec.id)
-        if (cb is not None and (cb.resident is not None or cb.fetch is not None)) \
-                or rec.id in self._prefetch_queue or rec.size > self.capacity or not rec.size:
+        if (
+            (cb is not None and (cb.resident is not None or cb.fetch is not None))
+            or rec.id in self._prefetch_queue
+            or rec.size > self.capacity
+            or not rec.size
+        ):
             return False
         self._prefetch_queue[rec.id] = (rec, parent)
-        self.hold(rec)                    # its extents must stay valid while it waits
+        self.hold(rec)  # its extents must stay valid while it waits
         self._prefetch_wakeup()
         return True
 
@@ -655,8 +707,12 @@ class BlockStore:
         while self._prefetch_queue and self._prefetch_running < PREFETCH_FETCHES:
             bid, (rec, parent) = self._prefetch_queue.popitem(last=False)
             cb = self._get(rec)
-            started = cb.resident is None and cb.fetch is None and not cb.retired and \
-                self._start_fetch(cb, prefetch=True, parent=parent, on_done=self._prefetch_done)
+            started = (
+                cb.resident is None
+                and cb.fetch is None
+                and not cb.retired
+                and self._start_fetch(cb, prefetch=True, parent=parent, on_done=self._prefetch_done)
+            )
             if started:
                 self._prefetch_running += 1
                 self.stats.prefetch_issued += 1

@@ -34,7 +34,7 @@ class BlockWriter:
         self.pool = pool
         self.weights = pool.placement_weights()
         self.start = pool.next_rotation()
-        self.units: dict[int, tuple[int, int, int, int]] = {}   # k -> (ns, offset, stored, sum)
+        self.units: dict[int, tuple[int, int, int, int]] = {}  # k -> (ns, offset, stored, sum)
         self.inflight: dict[int, trio.Event] = {}
         self.dirty: set[int] = set()
         self.failed: set[int] = set()
@@ -65,7 +65,7 @@ class BlockWriter:
         self.inflight[k] = done
         self.early_bytes += unit
 
-        late: list = []                     # its I/O, if past its deadline (Pool.bounded)
+        late: list = []  # its I/O, if past its deadline (Pool.bounded)
 
         async def run() -> None:
             try:
@@ -73,19 +73,19 @@ class BlockWriter:
                 pool.fence(off, unit)
                 t = time.perf_counter()
                 target = pool.namespaces[ns]
-                digest = await pool.bounded(ns, lambda: target.write(views, off, unit), unit,
-                                            late)
+                digest = await pool.bounded(ns, lambda: target.write(views, off, unit), unit, late)
                 self.units[k] = (ns, off, unit, digest)
                 # adaptive placement learns from units written behind too (with write-behind
                 # they are most of a block's units)
                 pool.observe({ns: 1}, {ns: time.perf_counter() - t})
             except KvfsError:
-                pool.free_after([(ns, off, unit)], late)     # (once a late write ended)
+                pool.free_after([(ns, off, unit)], late)  # (once a late write ended)
                 self.early_bytes -= unit
                 self.failed.add(k)
             finally:
                 del self.inflight[k]
                 done.set()
+
         nursery.start_soon(run)
         return unit
 
@@ -103,8 +103,8 @@ class BlockWriter:
         n = unit_count(size, unit)
         placement = place_units(n, self.weights, self.start) if n else []
         ns_of, offsets, sums = [0] * n, [0] * n, [0] * n
-        taken: list[tuple[int, int, int]] = []          # extents allocated in this call
-        late: list = []                                 # I/Os past their deadline
+        taken: list[tuple[int, int, int]] = []  # extents allocated in this call
+        late: list = []  # I/Os past their deadline
         todo = []
         for k in list(self.units):
             ns, off, stored, digest = self.units[k]
@@ -128,16 +128,22 @@ class BlockWriter:
                     views = buf.io_views(start, stored_length(size, unit, k), pool.zero)
                     pool.fence(offsets[k], stored_length(size, unit, k))
                     target = pool.namespaces[ns_of[k]]
-                    sums[k] = await pool.bounded(ns_of[k], lambda: target.write(
-                        views, offsets[k], min(unit, size - start)),
-                        stored_length(size, unit, k), late)
+                    sums[k] = await pool.bounded(
+                        ns_of[k],
+                        lambda: target.write(views, offsets[k], min(unit, size - start)),
+                        stored_length(size, unit, k),
+                        late,
+                    )
+
                 return write
 
             await run_all(unit_writer(k) for k in todo)
-            await run_all((lambda j=j: pool.bounded(j, pool.namespaces[j].sync, 0, late))
-                          for j in sorted(set(ns_of)))
+            await run_all(
+                (lambda j=j: pool.bounded(j, pool.namespaces[j].sync, 0, late))
+                for j in sorted(set(ns_of))
+            )
         except BaseException:
-            pool.free_after(taken, late)        # (once the writes past their deadline ended)
+            pool.free_after(taken, late)  # (once the writes past their deadline ended)
             self._release_units()
             raise
         self.units.clear()

@@ -130,8 +130,9 @@ class CommitAtClose(Durability):
     async def released(self, node: Node, st: NodeState) -> None:
         await self.sessions.finish(node, st, self._commit)
 
-    async def _commit(self, node: Node, st: NodeState, s: Session, size: int, sig,
-                      nbytes: int | None) -> None:
+    async def _commit(
+        self, node: Node, st: NodeState, s: Session, size: int, sig, nbytes: int | None
+    ) -> None:
         await self.sessions.commit_locked(node, st)
 
     async def sync_file(self, node: Node, st: NodeState | None) -> None:

@@ -39,10 +39,10 @@ class Attr:
 @dataclass
 class OpenResult:
     fh: int
-    keep_cache: bool      # the kernel may keep page-cache pages from an earlier open
-    direct_io: bool       # bypass the page cache for this handle
+    keep_cache: bool  # the kernel may keep page-cache pages from an earlier open
+    direct_io: bool  # bypass the page cache for this handle
     backing: object = None  # passthrough: the Buffer whose file the kernel reads and writes
-    noflush: bool = False   # its close needs no FLUSH request (read-only: nothing to commit)
+    noflush: bool = False  # its close needs no FLUSH request (read-only: nothing to commit)
 
 
 def killed_while_exiting(pid: int) -> bool:
@@ -52,7 +52,7 @@ def killed_while_exiting(pid: int) -> bool:
     holds a descriptor per writer thread, alive or gone, against the daemon's limit."""
     if pid <= 0:
         return False
-    try:        # (os.open and one read: a third of the cost of open() with its buffering)
+    try:  # (os.open and one read: a third of the cost of open() with its buffering)
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
             fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
@@ -61,7 +61,7 @@ def killed_while_exiting(pid: int) -> bool:
         flags, code = int(fields[6]), int(fields[49])
     except (OSError, IndexError, ValueError):
         return False
-    return bool(flags & 0x4) and code & 0x7F != 0      # PF_EXITING, WIFSIGNALED
+    return bool(flags & 0x4) and code & 0x7F != 0  # PF_EXITING, WIFSIGNALED
 
 
 @dataclass(eq=False)
@@ -70,12 +70,12 @@ class Handle:
     node: Node
     readable: bool
     writable: bool
-    version: Session | BlobRec | None = None     # read-only handles: what they read
-    backing: object = None                       # passthrough: the Buffer it is bound to
-    pid: int = 0                                 # the process that opened it (0: unknown)
-    wb_seen: int = 0                             # the file's write errors it has seen
-                                                 # (WriteErrors.sample, then its fsyncs)
-    rollbacks: int = 0                           # its session's, when it pinned it
+    version: Session | BlobRec | None = None  # read-only handles: what they read
+    backing: object = None  # passthrough: the Buffer it is bound to
+    pid: int = 0  # the process that opened it (0: unknown)
+    wb_seen: int = 0  # the file's write errors it has seen
+    # (WriteErrors.sample, then its fsyncs)
+    rollbacks: int = 0  # its session's, when it pinned it
 
 
 class WriteErrors:
@@ -96,9 +96,9 @@ class WriteErrors:
 
     def __init__(self) -> None:
         self.seq = 0
-        self.files: dict[int, list] = {}     # ino -> [seq, message, seen]
-        self.mount: list | None = None       # the mount's last error, the same way
-        self.recorded = 0                    # errors recorded since the mount (statistics)
+        self.files: dict[int, list] = {}  # ino -> [seq, message, seen]
+        self.mount: list | None = None  # the mount's last error, the same way
+        self.recorded = 0  # errors recorded since the mount (statistics)
 
     def record(self, ino: int, err: KvfsError) -> None:
         # (its message only: the exception's traceback would keep the failed batch's frames,
@@ -139,17 +139,18 @@ class WriteErrors:
 class NodeState:
     """Per-inode state that only matters while a handle uses the inode (or the kernel's page
     cache may hold a version of it)."""
+
     opens: int = 0
     writers: int = 0
-    readers: dict[int, int] = field(default_factory=dict)   # blob id -> read-only handles
+    readers: dict[int, int] = field(default_factory=dict)  # blob id -> read-only handles
     session: Session | None = None
-    lock: Lock = field(default_factory=Lock)       # (kvfs/tasks.py: no yield when free)
-    cache_version: int | None = None     # blob id the kernel's page cache may hold
-    backing: object = None               # passthrough: the Buffer every open handle is bound to
-    backing_version: object = None       # ... and what it holds (BlobRec or Session)
-    passthrough: int = 0                 # handles opened with passthrough (bound to `backing`)
-    plain: int = 0                       # handles opened without passthrough
-    held: BlobRec | None = None          # unlinked under open writers: held until they are done
+    lock: Lock = field(default_factory=Lock)  # (kvfs/tasks.py: no yield when free)
+    cache_version: int | None = None  # blob id the kernel's page cache may hold
+    backing: object = None  # passthrough: the Buffer every open handle is bound to
+    backing_version: object = None  # ... and what it holds (BlobRec or Session)
+    passthrough: int = 0  # handles opened with passthrough (bound to `backing`)
+    plain: int = 0  # handles opened without passthrough
+    held: BlobRec | None = None  # unlinked under open writers: held until they are done
 
 
 class Handles:
@@ -178,8 +179,13 @@ class Handles:
 
     def new(self, node: Node, flags: int, pid: int = 0) -> Handle:
         acc = flags & os.O_ACCMODE
-        h = Handle(self._next_fh, node, readable=acc in (os.O_RDONLY, os.O_RDWR),
-                   writable=acc in (os.O_WRONLY, os.O_RDWR), pid=pid)
+        h = Handle(
+            self._next_fh,
+            node,
+            readable=acc in (os.O_RDONLY, os.O_RDWR),
+            writable=acc in (os.O_WRONLY, os.O_RDWR),
+            pid=pid,
+        )
         self._next_fh += 1
         self.handles[h.fh] = h
         st = self.state(node.ino)
@@ -205,5 +211,5 @@ class Handles:
         if st.opens > 0 or st.lock.locked():
             return False
         if st.session is not None and st.session.writeback is not None:
-            return False                # closed, not yet written back: the file's content
+            return False  # closed, not yet written back: the file's content
         return st.cache_version is None or not self.lookups.get(ino)

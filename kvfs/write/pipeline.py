@@ -38,7 +38,7 @@ log = logging.getLogger("kvfs.fs.files")
 PIN_XATTR = b"user.kvfs.pin"
 
 
-ROOM_TRIES = 64         # a commit that met ENOSPC makes room and tries again at most this often
+ROOM_TRIES = 64  # a commit that met ENOSPC makes room and tries again at most this often
 # ... for at most this long beyond two waits for room: deleting the files that make room for a
 # large block in a fragmented pool takes a catalog transaction each (measured on 2 busy vCPUs,
 # 16 writers: up to 1.5 s, which a 1 s bound turned into ENOSPC with room being made)
@@ -50,7 +50,7 @@ class SessionStats:
     commits: int = 0
     commit_errors: int = 0
     bytes_written: int = 0
-    placed_again: int = 0        # commits written again elsewhere after a namespace failed
+    placed_again: int = 0  # commits written again elsewhere after a namespace failed
 
 
 class Sessions:
@@ -62,9 +62,17 @@ class Sessions:
     (the file keeps its previous version), `free_alloc` / `abandon_writer` for what a session
     that is not written held."""
 
-    def __init__(self, catalog, store: BlockStore, pool: Pool, space: Space, *,
-                 max_block_size: int, pending: Pending | None = None,
-                 write_behind: bool = True):
+    def __init__(
+        self,
+        catalog,
+        store: BlockStore,
+        pool: Pool,
+        space: Space,
+        *,
+        max_block_size: int,
+        pending: Pending | None = None,
+        write_behind: bool = True,
+    ):
         """`pending`: closed files waiting for write-back (kvfs/write/durability.py; none when
         close is a commit). `write_behind`: a sequential writer's full units go to the pool
         while it writes (only where close commits: a close then has less to write)."""
@@ -74,10 +82,10 @@ class Sessions:
         self.space = space
         self.max_block_size = max_block_size
         self.stats = SessionStats()
-        self.writing = 0                 # commits writing their block to the pool now
+        self.writing = 0  # commits writing their block to the pool now
         self.pending = pending if pending is not None else NothingPending()
         self.write_behind = write_behind
-        self._written: trio.Event | None = None     # set when `writing` drops to 0
+        self._written: trio.Event | None = None  # set when `writing` drops to 0
 
     async def writes_settled(self, timeout: float) -> None:
         """Return once no commit is writing its block to the pool (they are about to ask the
@@ -96,8 +104,10 @@ class Sessions:
         return s
 
     def too_big(self, end: int, what: str = "a write to byte") -> KvfsError:
-        return KvfsError(errno.EFBIG, f"{what} {end} is past the largest block kvfs can hold "
-                                      f"({self.max_block_size})")
+        return KvfsError(
+            errno.EFBIG,
+            f"{what} {end} is past the largest block kvfs can hold ({self.max_block_size})",
+        )
 
     # --- changing the content ----------------------------------------------------------------------
     async def writable(self, node: Node, st: NodeState, keep: int | None = None) -> Session:
@@ -172,7 +182,7 @@ class Sessions:
         unit = self.pool.unit
         s.buffer.resize(size)
         if size == 0:
-            s.failed = s.unreadable = None    # whatever failed before is gone with its bytes
+            s.failed = s.unreadable = None  # whatever failed before is gone with its bytes
         s.contig = min(s.contig, size)
         s.next_early = min(s.next_early, size // unit)
         if size == 0:
@@ -201,12 +211,13 @@ class Sessions:
             return
         if s.writer is None:
             from kvfs.write.behind import BlockWriter
+
             s.writer = BlockWriter(self.pool)
         for k in range(s.next_early, full):
             if not s.writer.started(k):
                 moved = s.writer.write_early(k, s.buffer, nursery)
                 if not moved:
-                    break                   # no room now: commit writes it
+                    break  # no room now: commit writes it
                 # the unit's space now comes out of the pool's free space, not the reservation
                 take = min(moved, s.reserved)
                 s.reserved -= take
@@ -240,7 +251,7 @@ class Sessions:
         """The last writer is gone (or the inode is forgotten): drop an uncommitted session's
         buffer, reservation and early writes."""
         s = st.session
-        if s is None or s.writeback is not None:    # (waiting for write-back: the content)
+        if s is None or s.writeback is not None:  # (waiting for write-back: the content)
             return
         st.session = None
         self.abandon_writer(s)
@@ -274,7 +285,7 @@ class Sessions:
     async def commit_if_dirty(self, node: Node, st: NodeState | None) -> None:
         if st is None or st.session is None:
             return
-        if st.session.writeback is not None:       # closed: the flusher commits it now
+        if st.session.writeback is not None:  # closed: the flusher commits it now
             err = await self.pending.settle(st.session)
             if err is not None:
                 raise err
@@ -294,12 +305,18 @@ class Sessions:
             return
         async with st.lock:
             changed, size, sig, nbytes = self._look(s)
-            if not changed and s.passthrough and s.rdwr and s.rec is not None \
-                    and node.blob is s.rec:
+            if (
+                not changed
+                and s.passthrough
+                and s.rdwr
+                and s.rec is not None
+                and node.blob is s.rec
+            ):
                 # written through a shared mapping after the last commit? (no signature
                 # changes for that): compare the content with what was committed
                 s.dirty = changed = not await trio.to_thread.run_sync(
-                    matches, s.buffer, s.rec.layout, limiter=_HASHING)
+                    matches, s.buffer, s.rec.layout, limiter=_HASHING
+                )
             if not changed:
                 if s.passthrough and not s.frozen and s.rec is not None and node.blob is s.rec:
                     self._adopt(node, s)
@@ -328,7 +345,7 @@ class Sessions:
             if not changed or not await self.committable(node, st, s):
                 return
             await self._allocate_or_drop(node, st, s, size)
-            s.flushed = s.mark(sig)     # closed with this content: `closed_at_stop`
+            s.flushed = s.mark(sig)  # closed with this content: `closed_at_stop`
 
     async def _released_first(self) -> bool:
         """Before deleting files to make room: space that unlinks, replaces and evictions
@@ -365,7 +382,7 @@ class Sessions:
         if s.alloc is not None:
             if s.alloc.size == size:
                 return
-            self.free_alloc(s)               # written again since (another handle, a mapping)
+            self.free_alloc(s)  # written again since (another handle, a mapping)
         self.space.unreserve(s.reserved)
         s.reserved = 0
         tries, give_up = 0, None
@@ -393,8 +410,9 @@ class Sessions:
             s.alloc = Layout(size, self.pool.unit, ns_of, offsets, (0,) * len(ns_of))
             return
 
-    async def queue(self, node: Node, st: NodeState, s: Session, size: int, sig,
-                    nbytes: int | None) -> None:
+    async def queue(
+        self, node: Node, st: NodeState, s: Session, size: int, sig, nbytes: int | None
+    ) -> None:
         """Hand a session its last writer closed to the write-back queue (`pending`, a
         WriteQueue; see `prepare` for the checks, made again: it may have been written
         through a mapping since)."""
@@ -402,7 +420,7 @@ class Sessions:
             return
         await self._allocate_or_drop(node, st, s, size)
         self._charge(s, nbytes)
-        if sig is not None:     # the kernel wrote it (passthrough): its memory file's time
+        if sig is not None:  # the kernel wrote it (passthrough): its memory file's time
             node.mtime_ns = node.ctime_ns = sig[1]
         # The file takes its place in the pool's order now, at its close (as a commit at close
         # would), not at its write-back: reads before that move it on (Space.score_read),
@@ -417,8 +435,15 @@ class Sessions:
         and not changed since, although its RELEASE has not come (the kernel sends it after
         close() returns, asynchronously)? Then it is written back as if released."""
         s = st.session if st is not None else None
-        return s is not None and not s.frozen and s.writeback is None and s.failed is None \
-            and s.flushed is not None and s.changed() and s.flushed == s.mark()
+        return (
+            s is not None
+            and not s.frozen
+            and s.writeback is None
+            and s.failed is None
+            and s.flushed is not None
+            and s.changed()
+            and s.flushed == s.mark()
+        )
 
     async def settle(self, st: NodeState | None) -> None:
         """Return once the inode has no session waiting for write-back (it is written back
@@ -445,17 +470,23 @@ class Sessions:
         whose writer was killed) is dropped with that error; one whose file was unlinked
         meanwhile is not committed (False); after a catalog failure: EIO."""
         if s.failed is not None:
-            raise await self.drop(node, st, KvfsError(
-                s.failed.errno, f"{self.catalog.path_of(node)}: not committed, an earlier "
-                                f"write or commit failed: {s.failed}"))
-        if not node.linked:          # unlinked before its first/next commit: nothing to keep
+            raise await self.drop(
+                node,
+                st,
+                KvfsError(
+                    s.failed.errno,
+                    f"{self.catalog.path_of(node)}: not committed, an earlier "
+                    f"write or commit failed: {s.failed}",
+                ),
+            )
+        if not node.linked:  # unlinked before its first/next commit: nothing to keep
             s.dirty = False
             self.abandon_writer(s)
             if node.removed_elsewhere:
                 s.failed = self._removed_elsewhere(node)
                 raise s.failed
             return False
-        if self.catalog.failure:     # it could not be recorded: do not write it to the pool
+        if self.catalog.failure:  # it could not be recorded: do not write it to the pool
             self.stats.commit_errors += 1
             s.failed = KvfsError(errno.EIO, self.catalog.failure)
             raise s.failed
@@ -466,8 +497,7 @@ class Sessions:
         session's file (the kernel wrote it), which also gives the signature before a read."""
         if s.passthrough:
             fst = s.buffer.refresh()
-            return fst.st_size, (fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns), \
-                fst.st_blocks * 512
+            return fst.st_size, (fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns), fst.st_blocks * 512
         return s.buffer.size, None, None
 
     async def commit_locked(self, node: Node, st: NodeState) -> None:
@@ -481,7 +511,7 @@ class Sessions:
         if size > self.max_block_size:
             self.stats.commit_errors += 1
             raise self.too_big(size, "a file of")
-        self.space.unreserve(s.reserved)   # the allocation below takes its place at once
+        self.space.unreserve(s.reserved)  # the allocation below takes its place at once
         s.reserved = 0
         self.free_alloc(s)
         self._charge(s, nbytes)
@@ -495,18 +525,19 @@ class Sessions:
             if self.writing == 0 and self._written is not None:
                 self._written.set()
                 self._written = None
-        if layout is None:      # (dropped once `writing` no longer waits for it: see above)
+        if layout is None:  # (dropped once `writing` no longer waits for it: see above)
             raise await self.drop(node, st, failed) from None
         # (no checkpoint from here to the catalog's statements: `writing` says when it joins)
         try:
             rec = await self.publish(node, layout)
         except KvfsError as e:
-            s.failed = e              # its closer is told; a later release must not commit it
+            s.failed = e  # its closer is told; a later release must not commit it
             raise await self.drop(node, st, e) from None
         await self.committed(node, st, s, rec, sig)
 
-    async def committed(self, node: Node, st: NodeState, s: Session, rec: BlobRec,
-                        sig: tuple | None) -> None:
+    async def committed(
+        self, node: Node, st: NodeState, s: Session, rec: BlobRec, sig: tuple | None
+    ) -> None:
         """The session is the file's committed version `rec` now."""
         s.dirty = False
         s.sig, s.rec = sig, rec
@@ -535,8 +566,12 @@ class Sessions:
                 now = trio.current_time()
                 if give_up is None:
                     give_up = now + 2 * self.space.room_wait + ROOM_SECONDS
-                if e.errno == errno.ENOSPC and tries < ROOM_TRIES and now < give_up and \
-                        await self.space.make_room(node.ino, size):
+                if (
+                    e.errno == errno.ENOSPC
+                    and tries < ROOM_TRIES
+                    and now < give_up
+                    and await self.space.make_room(node.ino, size)
+                ):
                     tries += 1
                     continue
                 if not placed_again and self.pool.can_place_elsewhere(e):
@@ -546,7 +581,7 @@ class Sessions:
                     self.stats.placed_again += 1
                     continue
                 self.stats.commit_errors += 1
-                s.failed = e          # its closer is told; a later release must not commit it
+                s.failed = e  # its closer is told; a later release must not commit it
                 raise
 
     async def drop(self, node: Node, st: NodeState, err: KvfsError) -> KvfsError:
@@ -567,10 +602,15 @@ class Sessions:
         err.dropped = node.ino
         # the writer hears of it; the log says it too, for whoever runs the node (a full pool;
         # a catalog failure is logged once, where it happened)
-        log.log(logging.DEBUG if self.catalog.failure else logging.WARNING,
-                "%s: what was written is dropped: %s", self.catalog.path_of(node), err)
-        if node.linked and not node.persisted and node.blob is None and \
-                not node.removed_elsewhere:      # (else its removal is under way)
+        log.log(
+            logging.DEBUG if self.catalog.failure else logging.WARNING,
+            "%s: what was written is dropped: %s",
+            self.catalog.path_of(node),
+            err,
+        )
+        if (
+            node.linked and not node.persisted and node.blob is None and not node.removed_elsewhere
+        ):  # (else its removal is under way)
             # never committed: the name goes too, rather than stay an empty file here
             parent, name = node.parent, node.name
             await self.catalog.remove(node)
@@ -601,8 +641,11 @@ class Sessions:
             except KvfsError as e:
                 # the previous version cannot be read here now: handles on the session read
                 # that error instead of bytes that were never committed (kvfs/fs/files.py)
-                log.error("%s: the previous version could not be read back after a failed "
-                          "write: %s", self.catalog.path_of(node), e)
+                log.error(
+                    "%s: the previous version could not be read back after a failed write: %s",
+                    self.catalog.path_of(node),
+                    e,
+                )
                 s.unreadable = e
         if s.passthrough:
             # the kernel reads and writes this very memfd for every handle on the inode: it
@@ -626,14 +669,14 @@ class Sessions:
         catalog transaction); the old version is retired. The block's space is released if
         the catalog refuses it, or if the file was unlinked before it was ever published."""
         score = await self.score(node, layout)
-        published = node.linked        # the catalog publishes exactly when the node is linked
-        if node.removed_elsewhere:     # while its block was being written
+        published = node.linked  # the catalog publishes exactly when the node is linked
+        if node.removed_elsewhere:  # while its block was being written
             self.pool.release(layout)
             raise self._removed_elsewhere(node)
         try:
             rec, old = await self.catalog.commit(node, layout, score if published else None)
         except BaseException as e:
-            if not getattr(e, "maybe_published", False):   # else another node may read it
+            if not getattr(e, "maybe_published", False):  # else another node may read it
                 self.pool.release(layout)
             self.stats.commit_errors += 1
             raise
@@ -646,7 +689,7 @@ class Sessions:
         try:
             return await self.space.score_stored(node, layout.size) if node.linked else None
         except BaseException:
-            self.pool.release(layout)          # (cancelled) nothing points at it
+            self.pool.release(layout)  # (cancelled) nothing points at it
             raise
 
     def published(self, node: Node, rec: BlobRec, old: BlobRec | None, published: bool) -> None:
@@ -656,7 +699,7 @@ class Sessions:
             self.space.committed(rec.layout)
         self.stats.commits += 1
         if not node.linked and not published:
-            self.pool.release(rec.layout)      # never published: nobody can read it
+            self.pool.release(rec.layout)  # never published: nobody can read it
         # (published, then unlinked while the commit was in flight: the unlink retired it;
         # never published: the node had lost its name, and the unlink retired `old` then)
         if old is not None and published:
@@ -667,9 +710,12 @@ class Sessions:
         cannot know of this node's open files; or an unlink): the writer's bytes are not kept,
         and its close or fsync says so rather than return as if they were committed."""
         self.stats.commit_errors += 1
-        return KvfsError(errno.ESTALE, f"{node.name.decode(errors='replace')}: removed (by "
-                                       f"another node, or evicted) while open for writing "
-                                       f"here; not committed")
+        return KvfsError(
+            errno.ESTALE,
+            f"{node.name.decode(errors='replace')}: removed (by "
+            f"another node, or evicted) while open for writing "
+            f"here; not committed",
+        )
 
     async def keep_pinned(self, node: Node, rec: BlobRec) -> None:
         """A pinned file's new version stays pinned."""
@@ -686,9 +732,14 @@ class Sessions:
         s.buffer.seal()
         if s.writeback is None:
             self._charge(s)
-        self.store.adopt(s.rec, s.buffer, node.ino, charged=s.charged,
-                         parent=self.chain_parent(node),
-                         nbytes=s.charged if s.writeback is not None else None)
+        self.store.adopt(
+            s.rec,
+            s.buffer,
+            node.ino,
+            charged=s.charged,
+            parent=self.chain_parent(node),
+            nbytes=s.charged if s.writeback is not None else None,
+        )
         s.charged = 0
 
     def chain_parent(self, node: Node) -> int | None:

@@ -14,20 +14,38 @@ from kvfs.errors import KvfsError
 class Session:
     """The mutable content of a file between writes and commit."""
 
-    __slots__ = ("buffer", "dirty", "frozen", "reserved", "charged", "writer", "contig",
-                 "next_early", "passthrough", "rdwr", "sig", "rec", "failed", "unreadable",
-                 "writeback", "alloc", "edits", "flushed", "rollbacks")
+    __slots__ = (
+        "buffer",
+        "dirty",
+        "frozen",
+        "reserved",
+        "charged",
+        "writer",
+        "contig",
+        "next_early",
+        "passthrough",
+        "rdwr",
+        "sig",
+        "rec",
+        "failed",
+        "unreadable",
+        "writeback",
+        "alloc",
+        "edits",
+        "flushed",
+        "rollbacks",
+    )
 
     def __init__(self, buffer: Buffer, dirty: bool):
         self.buffer = buffer
-        self.dirty = dirty        # has bytes (or existence) not yet committed
-        self.frozen = False       # committed: the buffer is now a resident clean copy
-        self.reserved = 0         # pool bytes set aside for it
-        self.charged = 0          # DRAM bytes accounted for its buffer
-        self.writer = None        # BlockWriter: units written behind the writer (write-behind)
-        self.contig = 0           # bytes written contiguously from offset 0
-        self.next_early = 0       # next unit write-behind may start
-        self.failed: KvfsError | None = None   # a write or commit of it failed: never commit it
+        self.dirty = dirty  # has bytes (or existence) not yet committed
+        self.frozen = False  # committed: the buffer is now a resident clean copy
+        self.reserved = 0  # pool bytes set aside for it
+        self.charged = 0  # DRAM bytes accounted for its buffer
+        self.writer = None  # BlockWriter: units written behind the writer (write-behind)
+        self.contig = 0  # bytes written contiguously from offset 0
+        self.next_early = 0  # next unit write-behind may start
+        self.failed: KvfsError | None = None  # a write or commit of it failed: never commit it
         # rolled back after `failed`, but the previous version could not be read: its readers
         # get this error (kvfs/write/pipeline.py, Sessions._roll_back)
         self.unreadable: KvfsError | None = None

@@ -59,10 +59,10 @@ from kvfs.write.pipeline import Sessions
 
 log = logging.getLogger("kvfs.write.writeback")
 
-BATCH_FILES = 64            # a batch starts once this many closed files wait...
-BATCH_BYTES = 64 << 20      # ... or this many bytes
-COMMITS_IN_FLIGHT = 2       # batches waiting for their WAL sync while the next writes its data
-AGES_KEPT = 4096            # closes whose time to durability the statistics keep
+BATCH_FILES = 64  # a batch starts once this many closed files wait...
+BATCH_BYTES = 64 << 20  # ... or this many bytes
+COMMITS_IN_FLIGHT = 2  # batches waiting for their WAL sync while the next writes its data
+AGES_KEPT = 4096  # closes whose time to durability the statistics keep
 
 
 class Item:
@@ -70,11 +70,19 @@ class Item:
 
     __slots__ = ("node", "st", "session", "size", "sig", "queued_at", "done", "error", "scored")
 
-    def __init__(self, node, st: NodeState, session: Session, size: int, sig, now: float,
-                 scored: bool = False):
+    def __init__(
+        self,
+        node,
+        st: NodeState,
+        session: Session,
+        size: int,
+        sig,
+        now: float,
+        scored: bool = False,
+    ):
         self.node, self.st, self.session = node, st, session
         self.size, self.sig, self.queued_at = size, sig, now
-        self.scored = scored        # its place in the pool's order was given at close
+        self.scored = scored  # its place in the pool's order was given at close
         self.done = trio.Event()
         self.error: KvfsError | None = None
 
@@ -82,16 +90,16 @@ class Item:
 @dataclass
 class WriteBackStats:
     batches: int = 0
-    files: int = 0                   # files made durable by write-back
+    files: int = 0  # files made durable by write-back
     bytes: int = 0
-    errors: int = 0                  # files whose write-back failed (content dropped)
-    placed_again: int = 0            # files written again elsewhere after a namespace failed
+    errors: int = 0  # files whose write-back failed (content dropped)
+    placed_again: int = 0  # files written again elsewhere after a namespace failed
     largest_batch: int = 0
-    early_batches: int = 0           # batches started early: someone waited for them
-    catalog_syncs: int = 0           # syncs of tree changes alone (no file waited)
-    dirty_waits: int = 0             # writers that waited for the dirty limit
+    early_batches: int = 0  # batches started early: someone waited for them
+    catalog_syncs: int = 0  # syncs of tree changes alone (no file waited)
+    dirty_waits: int = 0  # writers that waited for the dirty limit
     dirty_wait_seconds: float = 0.0
-    dirty_wait_timeouts: int = 0     # writers that stopped waiting (`dirty_wait_max`)
+    dirty_wait_timeouts: int = 0  # writers that stopped waiting (`dirty_wait_max`)
 
 
 class WriteQueue(Pending):
@@ -104,17 +112,17 @@ class WriteQueue(Pending):
         self.catalog = catalog
         self.delay = delay
         self.dirty_limit = dirty_limit
-        self.dirty_wait_max = dirty_wait_max    # seconds a writer waits for the dirty limit
-        self.queue: dict[Session, Item] = {}    # in the order they were closed
+        self.dirty_wait_max = dirty_wait_max  # seconds a writer waits for the dirty limit
+        self.queue: dict[Session, Item] = {}  # in the order they were closed
         self.queued_bytes = 0
-        self.inflight: dict[Item, None] = {}    # taken by a batch, not yet durable
+        self.inflight: dict[Item, None] = {}  # taken by a batch, not yet durable
         self.inflight_bytes = 0
         self.stats = WriteBackStats()
         self.ages: collections.deque[float] = collections.deque(maxlen=AGES_KEPT)
         self.max_age = 0.0
         self.wake = trio.Event()
-        self.drained = trio.Event()             # set (and replaced) when a batch ends
-        self.urgent = 0                         # waiters for what is queued now
+        self.drained = trio.Event()  # set (and replaced) when a batch ends
+        self.urgent = 0  # waiters for what is queued now
         self.flusher_running = False
 
     def kick(self) -> None:
@@ -133,8 +141,10 @@ class WriteQueue(Pending):
         in the pool's order (None if none waits): making room deletes no committed file that
         comes after it (Space.make_room), so the pool's order holds while closed files wait
         (they are written back first, then deleted in turn)."""
-        keys = [((i.node.prio if i.scored else None), max(i.node.atime_ns, i.node.mtime_ns))
-                for i in (*self.queue.values(), *self.inflight)]
+        keys = [
+            ((i.node.prio if i.scored else None), max(i.node.atime_ns, i.node.mtime_ns))
+            for i in (*self.queue.values(), *self.inflight)
+        ]
         if not keys:
             return None
         scored = [k for k in keys if k[0] is not None]
@@ -147,9 +157,12 @@ class WriteQueue(Pending):
         s.writeback = item
         self.queue[s] = item
         self.queued_bytes += size
-        if len(self.queue) == 1 or len(self.queue) >= BATCH_FILES or \
-                self.queued_bytes >= BATCH_BYTES:
-            self.wake.set()       # (a first file arms the timer; a full batch starts now)
+        if (
+            len(self.queue) == 1
+            or len(self.queue) >= BATCH_FILES
+            or self.queued_bytes >= BATCH_BYTES
+        ):
+            self.wake.set()  # (a first file arms the timer; a full batch starts now)
 
     def remove(self, s: Session) -> Item | None:
         """Take a session out of the queue before any batch took it (None if one did)."""
@@ -213,8 +226,12 @@ class WriteQueue(Pending):
         """Return once a batch is due (or the open transaction has waited `delay`)."""
         while True:
             q = self.queue
-            if q and (self.urgent or len(q) >= BATCH_FILES or self.queued_bytes >= BATCH_BYTES
-                      or self.dirty_bytes > self.dirty_limit):
+            if q and (
+                self.urgent
+                or len(q) >= BATCH_FILES
+                or self.queued_bytes >= BATCH_BYTES
+                or self.dirty_bytes > self.dirty_limit
+            ):
                 return
             deadline = float("inf")
             if q:
@@ -263,12 +280,21 @@ class WriteQueue(Pending):
 
         def pct(q: float) -> float:
             return round(ages[min(len(ages) - 1, int(q * len(ages)))] * 1000, 2) if ages else 0.0
-        return {**vars(self.stats), "dirty_wait_seconds": round(self.stats.dirty_wait_seconds, 4),
-                "queued": len(self.queue), "inflight": len(self.inflight),
-                "dirty_bytes": self.dirty_bytes, "dirty_limit": self.dirty_limit,
-                "delay_ms": round(self.delay * 1000, 3),
-                "close_to_durable_ms": {"p50": pct(0.5), "p99": pct(0.99),
-                                        "max": round(self.max_age * 1000, 2)}}
+
+        return {
+            **vars(self.stats),
+            "dirty_wait_seconds": round(self.stats.dirty_wait_seconds, 4),
+            "queued": len(self.queue),
+            "inflight": len(self.inflight),
+            "dirty_bytes": self.dirty_bytes,
+            "dirty_limit": self.dirty_limit,
+            "delay_ms": round(self.delay * 1000, 3),
+            "close_to_durable_ms": {
+                "p50": pct(0.5),
+                "p99": pct(0.99),
+                "max": round(self.max_age * 1000, 2),
+            },
+        }
 
 
 class WriteBack(Durability):
@@ -372,7 +398,7 @@ class WriteBack(Durability):
                             try:
                                 await self.catalog.sync()
                             except KvfsError:
-                                pass        # logged once by the catalog; changes refused now
+                                pass  # logged once by the catalog; changes refused now
         finally:
             q.flusher_running = False
 
@@ -383,21 +409,21 @@ class WriteBack(Durability):
         for item in batch:
             s, st, node = item.session, item.st, item.node
             if st.session is not s or s.writeback is not item:
-                self._done(item)            # (dropped meanwhile: nothing to write)
+                self._done(item)  # (dropped meanwhile: nothing to write)
                 continue
             try:
                 if not await sessions.committable(node, st, s):
-                    self._done(item)        # unlinked meanwhile
+                    self._done(item)  # unlinked meanwhile
                     continue
-            except KvfsError as e:          # a catalog failure
+            except KvfsError as e:  # a catalog failure
                 await self._fail(item, e)
                 continue
-            sessions.space.unreserve(s.reserved)    # (written behind: it allocates now)
+            sessions.space.unreserve(s.reserved)  # (written behind: it allocates now)
             s.reserved = 0
             (slow if s.writer is not None else fast).append(item)
         if fast:
             blocks = []
-            for i in fast:        # the extents its close allocated (Sessions._allocate)
+            for i in fast:  # the extents its close allocated (Sessions._allocate)
                 blocks.append((i.session.buffer, i.size, i.session.alloc))
                 i.session.alloc = None
             results = await self.pool.write_batch(blocks)
@@ -405,7 +431,7 @@ class WriteBack(Durability):
                 if not isinstance(r, KvfsError):
                     ready.append((item, r))
                 elif r.errno == errno.ENOSPC:
-                    slow.append(item)       # room is made on the one-file path
+                    slow.append(item)  # room is made on the one-file path
                 elif self.pool.can_place_elsewhere(r):
                     # a namespace failed: placed again on the healthy ones (placement
                     # avoids a failed namespace), on the one-file path
@@ -415,12 +441,15 @@ class WriteBack(Durability):
                     await self._fail(item, r)
             sessions.store.wrote(sum(i.size for i, _ in ready), len(ready))
         if slow:
+
             async def one(item: Item) -> None:
                 try:
-                    ready.append((item, await sessions.write_block(
-                        item.node, item.session, item.size)))
+                    ready.append(
+                        (item, await sessions.write_block(item.node, item.session, item.size))
+                    )
                 except KvfsError as e:
                     await self._fail(item, e)
+
             await run_all((lambda i=i: one(i)) for i in slow)
         await self._slots.acquire()
         if nursery is not None:
@@ -450,16 +479,22 @@ class WriteBack(Durability):
                 self.pool.release(layout)
                 self._done(item)
         for item, layout in ready:
-            linked.append(item.node.linked)    # the catalog publishes exactly these
+            linked.append(item.node.linked)  # the catalog publishes exactly these
             node = item.node
-            score = (node.prio, node.uses) if item.scored and node.linked else \
-                await sessions.score(node, layout)
+            score = (
+                (node.prio, node.uses)
+                if item.scored and node.linked
+                else await sessions.score(node, layout)
+            )
             items.append((node, layout, score))
         try:
             # (the files keep their modification times: of their last write, or a later
             # utime; not the write-back's)
-            results = await self.catalog.commit_batch(
-                items, [i.node.mtime_ns for i, _ in ready]) if items else []
+            results = (
+                await self.catalog.commit_batch(items, [i.node.mtime_ns for i, _ in ready])
+                if items
+                else []
+            )
         except KvfsError as e:
             for item, layout in ready:
                 self.pool.release(layout)
@@ -478,11 +513,14 @@ class WriteBack(Durability):
         """The file's write-back failed: its new content is dropped (Sessions.drop)."""
         s, st, node = item.session, item.st, item.node
         self.stats.errors += 1
-        log.error("%s: write-back failed, the file keeps its previous version: %s",
-                  self.catalog.path_of(node), e)
+        log.error(
+            "%s: write-back failed, the file keeps its previous version: %s",
+            self.catalog.path_of(node),
+            e,
+        )
         if s.failed is None:
             s.failed = e
-        if st.session is s and s.changed():     # (else dropped already: committable)
+        if st.session is s and s.changed():  # (else dropped already: committable)
             e = await self.sessions.drop(node, st, e)
         self.listener.write_back_failed(node.ino, e)
         self._done(item, e)
@@ -490,7 +528,7 @@ class WriteBack(Durability):
     def _done(self, item: Item, error: KvfsError | None = None) -> None:
         """The item leaves write-back (durable, dropped, or failed with `error`)."""
         s, st = item.session, item.st
-        self.sessions.free_alloc(s)       # (not written: its close's extents go back)
+        self.sessions.free_alloc(s)  # (not written: its close's extents go back)
         self.q.finished(item, error)
         if st.session is s and st.writers == 0 and (item.node.linked or st.opens == 0):
             self.sessions.end(st)

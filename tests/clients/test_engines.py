@@ -25,12 +25,12 @@ class Client:
     key (testing.engine.content), so any instance can check what any other stored."""
 
     name = ""
-    dir = ""                    # its directory in the mount
-    where = "dir"               # the keyword its "open" takes the directory as
-    size = 2 * MiB              # bytes a block
-    pair: tuple = ({}, {})      # how instances a and b open, in the tests with both
-    evict_pool = ""             # the [pool] settings of the mount that evicts
-    evict_b: dict = {}          # how b opens there, beside pair[1]
+    dir = ""  # its directory in the mount
+    where = "dir"  # the keyword its "open" takes the directory as
+    size = 2 * MiB  # bytes a block
+    pair: tuple = ({}, {})  # how instances a and b open, in the tests with both
+    evict_pool = ""  # the [pool] settings of the mount that evicts
+    evict_b: dict = {}  # how b opens there, beside pair[1]
     # Engines with a kvfs tier of their own (vLLM, SGLang) also have `open_kvfs`, `kvfs_class`,
     # `block_name` and `after_gap` (test_kvfs_tier_shares_the_files_and_reads_them_directly)
 
@@ -84,8 +84,8 @@ class Vllm(Client):
 
     name = dir = "vllm"
     where = "root"
-    evict_pool = 'evict = "lru"'    # another engine's stores push out the blocks just read
-    SLOTS = 16                      # the CPU tier's block slots: the most blocks one load job takes
+    evict_pool = 'evict = "lru"'  # another engine's stores push out the blocks just read
+    SLOTS = 16  # the CPU tier's block slots: the most blocks one load job takes
 
     # kvfs's own tier (kvfs.client.vllm_tier), loaded by vLLM's factory from its module path;
     # a read of blocks 1-4 with 3 gone: one load job, which fails after the blocks before it
@@ -112,7 +112,7 @@ class Vllm(Client):
         loaded (`successful_keys`); the others read None."""
         out = []
         for i in range(0, len(keys), self.SLOTS):
-            part = keys[i:i + self.SLOTS]
+            part = keys[i : i + self.SLOTS]
             r = e.call("load", keys=part)
             ok = part if r["success"] else (r["ok_keys"] or [])
             out += [x if k in ok else None for k, x in zip(part, r["exact"])]
@@ -120,7 +120,7 @@ class Vllm(Client):
 
     def opened(self, info, d):
         assert info["class"] == "FileSystemTierManager"
-        assert info["o_direct"] is True                 # its O_DIRECT probe passed on kvfs
+        assert info["o_direct"] is True  # its O_DIRECT probe passed on kvfs
 
     def stored(self, e, d, keys):
         assert len(self.blocks(e, d)) == len(keys)
@@ -163,8 +163,9 @@ class Sglang(Client):
     after_gap = [True, True, None, True]
 
     def open_kvfs(self, e, d, verify: bool = False) -> dict:
-        return self.open(e, d, backend="kvfs",
-                         **({"extra": {"kvfs_verify": True}} if verify else {}))
+        return self.open(
+            e, d, backend="kvfs", **({"extra": {"kvfs_verify": True}} if verify else {})
+        )
 
     def block_name(self, e, key: int) -> str:
         return e.call("names", keys=[key])[0]
@@ -180,7 +181,7 @@ class Sglang(Client):
         assert info["indexed"] == 0
 
     def stored(self, e, d, keys):
-        assert self.store(e, keys[:4])                          # already there: skipped
+        assert self.store(e, keys[:4])  # already there: skipped
         assert sorted(self.files(e, d)) == sorted(e.call("names", keys=keys))  # no .tmp left
 
     def looked_up(self, e, keys):
@@ -193,15 +194,15 @@ class Sglang(Client):
         """b cached 'exists' for pages that kvfs then evicts: its reads of them are still
         clean misses, and its own eviction, whose index lists pages that are gone, keeps
         working."""
-        assert a.call("batch_exists", keys=keys)["v1"] == 0     # the prefix starts with a miss
+        assert a.call("batch_exists", keys=keys)["v1"] == 0  # the prefix starts with a miss
         assert self.read(a, keys) == [True if t else None for t in there]
         late = list(range(100, 104))
         assert self.store(b, late)
         assert self.found(b, late) == [True] * 4
-        assert self.store(a, list(range(300, 320)))             # pushes them out of the pool
+        assert self.store(a, list(range(300, 320)))  # pushes them out of the pool
         assert not any(self.found(a, late))
-        assert self.found(b, late) == [True] * 4                 # b's cache is stale...
-        assert self.read(b, late) == [None] * 4                  # ...its reads are clean misses
+        assert self.found(b, late) == [True] * 4  # b's cache is stale...
+        assert self.read(b, late) == [None] * 4  # ...its reads are clean misses
         assert self.store(b, list(range(400, 410)))
         assert self.read(b, list(range(400, 410))) == [True] * 10
 
@@ -221,7 +222,7 @@ class Nixl(Client):
     """
 
     name = dir = "nixl"
-    pair = ({"engine": "uring"}, {"engine": "aio"})     # one instance on each I/O engine
+    pair = ({"engine": "uring"}, {"engine": "aio"})  # one instance on each I/O engine
 
     def store(self, e, keys, batch=None):
         return e.call("put", keys=keys) == len(keys)
@@ -230,7 +231,7 @@ class Nixl(Client):
         return e.call("contains", keys=keys)
 
     def blocks(self, e, d):
-        return self.files(e, d)                         # every file is a chunk
+        return self.files(e, d)  # every file is a chunk
 
     def opened(self, info, d):
         assert info["class"] == "NixlDynamicStorageBackend"
@@ -273,14 +274,21 @@ def engines(request, tmp_path_factory):
     b.close()
 
 
-@pytest.mark.parametrize("engines,opts,n", [
-    ("vllm", {}, 24), ("sglang", {}, 20),
-    *[("nixl", {"engine": io, "direct": direct}, 16)
-      for io, direct in [("aio", True), ("uring", True), ("aio", False)]],
-], indirect=["engines"], scope="module",
-   ids=["vllm", "sglang", "nixl-aio", "nixl-uring", "nixl-aio-buffered"])
-def test_store_lookup_read_bit_exact_and_after_restarts(engines, opts, n, make_mount,
-                                                        pool_config):
+@pytest.mark.parametrize(
+    "engines,opts,n",
+    [
+        ("vllm", {}, 24),
+        ("sglang", {}, 20),
+        *[
+            ("nixl", {"engine": io, "direct": direct}, 16)
+            for io, direct in [("aio", True), ("uring", True), ("aio", False)]
+        ],
+    ],
+    indirect=["engines"],
+    scope="module",
+    ids=["vllm", "sglang", "nixl-aio", "nixl-uring", "nixl-aio-buffered"],
+)
+def test_store_lookup_read_bit_exact_and_after_restarts(engines, opts, n, make_mount, pool_config):
     c, a, _ = engines
     m = make_mount(pool_config(size="256MiB", dram="32MiB"))
     d = m.mountpoint / c.dir
@@ -314,8 +322,10 @@ def test_two_instances_share_one_directory(engines, make_mount, pool_config):
     # with O_EXCL), or (NIXL) the same name opened by both
     new = list(range(20, 36))
     out = {}
-    ts = [threading.Thread(target=lambda e=e: out.__setitem__(e, c.store(e, new, batch=4)))
-          for e in (a, b)]
+    ts = [
+        threading.Thread(target=lambda e=e: out.__setitem__(e, c.store(e, new, batch=4)))
+        for e in (a, b)
+    ]
     for t in ts:
         t.start()
     for t in ts:
@@ -336,7 +346,7 @@ def test_two_nodes_share_one_pool(engines, cluster_nodes):
     assert c.store(a, keys)
     assert c.found(b, keys) == [True] * 12
     assert c.read(b, keys) == [True] * 12
-    assert n1.stats()["tiers"]["pool"]["bytes_out"] >= 12 * c.size    # read from the shared pool
+    assert n1.stats()["tiers"]["pool"]["bytes_out"] >= 12 * c.size  # read from the shared pool
     c.looked_up(b, keys)
 
 
@@ -351,7 +361,7 @@ def test_blocks_kvfs_evicted_are_clean_misses(engines, make_mount, pool_config):
     d = m.mountpoint / c.dir
     c.open(a, d, **c.pair[0])
     c.open(b, d, **c.pair[1], **c.evict_b)
-    keys = list(range(1, 41))                                  # 80 MiB through a 40 MiB pool
+    keys = list(range(1, 41))  # 80 MiB through a 40 MiB pool
     assert c.store(a, keys, batch=8)
     assert m.stats()["files"]["pool_evictions"] > 0
     there = c.found(a, keys)
@@ -368,7 +378,7 @@ def test_kvfs_tier_shares_the_files_and_reads_them_directly(engines, make_mount,
     c, a, b = engines
     m = make_mount(pool_config(n=2, size="128MiB", dram="32MiB"))
     d = m.mountpoint / c.dir
-    c.open(a, d)                                               # the engine's own tier stores
+    c.open(a, d)  # the engine's own tier stores
     assert c.store(a, list(range(1, 13)))
     assert c.open_kvfs(b, d, verify=True)["class"] == c.kvfs_class
     assert c.found(b, list(range(1, 14))) == [True] * 12 + [False]
@@ -378,15 +388,15 @@ def test_kvfs_tier_shares_the_files_and_reads_them_directly(engines, make_mount,
     assert c.read(b, list(range(1, 13))) == [True] * 12
     assert m.stats()["files"]["direct_reads"] - before == 12  # not through FUSE
     writes = m.stats()["files"]["direct_writes"]
-    assert c.store(b, list(range(50, 54)))                    # its stores: direct writes
+    assert c.store(b, list(range(50, 54)))  # its stores: direct writes
     assert m.stats()["files"]["direct_writes"] - writes == 4
-    assert c.read(a, list(range(50, 54))) == [True] * 4       # the engine's own tier reads them
+    assert c.read(a, list(range(50, 54))) == [True] * 4  # the engine's own tier reads them
     # a block gone between lookup and read: vLLM's load job fails after the blocks before it,
     # SGLang's backend reads the others
     keys = [1, 2, 3, 4]
     assert c.found(b, keys) == [True] * 4
     gone = [f for f in c.blocks(a, d) if f.endswith(c.block_name(a, 3))]
-    os.unlink(d / gone[0])                                     # as kvfs's eviction would
+    os.unlink(d / gone[0])  # as kvfs's eviction would
     assert c.read(b, keys) == c.after_gap
     b.call("close")
     m.restart()
@@ -395,8 +405,7 @@ def test_kvfs_tier_shares_the_files_and_reads_them_directly(engines, make_mount,
 
 
 @only("sglang")
-def test_its_own_lru_eviction_by_size_and_by_the_pools_free_space(engines, make_mount,
-                                                                    pool_config):
+def test_its_own_lru_eviction_by_size_and_by_the_pools_free_space(engines, make_mount, pool_config):
     c, a, b = engines
     m = make_mount(pool_config(size="64MiB", dram="16MiB"))
     d = m.mountpoint / c.dir
@@ -417,31 +426,32 @@ def test_its_own_lru_eviction_by_size_and_by_the_pools_free_space(engines, make_
     assert c.open(a, d, extra={"max_size": "12M"})["indexed"] == len(survivors)
     assert c.store(a, [50, 51])
     now = c.found(a, survivors)
-    assert now == sorted(now) and not now[0] and now[-1]     # oldest gone, newest kept
+    assert now == sorted(now) and not now[0] and now[-1]  # oldest gone, newest kept
     # min_free_space: SGLang evicts by statvfs(f_bavail) before the pool is full, so kvfs
     # never has to evict behind its back
     for f in c.blocks(a, d):
         os.unlink(d / f)
     c.open(b, d, extra={"min_free_space": "24M"})
-    assert c.store(b, list(range(200, 240)))                  # 80 MiB into a 64 MiB pool
+    assert c.store(b, list(range(200, 240)))  # 80 MiB into a 64 MiB pool
     assert os.statvfs(d).f_bavail * 4096 >= 24 * 10**6 - c.size
     assert m.stats()["files"]["pool_evictions"] == 0
     assert c.read(b, list(range(230, 240))) == [True] * 10
 
 
 @only("nixl")
-def test_static_pool_writes_slots_in_place_and_evicts_with_its_own_lru(engines, make_mount,
-                                                                       pool_config):
+def test_static_pool_writes_slots_in_place_and_evicts_with_its_own_lru(
+    engines, make_mount, pool_config
+):
     c, a, _ = engines
     m = make_mount(pool_config(size="256MiB", dram="32MiB"))
     d = m.mountpoint / "slots"
     assert c.open(a, d, pool_size=4, engine="uring")["class"] == "NixlStaticStorageBackend"
-    assert len(c.files(a, d)) == 4                              # opened up front, kept open
+    assert len(c.files(a, d)) == 4  # opened up front, kept open
     assert c.store(a, [1, 2, 3, 4])
     assert c.read(a, [1, 2, 3, 4]) == [True] * 4
-    a.call("put", keys=[5, 6], batch=2)                         # LMCache evicts two slots
+    a.call("put", keys=[5, 6], batch=2)  # LMCache evicts two slots
     assert c.found(a, [1, 2, 3, 4, 5, 6]) == [False, False, True, True, True, True]
-    assert c.read(a, [3, 4, 5, 6]) == [True] * 4                # overwritten in place
+    assert c.read(a, [3, 4, 5, 6]) == [True] * 4  # overwritten in place
     files = a.call("files", dir=str(d))
     assert len(files) == 4 and set(files.values()) == {c.size}
     # its index is in memory and its slot names are new each time: a restarted engine finds

@@ -53,12 +53,17 @@ class FS:
         finally:
             await self.files.release(fh)
 
-    async def write(self, path: str, data: bytes, flags: int = os.O_CREAT | os.O_TRUNC | os.O_WRONLY,
-                    chunk: int = 1 << 20) -> None:
+    async def write(
+        self,
+        path: str,
+        data: bytes,
+        flags: int = os.O_CREAT | os.O_TRUNC | os.O_WRONLY,
+        chunk: int = 1 << 20,
+    ) -> None:
         fh = await self.open(path, flags)
         try:
             for off in range(0, len(data), chunk):
-                await self.files.write(fh, off, data[off:off + chunk])
+                await self.files.write(fh, off, data[off : off + chunk])
         finally:
             await self.close(fh)
 
@@ -100,16 +105,18 @@ async def open_service(cfg, stack: contextlib.AsyncExitStack) -> Service:
     return Service(cfg, layers, knobs)
 
 
-def run_service(cfg_path: Path, fn: Callable[[FS], Awaitable[None]], clock=None, *,
-                crash: bool = False) -> None:
+def run_service(
+    cfg_path: Path, fn: Callable[[FS], Awaitable[None]], clock=None, *, crash: bool = False
+) -> None:
     """Open the layers for `cfg_path`, serve them in trio, run fn(fs), shut down. `clock`:
     a trio.testing.MockClock for the run (see `wait_out`). `crash`: stop as a killed daemon
     would, without the shutdown's write-back or commits (see `run_cluster`)."""
     run_cluster([cfg_path], fn, clock, crash=crash)
 
 
-def run_cluster(cfg_paths: list[Path], fn: Callable[..., Awaitable[None]], clock=None, *,
-                crash: bool = False) -> None:
+def run_cluster(
+    cfg_paths: list[Path], fn: Callable[..., Awaitable[None]], clock=None, *, crash: bool = False
+) -> None:
     """Open one node per config (for several: sharing a pool and a Redis), serve them all in
     one trio run, run fn(fs_a, fs_b, ...), shut down. With `crash` the shutdown is a kill's:
     files closed and not written back yet are not, and the catalog's open transaction is

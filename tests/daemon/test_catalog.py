@@ -25,13 +25,13 @@ def test_nodes_beyond_the_cache_are_read_back_from_the_database(pool_config):
 
     async def first(fs):
         cat = fs.files.catalog
-        cat.cache_nodes = 16                       # far fewer than the files
+        cat.cache_nodes = 16  # far fewer than the files
         await fs.mkdir("/d")
         for i, n in enumerate(names):
             await fs.write("/d/" + n.decode(), n * (i + 1))
         d = fs.ino("/d")
         assert len(cat._cache) <= 16
-        held = cat.lookup(d, names[0])             # a node somebody holds stays one object
+        held = cat.lookup(d, names[0])  # a node somebody holds stays one object
         for n in names[1:]:
             cat.lookup(d, n)
         assert cat.lookup(d, names[0]) is held and cat.find(held.ino) is held
@@ -42,7 +42,7 @@ def test_nodes_beyond_the_cache_are_read_back_from_the_database(pool_config):
         await fs.mkdir("/d/sub")
         cat._cache.clear()
         del held
-        assert cat.get(d).nlink == 3               # a directory's subdirectories, counted in SQL
+        assert cat.get(d).nlink == 3  # a directory's subdirectories, counted in SQL
 
     async def second(fs):
         cat = fs.files.catalog
@@ -78,7 +78,7 @@ def test_readdir_pages_by_offset_with_pending_files_in_place(pool_config):
         await fs.mkdir("/d")
         for i in range(300):
             await fs.write(f"/d/c{i}", b"")
-        fh = await fs.open("/d/pending", os.O_CREAT | os.O_WRONLY)   # no row yet
+        fh = await fs.open("/d/pending", os.O_CREAT | os.O_WRONLY)  # no row yet
         d = fs.ino("/d")
         listing = cat.listing(d)
         first = [n.name for _, n in zip(range(200), listing.after(0))]
@@ -99,8 +99,8 @@ def test_lru_order_and_the_free_map_come_from_the_rows(pool_config):
     async def first(fs):
         for i in range(6):
             await fs.write(f"/f{i}", os.urandom(300_000 + i))
-        await fs.sync()                           # (written back: rows)
-        await fs.read("/f0")                      # read: most recently used (not yet flushed)
+        await fs.sync()  # (written back: rows)
+        await fs.read("/f0")  # read: most recently used (not yet flushed)
         cat = fs.files.catalog
         order = [ino for _, ino in cat.lru_files()]
         assert order[-1] == fs.ino("/f0") and order[0] == fs.ino("/f1")
@@ -118,9 +118,12 @@ def test_lru_order_and_the_free_map_come_from_the_rows(pool_config):
         await fs.svc.flush()
         assert [ino for _, ino in cat.lru_files()] == got
         ns, off, length, units = cat.extents()
-        assert all(np.array_equal(x, y) for x, y in zip((ns, off, length, units),
-                                                        cat._extents_by_row()))
-        ref = [(e.ns, e.offset, e.length) for n in cat.files() for e in n.blob.layout.unit_extents()]
+        assert all(
+            np.array_equal(x, y) for x, y in zip((ns, off, length, units), cat._extents_by_row())
+        )
+        ref = [
+            (e.ns, e.offset, e.length) for n in cat.files() for e in n.blob.layout.unit_extents()
+        ]
         assert sorted(zip(ns.tolist(), off.tolist(), length.tolist())) == sorted(ref)
         pool = fs.svc.pool
         before = [a.extents() for a in pool.allocators]
@@ -152,16 +155,24 @@ def test_schema_1_is_upgraded_at_open(tmp_path):
     c.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     c.execute("INSERT INTO meta VALUES ('blob_hwm', '9')")
     c.execute("INSERT INTO blobs VALUES (7, 5000, ?, ?, ?, ?, 1)", (MiB, ns, offs, sums))
-    c.execute("INSERT INTO nodes VALUES (1, 1, x'', 0, ?, 0, 0, 1, 1, 1, NULL, NULL)",
-              (stat.S_IFDIR | 0o755,))
-    c.execute("INSERT INTO nodes VALUES (16, 1, ?, 1, ?, 0, 0, 1, 1, 1, 7, NULL)",
-              (b"old.pt", stat.S_IFREG | 0o644))
+    c.execute(
+        "INSERT INTO nodes VALUES (1, 1, x'', 0, ?, 0, 0, 1, 1, 1, NULL, NULL)",
+        (stat.S_IFDIR | 0o755,),
+    )
+    c.execute(
+        "INSERT INTO nodes VALUES (16, 1, ?, 1, ?, 0, 0, 1, 1, 1, 7, NULL)",
+        (b"old.pt", stat.S_IFREG | 0o644),
+    )
     c.execute("INSERT INTO xattrs VALUES (16, ?, ?)", (b"user.kvfs.pin", b"1"))
     c.close()
     cat = SqliteCatalog.open(path)
     try:
         node = cat.lookup(1, b"old.pt")
-        assert node.blob.id == 7 and node.blob.layout == lay and node.xattrs == {b"user.kvfs.pin": b"1"}
+        assert (
+            node.blob.id == 7
+            and node.blob.layout == lay
+            and node.xattrs == {b"user.kvfs.pin": b"1"}
+        )
         assert cat.next_blob_id() == 10 and cat.file_count == 1
         assert [n.ino for n in cat.pinned_files()] == [16]
         e = cat.extents()
@@ -173,18 +184,26 @@ def test_schema_1_is_upgraded_at_open(tmp_path):
 
 def test_schema_2_is_upgraded_at_open_and_its_files_join_the_policys_order_first(tmp_path):
     from kvfs.catalog.sqlite_schema import NODES_TABLE
+
     path = tmp_path / "catalog.sqlite"
     c = sqlite3.connect(path, isolation_level=None)
-    c.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);" +
-                    NODES_TABLE.replace(", prio REAL, uses INTEGER NOT NULL DEFAULT 0", ""))
+    c.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        + NODES_TABLE.replace(", prio REAL, uses INTEGER NOT NULL DEFAULT 0", "")
+    )
     lay = Layout(5000, MiB, (0,), (MiB,), (1234,))
     ns, offs, sums = lay.pack()
     c.execute("INSERT INTO meta VALUES ('schema_version', '2')")
-    c.execute("INSERT INTO nodes VALUES (1, 1, x'', 0, ?, 0, 0, 1, 1, 1, NULL, NULL, NULL, NULL, "
-              "NULL, NULL, NULL, NULL)", (stat.S_IFDIR | 0o755,))
+    c.execute(
+        "INSERT INTO nodes VALUES (1, 1, x'', 0, ?, 0, 0, 1, 1, 1, NULL, NULL, NULL, NULL, "
+        "NULL, NULL, NULL, NULL)",
+        (stat.S_IFDIR | 0o755,),
+    )
     for ino, name, atime in ((16, b"a", 50), (17, b"b", 10), (18, b"c", 30)):
-        c.execute("INSERT INTO nodes VALUES (?, 1, ?, 1, ?, 0, 0, ?, 1, 1, NULL, ?, 5000, ?, ?, "
-                  "?, ?, 1)", (ino, name, stat.S_IFREG | 0o644, atime, ino, MiB, ns, offs, sums))
+        c.execute(
+            "INSERT INTO nodes VALUES (?, 1, ?, 1, ?, 0, 0, ?, 1, 1, NULL, ?, 5000, ?, ?, ?, ?, 1)",
+            (ino, name, stat.S_IFREG | 0o644, atime, ino, MiB, ns, offs, sums),
+        )
     c.close()
     cat = SqliteCatalog.open(path)
     try:
@@ -193,7 +212,7 @@ def test_schema_2_is_upgraded_at_open_and_its_files_join_the_policys_order_first
         assert list(cat.scored_files()) == [] and cat.lowest_priority() is None
         assert trio.run(cat.score_unscored) == 3
         order = list(cat.scored_files())
-        assert [ino for _, ino, _ in order] == [17, 18, 16]          # oldest use first
+        assert [ino for _, ino, _ in order] == [17, 18, 16]  # oldest use first
         assert all(-1.0 < p <= 0.0 for _, _, p in order) and node.prio == order[-1][2]
         assert cat._meta("schema_version") == "3"
     finally:
@@ -214,7 +233,7 @@ def test_the_policys_order_and_ghosts_live_in_the_rows_across_restarts(pool_conf
         await fs.sync()
         await fs.read("/f2")
         for _ in range(3):
-            await fs.read("/f1")                 # reused most, and last: last to go
+            await fs.read("/f1")  # reused most, and last: last to go
         order = [ino for _, ino, _ in cat.scored_files()]
         assert order[-2:] == [fs.ino("/f2"), fs.ino("/f1")], order
         assert cat.find(fs.ino("/f1")).uses == 4
@@ -223,7 +242,7 @@ def test_the_policys_order_and_ghosts_live_in_the_rows_across_restarts(pool_conf
         seen["order"] = [(bid, ino) for bid, ino, _ in cat.scored_files()]
         seen["prio"] = [p for _, _, p in cat.scored_files()]
         seen["f1"] = fs.ino("/f1")
-        assert await fs.files.evict(fs.ino("/f1"), 0) > 0           # evicted: its ghost stays
+        assert await fs.files.evict(fs.ino("/f1"), 0) > 0  # evicted: its ghost stays
         assert cat.ghost_count() == 1
 
     async def second(fs):
@@ -232,11 +251,11 @@ def test_the_policys_order_and_ghosts_live_in_the_rows_across_restarts(pool_conf
         assert [(b, i) for b, i, _ in got] == [x for x in seen["order"] if x[1] != seen["f1"]]
         assert [p for _, _, p in got] == seen["prio"][:-1]
         f0, f2 = cat.find(fs.ino("/f0")), cat.find(fs.ino("/f2"))
-        assert f2.uses == 2 and f0.uses == 1 and f2.prio > f0.prio     # the read was kept
+        assert f2.uses == 2 and f0.uses == 1 and f2.prio > f0.prio  # the read was kept
         # the policy keeps no floor in memory across a restart: it starts at the lowest
         # priority left in the rows (where files stored or read next will rank from)
         assert fs.svc.space._rule().floor == got[0][2] == min(seen["prio"][:-1]) > 0.0
-        await fs.write("/f1", os.urandom(10_000))                  # stored again
+        await fs.write("/f1", os.urandom(10_000))  # stored again
         await fs.sync()
         assert cat.find(fs.ino("/f1")).uses == 5 and cat.ghost_count() == 0
         assert [i for _, i, _ in cat.scored_files()][-1] == fs.ino("/f1")
@@ -276,7 +295,7 @@ def test_a_create_after_a_lookups_miss_asks_sqlite_nothing_and_misses_stay_true(
                 with pytest.raises(KvfsError):
                     cat.lookup(d, name)
             queries.clear()
-            cat.create_file(d, b"a", 0o644, 0, 0)           # after its miss: no query
+            cat.create_file(d, b"a", 0o644, 0, 0)  # after its miss: no query
             assert not [q for q in queries if "name" in q], queries
         finally:
             cat._conn.set_trace_callback(None)
@@ -284,11 +303,11 @@ def test_a_create_after_a_lookups_miss_asks_sqlite_nothing_and_misses_stay_true(
             cat.create_file(d, b"a", 0o644, 0, 0)
         assert e.value.errno == errno.EEXIST
         await fs.write("/d/x", b"x")
-        await fs.files.rename(d, b"x", d, b"b", 0)          # b appears by a rename
+        await fs.files.rename(d, b"x", d, b"b", 0)  # b appears by a rename
         with pytest.raises(KvfsError) as e:
             cat.create_file(d, b"b", 0o644, 0, 0)
         assert e.value.errno == errno.EEXIST
-        await fs.files.mkdir(d, b"c", 0o755, 0, 0)          # c by a mkdir
+        await fs.files.mkdir(d, b"c", 0o755, 0, 0)  # c by a mkdir
         with pytest.raises(KvfsError) as e:
             cat.create_file(d, b"c", 0o644, 0, 0)
         assert e.value.errno == errno.EEXIST
@@ -304,6 +323,7 @@ def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_confi
     is ENOENT."""
     import random
     from kvfs.catalog.tree import RENAME_EXCHANGE
+
     cfg = pool_config(durability="close")
     rng = random.Random(7)
 
@@ -324,22 +344,22 @@ def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_confi
             keys = sorted(model)
             src = rng.choice(keys)
             op = rng.random()
-            if op < 0.45:                                      # rename (maybe replacing)
+            if op < 0.45:  # rename (maybe replacing)
                 dst = (rng.choice(dirs), f"f{rng.randrange(40)}".encode())
                 await fs.files.rename(src[0], src[1], dst[0], dst[1], 0)
                 if dst != src:
                     model[dst] = model.pop(src)
                     gone.add(src)
                     gone.discard(dst)
-            elif op < 0.65 and len(keys) > 1:                  # exchange
+            elif op < 0.65 and len(keys) > 1:  # exchange
                 dst = rng.choice([k for k in keys if k != src])
                 await fs.files.rename(src[0], src[1], dst[0], dst[1], RENAME_EXCHANGE)
                 model[src], model[dst] = model[dst], model[src]
-            elif op < 0.8 and len(keys) > 4:                   # unlink
+            elif op < 0.8 and len(keys) > 4:  # unlink
                 await fs.files.unlink(*src)
                 del model[src]
                 gone.add(src)
-            else:                                              # a new file
+            else:  # a new file
                 key = (rng.choice(dirs), f"f{rng.randrange(40)}".encode())
                 if key in model:
                     continue
@@ -352,9 +372,13 @@ def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_confi
                 with pytest.raises(KvfsError) as e:
                     cat.lookup(*key)
                 assert e.value.errno == errno.ENOENT
-        for key, ino in model.items():                         # SQLite says the same
-            assert cat._conn.execute("SELECT ino FROM nodes WHERE parent=? AND name=?",
-                                     key).fetchone()[0] == ino
+        for key, ino in model.items():  # SQLite says the same
+            assert (
+                cat._conn.execute(
+                    "SELECT ino FROM nodes WHERE parent=? AND name=?", key
+                ).fetchone()[0]
+                == ino
+            )
         # a cached name: no query
         key = next(iter(model))
         cat.lookup(*key)
@@ -377,16 +401,19 @@ def test_cached_chain_links_agree_with_the_rows(pool_config, monkeypatch):
     removed, and after a restart (rows only)."""
     from kvfs.catalog import sqlite_chains
     from kvfs.catalog.tree import LINK_READ, LINK_WRITE
+
     monkeypatch.setattr(sqlite_chains, "CHAIN_CACHE", 4)
     cfg = pool_config()
     answers = {}
 
     def from_rows(cat, ino):
-        cat._write_queued_links()               # (learned links are written in batches)
-        succ = cat._conn.execute("SELECT succ FROM links WHERE pred=? ORDER BY source DESC, "
-                                 "weight DESC", (ino,)).fetchall()
-        pred = cat._conn.execute("SELECT pred FROM links WHERE succ=? ORDER BY source DESC, "
-                                 "weight DESC", (ino,)).fetchall()
+        cat._write_queued_links()  # (learned links are written in batches)
+        succ = cat._conn.execute(
+            "SELECT succ FROM links WHERE pred=? ORDER BY source DESC, weight DESC", (ino,)
+        ).fetchall()
+        pred = cat._conn.execute(
+            "SELECT pred FROM links WHERE succ=? ORDER BY source DESC, weight DESC", (ino,)
+        ).fetchall()
         live = lambda rows: next((x for (x,) in rows if cat._linked(x)), None)  # noqa: E731
         return live(succ), live(pred)
 
@@ -394,8 +421,12 @@ def test_cached_chain_links_agree_with_the_rows(pool_config, monkeypatch):
         for ino in inos:
             assert (cat.next_of(ino), cat.parent_of(ino)) == from_rows(cat, ino), ino
             cat._write_queued_links()
-            rows = {s: (src, w) for s, src, w in cat._conn.execute(
-                "SELECT succ, source, weight FROM links WHERE pred=?", (ino,))}
+            rows = {
+                s: (src, w)
+                for s, src, w in cat._conn.execute(
+                    "SELECT succ, source, weight FROM links WHERE pred=?", (ino,)
+                )
+            }
             assert cat.links_of(ino) == rows
 
     async def first(fs):
@@ -404,10 +435,10 @@ def test_cached_chain_links_agree_with_the_rows(pool_config, monkeypatch):
             await fs.write(f"/c{i}", b"x" * (i + 1))
         inos = [fs.ino(f"/c{i}") for i in range(12)]
         for a, b in zip(inos, inos[1:]):
-            check(cat, [a, b])                   # (both ways now in the cache)
+            check(cat, [a, b])  # (both ways now in the cache)
             cat.link(a, b, LINK_WRITE)
             check(cat, [a, b])
-        for _ in range(2):                       # a stronger source, then more weight
+        for _ in range(2):  # a stronger source, then more weight
             for a, b in zip(inos[::2], inos[2::2]):
                 check(cat, [a, b])
                 cat.link(a, b, LINK_READ)
@@ -436,6 +467,7 @@ def test_block_ids_are_never_given_twice_across_restarts(pool_config, monkeypatc
     removed and the daemon restarts, new versions still get ids past every id given before,
     although the high-water mark is written only once per BLOB_ID_STEP ids."""
     from kvfs.catalog import sqlite as sqlite_cat
+
     monkeypatch.setattr(sqlite_cat, "BLOB_ID_STEP", 8)
     cfg = pool_config()
     given = []
@@ -446,11 +478,11 @@ def test_block_ids_are_never_given_twice_across_restarts(pool_config, monkeypatc
             await fs.sync()
             given.append(fs.files.catalog.find(fs.ino(f"/f{i}")).blob.id)
         writes = fs.files.catalog.statements
-        await fs.write("/f0", b"y")             # a new version: no high-water mark row
+        await fs.write("/f0", b"y")  # a new version: no high-water mark row
         await fs.sync()
         assert fs.files.catalog.statements - writes == 1
         given.append(fs.files.catalog.find(fs.ino("/f0")).blob.id)
-        for i in [0] + list(range(5, 20)):      # the newest go: their ids leave the rows
+        for i in [0] + list(range(5, 20)):  # the newest go: their ids leave the rows
             await fs.files.unlink(fs.resolve(f"/f{i}")[0], f"f{i}".encode())
 
     async def second(fs):

@@ -29,26 +29,26 @@ def test_a_direct_read_lease_holds_the_old_version_until_it_expires(pool_config)
         gen = fs.files.catalog.get(ino).blob.id
         fs.svc.direct.lease_version(ino, gen, ttl=30)
         free = fs.svc.space.free
-        await fs.write("/f", os.urandom(3 * MiB))        # a new version: the old one is retired
+        await fs.write("/f", os.urandom(3 * MiB))  # a new version: the old one is retired
         await fs.sync()
-        assert fs.svc.space.free == free - 3 * MiB       # ... but leased: its space is kept
+        assert fs.svc.space.free == free - 3 * MiB  # ... but leased: its space is kept
         await wait_out(clock, 29)
         assert fs.files.leases.stats.expired_leases == 0
-        fs.svc.direct.end_lease(ino, gen, hit=True)            # released in time: counted as a read
+        fs.svc.direct.end_lease(ino, gen, hit=True)  # released in time: counted as a read
         assert fs.files.leases.stats.direct_reads == 1
-        assert fs.svc.space.free == free                  # and now it is free
+        assert fs.svc.space.free == free  # and now it is free
 
         gen = fs.files.catalog.get(ino).blob.id
         fs.svc.direct.lease_version(ino, gen, ttl=30)
         await fs.write("/f", os.urandom(3 * MiB))
         await fs.sync()
-        await wait_out(clock, 31.5)                       # the reader stalled: expired
+        await wait_out(clock, 31.5)  # the reader stalled: expired
         assert fs.files.leases.stats.expired_leases == 1
-        assert fs.svc.space.free == free                  # the space went back
-        with pytest.raises(KvfsError) as e:               # ... and its reader learns it
+        assert fs.svc.space.free == free  # the space went back
+        with pytest.raises(KvfsError) as e:  # ... and its reader learns it
             fs.svc.direct.end_lease(ino, gen, hit=True)
         assert e.value.errno == errno.ESTALE
-        with pytest.raises(KvfsError) as e:               # a version that is not current
+        with pytest.raises(KvfsError) as e:  # a version that is not current
             fs.svc.direct.lease_version(ino, gen, ttl=30)
         assert e.value.errno == errno.ESTALE
 
@@ -65,15 +65,15 @@ def test_a_direct_write_allocation_expires_and_its_space_returns(pool_config):
         free = fs.svc.space.free
         a = await fs.svc.direct.direct_alloc(ino, 2 * MiB, ttl=20)
         assert fs.svc.space.free == free - 2 * MiB
-        await wait_out(clock, 21.5)                       # expired by the periodic check
+        await wait_out(clock, 21.5)  # expired by the periodic check
         assert fs.files.allocations.stats.expired_allocations == 1
         assert fs.svc.space.free == free
         with pytest.raises(KvfsError) as e:
             await fs.svc.direct.direct_commit(ino, a.id, [0] * a.layout.nunits)
         assert e.value.errno == errno.ESTALE
         b = await fs.svc.direct.direct_alloc(ino, MiB, ttl=20)
-        await wait_out(clock, 20.5)                       # past its deadline, before the check
-        with pytest.raises(KvfsError) as e:               # the commit itself refuses it
+        await wait_out(clock, 20.5)  # past its deadline, before the check
+        with pytest.raises(KvfsError) as e:  # the commit itself refuses it
             await fs.svc.direct.direct_commit(ino, b.id, [0])
         assert e.value.errno == errno.ESTALE
         assert fs.svc.space.free == free
@@ -91,7 +91,7 @@ def test_a_reader_that_pauses_starts_a_new_readahead_stream(pool_config):
         await fs.close(r.fh)
 
     async def body(fs):
-        for i in range(6):                                 # one writer: a chain c0 -> c5
+        for i in range(6):  # one writer: a chain c0 -> c5
             p, n = fs.resolve(f"/c{i}")
             r, _ = await fs.files.create(p, n, 0o644, os.O_CREAT | os.O_WRONLY, 0, 0, 77)
             await fs.files.write(r.fh, 0, os.urandom(4096))
@@ -104,13 +104,13 @@ def test_a_reader_that_pauses_starts_a_new_readahead_stream(pool_config):
         for i in range(3):
             await open_close(fs, f"/c{i}", pid)
         assert ra.window_of(pid) == 4 and ra.stats.streams == 1
-        await wait_out(clock, IDLE_SECONDS - 0.5)          # a pause shorter than IDLE_SECONDS
+        await wait_out(clock, IDLE_SECONDS - 0.5)  # a pause shorter than IDLE_SECONDS
         await open_close(fs, "/c3", pid)
         assert ra.window_of(pid) == 8 and ra.stats.streams == 1
-        await wait_out(clock, IDLE_SECONDS + 0.5)          # a longer one: a new stream
+        await wait_out(clock, IDLE_SECONDS + 0.5)  # a longer one: a new stream
         await open_close(fs, "/c4", pid)
         assert ra.stats.streams == 2 and ra.window_of(pid) == 1
-        assert ra.stats.predicted_hits == 3                # the new stream predicted nothing
+        assert ra.stats.predicted_hits == 3  # the new stream predicted nothing
 
     run_service(cfg, body, clock)
 
@@ -130,10 +130,10 @@ def test_a_writer_that_pauses_starts_no_chain_link(pool_config):
         a = await create(fs, "/a")
         await wait_out(clock, CHAIN_GAP_SECONDS - 0.5)
         b = await create(fs, "/b")
-        assert cat.next_of(a) == b                         # soon after: the chain goes on
+        assert cat.next_of(a) == b  # soon after: the chain goes on
         await wait_out(clock, CHAIN_GAP_SECONDS + 0.5)
         c = await create(fs, "/c")
-        assert cat.next_of(b) is None and cat.parent_of(c) is None    # too late: unrelated
+        assert cat.next_of(b) is None and cat.parent_of(c) is None  # too late: unrelated
 
     run_service(cfg, body, clock)
 
@@ -165,7 +165,7 @@ class FakeRedis:
                 if not data:
                     return
                 if self.silent:
-                    continue                         # reads the request, never answers
+                    continue  # reads the request, never answers
                 for _ in range(data.count(b"SELECT")):
                     await stream.send_all(b"+OK\r\n")
                 for _ in range(data.count(b"PING")):
@@ -177,6 +177,7 @@ class FakeRedis:
 def _link(port: int):
     from kvfs.cluster.link import ClusterLink
     from kvfs.config import ClusterConfig
+
     link = ClusterLink(ClusterConfig(redis=f"redis://127.0.0.1:{port}/0", node_id="t"))
     link.quiet = True
     return link
@@ -189,33 +190,33 @@ def test_the_cluster_link_times_out_waits_between_reconnects_and_comes_back():
         redis = FakeRedis()
         async with trio.open_nursery() as nursery:
             await nursery.start(redis.serve)
-            redis.silent = True                      # accepts connections, never answers
+            redis.silent = True  # accepts connections, never answers
             link = _link(redis.port)
             t = trio.current_time()
-            with pytest.raises(KvfsError) as e:      # (it hung in SELECT at connect)
+            with pytest.raises(KvfsError) as e:  # (it hung in SELECT at connect)
                 await link.call("PING")
             assert e.value.errno == errno.EIO and not link.online
             assert trio.current_time() - t == pytest.approx(CALL_TIMEOUT, abs=0.01)
             redis.silent = False
             await trio.sleep(RECONNECT_SECONDS)
             assert await link.call("PING") == b"PONG" and link.online
-            redis.silent = True                      # Redis stops answering
+            redis.silent = True  # Redis stops answering
             t = trio.current_time()
             with pytest.raises(KvfsError) as e:
                 await link.call("PING")
             assert e.value.errno == errno.EIO and not link.online
             assert trio.current_time() - t == pytest.approx(CALL_TIMEOUT, abs=0.01)
             redis.silent = False
-            redis.refusing = True                    # down: connections are closed at once
+            redis.refusing = True  # down: connections are closed at once
             failures, conns = link.failures, redis.connections
-            with pytest.raises(KvfsError):           # within the back-off: not even tried
+            with pytest.raises(KvfsError):  # within the back-off: not even tried
                 await link.call("PING")
             assert link.failures == failures and redis.connections == conns
-            await trio.sleep(RECONNECT_SECONDS)      # (autojump: no real waiting)
-            with pytest.raises(KvfsError):           # tried: and failed again
+            await trio.sleep(RECONNECT_SECONDS)  # (autojump: no real waiting)
+            with pytest.raises(KvfsError):  # tried: and failed again
                 await link.call("PING")
             assert redis.connections == conns + 1 and not link.online
-            redis.refusing = False                   # back
+            redis.refusing = False  # back
             await trio.sleep(RECONNECT_SECONDS)
             assert await link.call("PING") == b"PONG"
             assert link.online and link.down_since is None
@@ -231,7 +232,8 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
     request even SIGKILL cannot interrupt, so the commit gives up with ENOSPC after about two
     such waits, not after ROOM_TRIES of them (a torture writer hung for minutes)."""
     from kvfs.write.pipeline import ROOM_SECONDS, ROOM_TRIES
-    cfg = pool_config(size="16MiB", durability="close")   # (an error at close)
+
+    cfg = pool_config(size="16MiB", durability="close")  # (an error at close)
     clock = mock_clock()
 
     async def body(fs):
@@ -239,13 +241,14 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
         space.room_wait = 5.0
         waits = []
 
-        async def make_room(exclude, need):          # waits out a grace period: "room"
+        async def make_room(exclude, need):  # waits out a grace period: "room"
             waits.append(trio.current_time())
             await trio.sleep(space.room_wait)
             return True
 
         async def full(buf, size, writer=None, **kw):
             raise KvfsError(errno.ENOSPC, "pool is full (test)")
+
         space.make_room, store.write = make_room, full
         clock.autojump_threshold = 0
         t0 = trio.current_time()
@@ -270,13 +273,13 @@ def test_a_statistics_snapshot_is_given_twice_within_a_second_of_trio_time(pool_
     async def body(fs):
         control = fs.svc.control
         first = await control.getxattr(1, b"user.kvfs.stats", 0)
-        await fs.write("/f", os.urandom(MiB))            # counters move
-        assert await control.getxattr(1, b"user.kvfs.stats", 0) == first   # the second ask
+        await fs.write("/f", os.urandom(MiB))  # counters move
+        assert await control.getxattr(1, b"user.kvfs.stats", 0) == first  # the second ask
         third = await control.getxattr(1, b"user.kvfs.stats", 0)
         await fs.write("/g", os.urandom(MiB))
         await wait_out(clock, 2 * control.STATS_REUSE)
         fourth = await control.getxattr(1, b"user.kvfs.stats", 0)
-        assert fourth != third                           # too old to give again: taken anew
+        assert fourth != third  # too old to give again: taken anew
         assert await control.getxattr(1, b"user.kvfs.stats", 0) == fourth
 
     run_service(pool_config(size="16MiB"), body, clock)

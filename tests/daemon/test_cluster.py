@@ -30,28 +30,45 @@ def redis(tmp_path_factory):
 @pytest.fixture
 def cluster_configs(tmp_path, redis):
     """cluster_configs(n, ...) -> n config paths: same namespaces, same Redis, own state."""
-    def make(n: int = 2, size: str = "32MiB", grace: float = 1.0, lease: float = 3.0,
-             regions: int = 8, evict: str = "lru", free_target: float = 0.0,
-             urls: list | None = None) -> list:
+
+    def make(
+        n: int = 2,
+        size: str = "32MiB",
+        grace: float = 1.0,
+        lease: float = 3.0,
+        regions: int = 8,
+        evict: str = "lru",
+        free_target: float = 0.0,
+        urls: list | None = None,
+    ) -> list:
         name = f"t{os.getpid()}-{next(_names)}"
         nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": size} for i in range(2)]
         (tmp_path / "shared").mkdir(exist_ok=True)
         out = []
         for i in range(n):
             url = urls[i] if urls else redis.url
-            extra = (f'[cluster]\nredis = "{url}"\nnode_id = "n{i}"\nname = "{name}"\n'
-                     f'grace_seconds = {grace}\nlease_seconds = {lease}\nregions = {regions}\n'
-                     f'free_target = {free_target}\n')
-            out.append(write_config(tmp_path / f"n{i}.toml", tmp_path / f"state{i}", nss,
-                                    dram="16MiB", extra=extra,
-                                    pool=f'stripe_unit = "256KiB"\nevict = "{evict}"'))
+            extra = (
+                f'[cluster]\nredis = "{url}"\nnode_id = "n{i}"\nname = "{name}"\n'
+                f"grace_seconds = {grace}\nlease_seconds = {lease}\nregions = {regions}\n"
+                f"free_target = {free_target}\n"
+            )
+            out.append(
+                write_config(
+                    tmp_path / f"n{i}.toml",
+                    tmp_path / f"state{i}",
+                    nss,
+                    dram="16MiB",
+                    extra=extra,
+                    pool=f'stripe_unit = "256KiB"\nevict = "{evict}"',
+                )
+            )
         return out
+
     return make
 
 
 def data(seed: int, size: int) -> bytes:
     return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
-
 
 
 def test_a_write_on_one_node_is_read_on_another(cluster_configs):
@@ -72,7 +89,9 @@ def test_a_write_on_one_node_is_read_on_another(cluster_configs):
         await eventually(lambda: not known(a, "/d/y"))
         # an xattr set on one node is visible on the other
         await a.files.setxattr(a.ino("/d/x2"), b"user.tag", b"v1")
-        await eventually(lambda: b.files.catalog.get(b.ino("/d/x2")).xattrs.get(b"user.tag") == b"v1")
+        await eventually(
+            lambda: b.files.catalog.get(b.ino("/d/x2")).xattrs.get(b"user.tag") == b"v1"
+        )
 
     run_cluster(cluster_configs(2), body)
 
@@ -80,9 +99,10 @@ def test_a_write_on_one_node_is_read_on_another(cluster_configs):
 def test_a_name_unknown_here_is_asked_of_redis(cluster_configs):
     """A lookup right after another node's commit finds the file even before the change log
     has been applied here."""
+
     async def body(a, b):
         await a.write("/k", b"v" * 5000)
-        node = await b.files.catalog.lookup_fresh(1, b"k")      # no waiting for the follower
+        node = await b.files.catalog.lookup_fresh(1, b"k")  # no waiting for the follower
         assert node.blob is not None and node.blob.size == 5000
         with pytest.raises(KvfsError) as e:
             await b.files.catalog.lookup_fresh(1, b"nope")
@@ -91,12 +111,12 @@ def test_a_name_unknown_here_is_asked_of_redis(cluster_configs):
     run_cluster(cluster_configs(2), body)
 
 
-def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, redis,
-                                                            monkeypatch):
+def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, redis, monkeypatch):
     """When the follower has not heard from Redis for a while (as right after Redis comes
     back), a lookup of a block held only in the pool reads that name's record from Redis
     instead of trusting the mirror; it is EIO only while Redis cannot be asked."""
     from kvfs.catalog.redis import RedisCatalog
+
     monkeypatch.setattr(RedisCatalog, "fresh", property(lambda self: False))
 
     async def body(a, b):
@@ -131,19 +151,22 @@ def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, re
 def test_a_redis_that_came_back_empty_is_reported_not_trusted(cluster_configs, caplog):
     """Redis restarted without persistence: the nodes notice when they reconnect, say so once,
     and stop trusting their mirrors for blocks they do not hold."""
+
     async def body(a, b):
         await a.write("/x", b"x" * 5000)
         await eventually(lambda: known(b, "/x"))
         link = a.svc.catalog.redis
         keys = await link.call("KEYS", link.prefix + "*")
-        await link.call("DEL", *keys)                     # what an empty restart looks like
-        await link.call("CLIENT", "KILL", "TYPE", "normal")   # and every connection dropped
+        await link.call("DEL", *keys)  # what an empty restart looks like
+        await link.call("CLIENT", "KILL", "TYPE", "normal")  # and every connection dropped
         await eventually(lambda: a.files.catalog.catalog_lost and b.files.catalog.catalog_lost)
         assert not b.files.catalog.fresh
         assert b.svc.statistics()["cluster"]["catalog_lost"] is True
 
     run_cluster(cluster_configs(2), body)
-    lines = [r.getMessage() for r in caplog.records if "no longer holds the catalog" in r.getMessage()]
+    lines = [
+        r.getMessage() for r in caplog.records if "no longer holds the catalog" in r.getMessage()
+    ]
     assert len(lines) == 2 and "kvfs format --force" in lines[0]
 
 
@@ -156,19 +179,25 @@ def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_con
         await a.files.write(fa, 0, data(1, 2 * MiB))
         await b.files.write(fb, 0, data(2, 2 * MiB))
         await a.close(fa)
-        await eventually(lambda: b.svc.catalog.events > 0)    # b heard of a's file
-        await b.close(fb)                                   # later: wins
-        await eventually(lambda: known(a, "/same") and
-                         a.files.catalog.get(a.ino("/same")).blob.id ==
-                         b.files.catalog.get(b.ino("/same")).blob.id)
+        await eventually(lambda: b.svc.catalog.events > 0)  # b heard of a's file
+        await b.close(fb)  # later: wins
+        await eventually(
+            lambda: (
+                known(a, "/same")
+                and a.files.catalog.get(a.ino("/same")).blob.id
+                == b.files.catalog.get(b.ino("/same")).blob.id
+            )
+        )
         assert await a.read("/same") == data(2, 2 * MiB)
         assert await b.read("/same") == data(2, 2 * MiB)
         stored = 2 * MiB
         # a's version is in the grave: its space is still used ...
         assert a.svc.pool.free <= free0 - 2 * stored
         # ... until the grace period is over; then both nodes agree it is free
-        await eventually(lambda: a.svc.pool.free == free0 - stored and
-                         b.svc.pool.free == free0 - stored, timeout=15)
+        await eventually(
+            lambda: a.svc.pool.free == free0 - stored and b.svc.pool.free == free0 - stored,
+            timeout=15,
+        )
 
     run_cluster(cluster_configs(2, grace=1.0), body)
 
@@ -177,6 +206,7 @@ def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_con
 def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_configs):
     """b rewrites a file that a is still reading: the old version waits in the grave for as
     long as a holds it (a pushes its grace period back), and is purged once a lets go."""
+
     async def body(a, b):
         await a.write("/f", data(1, 2 * MiB))
         await eventually(lambda: known(b, "/f"))
@@ -192,12 +222,13 @@ def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_co
             while float(await link.call("ZSCORE", link.key("grave"), old)) < first + 2000:
                 await trio.sleep(0.05)
         assert await a.svc.space.purge() == 0 and await b.svc.space.purge() == 0
-        assert old in a.svc.space.grave and old in b.svc.space.grave   # not purged
-        a.svc.store.drop_dram()                      # read the old version from the pool
+        assert old in a.svc.space.grave and old in b.svc.space.grave  # not purged
+        a.svc.store.drop_dram()  # read the old version from the pool
         assert await a.read_fh(fh, 2 * MiB) == data(1, 2 * MiB)
         await a.close(fh)
-        await eventually(lambda: old not in a.svc.space.grave and
-                         old not in b.svc.space.grave, timeout=10)
+        await eventually(
+            lambda: old not in a.svc.space.grave and old not in b.svc.space.grave, timeout=10
+        )
 
     run_cluster(cluster_configs(2, grace=1.0), body)
 
@@ -205,6 +236,7 @@ def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_co
 def test_a_node_gives_back_regions_it_no_longer_writes_in(cluster_configs):
     """Regions a node leased and then left idle for a lease period go back to Redis, so space
     freed there (by eviction elsewhere, say) is not locked away from the other nodes."""
+
     async def body(a, b):
         await a.write("/x", data(1, 3 * MiB))
         link = a.svc.catalog.redis
@@ -214,7 +246,7 @@ def test_a_node_gives_back_regions_it_no_longer_writes_in(cluster_configs):
             while await link.call("KEYS", link.key("lease:*")):
                 await trio.sleep(0.05)
         assert a.svc.space.leases_lost == 0 and not a.svc.space.regions.held()
-        await a.write("/y", data(2, MiB))           # and it leases again when it writes
+        await a.write("/y", data(2, MiB))  # and it leases again when it writes
         assert await b.read("/x") == data(1, 3 * MiB)
 
     run_cluster(cluster_configs(2, lease=2.0), body)
@@ -260,6 +292,7 @@ def test_a_writer_whose_file_another_node_removed_is_told_at_close(cluster_confi
     """Another node cannot know of the files open for writing here (its eviction may pick
     one): the close reports ESTALE and the file stays removed, whether the removal arrived
     before the close or while the close was writing the block."""
+
     async def body(a, b):
         for name, during in ((b"f", False), (b"g", True)):
             path = "/" + name.decode()
@@ -276,6 +309,7 @@ def test_a_writer_whose_file_another_node_removed_is_told_at_close(cluster_confi
                     await a.files.unlink(1, name)
                     await eventually(lambda: not known(b, path))
                     return out
+
                 store.write = write_then_removed
             else:
                 await a.files.unlink(1, name)
@@ -294,6 +328,7 @@ def test_a_writer_whose_file_another_node_removed_is_told_at_close(cluster_confi
 
 def test_concurrent_writers_never_share_space(cluster_configs):
     """Three nodes write at once; every block's extents are disjoint and every checksum holds."""
+
     async def body(*nodes):
         async def writer(fs, k):
             for i in range(12):
@@ -308,13 +343,15 @@ def test_concurrent_writers_never_share_space(cluster_configs):
         extents = []
         for p in names:
             node = nodes[0].files.catalog.get(nodes[0].ino(p))
-            extents += [(e.ns, e.offset, e.offset + e.length, p) for e in node.blob.layout.extents()]
+            extents += [
+                (e.ns, e.offset, e.offset + e.length, p) for e in node.blob.layout.extents()
+            ]
         extents.sort()
         for x, y in zip(extents, extents[1:]):
             assert not (x[0] == y[0] and y[1] < x[2]), f"{x[3]} and {y[3]} share space"
         for fs in nodes:
             fs.svc.store.drop_dram()
-        for p in names:                   # reads verify every unit's checksum
+        for p in names:  # reads verify every unit's checksum
             k, i = map(int, p[2:].split("-"))
             want = data(k * 100 + i, (1 + (i % 3)) * MiB - 4096 * i)
             for fs in nodes:
@@ -327,14 +364,14 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
     async def body(a, b):
         cap = a.svc.pool.capacity
         n = int(cap * 0.8) // (2 * MiB)
-        for i in range(n):                          # a fills most of the pool
+        for i in range(n):  # a fills most of the pool
             await a.write(f"/old{i}", data(i, 2 * MiB))
         await eventually(lambda: known(b, f"/old{n - 1}"))
         # b touches the newest of a's files: they become the most recently used
         for i in range(n // 2, n):
             await b.read(f"/old{i}")
         await b.svc.catalog.flush_atimes()
-        for i in range(n // 2):                     # b writes as much again: must evict
+        for i in range(n // 2):  # b writes as much again: must evict
             await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
         await eventually(lambda: not known(a, "/old0"))
         assert b.svc.space.evictions > 0
@@ -351,14 +388,17 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
     run_cluster(cluster_configs(2, grace=0.5), body)
 
 
-def test_the_pool_can_be_cleaned_ahead_of_writers_again_one_period_later(cluster_configs,
-                                                                          monkeypatch):
+def test_the_pool_can_be_cleaned_ahead_of_writers_again_one_period_later(
+    cluster_configs, monkeypatch
+):
     """Evicting ahead of writers (`keep_free`) is done by one node at a time under a lock
     that lasts one cleaning period, so the pool is cleaned again a period later. (The lock
     lasted 5 s, and writers storing steadily into a full pool waited for the grave.)"""
+
     async def idle(self):
         await trio.sleep_forever()
-    monkeypatch.setattr(ClusterSpace, "_keep_free_periodically", idle)   # the test cleans
+
+    monkeypatch.setattr(ClusterSpace, "_keep_free_periodically", idle)  # the test cleans
 
     async def body(a, b):
         space = a.svc.space
@@ -367,29 +407,32 @@ def test_the_pool_can_be_cleaned_ahead_of_writers_again_one_period_later(cluster
 
         def short() -> bool:
             return space.pool.unit_free + space.grave_bytes < target
+
         i = 0
-        while not (space.evictions and short()):     # full: writers evict for themselves
+        while not (space.evictions and short()):  # full: writers evict for themselves
             await a.write(f"/f{i}", data(i, size))
             i += 1
-        assert await space.keep_free() > 0            # cleaned ahead: the lock is taken
+        assert await space.keep_free() > 0  # cleaned ahead: the lock is taken
         began = trio.current_time()
-        assert await b.svc.space.keep_free() == 0     # one node at a time
-        while not short():                            # writers use up what was cleaned
+        assert await b.svc.space.keep_free() == 0  # one node at a time
+        while not short():  # writers use up what was cleaned
             await a.write(f"/f{i}", data(i, size))
             i += 1
         await trio.sleep_until(began + CLEAN_PERIOD + 0.2)
-        assert await space.keep_free() > 0            # and it is cleaned again
+        assert await space.keep_free() > 0  # and it is cleaned again
 
     run_cluster(cluster_configs(2, size="16MiB", grace=0.5, free_target=0.25), body)
 
 
 @pytest.mark.parametrize("evict", ["lru", "prefix"])
-def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(cluster_configs,
-                                                                              evict):
+def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(
+    cluster_configs, evict
+):
     """pool.evict = "prefix" in a shared pool: the policy's order is in Redis (a priority per
     file, the floor and the evicted names' ghosts), so files read again on either node stay
     while both nodes store twice the pool of files nobody reads again; LRU drops them with
     the rest. A reused name evicted and stored again comes back with its uses."""
+
     async def body(a, b):
         size = 2 * MiB - 4096
         per_pool = a.svc.pool.capacity // (2 * MiB)
@@ -398,10 +441,10 @@ def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(clu
         await eventually(lambda: known(b, "/h5"))
         for i in range(6):
             await a.read(f"/h{i}")
-            await b.read(f"/h{i}")                   # reused, on both nodes
+            await b.read(f"/h{i}")  # reused, on both nodes
         for fs in (a, b):
             await fs.svc.catalog.flush_atimes()
-        for i in range(2 * per_pool):                # ... these are not
+        for i in range(2 * per_pool):  # ... these are not
             await (a, b)[i % 2].write(f"/s{i}", data(100 + i, size))
         await eventually(lambda: a.svc.space.evictions + b.svc.space.evictions >= per_pool)
         kept = sum(known(a, f"/h{i}") for i in range(6))
@@ -413,22 +456,22 @@ def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(clu
         assert hot.uses >= 2 and hot.prio is not None
         assert float(await a.svc.space.link.call("GET", a.svc.space.link.key("floor"))) > 0
         gone = next(f"s{i}" for i in range(2 * per_pool) if not known(a, f"/s{i}"))
-        assert await a.svc.catalog.take_ghost(1, gone.encode()) == 1     # remembered...
+        assert await a.svc.catalog.take_ghost(1, gone.encode()) == 1  # remembered...
         assert await a.svc.catalog.take_ghost(1, gone.encode()) is None  # ...once
 
     run_cluster(cluster_configs(2, size="16MiB", grace=0.5, evict=evict), body)
 
 
-def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(
-        cluster_configs):
+def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(cluster_configs):
     """Free bytes are not room: a pool whose free space lies in holes smaller than a stripe
     unit (left by small files between others) has no place for a block of several units, so a
     writer must evict (cluster LRU), not wait and fail with ENOSPC because the free bytes
     seemed enough."""
+
     async def body(a, b):
-        small = a.svc.pool.unit - 56 * 1024     # one unit each, a little shorter
+        small = a.svc.pool.unit - 56 * 1024  # one unit each, a little shorter
         n = 0
-        while a.svc.space.evictions == 0:           # a fills the pool (until it evicts)...
+        while a.svc.space.evictions == 0:  # a fills the pool (until it evicts)...
             await a.write(f"/s{n}", data(n, small))
             n += 1
         # ...and unlinks every other file in each namespace's order of offsets
@@ -443,8 +486,9 @@ def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(
                 await a.files.unlink(1, f"s{i}".encode())
         payload = os.urandom(8 * MiB + 5)
         for fs in (a, b):
-            await eventually(lambda: fs.svc.pool.free >= 2 * len(payload)
-                             and not fs.svc.space.grave, 10)
+            await eventually(
+                lambda: fs.svc.pool.free >= 2 * len(payload) and not fs.svc.space.grave, 10
+            )
         # twice the block is free, but not in pieces a unit fits in
         assert b.svc.pool.unit_free < len(payload)
         with trio.fail_after(30):
@@ -484,17 +528,22 @@ def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
 def test_a_file_pinned_on_one_node_is_spared_when_another_evicts(cluster_configs):
     """The pin is an attribute in the shared catalog: a node that evicts in the cluster's LRU
     order passes over a file another node pinned, though it is the least recently used."""
+
     async def body(a, b):
         cap = a.svc.pool.capacity
         n = int(cap * 0.8) // (2 * MiB)
-        for i in range(n):                          # a fills most of the pool
+        for i in range(n):  # a fills most of the pool
             await a.write(f"/old{i}", data(i, 2 * MiB))
         await a.files.set_pin(a.ino("/old0"), True)
-        await eventually(lambda: known(b, f"/old{n - 1}") and b.files.catalog.get(
-            b.ino("/old0")).xattrs.get(b"user.kvfs.pin") == b"1")
+        await eventually(
+            lambda: (
+                known(b, f"/old{n - 1}")
+                and b.files.catalog.get(b.ino("/old0")).xattrs.get(b"user.kvfs.pin") == b"1"
+            )
+        )
         await a.svc.catalog.flush_atimes()
-        assert (await b.svc.space.victims(1)) == [b.ino("/old0")]   # first in the LRU order
-        for i in range(n // 2):                     # b writes as much again: must evict
+        assert (await b.svc.space.victims(1)) == [b.ino("/old0")]  # first in the LRU order
+        for i in range(n // 2):  # b writes as much again: must evict
             await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
         await eventually(lambda: not known(a, "/old1"))
         assert b.svc.space.evictions > 0
@@ -520,12 +569,12 @@ def test_a_direct_write_whose_lease_ran_out_is_fenced(cluster_configs, redis):
         rs = {regions.of(e.offset) for e in al.layout.unit_extents()}
         assert rs and all(regions.valid(r) for r in rs)
         free = a.svc.pool.free
-        os.kill(redis.proc.pid, signal.SIGSTOP)     # a (and b) cut off from Redis
+        os.kill(redis.proc.pid, signal.SIGSTOP)  # a (and b) cut off from Redis
         try:
             with trio.fail_after(15):
                 while any(regions.valid(r) for r in rs):
                     await trio.sleep(0.05)
-            with trio.fail_after(5), pytest.raises(KvfsError) as e:   # no wait for Redis
+            with trio.fail_after(5), pytest.raises(KvfsError) as e:  # no wait for Redis
                 await a.svc.direct.direct_commit(ino, al.id, [0] * al.layout.nunits)
             assert e.value.errno == errno.EIO and "lease" in str(e.value)
             assert a.svc.space.statistics()["fenced_writes"] >= 1
@@ -533,7 +582,7 @@ def test_a_direct_write_whose_lease_ran_out_is_fenced(cluster_configs, redis):
             os.kill(redis.proc.pid, signal.SIGCONT)
         assert a.svc.pool.free == free + al.layout.stored_bytes()
         await a.close(fh)
-        assert a.files.getattr(ino).size == 0           # the fenced block was not published
+        assert a.files.getattr(ino).size == 0  # the fenced block was not published
 
     run_cluster(cluster_configs(2, lease=1.0), body)
 
@@ -545,6 +594,7 @@ class Relay:
     def __init__(self, port: int):
         import socket
         import threading
+
         self.target = port
         self.lsock = socket.create_server(("127.0.0.1", 0))
         self.port = self.lsock.getsockname()[1]
@@ -560,6 +610,7 @@ class Relay:
     def _accept(self) -> None:
         import socket
         import threading
+
         while True:
             try:
                 c, _ = self.lsock.accept()
@@ -576,6 +627,7 @@ class Relay:
 
     def _pump(self, src, dst) -> None:
         import socket
+
         try:
             while data := src.recv(1 << 16):
                 dst.sendall(data)
@@ -589,6 +641,7 @@ class Relay:
 
     def cut_off(self) -> None:
         import socket
+
         self.cut = True
         with self.lock:
             for x in self.socks:
@@ -607,8 +660,9 @@ class Relay:
 
 
 @pytest.mark.slow
-def test_a_reader_cut_off_from_redis_past_the_grace_gets_eio_not_other_bytes(cluster_configs,
-                                                                            redis):
+def test_a_reader_cut_off_from_redis_past_the_grace_gets_eio_not_other_bytes(
+    cluster_configs, redis
+):
     """docs/cluster.md: a node that cannot reach Redis for longer than the grace period cannot
     hold the old version its reader still uses; another node purges it and reuses its space.
     The cut-off reader then gets EIO (the units' checksums), never the new block's bytes."""
@@ -620,14 +674,14 @@ def test_a_reader_cut_off_from_redis_past_the_grace_gets_eio_not_other_bytes(clu
         await eventually(lambda: known(b, "/f"))
         fh = await a.open("/f", os.O_RDONLY)
         old = a.files.catalog.get(a.ino("/f")).blob
-        relay.cut_off()                              # a can no longer hold the old version
+        relay.cut_off()  # a can no longer hold the old version
         await b.files.unlink(1, b"f")
-        with trio.fail_after(15):                    # b purges it after the grace period ...
+        with trio.fail_after(15):  # b purges it after the grace period ...
             while old.id in b.svc.space.grave or old.id in b.svc.space.used:
                 await b.svc.space.purge()
                 await trio.sleep(0.05)
         old_extents = {(e.ns, e.offset) for e in old.layout.extents()}
-        for i in range(64):                          # ... and writes over its space
+        for i in range(64):  # ... and writes over its space
             await b.write(f"/new{i}", data(100 + i, 2 * MiB))
             new = b.files.catalog.get(b.ino(f"/new{i}")).blob
             if {(e.ns, e.offset) for e in new.layout.extents()} & old_extents:
@@ -635,7 +689,7 @@ def test_a_reader_cut_off_from_redis_past_the_grace_gets_eio_not_other_bytes(clu
         else:
             raise AssertionError("b never reused the old version's space")
         a.svc.store.drop_dram()
-        with pytest.raises(KvfsError) as e:          # part of its space holds b's block now
+        with pytest.raises(KvfsError) as e:  # part of its space holds b's block now
             await a.read_fh(fh, 2 * MiB)
         assert e.value.errno == errno.EIO
         await a.close(fh)
@@ -664,10 +718,10 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
         await a.write("/f", data(1, MiB))
         old = a.files.catalog.get(a.ino("/f")).blob
         async with contextlib.AsyncExitStack() as stack:
-            cfg_b = load(cfgs[1])                    # b knows X; its follower does not run
+            cfg_b = load(cfgs[1])  # b knows X; its follower does not run
             knobs_b = Knobs.from_config(cfg_b)
             b = await open_layers(cfg_b, knobs_b, stack)
-            Service(cfg_b, b, knobs_b)               # b's layers above the catalog (not served)
+            Service(cfg_b, b, knobs_b)  # b's layers above the catalog (not served)
             await a.files.unlink(1, b"f")
             with trio.fail_after(10):
                 while old.id in a.svc.space.grave:
@@ -675,11 +729,11 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
                     await trio.sleep(0.05)
             await a.write("/g", data(2, MiB))
             new = a.files.catalog.get(a.ino("/g")).blob
-            assert {(e.ns, e.offset) for e in new.layout.extents()} & \
-                   {(e.ns, e.offset) for e in old.layout.extents()}, "Y does not reuse X's space"
+            assert {(e.ns, e.offset) for e in new.layout.extents()} & {
+                (e.ns, e.offset) for e in old.layout.extents()
+            }, "Y does not reuse X's space"
             cat = b.catalog
-            entries = await cat.redis.call("XRANGE", cat.redis.key("log"),
-                                           b"(" + cat.last_id, "+")
+            entries = await cat.redis.call("XRANGE", cat.redis.key("log"), b"(" + cat.last_id, "+")
             await cat._apply_entries(entries, cat.redis)
             assert old.id not in b.space.used and new.id in b.space.used
             for e in new.layout.unit_extents():
@@ -708,6 +762,7 @@ def losing_replies(monkeypatch, *scripts) -> dict:
             lose["after"] -= 1
             raise RedisUnavailable("lost the connection to Redis (after the script ran)")
         return reply
+
     monkeypatch.setattr(RedisClient, "eval", eval_losing_the_reply)
     return lose
 
@@ -718,11 +773,12 @@ def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeyp
     not give its space back (it would later allocate over a live block) and must not forget
     it; once Redis answers again, it learns the block is there and close() succeeds."""
     from kvfs.catalog.redis.scripts import SCRIPTS
+
     lose = losing_replies(monkeypatch, SCRIPTS.commit, SCRIPTS.mknode)
 
     async def body(a, b):
         await a.write("/old", data(1, MiB))
-        for path, seed in (("/old", 2), ("/new", 3)):       # a rewrite (COMMIT), a new file
+        for path, seed in (("/old", 2), ("/new", 3)):  # a rewrite (COMMIT), a new file
             lose["after"] = 1
             await a.write(path, data(seed, MiB))
             assert lose["after"] == 0
@@ -731,8 +787,9 @@ def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeyp
             for e in blob.layout.unit_extents():
                 free, _ = a.svc.pool.allocators[e.ns].free_in(e.offset, e.offset + e.length)
                 assert free == 0, f"{path}: a counts the published block's {e} as free"
-            await eventually(lambda: known(b, path) and
-                             b.files.catalog.get(b.ino(path)).blob.id == blob.id)
+            await eventually(
+                lambda: known(b, path) and b.files.catalog.get(b.ino(path)).blob.id == blob.id
+            )
             assert await b.read(path) == data(seed, MiB)
             assert await a.read(path) == data(seed, MiB)
 
@@ -745,6 +802,7 @@ def test_a_rename_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs,
     and get ENOENT, or drop its temporary file); the replaced file's block goes to the grave
     as usual. A rename Redis did not run still fails with the error."""
     from kvfs.catalog.redis.scripts import SCRIPTS
+
     lose = losing_replies(monkeypatch, SCRIPTS.rename)
 
     async def body(a, b):
@@ -756,8 +814,13 @@ def test_a_rename_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs,
         assert lose["after"] == 0
         assert known(a, "/final") and not known(a, "/final.tmp")
         assert await a.read("/final") == data(2, MiB)
-        await eventually(lambda: not known(b, "/final.tmp") and known(b, "/final") and
-                         b.files.catalog.get(b.ino("/final")).blob.id != old.id)
+        await eventually(
+            lambda: (
+                not known(b, "/final.tmp")
+                and known(b, "/final")
+                and b.files.catalog.get(b.ino("/final")).blob.id != old.id
+            )
+        )
         assert await b.read("/final") == data(2, MiB)
         await eventually(lambda: old.id in a.svc.space.grave or old.id not in a.svc.space.used)
         await a.write("/other.tmp", data(3, MiB))
@@ -782,7 +845,7 @@ async def _refresh_racing_a_local_commit(a, b, path: str, seed: int):
         states = await real_fetch(conn, inos)
         if not done:
             done.append(True)
-            await b.write(path, data(seed, MiB))        # b's own commit lands meanwhile
+            await b.write(path, data(seed, MiB))  # b's own commit lands meanwhile
         return states
 
     cat._fetch = fetch_then_commit_here
@@ -812,8 +875,7 @@ def test_a_refresh_older_than_a_local_commit_keeps_that_commit_s_space(cluster_c
     run_cluster(cluster_configs(2), body)
 
 
-def test_a_refresh_older_than_a_local_commit_does_not_bring_back_the_old_version(
-        cluster_configs):
+def test_a_refresh_older_than_a_local_commit_does_not_bring_back_the_old_version(cluster_configs):
     async def body(a, b):
         await a.write("/f", data(1, MiB))
         await eventually(lambda: known(b, "/f"))
@@ -830,6 +892,7 @@ def test_a_refresh_that_reads_again_checks_every_inode_it_read_before(cluster_co
     /x is read again, and while THAT read is in flight b commits /y: /y's first read is now
     older than b's own commit and must be read again too, not applied (a 50-cycle
     torture --failover run saw a node's own file go back to an older version that way)."""
+
     async def body(a, b):
         await a.write("/x", data(1, 4096))
         await a.write("/y", data(2, 4096))
@@ -843,9 +906,9 @@ def test_a_refresh_that_reads_again_checks_every_inode_it_read_before(cluster_co
             states = await real_fetch(conn, inos)
             rounds.append(sorted(inos))
             if len(rounds) == 1:
-                await b.write("/x", data(3, 4096))      # x changed here: x is read again
+                await b.write("/x", data(3, 4096))  # x changed here: x is read again
             elif len(rounds) == 2:
-                await b.write("/y", data(4, 4096))      # y's first read is now stale
+                await b.write("/y", data(4, 4096))  # y's first read is now stale
             return states
 
         cat._fetch = fetch_and_commit_between
@@ -861,7 +924,8 @@ def test_a_refresh_that_reads_again_checks_every_inode_it_read_before(cluster_co
 
 
 def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading(
-        cluster_configs, monkeypatch):
+    cluster_configs, monkeypatch
+):
     """A Redis restarted with AOF answers `LOADING Redis is loading the dataset in memory` for
     a while. The follower's reconnect meets that reply; it must wait and retry, not end the
     daemon (it did: every node stopped, its mount with it, when Redis was restarted)."""
@@ -875,13 +939,14 @@ def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading
             loading["n"] -= 1
             raise RedisError("LOADING Redis is loading the dataset in memory")
         return await real(self, commands, raise_errors=raise_errors)
+
     monkeypatch.setattr(RedisClient, "pipeline", pipeline)
 
     async def body(a, b):
         cat = b.files.catalog
         await eventually(lambda: cat._conn is not None)
         loading["n"] = 2
-        cat._conn.abort()                   # the follower reconnects: meets LOADING twice
+        cat._conn.abort()  # the follower reconnects: meets LOADING twice
         with trio.fail_after(20):
             while loading["n"]:
                 await trio.sleep(0.05)
@@ -891,8 +956,7 @@ def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading
     run_cluster(cluster_configs(2), body)
 
 
-def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_configs,
-                                                                    monkeypatch):
+def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_configs, monkeypatch):
     """The connection breaks while the follower applies a batch of the change log (it has
     already moved its position past the batch): after reconnecting it must still learn what
     the batch said, not skip it."""
@@ -903,10 +967,11 @@ def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_co
     cut = {"n": 0}
 
     async def refresh(self, inos, conn=None, retired=None):
-        if cut["n"] > 0 and conn is not None:          # the follower's refresh, not a lookup
+        if cut["n"] > 0 and conn is not None:  # the follower's refresh, not a lookup
             cut["n"] -= 1
             raise RedisUnavailable("lost the connection to Redis (test)")
         return await real(self, inos, conn, retired)
+
     monkeypatch.setattr(RedisCatalog, "_refresh", refresh)
 
     async def body(a, b):
@@ -937,6 +1002,7 @@ def test_a_rename_whose_result_a_resync_already_applied_succeeds(cluster_configs
             reload_after[script] -= 1
             await catalogs[0]._load_snapshot(initial=False)
         return reply
+
     monkeypatch.setattr(ClusterLink, "eval", eval_then_resync)
 
     async def body(a, b):
@@ -954,9 +1020,10 @@ def test_a_rename_whose_result_a_resync_already_applied_succeeds(cluster_configs
     run_cluster(cluster_configs(2), body)
 
 
-@pytest.mark.parametrize("during", ["b:*", "l:*"])   # before / after the grave is read
+@pytest.mark.parametrize("during", ["b:*", "l:*"])  # before / after the grave is read
 def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_old_space(
-        cluster_configs, monkeypatch, during):
+    cluster_configs, monkeypatch, during
+):
     """A node reloads the catalog (after reconnecting to Redis) while it commits a file: the
     snapshot may be older than that commit. The mirror must keep the new version, and the
     replaced block - in Redis's grave for the grace period - must keep its space until purged
@@ -977,7 +1044,7 @@ def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_ol
             keys = await real_scan(conn, pattern)
             if not done and conn is cat.redis and pattern.endswith(during):
                 done.append(True)
-                await b.write("/f", data(2, MiB))       # b's own commit lands meanwhile
+                await b.write("/f", data(2, MiB))  # b's own commit lands meanwhile
             return keys
 
         monkeypatch.setattr(mirror, "scan", scan_then_commit_here)
@@ -989,7 +1056,7 @@ def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_ol
         bid = await _current_blob_in_redis(cat, b.ino("/f"))
         assert cat.get(b.ino("/f")).blob.id == bid != old.id
         assert await b.read("/f") == data(2, MiB)
-        if await cat.redis.call("EXISTS", cat.redis.key("b", old.id)):   # not purged yet
+        if await cat.redis.call("EXISTS", cat.redis.key("b", old.id)):  # not purged yet
             for e in old.layout.unit_extents():
                 free, _ = b.svc.pool.allocators[e.ns].free_in(e.offset, e.offset + e.length)
                 assert free == 0, f"b counts the retired block's {e} as free before its purge"
@@ -997,8 +1064,7 @@ def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_ol
     run_cluster(cluster_configs(2, grace=30.0), body)
 
 
-def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_configs,
-                                                                      monkeypatch):
+def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_configs, monkeypatch):
     """A start-up reads the catalog's keys batch after batch while other nodes write: here a
     rewrite, the purge of the old version and a new file land between the read of the files
     and the read of the blocks, so the files read point at a block already gone (or its space
@@ -1022,7 +1088,7 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
         async def hgetall_then_changes(self, conn, keys):
             out = await orig(self, conn, keys)
             if not fired and keys and bytes(keys[0]).startswith(self.redis.key("n", "").encode()):
-                fired.append(True)                   # the files are read: now a changes
+                fired.append(True)  # the files are read: now a changes
                 await a.write("/f", data(2, MiB))
                 with trio.fail_after(10):
                     while old.id in a.svc.space.grave:
@@ -1051,6 +1117,7 @@ def test_an_unlink_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs
     must not fail (the writer would take the file for still there; the torture counted it as
     vanished under its writer). An unlink Redis did not run still fails, the file kept."""
     from kvfs.catalog.redis.scripts import SCRIPTS
+
     lose = losing_replies(monkeypatch, SCRIPTS.remove)
 
     async def body(a, b):

@@ -22,8 +22,8 @@ def test_write_close_read_and_restart(pool_config):
         assert await fs.read("/a/block.pt") == data
 
     async def second(fs):
-        assert fs.svc.store.dram_used == 0          # restart: DRAM is cold
-        assert await fs.read("/a/block.pt") == data   # read from the pool, checksums verified
+        assert fs.svc.store.dram_used == 0  # restart: DRAM is cold
+        assert await fs.read("/a/block.pt") == data  # read from the pool, checksums verified
         st = fs.svc.store.stats
         assert st.tiers["dram"].misses == 1 and st.tiers["pool"].hits == 1 and st.fetches == 1
 
@@ -51,7 +51,7 @@ def test_uncommitted_file_is_absent_after_restart(pool_config):
 
 
 def test_rewrite_is_atomic_and_old_readers_keep_the_old_version(pool_config):
-    cfg = pool_config(dram="4MiB")   # small DRAM: the old version must come back from the pool
+    cfg = pool_config(dram="4MiB")  # small DRAM: the old version must come back from the pool
     old, new = os.urandom(3 * MiB), os.urandom(3 * MiB)
 
     async def body(fs):
@@ -61,7 +61,7 @@ def test_rewrite_is_atomic_and_old_readers_keep_the_old_version(pool_config):
         assert (await fs.files.read(reader, 0, 4096)) == old[:4096]
         await fs.write("/f", new)
         fs.svc.store.drop_dram()
-        assert await fs.read_fh(reader, len(old)) == old    # still the old version
+        assert await fs.read_fh(reader, len(old)) == old  # still the old version
         assert await fs.read("/f") == new
         used_with_reader = fs.svc.pool.free
         await fs.close(reader)
@@ -77,7 +77,7 @@ def test_unlink_while_open_keeps_content_until_release(pool_config):
 
     async def body(fs):
         await fs.write("/f", data)
-        await fs.sync()                 # (in the pool: its space is what the reader holds)
+        await fs.sync()  # (in the pool: its space is what the reader holds)
         free_before = fs.svc.pool.free
         fh = await fs.open("/f", os.O_RDONLY)
         parent, name = fs.resolve("/f")
@@ -123,7 +123,7 @@ def test_rename_replaces_atomically_and_commits_a_dirty_source(pool_config, dura
 
     async def body(fs):
         await fs.write("/target", b"old")
-        await fs.sync()                  # (with "fsync": the target written back, a row)
+        await fs.sync()  # (with "fsync": the target written back, a row)
         fh = await fs.open("/target.tmp", os.O_CREAT | os.O_WRONLY)
         await fs.files.write(fh, 0, b"new content")
         p, n = fs.resolve("/target.tmp")
@@ -148,7 +148,7 @@ def test_full_pool_with_evict_never_gives_enospc_at_write(pool_config):
             await fs.write("/b", os.urandom(cap // 2 + MiB))
         assert e.value.errno == errno.ENOSPC
         fs.svc.store.drop_dram()
-        assert await fs.read("/a") == a                 # the failed writer did not touch it
+        assert await fs.read("/a") == a  # the failed writer did not touch it
         # a file larger than the whole pool fails at once
         with pytest.raises(KvfsError) as e:
             await fs.write("/huge", os.urandom(cap + 4096))
@@ -160,7 +160,7 @@ def test_full_pool_with_evict_never_gives_enospc_at_write(pool_config):
         with pytest.raises(KvfsError) as e:
             await fs.files.setattr(fs.ino("/huge2"), fh, size=cap + 1)
         assert e.value.errno == errno.EFBIG
-        with pytest.raises(KvfsError) as e:          # a write failed: close() says so too
+        with pytest.raises(KvfsError) as e:  # a write failed: close() says so too
             await fs.close(fh)
         assert e.value.errno == errno.EFBIG
 
@@ -173,7 +173,7 @@ async def fill_in_quarters(fs) -> int:
     size = fs.svc.pool.capacity // 4 - 4096
     for name in "abcd":
         await fs.write(f"/{name}", os.urandom(size))
-    await fs.sync()             # (written back: closed files, evictable)
+    await fs.sync()  # (written back: closed files, evictable)
     return size
 
 
@@ -182,8 +182,8 @@ def test_full_pool_with_lru_evicts_least_recently_used_closed_files(pool_config)
 
     async def body(fs):
         size = await fill_in_quarters(fs)
-        await fs.read("/a")                         # a is now more recent than b
-        await fs.write("/e", os.urandom(size))      # needs room: b goes
+        await fs.read("/a")  # a is now more recent than b
+        await fs.write("/e", os.urandom(size))  # needs room: b goes
         names = {n.name for n in fs.files.catalog.entries(1)}
         assert names == {b"a", b"c", b"d", b"e"}
         assert fs.svc.space.evictions == 1
@@ -192,8 +192,7 @@ def test_full_pool_with_lru_evicts_least_recently_used_closed_files(pool_config)
 
 
 @pytest.mark.parametrize("evict", ["lru", "prefix"])
-def test_a_pool_fragmented_by_small_files_makes_room_for_a_large_block_at_once(pool_config,
-                                                                              evict):
+def test_a_pool_fragmented_by_small_files_makes_room_for_a_large_block_at_once(pool_config, evict):
     """Small files leave free pieces below a stripe unit, which a large block's units cannot
     use: making room for it deletes files until the room lies in whole units, in one call (a
     commit that deleted one file per attempt ran out of attempts, and time, under load)."""
@@ -210,7 +209,7 @@ def test_a_pool_fragmented_by_small_files_makes_room_for_a_large_block_at_once(p
         assert pool.unit_free - space.reserved >= 6 * MiB
         assert space.evictions >= 6 * MiB // small
         big = os.urandom(6 * MiB)
-        await fs.write("/big", big)             # room for it without deleting more
+        await fs.write("/big", big)  # room for it without deleting more
         assert await fs.read("/big") == big
 
     run_service(cfg, body)
@@ -223,10 +222,10 @@ def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
 
     async def body(fs):
         size = await fill_in_quarters(fs)
-        await fs.files.set_pin(fs.ino("/a"), True)      # a: the least recently used
+        await fs.files.set_pin(fs.ino("/a"), True)  # a: the least recently used
         fs.svc.store.unpin(fs.files.catalog.get(fs.ino("/a")).blob)  # the attribute alone
         assert not fs.svc.store.is_held(fs.files.catalog.get(fs.ino("/a")).blob.id)
-        await fs.write("/e", os.urandom(size))          # needs room: b goes, not a
+        await fs.write("/e", os.urandom(size))  # needs room: b goes, not a
         names = {n.name for n in fs.files.catalog.entries(1)}
         assert names == {b"a", b"c", b"d", b"e"}
         assert fs.svc.space.evictions == 1
@@ -234,8 +233,9 @@ def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
     run_service(cfg, body)
 
 
-@pytest.mark.parametrize("size, io", [(2 * MiB, "auto"), (256 << 10, "threads"),
-                                      (256 << 10, "auto")])
+@pytest.mark.parametrize(
+    "size, io", [(2 * MiB, "auto"), (256 << 10, "threads"), (256 << 10, "auto")]
+)
 def test_corrupted_block_reads_as_eio(pool_config, tmp_path, size, io):
     """A flipped byte fails the read with EIO: a unit of a large block (read into its
     memory by a worker thread), a small block read through staging memory by a worker
@@ -256,7 +256,7 @@ def test_corrupted_block_reads_as_eio(pool_config, tmp_path, size, io):
         with pytest.raises(KvfsError) as e:
             await fs.read("/f")
         assert e.value.errno == errno.EIO
-        assert fs.svc.pool.namespaces[0].stats.errors >= 1     # each retry re-verifies
+        assert fs.svc.pool.namespaces[0].stats.errors >= 1  # each retry re-verifies
 
     run_service(cfg, first)
     with open(tmp_path / f"ns{where['ns']}.img", "r+b") as f:
@@ -283,7 +283,7 @@ def test_fallocate_mode_0_reserves_space_so_later_writes_cannot_fail(pool_config
         assert e.value.errno == errno.ENOSPC
         # ...and writes inside the allocated range succeed
         await fs.files.write(fh, 8 * MiB - 3, b"end")
-        await fs.files.fallocate(fh, 0, MiB, MiB)                 # inside: nothing changes
+        await fs.files.fallocate(fh, 0, MiB, MiB)  # inside: nothing changes
         for mode, err in ((1, errno.EOPNOTSUPP), (3, errno.EOPNOTSUPP)):
             with pytest.raises(KvfsError) as e:
                 await fs.files.fallocate(fh, mode, 0, MiB)
@@ -310,13 +310,13 @@ def test_rewriting_part_of_a_cold_file_keeps_its_size(pool_config):
     cfg = pool_config()
 
     async def body(fs):
-        for size in [1, 4095, 2 * MiB + 5] * 10:     # trio's scheduling order varies: repeat
+        for size in [1, 4095, 2 * MiB + 5] * 10:  # trio's scheduling order varies: repeat
             data = os.urandom(size)
             await fs.write("/f", data)
             fs.svc.store.drop_dram()
             await fs.write("/f", b"AB", flags=os.O_WRONLY)
             assert fs.files.getattr(fs.ino("/f")).size == max(size, 2)
-            assert await fs.read("/f") == (b"AB" + data[2:])[:max(size, 2)]
+            assert await fs.read("/f") == (b"AB" + data[2:])[: max(size, 2)]
 
     run_service(cfg, body)
 
@@ -342,14 +342,14 @@ def test_a_file_open_for_writing_keeps_its_content_after_unlink(pool_config, how
             await fs.files.rename(p, b"n", p, b"c", 0)
         # what each name holds: the handle's file lost its name ("c" is gone, or "new" took it)
         written = {} if how == "unlink" else {"c": b"new"}
-        for i in range(3):                        # other files take the space that was freed
+        for i in range(3):  # other files take the space that was freed
             written[f"other{i}"] = os.urandom(3 * MiB + 7)
             await fs.write(f"/other{i}", written[f"other{i}"])
         assert await fs.files.write(fh, 0, b"XY") == 2
         assert await fs.read_fh(fh, len(old)) == b"XY" + old[2:]
         await fs.close(fh)
         assert {n.name.decode() for n in fs.files.catalog.entries(1)} <= set(written)
-        for node in fs.files.catalog.entries(1):   # whatever eviction left reads back whole
+        for node in fs.files.catalog.entries(1):  # whatever eviction left reads back whole
             name = node.name.decode()
             assert await fs.read("/" + name) == written[name], name
 
@@ -360,6 +360,7 @@ def _fail_catalog_writes(catalog, at: str = "statement") -> None:
     """From now on every SQLite write fails as on a full disk (queries and ROLLBACK work):
     each statement that writes (`at="statement"`), or only the group commit's COMMIT."""
     import sqlite3
+
     failing = ("INSERT", "UPDATE", "DELETE", "COMMIT") if at == "statement" else ("COMMIT",)
 
     class FullDisk:
@@ -373,6 +374,7 @@ def _fail_catalog_writes(catalog, at: str = "statement") -> None:
 
         def __getattr__(self, name):
             return getattr(self._conn, name)
+
     catalog._conn = FullDisk(catalog._conn)
 
 
@@ -390,7 +392,7 @@ def test_a_failed_catalog_write_leaves_memory_as_the_disk_has_it(pool_config, at
             with pytest.raises(KvfsError) as e:
                 await fs.write(path, os.urandom(MiB))
             assert e.value.errno == errno.EIO
-        with pytest.raises(KvfsError) as e:       # never committed: the name is gone too
+        with pytest.raises(KvfsError) as e:  # never committed: the name is gone too
             fs.ino("/new")
         assert e.value.errno == errno.ENOENT
         assert await fs.read("/old") == b"o" * 5000
@@ -417,9 +419,9 @@ def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_conf
         _fail_catalog_writes(fs.files.catalog)
         p, _ = fs.resolve("/keep")
         with pytest.raises(KvfsError):
-            await fs.files.unlink(p, b"keep")         # gone from memory, not from the disk
-        assert fs.svc.space.free == free              # its extents were not freed
-        assert fs.svc.pool.frees_stopped               # nor will any be, until a restart
+            await fs.files.unlink(p, b"keep")  # gone from memory, not from the disk
+        assert fs.svc.space.free == free  # its extents were not freed
+        assert fs.svc.pool.frees_stopped  # nor will any be, until a restart
         written = fs.svc.store.stats.bytes_to_pool
         for i in range(3):
             with pytest.raises(KvfsError) as e:
@@ -427,7 +429,7 @@ def test_after_a_failed_catalog_write_no_space_is_reused_until_restart(pool_conf
             # EIO at close, or ENOSPC at a write once the space of the refused writers' early
             # writes (not freed either) runs out
             assert e.value.errno in (errno.EIO, errno.ENOSPC)
-        assert fs.svc.store.stats.bytes_to_pool == written    # refused before the pool
+        assert fs.svc.store.stats.bytes_to_pool == written  # refused before the pool
         assert "a write failed" in fs.svc.statistics()["catalog"]["error"]
 
     async def after_restart(fs):
@@ -448,6 +450,7 @@ def test_a_failed_wal_sync_is_a_catalog_failure(pool_config):
 
         def sync_fails():
             raise OSError(errno.EIO, "Input/output error")
+
         cat._sync_wal = sync_fails
         with pytest.raises(KvfsError) as e:
             await fs.write("/new", os.urandom(MiB))
@@ -485,7 +488,7 @@ def test_readers_of_an_unlinked_file_keep_its_size_after_the_writer_closes(pool_
         assert fs.files.getattr(ino).size == len(data)
         assert await fs.read_fh(r, len(data)) == data
         await fs.close(r)
-        fs.files.forget(ino, fs.files.handles.lookups.get(ino, 0))     # the kernel lets go
+        fs.files.forget(ino, fs.files.handles.lookups.get(ino, 0))  # the kernel lets go
         assert ino not in fs.files.handles.states and fs.files.catalog.find(ino) is None
 
     run_service(cfg, body)
@@ -501,10 +504,10 @@ def test_opening_an_evicted_file_through_a_stale_name_is_enoent(pool_config):
     async def body(fs):
         await fs.write("/f", os.urandom(3 * MiB))
         await fs.sync()
-        ino = (await fs.files.lookup(1, b"f")).ino      # the kernel holds a reference
+        ino = (await fs.files.lookup(1, b"f")).ino  # the kernel holds a reference
         assert await fs.files.evict(ino, exclude=0) > 0
         fs.svc.store.drop_dram()
-        await fs.write("/g", os.urandom(12 * MiB))        # its space is reused
+        await fs.write("/g", os.urandom(12 * MiB))  # its space is reused
         with pytest.raises(KvfsError) as e:
             await fs.files.open(ino, os.O_RDONLY)
         assert e.value.errno == errno.ENOENT
@@ -563,10 +566,10 @@ def test_a_write_that_failed_makes_close_fail_and_keeps_the_previous_version(poo
             data = os.urandom(cap)
             with pytest.raises(KvfsError) as e:
                 for off in range(0, len(data), MiB):
-                    await fs.files.write(fh, off, data[off:off + MiB])
-            assert e.value.errno == errno.ENOSPC and off > 0      # some writes had worked
+                    await fs.files.write(fh, off, data[off : off + MiB])
+            assert e.value.errno == errno.ENOSPC and off > 0  # some writes had worked
             with pytest.raises(KvfsError):
-                await fs.files.flush(fh)                           # close() reports it
+                await fs.files.flush(fh)  # close() reports it
             await fs.files.release(fh)
             # what it wrote behind goes back to the free space (in the background)
             await eventually(lambda: fs.svc.pool.free == free, 10)
@@ -585,8 +588,9 @@ def test_a_write_that_failed_makes_close_fail_and_keeps_the_previous_version(poo
     run_service(cfg, second)
 
 
-def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(pool_config,
-                                                                               monkeypatch):
+def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(
+    pool_config, monkeypatch
+):
     """close() (FUSE flush) failed to commit, and said so; the release that follows must not
     commit the same content behind the writer's back: the writer has moved on (in a cluster
     it may already have written a newer version through another node, which this late commit
@@ -606,6 +610,7 @@ def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(
                 fail["n"] -= 1
                 raise no_space("pool is full (test)")
             return await real(buf, size, writer, **kw)
+
         monkeypatch.setattr(fs.svc.store, "write", write_once_failing)
         fh = await fs.open("/f", os.O_TRUNC | os.O_WRONLY)
         await fs.files.write(fh, 0, b"new content")
@@ -631,8 +636,8 @@ def test_a_full_pool_keeps_reused_files_over_files_read_once_with_prefix(pool_co
         for i in range(20):
             await fs.write(f"/h{i}", os.urandom(size))
             await fs.read(f"/h{i}")
-            await fs.read(f"/h{i}")                 # reused ...
-        for i in range(2 * per_pool):               # ... these are not
+            await fs.read(f"/h{i}")  # reused ...
+        for i in range(2 * per_pool):  # ... these are not
             await fs.write(f"/s{i}", os.urandom(size))
         names = {n.name for n in fs.files.catalog.entries(1)}
         kept = sum(f"h{i}".encode() in names for i in range(20))
@@ -687,9 +692,9 @@ def test_the_statistics_snapshot_is_given_twice_so_its_size_holds(pool_config):
         grown = iter(range(10**6, 10**7, 10**6))
         real = control.statistics
         control.statistics = lambda: {**real(), "grows": "x" * (next(grown) // 10**5)}
-        first = await control.getxattr(1, b"user.kvfs.stats", 0)        # the size query
+        first = await control.getxattr(1, b"user.kvfs.stats", 0)  # the size query
         assert await control.getxattr(1, b"user.kvfs.stats", 0) == first  # the value: the same
-        third = await control.getxattr(1, b"user.kvfs.stats", 0)        # a new reader: fresh
+        third = await control.getxattr(1, b"user.kvfs.stats", 0)  # a new reader: fresh
         assert len(third) > len(first)
 
     run_service(cfg, body)

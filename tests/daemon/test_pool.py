@@ -24,18 +24,29 @@ from tests.helpers import write_config
 MiB = 1 << 20
 
 
-def cfg_for(tmp_path: Path, names: list[str], *, unit: str = "1MiB", size: str = "64MiB",
-            state: str = "state", name: str = "k.toml", extra_pool: str = "") -> Path:
+def cfg_for(
+    tmp_path: Path,
+    names: list[str],
+    *,
+    unit: str = "1MiB",
+    size: str = "64MiB",
+    state: str = "state",
+    name: str = "k.toml",
+    extra_pool: str = "",
+) -> Path:
     ns = [{"path": str(tmp_path / n), "size": size} for n in names]
-    return write_config(tmp_path / name, tmp_path / state, ns,
-                        pool=f'stripe_unit = "{unit}"\n{extra_pool}')
+    return write_config(
+        tmp_path / name, tmp_path / state, ns, pool=f'stripe_unit = "{unit}"\n{extra_pool}'
+    )
 
 
 def open_layers_now(cfg: Path) -> None:
     """Open the layers of `cfg` (and close them again) as the daemon does at start-up."""
+
     async def main():
         async with contextlib.AsyncExitStack() as stack:
             await open_layers(config.load(cfg), Knobs(), stack)
+
     trio.run(main)
 
 
@@ -47,16 +58,27 @@ def open_fails(cfg: Path, *needles: str) -> None:
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("n, unit, io", [(1, "1MiB", "auto"), (3, "64KiB", "auto"),
-                                         (3, "1MiB", "auto"), (4, "256KiB", "auto"),
-                                         (4, "4MiB", "auto"), (3, "1MiB", "threads")])
+@pytest.mark.parametrize(
+    "n, unit, io",
+    [
+        (1, "1MiB", "auto"),
+        (3, "64KiB", "auto"),
+        (3, "1MiB", "auto"),
+        (4, "256KiB", "auto"),
+        (4, "4MiB", "auto"),
+        (3, "1MiB", "threads"),
+    ],
+)
 def test_round_trip_across_restarts(tmp_path, n, unit, io):
     """Files of every size written, then read back by two later daemons (the small ones by
     Linux AIO, or with io_engine "threads" by worker threads)."""
-    cfg = cfg_for(tmp_path, [f"ns{i}.img" for i in range(n)], unit=unit,
-                  extra_pool=f'io_engine = "{io}"')
-    files = {f"/b{i}": os.urandom(s) for i, s in
-             enumerate([0, 1, 4095, 4096, 65537, MiB, 5 * MiB + 7, 13 * MiB])}
+    cfg = cfg_for(
+        tmp_path, [f"ns{i}.img" for i in range(n)], unit=unit, extra_pool=f'io_engine = "{io}"'
+    )
+    files = {
+        f"/b{i}": os.urandom(s)
+        for i, s in enumerate([0, 1, 4095, 4096, 65537, MiB, 5 * MiB + 7, 13 * MiB])
+    }
 
     async def write(fs):
         for p, d in files.items():
@@ -66,7 +88,7 @@ def test_round_trip_across_restarts(tmp_path, n, unit, io):
         for p, d in files.items():
             assert await fs.read(p) == d, p
         used = {j for node in fs.files.catalog.files() for j in node.blob.layout.ns}
-        assert used == set(range(n))             # every namespace holds units
+        assert used == set(range(n))  # every namespace holds units
 
     run_service(cfg, write)
     run_service(cfg, check)
@@ -78,10 +100,10 @@ def test_small_blocks_spread_across_namespaces(tmp_path):
 
     async def body(fs):
         for i in range(8):
-            await fs.write(f"/s{i}", b"x" * 100)        # one unit each
+            await fs.write(f"/s{i}", b"x" * 100)  # one unit each
         await fs.sync()
         firsts = [fs.files.catalog.get(fs.ino(f"/s{i}")).blob.layout.ns[0] for i in range(8)]
-        assert sorted(set(firsts)) == [0, 1, 2, 3]      # the start namespace rotates
+        assert sorted(set(firsts)) == [0, 1, 2, 3]  # the start namespace rotates
 
     run_service(cfg, body)
 
@@ -91,11 +113,11 @@ def test_fragmented_space_gives_several_extents_per_namespace(tmp_path):
 
     async def body(fs):
         for i in range(38):
-            await fs.write(f"/f{i}", os.urandom(2 * MiB))   # one unit on each namespace
+            await fs.write(f"/f{i}", os.urandom(2 * MiB))  # one unit on each namespace
         await fs.sync()
         for i in range(0, 38, 2):
             p, n = fs.resolve(f"/f{i}")
-            await fs.files.unlink(p, n)                  # holes of 1 MiB everywhere
+            await fs.files.unlink(p, n)  # holes of 1 MiB everywhere
         data = os.urandom(12 * MiB)
         await fs.write("/big", data)
         await fs.sync()
@@ -120,6 +142,7 @@ def test_fragmented_space_gives_several_extents_per_namespace(tmp_path):
 
 def test_a_config_asking_for_the_removed_uring_engine_is_refused(tmp_path):
     from kvfs.errors import ConfigError
+
     with pytest.raises(ConfigError, match=r"pool\.io: removed"):
         config.from_dict({"pool": {"io": "uring"}}, base=tmp_path)
 
@@ -127,37 +150,49 @@ def test_a_config_asking_for_the_removed_uring_engine_is_refused(tmp_path):
 def test_refusals(tmp_path):
     names = ["ns0.img", "ns1.img", "ns2.img"]
     cfg = cfg_for(tmp_path, names)
-    run_service(cfg, _noop)                                  # creates pool A
+    run_service(cfg, _noop)  # creates pool A
     # a namespace from another pool
     other = cfg_for(tmp_path, ["o0.img", "o1.img", "o2.img"], state="state-b", name="b.toml")
     run_service(other, _noop)
-    swapped = write_config(tmp_path / "x.toml", tmp_path / "state",
-                           [{"path": str(tmp_path / n)} for n in ["ns0.img", "o1.img", "ns2.img"]])
+    swapped = write_config(
+        tmp_path / "x.toml",
+        tmp_path / "state",
+        [{"path": str(tmp_path / n)} for n in ["ns0.img", "o1.img", "ns2.img"]],
+    )
     open_fails(swapped, "o1.img", "belongs to pool")
     # reordered
-    reordered = write_config(tmp_path / "r.toml", tmp_path / "state",
-                             [{"path": str(tmp_path / n)} for n in ["ns1.img", "ns0.img", "ns2.img"]])
+    reordered = write_config(
+        tmp_path / "r.toml",
+        tmp_path / "state",
+        [{"path": str(tmp_path / n)} for n in ["ns1.img", "ns0.img", "ns2.img"]],
+    )
     open_fails(reordered, "is number 1", "listed as number 0", "reordered")
     # missing
-    missing = write_config(tmp_path / "m.toml", tmp_path / "state",
-                           [{"path": str(tmp_path / n)} for n in ["ns0.img", "ns1.img"]])
+    missing = write_config(
+        tmp_path / "m.toml",
+        tmp_path / "state",
+        [{"path": str(tmp_path / n)} for n in ["ns0.img", "ns1.img"]],
+    )
     open_fails(missing, "has 3 namespaces", "lists 2")
     gone = cfg_for(tmp_path, ["ns0.img", "nsX.img", "ns2.img"], name="g.toml")
     open_fails(gone, "nsX.img", "does not exist")
     # changed geometry
-    open_fails(cfg_for(tmp_path, names, unit="256KiB", name="u.toml"), "stripe_unit", "changed geometry")
+    open_fails(
+        cfg_for(tmp_path, names, unit="256KiB", name="u.toml"), "stripe_unit", "changed geometry"
+    )
     open_fails(cfg_for(tmp_path, names, size="128MiB", name="s.toml"), "changed geometry")
     # a catalog lost: the pool is not silently reused with an empty index
     shutil.move(tmp_path / "state", tmp_path / "state.saved")
     open_fails(cfg, "no catalog for it")
-    assert not (tmp_path / "state").exists()             # refusing created nothing
+    assert not (tmp_path / "state").exists()  # refusing created nothing
     shutil.move(tmp_path / "state.saved", tmp_path / "state")
     # an unformatted device-like file that kvfs did not create
     (tmp_path / "blank.img").write_bytes(bytes(8 * MiB))
-    blank = write_config(tmp_path / "bl.toml", tmp_path / "state-c",
-                         [{"path": str(tmp_path / "blank.img")}])
+    blank = write_config(
+        tmp_path / "bl.toml", tmp_path / "state-c", [{"path": str(tmp_path / "blank.img")}]
+    )
     open_fails(blank, "not a kvfs namespace", "kvfs format")
-    run_service(cfg, _noop)                                # the right config still opens
+    run_service(cfg, _noop)  # the right config still opens
 
 
 async def _noop(fs):
@@ -187,11 +222,12 @@ async def _expect(fs, path, data):
 class _FakeNs:
     def __init__(self, i: int, weight: float = 1.0):
         from kvfs.pool.namespace import NamespaceStats
+
         self.index, self.weight, self.stats = i, weight, NamespaceStats()
 
 
 def test_placement_learns_a_slow_namespace():
-    speeds = [100.0, 100.0, 100.0, 50.0]          # units per second
+    speeds = [100.0, 100.0, 100.0, 50.0]  # units per second
     pool = Pool.__new__(Pool)
     pool.namespaces = [_FakeNs(i) for i in range(4)]
     pool.adaptive = True
@@ -220,13 +256,14 @@ def test_a_torn_superblock_is_rebuilt_when_nothing_is_in_doubt(tmp_path, n):
     agreeing) is rewritten at start-up with one log line; the data is all there. One that
     no longer names the pool (its pool id torn) or a torn magic is refused, as before."""
     from kvfs.pool.superblock import SB_SIZE, decode
+
     names = [f"ns{i}.img" for i in range(n)]
     cfg = cfg_for(tmp_path, names)
     data = os.urandom(5 * MiB)
     run_service(cfg, lambda fs: fs.write("/f", data))
     victim = tmp_path / names[-1]
     raw = victim.read_bytes()[:SB_SIZE]
-    at = raw.index(b'"stripe_unit"')               # not the pool id
+    at = raw.index(b'"stripe_unit"')  # not the pool id
     _tear(victim, at, 6)
     with pytest.raises(ValueError):
         decode(victim.read_bytes()[:SB_SIZE])
@@ -237,12 +274,12 @@ def test_a_torn_superblock_is_rebuilt_when_nothing_is_in_doubt(tmp_path, n):
         assert len(rebuilt) == 1 and str(victim) in rebuilt[0], rebuilt
 
     run_service(cfg, check)
-    assert decode(victim.read_bytes()[:SB_SIZE]) is not None     # written back
+    assert decode(victim.read_bytes()[:SB_SIZE]) is not None  # written back
     run_service(cfg, lambda fs: _read_back(fs, data))
-    _tear(victim, raw.index(b'"pool_id"') + 12, 8)               # the pool id itself
+    _tear(victim, raw.index(b'"pool_id"') + 12, 8)  # the pool id itself
     open_fails(cfg, str(victim), "superblock checksum mismatch", "cannot be rebuilt safely")
-    _tear(victim, raw.index(b'"pool_id"') + 12, 8)               # undone
-    _tear(victim, 0, 4)                                          # the magic: not kvfs's now
+    _tear(victim, raw.index(b'"pool_id"') + 12, 8)  # undone
+    _tear(victim, 0, 4)  # the magic: not kvfs's now
     open_fails(cfg, str(victim), "not a kvfs namespace")
 
 
@@ -267,16 +304,17 @@ def test_a_shared_pool_counts_a_published_or_released_block_out_of_its_regions(t
             regions = Regions(pool.namespaces[0].size, 4, pool.unit)
             pool.area = regions
             for r in range(regions.count):
-                regions.deadline[r] = trio.current_time() + 600   # this node holds every lease
-            size = 8 * 256 * 1024 + 100                           # 9 units, 4-5 per namespace
+                regions.deadline[r] = trio.current_time() + 600  # this node holds every lease
+            size = 8 * 256 * 1024 + 100  # 9 units, 4-5 per namespace
             ns, offsets = pool.allocate(size)
             assert max(sum(1 for j in ns if j == k) for k in (0, 1)) > 1
-            assert sum(regions.inflight.values()) > 0             # being written: not given back
+            assert sum(regions.inflight.values()) > 0  # being written: not given back
             layout = Layout(size, pool.unit, ns, offsets, (0,) * len(ns))
             getattr(pool, end)(layout)
             assert all(v == 0 for v in regions.inflight.values()), dict(regions.inflight)
         finally:
             pool.close()
+
     trio.run(main)
 
 
@@ -317,9 +355,11 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
     ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
     jobs = []
     real_job = Namespace._write_group_sync
-    monkeypatch.setattr(Namespace, "_write_group_sync",
-                        lambda self, batch, lead: jobs.append(len(batch)) or
-                        real_job(self, batch, lead))
+    monkeypatch.setattr(
+        Namespace,
+        "_write_group_sync",
+        lambda self, batch, lead: jobs.append(len(batch)) or real_job(self, batch, lead),
+    )
     bad_offset = 8 * MiB + 5 * 8192
     real_pwritev = os.pwritev
 
@@ -327,6 +367,7 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
         if offset == bad_offset:
             raise OSError(errno.EIO, "injected")
         return real_pwritev(fd, views, offset)
+
     monkeypatch.setattr(device.os, "pwritev", pwritev)
     data = [os.urandom(8192) for _ in range(16)]
     results: dict[int, object] = {}
@@ -335,8 +376,9 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
         buf = mmap.mmap(-1, 8192)
         buf[:] = data[i]
         try:
-            results[i] = await ns.write_units([[memoryview(buf)]], 8 * MiB + i * 8192, [8192],
-                                              sync=True)
+            results[i] = await ns.write_units(
+                [[memoryview(buf)]], 8 * MiB + i * 8192, [8192], sync=True
+            )
         except KvfsError as e:
             results[i] = e
 
@@ -344,8 +386,9 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
         async with trio.open_nursery() as n:
             for i in range(16):
                 n.start_soon(one, i)
+
     trio.run(main)
-    assert ns._groups_running == 0 and not ns._group      # every group's slot given back
+    assert ns._groups_running == 0 and not ns._group  # every group's slot given back
     assert sum(jobs) == 16 and len(jobs) < 16, jobs
     assert ns.syncs <= len(jobs) < 16
     assert isinstance(results[5], KvfsError) and results[5].errno == errno.EIO
@@ -356,7 +399,7 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
         if i == 5:
             continue
         assert results[i] == [xxhash.xxh3_64_intdigest(data[i])]
-        assert on_disk[8 * MiB + i * 8192:8 * MiB + (i + 1) * 8192] == data[i]
+        assert on_disk[8 * MiB + i * 8192 : 8 * MiB + (i + 1) * 8192] == data[i]
 
 
 def test_grouped_writes_keep_no_view_of_the_blocks_they_wrote(tmp_path):
@@ -383,15 +426,16 @@ def test_grouped_writes_keep_no_view_of_the_blocks_they_wrote(tmp_path):
         async with trio.open_nursery() as n:
             for i in range(16):
                 n.start_soon(one, i)
-    gc.collect()                # what earlier tests left in cycles
+
+    gc.collect()  # what earlier tests left in cycles
     gc.disable()
     try:
         trio.run(main)
-        left = [o for o in gc.get_objects() if type(o) is WriteRequest]   # (isinstance would
+        left = [o for o in gc.get_objects() if type(o) is WriteRequest]  # (isinstance would
         # touch every object's __class__: deprecated attributes of torch warn)
         assert not left, f"{len(left)} group requests still alive"
         for m in maps:
-            m.close()           # BufferError while a view of it is still held
+            m.close()  # BufferError while a view of it is still held
     finally:
         gc.enable()
         ns.close()
@@ -404,20 +448,21 @@ def test_a_contested_block_unclaimed_first_frees_only_what_it_took(tmp_path, cap
     later, then freed that new block's space (the cluster torture found two current blocks of
     one node sharing an extent)."""
     from kvfs.pool.layout import DATA_START
+
     cfg = cfg_for(tmp_path, ["ns0.img"], size="16MiB")
 
     async def body(fs):
         pool = fs.svc.pool
         a = pool.allocators[0]
         u = pool.unit
-        off = DATA_START + 8 * u                     # space no block of this test uses
+        off = DATA_START + 8 * u  # space no block of this test uses
         x = Layout(u, u, (0,), (off,), (1,))
-        y = Layout(u + 4096, u, (0, 0), (off, off + u), (2, 3))   # X's unit and the next
+        y = Layout(u + 4096, u, (0, 0), (off, off + u), (2, 3))  # X's unit and the next
         assert pool.claim(x)
-        assert not pool.claim(y)                     # X's unit: contested
-        pool.unclaim(y)                              # Y purged before X, here
-        assert a.free_in(off, off + u)[0] == 0       # still X's
-        assert a.free_in(off + u, off + 2 * u)[0] == u    # what Y took is free again
+        assert not pool.claim(y)  # X's unit: contested
+        pool.unclaim(y)  # Y purged before X, here
+        assert a.free_in(off, off + u)[0] == 0  # still X's
+        assert a.free_in(off + u, off + 2 * u)[0] == u  # what Y took is free again
         pool.unclaim(x)
         assert a.free_in(off, off + u)[0] == u
         assert "twice" not in caplog.text
@@ -425,8 +470,9 @@ def test_a_contested_block_unclaimed_first_frees_only_what_it_took(tmp_path, cap
     run_service(cfg, body)
 
 
-def test_small_block_io_a_file_system_would_block_for_goes_to_a_worker_thread(tmp_path,
-                                                                             monkeypatch):
+def test_small_block_io_a_file_system_would_block_for_goes_to_a_worker_thread(
+    tmp_path, monkeypatch
+):
     """On a namespace file, small blocks' AIO asks for RWF_NOWAIT: an I/O the file system
     would block for (EAGAIN) is done by a worker thread instead, and one that does not take
     RWF_NOWAIT at all (EOPNOTSUPP) turns AIO off for that namespace; the bytes are right
@@ -443,11 +489,12 @@ def test_small_block_io_a_file_system_would_block_for_goes_to_a_worker_thread(tm
         real = getattr(linux_aio.Engine, name)
 
         async def op(self, fd, views, offset, nowait=False):
-            assert nowait                       # (a file: RWF_NOWAIT asked for)
+            assert nowait  # (a file: RWF_NOWAIT asked for)
             calls[name] += 1
             if calls[name] % every == 1:
                 raise OSError(err, os.strerror(err))
             return await real(self, fd, views, offset, nowait)
+
         monkeypatch.setattr(linux_aio.Engine, name, op)
 
     async def write(fs):
@@ -456,13 +503,13 @@ def test_small_block_io_a_file_system_would_block_for_goes_to_a_worker_thread(tm
         for p, d in files.items():
             await fs.write(p, d)
         await fs.sync()
-        assert ns.stats.aio_fallbacks >= 1 and ns.aio          # EAGAIN: this I/O only
+        assert ns.stats.aio_fallbacks >= 1 and ns.aio  # EAGAIN: this I/O only
 
     async def read(fs):
         ns = fs.svc.pool.namespaces[0]
         for p, d in files.items():
             assert await fs.read(p) == d, p
-        assert ns.stats.aio_fallbacks == 1 and not ns.aio      # EOPNOTSUPP: no more AIO
+        assert ns.stats.aio_fallbacks == 1 and not ns.aio  # EOPNOTSUPP: no more AIO
 
     refusing("pwritev", errno.EAGAIN, 2)
     run_service(cfg, write)
@@ -476,10 +523,13 @@ def test_small_blocks_spread_by_weight_when_the_weights_differ(tmp_path):
     credit carries from block to block (with a fresh start per block, the heaviest namespace
     took all of them: a single writer's small files on one device of four)."""
     weights = [1.0, 0.5, 1.0, 0.9]
-    ns = [{"path": str(tmp_path / f"ns{i}.img"), "size": "64MiB", "weight": w}
-          for i, w in enumerate(weights)]
-    cfg = write_config(tmp_path / "k.toml", tmp_path / "state", ns,
-                       pool='adaptive_placement = false')
+    ns = [
+        {"path": str(tmp_path / f"ns{i}.img"), "size": "64MiB", "weight": w}
+        for i, w in enumerate(weights)
+    ]
+    cfg = write_config(
+        tmp_path / "k.toml", tmp_path / "state", ns, pool="adaptive_placement = false"
+    )
 
     async def body(fs):
         for i in range(68):
@@ -507,14 +557,14 @@ def test_a_full_aio_context_sends_small_block_io_to_a_worker_thread(tmp_path, mo
 
     async def body(fs):
         ns = fs.svc.pool.namespaces[0]
-        ns.nowait = False                       # as on a block device
+        ns.nowait = False  # as on a block device
         monkeypatch.setattr(linux_aio.Engine, "pwritev", full)
         monkeypatch.setattr(linux_aio.Engine, "preadv", full)
         await fs.write("/a", data)
         await fs.sync()
         fs.svc.store.drop_dram()
         assert await fs.read("/a") == data
-        assert ns.stats.aio_fallbacks == 2 and ns.aio           # the write and the read
+        assert ns.stats.aio_fallbacks == 2 and ns.aio  # the write and the read
 
     run_service(cfg, body)
 
@@ -539,13 +589,14 @@ def test_a_batchs_small_blocks_back_to_back_go_as_one_aio_write(tmp_path, monkey
         if fail_merged[0] and len(views) > 1:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         return await real(self, fd, views, offset, nowait)
+
     monkeypatch.setattr(linux_aio.Engine, "pwritev", pwritev)
 
     async def body(fs):
         for p, d in files.items():
             await fs.write(p, d)
         await fs.sync()
-        assert calls == [len(files)], calls                    # one write, a view each
+        assert calls == [len(files)], calls  # one write, a view each
         calls.clear()
         fail_merged[0] = True
         for p, d in files.items():

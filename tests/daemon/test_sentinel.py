@@ -27,7 +27,7 @@ _names = itertools.count()
 def group(tmp_path):
     g = SentinelGroup(tmp_path / "redis", replicas=2).start()
     yield g
-    for s in g.servers:                 # a test may leave one stopped
+    for s in g.servers:  # a test may leave one stopped
         if s.proc is not None:
             os.kill(s.proc.pid, signal.SIGCONT)
     g.stop()
@@ -39,16 +39,32 @@ def configs(tmp_path, group):
         name = f"t{os.getpid()}-{next(_names)}"
         (tmp_path / "shared").mkdir(exist_ok=True)
         nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": "32MiB"} for i in range(2)]
-        keys = {"sentinels": group.sentinel_addresses, "master_name": group.name,
-                "name": name, "grace_seconds": 1.0, "lease_seconds": 3.0, "regions": 8,
-                "free_target": 0.0, "replica_timeout_ms": 300, **cluster}
+        keys = {
+            "sentinels": group.sentinel_addresses,
+            "master_name": group.name,
+            "name": name,
+            "grace_seconds": 1.0,
+            "lease_seconds": 3.0,
+            "regions": 8,
+            "free_target": 0.0,
+            "replica_timeout_ms": 300,
+            **cluster,
+        }
         out = []
         for i in range(n):
             body = "".join(f"{k} = {_toml(v)}\n" for k, v in {**keys, "node_id": f"n{i}"}.items())
-            out.append(write_config(tmp_path / f"n{i}.toml", tmp_path / f"state{i}", nss,
-                                    dram="16MiB", extra="[cluster]\n" + body,
-                                    pool='stripe_unit = "256KiB"\nevict = "lru"'))
+            out.append(
+                write_config(
+                    tmp_path / f"n{i}.toml",
+                    tmp_path / f"state{i}",
+                    nss,
+                    dram="16MiB",
+                    extra="[cluster]\n" + body,
+                    pool='stripe_unit = "256KiB"\nevict = "lru"',
+                )
+            )
         return out
+
     return make
 
 
@@ -89,6 +105,7 @@ def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group
     both nodes read them back, bit-exact, and publish to the new master. With confirm = "all"
     the killed master is still a replica Sentinel knows of: stores fail until it is back;
     with "up" they resume at once."""
+
     async def body(a, b):
         before = {f"/f{i}": data(i, 300_000 + i) for i in range(12)}
         for i, (path, payload) in enumerate(before.items()):
@@ -97,7 +114,7 @@ def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group
         new = await trio.to_thread.run_sync(group.wait_failover, old)
         if confirm == "all":
             on_new = f"127.0.0.1:{new.port} (master 'kvfs')"
-            with trio.fail_after(20):            # (stores fail while the nodes find it)
+            with trio.fail_after(20):  # (stores fail while the nodes find it)
                 while stats(a)["master"] != on_new:
                     with pytest.raises(KvfsError):
                         await a.write("/refused", data(99, 1000))
@@ -114,15 +131,15 @@ def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group
                 assert await fs.read(path) == payload
             assert await fs.read("/after_a") == data(100, 400_000)
             assert stats(fs)["failovers"] >= 1 and stats(fs)["master"].endswith(
-                f":{new.port} (master 'kvfs')")
+                f":{new.port} (master 'kvfs')"
+            )
         assert failed < 300
         if confirm == "up":
             await trio.to_thread.run_sync(group.restart, old)
-        await a.write("/last", b"x" * 5000)       # replicated to the old master, now a replica
+        await a.write("/last", b"x" * 5000)  # replicated to the old master, now a replica
         assert _ask(old.port, "ROLE")[0] == b"slave"
 
     run_cluster(configs(2, confirm=confirm), body)
-
 
 
 def test_a_change_no_replica_confirms_fails_and_the_node_takes_no_lease_from_it(configs, group):
@@ -130,6 +147,7 @@ def test_a_change_no_replica_confirms_fails_and_the_node_takes_no_lease_from_it(
     not run out) but WAIT gets no confirmation: the store fails with EIO (no_replica = "fail"),
     a lease granted meanwhile is not used, and files stored before are still read. Once the
     replicas answer again, stores work."""
+
     async def body(a):
         await a.write("/before", data(1, 200_000))
         replicas = [s for s in group.servers if s is not group.master]
@@ -155,9 +173,10 @@ def test_a_change_no_replica_confirms_fails_and_the_node_takes_no_lease_from_it(
 def test_with_no_replica_wait_a_store_waits_for_the_replicas(configs, group):
     """no_replica = "wait": the store blocks while the replicas are stopped and completes once
     they answer; nothing fails."""
+
     async def body(a):
         replicas = [s for s in group.servers if s is not group.master]
-        await a.write("/warm", b"w" * 5000)          # leases taken while the replicas answer
+        await a.write("/warm", b"w" * 5000)  # leases taken while the replicas answer
         for r in replicas:
             os.kill(r.proc.pid, signal.SIGSTOP)
         done = trio.Event()
@@ -165,6 +184,7 @@ def test_with_no_replica_wait_a_store_waits_for_the_replicas(configs, group):
         async def store():
             await a.write("/waited", data(3, 200_000))
             done.set()
+
         async with trio.open_nursery() as n:
             n.start_soon(store)
             await trio.sleep(1.5)
@@ -185,6 +205,7 @@ def test_a_node_talking_to_a_demoted_master_stops_writing_to_it(configs, group):
     and publish there, and every file stays readable. (A write reaching the demoted server on
     a connection left open would get READONLY: ClusterLink drops its connections then; no test
     reaches that path, since Sentinel closes them first.)"""
+
     async def body(a, b):
         await a.write("/one", data(5, 100_000))
         old = group.master
@@ -207,11 +228,12 @@ def test_a_replica_promoted_behind_the_master_s_back_stops_its_acknowledgements(
     went on confirming the old master's changes; those were lost when the old master and that
     replica were turned into replicas of the promoted one. kvfs waits for every replica
     Sentinel counts as up, so the promoted one's silence fails the change instead."""
+
     async def body(a):
         await a.write("/before", data(8, 100_000))
         assert stats(a)["replicas_confirming"] == 2
         rogue = next(s for s in group.servers if s is not group.master)
-        _ask(rogue.port, "REPLICAOF", "NO", "ONE")       # what Sentinel sends the one it promotes
+        _ask(rogue.port, "REPLICAOF", "NO", "ONE")  # what Sentinel sends the one it promotes
         with pytest.raises(KvfsError) as e:
             await a.write("/during", data(9, 100_000))
         assert e.value.errno == errno.EIO and stats(a)["unreplicated"] >= 1

@@ -23,14 +23,14 @@ def written(fs) -> int:
 
 
 def test_units_are_written_before_close_and_the_block_is_exact(pool_config):
-    cfg = pool_config(n=3, durability="close")   # (write-behind: close commits)
+    cfg = pool_config(n=3, durability="close")  # (write-behind: close commits)
     data = os.urandom(9 * MiB + 100)
 
     async def body(fs):
         fh = await fs.open("/blk", os.O_CREAT | os.O_WRONLY)
         for off in range(0, len(data), MiB):
-            await fs.files.write(fh, off, data[off:off + MiB])
-        await until(lambda: written(fs) >= 8 * MiB)        # behind the writer, before close
+            await fs.files.write(fh, off, data[off : off + MiB])
+        await until(lambda: written(fs) >= 8 * MiB)  # behind the writer, before close
         await fs.close(fh)
         assert await fs.read("/blk") == data
         await fs.sync()
@@ -53,13 +53,13 @@ def test_rewritten_and_truncated_units_and_abandoned_sessions_leave_no_garbage(p
         data = bytearray(os.urandom(6 * MiB))
         fh = await fs.open("/a", os.O_CREAT | os.O_RDWR)
         for off in range(0, len(data), MiB):
-            await fs.files.write(fh, off, bytes(data[off:off + MiB]))
+            await fs.files.write(fh, off, bytes(data[off : off + MiB]))
         await until(lambda: written(fs) >= 4 * MiB)
-        patch = os.urandom(1000)                             # into a unit written behind
+        patch = os.urandom(1000)  # into a unit written behind
         await fs.files.write(fh, MiB + 5, patch)
-        data[MiB + 5:MiB + 5 + 1000] = patch
-        await fs.files.setattr(fs.ino("/a"), fh, size=3 * MiB + 10)   # cuts a unit in two
-        del data[3 * MiB + 10:]
+        data[MiB + 5 : MiB + 5 + 1000] = patch
+        await fs.files.setattr(fs.ino("/a"), fh, size=3 * MiB + 10)  # cuts a unit in two
+        del data[3 * MiB + 10 :]
         await fs.close(fh)
         assert await fs.read("/a") == bytes(data)
         # a session abandoned after writing behind: unlinked before close

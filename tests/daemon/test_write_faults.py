@@ -19,9 +19,15 @@ from kvfs.errors import KvfsError
 from tests.daemon.harness import run_service
 
 KiB, MiB = 1 << 10, 1 << 20
-SLOW = "writeback_ms = 60000"        # nothing is written back unless someone waits for it
-STEPS = ["every_write", "first_write", "short_write", "fdatasync", "first_write_and_fdatasync",
-         "submit"]
+SLOW = "writeback_ms = 60000"  # nothing is written back unless someone waits for it
+STEPS = [
+    "every_write",
+    "first_write",
+    "short_write",
+    "fdatasync",
+    "first_write_and_fdatasync",
+    "submit",
+]
 
 
 class Fault:
@@ -38,8 +44,9 @@ class Fault:
             if fd != fault.fd or not fault.on:
                 return False
             fault.writes += 1
-            return fault.step in ("every_write", "short_write", "submit") or \
-                (fault.step.startswith("first_write") and fault.writes == 1)
+            return fault.step in ("every_write", "short_write", "submit") or (
+                fault.step.startswith("first_write") and fault.writes == 1
+            )
 
         def sync_fails(fd) -> bool:
             return fd == fault.fd and fault.on and fault.step.endswith("fdatasync")
@@ -48,7 +55,7 @@ class Fault:
             if write_fails(fd):
                 fault.hits += 1
                 if fault.step == "short_write":
-                    return 0                 # the device ended: no byte written
+                    return 0  # the device ended: no byte written
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             return real_pwritev(fd, views, offset)
 
@@ -64,8 +71,7 @@ class Fault:
                 if fault.step == "short_write":
                     return 0
                 # (io_submit's own refusal, or the completion's result: both raise here)
-                raise OSError(errno.EIO if fault.step != "submit" else errno.EBADF,
-                              "injected")
+                raise OSError(errno.EIO if fault.step != "submit" else errno.EBADF, "injected")
             return await real_aio_w(self, fd, views, offset, nowait)
 
         async def aio_fdatasync(self, fd):
@@ -96,13 +102,15 @@ def _files(n: int = 12) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("io", ["auto", "threads"])
 @pytest.mark.parametrize("step", STEPS)
-def test_a_failed_namespace_is_written_around_and_nothing_is_lost(pool_config, monkeypatch,
-                                                                   step, io):
+def test_a_failed_namespace_is_written_around_and_nothing_is_lost(
+    pool_config, monkeypatch, step, io
+):
     """Two namespaces, one failing at `step` during a write-back batch: the daemon lives on,
     every file is written to the other namespace instead (placed again), fsync returns 0,
     and every file reads back bit-exact from the pool; the namespace is marked failed."""
-    cfg = pool_config(n=2, durability="fsync", mount=SLOW,
-                      pool=f'io_engine = "{io}"\nstripe_unit = "1MiB"')
+    cfg = pool_config(
+        n=2, durability="fsync", mount=SLOW, pool=f'io_engine = "{io}"\nstripe_unit = "1MiB"'
+    )
     files = _files()
     fault = Fault(monkeypatch, step)
 
@@ -112,28 +120,30 @@ def test_a_failed_namespace_is_written_around_and_nothing_is_lost(pool_config, m
         for path, data in files.items():
             await fs.write(path, data)
         fh = await fs.open("/f0", os.O_RDONLY)
-        await fs.files.fsync(fh)                       # the batch: every file durable
+        await fs.files.fsync(fh)  # the batch: every file durable
         await fs.close(fh)
         assert fault.hits, "the fault was never met"
         assert pool.namespaces[0].stats.state == "failed"
         wb = fs.svc.statistics()["writeback"]
-        assert wb["errors"] == 0 and wb["placed_again"] + \
-            fs.files.sessions.stats.placed_again >= 1, wb
+        assert (
+            wb["errors"] == 0 and wb["placed_again"] + fs.files.sessions.stats.placed_again >= 1
+        ), wb
         fault.on = False
         fs.svc.store.drop_dram()
         for path, data in files.items():
             assert await fs.read(path) == data, path
             layout = fs.files.catalog.get(fs.ino(path)).blob.layout
-            if step != "first_write":       # (there the others' writes succeeded: durable)
-                assert 0 not in layout.ns, (path, layout.ns)     # nothing on the failed one
+            if step != "first_write":  # (there the others' writes succeeded: durable)
+                assert 0 not in layout.ns, (path, layout.ns)  # nothing on the failed one
 
     run_service(cfg, body)
 
 
 @pytest.mark.parametrize("io", ["auto", "threads"])
 @pytest.mark.parametrize("step", ["every_write", "first_write_and_fdatasync", "submit"])
-def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_config, monkeypatch,
-                                                                      step, io):
+def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(
+    pool_config, monkeypatch, step, io
+):
     """One namespace, failing: the write-back of closed files fails (the daemon lives on).
     The error goes to the next fsync of each descriptor open when it happened (once each),
     then to the first fsync of a later opener (nobody had seen it for that file), and to an
@@ -150,15 +160,15 @@ def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_confi
             await fs.write(p, old)
         await fs.sync()
         fault.fd = fs.svc.pool.namespaces[0].fd
-        dir_seen = files.write_errors.sample()           # a directory handle opened now
-        reader = await fs.open("/f", os.O_RDONLY)        # open across the failure
+        dir_seen = files.write_errors.sample()  # a directory handle opened now
+        reader = await fs.open("/f", os.O_RDONLY)  # open across the failure
         new = {p: os.urandom(200 * KiB) for p in ("/f", "/g", "/h")}
         for p, d in new.items():
-            await fs.write(p, d)                         # closed: waits for write-back
+            await fs.write(p, d)  # closed: waits for write-back
         # a reader of /h's closed content, which it reads before the failure
         midway = await fs.open("/h", os.O_RDONLY)
         assert await files.read(midway, 0, 4096) == new["/h"][:4096]
-        await files.sync_all()                           # the batch, which fails
+        await files.sync_all()  # the batch, which fails
         assert fault.hits
         st = fs.svc.statistics()["writeback"]
         assert st["errors"] == 3, st
@@ -187,7 +197,7 @@ def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_confi
         assert await files.fsyncdir(files.write_errors.seq) == files.write_errors.seq
         fault.on = False
         for p in ("/f", "/g", "/h"):
-            assert await fs.read(p) == old               # the previous version, whole
+            assert await fs.read(p) == old  # the previous version, whole
         fs.svc.store.drop_dram()
         assert await fs.read("/f") == old
         # /h's error was never reported to anyone: the stop says so (and exits non-zero)
@@ -198,12 +208,17 @@ def test_a_write_back_that_fails_everywhere_is_reported_as_linux_does(pool_confi
 
 
 @pytest.mark.parametrize("durability", ["fsync", "close"])
-def test_a_close_after_a_namespace_failed_mid_commit_is_placed_again(pool_config, monkeypatch,
-                                                                     durability):
+def test_a_close_after_a_namespace_failed_mid_commit_is_placed_again(
+    pool_config, monkeypatch, durability
+):
     """The one-file path (a commit at close, or a write-back's block that met ENOSPC or a
     failed namespace) places a block again once when a namespace fails under it."""
-    cfg = pool_config(n=3, durability=durability, mount="" if durability == "close" else SLOW,
-                      pool='stripe_unit = "256KiB"')
+    cfg = pool_config(
+        n=3,
+        durability=durability,
+        mount="" if durability == "close" else SLOW,
+        pool='stripe_unit = "256KiB"',
+    )
     data = os.urandom(4 * MiB + 5)
     fault = Fault(monkeypatch, "every_write")
 
@@ -227,18 +242,25 @@ def test_vectored_writes_split_at_iov_max(pool_config, monkeypatch):
     every 8 KiB is 2,048 views, past IOV_MAX (1,024): it goes in several calls, is stored
     and reads back (in one call it failed with EINVAL, marked the namespace failed, and the
     file was dropped)."""
-    cfg = pool_config(n=1, size="128MiB", durability="fsync", mount=SLOW,
-                      pool='stripe_unit = "4MiB"', dram="128MiB")
+    cfg = pool_config(
+        n=1,
+        size="128MiB",
+        durability="fsync",
+        mount=SLOW,
+        pool='stripe_unit = "4MiB"',
+        dram="128MiB",
+    )
     page = os.urandom(4 * KiB)
     want = bytearray(16 * MiB)
     for off in range(0, 16 * MiB, 8 * KiB):
-        want[off:off + 4 * KiB] = page
+        want[off : off + 4 * KiB] = page
     calls: list[int] = []
     real = device.os.pwritev
 
     def pwritev(fd, views, offset):
         calls.append(len(views))
         return real(fd, views, offset)
+
     monkeypatch.setattr(device.os, "pwritev", pwritev)
 
     async def body(fs):
@@ -250,15 +272,18 @@ def test_vectored_writes_split_at_iov_max(pool_config, monkeypatch):
         assert fs.svc.pool.namespaces[0].stats.state == "ok"
         assert max(calls) <= device.IOV_MAX < sum(calls), calls
         fs.svc.store.drop_dram()
-        assert await fs.read("/sparse") == bytes(want[:16 * MiB - 4 * KiB])
+        assert await fs.read("/sparse") == bytes(want[: 16 * MiB - 4 * KiB])
 
     run_service(cfg, body)
 
 
-@pytest.mark.parametrize("io, durability", [("auto", "fsync"), ("threads", "fsync"),
-                                             ("auto", "close"), ("threads", "close")])
-def test_a_hung_namespace_holds_no_fsync_past_its_deadline(pool_config, monkeypatch, io,
-                                                           durability):
+@pytest.mark.parametrize(
+    "io, durability",
+    [("auto", "fsync"), ("threads", "fsync"), ("auto", "close"), ("threads", "close")],
+)
+def test_a_hung_namespace_holds_no_fsync_past_its_deadline(
+    pool_config, monkeypatch, io, durability
+):
     """A namespace whose writes hang (a stalled NVMe-oF path): the write-back's share on it
     is given up at its deadline (io_timeout_ms), the namespace failed and the files written
     elsewhere, so fsync returns in about the deadline and every file reads back; the hung
@@ -267,8 +292,12 @@ def test_a_hung_namespace_holds_no_fsync_past_its_deadline(pool_config, monkeypa
 
     import trio
 
-    cfg = pool_config(n=2, durability=durability, mount=SLOW if durability == "fsync" else "",
-                      pool=f'io_engine = "{io}"\nio_timeout_ms = 300')
+    cfg = pool_config(
+        n=2,
+        durability=durability,
+        mount=SLOW if durability == "fsync" else "",
+        pool=f'io_engine = "{io}"\nio_timeout_ms = 300',
+    )
     files = _files(6)
     hang = {"fd": -1, "seconds": 2.0, "hung": 0}
     real_pwritev, real_aio = device.os.pwritev, linux_aio.Engine.pwritev
@@ -276,7 +305,7 @@ def test_a_hung_namespace_holds_no_fsync_past_its_deadline(pool_config, monkeypa
     def pwritev(fd, views, offset):
         if fd == hang["fd"]:
             hang["hung"] += 1
-            time.sleep(hang["seconds"])          # (a worker thread, stuck in the kernel)
+            time.sleep(hang["seconds"])  # (a worker thread, stuck in the kernel)
         return real_pwritev(fd, views, offset)
 
     async def aio_pwritev(self, fd, views, offset, nowait=False):
@@ -285,6 +314,7 @@ def test_a_hung_namespace_holds_no_fsync_past_its_deadline(pool_config, monkeypa
             with trio.CancelScope(shield=True):  # (an AIO in flight is waited for)
                 await trio.sleep(hang["seconds"])
         return await real_aio(self, fd, views, offset, nowait)
+
     monkeypatch.setattr(device.os, "pwritev", pwritev)
     monkeypatch.setattr(linux_aio.Engine, "pwritev", aio_pwritev)
 
@@ -294,14 +324,14 @@ def test_a_hung_namespace_holds_no_fsync_past_its_deadline(pool_config, monkeypa
         free0 = pool.allocators[0].free_bytes
         hang["fd"] = ns0.fd
         t0 = time.monotonic()
-        for path, data in files.items():       # ("close": each close commits)
+        for path, data in files.items():  # ("close": each close commits)
             await fs.write(path, data)
         fh = await fs.open("/f0", os.O_RDONLY)
         await fs.files.fsync(fh)
         took = time.monotonic() - t0
         await fs.close(fh)
         assert hang["hung"] and ns0.stats.timeouts >= 1 and ns0.stats.state == "failed"
-        assert took < hang["seconds"], took         # not the whole hang
+        assert took < hang["seconds"], took  # not the whole hang
         assert ns0.late >= 1 and not ns0.on_probation()
         # the hung share's extents are still taken while its I/O is in flight ...
         assert pool.allocators[0].free_bytes < free0
@@ -310,7 +340,7 @@ def test_a_hung_namespace_holds_no_fsync_past_its_deadline(pool_config, monkeypa
             while ns0.late:
                 await trio.sleep(0.05)
         await trio.sleep(0.05)
-        assert pool.allocators[0].free_bytes == free0        # ... and freed once it ended
+        assert pool.allocators[0].free_bytes == free0  # ... and freed once it ended
         fs.svc.store.drop_dram()
         for path, data in files.items():
             assert await fs.read(path) == data, path
@@ -339,6 +369,7 @@ def test_the_checksums_are_those_of_the_bytes_written(pool_config, monkeypatch, 
             state["left"] -= 1
             os.pwrite(buf.fd, os.urandom(4096), 0)
         return real(fd, views, offset)
+
     monkeypatch.setattr(device.os, "pwritev", pwritev)
 
     async def body(fs):
@@ -353,7 +384,7 @@ def test_the_checksums_are_those_of_the_bytes_written(pool_config, monkeypatch, 
         state["buf"] = None
         assert state["left"] < changes
         fs.svc.store.drop_dram()
-        got = await fs.read("/big")                 # no EIO: checksums match the device
+        got = await fs.read("/big")  # no EIO: checksums match the device
         assert got[4096:] == data[4096:]
 
     run_service(cfg, body)

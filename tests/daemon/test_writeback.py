@@ -14,7 +14,7 @@ from kvfs.errors import KvfsError
 from tests.daemon.harness import eventually, run_service
 
 MiB = 1 << 20
-SLOW = 'writeback_ms = 60000'        # nothing is written back unless someone waits for it
+SLOW = "writeback_ms = 60000"  # nothing is written back unless someone waits for it
 
 
 def _absent(fs, path: str) -> bool:
@@ -36,13 +36,13 @@ def test_close_is_not_a_commit_fsync_is(pool_config):
         await fs.write("/lost", lost)
         assert await fs.read("/lost") == lost
         assert fs.files.getattr(fs.ino("/lost")).size == len(lost)
-        assert fs.files.catalog.get(fs.ino("/lost")).blob is None       # not committed
+        assert fs.files.catalog.get(fs.ino("/lost")).blob is None  # not committed
         fh = await fs.open("/kept", os.O_CREAT | os.O_WRONLY)
         await fs.files.write(fh, 0, kept)
         await fs.files.fsync(fh)
         assert fs.files.catalog.get(fs.ino("/kept")).blob is not None
         await fs.close(fh)
-        assert fs.svc.statistics()["writeback"]["queued"] == 1       # /lost only
+        assert fs.svc.statistics()["writeback"]["queued"] == 1  # /lost only
 
     async def after_crash(fs):
         assert await fs.read("/kept") == kept
@@ -81,7 +81,7 @@ def test_many_closed_files_go_in_one_batch_of_one_transaction(pool_config):
     cfg = pool_config(n=2, mount=SLOW)
 
     async def body(fs):
-        for i in range(64):              # BATCH_FILES: the 64th close starts the batch
+        for i in range(64):  # BATCH_FILES: the 64th close starts the batch
             await fs.write(f"/s{i}", os.urandom(64 * 1024))
         wb, cat, pool = fs.svc.durability, fs.files.catalog, fs.svc.pool
         await eventually(lambda: wb.stats.files == 64, 10)
@@ -102,10 +102,10 @@ def test_a_writer_of_a_closed_file_waits_for_its_write_back(pool_config):
     async def first(fs):
         await fs.write("/f", v1)
         fh = await fs.open("/f", os.O_WRONLY | os.O_TRUNC)
-        assert fs.files.catalog.get(fs.ino("/f")).blob.size == len(v1)     # v1 durable
+        assert fs.files.catalog.get(fs.ino("/f")).blob.size == len(v1)  # v1 durable
         await fs.files.write(fh, 0, v2)
         await fs.close(fh)
-        fh = await fs.open("/f", os.O_WRONLY)                # in place: v2 durable first
+        fh = await fs.open("/f", os.O_WRONLY)  # in place: v2 durable first
         await fs.files.write(fh, 0, b"3")
         await fs.close(fh)
         assert await fs.read("/f") == b"3" + v2[1:]
@@ -131,10 +131,10 @@ def test_a_renamed_closed_file_replaces_its_target_atomically(pool_config):
         await fs.sync()
         await fs.write("/t.tmp", new)
         await fs.files.rename(1, b"t.tmp", 1, b"target", 0)
-        assert fs.files.catalog.get(fs.ino("/target")).blob.size == len(new)   # committed
+        assert fs.files.catalog.get(fs.ino("/target")).blob.size == len(new)  # committed
         await fs.write("/f.tmp", fresh)
         await fs.files.rename(1, b"f.tmp", 1, b"fresh", 0)
-        assert fs.files.catalog.get(fs.ino("/fresh")).blob is None    # not yet written back
+        assert fs.files.catalog.get(fs.ino("/fresh")).blob is None  # not yet written back
 
     async def after_crash(fs):
         # the rename was not durable: the target is the old one, whole, the new one is there
@@ -144,7 +144,7 @@ def test_a_renamed_closed_file_replaces_its_target_atomically(pool_config):
         await fs.files.rename(1, b"t.tmp", 1, b"target", 0)
         await fs.write("/g.tmp", fresh)
         await fs.files.rename(1, b"g.tmp", 1, b"g", 0)
-        await fs.files.sync_all()                        # fsyncdir
+        await fs.files.sync_all()  # fsyncdir
 
     async def after_second_crash(fs):
         assert await fs.read("/target") == new and _absent(fs, "/t.tmp")
@@ -166,7 +166,7 @@ def test_dirty_bytes_are_bounded_and_writers_wait_for_them(pool_config):
         for i in range(12):
             await fs.write(f"/d{i}", os.urandom(MiB))
             most = max(most, wb.dirty_bytes)
-        assert most <= 4 * MiB + MiB            # the limit, and the file that crossed it
+        assert most <= 4 * MiB + MiB  # the limit, and the file that crossed it
         st = fs.svc.statistics()["writeback"]
         assert st["dirty_waits"] >= 2 and st["files"] >= 8
 
@@ -179,18 +179,18 @@ def test_a_closed_file_is_never_evicted_before_its_write_back(pool_config):
     cfg = pool_config(size="32MiB", mount=SLOW)
 
     async def body(fs):
-        size = fs.svc.pool.capacity // 8 - 4096      # a's two versions and b-d: 5/8 full
+        size = fs.svc.pool.capacity // 8 - 4096  # a's two versions and b-d: 5/8 full
         datas = {}
         await fs.write("/a", os.urandom(size))
-        await fs.sync()                                   # a has a committed version...
+        await fs.sync()  # a has a committed version...
         for name in "abcd":
             datas[name] = os.urandom(size)
-            await fs.write(f"/{name}", datas[name])       # ... and a closed new one
+            await fs.write(f"/{name}", datas[name])  # ... and a closed new one
         for name in "abcd":
             assert not fs.files.evictable(fs.ino(f"/{name}"), 0)
             assert await fs.files.evict(fs.ino(f"/{name}"), 0) == 0
         assert fs.svc.space.evictions == 0
-        await fs.write("/e", os.urandom(5 * size))      # room: the closed ones written back
+        await fs.write("/e", os.urandom(5 * size))  # room: the closed ones written back
         assert fs.svc.space.evictions >= 1
         gone = [n for n in "abcd" if _absent(fs, f"/{n}")]
         assert 1 <= len(gone) == fs.svc.space.evictions
@@ -239,11 +239,11 @@ def test_space_an_unlink_frees_is_not_reused_before_the_unlink_is_durable(pool_c
         await fs.sync()
         free = fs.svc.pool.free
         await fs.files.unlink(1, b"f")
-        assert fs.svc.pool.free == free                   # not yet
+        assert fs.svc.pool.free == free  # not yet
         assert fs.files.catalog.unsynced
-        await fs.write("/g", g)                           # takes other space
+        await fs.write("/g", g)  # takes other space
         await fs.svc.durability.sync_all()
-        assert fs.svc.pool.free == free                   # f's space back, g's taken
+        assert fs.svc.pool.free == free  # f's space back, g's taken
 
     async def crash_before_sync(fs):
         free = fs.svc.pool.free
@@ -252,7 +252,7 @@ def test_space_an_unlink_frees_is_not_reused_before_the_unlink_is_durable(pool_c
 
     async def after_crash(fs):
         assert _absent(fs, "/f")
-        assert await fs.read("/g") == g                   # the unlink was lost, g is whole
+        assert await fs.read("/g") == g  # the unlink was lost, g is whole
 
     run_service(cfg, first)
     run_service(cfg, crash_before_sync, crash=True)
@@ -270,13 +270,13 @@ def test_a_closed_file_unlinked_before_its_write_back_keeps_its_size(pool_config
 
     async def run(fs):
         await fs.write("/tmp", data)
-        ino = (await fs.files.lookup(1, b"tmp")).ino            # the kernel holds the inode
-        await fs.files.rename(1, b"tmp", 1, b"f", 0)             # (as the soak's file was)
+        ino = (await fs.files.lookup(1, b"tmp")).ino  # the kernel holds the inode
+        await fs.files.rename(1, b"tmp", 1, b"f", 0)  # (as the soak's file was)
         await fs.files.unlink(1, b"f")
-        assert fs.svc.durability.dirty_bytes == 0                 # never written
+        assert fs.svc.durability.dirty_bytes == 0  # never written
         attr = fs.files.getattr(ino)
         assert (attr.size, attr.nlink) == (len(data), 0)
-        fs.files.forget(ino, fs.files.handles.lookups[ino])     # (create's and lookup's)
+        fs.files.forget(ino, fs.files.handles.lookups[ino])  # (create's and lookup's)
         assert ino not in fs.files._gone_sizes
         with pytest.raises(KvfsError):
             fs.files.getattr(ino)
@@ -304,8 +304,9 @@ def test_a_file_unlinked_while_its_write_back_writes_frees_each_version_once(poo
             entered.set()
             await gate.wait()
             return await write_batch(blocks)
+
         pool.write_batch = held
-        await fs.write("/f", os.urandom(3 * MiB))          # closed: queued
+        await fs.write("/f", os.urandom(3 * MiB))  # closed: queued
         async with trio.open_nursery() as n:
             n.start_soon(fs.sync)
             await entered.wait()
@@ -314,9 +315,9 @@ def test_a_file_unlinked_while_its_write_back_writes_frees_each_version_once(poo
         pool.write_batch = write_batch
         await fs.sync()
         assert _absent(fs, "/f")
-        assert fs.svc.pool.free == free + 2 * MiB           # the old version's space, once
+        assert fs.svc.pool.free == free + 2 * MiB  # the old version's space, once
         assert fs.svc.statistics()["writeback"]["errors"] == 0
-        await fs.write("/g", os.urandom(5 * MiB))           # and the pool still works
+        await fs.write("/g", os.urandom(5 * MiB))  # and the pool still works
         await fs.sync()
         assert await fs.read("/other") == b"o" * 4096
 
@@ -336,10 +337,13 @@ def test_a_failed_write_back_drops_the_file_and_fsync_says_so(pool_config, monke
         pool = fs.svc.pool
 
         async def failing(blocks):
-            return [KvfsError(errno.EIO, "namespace 0: write: Input/output error (test)")
-                    for _ in blocks]
+            return [
+                KvfsError(errno.EIO, "namespace 0: write: Input/output error (test)")
+                for _ in blocks
+            ]
+
         monkeypatch.setattr(pool, "write_batch", failing)
-        await fs.write("/f", os.urandom(600 * 1024))      # (below a unit: no write-behind)
+        await fs.write("/f", os.urandom(600 * 1024))  # (below a unit: no write-behind)
         await fs.write("/new", os.urandom(600 * 1024))
         fh = await fs.open("/f", os.O_RDONLY)
         with pytest.raises(KvfsError) as e:

@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 TOKENS = 2048
 
 
-def test_a_prompt_stored_through_the_engine_is_served_from_the_mount(make_mount, pool_config,
-                                                                     tmp_path):
+def test_a_prompt_stored_through_the_engine_is_served_from_the_mount(
+    make_mount, pool_config, tmp_path
+):
     why = inference.available()
     if why:
         pytest.skip(why)
@@ -27,20 +28,26 @@ def test_a_prompt_stored_through_the_engine_is_served_from_the_mount(make_mount,
     ids = inference.prompt(TOKENS, seed=7)
     store = m.mountpoint / "lmcache"
     store.mkdir()
-    with inference.LMCacheServer(store, tmp_path / "server.log", l1_gb=1) as server, \
-            inference.Engine(model, tmp_path / "engine.log", port=server.port,
-                             kv_cache_gib=1, max_tokens=2 * TOKENS) as engine:
+    with (
+        inference.LMCacheServer(store, tmp_path / "server.log", l1_gb=1) as server,
+        inference.Engine(
+            model, tmp_path / "engine.log", port=server.port, kv_cache_gib=1, max_tokens=2 * TOKENS
+        ) as engine,
+    ):
         _, computed = engine.ttft(ids)
         assert all(x["l2"] == 0 and x["found"] == 0 for x in server.loads())
     files = sorted(store.iterdir())
     assert len(files) == TOKENS // inference.CHUNK_TOKENS, [f.name for f in files]
     assert all(f.stat().st_size >= chunk for f in files), [f.stat().st_size for f in files]
 
-    m.drop_caches()                                   # kvfs's DRAM tier and the page cache
+    m.drop_caches()  # kvfs's DRAM tier and the page cache
     fetched = m.stats()["tiers"]["pool"]["bytes_out"]
-    with inference.LMCacheServer(store, tmp_path / "server.log", l1_gb=1) as server, \
-            inference.Engine(model, tmp_path / "engine.log", port=server.port,
-                             kv_cache_gib=1, max_tokens=2 * TOKENS) as engine:
+    with (
+        inference.LMCacheServer(store, tmp_path / "server.log", l1_gb=1) as server,
+        inference.Engine(
+            model, tmp_path / "engine.log", port=server.port, kv_cache_gib=1, max_tokens=2 * TOKENS
+        ) as engine,
+    ):
         _, served = engine.ttft(ids)
         loads = server.loads()
     assert served == computed

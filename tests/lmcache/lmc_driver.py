@@ -22,8 +22,8 @@ import time
 
 import torch
 
-KV_SHAPE = (4, 2, 256, 8, 64)      # layers, K/V, tokens, kv heads, head dim
-SHAPE = (2, 4, 256, 8 * 64)         # the same chunk as LMCache stores it (MemoryFormat.KV_2LTD)
+KV_SHAPE = (4, 2, 256, 8, 64)  # layers, K/V, tokens, kv heads, head dim
+SHAPE = (2, 4, 256, 8 * 64)  # the same chunk as LMCache stores it (MemoryFormat.KV_2LTD)
 MODEL = "meta-llama/Llama-3.1-8B"
 
 
@@ -32,21 +32,33 @@ def expected(i: int) -> torch.Tensor:
     return torch.randn(SHAPE, generator=g).to(torch.bfloat16)
 
 
-def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote: bool = False,
-          plugin: bool = False):
+def setup(
+    directory: str,
+    *,
+    odirect: bool = False,
+    max_gb: float = 1.0,
+    remote: bool = False,
+    plugin: bool = False,
+):
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
     from lmcache.v1.pin_monitor import PinMonitor
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
-    kwargs = dict(chunk_size=256, local_cpu=False, max_local_cpu_size=0.25,
-                  extra_config={"use_odirect": odirect, "disk_io_threads": 4})
+    kwargs = dict(
+        chunk_size=256,
+        local_cpu=False,
+        max_local_cpu_size=0.25,
+        extra_config={"use_odirect": odirect, "disk_io_threads": 4},
+    )
     if plugin:
         kwargs.update(storage_plugins=["kvfs"])
         kwargs["extra_config"] = {
             "storage_plugin.kvfs.module_path": "kvfs.client.lmcache_backend",
             "storage_plugin.kvfs.class_name": "KvfsBackend",
-            "kvfs.path": directory, "kvfs.verify": True}
+            "kvfs.path": directory,
+            "kvfs.verify": True,
+        }
     elif remote:
         # LMCache 0.5.6 parses remote_url with a mandatory host and port ("fs:///dir" is
         # refused as "missing host"); the fs connector ignores both and uses the path.
@@ -54,8 +66,15 @@ def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote:
     else:
         kwargs.update(local_disk=directory, max_local_disk_size=max_gb)
     config = LMCacheEngineConfig.from_defaults(**kwargs)
-    meta = LMCacheMetadata(model_name=MODEL, world_size=1, local_world_size=1, worker_id=0,
-                           local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=KV_SHAPE)
+    meta = LMCacheMetadata(
+        model_name=MODEL,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=KV_SHAPE,
+    )
     PinMonitor.GetOrCreate(config)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -65,13 +84,16 @@ def setup(directory: str, *, odirect: bool = False, max_gb: float = 1.0, remote:
 
 def key(i: int):
     from lmcache.utils import CacheEngineKey
+
     # LMCache chunk hashes are signed 64-bit: use negative ones too
-    return CacheEngineKey(MODEL, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63),
-                          torch.bfloat16)
+    return CacheEngineKey(
+        MODEL, 1, 0, (i * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63), torch.bfloat16
+    )
 
 
 def alloc(cpu, i: int):
     from lmcache.v1.memory_management import MemoryFormat
+
     obj = cpu.allocate(torch.Size(SHAPE), torch.bfloat16, MemoryFormat.KV_2LTD)
     obj.tensor.copy_(expected(i))
     return obj
@@ -95,26 +117,35 @@ def same(obj, i: int) -> bool:
 
 def run_local_disk(args) -> dict:
     from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+
     config, meta, loop, cpu = setup(args.dir, odirect=bool(args.odirect))
     disk = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
     n = args.chunks
     put_all(disk, cpu, n)
     files = sorted(os.listdir(args.dir))
     ok_get = [same(disk.get_blocking(key(i)), i) for i in range(n)]
-    ok_batched = [same(o, i) for i, o in zip(range(n), disk.batched_get_blocking(
-        [key(i) for i in range(n)]))]
+    ok_batched = [
+        same(o, i) for i, o in zip(range(n), disk.batched_get_blocking([key(i) for i in range(n)]))
+    ]
     for i in range(n):
         disk.pin(key(i))
     objs = asyncio.run_coroutine_threadsafe(
-        disk.batched_get_non_blocking("lookup-1", [key(i) for i in range(n)]), loop).result(60)
+        disk.batched_get_non_blocking("lookup-1", [key(i) for i in range(n)]), loop
+    ).result(60)
     ok_async = [same(o, i) for i, o in zip(range(n), objs)]
-    return {"files": files, "get_blocking": ok_get, "batched_get_blocking": ok_batched,
-            "batched_get_non_blocking": ok_async, "use_odirect": disk.use_odirect,
-            "f_bsize": disk.os_disk_bs}
+    return {
+        "files": files,
+        "get_blocking": ok_get,
+        "batched_get_blocking": ok_batched,
+        "batched_get_non_blocking": ok_async,
+        "use_odirect": disk.use_odirect,
+        "f_bsize": disk.os_disk_bs,
+    }
 
 
 def run_evict(args) -> dict:
     from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+
     # room for 5 chunks of 2 MiB: putting 12 makes LMCache unlink the oldest ones
     config, meta, loop, cpu = setup(args.dir, max_gb=5 * 2.1 * (1 << 20) / 1e9)
     disk = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
@@ -129,6 +160,7 @@ def run_overfill(args) -> dict:
     """local_disk with max_local_disk_size = --max-gb: what LMCache lists, what is on disk, and
     what get_blocking does for each chunk it lists."""
     from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+
     config, meta, loop, cpu = setup(args.dir, max_gb=args.max_gb)
     disk = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
     n = args.chunks
@@ -149,6 +181,7 @@ def run_overfill(args) -> dict:
 
 def run_fs(args, put: bool) -> dict:
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
     config, meta, loop, cpu = setup(args.dir, remote=True)
     remote = RemoteBackend(config, meta, loop, cpu, dst_device="cpu")
     n = args.chunks
@@ -165,9 +198,10 @@ def run_plugin(args, put: bool) -> dict:
     from collections import OrderedDict
 
     from lmcache.v1.storage_backend import storage_plugin_launcher
+
     config, meta, loop, cpu = setup(args.dir, plugin=True)
     backends: OrderedDict = OrderedDict()
-    storage_plugin_launcher(config, meta, loop, cpu, "cpu", backends)   # LMCache's own loader
+    storage_plugin_launcher(config, meta, loop, cpu, "cpu", backends)  # LMCache's own loader
     kv = backends["kvfs"]
     n = args.chunks
     out: dict = {"backend": str(kv)}
@@ -176,13 +210,16 @@ def run_plugin(args, put: bool) -> dict:
         out["files"] = sorted(os.listdir(args.dir))
     out["contained"] = [kv.contains(key(i)) for i in range(n)]
     out["get_blocking"] = [same(kv.get_blocking(key(i)), i) for i in range(n)]
-    out["batched_get_blocking"] = [same(o, i) for i, o in zip(range(n), kv.batched_get_blocking(
-        [key(i) for i in range(n)]))]
+    out["batched_get_blocking"] = [
+        same(o, i) for i, o in zip(range(n), kv.batched_get_blocking([key(i) for i in range(n)]))
+    ]
     objs = asyncio.run_coroutine_threadsafe(
-        kv.batched_get_non_blocking("lookup-1", [key(i) for i in range(n)]), loop).result(60)
+        kv.batched_get_non_blocking("lookup-1", [key(i) for i in range(n)]), loop
+    ).result(60)
     out["batched_get_non_blocking"] = [same(o, i) for i, o in zip(range(n), objs)]
     out["prefix_hits"] = asyncio.run_coroutine_threadsafe(
-        kv.batched_async_contains("l", [key(i) for i in range(n)] + [key(n + 5)]), loop).result(60)
+        kv.batched_async_contains("l", [key(i) for i in range(n)] + [key(n + 5)]), loop
+    ).result(60)
     kv.close()
     return out
 
@@ -190,8 +227,10 @@ def run_plugin(args, put: bool) -> dict:
 def main() -> None:
     logging.disable(logging.WARNING)
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["local_disk", "evict", "overfill", "fs_put", "fs_get",
-                                    "plugin_put", "plugin_get"])
+    p.add_argument(
+        "mode",
+        choices=["local_disk", "evict", "overfill", "fs_put", "fs_get", "plugin_put", "plugin_get"],
+    )
     p.add_argument("dir")
     p.add_argument("--odirect", type=int, default=0)
     p.add_argument("--chunks", type=int, default=12)
@@ -208,7 +247,7 @@ def main() -> None:
     else:
         out = run_fs(args, put=args.mode == "fs_put")
     print("RESULT " + json.dumps(out), flush=True)
-    os._exit(0)     # LMCache leaves non-daemon workers behind
+    os._exit(0)  # LMCache leaves non-daemon workers behind
 
 
 if __name__ == "__main__":

@@ -12,16 +12,23 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytestmark = [pytest.mark.lmcache, pytest.mark.slow]   # each drives LMCache in a subprocess
+pytestmark = [pytest.mark.lmcache, pytest.mark.slow]  # each drives LMCache in a subprocess
 pytest.importorskip("lmcache", reason="install with `make install` (torch CPU + lmcache==0.5.6)")
 
 
 def drive(mode: str, directory, *extra: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "tests.lmcache.lmc_driver", mode, str(directory),
-                        *extra], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.lmcache.lmc_driver", mode, str(directory), *extra],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, f"driver failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    assert r.returncode == 0 and lines, (
+        f"driver failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.fixture
@@ -37,9 +44,11 @@ def test_local_disk_backend_round_trips_through_kvfs(lmc_mount, odirect):
     assert out["f_bsize"] == 4096
     assert out["use_odirect"] == bool(odirect)
     assert len(out["files"]) == 12
-    assert all(f.endswith("@bfloat16.pt") and f.startswith("meta-llama-Llama-3.1-8B@1@0@")
-               for f in out["files"])
-    assert any("@-" in f for f in out["files"])     # negative chunk hashes keep their sign
+    assert all(
+        f.endswith("@bfloat16.pt") and f.startswith("meta-llama-Llama-3.1-8B@1@0@")
+        for f in out["files"]
+    )
+    assert any("@-" in f for f in out["files"])  # negative chunk hashes keep their sign
     assert all(out["get_blocking"]), out
     assert all(out["batched_get_blocking"]), out
     assert all(out["batched_get_non_blocking"]), out
@@ -59,7 +68,7 @@ def test_local_disk_eviction_unlinks_through_kvfs(lmc_mount):
     out = drive("evict", d, "--chunks", "12")
     kept = sum(out["contained"])
     assert 0 < kept < 12, out
-    assert out["contained"][-1] and not out["contained"][0]   # the oldest went first
+    assert out["contained"][-1] and not out["contained"][0]  # the oldest went first
     assert all(out["kept_ok"])
     assert len(out["files"]) == kept and sorted(os.listdir(d)) == out["files"]
     # the unlinked chunks' space went back to the pool
@@ -93,7 +102,7 @@ def test_kvfs_storage_plugin_reads_hits_directly(lmc_mount):
         assert all(put[k]), (k, put[k])
     assert put["prefix_hits"] == 12
     st = lmc_mount.stats()
-    assert st["files"]["direct_reads"] >= 36            # the reads bypassed FUSE
+    assert st["files"]["direct_reads"] >= 36  # the reads bypassed FUSE
     assert st["files"]["stale_releases"] == 0
     # a new engine process, and after a kvfs restart: the chunks are there (no local index)
     lmc_mount.restart()
@@ -139,15 +148,23 @@ def test_local_disk_index_larger_than_the_pool_lists_chunks_kvfs_deleted(make_mo
     d = m.mountpoint / "lmcache"
     d.mkdir()
     out = drive("overfill", d, "--chunks", "24", "--max-gb", "1.0")
-    assert all(out["contained"])                            # LMCache lists all 24...
+    assert all(out["contained"])  # LMCache lists all 24...
     gone = [i for i, there in enumerate(out["on_disk"]) if not there]
-    assert gone and m.stats()["files"]["pool_evictions"] >= len(gone)   # ...kvfs deleted some
+    assert gone and m.stats()["files"]["pool_evictions"] >= len(gone)  # ...kvfs deleted some
     assert {out["get_blocking"][i] for i in gone} == {"KeyError"}
     assert all(out["get_blocking"][i] == "ok" for i in range(24) if i not in gone)
-    r = subprocess.run([sys.executable, "-m", "kvfs", "doctor", str(m.mountpoint), "--json"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
-    warn = [f for f in json.loads(r.stdout)["findings"]
-            if f["check"] == "clients" and f["detail"].startswith(str(d))]
+    r = subprocess.run(
+        [sys.executable, "-m", "kvfs", "doctor", str(m.mountpoint), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    warn = [
+        f
+        for f in json.loads(r.stdout)["findings"]
+        if f["check"] == "clients" and f["detail"].startswith(str(d))
+    ]
     assert warn and warn[0]["status"] == "warn" and "max_local_disk_size" in warn[0]["fix"]
     cap_gb = float(warn[0]["fix"].split("at most ")[1].split()[0])
     # the recipe: max_local_disk_size at most what doctor says; LMCache then evicts first

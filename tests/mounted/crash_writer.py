@@ -66,7 +66,7 @@ def main() -> None:
         data = content(name, version)
         flags = os.O_CREAT | os.O_TRUNC | os.O_WRONLY
         sync = rng.random() < 0.4
-        if rng.random() < 0.3:           # tmp + rename, like LMCache's fs connector
+        if rng.random() < 0.3:  # tmp + rename, like LMCache's fs connector
             tmp = name + f".tmp{i}"
             fd = os.open(tmp, flags, 0o644, dir_fd=root)
             with open(fd, "wb") as f:
@@ -76,18 +76,17 @@ def main() -> None:
                     os.fsync(f.fileno())
             os.replace(tmp, name, src_dir_fd=root, dst_dir_fd=root)
             if sync:
-                os.fsync(root)            # the rename made durable (fsyncdir)
+                os.fsync(root)  # the rename made durable (fsyncdir)
         else:
             fd = os.open(name, flags, 0o644, dir_fd=root)
             with open(fd, "wb") as f:
                 for off in range(0, len(data), 256 * 1024):
-                    f.write(data[off:off + 256 * 1024])
+                    f.write(data[off : off + 256 * 1024])
                 if sync:
                     f.flush()
                     os.fsync(f.fileno())
         versions[name] = version
-        log.write(f"{name} {version} {'fsync' if sync else 'close'} {time.time():.6f} "
-                  f"{cycle}\n")
+        log.write(f"{name} {version} {'fsync' if sync else 'close'} {time.time():.6f} {cycle}\n")
         log.flush()
         os.fsync(log.fileno())
 

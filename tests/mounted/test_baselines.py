@@ -23,13 +23,13 @@ def test_raid0_baseline_holds_the_bytes_and_says_what_it_is(tmp_path):
     with Emulation("512m") as emu, ext4_on_raid0(emu, tmp_path, "r0", 4, 128 * MiB, None) as r:
         data = os.urandom(3 * MiB + 17)
         (r.root / "block").write_bytes(data)
-        r.drop()                                        # read from the device, not the cache
+        r.drop()  # read from the device, not the cache
         assert (r.root / "block").read_bytes() == data
         if raid0_support() is None:
             assert r.raid0.startswith("ext4 on dm-stripe") and "4 loop devices" in r.raid0
         else:
             assert r.raid0.startswith("stand-in") and raid0_support() in r.raid0
-        assert r.group is None                          # unthrottled: no cgroup
+        assert r.group is None  # unthrottled: no cgroup
 
 
 @requires_throttle
@@ -37,9 +37,11 @@ def test_raid0_baseline_is_limited_as_four_devices_are(tmp_path):
     bps = 50e6
     with Emulation("512m") as emu, ext4_on_raid0(emu, tmp_path, "r0", 4, 128 * MiB, bps) as r:
         limits = _limits(r.group)
-        if raid0_support() is None:          # each of the 4 devices at bps
+        if raid0_support() is None:  # each of the 4 devices at bps
             assert limits.count(str(int(bps))) >= 1 and str(int(4 * bps)) not in limits
-        else:                                # the stand-in's one device at the sum
-            assert f"{r.dev.devno} {int(4 * bps)}" in limits or \
-                f"{r.dev.devno} rbps={int(4 * bps)}" in limits, limits
-        assert r.group.contains(os.getpid())     # this process's I/O meets the limit
+        else:  # the stand-in's one device at the sum
+            assert (
+                f"{r.dev.devno} {int(4 * bps)}" in limits
+                or f"{r.dev.devno} rbps={int(4 * bps)}" in limits
+            ), limits
+        assert r.group.contains(os.getpid())  # this process's I/O meets the limit

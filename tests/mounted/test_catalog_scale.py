@@ -12,8 +12,10 @@ import pytest
 from bench import catalog_scale
 from tests.helpers import can_mount
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(can_mount() is not None,
-                                                   reason=str(can_mount()))]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(can_mount() is not None, reason=str(can_mount())),
+]
 
 FILES = 5000
 
@@ -24,6 +26,7 @@ def test_catalog_scale_smoke(tmp_path):
         writers = 8
         flat = FILES
         lookups = 2000
+
     out = catalog_scale.single(tmp_path, Args)
     assert out["bit_exact"], out["bad_examples"]
     assert out["flat_entries"] == FILES

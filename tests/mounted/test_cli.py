@@ -15,12 +15,14 @@ pytestmark = pytest.mark.skipif(can_mount() is not None, reason=str(can_mount())
 
 
 def kvfs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvfs", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvfs", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
 
 
 def daemon_pid(mnt) -> int:
     import json
+
     return json.loads(os.getxattr(mnt, "user.kvfs.stats"))["pid"]
 
 
@@ -89,32 +91,43 @@ def test_a_sigterm_as_soon_as_the_mount_is_up_unmounts_cleanly(tmp_path, pool_co
     cfg = pool_config()
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    subprocess.run([sys.executable, "-m", "kvfs", "format", "--config", str(cfg)], cwd=ROOT,
-                   check=True, capture_output=True)
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_AT_READY, str(cfg), str(mnt)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "kvfs", "format", "--config", str(cfg)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_AT_READY, str(cfg), str(mnt)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     try:
         assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
-    finally:        # (daemon.run called this way, not through `kvfs mount`, leaves the mount
+    finally:  # (daemon.run called this way, not through `kvfs mount`, leaves the mount
         # entry behind even after a later SIGTERM: not what this test is about)
         if is_mounted(mnt):
             subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_aborting_a_mounts_fuse_connection_fails_its_requests_and_ends_the_daemon(
-        make_mount, pool_config):
+    make_mount, pool_config
+):
     """kvfs.client.mounts.abort_connection finds a mount's connection from its device number (the
     daemon does it at shutdown, the harness for a killed daemon that cannot finish dying)."""
     import errno
 
     from kvfs.client.mounts import abort_connection
+
     m = make_mount(pool_config())
     (m.mountpoint / "f").write_bytes(b"data")
     assert m.dev is not None and abort_connection(m.dev)
     with pytest.raises(OSError) as e:
         os.stat(m.mountpoint / "f")
     assert e.value.errno in (errno.ECONNABORTED, errno.ENOTCONN)
-    m.proc.wait(30)                                  # its reads of /dev/fuse fail: it ends
+    m.proc.wait(30)  # its reads of /dev/fuse fail: it ends
     m.stop()
     assert not is_mounted(m.mountpoint) and not abort_connection(m.dev)
 
@@ -127,25 +140,35 @@ def test_umount_abort(make_mount, pool_config):
     m.proc.wait(30)
     assert not is_mounted(m.mountpoint)
     m.start()
-    assert (m.mountpoint / "f").read_bytes() == b"data"       # committed before: kept
+    assert (m.mountpoint / "f").read_bytes() == b"data"  # committed before: kept
 
 
-@pytest.mark.skipif(not os.path.exists("/usr/sbin/mount.fuse.kvfs"),
-                    reason="the mount helper is installed by `make install`")
+@pytest.mark.skipif(
+    not os.path.exists("/usr/sbin/mount.fuse.kvfs"),
+    reason="the mount helper is installed by `make install`",
+)
 def test_mount_helper_and_fstab_style_options(tmp_path, pool_config):
     cfg = pool_config()
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "fuse.kvfs", "-o", f"config={cfg},nofail,_netdev",
-                        "kvfs", str(mnt)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["mount", "-t", "fuse.kvfs", "-o", f"config={cfg},nofail,_netdev", "kvfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     try:
         assert is_mounted(mnt)
         (mnt / "via-helper").write_bytes(b"ok")
     finally:
         assert kvfs("umount", str(mnt)).returncode == 0
-    r = subprocess.run(["mount", "-t", "fuse.kvfs", "-o", "colour=blue", "kvfs", str(mnt)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["mount", "-t", "fuse.kvfs", "-o", "colour=blue", "kvfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "unsupported option 'colour=blue'" in r.stderr
 
 
@@ -171,11 +194,13 @@ def test_format_refuses_to_overwrite(tmp_path, pool_config):
 
 
 @pytest.mark.parametrize("durability", ["fsync", "close"])
-def test_the_demo_of_make_run_says_what_is_durable_when(make_mount, pool_config, capsys,
-                                                         durability):
+def test_the_demo_of_make_run_says_what_is_durable_when(
+    make_mount, pool_config, capsys, durability
+):
     """`make run` ends with kvfs.demo: its sample block reads back bit-exact and its words
     about durability are those of the mount's mode."""
     from kvfs import demo
+
     m = make_mount(pool_config(n=2, dram="128MiB", durability=durability))
     assert demo.main([str(m.mountpoint)]) == 0
     out = capsys.readouterr().out

@@ -51,8 +51,9 @@ def test_written_on_one_node_read_bit_exact_on_another(cluster_nodes):
         assert (b.mountpoint / "chunks" / name).read_bytes() == payload
     # b rewrites one; a sees the new content (not its cached pages) and the new size
     (b.mountpoint / "chunks" / "k0").write_bytes(b"rewritten" * 1000)
-    wait_until(lambda: (a.mountpoint / "chunks" / "k0").stat().st_size == 9000, 10,
-               "the new size on a")
+    wait_until(
+        lambda: (a.mountpoint / "chunks" / "k0").stat().st_size == 9000, 10, "the new size on a"
+    )
     assert (a.mountpoint / "chunks" / "k0").read_bytes() == b"rewritten" * 1000
     os.unlink(a.mountpoint / "chunks" / "k1")
     wait_until(lambda: not (b.mountpoint / "chunks" / "k1").exists(), 10, "the unlink on b")
@@ -62,9 +63,21 @@ def test_written_on_one_node_read_bit_exact_on_another(cluster_nodes):
 
 def test_concurrent_writers_on_three_nodes_never_collide(cluster_nodes):
     ms = cluster_nodes(3, size="64MiB", regions=16)
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(m.mountpoint), f"n{i}-", "14",
-                               str(2 * MiB + 4096 * i)], stdout=subprocess.DEVNULL)
-             for i, m in enumerate(ms)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WRITER,
+                str(m.mountpoint),
+                f"n{i}-",
+                "14",
+                str(2 * MiB + 4096 * i),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        for i, m in enumerate(ms)
+    ]
     for p in procs:
         assert p.wait(120) == 0
     names = [f"n{i}-{j}" for i in range(3) for j in range(14)]
@@ -75,11 +88,13 @@ def test_concurrent_writers_on_three_nodes_never_collide(cluster_nodes):
     extents.sort()
     for x, y in zip(extents, extents[1:]):
         assert not (x[0] == y[0] and y[1] < x[2]), f"{x[3]} and {y[3]} share namespace space"
-    for m in ms:                             # every block's checksums, read through every node
+    for m in ms:  # every block's checksums, read through every node
         m.drop_caches()
     for m in ms:
-        for name in names:                   # a bad checksum would be EIO here
-            assert (m.mountpoint / name).read_bytes() == content(name, 2 * MiB + 4096 * int(name[1]))
+        for name in names:  # a bad checksum would be EIO here
+            assert (m.mountpoint / name).read_bytes() == content(
+                name, 2 * MiB + 4096 * int(name[1])
+            )
 
 
 @pytest.mark.slow
@@ -112,7 +127,7 @@ def test_eviction_on_one_node_while_another_reads(cluster_nodes):
     t = threading.Thread(target=reader)
     t.start()
     try:
-        for i in range(n):                   # b writes as much again: the pool must evict
+        for i in range(n):  # b writes as much again: the pool must evict
             (b.mountpoint / f"new{i}").write_bytes(content(f"new{i}", 2 * MiB))
     finally:
         stop.set()
@@ -132,10 +147,13 @@ def test_eviction_on_one_node_while_another_reads(cluster_nodes):
 @pytest.mark.slow
 def test_a_node_killed_mid_write_leaves_nothing_and_its_space_returns(cluster_nodes, redis):
     a, b = cluster_nodes(2, size="24MiB", lease=2.0, grace=1.0, regions=8)
-    w = subprocess.Popen([sys.executable, "-c", WRITER, str(a.mountpoint), "a", "1000",
-                          str(3 * MiB)], stdout=subprocess.PIPE, text=True)
-    for _ in range(3):                       # a has committed three blocks and is writing
-        assert w.stdout.readline()           # the fourth when it dies
+    w = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(a.mountpoint), "a", "1000", str(3 * MiB)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(3):  # a has committed three blocks and is writing
+        assert w.stdout.readline()  # the fourth when it dies
     a.kill()
     w.wait(30)
     w.stdout.close()
@@ -162,12 +180,15 @@ def test_a_node_killed_mid_write_leaves_nothing_and_its_space_returns(cluster_no
 
 def _lease_holders(redis: RedisServer) -> set[str]:
     """The node ids that hold allocation leases now (tokens are node/epoch/nonce)."""
+
     def cli(*args: str) -> list[str]:
-        return subprocess.run(["redis-cli", "-p", str(redis.port), *args], check=True,
-                              capture_output=True, text=True).stdout.split()
+        return subprocess.run(
+            ["redis-cli", "-p", str(redis.port), *args], check=True, capture_output=True, text=True
+        ).stdout.split()
+
     holders = set()
     for key in cli("--scan", "--pattern", "kvfs:*:lease:*"):
-        token = cli("GET", key)              # (empty if the lease expired meanwhile)
+        token = cli("GET", key)  # (empty if the lease expired meanwhile)
         if token:
             holders.add(token[0].split("/")[0])
     return holders
@@ -179,7 +200,7 @@ def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp
     (a.mountpoint / "before").write_bytes(b"1" * MiB)
     assert (b.mountpoint / "before").read_bytes() == b"1" * MiB
     with open(a.mountpoint / "resident", "rb") as held:
-        redis.stop()                         # a clean stop: the AOF has everything
+        redis.stop()  # a clean stop: the AOF has everything
         # writes and unknown names fail with EIO, with a clear line in the log
         with pytest.raises(OSError) as e:
             (a.mountpoint / "during").write_bytes(b"2" * 1000)
@@ -203,11 +224,15 @@ def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp
     assert (b.mountpoint / "before").read_bytes() == b"1" * MiB
     assert "reachable again" in a.log_text()
     # the operator sees the node's view of the cluster
-    df = subprocess.run([sys.executable, "-m", "kvfs", "df", str(b.mountpoint)],
-                        capture_output=True, text=True, timeout=30)
+    df = subprocess.run(
+        [sys.executable, "-m", "kvfs", "df", str(b.mountpoint)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert df.returncode == 0, df.stderr
     assert f"cluster: node node1, Redis 127.0.0.1:{redis.port} online" in df.stdout
-    assert "stores that waited for room 0 (0.0 s)" in df.stdout      # it had room
+    assert "stores that waited for room 0 (0.0 s)" in df.stdout  # it had room
     wait_until(lambda: b.stats()["cluster"]["fresh"], 10, "b's follower to catch up")
     doc = json.loads(_kvfs("doctor", str(b.mountpoint), "--json").stdout)
     cluster = [f for f in doc["findings"] if f["check"] == "cluster"]
@@ -231,29 +256,51 @@ def _writes(path: Path) -> bool:
 
 def test_redis_unreachable_at_start_is_a_clear_error(tmp_path):
     from testing.redis_server import free_port
-    cfg = write_config(tmp_path / "k.toml", tmp_path / "state",
-                       [{"path": str(tmp_path / "ns0.img"), "size": "64MiB"}],
-                       extra=f'[cluster]\nredis = "redis://127.0.0.1:{free_port()}/0"\n')
+
+    cfg = write_config(
+        tmp_path / "k.toml",
+        tmp_path / "state",
+        [{"path": str(tmp_path / "ns0.img"), "size": "64MiB"}],
+        extra=f'[cluster]\nredis = "redis://127.0.0.1:{free_port()}/0"\n',
+    )
     (tmp_path / "mnt").mkdir()
-    r = subprocess.run([sys.executable, "-m", "kvfs", "mount", str(tmp_path / "mnt"),
-                        "--config", str(cfg), "--foreground"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvfs",
+            "mount",
+            str(tmp_path / "mnt"),
+            "--config",
+            str(cfg),
+            "--foreground",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
     assert "cluster.redis" in r.stderr and "cannot reach Redis" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
 def _kvfs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvfs", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvfs", *args], capture_output=True, text=True, timeout=120
+    )
 
 
-def test_format_creates_the_shared_pool_and_refuses_to_discard_a_live_one(tmp_path, redis,
-                                                                          make_mount):
+def test_format_creates_the_shared_pool_and_refuses_to_discard_a_live_one(
+    tmp_path, redis, make_mount
+):
     nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": "32MiB"} for i in range(2)]
     (tmp_path / "shared").mkdir()
-    cfg = write_config(tmp_path / "k.toml", tmp_path / "state", nss,
-                       extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "a"\n')
+    cfg = write_config(
+        tmp_path / "k.toml",
+        tmp_path / "state",
+        nss,
+        extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "a"\n',
+    )
     r = _kvfs("format", "--config", str(cfg))
     assert r.returncode == 0, r.stderr
     assert "formatted pool" in r.stdout and f"127.0.0.1:{redis.port}" in r.stdout
@@ -263,8 +310,12 @@ def test_format_creates_the_shared_pool_and_refuses_to_discard_a_live_one(tmp_pa
     assert m.stats()["tiers"]["pool"]["pool_id"] == pool_id
     # a second format (from another node) must not silently wipe the pool; not even --force
     # while a node uses it
-    other = write_config(tmp_path / "b.toml", tmp_path / "state-b", nss,
-                         extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "b"\n')
+    other = write_config(
+        tmp_path / "b.toml",
+        tmp_path / "state-b",
+        nss,
+        extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "b"\n',
+    )
     r = _kvfs("format", "--config", str(other))
     assert r.returncode != 0 and "already holds the catalog" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -16,16 +16,18 @@ pytestmark = requires_throttle
 def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
     with Emulation("1g") as emu:
         dev = emu.loop("slow", 256 * MiB)
-        cfg = write_config(tmp_path / "k.toml", tmp_path / "state", [{"path": dev.path}],
-                           dram="128MiB")
+        cfg = write_config(
+            tmp_path / "k.toml", tmp_path / "state", [{"path": dev.path}], dram="128MiB"
+        )
         from kvfs.cli import main as kvfs_main
+
         assert kvfs_main(["format", "--config", str(cfg)]) == 0
         m = make_mount(cfg)
         big, small = m.mountpoint / "big", m.mountpoint / "small"
         big.write_bytes(os.urandom(24 * MiB))
         small.write_bytes(b"s" * 4096)
         m.drop_caches()
-        small.read_bytes()                        # resident again
+        small.read_bytes()  # resident again
         group = emu.cgroup("kvfs-test")
         # the cold read crawls (24 MiB at 256 KiB/s: minutes) until the small requests are
         # done: it cannot finish first, however slow the machine (no race on time)
@@ -39,8 +41,9 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
                     pass
             done.set()
 
-        def moved() -> int:                       # counted per I/O by each namespace
+        def moved() -> int:  # counted per I/O by each namespace
             return sum(n["bytes_read"] for n in m.stats()["namespaces"])
+
         before = moved()
         t = threading.Thread(target=cold_read)
         t.start()
@@ -53,7 +56,7 @@ def test_a_slow_cold_read_does_not_stall_other_requests(make_mount, tmp_path):
                 assert f.read() == b"s" * 4096
             served += 1
         still_reading = not done.is_set()
-        group.limit(dev)                          # unthrottled: the cold read completes
+        group.limit(dev)  # unthrottled: the cold read completes
         t.join(60)
         group.remove()
         assert still_reading and served == 10, "small requests waited behind the slow read"

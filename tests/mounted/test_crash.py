@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 WINDOW_BOUND_S = 2.0
 
 
-def verify(mountpoint, log_path, cycle: int, killed_at: float, durability: str,
-           floor: dict[str, int]) -> dict:
+def verify(
+    mountpoint, log_path, cycle: int, killed_at: float, durability: str, floor: dict[str, int]
+) -> dict:
     """Check the remounted files against the writer's log of `cycle` (killed at `killed_at`)
     and `floor` (each name's version found after the previous cycles; updated). Returns
     {"required": versions that had to survive, "lost_window_s": the oldest close lost}."""
@@ -43,7 +44,7 @@ def verify(mountpoint, log_path, cycle: int, killed_at: float, durability: str,
         data = (mountpoint / name).read_bytes()
         n, v = parse(data)
         assert data == content(n, v), f"{name}: version {v} is partial or garbled"
-        if ".tmp" in name:       # a tmp file whose close returned but rename did not happen
+        if ".tmp" in name:  # a tmp file whose close returned but rename did not happen
             continue
         assert n == name
         present[name] = v
@@ -61,8 +62,7 @@ def verify(mountpoint, log_path, cycle: int, killed_at: float, durability: str,
 
 
 @pytest.mark.parametrize("durability", ["fsync", "close"])
-def test_kill_9_during_writes_loses_nothing_durable(make_mount, pool_config, tmp_path,
-                                                     durability):
+def test_kill_9_during_writes_loses_nothing_durable(make_mount, pool_config, tmp_path, durability):
     cfg = pool_config(size="512MiB", dram="32MiB", durability=durability)
     log_path = tmp_path / "versions.log"
     m = make_mount(cfg)
@@ -70,13 +70,24 @@ def test_kill_9_during_writes_loses_nothing_durable(make_mount, pool_config, tmp
     rng = random.Random(7)
     floor: dict[str, int] = {}
     for cycle in range(5):
-        writer = subprocess.Popen([sys.executable, "-m", "tests.mounted.crash_writer",
-                                   str(m.mountpoint), str(log_path), str(cycle)],
-                                  cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-                                  stderr=subprocess.DEVNULL)
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.mounted.crash_writer",
+                str(m.mountpoint),
+                str(log_path),
+                str(cycle),
+            ],
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+            stderr=subprocess.DEVNULL,
+        )
         # let it make something durable, then kill -9 at an arbitrary moment
-        wait_until(lambda: any(c == cycle and k == "fsync"
-                               for _, _, k, _, c in read_log(log_path)), 30, "a first fsync")
+        wait_until(
+            lambda: any(c == cycle and k == "fsync" for _, _, k, _, c in read_log(log_path)),
+            30,
+            "a first fsync",
+        )
         time.sleep(rng.uniform(0.2, 1.5))
         killed_at = time.time()
         m.kill()
@@ -143,7 +154,7 @@ def test_a_writer_killed_before_close_leaves_no_partial_file(mnt):
     _run_holder(mnt.mountpoint / "exited", "exit")
     wait_until(lambda: mnt.stats()["files"]["open_handles"] == 0, 30, "the release")
     assert (mnt.mountpoint / "exited").read_bytes() == b"n" * 300_000
-    mnt.sync()          # (closed is not durable in "fsync" mode: syncfs makes it so)
+    mnt.sync()  # (closed is not durable in "fsync" mode: syncfs makes it so)
     mnt.kill()
     mnt.start()
     assert not (mnt.mountpoint / "new").exists()

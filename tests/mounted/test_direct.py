@@ -36,21 +36,21 @@ def test_bit_exact_reads_of_many_sizes_and_buffer_kinds(blocks):
         for p, want in data.items():
             aligned = np.empty(max(1, len(want)), dtype=np.uint8)
             assert d.read_into(str(p), aligned) == len(want)
-            assert aligned[:len(want)].tobytes() == want
-            odd = bytearray(len(want) + 3)              # not 4 KiB aligned: bounce path
+            assert aligned[: len(want)].tobytes() == want
+            odd = bytearray(len(want) + 3)  # not 4 KiB aligned: bounce path
             d.read_into(str(p), memoryview(odd)[3:])
             assert bytes(odd[3:]) == want
         paths = [str(p) for p in data]
         bufs = [np.empty(max(1, len(v)), dtype=np.uint8) for v in data.values()]
         d.read_many(paths, bufs)
-        assert all(b[:len(v)].tobytes() == v for b, v in zip(bufs, data.values()))
+        assert all(b[: len(v)].tobytes() == v for b, v in zip(bufs, data.values()))
     with kd.open(str(m.mountpoint), str(m.mountpoint / "b7.pt")) as b:
         assert b.size == SIZES[7] and len(b.layout.ns) == 8
         with pytest.raises(ValueError, match="smaller than"):
             b.read_into(bytearray(10))
     st = m.stats()
     assert st["files"]["direct_reads"] >= 3 * len(SIZES) and st["files"]["stale_releases"] == 0
-    assert int(os.getxattr(m.mountpoint / "b7.pt", "user.kvfs.hits")) == 3   # reported hits
+    assert int(os.getxattr(m.mountpoint / "b7.pt", "user.kvfs.hits")) == 3  # reported hits
 
 
 def test_a_rewrite_during_a_direct_read_never_returns_wrong_bytes(blocks, monkeypatch):
@@ -66,10 +66,11 @@ def test_a_rewrite_during_a_direct_read_never_returns_wrong_bytes(blocks, monkey
         if state["rewritten"] == 0:
             state["rewritten"] = 1
             expired = m.stats()["files"]["expired_leases"]
-            wait_until(lambda: m.stats()["files"]["expired_leases"] > expired, 30,
-                       "the lease to expire")     # the lease expires...
-            p.write_bytes(new)                 # ...the file gets a new version...
-            for i in range(8):                 # ...and its old extents are reused by others
+            wait_until(
+                lambda: m.stats()["files"]["expired_leases"] > expired, 30, "the lease to expire"
+            )  # the lease expires...
+            p.write_bytes(new)  # ...the file gets a new version...
+            for i in range(8):  # ...and its old extents are reused by others
                 (m.mountpoint / f"filler{i}").write_bytes(os.urandom(MiB))
         return real(lay, k, dest, verify)
 
@@ -77,7 +78,7 @@ def test_a_rewrite_during_a_direct_read_never_returns_wrong_bytes(blocks, monkey
     buf = np.empty(len(old), dtype=np.uint8)
     d.read_into(str(p), buf)
     got = buf.tobytes()
-    assert got == new                           # the stale attempt was detected and redone
+    assert got == new  # the stale attempt was detected and redone
     assert m.stats()["files"]["stale_releases"] >= 1
     # with a live lease the old version stays readable even though the file was rewritten
     d2 = kd.Direct(str(m.mountpoint), ttl=30)
@@ -95,7 +96,7 @@ def test_a_rewrite_during_a_direct_read_never_returns_wrong_bytes(blocks, monkey
 
 def test_verify_catches_corruption(blocks, tmp_path):
     m, data = blocks
-    p = m.mountpoint / "b7.pt"                # unit 1 is a full MiB of content
+    p = m.mountpoint / "b7.pt"  # unit 1 is a full MiB of content
     lay = json.loads(os.getxattr(p, "user.kvfs.layout"))
     ns, off = lay["unit_map"][1]
     with open(lay["namespace_paths"][ns], "r+b") as f:
@@ -103,10 +104,10 @@ def test_verify_catches_corruption(blocks, tmp_path):
         b = f.read(1)
         f.seek(off + 7)
         f.write(bytes([b[0] ^ 0xFF]))
-    with pytest.raises(OSError, match="checksum mismatch"):     # verified by default
+    with pytest.raises(OSError, match="checksum mismatch"):  # verified by default
         with kd.open(str(m.mountpoint), str(p)) as blk:
             blk.read_into(bytearray(blk.size))
-    with kd.open(str(m.mountpoint), str(p), verify=False) as blk:   # the explicit opt-out
+    with kd.open(str(m.mountpoint), str(p), verify=False) as blk:  # the explicit opt-out
         buf = bytearray(blk.size)
         assert blk.read_into(buf) == blk.size and buf != data[p]
 
@@ -123,15 +124,20 @@ KVIKIO_READ = (
     "            sys.stdout.buffer.write(buf[:size].tobytes())\n"
     "except OSError as e:\n"
     "    print(errno.errorcode[e.errno], e, file=sys.stderr)\n"
-    "    sys.exit(3)\n")
+    "    sys.exit(3)\n"
+)
 
 
 def _kvikio_read(tmp_path, mnt, paths) -> subprocess.CompletedProcess:
     """Read `paths` with use_kvikio=True in a process that loads the stub CUDA driver."""
     stub = build_cuda_stub(tmp_path / "cuda")
     env = dict(os.environ, LD_LIBRARY_PATH=str(stub), PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", KVIKIO_READ, str(mnt), *map(str, paths)],
-                          capture_output=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", KVIKIO_READ, str(mnt), *map(str, paths)],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_kvikio_host_path_with_a_stub_cuda_driver(blocks, tmp_path):
@@ -153,7 +159,7 @@ def test_kvikio_host_path_checks_checksums_and_byte_counts(blocks, tmp_path, fau
     m, data = blocks
     p = m.mountpoint / "b7.pt"
     lay = json.loads(os.getxattr(p, "user.kvfs.layout"))
-    k = len(lay["unit_map"]) - 1                        # the block's last unit
+    k = len(lay["unit_map"]) - 1  # the block's last unit
     ns, off = lay["unit_map"][k]
     dev = lay["namespace_paths"][ns]
     if fault == "flipped byte":
@@ -165,7 +171,7 @@ def test_kvikio_host_path_checks_checksums_and_byte_counts(blocks, tmp_path, fau
         want = "checksum mismatch"
     else:
         os.truncate(dev, off + 100)
-        want = "EOF"                                     # kvikio's word for it
+        want = "EOF"  # kvikio's word for it
     r = _kvikio_read(tmp_path, m.mountpoint, [p])
     assert r.returncode == 3, (r.returncode, r.stderr.decode()[-2000:])
     err = r.stderr.decode()
@@ -176,12 +182,14 @@ def test_kvikio_host_path_checks_checksums_and_byte_counts(blocks, tmp_path, fau
 def _gpu_reason() -> str | None:
     try:
         import cupy
+
         if cupy.cuda.runtime.getDeviceCount() > 0:
             return None
     except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
         pass
     try:
         import torch
+
         if torch.cuda.is_available():
             return None
     except Exception:  # noqa: BLE001
@@ -196,10 +204,12 @@ def test_read_into_gpu_memory(blocks):
     p = m.mountpoint / "b7.pt"
     try:
         import cupy
+
         buf = cupy.empty(SIZES[7], dtype=cupy.uint8)
         to_host = cupy.asnumpy
     except ImportError:
         import torch
+
         buf = torch.empty(SIZES[7], dtype=torch.uint8, device="cuda")
         to_host = lambda t: t.cpu().numpy()  # noqa: E731
     with kd.open(str(m.mountpoint), str(p)) as b:
@@ -217,29 +227,32 @@ def test_direct_writes_are_bit_exact_durable_and_atomic(make_mount, pool_config)
     old.write_bytes(b"old" * 1000)
     reader = open(old, "rb")
     with kd.Direct(str(m.mountpoint)) as d:
-        d.write_many([str(p) for p in data], list(data.values()),
-                     xattrs=[{"user.meta": b"x"}] * len(data))
-        aligned = np.frombuffer(os.urandom(2 * MiB), dtype=np.uint8)    # aligned, zero-copy
+        d.write_many(
+            [str(p) for p in data], list(data.values()), xattrs=[{"user.meta": b"x"}] * len(data)
+        )
+        aligned = np.frombuffer(os.urandom(2 * MiB), dtype=np.uint8)  # aligned, zero-copy
         d.write(str(m.mountpoint / "aligned.pt"), aligned)
         data[m.mountpoint / "aligned.pt"] = aligned.tobytes()
-    assert reader.read() == b"old" * 1000                               # the version it opened
+    assert reader.read() == b"old" * 1000  # the version it opened
     reader.close()
     st = m.stats()["files"]
-    assert st["direct_writes"] == len(data) and st["direct_write_bytes"] == sum(map(len, data.values()))
+    assert st["direct_writes"] == len(data) and st["direct_write_bytes"] == sum(
+        map(len, data.values())
+    )
     for p, want in data.items():
         assert p.read_bytes() == want
     assert os.getxattr(m.mountpoint / "w3.pt", "user.meta") == b"x"
-    m.restart()                                                          # durable at commit
+    m.restart()  # durable at commit
     with kd.Direct(str(m.mountpoint), verify=True) as d:
         for p, want in data.items():
             buf = bytearray(max(1, len(want)))
-            assert d.read_into(str(p), buf) == len(want) and bytes(buf[:len(want)]) == want
+            assert d.read_into(str(p), buf) == len(want) and bytes(buf[: len(want)]) == want
 
 
 def test_direct_write_refusals(make_mount, pool_config):
     m = make_mount(pool_config(n=2))
     p = m.mountpoint / "f.pt"
-    with pytest.raises(OSError) as e:                   # allocating needs the file open for writing
+    with pytest.raises(OSError) as e:  # allocating needs the file open for writing
         p.write_bytes(b"")
         os.setxattr(p, "user.kvfs.alloc", b'{"size": 4096}')
     assert e.value.errno == errno.EBADF
@@ -248,18 +261,23 @@ def test_direct_write_refusals(make_mount, pool_config):
         os.setxattr(fd, "user.kvfs.alloc", json.dumps({"size": 3 * MiB, "ttl": 0.2}).encode())
         a = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
         assert len(a["unit_map"]) == 3 and a["size"] == 3 * MiB
-        with pytest.raises(OSError) as e:               # checksums for every unit
-            os.setxattr(fd, "user.kvfs.commit", json.dumps({"alloc": a["alloc"], "sums": [1]}).encode())
+        with pytest.raises(OSError) as e:  # checksums for every unit
+            os.setxattr(
+                fd, "user.kvfs.commit", json.dumps({"alloc": a["alloc"], "sums": [1]}).encode()
+            )
         assert e.value.errno == errno.EINVAL
         os.setxattr(fd, "user.kvfs.alloc", json.dumps({"size": MiB, "ttl": 0.2}).encode())
         a = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
         free = m.stats()["tiers"]["pool"]["free"]
-        wait_until(lambda: m.stats()["files"]["expired_allocations"] >= 1, 30,
-                   "the allocation to run out")
+        wait_until(
+            lambda: m.stats()["files"]["expired_allocations"] >= 1, 30, "the allocation to run out"
+        )
         with pytest.raises(OSError) as e:
-            os.setxattr(fd, "user.kvfs.commit", json.dumps({"alloc": a["alloc"], "sums": [0]}).encode())
+            os.setxattr(
+                fd, "user.kvfs.commit", json.dumps({"alloc": a["alloc"], "sums": [0]}).encode()
+            )
         assert e.value.errno == errno.ESTALE
-        assert m.stats()["tiers"]["pool"]["free"] > free    # its space went back
+        assert m.stats()["tiers"]["pool"]["free"] > free  # its space went back
     finally:
         os.close(fd)
-    assert p.read_bytes() == b""                        # nothing was committed
+    assert p.read_bytes() == b""  # nothing was committed

@@ -19,8 +19,13 @@ MiB = 1 << 20
 
 
 def doctor(mnt) -> dict[str, dict]:
-    r = subprocess.run([sys.executable, "-m", "kvfs", "doctor", str(mnt.mountpoint), "--json"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "kvfs", "doctor", str(mnt.mountpoint), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     found = [f for f in json.loads(r.stdout)["findings"] if f["check"] == "clients"]
     return {f["detail"].split(":")[0].rsplit("/", 1)[-1]: f for f in found}
 
@@ -46,8 +51,9 @@ def layouts(root, chunk: int = 64 * 1024) -> None:
     sg = root / "hicache"
     sg.mkdir()
     for i in range(3):
-        (sg / f"{hashlib.sha256(str(i).encode()).hexdigest()}_meta-llama-Llama-3.1-8B_0_1.bin"
-         ).write_bytes(body)
+        (
+            sg / f"{hashlib.sha256(str(i).encode()).hexdigest()}_meta-llama-Llama-3.1-8B_0_1.bin"
+        ).write_bytes(body)
     vb = root / "vllm" / "meta-llama_Llama-3.1-8B_0123456789ab"
     vb.mkdir(parents=True)
     (vb / "config.json").write_text(json.dumps({"inference_engine": "vllm", "model_name": "m"}))
@@ -62,8 +68,14 @@ def test_doctor_names_each_engine_and_warns_where_evictions_disagree(make_mount,
     m = make_mount(pool_config(size="64MiB"))
     layouts(m.mountpoint)
     f = doctor(m)
-    assert set(f) == {"lmcache", "plugin", "slots", "nixl", "hicache",
-                      "meta-llama_Llama-3.1-8B_0123456789ab"}
+    assert set(f) == {
+        "lmcache",
+        "plugin",
+        "slots",
+        "nixl",
+        "hicache",
+        "meta-llama_Llama-3.1-8B_0123456789ab",
+    }
     assert f["lmcache"]["status"] == "info" and "max_local_disk_size" in f["lmcache"]["fix"]
     assert f["slots"]["status"] == "warn" and "nixl_pool_size: 0" in f["slots"]["fix"]
     assert f["hicache"]["status"] == "ok" and "min_free_space" in f["hicache"]["fix"]
@@ -71,11 +83,11 @@ def test_doctor_names_each_engine_and_warns_where_evictions_disagree(make_mount,
         assert f[d]["status"] == "ok", f[d]
     # once kvfs has evicted, LMCache's local_disk index may list chunks that are gone: a warning
     for p in (m.mountpoint / "lmcache").iterdir():
-        p.read_bytes()                       # recently used: other files are evicted first
+        p.read_bytes()  # recently used: other files are evicted first
     free = os.statvfs(m.mountpoint).f_bavail * 4096
     for i in range(free // (2 * MiB)):
         (m.mountpoint / "other" / f"fill{i}").write_bytes(os.urandom(2 * MiB))
-    (m.mountpoint / "other" / "last").write_bytes(os.urandom(MiB // 2))   # a little too much
+    (m.mountpoint / "other" / "last").write_bytes(os.urandom(MiB // 2))  # a little too much
     assert m.stats()["files"]["pool_evictions"] > 0
     f = doctor(m)
     assert f["lmcache"]["status"] == "warn" and "evicted" in f["lmcache"]["detail"]

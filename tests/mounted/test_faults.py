@@ -21,7 +21,7 @@ def named(findings: list[str], *needles: str) -> list[str]:
     return [f for f in findings if all(n in f for n in needles)]
 
 
-@requires_throttle          # (slowed down, so that the device ends while I/O is in flight)
+@requires_throttle  # (slowed down, so that the device ends while I/O is in flight)
 @pytest.mark.parametrize("name", ["shrink_mid_write", "shrink_mid_read"])
 def test_a_namespace_that_ends_mid_io(tmp_path, name):
     r = run(name, tmp_path)
@@ -38,7 +38,7 @@ def test_a_namespace_that_ends_mid_io(tmp_path, name):
     else:
         assert r["client_errno"] == "EIO", r
         assert len(r["log"]) == 1 and "namespace 1" in r["log"][0], r["log"]
-    assert r["others_ok"], r["small_files"]           # files without units there read back
+    assert r["others_ok"], r["small_files"]  # files without units there read back
     assert r["affected_fail_with"] in ([], ["EIO"]), r["small_files"]
     # namespace 1 is failed, unless an I/O on it succeeded since (and verified its checksums):
     # the emulated device answers again past its new end when a queued write re-extends it
@@ -52,7 +52,7 @@ def test_a_namespace_that_ends_mid_io(tmp_path, name):
 @requires_loops
 def test_a_detached_namespace(tmp_path):
     r = run("detached", tmp_path)
-    assert r["read_while_mounted"] is None and r["serving"]   # the kernel defers the detach
+    assert r["read_while_mounted"] is None and r["serving"]  # the kernel defers the detach
     assert r["remount_status"] == 1
     assert "\n" not in r["remount_error"] and "is it attached?" in r["remount_error"]
     assert named(r["doctor"], "FAIL config", "namespace 1", "is it attached?"), r["doctor"]
@@ -83,7 +83,7 @@ def test_writers_racing_for_a_full_pool_that_never_evicts(tmp_path):
 def test_a_full_state_dir_disk(tmp_path):
     r = run("state_dir_full", tmp_path)
     assert r["client_errno"] == "EIO" and r["mkdir_errno"] == "EIO", r
-    assert r["new_file_reads"] == "ENOENT"                           # nothing half-made
+    assert r["new_file_reads"] == "ENOENT"  # nothing half-made
     # a mkdir is applied, then made durable (at once with "close": undone when that fails;
     # with "fsync" at the fsync, which fails: gone after the restart, below)
     assert not r["dir_exists"] or r["durability"] == "fsync"
@@ -91,7 +91,7 @@ def test_a_full_state_dir_disk(tmp_path):
     assert r["others_ok"] and r["serving_reads"]
     assert "disk is full" in r["catalog_error"]
     assert named(r["doctor"], "FAIL catalog", "disk is full"), r["doctor"]
-    assert r["after_remount"]["files"] == ["b0", "b1", "b2"]        # the failed ones are absent
+    assert r["after_remount"]["files"] == ["b0", "b1", "b2"]  # the failed ones are absent
     assert r["recovered"]
 
 
@@ -101,17 +101,22 @@ def test_a_slow_namespace(tmp_path):
     assert r["client_errnos"] == [] and r["bad_reads"] == [], r
     assert r["served_during_slow_read"] == 5 and not r["slow_read_finished_first"]
     w = r["placement_weights"]
-    assert w[3] < 0.5 * min(w[:3]), w                               # placement learns it
+    assert w[3] < 0.5 * min(w[:3]), w  # placement learns it
     assert r["namespace_states"] == ["ok"] * 4
     assert named(r["doctor"], "WARN namespace", "namespace 3", "is slow"), r["doctor"]
-    assert not named(r["doctor_after_remount"], "is slow")          # unthrottled, remounted
+    assert not named(r["doctor_after_remount"], "is slow")  # unthrottled, remounted
     assert r["serving"] and r["recovered"]
 
 
 def test_a_torn_superblock(tmp_path):
     r = run("torn_superblock", tmp_path)
-    assert named(r["doctor_unmounted"], "FAIL config", "ns1.img", "checksum mismatch",
-                 "next mount rebuilds it"), r["doctor_unmounted"]
+    assert named(
+        r["doctor_unmounted"],
+        "FAIL config",
+        "ns1.img",
+        "checksum mismatch",
+        "next mount rebuilds it",
+    ), r["doctor_unmounted"]
     assert len(r["log"]) == 1 and "rebuilt" in r["log"][0], r["log"]
     assert r["data_ok"]
     assert named(r["doctor"], "WARN namespace", "ns1.img", "rebuilt"), r["doctor"]
@@ -126,7 +131,7 @@ def test_a_truncated_catalog_log(tmp_path):
     r = run("truncated_wal", tmp_path)
     assert named(r["doctor_unmounted"], "WARN config", "partial frame"), r["doctor_unmounted"]
     assert len(r["log"]) == 1 and r["opened_with"], r["log"]
-    assert r["files_lost"] and r["lost_errno"] == ["ENOENT"]        # the lost ones are absent
+    assert r["files_lost"] and r["lost_errno"] == ["ENOENT"]  # the lost ones are absent
     assert r["kept_ok"] and r["space_of_lost_files_free"]
     assert named(r["doctor"], "WARN catalog", "partial frame"), r["doctor"]
     assert r["serving"] and r["recovered"]

@@ -25,7 +25,7 @@ def test_a_missing_name_is_answered_by_the_kernel_until_it_is_made(mnt):
     for _ in range(50):
         assert not p.exists()
     assert requests(mnt, "lookup") - before == 1
-    p.write_bytes(b"made")                       # through the mount: the entry is updated
+    p.write_bytes(b"made")  # through the mount: the entry is updated
     assert p.read_bytes() == b"made"
     assert requests(mnt, "lookup") - before == 1  # O_CREAT used the cached miss
     os.unlink(p)
@@ -57,7 +57,8 @@ def test_a_name_made_on_another_node_is_seen_at_once(cluster_nodes):
 
 
 def test_a_file_removed_before_its_write_back_keeps_its_size_while_the_kernel_holds_it(
-        make_mount, pool_config):
+    make_mount, pool_config
+):
     """A stat racing with an unlink reaches the daemon as a GETATTR of the removed inode; an
     O_PATH descriptor makes that race deterministic. A closed file removed before its
     write-back is never written, but its attributes still say what was written (as ext4's
@@ -80,11 +81,16 @@ def test_a_passthrough_writers_memory_is_accounted_while_it_writes(mnt):
     """The kernel writes into a passthrough file's memory without asking the daemon: the
     daemon measures open writers' files a few times a second, so the DRAM tier counts their
     memory (and makes room for it) before they close."""
+
     def charged() -> int:
         return mnt.stats()["tiers"]["dram"]["write_buffers"]
+
     before = charged()
     with open(mnt.mountpoint / "growing", "wb") as f:
         f.write(os.urandom(8 * 1024 * 1024))
         f.flush()
-        wait_until(lambda: charged() - before >= 8 * 1024 * 1024, 5,
-                   "the writer's 8 MiB counted as write buffers")
+        wait_until(
+            lambda: charged() - before >= 8 * 1024 * 1024,
+            5,
+            "the writer's 8 MiB counted as write buffers",
+        )

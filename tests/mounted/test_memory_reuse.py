@@ -49,7 +49,7 @@ def test_fetches_reuse_the_memory_of_dropped_blocks(mounted):
     pt.control("drop_dram")
     before = store_stats(pt)
     assert before["spares_kept"] >= len(names) and before["spare"] >= len(names) * 4 * MiB
-    for n in names:                                   # cold: fetched into the spares
+    for n in names:  # cold: fetched into the spares
         assert (d / n).read_bytes() == content(n, 4 * MiB)
     after = store_stats(pt)
     assert after["spares_reused"] - before["spares_reused"] == len(names)
@@ -64,7 +64,7 @@ def test_fetches_reuse_the_memory_of_dropped_blocks(mounted):
     with pytest.raises(OSError) as e:
         pt.control("drop_dram", {"memory": "yes"})
     assert e.value.errno == errno.EINVAL
-    for n in names:                                   # cold again, into fresh memory
+    for n in names:  # cold again, into fresh memory
         assert (d / n).read_bytes() == content(n, 4 * MiB)
 
 
@@ -76,11 +76,11 @@ def test_an_mmap_kept_after_close_keeps_its_bytes_when_the_block_is_evicted(pt):
         (d / n).write_bytes(content(n, 4 * MiB))
     pt.control("drop_dram")
     fd = os.open(d / "mapped", os.O_RDONLY)
-    m = mmap.mmap(fd, 4 * MiB, prot=mmap.PROT_READ)      # passthrough: the kernel maps the
-    os.close(fd)                                         # block's memory file itself
+    m = mmap.mmap(fd, 4 * MiB, prot=mmap.PROT_READ)  # passthrough: the kernel maps the
+    os.close(fd)  # block's memory file itself
     assert m[:] == content("mapped", 4 * MiB)
-    pt.control("drop_dram")                     # its buffer leaves the tier, still mapped
-    for n in others:                            # cold fetches that take every spare there is
+    pt.control("drop_dram")  # its buffer leaves the tier, still mapped
+    for n in others:  # cold fetches that take every spare there is
         assert (d / n).read_bytes() == content(n, 4 * MiB)
     assert m[:] == content("mapped", 4 * MiB)
     m.close()

@@ -37,7 +37,7 @@ def chain_mount(make_mount, pool_config):
     m = make_mount(pool_config(dram="64MiB"))
     d = m.mountpoint / "model"
     d.mkdir()
-    for i in range(4):                                    # one writer, in prefix order
+    for i in range(4):  # one writer, in prefix order
         (d / f"chunk{i}.pt").write_bytes(os.urandom(2 * MiB))
     (d / "other.pt").write_bytes(b"x" * 4096)
     return m
@@ -69,7 +69,7 @@ def test_pin_evict_warm_and_tiers(chain_mount):
     assert ev["evicted"] == ["/model/chunk0.pt"]
     assert js("stat", str(d / "chunk0.pt"))["tier"] == "pool"
     w = js("warm", str(d / "chunk0.pt"), "--depth", "3")
-    assert w["resident"] == w["total"] == 4                # the whole chain is in DRAM
+    assert w["resident"] == w["total"] == 4  # the whole chain is in DRAM
     assert all(b["tier"] == "dram" for b in w["blocks"])
     cold = js("evict", "--cold", "2", "--mount", str(chain_mount.mountpoint))
     assert len(cold["evicted"]) == 2
@@ -85,7 +85,7 @@ def test_tree_df_du(chain_mount):
     node, depth = roots["chunk0.pt"], 1
     while node["next"]:
         node, depth = node["next"][0], depth + 1
-    assert depth >= 4                                      # chunk0 -> chunk1 -> chunk2 -> chunk3
+    assert depth >= 4  # chunk0 -> chunk1 -> chunk2 -> chunk3
     text = kvfs("tree", str(d)).stdout
     assert "chunk0.pt" in text and "↳ chunk1.pt" in text
     df = js("df", str(chain_mount.mountpoint))
@@ -111,10 +111,14 @@ def test_errors_name_the_problem(chain_mount, tmp_path):
     with pytest.raises(OSError):
         os.setxattr(ctl, "user.kvfs.set", b'{"prefetch.max_window": 0}')
     assert "max_window takes 1 to 256" in json.loads(os.getxattr(ctl, "user.kvfs.result"))["error"]
-    assert chain_mount.control("set", {"prefetch.max_window": 4})["result"]["prefetch.max_window"] == 4
+    assert (
+        chain_mount.control("set", {"prefetch.max_window": 4})["result"]["prefetch.max_window"] == 4
+    )
     os.chmod(chain_mount.mountpoint, 0o755)
     os.chmod(chain_mount.mountpoint.parent, 0o755)
-    r = kvfs("evict", "--cold", "1", "--mount", str(chain_mount.mountpoint), user=65534, check=False)
+    r = kvfs(
+        "evict", "--cold", "1", "--mount", str(chain_mount.mountpoint), user=65534, check=False
+    )
     assert r.returncode == 1 and "owner or root" in r.stderr
 
 
@@ -125,11 +129,11 @@ def test_doctor(chain_mount):
     checks = {f["check"] for f in report["findings"]}
     assert {"fuse", "mount", "namespace", "rdma", "kvikio", "numa", "data path"} <= checks
     path = [f for f in report["findings"] if f["check"] == "data path"][0]
-    assert (path["status"] == "ok") == chain_mount.passthrough        # says which, and why
+    assert (path["status"] == "ok") == chain_mount.passthrough  # says which, and why
     assert "passthrough" in path["detail"] and "block memory" in path["detail"]
     rdma = [f for f in report["findings"] if f["check"] == "rdma"]
-    assert rdma and all(f["status"] in ("info", "ok") for f in rdma)   # none here: said, not failed
-    chain_mount.proc.kill()                                            # a dead daemon
+    assert rdma and all(f["status"] in ("info", "ok") for f in rdma)  # none here: said, not failed
+    chain_mount.proc.kill()  # a dead daemon
     chain_mount.proc.wait()
     r = kvfs("doctor", str(chain_mount.mountpoint), check=False)
     assert r.returncode == 1 and "FAIL" in r.stdout and "umount" in r.stdout
@@ -141,8 +145,11 @@ def test_top_in_a_real_terminal(chain_mount):
     session = f"kvfs-top-{os.getpid()}"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = f"{sys.executable} -m kvfs top {chain_mount.mountpoint} --interval 0.3"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd],
-                   check=True, env=env)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd],
+        check=True,
+        env=env,
+    )
     try:
         d = chain_mount.mountpoint / "model"
         deadline = time.monotonic() + 30
@@ -151,17 +158,24 @@ def test_top_in_a_real_terminal(chain_mount):
             chain_mount.drop_caches()
             for i in range(4):
                 (d / f"chunk{i}.pt").read_bytes()
-            pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
-                                  capture_output=True, text=True).stdout
-            if "dram" in pane and "MB/s" in pane and "ACCURACY" in pane.upper() \
-                    and any(line.startswith("pool") and " 0.0 " not in line.split("MiB")[-1][:12]
-                            for line in pane.splitlines()):
+            pane = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+            ).stdout
+            if (
+                "dram" in pane
+                and "MB/s" in pane
+                and "ACCURACY" in pane.upper()
+                and any(
+                    line.startswith("pool") and " 0.0 " not in line.split("MiB")[-1][:12]
+                    for line in pane.splitlines()
+                )
+            ):
                 break
             time.sleep(0.3)
         assert "kvfs top - " + str(chain_mount.mountpoint) in pane, pane
         assert "TIER" in pane and "NS" in pane and "PREFETCH" in pane and "LATENCY" in pane
         dram = [ln for ln in pane.splitlines() if ln.startswith("dram")][0]
-        assert "64.0 MiB" in dram                         # the configured capacity
+        assert "64.0 MiB" in dram  # the configured capacity
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
@@ -176,24 +190,37 @@ def test_prometheus_metrics(make_mount, pool_config):
     assert "kvfs_namespace_up{" in body and 'kvfs_requests_total{op="open"}' in body
     # reads reach the daemon only without FUSE passthrough (the kernel serves them otherwise)
     op = "passthrough_opens" if m.passthrough else "plain_opens"
-    assert float(body.split(f"\nkvfs_{op}_total ")[1].split()[0]) == 2     # create, open
+    assert float(body.split(f"\nkvfs_{op}_total ")[1].split()[0]) == 2  # create, open
     assert ('kvfs_requests_total{op="read"}' in body) != m.passthrough
 
 
 def test_shell_tools_need_only_getfattr(chain_mount, tmp_path):
     d = chain_mount.mountpoint / "model"
-    r = subprocess.run([str(ROOT / "tools" / "kvfs-tiers"), str(d / "chunk0.pt"), str(d / "other.pt")],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [str(ROOT / "tools" / "kvfs-tiers"), str(d / "chunk0.pt"), str(d / "other.pt")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     # ("write-buffer": closed, still waiting for write-back in "fsync" mode)
     assert len(r.stdout.splitlines()) == 2
     assert r.stdout.split()[0] in ("dram", "pool", "write-buffer")
     chain_mount.sync()
-    r = subprocess.run([str(ROOT / "tools" / "kvfs-tiers"), str(d / "chunk0.pt")],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [str(ROOT / "tools" / "kvfs-tiers"), str(d / "chunk0.pt")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert r.stdout.split()[0] == "dram"
-    r = subprocess.run([str(ROOT / "tools" / "kvfs-tiers"), str(tmp_path)], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        [str(ROOT / "tools" / "kvfs-tiers"), str(tmp_path)], capture_output=True, text=True
+    )
     assert r.returncode == 1 and "not a file on a kvfs mount" in r.stderr
-    r = subprocess.run([str(ROOT / "tools" / "kvfs-stats"), str(chain_mount.mountpoint)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [str(ROOT / "tools" / "kvfs-stats"), str(chain_mount.mountpoint)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(r.stdout)["version"] == 1

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 MiB = 1 << 20
-TIMEOUT = 60.0          # entry and attribute timeouts: long, so that only invalidations ask again
+TIMEOUT = 60.0  # entry and attribute timeouts: long, so that only invalidations ask again
 
 # name -> (size, backing kind, the mode of the 1st, 2nd, ... open; the last one repeats)
 # Modes: pt        passthrough with the inode's backing id (registered at the first such open,
@@ -70,6 +70,7 @@ def content(name: str, size: int, other: bool = False) -> bytes:
 # The file system (runs in a subprocess)
 # --------------------------------------------------------------------------------------------------
 
+
 def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> None:
     import pyfuse3
     import trio
@@ -77,10 +78,10 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
     class Node:
         def __init__(self, ino: int, name: str, size: int, kind: str, modes: list[str]):
             self.ino, self.name, self.modes, self.kind = ino, name, modes, kind
-            self.opens = 0                  # opens so far (selects the mode)
-            self.backing_id = 0             # the inode's shared backing id ("pt"), 0 if none
+            self.opens = 0  # opens so far (selects the mode)
+            self.backing_id = 0  # the inode's shared backing id ("pt"), 0 if none
             self.users: dict[int, int] = {}  # backing id -> open files using it
-            self.closed: set[int] = set()   # ids closed early (ctl-close)
+            self.closed: set[int] = set()  # ids closed early (ctl-close)
             self.fd = self._backing(size, content(name, size))
             self.other_fd = self._backing(size, content(name, size, other=True))
 
@@ -100,8 +101,11 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
             else:
                 os.pwrite(fd, data, 0)
             if self.kind == "sealed":
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
-                            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
+                fcntl.fcntl(
+                    fd,
+                    fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK,
+                )
             return fd
 
     class Handle:
@@ -146,8 +150,8 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
         async def lookup(self, parent, name, ctx):
             if name in self.by_name:
                 return self._attr(self.by_name[name])
-            if name.startswith(b"ctl-close-"):          # close the inode's backing id now
-                node = self.by_name[name[len(b"ctl-close-"):]]
+            if name.startswith(b"ctl-close-"):  # close the inode's backing id now
+                node = self.by_name[name[len(b"ctl-close-") :]]
                 pyfuse3.passthrough_close(node.backing_id)
                 self.log("ctl-close", node.name, backing_id=node.backing_id)
                 node.closed.add(node.backing_id)
@@ -158,12 +162,14 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
 
         def probe(self) -> None:
             """Which fds the kernel takes as backing files, and what closing does, as errnos."""
+
             def errno_of(fn, *args) -> int:
                 try:
                     fn(*args)
                     return 0
                 except OSError as e:
                     return e.errno
+
             r, w = os.pipe()
             dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
             node = self.by_name[b"pt"]
@@ -200,8 +206,9 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
 
         async def readdir(self, fh, start_id, token):
             for node in list(self.nodes.values())[start_id:]:
-                if not pyfuse3.readdir_reply(token, node.name.encode(), self._attr(node),
-                                             node.ino - pyfuse3.ROOT_INODE):
+                if not pyfuse3.readdir_reply(
+                    token, node.name.encode(), self._attr(node), node.ino - pyfuse3.ROOT_INODE
+                ):
                     break
 
         async def releasedir(self, fh):
@@ -215,7 +222,7 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
             fd, bid = node.fd, 0
             if mode in SHARED_ID_MODES:
                 if not node.backing_id:
-                    if mode == "pt_dup_closed":      # the kernel keeps its own reference
+                    if mode == "pt_dup_closed":  # the kernel keeps its own reference
                         dup = os.dup(node.fd)
                         node.backing_id = pyfuse3.passthrough_open(dup)
                         os.close(dup)
@@ -232,12 +239,20 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
                 bid = pyfuse3.passthrough_open(node.fd)
                 pyfuse3.passthrough_close(bid)
             self.handles[fh] = Handle(node, mode, bid, fd)
-            self.log("open", node.name, fh=fh, mode=mode, backing_id=bid,
-                     accmode=flags & os.O_ACCMODE, o_direct=bool(flags & os.O_DIRECT))
+            self.log(
+                "open",
+                node.name,
+                fh=fh,
+                mode=mode,
+                backing_id=bid,
+                accmode=flags & os.O_ACCMODE,
+                o_direct=bool(flags & os.O_DIRECT),
+            )
             if mode in ("pt_default", "pt_dup_closed"):
                 return pyfuse3.FileInfo(fh=fh, backing_id=bid)
-            return pyfuse3.FileInfo(fh=fh, backing_id=bid, keep_cache=mode == "pt_keep",
-                                    direct_io=mode == "direct")
+            return pyfuse3.FileInfo(
+                fh=fh, backing_id=bid, keep_cache=mode == "pt_keep", direct_io=mode == "direct"
+            )
 
         async def create(self, parent, name, mode, flags, ctx):
             """A new file: a new memfd, opened in passthrough at once."""
@@ -287,7 +302,7 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
     if auto_unmount:
         options.add("auto_unmount")
     pyfuse3.init(fs, mountpoint, options)
-    try:   # before the kernel's INIT is answered
+    try:  # before the kernel's INIT is answered
         pyfuse3.passthrough_open(fs.by_name[b"pt"].fd)
         fs.log("pre_init_open", errno=0)
     except OSError as e:
@@ -311,6 +326,7 @@ def serve(mountpoint: str, log_path: str, huge_dir: str, auto_unmount: bool) -> 
 # The tests
 # --------------------------------------------------------------------------------------------------
 
+
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root (FUSE passthrough needs CAP_SYS_ADMIN)"
@@ -325,8 +341,10 @@ def _skip_reason() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.mounted,
-              pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
+pytestmark = [
+    pytest.mark.mounted,
+    pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason())),
+]
 
 
 def _wait(cond, timeout: float = 10.0, what: str = "condition"):
@@ -350,11 +368,24 @@ class Server:
         self.log_path.touch()
         self.out = open(base / f"{name}.out", "wb")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "serve", str(self.mnt), str(self.log_path), huge_dir,
-             "1" if auto_unmount else "0"], stdout=self.out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                __file__,
+                "serve",
+                str(self.mnt),
+                str(self.log_path),
+                huge_dir,
+                "1" if auto_unmount else "0",
+            ],
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+        )
         try:
-            init = _wait(lambda: self._first("init") or self.proc.poll() is not None, 20,
-                         "the file system to get INIT")
+            init = _wait(
+                lambda: self._first("init") or self.proc.poll() is not None,
+                20,
+                "the file system to get INIT",
+            )
             if init is True:
                 raise AssertionError(f"the file system exited: {self.output()}")
             self.passthrough = init["enabled"]
@@ -384,6 +415,7 @@ class Server:
         def arrived() -> list[str] | None:
             got = self.ops(name, since)
             return got if all(w in got for w in want) else None
+
         return _wait(arrived, 5, f"{want} for {name}")
 
     def path(self, name: str) -> str:
@@ -413,14 +445,22 @@ def fs(tmp_path_factory):
     base = tmp_path_factory.mktemp("passthrough")
     huge = base / "huge"
     huge.mkdir()
-    huge_ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=always,size=64m", "pt-huge",
-                              str(huge)], check=False, capture_output=True).returncode == 0
+    huge_ok = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "huge=always,size=64m", "pt-huge", str(huge)],
+            check=False,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     server = None
     try:
         server = Server(base, "mnt", str(huge) if huge_ok else "")
         if not server.passthrough:
-            pytest.skip("the kernel did not offer FUSE passthrough at INIT (needs Linux >= 6.9 "
-                        "with CONFIG_FUSE_PASSTHROUGH)")
+            pytest.skip(
+                "the kernel did not offer FUSE passthrough at INIT (needs Linux >= 6.9 "
+                "with CONFIG_FUSE_PASSTHROUGH)"
+            )
         server.huge_tmpfs = huge_ok
         yield server
     finally:
@@ -440,6 +480,7 @@ def open_errno(path: str, flags: int = os.O_RDONLY) -> tuple[int | None, int]:
 
 def test_init_negotiates_passthrough_and_which_fds_can_back(fs):
     import pyfuse3
+
     # (INIT offered passthrough, or the fixture skipped: the probe below shows what works)
     assert pyfuse3.FileInfo(fh=1).keep_cache and not pyfuse3.FileInfo(fh=1, backing_id=7).keep_cache
     # Registering a backing file before the kernel's INIT was answered: EPERM.
@@ -447,11 +488,17 @@ def test_init_negotiates_passthrough_and_which_fds_can_back(fs):
     assert not os.path.exists(fs.path("ctl-probe"))
     probe = _wait(lambda: fs._first("probe"), 5, "the probe")
     assert probe == {
-        "op": "probe", "name": "",
-        "pipe": errno.EINVAL, "directory": errno.EISDIR, "chardev": errno.EINVAL,
-        "bad_fd": errno.EBADF, "close_unknown_id": errno.ENOENT,
-        "readonly_memfd": 0,          # an O_RDONLY fd registers fine
-        "close_once": 0, "close_twice": errno.ENOENT}
+        "op": "probe",
+        "name": "",
+        "pipe": errno.EINVAL,
+        "directory": errno.EISDIR,
+        "chardev": errno.EINVAL,
+        "bad_fd": errno.EBADF,
+        "close_unknown_id": errno.ENOENT,
+        "readonly_memfd": 0,  # an O_RDONLY fd registers fine
+        "close_once": 0,
+        "close_twice": errno.ENOENT,
+    }
 
 
 def test_reads_mmap_and_o_direct_never_reach_the_daemon(fs):
@@ -460,16 +507,16 @@ def test_reads_mmap_and_o_direct_never_reach_the_daemon(fs):
     fd = os.open(fs.path("pt"), os.O_RDONLY)
     try:
         assert b"".join(os.pread(fd, MiB, off) for off in range(0, 4 * MiB, MiB)) == want
-        assert os.pread(fd, 4096, 3 * MiB + 5) == want[3 * MiB + 5:3 * MiB + 4101]
+        assert os.pread(fd, 4096, 3 * MiB + 5) == want[3 * MiB + 5 : 3 * MiB + 4101]
         with mmap.mmap(fd, 4 * MiB, prot=mmap.PROT_READ) as m:
             assert m[:] == want
     finally:
         os.close(fd)
     fd = os.open(fs.path("pt"), os.O_RDONLY | os.O_DIRECT)
     try:
-        with mmap.mmap(-1, MiB) as buf:        # page-aligned, as O_DIRECT wants
+        with mmap.mmap(-1, MiB) as buf:  # page-aligned, as O_DIRECT wants
             assert os.preadv(fd, [buf], MiB) == MiB
-            assert buf[:] == want[MiB:2 * MiB]
+            assert buf[:] == want[MiB : 2 * MiB]
     finally:
         os.close(fd)
     got = fs.wait_ops("pt", mark, "release")
@@ -492,13 +539,13 @@ def test_writes_land_in_the_backing_file_and_the_size(fs):
     fd = os.open(fs.path(name), os.O_RDWR)
     try:
         assert os.pwrite(fd, b"Y" * 10, 0) == 10
-        assert os.pwrite(fd, b"X" * 4096, MiB) == 4096            # extends the file
+        assert os.pwrite(fd, b"X" * 4096, MiB) == 4096  # extends the file
         want[0:10] = b"Y" * 10
         want += b"X" * 4096
         assert fs.backing_bytes(name) == want
         assert os.fstat(fd).st_size == MiB + 4096
         assert os.stat(fs.path(name)).st_size == MiB + 4096
-        with mmap.mmap(fd, MiB) as m:                             # shared writable mapping
+        with mmap.mmap(fd, MiB) as m:  # shared writable mapping
             m[100:105] = b"ZZZZZ"
             m.flush()
         want[100:105] = b"ZZZZZ"
@@ -508,7 +555,7 @@ def test_writes_land_in_the_backing_file_and_the_size(fs):
         os.close(fd)
     got = fs.wait_ops(name, mark, "release")
     assert "write" not in got and "read" not in got
-    assert "getattr" in got        # the stat after the passthrough write asked the daemon
+    assert "getattr" in got  # the stat after the passthrough write asked the daemon
 
 
 def test_create_reply_carries_the_backing_id(fs):
@@ -535,18 +582,18 @@ def test_getattr_reaches_the_daemon_after_passthrough_io(fs):
         os.stat(fs.path(name))
         mark = fs.mark()
         os.stat(fs.path(name))
-        assert fs.ops(name, mark) == []            # attributes cached (60 s)
+        assert fs.ops(name, mark) == []  # attributes cached (60 s)
         os.pwrite(fd, b"a" * 100, 10)
         mark = fs.mark()
         os.stat(fs.path(name))
-        assert fs.ops(name, mark) == ["getattr"]   # a passthrough write invalidates them
+        assert fs.ops(name, mark) == ["getattr"]  # a passthrough write invalidates them
         os.pwrite(fd, b"a" * 100, MiB)
         assert os.fstat(fd).st_size == MiB + 100
         os.stat(fs.path(name))
         mark = fs.mark()
         os.pread(fd, 10, 0)
         os.stat(fs.path(name))
-        assert fs.ops(name, mark) == ["getattr"]   # so does a read (atime)
+        assert fs.ops(name, mark) == ["getattr"]  # so does a read (atime)
     finally:
         os.close(fd)
 
@@ -580,9 +627,15 @@ def test_sequential_opens_may_use_another_backing_file(fs):
         os.close(b)
 
 
-@pytest.mark.parametrize("name, second_ok", [
-    ("pt_then_plain", False), ("plain_then_pt", False),
-    ("pt_then_direct", False), ("direct_then_pt", True)])
+@pytest.mark.parametrize(
+    "name, second_ok",
+    [
+        ("pt_then_plain", False),
+        ("plain_then_pt", False),
+        ("pt_then_direct", False),
+        ("direct_then_pt", True),
+    ],
+)
 def test_passthrough_and_daemon_served_opens_of_one_inode(fs, name, second_ok):
     """Passthrough and cached (page cache) opens exclude each other in both orders (EIO for the
     second). A direct_io open is refused while the inode is open in passthrough, but a passthrough
@@ -595,10 +648,10 @@ def test_passthrough_and_daemon_served_opens_of_one_inode(fs, name, second_ok):
         if b is not None:
             try:
                 m = fs.mark()
-                assert os.pread(b, MiB, 0) == content(name, MiB)      # b: passthrough
+                assert os.pread(b, MiB, 0) == content(name, MiB)  # b: passthrough
                 assert "read" not in fs.ops(name, m)
                 m = fs.mark()
-                assert os.pread(a, MiB, 0) == content(name, MiB)      # a: direct_io, daemon
+                assert os.pread(a, MiB, 0) == content(name, MiB)  # a: direct_io, daemon
                 assert "read" in fs.ops(name, m)
             finally:
                 os.close(b)
@@ -673,10 +726,9 @@ def test_sealed_memfd_backing(fs):
             os.pwrite(fd, b"x", 0)
         assert e.value.errno == errno.EPERM
         assert fs.backing_bytes(name) == want
-        with mmap.mmap(fd, MiB, flags=mmap.MAP_SHARED,
-                       prot=mmap.PROT_READ | mmap.PROT_WRITE) as m:
+        with mmap.mmap(fd, MiB, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE) as m:
             m[0:4] = b"SEAL"
-        assert fs.backing_bytes(name)[:4] == b"SEAL"          # the seal is bypassed
+        assert fs.backing_bytes(name)[:4] == b"SEAL"  # the seal is bypassed
         assert fs.backing_bytes(name)[4:] == want[4:]
     finally:
         os.close(fd)
@@ -687,7 +739,7 @@ def _pmd_mapped_kib(path: str) -> int:
     smaps = Path("/proc/self/smaps").read_text().splitlines()
     for i, line in enumerate(smaps):
         if line.endswith(" " + path):
-            for field in smaps[i + 1:i + 30]:
+            for field in smaps[i + 1 : i + 30]:
                 if field.startswith("ShmemPmdMapped:"):
                     return int(field.split()[1])
     raise AssertionError(f"no mapping of {path} in smaps")

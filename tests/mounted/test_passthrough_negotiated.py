@@ -9,21 +9,26 @@ import pytest
 
 from tests.mounted.test_passthrough_kernel import Server, _skip_reason
 
-pytestmark = [pytest.mark.mounted,
-              pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
+pytestmark = [
+    pytest.mark.mounted,
+    pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason())),
+]
 
 
-def test_kvfs_negotiates_passthrough_when_the_kernel_offers_it(tmp_path, make_mount, pool_config,
-                                                              monkeypatch):
+def test_kvfs_negotiates_passthrough_when_the_kernel_offers_it(
+    tmp_path, make_mount, pool_config, monkeypatch
+):
     server = Server(tmp_path, "probe")
     try:
         offered = server.passthrough
     finally:
         server.stop()
     if not offered:
-        pytest.skip("the kernel did not offer FUSE passthrough at INIT (needs Linux >= 6.9 "
-                    "with CONFIG_FUSE_PASSTHROUGH)")
-    monkeypatch.delenv("KVFS_PASSTHROUGH", raising=False)   # the default: passthrough on
+        pytest.skip(
+            "the kernel did not offer FUSE passthrough at INIT (needs Linux >= 6.9 "
+            "with CONFIG_FUSE_PASSTHROUGH)"
+        )
+    monkeypatch.delenv("KVFS_PASSTHROUGH", raising=False)  # the default: passthrough on
     m = make_mount(pool_config())
     path = m.stats()["data_path"]
     assert path["passthrough"], f"the kernel offers FUSE passthrough, kvfs did not take it: {path}"

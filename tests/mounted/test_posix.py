@@ -21,7 +21,7 @@ def test_nested_directories_files_and_listing(mnt):
     (root / "a" / "b" / "c" / "f.pt").write_bytes(b"x" * 10)
     assert sorted(os.listdir(root / "a" / "b")) == ["c"]
     assert (root / "a" / "b" / "c" / "f.pt").read_bytes() == b"x" * 10
-    assert os.stat(root / "a").st_nlink == 3          # ".", its entry, and b's ".."
+    assert os.stat(root / "a").st_nlink == 3  # ".", its entry, and b's ".."
     with pytest.raises(OSError) as e:
         (root / "a").rmdir()
     assert e.value.errno == errno.ENOTEMPTY
@@ -43,15 +43,15 @@ def test_writes_at_any_offset_out_of_order_and_partial(mnt):
     p = mnt.mountpoint / "blk"
     fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
     os.pwrite(fd, b"tail", 5 * MiB)
-    os.pwrite(fd, b"B" * 300, 1 * MiB - 100)      # straddles a chunk boundary
+    os.pwrite(fd, b"B" * 300, 1 * MiB - 100)  # straddles a chunk boundary
     os.pwrite(fd, b"A", 0)
-    assert os.pread(fd, 4, 5 * MiB) == b"tail"   # reads see the writer's bytes before close
+    assert os.pread(fd, 4, 5 * MiB) == b"tail"  # reads see the writer's bytes before close
     os.fsync(fd)
     os.close(fd)
     got = p.read_bytes()
     assert len(got) == 5 * MiB + 4
     assert got[0:1] == b"A" and got[1:100] == bytes(99)
-    assert got[MiB - 100:MiB + 200] == b"B" * 300
+    assert got[MiB - 100 : MiB + 200] == b"B" * 300
     assert got[-4:] == b"tail"
     assert os.stat(p).st_size == 5 * MiB + 4
 
@@ -70,15 +70,15 @@ def test_rewrite_replaces_atomically_and_old_reader_keeps_old_bytes(mnt):
             with pytest.raises(OSError) as e:
                 p.write_bytes(new)
             assert e.value.errno == errno.ETXTBSY
-            assert p.read_bytes() == old         # nothing happened to the file
+            assert p.read_bytes() == old  # nothing happened to the file
         else:
-            p.write_bytes(new)                   # open(O_TRUNC), write, close
+            p.write_bytes(new)  # open(O_TRUNC), write, close
         mnt.drop_caches()
-        assert reader.read() == old[MiB:]        # the version it opened
+        assert reader.read() == old[MiB:]  # the version it opened
     if mnt.passthrough:
-        p.write_bytes(new)                       # the readers are gone: it goes ahead
+        p.write_bytes(new)  # the readers are gone: it goes ahead
     assert p.read_bytes() == new
-    with open(p, "rb", buffering=0) as reader:   # truncate(2) by path is a rewrite too
+    with open(p, "rb", buffering=0) as reader:  # truncate(2) by path is a rewrite too
         if mnt.passthrough:
             with pytest.raises(OSError) as e:
                 os.truncate(p, 10)
@@ -98,7 +98,7 @@ def test_rename_replaces_the_target_like_os_replace(mnt):
     (d / "k.data").write_bytes(b"old")
     tmp = d / "k.data.tmp"
     tmp.write_bytes(b"new")
-    with open(d / "k.data", "rb") as held:     # an open reader of the replaced file
+    with open(d / "k.data", "rb") as held:  # an open reader of the replaced file
         os.replace(tmp, d / "k.data")
         assert held.read() == b"old"
     assert (d / "k.data").read_bytes() == b"new"
@@ -106,7 +106,7 @@ def test_rename_replaces_the_target_like_os_replace(mnt):
     (d / "sub").mkdir()
     os.rename(d / "k.data", d / "sub" / "moved")
     assert (d / "sub" / "moved").read_bytes() == b"new"
-    with pytest.raises(OSError) as e:          # a directory cannot go inside itself
+    with pytest.raises(OSError) as e:  # a directory cannot go inside itself
         os.rename(d / "sub", d / "sub" / "inner")
     assert e.value.errno == errno.EINVAL
 
@@ -119,7 +119,7 @@ def test_readdir_offsets_are_stable_across_batches_and_deletions(mnt):
         (d / n).touch()
     assert sorted(os.listdir(d)) == sorted(names)
     seen = []
-    with os.scandir(d) as it:          # delete entries while listing: no duplicates, no loss
+    with os.scandir(d) as it:  # delete entries while listing: no duplicates, no loss
         for i, entry in enumerate(it):
             seen.append(entry.name)
             if i % 3 == 0:
@@ -135,7 +135,7 @@ def test_stat_sizes_times_modes_owner(mnt):
     p.write_bytes(b"z" * 5000)
     st = os.stat(p)
     assert stat.S_ISREG(st.st_mode)
-    assert st.st_size == 5000 and st.st_blocks == 16      # 2 pages of 4 KiB
+    assert st.st_size == 5000 and st.st_blocks == 16  # 2 pages of 4 KiB
     assert st.st_uid == os.geteuid() and st.st_gid == os.getegid()
     assert before - 2e9 <= st.st_mtime_ns <= time.time_ns() + 1e9
     os.chmod(p, 0o600)
@@ -194,7 +194,7 @@ def test_mmap_reads_and_shared_mmap_writes(mnt):
     os.close(fd)
     mnt.drop_caches()
     with open(p, "rb") as f:
-        shared = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)          # MAP_SHARED
+        shared = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # MAP_SHARED
         private = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
         assert shared[:] == data and private[:] == data
         shared.close()
@@ -208,7 +208,10 @@ def test_user_xattrs(mnt):
     os.setxattr(p, "user.empty", b"")
     assert os.getxattr(p, "user.model") == b"llama"
     names = os.listxattr(p)
-    assert sorted(n for n in names if not n.startswith("user.kvfs.")) == ["user.empty", "user.model"]
+    assert sorted(n for n in names if not n.startswith("user.kvfs.")) == [
+        "user.empty",
+        "user.model",
+    ]
     assert "user.kvfs.tier" in names
     with pytest.raises(OSError) as e:
         os.setxattr(p, "user.model", b"x", os.XATTR_CREATE)
@@ -226,11 +229,20 @@ def test_user_xattrs(mnt):
     assert os.getxattr(p, "user.model") == b"llama"
 
 
-@pytest.mark.parametrize("name", [
-    "meta-llama-Llama-3.1-8B@1@0@-274654dcc82ea3f3@bfloat16.pt",
-    "-leading-dash", "..dots..", ".hidden", "a b c", "ünïcødé-キャッシュ", "x" * 255,
-    "a=b,c;d'e\"f\\g", "\t\x01ctl",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "meta-llama-Llama-3.1-8B@1@0@-274654dcc82ea3f3@bfloat16.pt",
+        "-leading-dash",
+        "..dots..",
+        ".hidden",
+        "a b c",
+        "ünïcødé-キャッシュ",
+        "x" * 255,
+        "a=b,c;d'e\"f\\g",
+        "\t\x01ctl",
+    ],
+)
 def test_any_linux_file_name_works(mnt, name):
     p = mnt.mountpoint / name
     p.write_bytes(b"payload")
@@ -254,8 +266,14 @@ def test_looking_up_a_name_longer_than_255_bytes_is_enametoolong(mnt):
     d = mnt.mountpoint
     long = "z" * 262
     os.symlink(long, d / "link")
-    for path, call in ((d / long, os.stat), (d / "link", os.stat), (d / "link", open),
-                       (d / long, os.unlink), (d / long, os.rmdir), (d / long, os.listdir)):
+    for path, call in (
+        (d / long, os.stat),
+        (d / "link", os.stat),
+        (d / "link", open),
+        (d / long, os.unlink),
+        (d / long, os.rmdir),
+        (d / long, os.listdir),
+    ):
         with pytest.raises(OSError) as e:
             call(path)
         assert e.value.errno == errno.ENAMETOOLONG, (path.name[:8], call)
@@ -292,22 +310,27 @@ def test_restart_is_warm_and_bit_exact(mnt):
     blobs = {f"blk{i}.pt": os.urandom((i + 1) * MiB + i) for i in range(6)}
     for n, b in blobs.items():
         (mnt.mountpoint / n).write_bytes(b)
-    mnt.sync()                  # (durability "fsync": written back now)
+    mnt.sync()  # (durability "fsync": written back now)
     written = mnt.stats()["store"]["bytes_to_pool"]
     mnt.restart()
     for n, b in blobs.items():
         assert (mnt.mountpoint / n).read_bytes() == b
     st = mnt.stats()
-    assert st["store"]["bytes_to_pool"] == 0              # nothing was written again
+    assert st["store"]["bytes_to_pool"] == 0  # nothing was written again
     assert st["store"]["bytes_from_pool"] >= sum(map(len, blobs.values()))
     assert written >= sum(map(len, blobs.values()))
 
 
 def test_shell_tools_work(mnt):
     d = mnt.mountpoint
-    subprocess.run(f"echo hello > {d}/h && cat {d}/h >> {d}/h2 && cp {d}/h {d}/h3 && "
-                   f"mv {d}/h3 {d}/h4 && ls -l {d} >/dev/null && du -s {d} >/dev/null && "
-                   f"find {d} -name 'h*' | wc -l", shell=True, check=True, capture_output=True)
+    subprocess.run(
+        f"echo hello > {d}/h && cat {d}/h >> {d}/h2 && cp {d}/h {d}/h3 && "
+        f"mv {d}/h3 {d}/h4 && ls -l {d} >/dev/null && du -s {d} >/dev/null && "
+        f"find {d} -name 'h*' | wc -l",
+        shell=True,
+        check=True,
+        capture_output=True,
+    )
     assert (d / "h2").read_text() == "hello\n" and (d / "h4").read_text() == "hello\n"
     r = subprocess.run(["dd", f"if={d}/h4", "of=/dev/null", "bs=1M"], capture_output=True)
     assert r.returncode == 0
@@ -328,9 +351,9 @@ def test_a_read_write_open_that_writes_nothing_commits_nothing(mnt):
     assert mnt.stats()["files"]["commits"] == commits
     fd = os.open(p, os.O_RDWR)
     with mmap.mmap(fd, 3 * MiB, mmap.MAP_SHARED) as m:
-        m[MiB:MiB + 5] = b"mmap!"
+        m[MiB : MiB + 5] = b"mmap!"
     os.close(fd)
-    want = data[:MiB] + b"mmap!" + data[MiB + 5:]
+    want = data[:MiB] + b"mmap!" + data[MiB + 5 :]
     assert json.loads(os.getxattr(p, "user.kvfs.layout"))["generation"] != gen
     mnt.drop_caches()
     assert p.read_bytes() == want

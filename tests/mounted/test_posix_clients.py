@@ -27,7 +27,8 @@ pytestmark = pytest.mark.mounted
 # without it the kernel answers EOPNOTSUPP (and glibc's posix_fallocate writes zeros instead)
 needs_fallocate = pytest.mark.skipif(
     not hasattr(pyfuse3.Operations, "fallocate"),
-    reason="pyfuse3 lacks the fallocate handler (mount/fuse/pyfuse3-fallocate.patch)")
+    reason="pyfuse3 lacks the fallocate handler (mount/fuse/pyfuse3-fallocate.patch)",
+)
 
 MiB = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -100,16 +101,16 @@ def test_fcntl_setfl_turns_o_direct_on_and_off(mnt):
     p = mnt.mountpoint / "toggle.bin"
     data = os.urandom(2 * MiB)
     fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
-    os.write(fd, data[:MiB])                                   # buffered
+    os.write(fd, data[:MiB])  # buffered
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
     assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
-    assert os.pwrite(fd, aligned(data[MiB:]), MiB) == MiB        # direct, aligned
+    assert os.pwrite(fd, aligned(data[MiB:]), MiB) == MiB  # direct, aligned
     out = mmap.mmap(-1, 2 * MiB)
     assert os.preadv(fd, [out], 0) == 2 * MiB
     assert out[:] == data
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
     assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
-    assert os.pread(fd, 5, 3) == data[3:8]                     # unaligned again
+    assert os.pread(fd, 5, 3) == data[3:8]  # unaligned again
     os.close(fd)
     mnt.drop_caches()
     assert p.read_bytes() == data
@@ -124,9 +125,9 @@ def test_fallocate_mode_0_extends_reserves_and_reads_zeros(mnt):
     os.write(fd, b"head")
     fallocate(fd, 0, 0, 8 * MiB)
     assert os.fstat(fd).st_size == 8 * MiB
-    assert before - free_pages(mnt) == 8 * MiB // 4096            # reserved at once
+    assert before - free_pages(mnt) == 8 * MiB // 4096  # reserved at once
     assert os.pread(fd, 8, 0) == b"head" + bytes(4)
-    fallocate(fd, 0, MiB, MiB)                                  # inside: nothing changes
+    fallocate(fd, 0, MiB, MiB)  # inside: nothing changes
     assert os.fstat(fd).st_size == 8 * MiB
     os.pwrite(fd, b"tail", 8 * MiB - 4)
     os.close(fd)
@@ -169,7 +170,7 @@ def test_large_sparse_ftruncate_costs_no_memory_and_reads_zeros(make_mount, pool
     os.pwrite(fd, b"first", 0)
     os.pwrite(fd, b"last", size - 4)
     assert os.pread(fd, 16, 64 * MiB) == bytes(16)
-    assert m.stats()["tiers"]["dram"]["used"] < 16 * MiB     # holes take no memory
+    assert m.stats()["tiers"]["dram"]["used"] < 16 * MiB  # holes take no memory
     os.close(fd)
     m.restart()
     with open(p, "rb") as f:
@@ -193,12 +194,12 @@ def test_shared_mmap_writes_into_an_existing_file_are_durable(mnt):
     fd = os.open(p, os.O_RDWR)
     m = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     assert m[:MiB] == old[:MiB]
-    m[MiB:2 * MiB] = patch
+    m[MiB : 2 * MiB] = patch
     m.flush()
     m.close()
     os.close(fd)
     mnt.restart()
-    assert p.read_bytes() == old[:MiB] + patch + old[2 * MiB:]
+    assert p.read_bytes() == old[:MiB] + patch + old[2 * MiB :]
 
 
 # --- O_NOATIME ---------------------------------------------------------------------------------
@@ -212,7 +213,7 @@ def test_o_noatime_opens_and_leaves_atime_alone(mnt):
     assert os.stat(p).st_atime_ns == 1_000_000_000
     mnt.restart()
     assert os.stat(p).st_atime_ns == 1_000_000_000
-    with open(p, "rb") as f:                         # a plain open does count as an access
+    with open(p, "rb") as f:  # a plain open does count as an access
         f.read()
     assert os.stat(p).st_atime_ns > 2_000_000_000
 
@@ -223,17 +224,32 @@ def test_async_o_direct_io_with_libaio_and_io_uring(mnt, engine):
     """fio writes 16 MiB with O_DIRECT at queue depth 8 (sequentially, then random 128 KiB
     overwrites in place, NIXL's pattern), and verifies every block it wrote."""
     p = mnt.mountpoint / f"{engine}.bin"
-    common = ["fio", "--name=kv", f"--filename={p}", f"--ioengine={engine}", "--direct=1",
-              "--iodepth=8", "--size=16M", "--verify=crc32c", "--do_verify=1",
-              "--verify_state_save=0", "--output-format=terse", "--minimal"]
+    common = [
+        "fio",
+        "--name=kv",
+        f"--filename={p}",
+        f"--ioengine={engine}",
+        "--direct=1",
+        "--iodepth=8",
+        "--size=16M",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_state_save=0",
+        "--output-format=terse",
+        "--minimal",
+    ]
     for extra in (["--rw=write", "--bs=1M"], ["--rw=randwrite", "--bs=128k"]):
         r = subprocess.run(common + extra, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "verify" not in r.stderr.lower(), r.stderr
     assert os.stat(p).st_size == 16 * MiB
     mnt.drop_caches()
-    r = subprocess.run(common + ["--rw=read", "--bs=128k", "--verify_only"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        common + ["--rw=read", "--bs=128k", "--verify_only"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -249,9 +265,9 @@ def test_statvfs_tracks_writes_unlinks_and_open_unlinked_files(mnt):
     assert base - free_pages(mnt) == (0 if mnt.passthrough else 3 * MiB // 4096)
     os.close(fd)
     assert base - free_pages(mnt) == 3 * MiB // 4096
-    (d / "x.bin").write_bytes(os.urandom(5 * MiB + 1))         # rounded up to a page
+    (d / "x.bin").write_bytes(os.urandom(5 * MiB + 1))  # rounded up to a page
     assert base - free_pages(mnt) == (8 * MiB + 4096) // 4096
-    mnt.sync()          # (durability "fsync": written back; a closed file is in the pool now)
+    mnt.sync()  # (durability "fsync": written back; a closed file is in the pool now)
     assert base - free_pages(mnt) == (8 * MiB + 4096) // 4096
     os.unlink(d / "x.bin")
     # freed by the unlink once it is durable: at once with durability "close", within the
@@ -260,7 +276,7 @@ def test_statvfs_tracks_writes_unlinks_and_open_unlinked_files(mnt):
     with open(d / "w.bin", "rb") as f:
         os.unlink(d / "w.bin")
         mnt.sync()
-        assert base - free_pages(mnt) == 3 * MiB // 4096        # still read: still used
+        assert base - free_pages(mnt) == 3 * MiB // 4096  # still read: still used
         assert f.read() == w
     wait_until(lambda: free_pages(mnt) == base, 10, "the space of the last reader's file")
     assert os.statvfs(d).f_files >= 1
@@ -277,7 +293,7 @@ def test_mtimes_order_writes_survive_rename_and_restart(mnt):
         tmp.write_bytes(os.urandom(64 * 1024))
         before = os.stat(tmp).st_mtime_ns
         os.replace(tmp, d / n)
-        assert os.stat(d / n).st_mtime_ns == before              # rename keeps the mtime
+        assert os.stat(d / n).st_mtime_ns == before  # rename keeps the mtime
     mtimes = {n: os.stat(d / n).st_mtime_ns for n in names}
     assert sorted(names, key=mtimes.get) == names
     assert len(set(mtimes.values())) == len(names)

@@ -77,14 +77,14 @@ def _stat_view(st: os.stat_result) -> tuple:
 
 
 def _xattr_names(names: list[str]) -> list[str]:
-    return sorted(n for n in names if not n.startswith("user.kvfs."))   # kvfs's virtual ones
+    return sorted(n for n in names if not n.startswith("user.kvfs."))  # kvfs's virtual ones
 
 
 def run_step(root: Path, op: tuple, slots: dict):
     """Apply one operation under `root` (`slots`: this root's open handles, by slot number);
     ("ok", value) or ("err", errno name)."""
     kind, args = op[0], op[1:]
-    P = lambda rel: str(root / rel)      # noqa: E731
+    P = lambda rel: str(root / rel)  # noqa: E731
     try:
         if kind == "hopen":
             slot, rel, flags = args
@@ -208,7 +208,7 @@ def run_step(root: Path, op: tuple, slots: dict):
 def random_path(rng: random.Random) -> str:
     r = rng.random()
     if r < 0.03:
-        return LONG                                 # a name longer than 255 bytes
+        return LONG  # a name longer than 255 bytes
     if r < 0.06:
         return rng.choice(NAMES) + "/" + LONG
     depth = 1 if r < 0.7 else 2 if r < 0.95 else 3
@@ -216,8 +216,13 @@ def random_path(rng: random.Random) -> str:
 
 
 SLOTS = 2
-WRITE_FLAGS = [os.O_WRONLY, os.O_RDWR, os.O_RDWR | os.O_CREAT, os.O_WRONLY | os.O_TRUNC,
-               os.O_RDWR | os.O_CREAT | os.O_TRUNC]
+WRITE_FLAGS = [
+    os.O_WRONLY,
+    os.O_RDWR,
+    os.O_RDWR | os.O_CREAT,
+    os.O_WRONLY | os.O_TRUNC,
+    os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+]
 
 
 def random_handle_op(rng: random.Random, open_slots: dict) -> tuple:
@@ -227,11 +232,16 @@ def random_handle_op(rng: random.Random, open_slots: dict) -> tuple:
         flags = rng.choice([os.O_RDONLY, os.O_RDONLY, *WRITE_FLAGS])
         return ("hopen", free[0], random_path(rng), flags)
     slot = rng.choice(sorted(open_slots))
-    k = rng.choices(["hclose", "hwrite", "hread", "hfstat", "hftruncate", "hfsync"],
-                    [3, 4, 4, 2, 1, 1])[0]
+    k = rng.choices(
+        ["hclose", "hwrite", "hread", "hfstat", "hftruncate", "hfsync"], [3, 4, 4, 2, 1, 1]
+    )[0]
     if k == "hwrite":
-        return ("hwrite", slot, rng.choice([0, rng.randrange(1 << 16), rng.randrange(1 << 21)]),
-                rng.randbytes(rng.choice([1, rng.randrange(1, 5000), rng.randrange(1, 200_000)])))
+        return (
+            "hwrite",
+            slot,
+            rng.choice([0, rng.randrange(1 << 16), rng.randrange(1 << 21)]),
+            rng.randbytes(rng.choice([1, rng.randrange(1, 5000), rng.randrange(1, 200_000)])),
+        )
     if k == "hread":
         return ("hread", slot, rng.randrange(1 << 20), rng.randrange(1, 1 << 18))
     if k == "hftruncate":
@@ -244,15 +254,42 @@ def random_op(rng: random.Random, open_slots: dict | None = None) -> tuple:
         return random_handle_op(rng, open_slots)
     p = random_path(rng)
     k = rng.choices(
-        ["write", "truncate", "ftruncate", "read", "pread", "stat", "unlink", "mkdir", "rmdir",
-         "rename", "symlink", "readlink", "listdir", "setxattr", "getxattr", "listxattr",
-         "removexattr", "fsync", "chmod", "opendir"],
-        [24, 4, 3, 6, 4, 6, 6, 4, 4, 8, 2, 2, 3, 3, 2, 2, 2, 2, 1, 1])[0]
+        [
+            "write",
+            "truncate",
+            "ftruncate",
+            "read",
+            "pread",
+            "stat",
+            "unlink",
+            "mkdir",
+            "rmdir",
+            "rename",
+            "symlink",
+            "readlink",
+            "listdir",
+            "setxattr",
+            "getxattr",
+            "listxattr",
+            "removexattr",
+            "fsync",
+            "chmod",
+            "opendir",
+        ],
+        [24, 4, 3, 6, 4, 6, 6, 4, 4, 8, 2, 2, 3, 3, 2, 2, 2, 2, 1, 1],
+    )[0]
     if k == "write":
-        flags = rng.choice([os.O_CREAT | os.O_WRONLY | os.O_TRUNC, os.O_CREAT | os.O_WRONLY,
-                            os.O_WRONLY, os.O_RDWR, os.O_CREAT | os.O_EXCL | os.O_WRONLY,
-                            os.O_CREAT | os.O_WRONLY | os.O_APPEND,
-                            os.O_WRONLY | os.O_DIRECTORY | os.O_CREAT])
+        flags = rng.choice(
+            [
+                os.O_CREAT | os.O_WRONLY | os.O_TRUNC,
+                os.O_CREAT | os.O_WRONLY,
+                os.O_WRONLY,
+                os.O_RDWR,
+                os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                os.O_CREAT | os.O_WRONLY | os.O_APPEND,
+                os.O_WRONLY | os.O_DIRECTORY | os.O_CREAT,
+            ]
+        )
         off = rng.choice([0, 0, rng.randrange(1 << 16), rng.randrange(1 << 22)])
         n = rng.choice([0, 1, rng.randrange(1, 5000), rng.randrange(1, 300_000)])
         return ("write", p, flags, off, rng.randbytes(n))
@@ -263,20 +300,27 @@ def random_op(rng: random.Random, open_slots: dict | None = None) -> tuple:
     if k == "stat":
         return ("stat", p, rng.random() < 0.7)
     if k == "rename":
-        flags = rng.choice([0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE,
-                            RENAME_NOREPLACE | RENAME_EXCHANGE])
+        flags = rng.choice(
+            [0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_NOREPLACE | RENAME_EXCHANGE]
+        )
         return ("rename", p, random_path(rng), flags)
     if k == "symlink":
         target = rng.choice(["b", "../a", "d/c", "missing", LONG, "/nonexistent/x", "c/../d"])
         return ("symlink", target, p)
     if k in ("setxattr", "getxattr", "removexattr", "listxattr"):
-        follow = rng.random() < 0.8       # else the l*xattr calls: on a symlink itself
+        follow = rng.random() < 0.8  # else the l*xattr calls: on a symlink itself
         if k == "listxattr":
             return ("listxattr", p, follow)
         name = rng.choice(XATTRS)
         if k == "setxattr":
-            return ("setxattr", p, name, rng.randbytes(rng.choice([0, 3, 100])),
-                    rng.choice([0, 0, os.XATTR_CREATE, os.XATTR_REPLACE]), follow)
+            return (
+                "setxattr",
+                p,
+                name,
+                rng.randbytes(rng.choice([0, 3, 100])),
+                rng.choice([0, 0, os.XATTR_CREATE, os.XATTR_REPLACE]),
+                follow,
+            )
         return (k, p, name, follow)
     if k == "fsync":
         return ("fsync", p, rng.choice([os.O_RDONLY, os.O_WRONLY]))
@@ -352,16 +396,20 @@ def compare(kvfs_root: Path, ext4_root: Path, seed: int, steps: int) -> None:
             # new bytes), and with passthrough a writer's open then fails with ETXTBSY. So
             # while a read-only handle is open, no call opens a file for writing, writes or
             # truncates one (which file the handle reads is not tracked here).
-            if changes_content(op) and \
-                    any(fl & os.O_ACCMODE == os.O_RDONLY for _, fl in es.values()):
+            if changes_content(op) and any(
+                fl & os.O_ACCMODE == os.O_RDONLY for _, fl in es.values()
+            ):
                 continue
             history.append(describe(op))
             want = run_step(ext4_root, op, es)
             got = run_step(kvfs_root, op, ks)
             if got != want:
                 recent = "\n  ".join(history[-15:])
-                pytest.fail(f"seed {seed}, step {i}: {describe(op)}\n  ext4: {show(want)}\n"
-                            f"  kvfs: {show(got)}\nlast steps:\n  {recent}", pytrace=False)
+                pytest.fail(
+                    f"seed {seed}, step {i}: {describe(op)}\n  ext4: {show(want)}\n"
+                    f"  kvfs: {show(got)}\nlast steps:\n  {recent}",
+                    pytrace=False,
+                )
     finally:
         for slots in (ks, es):
             for fd, _ in slots.values():
@@ -386,8 +434,9 @@ def test_random_operations_match_ext4(mnt, ext4):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("data_path", ["passthrough", "daemon"])
-def test_random_operations_match_ext4_more_seeds(make_mount, pool_config, ext4, monkeypatch,
-                                                 data_path):
+def test_random_operations_match_ext4_more_seeds(
+    make_mount, pool_config, ext4, monkeypatch, data_path
+):
     """More seeds, through FUSE passthrough and through the daemon (KVFS_PASSTHROUGH=off),
     on one mount with a small DRAM tier (so files are cold again and again); then the same
     trees come back from the catalog after a restart."""
@@ -396,7 +445,7 @@ def test_random_operations_match_ext4_more_seeds(make_mount, pool_config, ext4, 
     m = make_mount(pool_config(dram="16MiB"))
     if data_path == "passthrough" and not m.passthrough:
         pytest.skip(f"FUSE passthrough is not in use: {m.stats()['data_path']['why']}")
-    assert m.passthrough == (data_path == "passthrough")      # the path this case names
+    assert m.passthrough == (data_path == "passthrough")  # the path this case names
     roots = []
     for seed in range(2, 8):
         k, e = m.mountpoint / f"w{seed}", ext4 / f"w{seed}"

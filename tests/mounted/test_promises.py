@@ -48,7 +48,7 @@ def test_rename_noreplace_and_exchange(mnt):
     # NOREPLACE: an existing target is left alone
     assert errno_of(renameat2, d / "a", d / "b", RENAME_NOREPLACE) == errno.EEXIST
     assert (d / "a").read_bytes() == b"A" * 5000 and (d / "b").read_bytes() == b"B" * 7
-    renameat2(d / "a", d / "c", RENAME_NOREPLACE)          # a free name: an ordinary rename
+    renameat2(d / "a", d / "c", RENAME_NOREPLACE)  # a free name: an ordinary rename
     assert not (d / "a").exists() and (d / "c").read_bytes() == b"A" * 5000
     # EXCHANGE: both names stay, their contents (inodes) trade places
     ino_b, ino_c = os.stat(d / "b").st_ino, os.stat(d / "c").st_ino
@@ -56,14 +56,15 @@ def test_rename_noreplace_and_exchange(mnt):
     assert (d / "b").read_bytes() == b"A" * 5000 and (d / "c").read_bytes() == b"B" * 7
     assert (os.stat(d / "b").st_ino, os.stat(d / "c").st_ino) == (ino_c, ino_b)
     assert os.stat(d / "b").st_size == 5000
-    renameat2(d / "dir", d / "b", RENAME_EXCHANGE)          # a directory and a file
+    renameat2(d / "dir", d / "b", RENAME_EXCHANGE)  # a directory and a file
     assert (d / "b" / "inside").read_bytes() == b"in" and (d / "dir").read_bytes() == b"A" * 5000
     assert errno_of(renameat2, d / "c", d / "missing", RENAME_EXCHANGE) == errno.ENOENT
-    assert errno_of(renameat2, d / "c", d / "dir",
-                    RENAME_EXCHANGE | RENAME_NOREPLACE) == errno.EINVAL
+    assert (
+        errno_of(renameat2, d / "c", d / "dir", RENAME_EXCHANGE | RENAME_NOREPLACE) == errno.EINVAL
+    )
     assert errno_of(renameat2, d / "b", d / "b" / "sub", RENAME_NOREPLACE) == errno.EINVAL
     assert sorted(os.listdir(d)) == ["b", "c", "dir"]
-    mnt.restart()                                           # and it is what the catalog holds
+    mnt.restart()  # and it is what the catalog holds
     assert sorted(os.listdir(d)) == ["b", "c", "dir"]
     assert (d / "b" / "inside").read_bytes() == b"in"
     assert (d / "dir").read_bytes() == b"A" * 5000 and (d / "c").read_bytes() == b"B" * 7
@@ -81,8 +82,8 @@ def test_durable_when_fsync_returns(mnt, rewrite):
     try:
         assert os.write(fd, first) == len(first)
         os.fsync(fd)
-        os.pwrite(fd, b"after the fsync", len(first))      # not synced: may be lost
-        mnt.kill()                                          # kill -9, mount cleared
+        os.pwrite(fd, b"after the fsync", len(first))  # not synced: may be lost
+        mnt.kill()  # kill -9, mount cleared
     finally:
         close_after_kill(fd)
     mnt.start()
@@ -90,8 +91,7 @@ def test_durable_when_fsync_returns(mnt, rewrite):
 
 
 @pytest.mark.parametrize("passthrough", ["on", "off"])
-def test_reads_within_the_file_are_never_short(make_mount, pool_config, monkeypatch,
-                                               passthrough):
+def test_reads_within_the_file_are_never_short(make_mount, pool_config, monkeypatch, passthrough):
     """A read of N bytes that lies within the file returns N bytes (the right ones), cold or
     resident, through FUSE passthrough and through the daemon (KVFS_PASSTHROUGH=off); one that
     crosses the end returns the bytes up to it."""
@@ -101,7 +101,7 @@ def test_reads_within_the_file_are_never_short(make_mount, pool_config, monkeypa
     if passthrough == "on" and not m.passthrough:
         pytest.skip(f"FUSE passthrough is not in use: {m.stats()['data_path']['why']}")
     assert m.passthrough == (passthrough == "on")
-    size = 9 * MiB + 12345                  # units of 1 MiB and a partial last one
+    size = 9 * MiB + 12345  # units of 1 MiB and a partial last one
     data = os.urandom(size)
     (m.mountpoint / "blk").write_bytes(data)
     rng = random.Random(7)
@@ -114,9 +114,9 @@ def test_reads_within_the_file_are_never_short(make_mount, pool_config, monkeypa
                 off = rng.randrange(size)
                 n = rng.choice([1, 4096, MiB, 3 * MiB + 5, rng.randrange(1, 2 * MiB)])
                 got = os.pread(fd, n, off)
-                assert got == data[off:off + n], (off, n, len(got))
-            assert os.pread(fd, 16 * MiB, 0) == data            # one read of the whole file
-            assert os.pread(fd, 100, size - 10) == data[-10:]    # crosses the end
+                assert got == data[off : off + n], (off, n, len(got))
+            assert os.pread(fd, 16 * MiB, 0) == data  # one read of the whole file
+            assert os.pread(fd, 100, size - 10) == data[-10:]  # crosses the end
             assert os.pread(fd, 100, size) == b""
         finally:
             os.close(fd)
@@ -124,7 +124,8 @@ def test_reads_within_the_file_are_never_short(make_mount, pool_config, monkeypa
 
 @pytest.mark.parametrize("sync", ["close", "fsync"])
 def test_a_full_pool_fails_the_write_or_the_commit_and_keeps_the_previous_version(
-        make_mount, pool_config, sync):
+    make_mount, pool_config, sync
+):
     """evict = "never" and no room: through the daemon write() itself fails with ENOSPC,
     through passthrough (writes go straight to memory) the commit does, at fsync() or close().
     Either way the fsync() or close() that follows fails, nothing is committed, the file keeps
@@ -142,7 +143,7 @@ def test_a_full_pool_fails_the_write_or_the_commit_and_keeps_the_previous_versio
         write_errno = None
         try:
             for off in range(0, len(data), MiB):
-                assert os.pwrite(fd, data[off:off + MiB], off) == MiB
+                assert os.pwrite(fd, data[off : off + MiB], off) == MiB
         except OSError as e:
             write_errno = e.errno
         if m.passthrough:
@@ -153,7 +154,7 @@ def test_a_full_pool_fails_the_write_or_the_commit_and_keeps_the_previous_versio
             with pytest.raises(OSError) as e:
                 os.fsync(fd)
             assert e.value.errno == errno.ENOSPC, name
-            try:            # the error was reported: close() may report it again, or not
+            try:  # the error was reported: close() may report it again, or not
                 os.close(fd)
             except OSError as e:
                 assert e.errno == errno.ENOSPC, name
@@ -167,12 +168,13 @@ def test_a_full_pool_fails_the_write_or_the_commit_and_keeps_the_previous_versio
     m.start()
     assert (d / "f").read_bytes() == old and (d / "filler").read_bytes() == filler
     assert not (d / "new").exists()
-    (d / "new").write_bytes(b"room is there for small files")      # the failed ones gave it back
+    (d / "new").write_bytes(b"room is there for small files")  # the failed ones gave it back
     assert (d / "new").read_bytes() == b"room is there for small files"
 
 
 def test_after_a_failed_fsync_the_file_reads_as_before_while_its_writer_still_has_it_open(
-        make_mount, pool_config):
+    make_mount, pool_config
+):
     """A failed fsync() drops what was written at once, not when the writer lets the file go
     (the kernel tells kvfs of that after close() returns, or much later: a writer may keep its
     descriptor): from the moment fsync() fails, a file rewritten reads as its previous version
@@ -245,15 +247,15 @@ def test_a_fork_and_exec_while_writing_commits_what_was_written_so_far(mnt):
     fd = os.open(d / "cut", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         assert os.write(fd, first) == len(first)
-        subprocess.run(["true"], check=True)                   # fork + exec
-        mnt.sync()                                             # (all that is closed: durable)
+        subprocess.run(["true"], check=True)  # fork + exec
+        mnt.sync()  # (all that is closed: durable)
         assert os.write(fd, second) == len(second)
-        mnt.kill()                                             # before the writer's close
+        mnt.kill()  # before the writer's close
     finally:
         close_after_kill(fd)
     mnt.start()
     if mnt.durability == "close":
-        assert (d / "cut").read_bytes() == first              # what the exec's close committed
+        assert (d / "cut").read_bytes() == first  # what the exec's close committed
     else:
         assert not (d / "cut").exists()
     fd = os.open(d / "whole", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -17,22 +17,47 @@ import pytest
 from bench import ROOT
 from tests.helpers import can_mount
 
-pytestmark = [pytest.mark.mounted, pytest.mark.slow,
-              pytest.mark.skipif(can_mount() is not None, reason=str(can_mount())),
-              pytest.mark.skipif(shutil.which("redis-server") is None,
-                                 reason="needs redis-server")]
+pytestmark = [
+    pytest.mark.mounted,
+    pytest.mark.slow,
+    pytest.mark.skipif(can_mount() is not None, reason=str(can_mount())),
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
+]
 
-ARGS = ["--nodes", "2", "--files", "24", "--lookups", "24", "--idle", "1",
-        "--evict-files", "16", "--ns-size", "16MiB", "--gen-nodes", "2,3", "--gen-steps", "2x1",
-        "--gen-seconds", "1", "--no-everysec", "--json"]
+ARGS = [
+    "--nodes",
+    "2",
+    "--files",
+    "24",
+    "--lookups",
+    "24",
+    "--idle",
+    "1",
+    "--evict-files",
+    "16",
+    "--ns-size",
+    "16MiB",
+    "--gen-nodes",
+    "2,3",
+    "--gen-steps",
+    "2x1",
+    "--gen-seconds",
+    "1",
+    "--no-everysec",
+    "--json",
+]
 
 
 def test_per_file_costs_are_plausible():
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "redis_scale.py"), *ARGS],
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "redis_scale.py"), *ARGS],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
-    assert out["commit"] and out["argv"][0] == "redis_scale.py"       # through bench.dumps
+    assert out["commit"] and out["argv"][0] == "redis_scale.py"  # through bench.dumps
     d = out["daemons"]
     s = d["summary"]
     assert d["phases"]["store"]["ops"] == 2 * 24 and d["phases"]["store"]["failed"] == 0
@@ -45,20 +70,20 @@ def test_per_file_costs_are_plausible():
     assert 0.9 <= store["by_name"].get("xadd", 0) <= 1.5, store
     assert store["in_scripts"] > store["evalsha"] > 0, store
     assert store["follower_commands"] > 0, store
-    assert store["round_trips"] >= 1, store                 # the node's own (redis_calls)
+    assert store["round_trips"] >= 1, store  # the node's own (redis_calls)
     assert store["round_trips_all"] >= store["round_trips"], store
     assert store["redis_cpu_main_ms"] > 0, store
 
-    assert 0.9 <= s["lookup_miss"]["round_trips"] <= 1.5, s["lookup_miss"]   # one HGET each
+    assert 0.9 <= s["lookup_miss"]["round_trips"] <= 1.5, s["lookup_miss"]  # one HGET each
     assert 0.9 <= s["lookup_miss"]["by_name"].get("hget", 0) <= 1.5, s["lookup_miss"]
-    assert s["lookup_hit"]["round_trips"] < 0.5, s["lookup_hit"]             # the mirror's
+    assert s["lookup_hit"]["round_trips"] < 0.5, s["lookup_hit"]  # the mirror's
 
     ev = d["phases"]["evict"]
     assert ev["evictions"] > 0 and ev["evict_log_lines"] == ev["evictions"], ev
     assert 0.9 <= s["evict"]["evalsha_by_script"].get("remove", 0) <= 1.2, s["evict"]
 
     bg = s["background"]
-    assert 0.5 <= bg["follower_per_node_s"].get("XREAD", 0) <= 2, bg   # XREAD BLOCK 1000
+    assert 0.5 <= bg["follower_per_node_s"].get("XREAD", 0) <= 2, bg  # XREAD BLOCK 1000
 
     assert s["cpu"]["cpu_main_s_per_1000_files"] > 0 and s["cpu"]["saturation_files_per_s"] > 0
     runs = out["generator"]["runs"]

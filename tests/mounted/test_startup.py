@@ -69,8 +69,10 @@ def test_unwritable_state_dir(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)], check=True)
     try:
         cfg = tmp_path / "k.toml"
-        cfg.write_text(f'state_dir = "{ro}/state"\n[[pool.namespace]]\npath = "{tmp_path}/ns0.img"\n'
-                       f'size = "64MiB"\n')
+        cfg.write_text(
+            f'state_dir = "{ro}/state"\n[[pool.namespace]]\npath = "{tmp_path}/ns0.img"\n'
+            f'size = "64MiB"\n'
+        )
         r = kvfs("mount", str(tmp_path / "mnt"), "--config", str(cfg))
         assert_one_line_error(r, "state_dir", "not writable")
     finally:
@@ -125,19 +127,22 @@ def test_a_detached_loop_namespace_is_a_one_line_error(tmp_path, make_mount):
     it); the next mount then finds a device node with no device (ENXIO): one line naming the
     namespace, not a traceback. Attaching the same file again brings everything back."""
     from testing.emulate import Emulation, available
+
     if available(throttle=False):
         pytest.skip(available(throttle=False))
     from kvfs.cli import main as kvfs_main
     from tests.helpers import write_config
+
     with Emulation("512m") as emu:
         devs = [emu.loop(f"d{i}", 64 << 20) for i in range(2)]
-        cfg = write_config(tmp_path / "k.toml", tmp_path / "state",
-                           [{"path": d.path} for d in devs])
+        cfg = write_config(
+            tmp_path / "k.toml", tmp_path / "state", [{"path": d.path} for d in devs]
+        )
         assert kvfs_main(["format", "--config", str(cfg)]) == 0
         m = make_mount(cfg)
         (m.mountpoint / "f").write_bytes(b"x" * (3 << 20))
         devs[1].detach()
-        assert (m.mountpoint / "f").read_bytes() == b"x" * (3 << 20)   # still attached here
+        assert (m.mountpoint / "f").read_bytes() == b"x" * (3 << 20)  # still attached here
         assert m.stop() == 0
         (tmp_path / "mnt2").mkdir()
         r = kvfs("mount", str(tmp_path / "mnt2"), "--config", str(cfg))

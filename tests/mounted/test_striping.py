@@ -18,7 +18,9 @@ MiB = 1 << 20
 
 
 def formatted(tmp_path, devs, **kw):
-    cfg = write_config(tmp_path / "k.toml", tmp_path / "state", [{"path": d.path} for d in devs], **kw)
+    cfg = write_config(
+        tmp_path / "k.toml", tmp_path / "state", [{"path": d.path} for d in devs], **kw
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         assert kvfs_main(["format", "--config", str(cfg)]) == 0
     return cfg
@@ -47,7 +49,7 @@ def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_pa
                 first = f.read(MiB)
                 fetched_then = m.stats()["store"]["bytes_from_pool"]
                 for d in devs:
-                    group.limit(d)                 # then unthrottled: the rest streams on
+                    group.limit(d)  # then unthrottled: the rest streams on
                 rest = f.read()
         finally:
             group.remove()
@@ -55,22 +57,22 @@ def test_cold_read_streams_first_bytes_before_the_whole_block(make_mount, tmp_pa
         assert fetched_then < 16 * MiB, f"the first read waited for {fetched_then} bytes"
 
 
-@requires_loops                  # loop devices only: no throttle
+@requires_loops  # loop devices only: no throttle
 def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_path):
     with Emulation("1g") as emu:
         devs = [emu.loop(f"f{i}", 96 * MiB) for i in range(3)]
         m = make_mount(formatted(tmp_path, devs))
-        striped = os.urandom(8 * MiB)                     # units on every namespace
+        striped = os.urandom(8 * MiB)  # units on every namespace
         (m.mountpoint / "striped.pt").write_bytes(striped)
         singles, on_ns1 = {}, set()
-        for i in range(6):                                 # one unit each, rotating
+        for i in range(6):  # one unit each, rotating
             singles[f"s{i}"] = os.urandom(4096)
             (m.mountpoint / f"s{i}").write_bytes(singles[f"s{i}"])
             lay = json.loads(os.getxattr(m.mountpoint / f"s{i}", "user.kvfs.layout"))
             if any(ns == 1 for ns, _ in lay["unit_map"]):
                 on_ns1.add(f"s{i}")
-        assert 0 < len(on_ns1) < len(singles)              # both kinds, by the rotation
-        devs[1].shrink_to(MiB)                             # namespace 1 "goes away"
+        assert 0 < len(on_ns1) < len(singles)  # both kinds, by the rotation
+        devs[1].shrink_to(MiB)  # namespace 1 "goes away"
         m.drop_caches()
         with pytest.raises(OSError) as e:
             (m.mountpoint / "striped.pt").read_bytes()
@@ -80,17 +82,17 @@ def test_a_failing_namespace_fails_only_the_io_that_touches_it(make_mount, tmp_p
         assert st["namespaces"][0]["state"] == "ok" and st["namespaces"][2]["state"] == "ok"
         assert "marking the namespace failed" in m.log_text()
         for name, d in singles.items():
-            if name in on_ns1:                             # its unit is gone: EIO, no bytes
+            if name in on_ns1:  # its unit is gone: EIO, no bytes
                 with pytest.raises(OSError) as err:
                     (m.mountpoint / name).read_bytes()
                 assert err.value.errno == errno.EIO, name
-            else:                                          # the others read bit-exact
+            else:  # the others read bit-exact
                 assert (m.mountpoint / name).read_bytes() == d, name
-        fresh = os.urandom(6 * MiB)                        # new blocks avoid the failed namespace
+        fresh = os.urandom(6 * MiB)  # new blocks avoid the failed namespace
         (m.mountpoint / "fresh.pt").write_bytes(fresh)
         m.drop_caches()
         assert (m.mountpoint / "fresh.pt").read_bytes() == fresh
-        assert os.listdir(m.mountpoint)                    # metadata is served throughout
+        assert os.listdir(m.mountpoint)  # metadata is served throughout
 
 
 @pytest.mark.slow
@@ -113,7 +115,7 @@ def test_adaptive_placement_learns_a_throttled_namespace(make_mount, tmp_path):
         group.add(m.pid)
         try:
             blocks = {}
-            for i in range(33):                     # 16 units each, written back to back
+            for i in range(33):  # 16 units each, written back to back
                 if i == 32:
                     # a block placed with the weights learned from the others (a block's
                     # placement is chosen when its writing starts)

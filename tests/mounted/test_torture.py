@@ -12,8 +12,11 @@ import pytest
 from bench.torture import CLUSTER_SCENARIOS, FAILING, SINGLE_SCENARIOS, Torture
 from tests.helpers import can_mount
 
-pytestmark = [pytest.mark.mounted, pytest.mark.slow,
-              pytest.mark.skipif(can_mount() is not None, reason=str(can_mount()))]
+pytestmark = [
+    pytest.mark.mounted,
+    pytest.mark.slow,
+    pytest.mark.skipif(can_mount() is not None, reason=str(can_mount())),
+]
 
 
 def _check(report: dict, aimed: tuple[str, ...]) -> None:
@@ -32,7 +35,7 @@ def test_single_node_loses_nothing_durable_and_shows_nothing_partial(tmp_path, d
     t = Torture(tmp_path, writers=3, seed=5, scenarios=SINGLE_SCENARIOS, durability=durability)
     report = t.run(len(SINGLE_SCENARIOS))
     assert report["durability"] == durability
-    _check(report, ("commit", "rename", "evict", "writer"))   # evict: killed amid evictions
+    _check(report, ("commit", "rename", "evict", "writer"))  # evict: killed amid evictions
     if durability == "close":
         assert report["lost_in_window"] == 0, report
 

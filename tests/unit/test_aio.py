@@ -14,6 +14,7 @@ def test_a_free_lock_is_taken_without_a_checkpoint():
             async with lock:
                 assert lock.locked()
         assert not lock.locked()
+
     trio.run(main)
 
 
@@ -28,12 +29,14 @@ def test_waiters_get_the_lock_in_order_and_one_at_a_time():
                 order.append(i)
                 await trio.sleep(0.001)
                 inside[0] -= 1
+
         async with trio.open_nursery() as n:
             async with lock:
                 for i in range(5):
                     n.start_soon(worker, i)
                     await trio.testing.wait_all_tasks_blocked()
         assert order == [0, 1, 2, 3, 4] and not lock.locked()
+
     trio.run(main)
 
 
@@ -47,6 +50,7 @@ def test_a_cancelled_waiter_leaves_the_queue_and_the_lock_goes_on():
                     scope_box.append(scope)
                 async with lock:
                     got.append(name)
+
         async with trio.open_nursery() as n:
             box = []
             async with lock:
@@ -57,4 +61,5 @@ def test_a_cancelled_waiter_leaves_the_queue_and_the_lock_goes_on():
                 box[0].cancel()
                 await trio.testing.wait_all_tasks_blocked()
         assert got == ["next"] and not lock.locked()
+
     trio.run(main)

@@ -38,7 +38,7 @@ def test_allocator_matches_a_page_bitmap(ops):
                 assert best < npages
                 continue
             first = (off - start) // P
-            assert not any(used[first:first + npages])
+            assert not any(used[first : first + npages])
             for i in range(first, first + npages):
                 used[i] = True
             live.append((off, npages))
@@ -70,9 +70,12 @@ def test_double_free_and_overlap_are_refused():
 
 
 @settings(max_examples=200)
-@given(ops=st.lists(st.tuples(st.sampled_from("atf"), st.integers(0, 199), st.integers(1, 30)),
-                    max_size=80),
-       ranges=st.lists(st.tuples(st.integers(0, 199), st.integers(1, 60)), min_size=1, max_size=4))
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from("atf"), st.integers(0, 199), st.integers(1, 30)), max_size=80
+    ),
+    ranges=st.lists(st.tuples(st.integers(0, 199), st.integers(1, 60)), min_size=1, max_size=4),
+)
 def test_ranged_alloc_and_take_match_a_page_bitmap(ops, ranges):
     """alloc_in stays inside its ranges, take marks exactly what it names, free_in counts, and
     the free bytes in whole units (of 3 pages here) are what the runs of free pages hold."""
@@ -101,22 +104,22 @@ def test_ranged_alloc_and_take_match_a_page_bitmap(ops, ranges):
                 continue
             p0 = (off - start) // P
             assert any(lo <= p0 and p0 + n <= hi for lo, hi in merged)
-            assert not any(used[p0:p0 + n])
-            used[p0:p0 + n] = [True] * n
+            assert not any(used[p0 : p0 + n])
+            used[p0 : p0 + n] = [True] * n
             live.append((off, n * P))
         elif op == "t":
-            if any(used[page:page + n]):
+            if any(used[page : page + n]):
                 with pytest.raises(ValueError):
                     a.take(start + page * P, n * P)
             else:
                 a.take(start + page * P, n * P)
-                used[page:page + n] = [True] * n
+                used[page : page + n] = [True] * n
                 live.append((start + page * P, n * P))
         elif live:
             off, length = live.pop(page % len(live))
             a.free(off, length)
             p0 = (off - start) // P
-            used[p0:p0 + length // P] = [False] * (length // P)
+            used[p0 : p0 + length // P] = [False] * (length // P)
         assert a.free_bytes == used.count(False) * P
         lo, hi = merged[0]
         total, largest = a.free_in(start + lo * P, start + hi * P)
@@ -127,24 +130,32 @@ def test_ranged_alloc_and_take_match_a_page_bitmap(ops, ranges):
             best = max(best, run)
         assert largest == best * P
         assert a.unit_bytes == sum(r - r % unit for r in free_runs(used, 0, pages)) * P
-        assert a.unit_bytes_in(start + lo * P, start + hi * P) == \
-            sum(r - r % unit for r in free_runs(used, lo, hi)) * P
+        assert (
+            a.unit_bytes_in(start + lo * P, start + hi * P)
+            == sum(r - r % unit for r in free_runs(used, lo, hi)) * P
+        )
     # rebuilt from the used extents (as at start-up), the counts are the same
     import numpy as np
+
     live.sort()
-    for b in (ExtentAllocator.from_used(start, start + pages * P, live, unit * P),
-              ExtentAllocator.from_sorted(start, start + pages * P,
-                                          np.array([o for o, _ in live], dtype=np.int64),
-                                          np.array([n for _, n in live], dtype=np.int64),
-                                          unit * P)):
+    for b in (
+        ExtentAllocator.from_used(start, start + pages * P, live, unit * P),
+        ExtentAllocator.from_sorted(
+            start,
+            start + pages * P,
+            np.array([o for o, _ in live], dtype=np.int64),
+            np.array([n for _, n in live], dtype=np.int64),
+            unit * P,
+        ),
+    ):
         assert (b.free_bytes, b.unit_bytes) == (a.free_bytes, a.unit_bytes)
 
 
 def test_take_free_takes_only_the_free_parts_of_a_range():
     a = ExtentAllocator(0, 16 * P)
-    a.take(2 * P, 2 * P)                      # pages 2-3 used
-    a.take(6 * P, P)                          # page 6 used
-    assert a.take_free(P, 7 * P) == 4 * P     # pages 1, 4, 5, 7 were free
+    a.take(2 * P, 2 * P)  # pages 2-3 used
+    a.take(6 * P, P)  # page 6 used
+    assert a.take_free(P, 7 * P) == 4 * P  # pages 1, 4, 5, 7 were free
     assert a.free_in(P, 8 * P) == (0, 0)
     assert a.free_bytes == 16 * P - 7 * P
-    assert a.take_free(P, 7 * P) == 0         # nothing left to take there
+    assert a.take_free(P, 7 * P) == 0  # nothing left to take there

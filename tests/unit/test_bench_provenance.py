@@ -12,11 +12,12 @@ from bench import ROOT, dumps
 
 
 def test_a_result_carries_its_commit_command_and_time():
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     out = json.loads(dumps({"x": 1, "argv": ["mine"]}))
     assert out["commit"] == head and isinstance(out["dirty"], bool)
-    assert out["x"] == 1 and out["argv"] == ["mine"]          # the result's own keys win
+    assert out["x"] == 1 and out["argv"] == ["mine"]  # the result's own keys win
     for key in ("measured_at", "finished_at"):
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", out[key])
 

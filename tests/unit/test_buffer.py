@@ -8,8 +8,12 @@ C = 64 * 1024
 
 
 @settings(max_examples=100)
-@given(writes=st.lists(st.tuples(st.integers(0, 5 * C), st.binary(min_size=0, max_size=2 * C)),
-                       max_size=10), cut=st.integers(0, 6 * C))
+@given(
+    writes=st.lists(
+        st.tuples(st.integers(0, 5 * C), st.binary(min_size=0, max_size=2 * C)), max_size=10
+    ),
+    cut=st.integers(0, 6 * C),
+)
 def test_buffer_behaves_like_a_bytearray(writes, cut):
     b = Buffer(C)
     ref = bytearray()
@@ -17,16 +21,16 @@ def test_buffer_behaves_like_a_bytearray(writes, cut):
         b.write(off, data)
         if off + len(data) > len(ref):
             ref.extend(bytes(off + len(data) - len(ref)))
-        ref[off:off + len(data)] = data
+        ref[off : off + len(data)] = data
     assert b.size == len(ref)
     assert bytes(b.view(0, len(ref) + 10)) == bytes(ref)
     b.resize(cut)
     ref = (ref + bytes(max(0, cut - len(ref))))[:cut]
     assert bytes(b.view(0, cut)) == bytes(ref)
-    b.resize(cut + C)      # grow again: the tail reads as zeros
+    b.resize(cut + C)  # grow again: the tail reads as zeros
     assert bytes(b.view(cut, C)) == bytes(C)
     assert bytes(b.copy().view(0, b.size)) == bytes(b.view(0, b.size))
-    assert b.nbytes <= b.reserved_bytes      # memory: never more than the content's pages
+    assert b.nbytes <= b.reserved_bytes  # memory: never more than the content's pages
 
 
 def test_views_of_blocks_larger_than_a_chunk_are_zero_copy():
@@ -34,10 +38,10 @@ def test_views_of_blocks_larger_than_a_chunk_are_zero_copy():
     data = os.urandom(3 * C)
     b.write(0, data)
     v = b.view(C - 10, 100)
-    assert isinstance(v, memoryview) and bytes(v) == data[C - 10:C + 90]
+    assert isinstance(v, memoryview) and bytes(v) == data[C - 10 : C + 90]
     small = Buffer(C)
     small.write(0, b"abc")
-    assert small.view(1, 10) == b"bc"                 # a small block: a copy, no mapping kept
+    assert small.view(1, 10) == b"bc"  # a small block: a copy, no mapping kept
 
 
 def test_io_views_cover_holes_with_zeros_for_writes():
@@ -47,14 +51,14 @@ def test_io_views_cover_holes_with_zeros_for_writes():
     views = b.io_views(0, 3 * C, z)
     assert sum(len(v) for v in views) == 3 * C
     assert bytes(views[0]) == bytes(C)
-    assert b.nbytes == 4096          # a hole stays a hole when written out
+    assert b.nbytes == 4096  # a hole stays a hole when written out
 
 
 def test_io_views_pad_the_last_unit_with_zeros_past_the_content():
     b = Buffer(C)
     b.write(0, b"y" * (C + 100))
     z = zero_chunk(C)
-    views = b.io_views(C, C, z)           # the last unit: 100 bytes, then padding
+    views = b.io_views(C, C, z)  # the last unit: 100 bytes, then padding
     data = b"".join(bytes(v) for v in views)
     assert data == b"y" * 100 + bytes(C - 100)
     views = b.io_views(0, C, z)
@@ -66,13 +70,14 @@ def test_the_kernel_sees_the_same_bytes_through_the_memfd():
     b = Buffer(C)
     b.write(100, b"abc")
     assert os.pread(b.fd, 3, 100) == b"abc"
-    os.pwrite(b.fd, b"xyz", 2 * C)        # a write the daemon did not see (passthrough)
+    os.pwrite(b.fd, b"xyz", 2 * C)  # a write the daemon did not see (passthrough)
     assert b.sync_size() == 2 * C + 3
     assert bytes(b.view(2 * C, 3)) == b"xyz"
     b.seal()
     import pytest
+
     with pytest.raises(OSError):
-        os.ftruncate(b.fd, 10)            # sealed: the size is final
+        os.ftruncate(b.fd, 10)  # sealed: the size is final
 
 
 def test_spares_keep_only_memory_nothing_else_can_see(tmp_path):
@@ -82,8 +87,10 @@ def test_spares_keep_only_memory_nothing_else_can_see(tmp_path):
     import mmap
 
     from kvfs.pool.buffer import MemorySource, Spares
+
     if os.geteuid() != 0:
         import pytest
+
         pytest.skip("the private tmpfs needs root")
     src = MemorySource()
     assert src.use_private_tmpfs(64 << 20) is None
@@ -101,12 +108,12 @@ def test_spares_keep_only_memory_nothing_else_can_see(tmp_path):
     (a, an), (b, bn) = filled(1 << 20), filled(2 << 20)
     spares.give(a, an)
     src.close(b)
-    spares.give(None, bn)                  # a buffer that died with its file closed (parked)
+    spares.give(None, bn)  # a buffer that died with its file closed (parked)
     assert spares.kept == 2 and spares.bytes == 3 << 20
-    assert src.open_files == 0             # spares are kept by name, no descriptor open
+    assert src.open_files == 0  # spares are kept by name, no descriptor open
     got_a, got_b = spares.take(1 << 20), spares.take(5)
     assert got_a[1] == an and got_b[1] == bn and spares.take(5) is None
-    assert os.pread(got_a[0], 1, 0) == b"x"          # reopened: the same file
+    assert os.pread(got_a[0], 1, 0) == b"x"  # reopened: the same file
     assert spares.bytes == 0 and spares.reused == 2
     src.close(got_b[0])
     a = got_a[0]
@@ -143,8 +150,10 @@ def test_a_parked_buffer_keeps_its_bytes_and_reopens_by_name():
     holds none for it) and is reopened by name when used; a memfd cannot be parked."""
     from kvfs.pool import buffer as buffer_mod
     from kvfs.pool.buffer import MemorySource
+
     if os.geteuid() != 0:
         import pytest
+
         pytest.skip("the private tmpfs needs root")
     src = MemorySource()
     assert src.use_private_tmpfs(64 << 20) is None
@@ -155,17 +164,18 @@ def test_a_parked_buffer_keeps_its_bytes_and_reopens_by_name():
         b.write(0, b"z" * (C + 7))
         assert src.open_files == 1
         assert b.park() and b.parked and src.open_files == 0
-        assert b.nbytes >= C + 7 and b.sync_size() == C + 7      # stat by name, not reopened
+        assert b.nbytes >= C + 7 and b.sync_size() == C + 7  # stat by name, not reopened
         assert b.parked
         assert bytes(b.view(C, 100)) == b"z" * 7 and not b.parked and src.open_files == 1
         name = b._box[1]
         del b
         import gc
+
         gc.collect()
         assert src.open_files == 0 and os.fsdecode(name) not in os.listdir(src.dirfd)
     finally:
         buffer_mod.MEMORY = saved
-    m = Buffer(C)                # a memfd (this process has no private tmpfs): stays open
+    m = Buffer(C)  # a memfd (this process has no private tmpfs): stays open
     assert not m.park() and not m.parked
 
 
@@ -179,8 +189,10 @@ def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it():
     import weakref
 
     from kvfs.pool.buffer import MemorySource, Spares, _release
+
     if os.geteuid() != 0:
         import pytest
+
         pytest.skip("the private tmpfs needs root")
     src = MemorySource()
     assert src.use_private_tmpfs(64 << 20) is None
@@ -189,7 +201,7 @@ def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it():
     def room() -> int:
         if collect[0]:
             collect[0] = False
-            gc.collect()          # the collector, run inside give's locked region
+            gc.collect()  # the collector, run inside give's locked region
         return 1 << 30
 
     spares = Spares(room, src)
@@ -203,11 +215,11 @@ def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it():
         return fd, name
 
     was_enabled = gc.isenabled()
-    gc.disable()                  # only the collection in room() frees the cycle
+    gc.disable()  # only the collection in room() frees the cycle
     try:
         dead = Node()
-        dead.me = dead            # a cycle: only the collector frees it
-        weakref.finalize(dead, _release, [*filled(), spares, src])      # as a Buffer's
+        dead.me = dead  # a cycle: only the collector frees it
+        weakref.finalize(dead, _release, [*filled(), spares, src])  # as a Buffer's
         del dead
         collect[0] = True
         t = threading.Thread(target=spares.give, args=filled(), daemon=True)
@@ -217,6 +229,6 @@ def test_a_buffer_that_dies_inside_a_lock_of_its_module_is_released_after_it():
     finally:
         if was_enabled:
             gc.enable()
-    assert not collect[0]                         # the collection did run inside the lock
-    assert spares.kept == 2 and src.open_files == 0      # both files kept, none left open
+    assert not collect[0]  # the collection did run inside the lock
+    assert spares.kept == 2 and src.open_files == 0  # both files kept, none left open
     spares.close()

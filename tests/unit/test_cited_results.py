@@ -51,7 +51,7 @@ def test_relative_links_lead_to_files():
     for doc in documents():
         for target in LINK.findall(doc.read_text()):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
-                continue                        # a URL, or an anchor in the same document
+                continue  # a URL, or an anchor in the same document
             if not (doc.parent / target.split("#")[0]).exists():
                 dead.append(f"{doc.relative_to(ROOT).as_posix()}: {target}")
     assert not dead, "links to nothing:\n  " + "\n  ".join(dead)

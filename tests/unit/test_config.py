@@ -38,7 +38,9 @@ def test_embedded_default_is_one_file_namespace_under_the_state_dir():
 
 
 def test_full_config_is_typed(tmp_path):
-    cfg = load_text(tmp_path, """
+    cfg = load_text(
+        tmp_path,
+        """
 state_dir = "state"
 log_level = "debug"
 [dram]
@@ -56,7 +58,8 @@ queue_depth = 32
 path = "ns1.img"
 size = "4GiB"
 weight = 0.5
-""")
+""",
+    )
     assert cfg.state_dir == tmp_path / "state"
     assert cfg.dram.capacity == 2 << 30
     assert cfg.mount.allow_other is True
@@ -71,42 +74,83 @@ weight = 0.5
 NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[pool]\nevcit = 'lru'\n", "config: unknown key pool.evcit"),
-    ("colour = 1\n", "config: unknown key colour"),
-    ("[dram]\ncapacity = 'lots'\n", "config: dram.capacity: expected a size like '4GiB', got 'lots'"),
-    ("[dram]\ncapacity = 0\n", "config: dram.capacity: must be greater than zero"),
-    ("[pool]\nevict = 'fifo'\n", "config: pool.evict: expected 'lru' or 'prefix' or 'never', got 'fifo'"),
-    ("[pool]\nstripe_unit = '3MiB'\n", "config: pool.stripe_unit: must be a power of two"),
-    ("[pool]\nio_engine = 'uring'\n",
-     "config: pool.io_engine: expected 'auto' or 'threads', got 'uring'"),
-    ("[[pool.namespace]]\nsize = '1GiB'\n", "config: pool.namespace[0].path: missing"),
-    ("[[pool.namespace]]\npath = 'a'\nqueue_depth = 0\n",
-     "config: pool.namespace[0].queue_depth: expected an integer from 1 to 256, got 0"),
-    ("[[pool.namespace]]\npath = 'a'\nsize = '1000'\n", "config: pool.namespace[0].size: must be a multiple of 4KiB"),
-    ("[[pool.namespace]]\npath = 'a'\n[[pool.namespace]]\npath = 'a'\n", "is listed twice"),
-    ("[mount]\nallow_other = 'yes'\n", "config: mount.allow_other: expected true or false"),
-    ("dram = 3\n", "config: dram: expected a table"),
-    ("[pool\n", "not valid TOML"),
-    ("[cluster]\nnode_id = 'a'\n", "config: cluster.redis: missing"),
-    ("[cluster]\nredis = 'http://x'\n", "config: cluster.redis: expected redis://host:port/db"),
-    ("[cluster]\nredis = 'redis://x/abc'\n", "config: cluster.redis: the database must be a number"),
-    ("[cluster]\nredis = 'redis://x:6379/0'\n", "every node must mount the same namespaces"),
-    ("[cluster]\nredis = 'redis://x:6379/0'\nname = 'a:b'\n" + NS, "config: cluster.name: must be"),
-    ("[cluster]\nredis = 'redis://x:6379/0'\ntls_ca = 'ca.pem'\n" + NS, "TLS options need a rediss:// URL"),
-    ("[cluster]\nredis = 'redis://x:6379/0'\ngrace_seconds = 0\n" + NS,
-     "config: cluster.grace_seconds: expected a number from 0.5 to 3600.0, got 0"),
-    ("[cluster]\nsentinels = ['s1:26379']\nredis = 'redis://x:6379/0'\n" + NS,
-     "config: cluster.redis: with sentinels, name no host"),
-    ("[cluster]\nsentinels = ['s1']\n" + NS, "config: cluster.sentinels[0]: expected \"host:port\""),
-    ("[cluster]\nsentinels = []\n" + NS, "config: cluster.sentinels: expected a non-empty list"),
-    ("[cluster]\nsentinels = ['s:1']\nno_replica = 'retry'\n" + NS,
-     "config: cluster.no_replica: expected 'fail' or 'wait'"),
-    ("[cluster]\nsentinels = ['s:1']\nconfirm = 'most'\n" + NS,
-     "config: cluster.confirm: expected 'all' or 'up'"),
-    ("[cluster]\nredis = 'redis://x:6379/0'\nsentinel_password = 'p'\n" + NS,
-     "sentinel_password needs cluster.sentinels"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[pool]\nevcit = 'lru'\n", "config: unknown key pool.evcit"),
+        ("colour = 1\n", "config: unknown key colour"),
+        (
+            "[dram]\ncapacity = 'lots'\n",
+            "config: dram.capacity: expected a size like '4GiB', got 'lots'",
+        ),
+        ("[dram]\ncapacity = 0\n", "config: dram.capacity: must be greater than zero"),
+        (
+            "[pool]\nevict = 'fifo'\n",
+            "config: pool.evict: expected 'lru' or 'prefix' or 'never', got 'fifo'",
+        ),
+        ("[pool]\nstripe_unit = '3MiB'\n", "config: pool.stripe_unit: must be a power of two"),
+        (
+            "[pool]\nio_engine = 'uring'\n",
+            "config: pool.io_engine: expected 'auto' or 'threads', got 'uring'",
+        ),
+        ("[[pool.namespace]]\nsize = '1GiB'\n", "config: pool.namespace[0].path: missing"),
+        (
+            "[[pool.namespace]]\npath = 'a'\nqueue_depth = 0\n",
+            "config: pool.namespace[0].queue_depth: expected an integer from 1 to 256, got 0",
+        ),
+        (
+            "[[pool.namespace]]\npath = 'a'\nsize = '1000'\n",
+            "config: pool.namespace[0].size: must be a multiple of 4KiB",
+        ),
+        ("[[pool.namespace]]\npath = 'a'\n[[pool.namespace]]\npath = 'a'\n", "is listed twice"),
+        ("[mount]\nallow_other = 'yes'\n", "config: mount.allow_other: expected true or false"),
+        ("dram = 3\n", "config: dram: expected a table"),
+        ("[pool\n", "not valid TOML"),
+        ("[cluster]\nnode_id = 'a'\n", "config: cluster.redis: missing"),
+        ("[cluster]\nredis = 'http://x'\n", "config: cluster.redis: expected redis://host:port/db"),
+        (
+            "[cluster]\nredis = 'redis://x/abc'\n",
+            "config: cluster.redis: the database must be a number",
+        ),
+        ("[cluster]\nredis = 'redis://x:6379/0'\n", "every node must mount the same namespaces"),
+        (
+            "[cluster]\nredis = 'redis://x:6379/0'\nname = 'a:b'\n" + NS,
+            "config: cluster.name: must be",
+        ),
+        (
+            "[cluster]\nredis = 'redis://x:6379/0'\ntls_ca = 'ca.pem'\n" + NS,
+            "TLS options need a rediss:// URL",
+        ),
+        (
+            "[cluster]\nredis = 'redis://x:6379/0'\ngrace_seconds = 0\n" + NS,
+            "config: cluster.grace_seconds: expected a number from 0.5 to 3600.0, got 0",
+        ),
+        (
+            "[cluster]\nsentinels = ['s1:26379']\nredis = 'redis://x:6379/0'\n" + NS,
+            "config: cluster.redis: with sentinels, name no host",
+        ),
+        (
+            "[cluster]\nsentinels = ['s1']\n" + NS,
+            'config: cluster.sentinels[0]: expected "host:port"',
+        ),
+        (
+            "[cluster]\nsentinels = []\n" + NS,
+            "config: cluster.sentinels: expected a non-empty list",
+        ),
+        (
+            "[cluster]\nsentinels = ['s:1']\nno_replica = 'retry'\n" + NS,
+            "config: cluster.no_replica: expected 'fail' or 'wait'",
+        ),
+        (
+            "[cluster]\nsentinels = ['s:1']\nconfirm = 'most'\n" + NS,
+            "config: cluster.confirm: expected 'all' or 'up'",
+        ),
+        (
+            "[cluster]\nredis = 'redis://x:6379/0'\nsentinel_password = 'p'\n" + NS,
+            "sentinel_password needs cluster.sentinels",
+        ),
+    ],
+)
 def test_bad_config_gets_one_line_naming_the_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
         load_text(tmp_path, text)
@@ -115,7 +159,9 @@ def test_bad_config_gets_one_line_naming_the_key(tmp_path, text, message):
 
 
 def test_cluster_section(tmp_path):
-    cfg = load_text(tmp_path, """
+    cfg = load_text(
+        tmp_path,
+        """
 state_dir = "state"
 [cluster]
 redis = "rediss://:secret@redis.example:6380/2"
@@ -124,33 +170,40 @@ tls_ca = "ca.pem"
 grace_seconds = 5
 [[pool.namespace]]
 path = "/dev/nvme1n1"
-""")
+""",
+    )
     c = cfg.cluster
     assert c.redis == "rediss://:secret@redis.example:6380/2" and c.node_id == "gpu-7"
     assert c.tls_ca == tmp_path / "ca.pem" and c.grace_seconds == 5.0 and c.lease_seconds == 10.0
     assert c.name == "kvfs" and c.regions == 64
     assert c.sentinels == () and c.min_replicas == 0 and c.where == "redis.example:6380"
-    s = load_text(tmp_path, """
+    s = load_text(
+        tmp_path,
+        """
 [cluster]
 sentinels = ["10.0.0.1:26379", "[::1]:26380"]
 master_name = "kv"
 redis = "rediss://:pw@/3"
 [[pool.namespace]]
 path = "/dev/nvme1n1"
-""").cluster
+""",
+    ).cluster
     assert s.sentinels == (("10.0.0.1", 26379), ("::1", 26380)) and s.master_name == "kv"
     assert s.redis == "rediss://:pw@/3" and s.min_replicas == 1 and s.no_replica == "fail"
     assert s.replica_timeout_ms == 1000 and "via sentinels 10.0.0.1:26379" in s.where
     assert s.confirm == "all"
     with pytest.raises(ConfigError, match="inside state_dir"):
-        load_text(tmp_path, """
+        load_text(
+            tmp_path,
+            """
 state_dir = "state"
 [cluster]
 redis = "redis://h:1/0"
 [[pool.namespace]]
 path = "state/ns0.img"
 size = "64MiB"
-""")
+""",
+        )
 
 
 def test_missing_config_file(tmp_path):
@@ -162,6 +215,7 @@ def test_every_toml_example_in_the_docs_is_a_valid_config(tmp_path):
     """The README and docs show configs users copy: each must load as it is."""
     import re
     from tests.helpers import ROOT
+
     found = 0
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for i, m in enumerate(re.finditer(r"```toml\n(.*?)```", doc.read_text(), re.S)):
@@ -177,8 +231,11 @@ def test_durability_defaults_to_fsync_and_a_shared_pool_publishes_at_close(tmp_p
     ns = '[[pool.namespace]]\npath = "/tmp/x.img"\nsize = "64MiB"\n'
     m = load_text(tmp_path, ns).mount
     assert m.durability == "fsync" and m.writeback_ms == 100
-    m = load_text(tmp_path, ns + '[dram]\ncapacity = "2GiB"\n[mount]\ndurability = "close"\n'
-                  'writeback_ms = 250\ndirty_limit = "64MiB"\n').mount
+    m = load_text(
+        tmp_path,
+        ns + '[dram]\ncapacity = "2GiB"\n[mount]\ndurability = "close"\n'
+        'writeback_ms = 250\ndirty_limit = "64MiB"\n',
+    ).mount
     assert (m.durability, m.writeback_ms, m.dirty_limit) == ("close", 250, 64 << 20)
     assert load_text(tmp_path, ns + '[dram]\ncapacity = "2GiB"\n').mount.dirty_limit == 512 << 20
     assert load_text(tmp_path, ns + '[dram]\ncapacity = "32MiB"\n').mount.dirty_limit == 16 << 20
@@ -187,11 +244,13 @@ def test_durability_defaults_to_fsync_and_a_shared_pool_publishes_at_close(tmp_p
     # the kernel keeps names 30 s on one node (invalidation is exact there), 1 s when shared
     assert load_text(tmp_path, ns).mount.attr_timeout == 30.0
     assert load_text(tmp_path, cluster + ns).mount.attr_timeout == 1.0
-    for bad, what in [('durability = "sometimes"', "mount.durability"),
-                      ("writeback_ms = 0", "mount.writeback_ms"),
-                      ("writeback_ms = 60001", "mount.writeback_ms"),
-                      ('dirty_limit = "-1"', "mount.dirty_limit")]:
+    for bad, what in [
+        ('durability = "sometimes"', "mount.durability"),
+        ("writeback_ms = 0", "mount.writeback_ms"),
+        ("writeback_ms = 60001", "mount.writeback_ms"),
+        ('dirty_limit = "-1"', "mount.dirty_limit"),
+    ]:
         with pytest.raises(ConfigError, match=what):
             load_text(tmp_path, ns + "[mount]\n" + bad + "\n")
-    with pytest.raises(ConfigError, match="only \"close\""):
+    with pytest.raises(ConfigError, match='only "close"'):
         load_text(tmp_path, cluster + ns + '[mount]\ndurability = "fsync"\n')

@@ -11,19 +11,21 @@ from tests.helpers import write_config
 
 
 def test_a_namespace_much_slower_than_the_others_is_named():
-    nss = [{"index": i, "path": f"/dev/ns{i}", "rate_bps": r}
-           for i, r in enumerate([100e6, 110e6, 95e6, 9e6, 0.0])]
+    nss = [
+        {"index": i, "path": f"/dev/ns{i}", "rate_bps": r}
+        for i, r in enumerate([100e6, 110e6, 95e6, 9e6, 0.0])
+    ]
     found = check_namespace_speed("/mnt", nss)
     assert len(found) == 1 and found[0].status == "warn" and "namespace 3" in found[0].detail
     assert check_namespace_speed("/mnt", nss[:3]) == []
-    assert check_namespace_speed("/mnt", nss[3:]) == []          # one measured: no median
+    assert check_namespace_speed("/mnt", nss[3:]) == []  # one measured: no median
 
 
 def test_catalog_findings():
     assert check_catalog("/mnt", {"error": None, "opened_with": None}) == []
-    fail, = check_catalog("/mnt", {"error": "catalog x: a write failed (disk full)"})
+    (fail,) = check_catalog("/mnt", {"error": "catalog x: a write failed (disk full)"})
     assert fail.status == "fail" and "disk full" in fail.detail and "remount" in fail.fix
-    warn, = check_catalog("/mnt", {"opened_with": "its write-ahead log ... partial frame"})
+    (warn,) = check_catalog("/mnt", {"opened_with": "its write-ahead log ... partial frame"})
     assert warn.status == "warn" and "partial frame" in warn.detail
 
 
@@ -35,7 +37,7 @@ def test_check_config_names_a_torn_superblock_and_a_missing_namespace(tmp_path):
     ok = check_config(str(cfg))
     assert [f.status for f in ok if "namespace" in f.detail] == ["ok", "ok"], ok
     raw = (tmp_path / "ns1.img").read_bytes()[:4096]
-    with open(tmp_path / "ns1.img", "r+b") as f:                  # torn in its payload
+    with open(tmp_path / "ns1.img", "r+b") as f:  # torn in its payload
         f.seek(raw.index(b'"size"'))
         f.write(b"XXXXXX")
     bad = [f for f in check_config(str(cfg)) if f.status == "fail"]

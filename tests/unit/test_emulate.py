@@ -41,7 +41,7 @@ def test_the_kind_of_throttle_is_chosen_at_run_time(tmp_path):
     assert throttle_support(blkio=absent, v2_roots=[v2], choice="auto") == ("v2", str(v2))
     kind, why = throttle_support(blkio=v1, v2_roots=[v2], choice="none")
     assert kind is None and "KVFS_THROTTLE=none" in why
-    (v2 / "cgroup.controllers").write_text("hugetlb\n")           # like this machine's
+    (v2 / "cgroup.controllers").write_text("hugetlb\n")  # like this machine's
     kind, why = throttle_support(blkio=absent, v2_roots=[v2], choice="auto")
     assert kind is None
     assert "no cgroup v1 blkio" in why and "no io controller" in why and "hugetlb" in why
@@ -59,9 +59,9 @@ def test_cgroup_v2_is_chosen_only_when_io_can_be_enabled_below_its_root(tmp_path
     absent = tmp_path / "absent"
     (v2 / "cgroup.subtree_control").write_text("")
     assert throttle_support(blkio=absent, v2_roots=[v2], choice="v2") == ("v2", str(v2))
-    assert (v2 / "cgroup.subtree_control").read_text() == "+io\n"       # enabled
+    assert (v2 / "cgroup.subtree_control").read_text() == "+io\n"  # enabled
     (v2 / "cgroup.subtree_control").unlink()
-    (v2 / "cgroup.subtree_control").mkdir()          # a write that fails, as EBUSY would
+    (v2 / "cgroup.subtree_control").mkdir()  # a write that fails, as EBUSY would
     kind, why = throttle_support(blkio=absent, v2_roots=[v2], choice="v2")
     assert kind is None and "cannot be enabled" in why and "+io" in why
 
@@ -69,13 +69,15 @@ def test_cgroup_v2_is_chosen_only_when_io_can_be_enabled_below_its_root(tmp_path
 def test_io_max_limits_a_device_in_its_own_group(tmp_path):
     root = v2_root(tmp_path, "io memory")
     g = IoMaxGroup("bench-1", root)
-    assert (root / "cgroup.subtree_control").read_text() == "+io\n"   # io enabled below
+    assert (root / "cgroup.subtree_control").read_text() == "+io\n"  # io enabled below
     g.limit(Dev(), read_bps=200e6, write_bps=1e9)
-    assert (root / "bench-1" / "io.max").read_text() == \
-        "7:3 rbps=200000000 wbps=1000000000 riops=max wiops=max\n"
+    assert (
+        root / "bench-1" / "io.max"
+    ).read_text() == "7:3 rbps=200000000 wbps=1000000000 riops=max wiops=max\n"
     g.limit(Dev(), read_iops=20000)
-    assert (root / "bench-1" / "io.max").read_text() == \
-        "7:3 rbps=max wbps=max riops=20000 wiops=max\n"
+    assert (
+        root / "bench-1" / "io.max"
+    ).read_text() == "7:3 rbps=max wbps=max riops=20000 wiops=max\n"
     g.add(4242)
     assert (root / "bench-1" / "cgroup.procs").read_text() == "4242\n"
     g.release(4242)

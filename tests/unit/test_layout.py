@@ -1,7 +1,15 @@
 from hypothesis import given, settings, strategies as st
 
-from kvfs.pool.layout import (PAGE, Layout, align_up, place_units, stored_length, unit_count,
-                         unit_length, units_covering)
+from kvfs.pool.layout import (
+    PAGE,
+    Layout,
+    align_up,
+    place_units,
+    stored_length,
+    unit_count,
+    unit_length,
+    units_covering,
+)
 
 units = st.sampled_from([4096, 65536, 1 << 20, 4 << 20])
 
@@ -38,8 +46,11 @@ def test_equal_weights_rotate_from_the_start(n, nunits, start):
     assert got == [(start + k) % n for k in range(nunits)]
 
 
-@given(weights=st.lists(st.integers(1, 10), min_size=1, max_size=6), nunits=st.integers(1, 300),
-       start=st.integers(0, 5))
+@given(
+    weights=st.lists(st.integers(1, 10), min_size=1, max_size=6),
+    nunits=st.integers(1, 300),
+    start=st.integers(0, 5),
+)
 def test_weighted_placement_is_proportional(weights, nunits, start):
     got = place_units(nunits, [float(w) for w in weights], start % len(weights))
     total = sum(weights)
@@ -74,9 +85,12 @@ def test_layout_packs_and_coalesces(size, unit, n, start):
     again = Layout.unpack(size, unit, *lay.pack())
     assert again == lay
     ext = lay.extents()
-    assert sum(e.length for e in ext) == lay.stored_bytes() == sum(
-        stored_length(size, unit, i) for i in range(k))
-    assert len(ext) == len(set(ns))     # one contiguous extent per namespace used
+    assert (
+        sum(e.length for e in ext)
+        == lay.stored_bytes()
+        == sum(stored_length(size, unit, i) for i in range(k))
+    )
+    assert len(ext) == len(set(ns))  # one contiguous extent per namespace used
     assert lay.stored_bytes() == align_up(size)
 
 
@@ -92,4 +106,4 @@ def test_carried_credit_spreads_one_unit_blocks_by_weight():
     for j, w in enumerate(weights):
         share = got.count(j) / len(got)
         assert abs(share - w / sum(weights)) < 0.01, (j, share)
-    assert abs(sum(credit)) < 1e-6           # (credits stay centred: nothing drifts)
+    assert abs(sum(credit)) < 1e-6  # (credits stay centred: nothing drifts)

@@ -60,7 +60,7 @@ def test_the_documents_have_links():
 
 def test_the_link_pattern():
     doc = ROOT / "docs" / "x.md"
-    line = "see [a](b.md#c), [`code`](../README.md) and `[not](a-link)` or [t](<d.md> \"x\")"
+    line = 'see [a](b.md#c), [`code`](../README.md) and `[not](a-link)` or [t](<d.md> "x")'
     assert LINK.findall(INLINE_CODE.sub("", line)) == ["b.md#c", "../README.md", "d.md"]
     assert dead(doc, "https://example.com/x") is None
     assert dead(doc, "#a-section") is None

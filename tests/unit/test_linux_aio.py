@@ -36,6 +36,7 @@ def run_with_engine(fn):
         if eng is None:
             pytest.skip("Linux AIO is not available to this process (io_setup refused)")
         return await fn(eng)
+
     return trio.run(main)
 
 
@@ -51,6 +52,7 @@ def test_writes_and_reads_in_flight_together_round_trip(direct_file):
             # (every other one from two places at once)
             views = [view] if i % 2 else [view[:4096], view[4096:]]
             assert await eng.pwritev(fd, views, i * len(mem)) == len(mem)
+
         async with trio.open_nursery() as n:
             for i in range(len(blocks)):
                 n.start_soon(write, i)
@@ -60,10 +62,11 @@ def test_writes_and_reads_in_flight_together_round_trip(direct_file):
         async def read(i):
             n = len(blocks[i])
             mem = mmap.mmap(-1, 2 * n)
-            view = memoryview(mem)      # into the second half: one view, or two
-            views = [view[n:]] if i % 2 else [view[n:n + 8192], view[n + 8192:]]
+            view = memoryview(mem)  # into the second half: one view, or two
+            views = [view[n:]] if i % 2 else [view[n : n + 8192], view[n + 8192 :]]
             assert await eng.preadv(fd, views, i * n) == n
             got[i] = mem[n:]
+
         async with trio.open_nursery() as n:
             for i in range(len(blocks)):
                 n.start_soon(read, i)
@@ -72,7 +75,7 @@ def test_writes_and_reads_in_flight_together_round_trip(direct_file):
 
     got = run_with_engine(body)
     assert all(got[i] == blocks[i] for i in range(len(blocks)))
-    assert path.read_bytes()[:64 * (64 << 10)] == b"".join(blocks)
+    assert path.read_bytes()[: 64 * (64 << 10)] == b"".join(blocks)
 
 
 def test_a_read_past_the_end_is_short_and_errors_are_raised_as_oserror(direct_file, tmp_path):
@@ -82,16 +85,16 @@ def test_a_read_past_the_end_is_short_and_errors_are_raised_as_oserror(direct_fi
     async def body(eng):
         mem = mmap.mmap(-1, 1 << 20)
         whole, page = [memoryview(mem)], [memoryview(mem)[:4096]]
-        assert await eng.preadv(fd, whole, 8 * MiB - 4096) == 4096     # the last page
-        assert await eng.preadv(fd, page, 8 * MiB) == 0                # at the end
+        assert await eng.preadv(fd, whole, 8 * MiB - 4096) == 4096  # the last page
+        assert await eng.preadv(fd, page, 8 * MiB) == 0  # at the end
         with pytest.raises(OSError) as e:
-            await eng.preadv(fd, page, -4096)           # no such offset
+            await eng.preadv(fd, page, -4096)  # no such offset
         assert e.value.errno == errno.EINVAL
         with pytest.raises(OSError) as e:
-            await eng.pwritev(ro, page, 0)               # not open for writing
+            await eng.pwritev(ro, page, 0)  # not open for writing
         assert e.value.errno == errno.EBADF
         with pytest.raises(OSError) as e:
-            await eng.preadv(123456, page, 0)            # no such descriptor
+            await eng.preadv(123456, page, 0)  # no such descriptor
         assert e.value.errno == errno.EBADF
         # an error the completion reports (io_submit took the read): memory it cannot write
         libc = ctypes.CDLL(None, use_errno=True)
@@ -101,6 +104,7 @@ def test_a_read_past_the_end_is_short_and_errors_are_raised_as_oserror(direct_fi
         with pytest.raises(OSError) as e:
             await eng.preadv(fd, [memoryview(ro_mem)], 0)
         assert e.value.errno == errno.EFAULT
+
     try:
         run_with_engine(body)
     finally:
@@ -117,12 +121,13 @@ def test_a_cancelled_caller_still_waits_for_its_io(direct_file):
         mem[:] = bytes(4096)
         with trio.CancelScope() as scope:
             scope.cancel()
-            n = await eng.preadv(fd, [memoryview(mem)], 0)   # not abandoned: the kernel writes mem
+            n = await eng.preadv(fd, [memoryview(mem)], 0)  # not abandoned: the kernel writes mem
             got = mem[:]
-            await trio.lowlevel.checkpoint()          # the cancellation lands here
+            await trio.lowlevel.checkpoint()  # the cancellation lands here
             raise AssertionError("not cancelled")
         assert scope.cancelled_caught
         return n, got
+
     n, got = run_with_engine(body)
     assert n == 4096 and got == b"k" * 4096
 
@@ -132,4 +137,5 @@ def test_turned_off_the_engine_is_none_and_io_goes_to_threads(monkeypatch):
 
     async def main():
         return linux_aio.engine()
+
     assert trio.run(main) is None

@@ -9,11 +9,20 @@ import pytest
 
 from bench.synthetic_traces import TRACES
 from bench.trace_replay import load, replay, serve
-from kvfs.tiers.policy import (LRUPolicy, PrefixPolicy, PrefixScore, ProbationFrequencyPolicy,
-                         ScorePolicy, SecondAccessAdmit, TierIndex, make_policy)
+from kvfs.tiers.policy import (
+    LRUPolicy,
+    PrefixPolicy,
+    PrefixScore,
+    ProbationFrequencyPolicy,
+    ScorePolicy,
+    SecondAccessAdmit,
+    TierIndex,
+    make_policy,
+)
 
-TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
-                     "conversation_trace.jsonl")
+TRACE = os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "shared", "traces", "conversation_trace.jsonl"
+)
 
 
 def fill(tier: TierIndex, keys, parent_chain: bool = False) -> None:
@@ -37,17 +46,17 @@ def test_probation_keeps_reused_blocks_over_one_hit_wonders():
     t = TierIndex(10, ProbationFrequencyPolicy(10, small=0.2))
     fill(t, [f"hot{i}" for i in range(5)])
     for i in range(5):
-        t.lookup(f"hot{i}")                      # read again: they will go to main
-    fill(t, [f"scan{i}" for i in range(50)])     # a scan of blocks read once
+        t.lookup(f"hot{i}")  # read again: they will go to main
+    fill(t, [f"scan{i}" for i in range(50)])  # a scan of blocks read once
     assert all(f"hot{i}" in t for i in range(5))
 
 
 def test_probation_ghost_readmits_returning_blocks_to_main():
     p = ProbationFrequencyPolicy(4, small=0.25)
     t = TierIndex(4, p)
-    fill(t, ["x", "a", "b", "c", "d", "e"])        # x leaves through probation into the ghost
+    fill(t, ["x", "a", "b", "c", "d", "e"])  # x leaves through probation into the ghost
     assert "x" not in t
-    fill(t, ["x"])                                 # back: it is a reused block
+    fill(t, ["x"])  # back: it is a reused block
     assert p.is_hot("x")
 
 
@@ -73,7 +82,7 @@ def test_cold_only_victims_are_never_hot():
     p.touch("h2")
     p.insert("new", 1)
     v = p.victim(lambda k: True, cold_only=True)
-    assert v == "new"                              # never a block that was read again
+    assert v == "new"  # never a block that was read again
 
 
 def test_second_access_admission():
@@ -139,14 +148,17 @@ def test_prefix_policy_does_not_fall_below_lru_on_other_traces(name, policy):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 22: the prefix policy keeps nothing of a cyclic "
-                                       "scan larger than the tier (nor does LRU; a random "
-                                       "policy keeps ~2.5% of its prefix hits)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22: the prefix policy keeps nothing of a cyclic "
+    "scan larger than the tier (nor does LRU; a random "
+    "policy keeps ~2.5% of its prefix hits)",
+)
 def test_prefix_policy_keeps_part_of_a_scan_larger_than_the_tier():
     reqs = TRACES["loop"]()
     cap = len({h for r in reqs for h in r}) // 2
-    assert replay_policy(reqs, cap, RandomPolicy(cap)) > 0.02      # something can be kept
-    assert replay(reqs, cap, "prefix")["hit_rate"] > 0.2           # half fits: keep a part
+    assert replay_policy(reqs, cap, RandomPolicy(cap)) > 0.02  # something can be kept
+    assert replay(reqs, cap, "prefix")["hit_rate"] > 0.2  # half fits: keep a part
 
 
 @pytest.mark.slow
@@ -164,15 +176,16 @@ def test_the_yardsticks_bracket_lru_on_a_trace_of_one_hit_wonders():
     """The admission oracle (LRU told whether a block comes back) keeps what returns where LRU
     lets one-hit wonders push it out, and the offline bound does at least as well."""
     from bench.trace_replay import replay_admission_oracle, replay_bound
+
     reqs, fresh = [], 1000
     for turn in range(200):
-        reqs.append([turn % 4])                       # 4 blocks that always come back
-        reqs.append(list(range(fresh, fresh + 6)))    # 6 blocks never seen again
+        reqs.append([turn % 4])  # 4 blocks that always come back
+        reqs.append(list(range(fresh, fresh + 6)))  # 6 blocks never seen again
         fresh += 6
     lru = replay(reqs, 5, "lru")["hit_rate"]
     oracle = replay_admission_oracle(reqs, 5)["hit_rate"]
     bound = replay_bound(reqs, 5)["hit_rate"]
-    assert lru < 0.01 and oracle > 0.13, (lru, oracle)   # 4 of 7 blocks a turn, 199 turns
+    assert lru < 0.01 and oracle > 0.13, (lru, oracle)  # 4 of 7 blocks a turn, 199 turns
     assert bound >= oracle, (bound, oracle)
 
 
@@ -183,16 +196,17 @@ def test_the_timed_oracle_keeps_what_returns_soonest_where_the_admission_oracle_
     keeps that one; the admission oracle lets each newcomer push it out. The bound does at
     least as well as either."""
     from bench.trace_replay import replay_admission_oracle, replay_bound, replay_timed_oracle
+
     reqs = []
     for turn in range(400):
         reqs.append([0])
-        reqs.append([1000 + turn])                    # comes back once, 40 requests later
+        reqs.append([1000 + turn])  # comes back once, 40 requests later
         if turn >= 20:
             reqs.append([1000 + turn - 20])
     oracle = replay_admission_oracle(reqs, 1)["hit_rate"]
     timed = replay_timed_oracle(reqs, 1)["hit_rate"]
     bound = replay_bound(reqs, 1)["hit_rate"]
-    assert oracle < 0.05 and timed > 0.3, (oracle, timed)   # block 0: 399 of 1,180 reads
+    assert oracle < 0.05 and timed > 0.3, (oracle, timed)  # block 0: 399 of 1,180 reads
     assert bound >= timed, (bound, timed)
 
 
@@ -205,6 +219,7 @@ def test_make_policy_names():
 
 def test_a_pool_shared_by_nodes_against_node_local_caches():
     from bench.trace_replay import replay_nodes
+
     # 40 conversations, each asked 4 times in a row with a growing prefix; round-robin over 4
     # nodes sends each repetition to another node, so only a shared pool sees the prefix again
     reqs = [[c * 100 + k for k in range(3 + turn)] for c in range(40) for turn in range(4)]
@@ -218,7 +233,7 @@ def test_a_pool_shared_by_nodes_against_node_local_caches():
 def test_make_room_that_falls_short_still_returns_what_it_evicted():
     t = TierIndex(3, LRUPolicy())
     fill(t, ["a", "b", "c"])
-    victims = t.make_room(3, lambda k: k != "c")     # c may not go: only 2 of 3 freed
+    victims = t.make_room(3, lambda k: k != "c")  # c may not go: only 2 of 3 freed
     assert sorted(victims) == ["a", "b"] and not t.fits(3) and t.fits(2)
     assert set(t.keys()) == {"c"} and t.used == 1
 
@@ -245,7 +260,7 @@ def test_score_policy_remembers_evicted_names_and_their_uses():
     assert p.victim(lambda k: k == "x") == "x" and p.rule.floor == 3.0
     for k in ("a", "b"):
         p.insert(k, 1)
-    p.insert("x", 1)                                # stored again under its name
+    p.insert("x", 1)  # stored again under its name
     assert p.uses["x"] == 4 and p.is_hot("x") and not p.is_hot("a")
     assert [p.victim(lambda k: True) for _ in range(3)] == ["a", "b", "x"]
 
@@ -269,16 +284,16 @@ def test_the_score_rule_follows_the_mode_that_hits_most():
     assert rule.mode_name == "lru"
     fresh = 10_000
     for turn in range(3000):
-        rule.observe(turn % 40, 1)                  # 40 blocks that always come back
-        for _ in range(6):                          # and a scan of blocks never seen again
+        rule.observe(turn % 40, 1)  # 40 blocks that always come back
+        for _ in range(6):  # and a scan of blocks never seen again
             rule.observe(fresh, 1)
             fresh += 1
     assert rule.mode_name == "credit 0.01", rule.mode_name
     rule = PrefixScore(capacity=200, typical_size=1)
-    assert rule.mode_name == "credit 0.01"          # the default: most KV blocks come back never
+    assert rule.mode_name == "credit 0.01"  # the default: most KV blocks come back never
     for i in range(20_000):
         rule.observe(i, 1)
-        rule.observe(i - 90, 1)                     # each block once more, 90 blocks later
+        rule.observe(i - 90, 1)  # each block once more, 90 blocks later
     assert rule.mode_name == "lru", rule.mode_name
 
 
@@ -287,7 +302,7 @@ def test_the_score_rules_simulations_are_bounded_whatever_the_capacity():
     for i in range(200_000):
         rule.observe(i, 1)
     assert all(len(t.sizes) <= PrefixScore.SAMPLE for t in rule.shadows)
-    assert sum(len(t.sizes) for t in rule.shadows) > 0         # it sampled something
+    assert sum(len(t.sizes) for t in rule.shadows) > 0  # it sampled something
 
 
 def test_score_policy_memory_stays_bounded_without_evictions():
@@ -303,6 +318,6 @@ def test_score_policy_memory_stays_bounded_without_evictions():
             tier.lookup(k, None)
     assert len(policy.heap) <= 2 * len(policy) + 1024, len(policy.heap)
     uses = policy.uses
-    tier.add(1000, 1, None)       # one use: the first to go, then the others least recent first
+    tier.add(1000, 1, None)  # one use: the first to go, then the others least recent first
     order = [policy.victim(lambda k: True) for _ in range(3)]
     assert order == [1000, 0, 1], (order, uses[0])

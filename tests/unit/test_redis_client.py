@@ -19,8 +19,9 @@ def test_commands_pipelines_and_scripts(redis):
         r = await RedisClient.connect(redis.url)
         assert await r.call("SET", "k", b"\x00v\r\n") == b"OK"
         assert await r.call("GET", "k") == b"\x00v\r\n"
-        assert await r.pipeline([("INCR", "n"), ("INCR", "n"), ("HSET", "h", "a", 1),
-                                 ("HGETALL", "h")]) == [1, 2, 1, [b"a", b"1"]]
+        assert await r.pipeline(
+            [("INCR", "n"), ("INCR", "n"), ("HSET", "h", "a", 1), ("HGETALL", "h")]
+        ) == [1, 2, 1, [b"a", b"1"]]
         assert await r.eval("return {KEYS[1], ARGV[1]}", ["x"], [7]) == [b"x", b"7"]
         with pytest.raises(RedisError):
             await r.call("INCR", "h")
@@ -43,33 +44,76 @@ def _certs(d):
 
     def run(*args):
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-days", "2", "-subj", "/CN=kvfs-test-ca")
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=kvfs-test-ca",
+    )
     (d / "san").write_text("subjectAltName=IP:127.0.0.1\n")
     for who, subj in (("srv", "/CN=127.0.0.1"), ("cli", "/CN=kvfs-node")):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out", f"{who}.csr",
-            "-subj", subj)
-        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", f"{who}.pem", "-days", "2", "-extfile", "san")
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{who}.key",
+            "-out",
+            f"{who}.csr",
+            "-subj",
+            subj,
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{who}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san",
+        )
     return d
 
 
 def _link(url: str, **kw):
     from kvfs.cluster.link import ClusterLink
     from kvfs.config import ClusterConfig
+
     return ClusterLink(ClusterConfig(redis=url, node_id="t", **kw))
 
 
 def test_password_from_the_url_the_config_or_a_file(tmp_path):
     from kvfs.errors import KvfsError
+
     s = RedisServer(tmp_path / "r", args=["--requirepass", "s3cret"]).start()
     try:
         (tmp_path / "pw").write_text("s3cret\n")
 
         async def main():
-            for link in (_link(f"redis://:s3cret@127.0.0.1:{s.port}/0"),
-                         _link(s.url, password="s3cret"),
-                         _link(s.url, password_file=tmp_path / "pw")):
+            for link in (
+                _link(f"redis://:s3cret@127.0.0.1:{s.port}/0"),
+                _link(s.url, password="s3cret"),
+                _link(s.url, password_file=tmp_path / "pw"),
+            ):
                 assert await link.call("PING") == b"PONG"
                 await link.aclose()
             bad = _link(s.url, password="wrong")
@@ -86,10 +130,14 @@ def test_password_from_the_url_the_config_or_a_file(tmp_path):
 
 def test_tls_with_a_private_ca_and_client_certificates(tmp_path):
     from kvfs.errors import KvfsError
+
     d = _certs(tmp_path)
-    s = RedisServer(tmp_path / "r", tls={"cert": d / "srv.pem", "key": d / "srv.key",
-                                         "ca": d / "ca.pem", "mutual": True}).start()
+    s = RedisServer(
+        tmp_path / "r",
+        tls={"cert": d / "srv.pem", "key": d / "srv.key", "ca": d / "ca.pem", "mutual": True},
+    ).start()
     try:
+
         async def main():
             link = _link(s.url, tls_ca=d / "ca.pem", tls_cert=d / "cli.pem", tls_key=d / "cli.key")
             assert s.url.startswith("rediss://")

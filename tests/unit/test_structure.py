@@ -57,7 +57,7 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".")
-                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -87,7 +87,7 @@ def cycles(g: dict[str, set[str]], within: tuple[str, ...]) -> list[list[str]]:
     on_stack: set[str] = set()
     comps: list[list[str]] = []
 
-    def visit(v: str) -> None:        # Tarjan's algorithm
+    def visit(v: str) -> None:  # Tarjan's algorithm
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
@@ -115,8 +115,13 @@ def cycles(g: dict[str, set[str]], within: tuple[str, ...]) -> list[list[str]]:
 
 
 def offending(g: dict[str, set[str]], importer: str, forbidden: tuple[str, ...]) -> list[str]:
-    return sorted(f"{m} imports {i}" for m, deps in g.items() if top(m) == importer
-                  for i in deps if top(i) in forbidden)
+    return sorted(
+        f"{m} imports {i}"
+        for m, deps in g.items()
+        if top(m) == importer
+        for i in deps
+        if top(i) in forbidden
+    )
 
 
 def test_the_graph_sees_every_package_and_imports_inside_functions():
@@ -147,8 +152,11 @@ def test_the_harness_and_the_benchmarks_name_no_test_module_in_strings():
         if top(name) not in ("testing", "bench"):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and node.value.startswith("tests."):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("tests.")
+            ):
                 found.append(f"{name}: {node.value!r}")
     assert found == []
 
@@ -161,25 +169,46 @@ SCRIPT_REPLAYERS = {"bench.redis_scale"}
 
 def test_only_the_catalog_reaches_the_redis_lua_scripts():
     g = graph()
-    assert sorted(m for m, deps in g.items() if "kvfs.catalog.redis.scripts" in deps
-                  and not m.startswith("kvfs.catalog.") and top(m) != "tests"
-                  and m not in SCRIPT_REPLAYERS) == []
+    assert (
+        sorted(
+            m
+            for m, deps in g.items()
+            if "kvfs.catalog.redis.scripts" in deps
+            and not m.startswith("kvfs.catalog.")
+            and top(m) != "tests"
+            and m not in SCRIPT_REPLAYERS
+        )
+        == []
+    )
 
 
 # --- the house ----------------------------------------------------------------------------------
 KVFS = Path(__file__).resolve().parents[2] / "kvfs"
 
 # The top level: the entry points, the factory and the daemon, what every layer shares.
-TOP_LEVEL = {"__init__.py", "__main__.py", "config.py", "daemon.py", "demo.py", "errors.py",
-             "knobs.py", "metrics.py", "service.py", "tasks.py", "units.py"}
+TOP_LEVEL = {
+    "__init__.py",
+    "__main__.py",
+    "config.py",
+    "daemon.py",
+    "demo.py",
+    "errors.py",
+    "knobs.py",
+    "metrics.py",
+    "service.py",
+    "tasks.py",
+    "units.py",
+}
 SUBPACKAGES = {"catalog", "cli", "client", "cluster", "fs", "pool", "space", "tiers", "write"}
 MAX_LINES = 800
 
 
 def test_the_top_level_holds_the_agreed_modules_only():
     modules = {p.name for p in KVFS.glob("*.py")}
-    assert modules == TOP_LEVEL, (f"unexpected at kvfs/: {sorted(modules - TOP_LEVEL)}; "
-                                  f"missing: {sorted(TOP_LEVEL - modules)}")
+    assert modules == TOP_LEVEL, (
+        f"unexpected at kvfs/: {sorted(modules - TOP_LEVEL)}; "
+        f"missing: {sorted(TOP_LEVEL - modules)}"
+    )
     assert len(modules) <= 12
     packages = {p.parent.name for p in KVFS.glob("*/__init__.py")}
     assert packages == SUBPACKAGES, sorted(packages ^ SUBPACKAGES)
@@ -192,8 +221,11 @@ def test_every_subpackage_says_what_it_owns():
 
 
 def test_no_module_is_over_800_lines():
-    long = {str(p.relative_to(KVFS.parent)): n for p in KVFS.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(KVFS.parent)): n
+        for p in KVFS.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, long
 
 
@@ -220,9 +252,13 @@ def _assignments_onto_others(tree: ast.AST) -> list[str]:
 
 def _probes(tree: ast.AST) -> list[str]:
     """hasattr(x, ...) and getattr(x, name, default): asking what kind a layer is."""
-    return [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-            and (n.func.id == "hasattr" or (n.func.id == "getattr" and len(n.args) == 3))]
+    return [
+        f"line {n.lineno}: {ast.unparse(n)}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and (n.func.id == "hasattr" or (n.func.id == "getattr" and len(n.args) == 3))
+    ]
 
 
 def test_the_factory_wires_at_construction_only():
@@ -233,9 +269,11 @@ def test_the_factory_wires_at_construction_only():
 
 def test_the_checks_see_what_they_forbid():
     """The two checks above catch the shapes they name (so a pass means something)."""
-    bad = ast.parse("def build(space, files):\n    space.evictor = files.evict\n"
-                    "    self.store.owner = self\n    if hasattr(space, 'lru'):\n        pass\n"
-                    "    getattr(space, 'releasing', 0)\n")
+    bad = ast.parse(
+        "def build(space, files):\n    space.evictor = files.evict\n"
+        "    self.store.owner = self\n    if hasattr(space, 'lru'):\n        pass\n"
+        "    getattr(space, 'releasing', 0)\n"
+    )
     assert len(_assignments_onto_others(bad)) == 2
     assert len(_probes(bad)) == 2
     good = ast.parse("class S:\n    def __init__(self, x):\n        self.x = x\n")

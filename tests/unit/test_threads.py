@@ -12,6 +12,7 @@ from kvfs import tasks
 def test_runs_in_another_thread_and_returns_its_value():
     async def main():
         return await tasks.run_sync(lambda a, b: (threading.get_ident(), a + b), 2, 3)
+
     ident, value = trio.run(main)
     assert value == 5 and ident != threading.get_ident()
 
@@ -23,6 +24,7 @@ def test_an_exception_in_the_thread_is_raised_in_the_caller():
     async def main():
         with pytest.raises(OSError, match="device gone"):
             await tasks.run_sync(fails)
+
     trio.run(main)
 
 
@@ -38,8 +40,9 @@ def test_a_cancelled_caller_waits_for_its_job_then_sees_the_cancellation():
     async def main():
         with trio.move_on_after(0.01) as scope:
             await tasks.run_sync(slow)
-            await trio.sleep(0)             # the cancellation lands at the next checkpoint
+            await trio.sleep(0)  # the cancellation lands at the next checkpoint
         return scope.cancelled_caught
+
     assert trio.run(main) and finished == [True]
 
 
@@ -49,8 +52,10 @@ def test_many_jobs_at_once_each_wake_their_own_caller():
 
         async def one(i):
             out[i] = await tasks.run_sync(lambda: (time.sleep(0.001 * (i % 5)), i)[1])
+
         async with trio.open_nursery() as n:
             for i in range(50):
                 n.start_soon(one, i)
         return out
+
     assert trio.run(main) == {i: i for i in range(50)}

@@ -25,7 +25,7 @@ from kvfs.pool.pool import Pool
 log = logging.getLogger("kvfs.catalog")
 
 SCHEMA_VERSION = "1"
-EPOCH_SHIFT = 32          # inode, cookie and block ids: (node epoch << 32) | counter
+EPOCH_SHIFT = 32  # inode, cookie and block ids: (node epoch << 32) | counter
 SCAN_BATCH = 500
 INIT_LOCK_SECONDS = 120
 
@@ -49,12 +49,15 @@ async def init_lock(link: ClusterLink):
     yields the catalog's meta hash as it is under the lock (empty if there is none)."""
     me = uuid.uuid4().hex
     with trio.move_on_after(INIT_LOCK_SECONDS) as waited:
-        while not await link.call("SET", link.key("init"), me, "NX", "PX",
-                                  INIT_LOCK_SECONDS * 1000):
+        while not await link.call(
+            "SET", link.key("init"), me, "NX", "PX", INIT_LOCK_SECONDS * 1000
+        ):
             await trio.sleep(0.2)
     if waited.cancelled_caught:
-        raise StartupError("cluster: another node has been creating the pool for two minutes; "
-                           "remove the key " + link.key("init") + " if it died")
+        raise StartupError(
+            "cluster: another node has been creating the pool for two minutes; "
+            "remove the key " + link.key("init") + " if it died"
+        )
     try:
         yield pairs(await link.call("HGETALL", link.key("meta")))
     finally:
@@ -65,8 +68,28 @@ async def init_lock(link: ClusterLink):
 async def create_catalog(link: ClusterLink, pool_id: str) -> dict[bytes, bytes]:
     """An empty catalog of `pool_id`: its meta hash and the root directory."""
     now = _now()
-    root = [b"p", ROOT_INO, b"n", b"", b"c", 0, b"m", stat.S_IFDIR | 0o755,
-            b"u", os.geteuid(), b"g", os.getegid(), b"a", now, b"t", now, b"k", now, b"d", 1]
+    root = [
+        b"p",
+        ROOT_INO,
+        b"n",
+        b"",
+        b"c",
+        0,
+        b"m",
+        stat.S_IFDIR | 0o755,
+        b"u",
+        os.geteuid(),
+        b"g",
+        os.getegid(),
+        b"a",
+        now,
+        b"t",
+        now,
+        b"k",
+        now,
+        b"d",
+        1,
+    ]
     got = await link.eval(SCRIPTS.init, [pool_id, SCHEMA_VERSION, *root])
     log.info("cluster: created the catalog of pool %s in Redis at %s", got.decode(), link.where)
     return {b"pool_id": got, b"schema": SCHEMA_VERSION.encode()}
@@ -88,8 +111,10 @@ async def join(link: ClusterLink, open_pool: Callable[[str | None], Pool]) -> Po
     of every id it makes) and lease token. Returns the pool; the caller closes it on failure."""
     meta = pairs(await link.call("HGETALL", link.key("meta")))
     if meta and meta.get(b"schema") != SCHEMA_VERSION.encode():
-        raise StartupError(f"cluster: Redis holds kvfs catalog schema {meta.get(b'schema')!r}; "
-                           f"this kvfs uses {SCHEMA_VERSION}")
+        raise StartupError(
+            f"cluster: Redis holds kvfs catalog schema {meta.get(b'schema')!r}; "
+            f"this kvfs uses {SCHEMA_VERSION}"
+        )
     pool = None
     if not meta:
         async with init_lock(link) as meta:
@@ -100,7 +125,8 @@ async def join(link: ClusterLink, open_pool: Callable[[str | None], Pool]) -> Po
                     raise StartupError(
                         f"the namespaces hold pool {pool.pool_id}, but Redis has no catalog for "
                         f"it under {link.prefix!r} (wrong cluster.name or database, or Redis "
-                        f"lost its data?); to start over, run `kvfs format --force`")
+                        f"lost its data?); to start over, run `kvfs format --force`"
+                    )
                 meta = await create_catalog(link, pool.pool_id)
     if pool is None:
         pool = open_pool(meta[b"pool_id"].decode())
@@ -118,8 +144,7 @@ async def join(link: ClusterLink, open_pool: Callable[[str | None], Pool]) -> Po
     return pool
 
 
-async def format_catalog(cfg: ClusterConfig, format_pool: Callable[[], str], *,
-                         force: bool) -> str:
+async def format_catalog(cfg: ClusterConfig, format_pool: Callable[[], str], *, force: bool) -> str:
     """`kvfs format` with a [cluster] config: write new superblocks (`format_pool()`) and
     create an empty catalog in Redis, discarding an old one only with `force`. Refuses while
     any node holds a lease (a mounted node is using the pool). Returns the pool id."""
@@ -130,18 +155,26 @@ async def format_catalog(cfg: ClusterConfig, format_pool: Callable[[], str], *,
                 raise StartupError(
                     f"Redis at {link.where} already holds the catalog of pool "
                     f"{meta.get(b'pool_id', b'?').decode()} under {link.prefix!r}; refusing "
-                    f"to start a new pool over it (use --force to discard it)", errno.EEXIST)
+                    f"to start a new pool over it (use --force to discard it)",
+                    errno.EEXIST,
+                )
             leases = await scan(link, link.key("lease:*"))
             if leases:
-                holders = sorted({(await link.call("GET", k) or b"?").decode().split("/")[0]
-                                  for k in leases[:64]})
-                raise StartupError(f"node(s) {', '.join(holders)} hold leases on the pool "
-                                   f"(still mounted?): unmount every node first", errno.EBUSY)
+                holders = sorted(
+                    {
+                        (await link.call("GET", k) or b"?").decode().split("/")[0]
+                        for k in leases[:64]
+                    }
+                )
+                raise StartupError(
+                    f"node(s) {', '.join(holders)} hold leases on the pool "
+                    f"(still mounted?): unmount every node first",
+                    errno.EBUSY,
+                )
             pool_id = format_pool()
-            old = [k for k in await scan(link, link.prefix + "*")
-                   if k != link.key("init").encode()]
+            old = [k for k in await scan(link, link.prefix + "*") if k != link.key("init").encode()]
             for i in range(0, len(old), 512):
-                await link.call("UNLINK", *old[i:i + 512])
+                await link.call("UNLINK", *old[i : i + 512])
             await create_catalog(link, pool_id)
             return pool_id
     finally:

@@ -54,16 +54,26 @@ class RedisCatalog(RedisMirror):
     def statistics(self) -> dict:
         link = self.redis
         return {
-            "node_id": self.cfg.node_id, "epoch": self.epoch, "redis": link.where,
-            "online": link.online, "fresh": self.fresh, "catalog_lost": self.catalog_lost,
+            "node_id": self.cfg.node_id,
+            "epoch": self.epoch,
+            "redis": link.where,
+            "online": link.online,
+            "fresh": self.fresh,
+            "catalog_lost": self.catalog_lost,
             "lag_seconds": round(trio.current_time() - self.synced_at, 3),
-            "events": self.events, "refreshes": self.refreshes, "resyncs": self.resyncs,
-            "redis_calls": link.calls, "redis_failures": link.failures,
+            "events": self.events,
+            "refreshes": self.refreshes,
+            "resyncs": self.resyncs,
+            "redis_calls": link.calls,
+            "redis_failures": link.failures,
             "redis_call_ms": round(1000 * link.call_seconds / max(1, link.calls), 3),
-            "master": link.where, "failovers": link.failovers,
-            "min_replicas": self.cfg.min_replicas, "replicas_confirming": link.replica_target,
+            "master": link.where,
+            "failovers": link.failovers,
+            "min_replicas": self.cfg.min_replicas,
+            "replicas_confirming": link.replica_target,
             "unreplicated": link.unreplicated,
-            "replica_waits": link.replica_waits, "refused_writes": link.refused,
+            "replica_waits": link.replica_waits,
+            "refused_writes": link.refused,
         }
 
     # ------------------------------------------------------------------------------ ids
@@ -87,15 +97,22 @@ class RedisCatalog(RedisMirror):
             if e.errno != errno.ENOENT or parent not in self.nodes:
                 raise
             return await self.confirm(parent, name)
-        if node.is_file and node.blob is not None and not self.fresh and \
-                not (held_here is not None and held_here(node)):
+        if (
+            node.is_file
+            and node.blob is not None
+            and not self.fresh
+            and not (held_here is not None and held_here(node))
+        ):
             try:
                 node = await self.confirm(parent, name)
             except KvfsError as e:
                 if e.errno != errno.EIO:
                     raise
-                raise KvfsError(errno.EIO, f"{self.path_of(node)}: the cluster catalog is "
-                                           f"unreachable and this block is not held here") from None
+                raise KvfsError(
+                    errno.EIO,
+                    f"{self.path_of(node)}: the cluster catalog is "
+                    f"unreachable and this block is not held here",
+                ) from None
         return node
 
     async def confirm(self, parent: int, name: bytes) -> Node:
@@ -107,7 +124,7 @@ class RedisCatalog(RedisMirror):
         ino = await self.redis.call("HGET", self.redis.key("d", parent), name)
         inos = [int(ino)] if ino is not None else []
         if known is not None and known not in inos:
-            inos.append(known)              # renamed or removed meanwhile: the mirror forgets it
+            inos.append(known)  # renamed or removed meanwhile: the mirror forgets it
         if inos:
             await self._refresh(inos)
         return self.lookup(parent, name)
@@ -127,7 +144,7 @@ class RedisCatalog(RedisMirror):
         self.space.buried(retired_ids)
         try:
             await self.space.settle(leaving, retired=retired_ids)
-        except KvfsError:                 # the change is made; the follower reconciles later
+        except KvfsError:  # the change is made; the follower reconciles later
             self._resync = True
 
     async def _publish(self, script: str, args: list, rec: BlobRec) -> list:
@@ -151,6 +168,7 @@ class RedisCatalog(RedisMirror):
 
         async def published() -> bool:
             return bool(await self.redis.call("EXISTS", self.redis.key("b", rec.id)))
+
         done = await self._ran(err, published, f"block {rec.id}: published")
         if done is None:
             err.maybe_published = True
@@ -185,19 +203,36 @@ class RedisCatalog(RedisMirror):
         t = time.perf_counter()
         rec = node.blob
         blob = blob_fields(rec, node.ino) if rec is not None else []
-        run = (lambda script, args: self._publish(script, args, rec)) if rec is not None \
+        run = (
+            (lambda script, args: self._publish(script, args, rec))
+            if rec is not None
             else self.redis.eval
+        )
         with self._changing(node.ino, node.parent):
-            retired = await run(SCRIPTS.mknode, [
-                self.epoch, node.ino, node.parent, node.name, policy, self.redis.token,
-                self._regions_of(rec.layout) if rec else "", self.space.grace_ms, node.ctime_ns,
-                rec.id if rec else "", len(blob) // 2, *blob, *node_fields(node)])
+            retired = await run(
+                SCRIPTS.mknode,
+                [
+                    self.epoch,
+                    node.ino,
+                    node.parent,
+                    node.name,
+                    policy,
+                    self.redis.token,
+                    self._regions_of(rec.layout) if rec else "",
+                    self.space.grace_ms,
+                    node.ctime_ns,
+                    rec.id if rec else "",
+                    len(blob) // 2,
+                    *blob,
+                    *node_fields(node),
+                ],
+            )
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
             leaving: list[BlobRec] = []
             parent = self.nodes[node.parent]
             occupant = parent.children.get(node.name)
-            if occupant is not None and occupant != node.ino:     # replaced another node's file
+            if occupant is not None and occupant != node.ino:  # replaced another node's file
                 other = self.nodes[occupant]
                 self._vanish(other, leaving)
             node.persisted = True
@@ -212,8 +247,9 @@ class RedisCatalog(RedisMirror):
             await self._publish_new(node, "excl")
             self._place(node)
 
-    async def commit(self, node: Node, layout: Layout,
-                     score: tuple[float, int] | None = None) -> tuple[BlobRec, BlobRec | None]:
+    async def commit(
+        self, node: Node, layout: Layout, score: tuple[float, int] | None = None
+    ) -> tuple[BlobRec, BlobRec | None]:
         """Publish `layout` as the file's content once it is durable on the namespaces: one
         script checks this node still holds the leases of the space and swaps the block in."""
         now = _now()
@@ -234,11 +270,33 @@ class RedisCatalog(RedisMirror):
             t = time.perf_counter()
             blob = blob_fields(rec, node.ino)
             with self._changing(node.ino):
-                retired = await self._publish(SCRIPTS.commit, [
-                    self.epoch, node.ino, self.redis.token, self._regions_of(layout),
-                    self.space.grace_ms, rec.id, len(blob) // 2, *blob,
-                    b"t", now, b"k", now, b"m", node.mode, b"u", node.uid, b"g", node.gid,
-                    b"a", node.atime_ns, *score_fields(node)], rec)
+                retired = await self._publish(
+                    SCRIPTS.commit,
+                    [
+                        self.epoch,
+                        node.ino,
+                        self.redis.token,
+                        self._regions_of(layout),
+                        self.space.grace_ms,
+                        rec.id,
+                        len(blob) // 2,
+                        *blob,
+                        b"t",
+                        now,
+                        b"k",
+                        now,
+                        b"m",
+                        node.mode,
+                        b"u",
+                        node.uid,
+                        b"g",
+                        node.gid,
+                        b"a",
+                        node.atime_ns,
+                        *score_fields(node),
+                    ],
+                    rec,
+                )
                 self.space.published_here(rec)
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
@@ -247,7 +305,7 @@ class RedisCatalog(RedisMirror):
             if e.errno == errno.ENOENT and node.persisted:
                 with trio.CancelScope(shield=True):
                     try:
-                        await self._refresh([node.ino])       # removed by another node
+                        await self._refresh([node.ino])  # removed by another node
                     except KvfsError:
                         pass
             if e.errno == errno.ESTALE:
@@ -257,17 +315,30 @@ class RedisCatalog(RedisMirror):
         await self._own(retired, [old] if old is not None else [])
         return rec, old
 
-    async def _remove(self, node: Node, want: str, expect: BlobRec | None = None,
-                      ghosts: int = 0) -> Node:
+    async def _remove(
+        self, node: Node, want: str, expect: BlobRec | None = None, ghosts: int = 0
+    ) -> Node:
         p = self.nodes[node.parent]
         now = _now()
-        ghost = [ghost_key(node.parent, node.name), node.uses, ghosts] \
-            if ghosts and node.uses else []
+        ghost = (
+            [ghost_key(node.parent, node.name), node.uses, ghosts] if ghosts and node.uses else []
+        )
         with self._changing(node.ino, node.parent):
             try:
-                retired = await self.redis.eval(SCRIPTS.remove, [
-                    self.epoch, node.ino, node.parent, node.name, want,
-                    expect.id if expect is not None else "", self.space.grace_ms, now, *ghost])
+                retired = await self.redis.eval(
+                    SCRIPTS.remove,
+                    [
+                        self.epoch,
+                        node.ino,
+                        node.parent,
+                        node.name,
+                        want,
+                        expect.id if expect is not None else "",
+                        self.space.grace_ms,
+                        now,
+                        *ghost,
+                    ],
+                )
             except KvfsError as e:
                 # The reply was lost: if the script ran, the inode's record is gone (an
                 # unlink that answered EIO though Redis had done it: the torture's "vanished
@@ -277,6 +348,7 @@ class RedisCatalog(RedisMirror):
 
                 async def removed() -> bool:
                     return not await self.redis.call("EXISTS", self.redis.key("n", node.ino))
+
                 if not await self._ran(e, removed, f"removal of inode {node.ino}: done"):
                     raise
                 retired = []
@@ -288,8 +360,7 @@ class RedisCatalog(RedisMirror):
         await self._own(retired, [node.blob] if node.blob is not None else [])
         return node
 
-    async def remove(self, node: Node, expect: BlobRec | None = None,
-                     ghosts: int = 0) -> Node:
+    async def remove(self, node: Node, expect: BlobRec | None = None, ghosts: int = 0) -> Node:
         """Unlink a file by node (eviction passes the version it chose: if another node has
         rewritten the file meanwhile, ESTALE and nothing changes)."""
         if not node.persisted:
@@ -311,8 +382,16 @@ class RedisCatalog(RedisMirror):
         node = self._removable_dir(parent, name)
         return await self._remove(node, "dir")
 
-    async def _rename(self, src: Node, pold: Node, name_old: bytes, pnew: Node,
-                      name_new: bytes, target: Node | None, flags: int) -> Node | None:
+    async def _rename(
+        self,
+        src: Node,
+        pold: Node,
+        name_old: bytes,
+        pnew: Node,
+        name_new: bytes,
+        target: Node | None,
+        flags: int,
+    ) -> Node | None:
         if not src.persisted or (target is not None and not target.persisted):
             # A file this node has not committed yet: renamed here only (its commit publishes
             # it under the name it has then).
@@ -321,8 +400,19 @@ class RedisCatalog(RedisMirror):
         cookie = self._id("_next_cookie")
         touched = [src.ino, pold.ino, pnew.ino] + ([target.ino] if target is not None else [])
         with self._changing(*touched):
-            args = [self.epoch, src.ino, pold.ino, name_old, pnew.ino, name_new, flags,
-                    self.space.grace_ms, cookie, target.cookie if target is not None else 0, now]
+            args = [
+                self.epoch,
+                src.ino,
+                pold.ino,
+                name_old,
+                pnew.ino,
+                name_new,
+                flags,
+                self.space.grace_ms,
+                cookie,
+                target.cookie if target is not None else 0,
+                now,
+            ]
             try:
                 retired = await self.redis.eval(SCRIPTS.rename, args)
             except KvfsError as e:
@@ -334,6 +424,7 @@ class RedisCatalog(RedisMirror):
                 async def renamed() -> bool:
                     c = await self.redis.call("HGET", self.redis.key("n", src.ino), "c")
                     return c is not None and int(c) == cookie
+
                 if not await self._ran(e, renamed, f"rename of inode {src.ino}: done"):
                     raise
                 retired = []
@@ -357,17 +448,25 @@ class RedisCatalog(RedisMirror):
         """`_detach` after this node's script removed the name in Redis, unless the follower
         (reloading the catalog while the script ran) already took it out of the mirror."""
         parent = self.nodes.get(node.parent)
-        if node.linked and parent is not None and parent.children is not None and \
-                parent.children.get(node.name) == node.ino:
+        if (
+            node.linked
+            and parent is not None
+            and parent.children is not None
+            and parent.children.get(node.name) == node.ino
+        ):
             self._detach(node)
         else:
             node.linked = False
 
-    async def _rename_local(self, src: Node, pold: Node, pnew: Node, name_new: bytes,
-                            target: Node | None, flags: int) -> Node | None:
+    async def _rename_local(
+        self, src: Node, pold: Node, pnew: Node, name_new: bytes, target: Node | None, flags: int
+    ) -> Node | None:
         if src.persisted or (target is not None and target.persisted) or flags & RENAME_EXCHANGE:
-            raise KvfsError(errno.EBUSY, "rename involving a file another name of which is still "
-                                         "being written on this node; close it first")
+            raise KvfsError(
+                errno.EBUSY,
+                "rename involving a file another name of which is still "
+                "being written on this node; close it first",
+            )
         now = _now()
         if target is not None:
             self._detach(target)
@@ -378,19 +477,37 @@ class RedisCatalog(RedisMirror):
         if not node.persisted or not node.linked:
             return
         with self._changing(node.ino):
-            await self.redis.eval(SCRIPTS.update, [self.epoch, node.ino, len(fields) // 2,
-                                                   *fields, *(delete or [])])
+            await self.redis.eval(
+                SCRIPTS.update, [self.epoch, node.ino, len(fields) // 2, *fields, *(delete or [])]
+            )
         self.commits += 1
 
-    async def setattr(self, node: Node, *, mode: int | None = None, uid: int | None = None,
-                      gid: int | None = None, atime_ns: int | None = None,
-                      mtime_ns: int | None = None) -> None:
+    async def setattr(
+        self,
+        node: Node,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> None:
         new_mode = (node.mode & ~0o7777) | (mode & 0o7777) if mode is not None else node.mode
         now = _now()
-        fields = [b"m", new_mode, b"u", uid if uid is not None else node.uid,
-                  b"g", gid if gid is not None else node.gid,
-                  b"a", atime_ns if atime_ns is not None else node.atime_ns,
-                  b"t", mtime_ns if mtime_ns is not None else node.mtime_ns, b"k", now]
+        fields = [
+            b"m",
+            new_mode,
+            b"u",
+            uid if uid is not None else node.uid,
+            b"g",
+            gid if gid is not None else node.gid,
+            b"a",
+            atime_ns if atime_ns is not None else node.atime_ns,
+            b"t",
+            mtime_ns if mtime_ns is not None else node.mtime_ns,
+            b"k",
+            now,
+        ]
         await self._update(node, fields)
         node.mode = new_mode
         node.uid, node.gid = fields[3], fields[5]
@@ -418,8 +535,13 @@ class RedisCatalog(RedisMirror):
         for i in inos:
             n = self.nodes.get(i)
             if n is not None and n.linked and n.persisted:
-                args += [i, n.atime_ns, n.atime_ns // 1_000_000,
-                         repr(n.prio) if n.prio is not None else "", n.uses]
+                args += [
+                    i,
+                    n.atime_ns,
+                    n.atime_ns // 1_000_000,
+                    repr(n.prio) if n.prio is not None else "",
+                    n.uses,
+                ]
         if args:
             try:
                 await self.redis.eval(SCRIPTS.atimes, args, durable=False)
@@ -459,7 +581,7 @@ class RedisCatalog(RedisMirror):
             elif p is not None and s is not None and p.persisted and s.persisted:
                 args += [pred, succ, source, weight]
             elif p is not None and s is not None and p.linked and s.linked:
-                later[(pred, succ)] = [source, weight]     # with their files, later
+                later[(pred, succ)] = [source, weight]  # with their files, later
         self._link_delta.update(later)
         if len(args) > 1:
             try:
@@ -469,4 +591,3 @@ class RedisCatalog(RedisMirror):
                     self._link_delta.setdefault(k, v)
                 raise
         return (len(args) - 1) // 4
-

@@ -19,9 +19,26 @@ from kvfs.pool.layout import Layout
 
 
 def node_fields(node: Node) -> list:
-    f: list = [b"p", node.parent, b"n", node.name, b"c", node.cookie, b"m", node.mode,
-               b"u", node.uid, b"g", node.gid, b"a", node.atime_ns, b"t", node.mtime_ns,
-               b"k", node.ctime_ns]
+    f: list = [
+        b"p",
+        node.parent,
+        b"n",
+        node.name,
+        b"c",
+        node.cookie,
+        b"m",
+        node.mode,
+        b"u",
+        node.uid,
+        b"g",
+        node.gid,
+        b"a",
+        node.atime_ns,
+        b"t",
+        node.mtime_ns,
+        b"k",
+        node.ctime_ns,
+    ]
     if node.children is not None:
         f += [b"d", 1]
     if node.target is not None:
@@ -41,8 +58,22 @@ def score_fields(node: Node) -> list:
 
 def blob_fields(rec: BlobRec, ino: int) -> list:
     ns, offs, sums = rec.layout.pack()
-    return [b"z", rec.layout.size, b"u", rec.layout.unit, b"N", ns, b"O", offs, b"S", sums,
-            b"c", rec.created_ns, b"i", ino]
+    return [
+        b"z",
+        rec.layout.size,
+        b"u",
+        rec.layout.unit,
+        b"N",
+        ns,
+        b"O",
+        offs,
+        b"S",
+        sums,
+        b"c",
+        rec.created_ns,
+        b"i",
+        ino,
+    ]
 
 
 def pairs(flat: list | None) -> dict[bytes, bytes]:
@@ -53,14 +84,26 @@ def pairs(flat: list | None) -> dict[bytes, bytes]:
 
 
 def parse_blob(bid: int, h: dict[bytes, bytes]) -> BlobRec:
-    return BlobRec(bid, Layout.unpack(int(h[b"z"]), int(h[b"u"]), h[b"N"], h[b"O"], h[b"S"]),
-                   int(h[b"c"]))
+    return BlobRec(
+        bid, Layout.unpack(int(h[b"z"]), int(h[b"u"]), h[b"N"], h[b"O"], h[b"S"]), int(h[b"c"])
+    )
 
 
 def parse_node(ino: int, h: dict[bytes, bytes]) -> Node:
-    node = Node(ino, int(h[b"p"]), h[b"n"], int(h[b"m"]), int(h[b"u"]), int(h[b"g"]),
-                int(h[b"a"]), int(h[b"t"]), int(h[b"k"]), cookie=int(h[b"c"]),
-                target=h.get(b"s"), persisted=True)
+    node = Node(
+        ino,
+        int(h[b"p"]),
+        h[b"n"],
+        int(h[b"m"]),
+        int(h[b"u"]),
+        int(h[b"g"]),
+        int(h[b"a"]),
+        int(h[b"t"]),
+        int(h[b"k"]),
+        cookie=int(h[b"c"]),
+        target=h.get(b"s"),
+        persisted=True,
+    )
     node.xattrs = {k[2:]: v for k, v in h.items() if k.startswith(b"x:")}
     if b"r" in h:
         node.prio, node.uses = float(h[b"r"]), int(h.get(b"q", 0))

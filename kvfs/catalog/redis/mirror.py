@@ -36,7 +36,7 @@ log = logging.getLogger("kvfs.catalog")
 # that is down or still loading its AOF is refused at once and costs nothing; with 0.5 s the
 # 200-cycle cluster torture saw one change 2.03 s late, in a Redis restart cycle.
 FOLLOW_RETRY_SECONDS = 0.1
-SNAPSHOT_ATTEMPTS = 8      # start-up reads of a catalog that kept changing while it was read
+SNAPSHOT_ATTEMPTS = 8  # start-up reads of a catalog that kept changing while it was read
 
 
 class RedisMirror(TreeCatalog):
@@ -44,8 +44,15 @@ class RedisMirror(TreeCatalog):
 
     shared = True
 
-    def __init__(self, link: ClusterLink, cfg: ClusterConfig, space, *, pool_id: str,
-                 on_change: Callable[..., None] | None = None):
+    def __init__(
+        self,
+        link: ClusterLink,
+        cfg: ClusterConfig,
+        space,
+        *,
+        pool_id: str,
+        on_change: Callable[..., None] | None = None,
+    ):
         """`on_change(kind, node, old_blob, old_parent, old_name)` is called after another
         node changed something this node may cache: kind is "gone", "content", "new" or
         "moved" (the file layer answers, through a seam: kvfs/service.py); never calls back
@@ -53,16 +60,16 @@ class RedisMirror(TreeCatalog):
         super().__init__()
         self.redis = link
         self.cfg = cfg
-        self.space = space                       # ClusterSpace: used blocks, the grave
+        self.space = space  # ClusterSpace: used blocks, the grave
         self.pool_id = pool_id
         self.on_change = on_change
         self.epoch = link.epoch
         base = self.epoch << EPOCH_SHIFT
         self._next_ino = self._next_cookie = self._next_blob = base + 1
-        self.last_id = b"0-0"                    # the last log entry applied
-        self._snapshot_tail = b"0-0"             # the log position the last snapshot read
-        self.synced_at = trio.current_time()     # when the follower last heard from Redis
-        self.catalog_lost = False                # Redis came back without this pool's catalog
+        self.last_id = b"0-0"  # the last log entry applied
+        self._snapshot_tail = b"0-0"  # the log position the last snapshot read
+        self.synced_at = trio.current_time()  # when the follower last heard from Redis
+        self.catalog_lost = False  # Redis came back without this pool's catalog
         self._progress = trio.Event()
         self._link_delta: dict[tuple[int, int], list] = {}
         self._resync = False
@@ -93,8 +100,7 @@ class RedisMirror(TreeCatalog):
                 moved = await self._log_moved()
                 if attempt == SNAPSHOT_ATTEMPTS - 1 or not moved:
                     raise
-                log.info("cluster: the catalog changed while it was read (%s); reading it "
-                         "again", e)
+                log.info("cluster: the catalog changed while it was read (%s); reading it again", e)
                 self.nodes.clear()
                 self.successors.clear()
                 self.predecessors.clear()
@@ -107,7 +113,7 @@ class RedisMirror(TreeCatalog):
     async def _hgetall(self, conn, keys: list[bytes]) -> list[dict[bytes, bytes]]:
         out = []
         for i in range(0, len(keys), SCAN_BATCH):
-            replies = await conn.pipeline([("HGETALL", k) for k in keys[i:i + SCAN_BATCH]])
+            replies = await conn.pipeline([("HGETALL", k) for k in keys[i : i + SCAN_BATCH]])
             out += [pairs(r) for r in replies]
         return out
 
@@ -130,22 +136,23 @@ class RedisMirror(TreeCatalog):
         blobs = {}
         for k, h in zip(bkeys, bhashes):
             if h:
-                bid = int(k[plen + 2:])
+                bid = int(k[plen + 2 :])
                 blobs[bid] = parse_blob(bid, h)
         states = {}
         for k, h in zip(nkeys, nhashes):
             if h:
-                states[int(k[plen + 2:])] = h
+                states[int(k[plen + 2 :])] = h
         if ROOT_INO not in states:
             raise StartupError("cluster: the catalog in Redis has no root directory")
-        links = {int(k[plen + 2:]): h for k, h in zip(lkeys, lhashes) if h}
+        links = {int(k[plen + 2 :]): h for k, h in zip(lkeys, lhashes) if h}
         if initial:
             self._build(states, blobs, grave_ids, links)
         else:
             # inodes this node changed while the snapshot was read: its mirror is newer than
             # what was read (and whatever came after the log position is replayed anyway)
-            skip = set(self._changes_in_flight) | \
-                {i for i, seq in self._changed_at.items() if seq > mark}
+            skip = set(self._changes_in_flight) | {
+                i for i, seq in self._changed_at.items() if seq > mark
+            }
             await self._reconcile(states, blobs, grave_ids, links, skip)
         self.last_id = tail
         self.synced_at = trio.current_time()
@@ -164,15 +171,18 @@ class RedisMirror(TreeCatalog):
                 continue
             parent = self.nodes.get(node.parent)
             if parent is None or parent.children is None:
-                log.error("cluster: node %d has no parent directory in Redis; ignoring it",
-                          node.ino)
+                log.error(
+                    "cluster: node %d has no parent directory in Redis; ignoring it", node.ino
+                )
                 continue
             parent.children[node.name] = node.ino
             if node.children is not None:
                 parent.subdirs += 1
         try:
-            self.space.attach((n.blob for n in self.nodes.values() if n.blob is not None),
-                              (blobs[b] for b in grave_ids if b in blobs))
+            self.space.attach(
+                (n.blob for n in self.nodes.values() if n.blob is not None),
+                (blobs[b] for b in grave_ids if b in blobs),
+            )
         except StartupError as e:
             raise StartupError(f"cluster: {e}") from None
         for pred, h in links.items():
@@ -188,7 +198,7 @@ class RedisMirror(TreeCatalog):
                 s, w = v.split()
                 out[succ] = [int(s), float(w)]
                 self.predecessors.setdefault(succ, set()).add(pred)
-        for (p, succ), (src, delta) in self._link_delta.items():   # not yet flushed here
+        for (p, succ), (src, delta) in self._link_delta.items():  # not yet flushed here
             if p == pred and succ in self.nodes:
                 cur = out.get(succ)
                 if cur is None or src > cur[0]:
@@ -204,8 +214,11 @@ class RedisMirror(TreeCatalog):
     # ------------------------------------------------------------------------------ the mirror
     def _unplace(self, node: Node) -> None:
         parent = self.nodes.get(node.parent)
-        if parent is not None and parent.children is not None \
-                and parent.children.get(node.name) == node.ino:
+        if (
+            parent is not None
+            and parent.children is not None
+            and parent.children.get(node.name) == node.ino
+        ):
             del parent.children[node.name]
             if node.children is not None:
                 parent.subdirs -= 1
@@ -264,7 +277,7 @@ class RedisMirror(TreeCatalog):
         c = conn or self.redis
         states: dict[int, dict] = {}
         blobs: dict[int, BlobRec] = {}
-        read_at: dict[int, int] = {}         # inode -> this node's change count when read
+        read_at: dict[int, int] = {}  # inode -> this node's change count when read
         todo = list(inos)
         for _ in range(10):
             mark = self._change_seq
@@ -274,8 +287,11 @@ class RedisMirror(TreeCatalog):
             read_at.update(dict.fromkeys(got, mark))
             # every inode against the moment it was read: one read in an earlier round may
             # have become stale while this round's read was in flight
-            todo = [i for i in states if i in self._changes_in_flight or
-                    self._changed_at.get(i, -1) > read_at[i]]
+            todo = [
+                i
+                for i in states
+                if i in self._changes_in_flight or self._changed_at.get(i, -1) > read_at[i]
+            ]
             if not todo:
                 break
             with trio.move_on_after(1.0):
@@ -291,12 +307,15 @@ class RedisMirror(TreeCatalog):
         records of the blocks they name that this node does not know."""
         todo = [i for i in dict.fromkeys(inos)]
         states: dict[int, dict] = {}
-        for _ in range(64):                      # parents first, fetched as they are needed
+        for _ in range(64):  # parents first, fetched as they are needed
             if not todo:
                 break
             states.update(await self._fetch(c, todo))
-            todo = [int(h[b"p"]) for h in states.values()
-                    if h and int(h[b"p"]) not in states and int(h[b"p"]) not in self.nodes]
+            todo = [
+                int(h[b"p"])
+                for h in states.values()
+                if h and int(h[b"p"]) not in states and int(h[b"p"]) not in self.nodes
+            ]
         need = {int(h[b"b"]) for h in states.values() if h and b"b" in h}
         need = [b for b in need if not self.space.known(b)]
         blobs = {}
@@ -310,11 +329,12 @@ class RedisMirror(TreeCatalog):
     def _known_blob(self, bid: int, blobs: dict[int, BlobRec]) -> BlobRec | None:
         return self.space.known(bid) or blobs.get(bid)
 
-    def _apply(self, states: dict[int, dict], blobs: dict[int, BlobRec],
-               leaving: list[BlobRec]) -> None:
+    def _apply(
+        self, states: dict[int, dict], blobs: dict[int, BlobRec], leaving: list[BlobRec]
+    ) -> None:
         """Install fetched states (an empty dict: the inode is gone) into the mirror."""
         moved: dict[int, tuple[int, bytes]] = {}
-        for ino, h in states.items():           # 1: take the nodes out of their places
+        for ino, h in states.items():  # 1: take the nodes out of their places
             node = self.nodes.get(ino)
             if node is None or not node.persisted or not node.linked:
                 continue
@@ -325,7 +345,7 @@ class RedisMirror(TreeCatalog):
                 self._unplace(node)
         placed = []
         pending = [ino for ino, h in states.items() if h]
-        for _ in range(len(pending) + 1):       # 2: parents before children
+        for _ in range(len(pending) + 1):  # 2: parents before children
             rest = []
             for ino in pending:
                 h = states[ino]
@@ -341,8 +361,14 @@ class RedisMirror(TreeCatalog):
                 break
             pending = rest
 
-    def _install(self, ino: int, h: dict, blobs: dict[int, BlobRec], leaving: list[BlobRec],
-                 moved: dict[int, tuple[int, bytes]]) -> bool:
+    def _install(
+        self,
+        ino: int,
+        h: dict,
+        blobs: dict[int, BlobRec],
+        leaving: list[BlobRec],
+        moved: dict[int, tuple[int, bytes]],
+    ) -> bool:
         node = self.nodes.get(ino)
         new = node is None or not node.linked
         fresh = parse_node(ino, h)
@@ -351,7 +377,9 @@ class RedisMirror(TreeCatalog):
         if bid is not None:
             rec = self._known_blob(bid, blobs)
             if rec is None:
-                log.error("cluster: file %d refers to block %d, which Redis does not hold", ino, bid)
+                log.error(
+                    "cluster: file %d refers to block %d, which Redis does not hold", ino, bid
+                )
                 self._resync = True
                 return False
         if ino != ROOT_INO:
@@ -368,19 +396,23 @@ class RedisMirror(TreeCatalog):
                     if node is not None and node.linked and node.persisted:
                         self._vanish(node, leaving)
                     return False
-                self._unplace(other)          # stale here; Redis will tell where it went
+                self._unplace(other)  # stale here; Redis will tell where it went
                 self._resync = True
         if node is None:
             node = fresh
             self.nodes[ino] = node
-        elif not node.linked:                  # a node this node had dropped came back (rare)
+        elif not node.linked:  # a node this node had dropped came back (rare)
             node.linked = True
         else:
             node.parent, node.name, node.cookie = fresh.parent, fresh.name, fresh.cookie
             node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
-            node.atime_ns, node.mtime_ns, node.ctime_ns = fresh.atime_ns, fresh.mtime_ns, fresh.ctime_ns
+            node.atime_ns, node.mtime_ns, node.ctime_ns = (
+                fresh.atime_ns,
+                fresh.mtime_ns,
+                fresh.ctime_ns,
+            )
             node.target, node.xattrs = fresh.target, fresh.xattrs
-            if fresh.prio is not None and fresh.uses >= node.uses:   # (uses only grow)
+            if fresh.prio is not None and fresh.uses >= node.uses:  # (uses only grow)
                 node.prio, node.uses = fresh.prio, fresh.uses
         if ino != ROOT_INO:
             parent = self.nodes[node.parent]
@@ -409,8 +441,11 @@ class RedisMirror(TreeCatalog):
         inodes in `skip`, which this node changed since the snapshot was read)."""
         self.resyncs += 1
         leaving: list[BlobRec] = []
-        gone = [n for n in self.nodes.values()
-                if n.persisted and n.linked and n.ino not in states and n.ino not in skip]
+        gone = [
+            n
+            for n in self.nodes.values()
+            if n.persisted and n.linked and n.ino not in states and n.ino not in skip
+        ]
         for node in gone:
             self._vanish(node, leaving)
         self._apply({i: h for i, h in states.items() if i not in skip}, blobs, leaving)
@@ -443,12 +478,17 @@ class RedisMirror(TreeCatalog):
                     conn = self._conn = await self.redis.connect()
                     await self._check_catalog(conn)
                     first = await conn.call("XRANGE", key, "-", "+", "COUNT", 1)
-                    if self.last_id != b"0-0" and first and \
-                            stream_id(first[0][0]) > stream_id(self.last_id):
+                    if (
+                        self.last_id != b"0-0"
+                        and first
+                        and stream_id(first[0][0]) > stream_id(self.last_id)
+                    ):
                         older = await conn.call("XRANGE", key, "-", self.last_id, "COUNT", 1)
                         if not older:
-                            log.warning("cluster: missed part of the change log (trimmed while "
-                                        "away); reloading the catalog")
+                            log.warning(
+                                "cluster: missed part of the change log (trimmed while "
+                                "away); reloading the catalog"
+                            )
                             self._resync = True
                 if await self.redis.check_master():
                     # Sentinel replaced the master: whatever this connection reads now comes
@@ -462,8 +502,9 @@ class RedisMirror(TreeCatalog):
                 if self._resync:
                     self._resync = False
                     await self._load_snapshot(initial=False, conn=conn)
-                reply = await conn.call("XREAD", "COUNT", 512, "BLOCK", 1000, "STREAMS", key,
-                                        self.last_id)
+                reply = await conn.call(
+                    "XREAD", "COUNT", 512, "BLOCK", 1000, "STREAMS", key, self.last_id
+                )
                 self.synced_at = trio.current_time()
                 if reply:
                     await self._apply_entries(reply[0][1], conn)
@@ -486,7 +527,7 @@ class RedisMirror(TreeCatalog):
                     conn.abort()
                     conn = None
                 self._resync = True
-                await trio.sleep(0.5)       # (logged each time: not as often as the above)
+                await trio.sleep(0.5)  # (logged each time: not as often as the above)
 
     async def _check_catalog(self, conn) -> None:
         """After (re)connecting: is the catalog still in Redis? A Redis restarted without
@@ -495,10 +536,13 @@ class RedisMirror(TreeCatalog):
         meta = pairs(await conn.call("HGETALL", self.redis.key("meta")))
         lost = meta.get(b"pool_id", b"").decode() != self.pool_id
         if lost and not self.catalog_lost:
-            log.error("cluster: Redis at %s no longer holds the catalog of pool %s (restarted "
-                      "without persistence, or flushed?): serving only what this node already "
-                      "knows; unmount every node and run `kvfs format --force` to start over",
-                      self.redis.where, self.pool_id)
+            log.error(
+                "cluster: Redis at %s no longer holds the catalog of pool %s (restarted "
+                "without persistence, or flushed?): serving only what this node already "
+                "knows; unmount every node and run `kvfs format --force` to start over",
+                self.redis.where,
+                self.pool_id,
+            )
         self.catalog_lost = lost
 
     async def _apply_entries(self, entries: list, conn) -> None:
@@ -519,8 +563,9 @@ class RedisMirror(TreeCatalog):
         if inos:
             await self._refresh(inos, conn, retired)
         if retired:
-            await self.space.settle([r for r in map(self.space.known, retired) if r is not None],
-                                    conn, retired=retired)
+            await self.space.settle(
+                [r for r in map(self.space.known, retired) if r is not None], conn, retired=retired
+            )
         for bid in purged:
             self.space.purged(bid)
         if preds:
@@ -541,6 +586,8 @@ class RedisMirror(TreeCatalog):
     def fresh(self) -> bool:
         """True while the mirror is known to be current (within half the grace period): a
         block it names cannot have had its space reused yet."""
-        return self.redis.online and not self.catalog_lost and \
-            trio.current_time() - self.synced_at < max(2.0, self.cfg.grace_seconds / 2)
-
+        return (
+            self.redis.online
+            and not self.catalog_lost
+            and trio.current_time() - self.synced_at < max(2.0, self.cfg.grace_seconds / 2)
+        )

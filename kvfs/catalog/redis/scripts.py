@@ -11,10 +11,26 @@ from __future__ import annotations
 from pathlib import Path
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
-LOG_MAXLEN = 100_000      # entries kept in the change log (a node further behind resyncs)
+LOG_MAXLEN = 100_000  # entries kept in the change log (a node further behind resyncs)
 
-NAMES = ("mknode", "commit", "remove", "rename", "update", "links", "atimes", "purge", "hold",
-         "acquire", "renew", "release", "init", "unlock_init", "ghost", "floor")
+NAMES = (
+    "mknode",
+    "commit",
+    "remove",
+    "rename",
+    "update",
+    "links",
+    "atimes",
+    "purge",
+    "hold",
+    "acquire",
+    "renew",
+    "release",
+    "init",
+    "unlock_init",
+    "ghost",
+    "floor",
+)
 
 
 class Scripts:
