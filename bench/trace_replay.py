@@ -5,7 +5,7 @@ The trace is JSON lines in the format of ../shared/traces/conversation_trace.jso
 conversation trace): one request per line, `hash_ids` its prefix blocks (512 tokens each). For
 each request the hit is the leading run of its blocks found in the tier; then every block of
 the request is read (a hit) or stored (a miss), with its predecessor as parent, and the
-request's last block is reported as the end of a chain walk. The tier is a `kvfs.tiers.policy.
+request's last block is reported as the end of a chain walk. The tier is a `kvfs.tiers.index.
 TierIndex` (the DRAM tier's index) of `--capacity-blocks` blocks with the chosen policy.
 
     python bench/trace_replay.py --trace TRACE --capacity-blocks 6000 [--policy prefix] [--json]
@@ -24,7 +24,7 @@ With --nodes N, the requests are also spread round-robin over N nodes, and the p
 of N node-local pools of --capacity-blocks each is compared with one pool of N times that
 shared by all of them (what kvfs's [cluster] mode gives). What is modelled is what runs,
 whatever --policy says (that is the DRAM tier's policy): a node's own pool evicts by the score
-policy (`pool.evict = "prefix"`, the default: kvfs.tiers.policy.PrefixScore, kept in the catalog,
+policy (`pool.evict = "prefix"`, the default: kvfs.tiers.scoring.PrefixScore, kept in the catalog,
 and for a shared pool in Redis); `--nodes-policy lru` gives the node-local pools LRU (the
 shared pool keeps the policy). Each node's DRAM tier in front of the
 pool is not modelled.
@@ -67,7 +67,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parser  # noqa: E402
-from kvfs.tiers.policy import POLICIES, TierIndex, make_policy  # noqa: E402
+from kvfs.tiers.index import TierIndex  # noqa: E402
+from kvfs.tiers.policy import POLICIES, make_policy  # noqa: E402
 
 
 def load(path: str) -> list[list[int]]:
@@ -603,8 +604,8 @@ def main(argv: list[str] | None = None) -> int:
             / max(base["dram_prefix_hit_rate"], 1e-9),
         }
         # the pool as the tier that evicts (pool.evict = the policy), against the simulation
-        # of the same requests at the pool's capacity in blocks
-        # (a pool's "prefix" is the score policy, kvfs.tiers.policy.PrefixScore, kept in the catalog)
+        # of the same requests at the pool's capacity in blocks (a pool's "prefix" is the
+        # score policy, kvfs.tiers.scoring.PrefixScore, kept in the catalog)
         pool = {
             name: mounted_pool_against_simulation(sub, cap, name, args.block_size)
             for name in ("prefix", "lru")

@@ -73,7 +73,7 @@ class BlobRec:
 
 def ghost_key(parent: int, name: bytes) -> int:
     """A name (its directory's inode and the name) as a signed 64-bit key: how the catalogs
-    remember evicted names' uses for the pool's policy (kvfs.tiers.policy.PrefixScore)."""
+    remember evicted names' uses for the pool's policy (kvfs.tiers.scoring.PrefixScore)."""
     return xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + name) - (1 << 63)
 
 

@@ -4,7 +4,8 @@ SQLite is the truth. Memory holds only what is in use or recently used, so a cat
 of files costs a few megabytes and opens in a moment:
 
 * `_live`: every `Node` object somebody holds (a weak map), so one inode is always one object;
-  `_cache`: the `cache_nodes` most recently used nodes, kept alive (an LRU).
+  `_cache`: the `cache_nodes` most recently used nodes, kept alive (an LRU); with the names
+  of cached nodes and those found absent (kvfs/catalog/sqlite_nodes.py).
 * `_pending`: files created and never committed (no row: absent after a crash), by inode and
   by (parent, name); `_unlinked`: removed nodes that handles or the kernel still use, until
   `drop`. A node whose memory differs from its row is held by one of these, so evicting a
@@ -47,34 +48,28 @@ again, empty), the directory or symlink does not exist.
 
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import os
 import sqlite3
 import stat
-import weakref
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
+from kvfs.catalog.base import FIRST_INO, ROOT_INO, BlobRec, Node
 from kvfs.catalog.groupcommit import CommitHooks, GroupCommit
 from kvfs.catalog.sqlite_chains import ChainRows
+from kvfs.catalog.sqlite_nodes import NodeRows
 from kvfs.catalog.sqlite_order import OrderRows
 from kvfs.catalog.sqlite_schema import (
-    BY_INO,
-    BY_NAME,
     COLS,
     INDEXES,
     NODES_TABLE,
     PAGE_QUERY,
     PAGE_ROWS,
-    S_IFDIR,
-    S_IFMT,
     SCHEMA_VERSION,
-    SUBDIRS,
     TABLES,
     Stmt,
     extents,
@@ -84,15 +79,12 @@ from kvfs.catalog.sqlite_schema import (
     wal_damage,
 )
 from kvfs.catalog.tree import RENAME_EXCHANGE, TreeCatalog, _now
-from kvfs.errors import KvfsError, StartupError, not_found
+from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.layout import Layout
 
 log = logging.getLogger("kvfs.catalog")
 
-CACHE_NODES = 8192  # nodes kept in memory beyond those in use
-MISSES_KEPT = 4096  # names remembered as absent (a lookup's miss, for the create after it)
 BLOB_ID_STEP = 4096  # block ids the meta row's high-water mark runs ahead by
-XATTR_COUNT = 20  # the column of BY_NAME and BY_INO that counts the node's xattrs
 
 
 class SqliteListing:
@@ -125,7 +117,7 @@ class SqliteListing:
             cookie = hi
 
 
-class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
+class SqliteCatalog(GroupCommit, ChainRows, OrderRows, NodeRows, TreeCatalog):
     """The catalog. Mutating methods are async (they wait for durability); queries are not."""
 
     tree_children = False
@@ -137,23 +129,13 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         self._conn = conn
         self.path = path
         self.opened_with: str | None = None  # what wal_damage found at open
-        self.cache_nodes = CACHE_NODES
-        self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
-        self._cache: collections.OrderedDict[int, Node] = collections.OrderedDict()
         self._pending: dict[int, Node] = {}
         self._pending_names: dict[tuple[int, bytes], int] = {}
-        # (parent, name) -> ino of cached nodes: a lookup of a cached name needs no query (an
-        # entry is checked against the node, whose memory is the truth, before it is used)
-        self._names: dict[tuple[int, bytes], int] = {}
-        # Names looked up and found absent, most recent last (at most MISSES_KEPT): the
-        # create that follows a lookup's miss (open(O_CREAT) of a new block) knows the name is
-        # free without asking SQLite again. Every name this node's tree gains passes `_enter`,
-        # which forgets its miss; nothing else adds names to the table while mounted.
-        self._misses: dict[tuple[int, bytes], None] = {}
         self._unlinked: dict[int, Node] = {}
         self._nodes = 0  # rows (persisted nodes)
         self._files = 0  # rows with a block
         self._links_changed = 0
+        self._init_nodes()
         self._init_chains()
         self._init_order()
         self._init_group_commit(hooks)
@@ -288,107 +270,6 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         return extents_by_row(self._conn)
 
     # ------------------------------------------------------------------------------ nodes
-    def _remember(self, node: Node) -> None:
-        c = self._cache
-        if node.ino in c:
-            c.move_to_end(node.ino)
-            return
-        c[node.ino] = node
-        if node.linked:
-            self._names[(node.parent, node.name)] = node.ino
-        if len(c) > self.cache_nodes:
-            old = c.popitem(last=False)[1]
-            key = (old.parent, old.name)
-            if self._names.get(key) == old.ino:
-                del self._names[key]
-            if len(self._names) > 2 * len(c):  # (entries of nodes that left the cache
-                # otherwise, e.g. `drop`: never used, since a lookup checks the node)
-                self._names = {(n.parent, n.name): i for i, n in c.items() if n.linked}
-
-    def _from_row(self, row) -> Node:
-        ino = row[0]
-        node = self._live.get(ino)
-        if node is not None:  # in use: its memory is the truth
-            self._remember(node)
-            return node
-        node = Node(
-            ino,
-            row[1],
-            row[2],
-            row[4],
-            row[5],
-            row[6],
-            row[7],
-            row[8],
-            row[9],
-            cookie=row[3],
-            target=row[10],
-            persisted=True,
-            prio=row[18],
-            uses=row[19],
-        )
-        if row[11] is not None:  # (the layout is unpacked when something needs it)
-            node.blob = BlobRec.packed(
-                row[11], row[12], row[13], row[14], row[15], row[16], row[17]
-            )
-        if node.mode & S_IFMT == S_IFDIR:
-            node.subdirs = self._one(SUBDIRS, (ino,))
-        dirty = self._dirty_atime.get(ino)
-        if dirty is not None:
-            node.atime_ns, node.prio, node.uses = dirty
-        if len(row) <= XATTR_COUNT or row[XATTR_COUNT]:  # (BY_NAME/BY_INO count them)
-            for name, value in self._conn.execute(
-                "SELECT name, value FROM xattrs WHERE ino=?", (ino,)
-            ):
-                node.xattrs[name] = value
-        self._live[ino] = node
-        self._remember(node)
-        return node
-
-    def find(self, ino: int) -> Node | None:
-        node = self._unlinked.get(ino)
-        if node is not None:
-            return node
-        node = self._live.get(ino)
-        if node is not None:
-            self._remember(node)
-            return node
-        row = self._conn.execute(BY_INO, (ino,)).fetchone()
-        return self._from_row(row) if row is not None else None
-
-    def lookup(self, parent: int, name: bytes) -> Node:
-        if len(name) > NAME_MAX:  # no such name can exist; ext4 and tmpfs say so too
-            raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
-        self.dir(parent)
-        ino = self._pending_names.get((parent, name))
-        if ino is not None:
-            return self._pending[ino]
-        ino = self._names.get((parent, name))
-        if ino is not None:
-            node = self._cache.get(ino)
-            if node is not None and node.linked and node.name == name and node.parent == parent:
-                self._cache.move_to_end(ino)
-                return node
-        row = self._conn.execute(BY_NAME, (parent, name)).fetchone()
-        if row is None:
-            misses = self._misses
-            misses[(parent, name)] = None
-            if len(misses) > MISSES_KEPT:
-                del misses[next(iter(misses))]
-            raise not_found(name.decode(errors="replace"))
-        return self._from_row(row)
-
-    def _child(self, d: Node, name: bytes) -> int | None:
-        ino = self._pending_names.get((d.ino, name))
-        if ino is not None:
-            return ino
-        if (d.ino, name) in self._misses:
-            return None
-        row = self._conn.execute(
-            "SELECT ino FROM nodes WHERE parent=? AND name=?", (d.ino, name)
-        ).fetchone()
-        return row[0] if row is not None else None
-
     def _has_children(self, d: Node) -> bool:
         if any(n.parent == d.ino and n.linked for n in self._pending.values()):
             return True
@@ -452,20 +333,6 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, TreeCatalog):
         self._new_chain_node(node.ino)
         if not node.persisted:
             self._pending[node.ino] = node
-
-    def _enter(self, parent: Node, node: Node) -> None:
-        self._misses.pop((parent.ino, node.name), None)
-        if not node.persisted:
-            self._pending_names[(parent.ino, node.name)] = node.ino
-        if node.ino in self._cache:
-            self._names[(parent.ino, node.name)] = node.ino
-
-    def _leave(self, parent: Node, node: Node) -> None:
-        if not node.persisted:
-            self._pending_names.pop((parent.ino, node.name), None)
-        key = (parent.ino, node.name)
-        if self._names.get(key) == node.ino:
-            del self._names[key]
 
     def _persisted(self, node: Node) -> None:
         """A pending node got its row."""

@@ -6,9 +6,10 @@ Every read or write moves a file in the order (`rescore`): its access time, prio
 are kept in `_dirty_atime` (inode -> (atime in ns, priority, uses)) and written in batches into
 the open transaction, at the latest every DIRTY_ATIMES accesses (they ride with the next
 commit; `flush_atimes` makes them durable). A node read back from its row takes them (see
-SqliteCatalog._from_row), and the order's queries merge them in at their place: the rows are
-paged through an index on max(atime, mtime) (`nodes_lru`) or on the priority (`nodes_prio`),
-PAGE_ROWS at a time, skipping the inodes whose accesses are still in memory.
+`_from_row`, kvfs/catalog/sqlite_nodes.py), and the order's queries merge them in at their
+place: the rows are paged through an index on max(atime, mtime) (`nodes_lru`) or on the
+priority (`nodes_prio`), PAGE_ROWS at a time, skipping the inodes whose accesses are still in
+memory.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS ghosts (
 """
 # One row per node; a file's committed block (its generation, size, stripe unit and per-unit
 # namespace / offset / checksum arrays) is part of its row, and so is its place in the pool's
-# eviction order under `pool.evict = "prefix"` (`prio`, `uses`: kvfs.tiers.policy.PrefixScore; NULL
+# eviction order under `pool.evict = "prefix"` (`prio`, `uses`: kvfs.tiers.scoring.PrefixScore; NULL
 # and 0 under "lru"). `ghosts` remembers the uses of names evicted last (key: a hash of the
 # directory's inode and the name).
 NODES_TABLE = """

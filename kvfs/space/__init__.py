@@ -11,8 +11,8 @@ One interface, two implementations (the daemon picks one at start-up, nothing ab
   policy's, kept in Redis, or LRU) and one node at a time keeps `free_target` of the pool free
   ahead of writers.
 
-The pool's policy (kvfs.tiers.policy.PrefixScore) is shared by both (`Space.score_*`): it scores each
-file at commit, read and rename; the catalog persists the scores.
+The pool's policy (kvfs.tiers.scoring.PrefixScore) is shared by both (`Space.score_*`): it
+scores each file at commit, read and rename; the catalog persists the scores.
 
 Both hold the write sessions' reservations (a writer learns that the pool is full at write()),
 and delete files through the `Evictor` they are built with (kvfs/space/base.py; the file layer's

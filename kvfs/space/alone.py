@@ -43,10 +43,11 @@ class LocalOrder(Protocol):
 class LocalSpace(Space):
     """Retired blocks are free at once (nobody else can read them). A full pool deletes this
     node's closed, unpinned, unread files: with `pool.evict = "prefix"` (the default) in the
-    order of the prefix-aware policy (kvfs/tiers/policy.py `PrefixScore`: files stored or read again
-    stay, files stored once go first; each file's priority and uses are columns of its catalog
-    row, so the policy costs the daemon no memory per file and survives a restart); with
-    "lru" the least recently used first (the catalog's order of last read or write)."""
+    order of the prefix-aware policy (kvfs/tiers/scoring.py `PrefixScore`: files stored or
+    read again stay, files stored once go first; each file's priority and uses are columns of
+    its catalog row, so the policy costs the daemon no memory per file and survives a
+    restart); with "lru" the least recently used first (the catalog's order of last read or
+    write)."""
 
     kind = "local"
 

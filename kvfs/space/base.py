@@ -10,7 +10,7 @@ import trio
 from kvfs.errors import KvfsError, no_space
 from kvfs.knobs import Knobs
 from kvfs.pool.layout import Layout
-from kvfs.tiers.policy import PrefixScore
+from kvfs.tiers.scoring import PrefixScore
 from kvfs.pool.pool import Pool
 
 log = logging.getLogger("kvfs.space")

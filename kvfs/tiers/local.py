@@ -25,7 +25,8 @@ from kvfs.config import LocalConfig
 from kvfs.pool.namespace import Namespace, probe
 from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.layout import DATA_START, Layout
-from kvfs.tiers.policy import TierIndex, make_admission, make_policy
+from kvfs.tiers.index import TierIndex
+from kvfs.tiers.policy import make_admission, make_policy
 from kvfs.pool.pool import Pool
 from kvfs.pool.superblock import Superblock, foreign_signature
 

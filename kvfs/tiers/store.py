@@ -38,7 +38,8 @@ from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
 from kvfs.tiers.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.pool.layout import PAGE, Layout, align_up, units_covering
-from kvfs.tiers.policy import AlwaysAdmit, TierIndex, make_policy
+from kvfs.tiers.index import TierIndex
+from kvfs.tiers.policy import AlwaysAdmit, make_policy
 from kvfs.pool.pool import Pool
 from kvfs.tiers.records import CachedBlob, StoreStats, open_file_limit, resident_limit
 

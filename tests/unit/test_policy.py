@@ -9,16 +9,15 @@ import pytest
 
 from bench.synthetic_traces import TRACES
 from bench.trace_replay import load, replay, serve
+from kvfs.tiers.index import TierIndex
 from kvfs.tiers.policy import (
     LRUPolicy,
     PrefixPolicy,
-    PrefixScore,
     ProbationFrequencyPolicy,
-    ScorePolicy,
     SecondAccessAdmit,
-    TierIndex,
     make_policy,
 )
+from kvfs.tiers.scoring import PrefixScore, ScorePolicy
 
 TRACE = os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "shared", "traces", "conversation_trace.jsonl"
