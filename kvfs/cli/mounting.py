@@ -22,13 +22,17 @@ from kvfs.errors import StartupError
 log = logging.getLogger("kvfs")
 
 
+# the daemon's log lines (bench/torture.py reads its evictions from them)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def _setup_logging(level: str, logfile: Path | None) -> None:
     handler: logging.Handler
     if logfile is not None:
         handler = logging.FileHandler(logfile)
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
