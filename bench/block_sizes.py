@@ -13,10 +13,10 @@ speed (unthrottled, and --bps bytes/s per device, read and write, by a cgroup th
           On kvfs (durability "fsync", the default) the block is in DRAM when close returns
           and durable within writeback_ms, as on ext4 it is in the page cache
           (KVFS_TEST_DURABILITY=close: durable when close returns).
-          Throttled, each ext4 (and RAID-0) writer also fsyncs each file before closing it (durable at
-          close, as on kvfs): the page cache's writeback is not throttled by a cgroup v1
-          limit (the flusher threads are outside the cgroup), so without it ext4's store
-          would never meet the device's limit; unthrottled it does not.
+          Throttled, each ext4 (and RAID-0) writer also fsyncs each file before closing it
+          (durable at close, as on kvfs): the page cache's writeback is not throttled by a
+          cgroup v1 limit (the flusher threads are outside the cgroup), so without it ext4's
+          store would never meet the device's limit; unthrottled it does not.
   stat    every name stat'ed (--threads threads) after the kernel dropped its dentries and
           inodes (and, on kvfs, kvfs's DRAM tier)
   load    every file opened, read whole and compared with what was stored (--threads
@@ -37,9 +37,10 @@ passthrough that keeps files in memory and does nothing else: the floor of kvfs'
 ext4 into the stack's part and kvfs's own (docs/architecture.md, "The floor of the stack").
 
 Keys of --json: `<size>_<op>_vs_ext4` and `<size>_<op>_vs_raid0` (unthrottled) and
-`gbps<N>_<size>_<op>_vs_ext4` / `_vs_raid0` (throttled), with `<op>` store, stat or load; `<size>_store_vs_ext4_fsync` against ext4 whose
-writers fsync before closing (durable at close, as kvfs's are; unthrottled: an extra ext4
-pass, the "(fsync)" column); `rows` has every measurement.
+`gbps<N>_<size>_<op>_vs_ext4` / `_vs_raid0` (throttled), with `<op>` store, stat or load;
+`<size>_store_vs_ext4_fsync` against ext4 whose writers fsync before closing (durable at close,
+as kvfs's are; unthrottled: an extra ext4 pass, the "(fsync)" column); `rows` has every
+measurement.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 """Clients: the same KV blocks stored and loaded through each engine's own file tier, on kvfs
 over 4 namespaces, on ext4 over a RAID-0 of 4 devices (`raid0`: dm-stripe where the kernel has
 device-mapper, else a stand-in, one device at 4x the limit; the JSON's "raid0" says which) and
-on ext4 over 1 device, every device a loop device over tmpfs, throttled
-to --bps bytes/s (read and write; a cgroup v1 blkio or v2 io.max limit, testing/emulate.py) and unthrottled.
+on ext4 over 1 device, every device a loop device over tmpfs, throttled to --bps bytes/s (read
+and write; a cgroup v1 blkio or v2 io.max limit, testing/emulate.py) and unthrottled.
 
   vLLM fs tier      FileSystemTierManager: O_DIRECT, O_EXCL temp + rename; every block its own
                     TransferJob, all submitted at once (16 read + 16 write threads)

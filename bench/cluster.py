@@ -13,10 +13,11 @@ In one run, with a real redis-server (AOF, fsync always) on 127.0.0.1:
                   lookup miss   stat N names that do not exist (LMCache's fs connector does this
                                 for every chunk it has not stored; the Redis catalog asks Redis)
                                 (lookups: the best of 5 rounds)
-  cross-node    two kvfs nodes sharing 4 loop-device namespaces throttled (cgroup blkio or io.max) to
-                --bps each, both daemons in the one cgroup that throttles them; node A writes
-                32 MiB blocks; then the blocks are read cold (DRAM and page cache dropped,
-                prefetch off) by node A (same-node) and by node B (cross-node), in both orders
+  cross-node    two kvfs nodes sharing 4 loop-device namespaces throttled (cgroup blkio or
+                io.max) to --bps each, both daemons in the one cgroup that throttles them;
+                node A writes 32 MiB blocks; then the blocks are read cold (DRAM and page cache
+                dropped, prefetch off) by node A (same-node) and by node B (cross-node), in both
+                orders
 
     python bench/cluster.py [--ops 400] [--blocks 6] [--bps 100e6] [--json]
 

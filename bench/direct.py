@@ -11,9 +11,9 @@ order (round r starts with path r mod 5):
   fuse        through the mount, --threads threads each reading its share of the block
               with 1 MiB preads (the same parallelism as the direct and raw paths)
   fuse_1      through the mount, one reader, 1 MiB reads (what most engines do)
-  direct      with kvfs.client.direct into a host buffer (layout and lease through the mount, then every
-              stripe unit in parallel from the namespaces), every unit's checksum verified (the
-              default)
+  direct      with kvfs.client.direct into a host buffer (layout and lease through the mount,
+              then every stripe unit in parallel from the namespaces), every unit's checksum
+              verified (the default)
   raw         the same extents with parallel O_DIRECT preads and no kvfs at all (the physical
               reference: what the devices give)
   unverified  kvfs.client.direct with verify=False (the opt-out): `verify_cost` is its speed over

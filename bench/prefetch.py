@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         f"alternating; ratios: median of the rounds' pairs [range]"
     )
     print(
-        f"{'readahead':<10}{'round':>6}{'chain walk s':>14}{'random s':>10}  prefetch issued/used/wasted"
+        f"{'readahead':<10}{'round':>6}{'chain walk s':>14}{'random s':>10}  "
+        "prefetch issued/used/wasted"
     )
     for r in range(args.rounds):
         for k in ("off", "on"):

@@ -47,17 +47,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     pool, dram = stats["tiers"]["pool"], stats["tiers"]["dram"]
     vfs = os.statvfs(mnt)
+    where, data_path = os.path.abspath(mnt), stats["data_path"]
+    sha = hashlib.sha256(back).hexdigest()[:16]
+    capacity, free = format_size(pool["capacity"]), format_size(pool["free"])
+    spaces = len(stats["namespaces"])
+    used, budget = format_size(dram["used"]), format_size(dram["capacity"])
+    route = (
+        "FUSE passthrough: the kernel moves file data without the daemon"
+        if data_path["passthrough"]
+        else "through the daemon: " + data_path["why"]
+    )
+    stats_cmd = f"getfattr --only-values -n user.kvfs.stats {mnt} | python3 -m json.tool"
     print(f"""
-kvfs is mounted at {os.path.abspath(mnt)}
+kvfs is mounted at {where}
   wrote  {SAMPLE} ({format_size(SIZE)}) in {write_s:.3f} s; {durable}
-  read   it back bit-exact in {t2 - t1:.3f} s (sha256 {hashlib.sha256(back).hexdigest()[:16]}...)
-  pool   {format_size(pool["capacity"])} on {len(stats["namespaces"])} namespace(s), {format_size(pool["free"])} free; statfs block size {vfs.f_bsize}
-  DRAM   {format_size(dram["used"])} of {format_size(dram["capacity"])} in use ({stats["data_path"]["memory"]})
-  path   {"FUSE passthrough: the kernel moves file data without the daemon" if stats["data_path"]["passthrough"] else "through the daemon: " + stats["data_path"]["why"]}
+  read   it back bit-exact in {t2 - t1:.3f} s (sha256 {sha}...)
+  pool   {capacity} on {spaces} namespace(s), {free} free; statfs block size {vfs.f_bsize}
+  DRAM   {used} of {budget} in use ({data_path["memory"]})
+  path   {route}
 
 Use it:
-  point LMCache at it:  LMCACHE_LOCAL_DISK=file://{os.path.abspath(mnt)}/lmcache  LMCACHE_MAX_LOCAL_DISK_SIZE=2
-  inspect it:           ls -l {mnt}/demo;  getfattr --only-values -n user.kvfs.stats {mnt} | python3 -m json.tool
+  point LMCache at it:  LMCACHE_LOCAL_DISK=file://{where}/lmcache  LMCACHE_MAX_LOCAL_DISK_SIZE=2
+  inspect it:           ls -l {mnt}/demo;  {stats_cmd}
   unmount it:           .venv/bin/kvfs umount {mnt}    (or: make clean-mount)
 """)
     return 0

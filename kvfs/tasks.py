@@ -2,8 +2,8 @@
 whose free acquire does not yield (`Lock`), and one hop to a worker thread and back
 (`run_sync`).
 
-`run_sync`: one hop to a worker thread and back, cheaper than `trio.to_thread.run_sync`, for the jobs
-on a file's path (a namespace's reads and writes, the catalog's WAL flush).
+`run_sync`: one hop to a worker thread and back, cheaper than `trio.to_thread.run_sync`, for the
+jobs on a file's path (a namespace's reads and writes, the catalog's WAL flush).
 
 `trio.to_thread.run_sync` wraps each job in a capacity limiter, a cancel scope, a copy of the
 context and the machinery that lets the thread call back into trio; on the daemon's one trio

@@ -37,7 +37,8 @@ SOURCE_HEAD = r"""
 #define NOT_INITIALIZED 3
 int cuDriverGetVersion(int *v) { if (v) *v = 12000; return 0; }
 int cuGetErrorName(int err, const char **s) { if (s) *s = "CUDA_ERROR_NOT_INITIALIZED"; return 0; }
-int cuGetErrorString(int err, const char **s) { if (s) *s = "initialization error (kvfs test stub)"; return 0; }
+int cuGetErrorString(int err, const char **s)
+{ if (s) *s = "initialization error (kvfs test stub)"; return 0; }
 """
 
 

@@ -2,9 +2,9 @@
 that readahead learns, as rows of the `links` table.
 
 Links learned are queued and written in batches into the open transaction (they ride with the
-next commit; `flush_links` makes them durable). A link may name a pending file: it goes with the file if
-the file is never committed (and after a crash, links to inode numbers past the last one are
-dropped at start-up).
+next commit; `flush_links` makes them durable). A link may name a pending file: it goes with the
+file if the file is never committed (and after a crash, links to inode numbers past the last one
+are dropped at start-up).
 
 Every create, commit and open asks about chains (the writer's previous file, the file's parent
 for the DRAM policy, the reader's next file), so the links of recently used blocks are kept in

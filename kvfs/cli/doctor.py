@@ -541,7 +541,8 @@ def check_rdma() -> tuple[list[Finding], list[int]]:
                     fix = (
                         ""
                         if state == "ACTIVE"
-                        else f"bring the port up (ip link set ... up; check the cable/switch for {name}/{port})"
+                        else "bring the port up (ip link set ... up; "
+                        f"check the cable/switch for {name}/{port})"
                     )
                     out.append(
                         Finding(
@@ -612,7 +613,8 @@ def check_numa(ns_numas: list[int], nic_numas: list[int]) -> list[Finding]:
         if (p / "device").exists()
     ]
     detail = (
-        f"{len(nodes)} NUMA node(s); GPUs: {', '.join(f'{n} (node {m})' for n, m in gpus) or 'none'}; "
+        f"{len(nodes)} NUMA node(s); "
+        f"GPUs: {', '.join(f'{n} (node {m})' for n, m in gpus) or 'none'}; "
         f"NICs: {', '.join(f'{n} (node {m})' for n, m in nics) or 'none'}; "
         f"namespaces on node(s): {sorted(set(ns_numas)) or 'unknown'}"
     )

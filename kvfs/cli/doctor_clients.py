@@ -138,9 +138,10 @@ def check_clients(mount: str, st: dict) -> list[Finding]:
                     "warn" if evicted or evict == "never" else "info",
                     "clients",
                     detail,
-                    f"set max_local_disk_size to at most {math.floor(safe / 1e6) / 1e3:g} (GB, 90% of "
-                    f"the pool's {format_size(cap)}), or use LMCache's fs connector or kvfs's LMCache "
-                    f"plugin, which look chunks up by name",
+                    "set max_local_disk_size to at most "
+                    f"{math.floor(safe / 1e6) / 1e3:g} (GB, 90% of "
+                    f"the pool's {format_size(cap)}), or use LMCache's fs connector or "
+                    "kvfs's LMCache plugin, which look chunks up by name",
                 )
             )
         elif kind == "nixl_static":

@@ -48,11 +48,14 @@ def cmd_stat(args: argparse.Namespace) -> int:
                         f"  Size: {a['size']} ({size(a['size'])})   Tier: {a['tier']}   "
                         f"Pinned: {'yes' if a['pinned'] else 'no'}",
                         f"  Hits: {a['hits']}   Last access: {_when(a['atime_ns'])}",
-                        f"  Generation: {lay.get('generation', '-')}   Checksum: {lay.get('checksum', '-')}"
-                        f"   Stripe unit: {size(lay['stripe_unit']) if 'stripe_unit' in lay else '-'}",
+                        f"  Generation: {lay.get('generation', '-')}   "
+                        f"Checksum: {lay.get('checksum', '-')}   "
+                        "Stripe unit: "
+                        f"{size(lay['stripe_unit']) if 'stripe_unit' in lay else '-'}",
                         f"  Namespaces: {','.join(map(str, lay.get('namespaces', []))) or '-'}   "
                         f"Extents: {_extents(lay) or '-'}",
-                        f"  Chain: parent {a['chain']['parent'] or '-'}   next {a['chain']['next'] or '-'}",
+                        f"  Chain: parent {a['chain']['parent'] or '-'}   "
+                        f"next {a['chain']['next'] or '-'}",
                     ]
                 )
             )

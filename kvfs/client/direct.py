@@ -1,4 +1,5 @@
-"""kvfs.client.direct: read and write KV blocks straight between the namespaces and GPU or host buffers.
+"""kvfs.client.direct: read and write KV blocks straight between the namespaces and GPU or host
+buffers.
 
 GPUDirect Storage cannot work through a FUSE mount, and every byte through FUSE costs a kernel
 round trip per MiB. kvfs's side channel is the block layout it already exposes: a client asks
@@ -563,7 +564,8 @@ class Block:
 
 
 def open(mountpoint: str, path: str, **kwargs) -> Block:  # noqa: A001 - the module's verb
-    """Open one block for direct reading: `with kvfs.client.direct.open(mnt, path) as b: b.read_into(buf)`."""
+    """Open one block for direct reading:
+    `with kvfs.client.direct.open(mnt, path) as b: b.read_into(buf)`."""
     return Block(Direct(mountpoint, **kwargs), path, owned=True)
 
 

@@ -1,6 +1,6 @@
-"""An LMCache storage backend that stores and loads KV chunks with kvfs.client.direct: straight between
-LMCache's buffers and the namespaces (into GPU memory where GDS is available), the daemon only
-placing and committing them through the mount.
+"""An LMCache storage backend that stores and loads KV chunks with kvfs.client.direct: straight
+between LMCache's buffers and the namespaces (into GPU memory where GDS is available), the daemon
+only placing and committing them through the mount.
 
 LMCache (0.5.6) loads it as a storage plugin:
 

@@ -69,8 +69,8 @@ class KvfsTier(FileSystemTierManager):
             pass
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        # vLLM 0.32's FileSystemTierManager.submit_store, writing with kvfs.client.direct (each block
-        # committed under a temporary name and renamed into place, as vLLM's tier does)
+        # vLLM 0.32's FileSystemTierManager.submit_store, writing with kvfs.client.direct (each
+        # block committed under a temporary name and renamed into place, as vLLM's tier does)
         keys = list(job_metadata.keys)
         if self.events is not None:
             self._store_job_keys[job_metadata.job_id] = keys

@@ -12,9 +12,9 @@
   every node learns the purge from the change log (`purged`). A node whose readers still hold a
   retired block pushes its deadline back (`_hold_graves`), so it is not reused while read.
 * **Making room.** A writer first leases another region; then files are evicted in the cluster's
-  order (`evict_in_order`: the pool's policy, `scored_victims`, or LRU, `victims`), and the writer waits (bounded) for the grave to empty or for other
-  nodes to give back regions. One node at a time (a short Redis lock) evicts ahead of writers to
-  keep `free_target` of the pool free.
+  order (`evict_in_order`: the pool's policy, `scored_victims`, or LRU, `victims`), and the
+  writer waits (bounded) for the grave to empty or for other nodes to give back regions. One node
+  at a time (a short Redis lock) evicts ahead of writers to keep `free_target` of the pool free.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class Regions(Area):
     every namespace. A held region's lease is valid until `deadline[r]` (trio's clock, a safety
     margin before Redis would expire it). `inflight` counts the bytes allocated in a region
     and not yet published or freed (bytes, not extents: one allocation may hold several units,
-    published or freed later unit by unit): a region with some is not given back. `used_at` is when this
-    node last allocated in (or leased) a region."""
+    published or freed later unit by unit): a region with some is not given back. `used_at` is
+    when this node last allocated in (or leased) a region."""
 
     whole = False
 
@@ -381,7 +381,7 @@ class ClusterSpace(Space):
         if held:
             await self._release(held)
 
-    # --- the grave ---------------------------------------------------------------------------------
+    # --- the grave --------------------------------------------------------------------------------
     async def purge(self) -> int:
         """Free the space of retired blocks whose grace period is over (any node may do it)."""
         ids = await self.leases.purge(256)

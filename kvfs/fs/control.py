@@ -295,8 +295,9 @@ class Control:
             direct.end_lease(inode, gen, bool(args.get("hit", True)))
 
     async def _direct_write(self, inode: int, key: bytes, value: bytes) -> None:
-        """kvfs.client.direct's writes, on a file open for writing: {"size": N, "ttl": s} to allocate
-        (the placement is then `user.kvfs.alloc`), {"alloc": id, "sums": [...]} to commit."""
+        """kvfs.client.direct's writes, on a file open for writing: {"size": N, "ttl": s} to
+        allocate (the placement is then `user.kvfs.alloc`), {"alloc": id, "sums": [...]} to
+        commit."""
         try:
             args = json.loads(value)
             if not isinstance(args, dict):

@@ -134,8 +134,9 @@ class Engine:
         self, fd: int, views: list[memoryview], offset: int, nowait: bool = False
     ) -> int:
         """Read into `views` (writable, page-aligned memory the caller keeps until this
-        returns) from `offset`; the bytes read, as preadv(2) returns them. With `nowait` (RWF_NOWAIT) a read
-        the kernel would have to block for fails with BlockingIOError (EAGAIN) instead."""
+        returns) from `offset`; the bytes read, as preadv(2) returns them. With `nowait`
+        (RWF_NOWAIT) a read the kernel would have to block for fails with BlockingIOError
+        (EAGAIN) instead."""
         iov = _iovecs(views)
         return await self._submit(
             IOCB_CMD_PREADV,

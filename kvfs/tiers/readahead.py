@@ -14,8 +14,9 @@ Readahead works like the kernel's for files: a reader that opens block k of a ch
 next `window` blocks fetched into DRAM in the background. A new stream looks one block ahead;
 each time the reader opens the block its chain predicted, the window doubles (from at least
 INITIAL_WINDOW, up to MAX_WINDOW), and at each other open it halves (down to none: a random
-reader costs no prefetch); prefetches of a stream that mispredicted are cancelled. A reader that pauses longer than IDLE_SECONDS starts a new stream. Prefetch I/O yields to demand I/O and
-may only displace cold DRAM blocks (see `BlockStore.prefetch`).
+reader costs no prefetch); prefetches of a stream that mispredicted are cancelled. A reader that
+pauses longer than IDLE_SECONDS starts a new stream. Prefetch I/O yields to demand I/O and may
+only displace cold DRAM blocks (see `BlockStore.prefetch`).
 """
 
 from __future__ import annotations

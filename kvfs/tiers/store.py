@@ -10,12 +10,13 @@ The store knows blocks (`BlobRec`s), not names. For each block it tracks:
   one, so a read through the daemon returns once the units it covers have arrived.
 
 Tiers, fastest first: DRAM (volatile), local (optional: a node-local NVMe device or file,
-`kvfs/tiers/local.py`), pool. DRAM holds clean copies only: a block is durable in the pool before it
-is resident, so dropping a resident copy is always free; write buffers of open sessions are
-charged to the same budget but cannot be evicted. Which resident block leaves is decided by the
-tier's eviction policy (`kvfs/tiers/policy.py`); pinned blocks never leave, blocks someone holds open
-leave last (never, under passthrough: the kernel holds their memory). A block evicted from DRAM is demoted to the local tier when that tier's admission
-policy agrees; a block read from a slower tier is promoted into faster ones the same way.
+`kvfs/tiers/local.py`), pool. DRAM holds clean copies only: a block is durable in the pool
+before it is resident, so dropping a resident copy is always free; write buffers of open sessions
+are charged to the same budget but cannot be evicted. Which resident block leaves is decided by
+the tier's eviction policy (`kvfs/tiers/policy.py`); pinned blocks never leave, blocks someone
+holds open leave last (never, under passthrough: the kernel holds their memory). A block evicted
+from DRAM is demoted to the local tier when that tier's admission policy agrees; a block read
+from a slower tier is promoted into faster ones the same way.
 
 Fetches run at one of two priorities: demand (a reader waits) and prefetch (readahead). Demand
 I/O always goes first on every namespace; a prefetch may only displace blocks the DRAM policy

@@ -8,8 +8,8 @@ holds it. A committed session is frozen (its buffer is now the block's resident 
 write starts a new session from its bytes.
 
 Pool space is reserved as a session grows (kvfs/space/), so a full pool is reported by write()
-itself. Write-behind (kvfs/write/behind.py): once a sequential writer has completely written a stripe
-unit and moved past it, the unit is written to the pool in the background.
+itself. Write-behind (kvfs/write/behind.py): once a sequential writer has completely written a
+stripe unit and moved past it, the unit is written to the pool in the background.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Sessions:
             f"{what} {end} is past the largest block kvfs can hold ({self.max_block_size})",
         )
 
-    # --- changing the content ----------------------------------------------------------------------
+    # --- changing the content ---------------------------------------------------------------------
     async def writable(self, node: Node, st: NodeState, keep: int | None = None) -> Session:
         """The node's open session, or a new one holding a copy of its current content
         (only the first `keep` bytes are needed when given). Call with st.lock held."""
@@ -281,7 +281,7 @@ class Sessions:
             await self.space.reserve(need, exclude=node.ino)
         s.reserved += need
 
-    # --- commit --------------------------------------------------------------------------------------
+    # --- commit -----------------------------------------------------------------------------------
     async def commit_if_dirty(self, node: Node, st: NodeState | None) -> None:
         if st is None or st.session is None:
             return
@@ -331,7 +331,7 @@ class Sessions:
             return s.dirty or sig != s.sig, size, sig, nbytes
         return s.changed(), s.buffer.size, None, None
 
-    # --- durability = "fsync": close is not a commit (kvfs/write/writeback.py) ---------------------------
+    # --- durability = "fsync": close is not a commit (kvfs/write/writeback.py) --------------------
     async def prepare(self, node: Node, st: NodeState | None) -> None:
         """A writer's close() when close is not a commit: what a commit would report now is
         reported now (an earlier write that failed, a file past max_block_size, a pool with

@@ -24,11 +24,12 @@ Data before metadata, as a close's commit: a crash loses the files closed within
 version or, never committed, no name; never a partial or mixed one. What waits for the flusher:
 fsync and fdatasync of a file (`settle`), a writer opening a closed file and a truncate
 (`settle`: a queued buffer is never written again), a rename of such a file over another or of
-a file that has a row already (kvfs/fs/files.py), `user.kvfs.layout` and `kvfs.client.direct` leases
-(they hand out the extents), fsyncdir, `kvfs flush`, unmount and SIGTERM (`sync_all`). Writers that open or create files wait while more than `dirty_limit` bytes
-are closed and not yet durable (`throttle`; counted in the statistics). Changes to the tree
-(mkdir, unlink, rename...) return once applied in the catalog's open transaction; the flusher
-also commits that transaction within `delay` (kvfs/catalog/groupcommit.py).
+a file that has a row already (kvfs/fs/files.py), `user.kvfs.layout` and `kvfs.client.direct`
+leases (they hand out the extents), fsyncdir, `kvfs flush`, unmount and SIGTERM (`sync_all`).
+Writers that open or create files wait while more than `dirty_limit` bytes are closed and not yet
+durable (`throttle`; counted in the statistics). Changes to the tree (mkdir, unlink, rename...)
+return once applied in the catalog's open transaction; the flusher also commits that transaction
+within `delay` (kvfs/catalog/groupcommit.py).
 
 A block whose namespace failed under it (an I/O error, or no answer within the namespace's
 deadline: `Namespace.bounded`) is written again on the healthy ones. A write-back that still
@@ -375,7 +376,7 @@ class WriteBack(Durability):
     def statistics(self) -> dict:
         return self.q.statistics()
 
-    # --- the flusher ---------------------------------------------------------------------------------
+    # --- the flusher ------------------------------------------------------------------------------
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The flusher, until cancelled (a batch under way is finished first)."""
         q = self.q

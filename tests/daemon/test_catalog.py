@@ -139,7 +139,8 @@ def test_schema_1_is_upgraded_at_open(tmp_path):
     c.executescript("""
         CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
         CREATE TABLE blobs (id INTEGER PRIMARY KEY, size INTEGER NOT NULL, unit INTEGER NOT NULL,
-            ns BLOB NOT NULL, offsets BLOB NOT NULL, sums BLOB NOT NULL, created_ns INTEGER NOT NULL);
+            ns BLOB NOT NULL, offsets BLOB NOT NULL, sums BLOB NOT NULL,
+            created_ns INTEGER NOT NULL);
         CREATE TABLE nodes (ino INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
             cookie INTEGER NOT NULL, mode INTEGER NOT NULL, uid INTEGER NOT NULL,
             gid INTEGER NOT NULL, atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,

@@ -6,8 +6,8 @@
     python -m tests.lmcache.lmc_driver fs_put DIR --chunks 12
     python -m tests.lmcache.lmc_driver fs_get DIR --chunks 12
 
-Chunks are bf16 KV tensors of 4 layers x 256 tokens x 8 heads x 64 = 2 MiB, with contents derived from the
-chunk number, so a second process can check what a first one stored.
+Chunks are bf16 KV tensors of 4 layers x 256 tokens x 8 heads x 64 = 2 MiB, with contents derived
+from the chunk number, so a second process can check what a first one stored.
 """
 
 from __future__ import annotations

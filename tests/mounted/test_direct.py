@@ -1,4 +1,5 @@
-"""kvfs.client.direct: blocks read straight from the namespaces, safe against concurrent rewrites."""
+"""kvfs.client.direct: blocks read straight from the namespaces, safe against concurrent
+rewrites."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Striping through a real mount on emulated namespaces (loop devices, cgroup throttles: v1 blkio or v2 io.max)."""
+"""Striping through a real mount on emulated namespaces (loop devices, cgroup throttles: v1 blkio
+or v2 io.max)."""
 
 from __future__ import annotations
 
