@@ -137,31 +137,20 @@ class Engine:
         returns) from `offset`; the bytes read, as preadv(2) returns them. With `nowait`
         (RWF_NOWAIT) a read the kernel would have to block for fails with BlockingIOError
         (EAGAIN) instead."""
-        iov = _iovecs(views)
-        return await self._submit(
-            IOCB_CMD_PREADV,
-            fd,
-            ctypes.addressof(iov),
-            len(views),
-            offset,
-            iov,
-            RWF_NOWAIT if nowait else 0,
-        )
+        return await self._vectored(IOCB_CMD_PREADV, fd, views, offset, nowait)
 
     async def pwritev(
         self, fd: int, views: list[memoryview], offset: int, nowait: bool = False
     ) -> int:
         """Write `views` at `offset`; the bytes written (as `preadv`)."""
-        iov = _iovecs(views)
-        return await self._submit(
-            IOCB_CMD_PWRITEV,
-            fd,
-            ctypes.addressof(iov),
-            len(views),
-            offset,
-            iov,
-            RWF_NOWAIT if nowait else 0,
-        )
+        return await self._vectored(IOCB_CMD_PWRITEV, fd, views, offset, nowait)
+
+    async def _vectored(
+        self, cmd: int, fd: int, views: list[memoryview], offset: int, nowait: bool
+    ) -> int:
+        iov = _iovecs(views)  # (kept alive by _submit until the kernel is done with it)
+        flags = RWF_NOWAIT if nowait else 0
+        return await self._submit(cmd, fd, ctypes.addressof(iov), len(views), offset, iov, flags)
 
     async def fdatasync(self, fd: int) -> None:
         """fdatasync(fd), carried out by the kernel's workqueue."""
