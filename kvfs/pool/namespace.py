@@ -40,7 +40,6 @@ from kvfs.pool.requests import (
     mismatched,
     transfer,
 )
-from kvfs.pool.requests import IOV_MAX  # noqa: F401 - the limit a namespace's transfers keep
 from kvfs.pool.requests import digests as unit_digests
 from kvfs.pool.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode
 

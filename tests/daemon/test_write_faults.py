@@ -15,6 +15,7 @@ import pytest
 
 from kvfs.pool import linux_aio
 from kvfs.pool import namespace as device
+from kvfs.pool.requests import IOV_MAX
 from kvfs.errors import KvfsError
 from tests.daemon.harness import run_service
 
@@ -270,7 +271,7 @@ def test_vectored_writes_split_at_iov_max(pool_config, monkeypatch):
         await fs.files.fsync(fh)
         await fs.close(fh)
         assert fs.svc.pool.namespaces[0].stats.state == "ok"
-        assert max(calls) <= device.IOV_MAX < sum(calls), calls
+        assert max(calls) <= IOV_MAX < sum(calls), calls
         fs.svc.store.drop_dram()
         assert await fs.read("/sparse") == bytes(want[: 16 * MiB - 4 * KiB])
 
