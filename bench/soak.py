@@ -45,6 +45,17 @@ from testing.mount import MountedKvfs, process_memory, wait_until, write_config 
 MiB = 1 << 20
 CHUNK = 32 * MiB  # an LMCache chunk of a large model
 ALLOWED = {"ENOENT"}
+# what the daemon holds for clients, all back to 0 once they are done (the soak's pass and
+# tests/mounted/test_soak.py check the same list)
+RELEASED = (
+    "open_handles",
+    "backing_ids",
+    "leases_held",
+    "allocations_pending",
+    "held_blocks",
+    "dram_write_buffers",
+    "pool_reserved",
+)
 
 
 def proc_fds(pid: int) -> dict:
@@ -364,20 +375,7 @@ def soak(
                 "after_drop_dram": {k: dropped[k] for k in ("fds", "memory_fds")},
             },
             "backing_ids_after_drop_dram": ids_dropped,
-            "held_after_clients": {
-                k: quiet[k]
-                for k in (
-                    "open_handles",
-                    "backing_ids",
-                    "leases_held",
-                    "allocations_pending",
-                    "held_blocks",
-                    "dram_write_buffers",
-                    "pool_reserved",
-                    "inode_states",
-                    "dram_blocks",
-                )
-            },
+            "held_after_clients": {k: quiet[k] for k in (*RELEASED, "inode_states", "dram_blocks")},
             "daemon_latency": st["latency"],
             "client_latency": {k: percentiles(v) for k, v in lat.items()},
             "samples": samples,
@@ -403,18 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = (
         not out["unexpected_errors"]
         and not out["wrong_read_count"]
-        and not any(
-            out["held_after_clients"][k]
-            for k in (
-                "open_handles",
-                "backing_ids",
-                "leases_held",
-                "allocations_pending",
-                "held_blocks",
-                "dram_write_buffers",
-                "pool_reserved",
-            )
-        )
+        and not any(out["held_after_clients"][k] for k in RELEASED)
     )
     if args.json:
         print(dumps(out))

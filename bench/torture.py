@@ -694,6 +694,20 @@ class Figures:
     stale_in_outage: int = 0
     seen_after_outage_ms: list = field(default_factory=list)
 
+    # per-event samples, summarised in the report rather than listed
+    SAMPLES = (
+        "seen_after_ms",
+        "lost_window_ms",
+        "redis_error_after_up_ms",
+        "failover_ms",
+        "first_publish_ms",
+        "seen_after_outage_ms",
+    )
+
+    def reported(self) -> dict:
+        """The figures as the JSON report lists them (without the per-event samples)."""
+        return {k: v for k, v in self.__dict__.items() if k not in self.SAMPLES}
+
     def add(self, o: "Figures") -> None:
         for k, v in o.__dict__.items():
             if isinstance(v, int):
@@ -1705,19 +1719,7 @@ class Torture:
             "max_lost_window_ms": max(total.lost_window_ms, default=0.0),
             "writers": self.writers,
             "seed": self.seed,
-            **{
-                k: v
-                for k, v in total.__dict__.items()
-                if k
-                not in (
-                    "seen_after_ms",
-                    "lost_window_ms",
-                    "redis_error_after_up_ms",
-                    "failover_ms",
-                    "first_publish_ms",
-                    "seen_after_outage_ms",
-                )
-            },
+            **total.reported(),
             "max_seen_after_outage_ms": max(total.seen_after_outage_ms, default=None),
             "redis_grace_ms": REDIS_GRACE_MS,
             "max_redis_error_after_up_ms": max(total.redis_error_after_up_ms, default=None),
@@ -1748,19 +1750,7 @@ class Torture:
             "cycles_per_minute": round(total.cycles / seconds * 60, 2) if seconds else 0,
             "scenarios": {
                 k: {
-                    **{
-                        kk: vv
-                        for kk, vv in f.__dict__.items()
-                        if kk
-                        not in (
-                            "seen_after_ms",
-                            "lost_window_ms",
-                            "redis_error_after_up_ms",
-                            "failover_ms",
-                            "first_publish_ms",
-                            "seen_after_outage_ms",
-                        )
-                    },
+                    **f.reported(),
                     "staleness_max_ms": max(f.seen_after_ms, default=None),
                 }
                 for k, f in self.figures.items()

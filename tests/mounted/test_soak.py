@@ -19,15 +19,7 @@ def test_a_short_soak_leaks_nothing(tmp_path, make_mount):  # make_mount: root a
     assert r["wrong_read_count"] == 0, (r["wrong_reads"], r["wrong_log"])
     assert r["evictions"] > 0 and r["ops"]["read"] > 0 and r["ops"]["write"] > 0
     held = r["held_after_clients"]
-    for k in (
-        "open_handles",
-        "backing_ids",
-        "leases_held",
-        "allocations_pending",
-        "held_blocks",
-        "dram_write_buffers",
-        "pool_reserved",
-    ):
+    for k in soak.RELEASED:
         assert held[k] == 0, (k, held)
     fds = r["fds"]  # with the DRAM tier dropped, the mount's own descriptors
     assert fds["after_drop_dram"]["memory_fds"] == 0, fds
