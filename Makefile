@@ -58,7 +58,7 @@ $(STAMP): pyproject.toml Makefile $(FUSE_BUILD)
 	@VENV=$(VENV) bash mount/fuse/build.sh
 	@echo "installing kvfs and its dependencies into $(VENV)"
 	@$(PIP) install -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c 'import pyfuse3, trio, xattr, xxhash, pytest'
+	@$(PY) -c 'import pyfuse3, trio, xattr, xxhash, zmq, msgspec, pytest'
 	@# pyverbs comes from Debian (PyPI's does not build): let the venv see that one package only
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  mkdir -p $(VENV)/debian-site && ln -sfn /usr/lib/python3/dist-packages/pyverbs $(VENV)/debian-site/pyverbs; \

@@ -115,6 +115,23 @@ class MountConfig:
 
 
 @dataclass(frozen=True)
+class EventsConfig:
+    """KV events for routers (docs/configuration.md, "KV events"; kvfs/events/)."""
+
+    enabled: bool = False
+    endpoint: str = "tcp://*:5557"  # the PUB socket: bound (a wildcard, ipc://) or connected
+    replay_endpoint: str | None = None  # the ROUTER socket serving missed batches
+    topic: str = "kv@{node}@{model}"  # {node}: `node`; {model}: the block's model
+    node: str | None = None  # default: [cluster] node_id, or the host name
+    model: str = ""  # {model} where a block's path names none (and for the first clear)
+    locality: str | None = None  # default: the node's name, or "pool:<name>" with [cluster]
+    layout: str = "vllm"  # which files are blocks: a known layout...
+    pattern: str | None = None  # ...or a naming rule of your own (kvfs/events/naming.py)
+    buffer_steps: int = 10_000  # batches kept for replay
+    hwm: int = 100_000  # batches queued per subscriber before it loses them
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """A pool shared by several nodes, its catalog in Redis (see docs/cluster.md)."""
 
@@ -169,6 +186,7 @@ class Config:
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     local: LocalConfig | None = None
     cluster: ClusterConfig | None = None
+    events: EventsConfig = field(default_factory=EventsConfig)
     log_level: str = "info"
     metrics_port: int = 0  # serve Prometheus metrics on this port (0: off)
     metrics_address: str = "127.0.0.1"
@@ -415,6 +433,40 @@ def _cluster(t: "_Table", base: Path) -> ClusterConfig:
     return c
 
 
+def _endpoint(value: Any, key: str) -> str:
+    v = _str(value, key)
+    if not v.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ConfigError(f"config: {key}: {v!r} is not a ZMQ endpoint (tcp://, ipc://)")
+    return v
+
+
+def _events(t: "_Table") -> EventsConfig:
+    from kvfs.events.naming import NamingRule
+
+    d = EventsConfig()
+    replay = t.take("replay_endpoint", _endpoint)
+    ev = EventsConfig(
+        enabled=t.take("enabled", _bool, False),
+        endpoint=t.take("endpoint", _endpoint, d.endpoint),
+        replay_endpoint=replay or None,
+        topic=t.take("topic", _str, d.topic),
+        node=t.take("node", _str),
+        model=t.take("model", _str, ""),
+        locality=t.take("locality", _str),
+        layout=t.take("layout", _choice("vllm"), "vllm"),
+        pattern=t.take("pattern", _str),
+        buffer_steps=t.take("buffer_steps", _int_range(1, 10_000_000), d.buffer_steps),
+        hwm=t.take("hwm", _int_range(1, 10_000_000), d.hwm),
+    )
+    t.done()
+    try:
+        NamingRule.named(ev.layout, ev.pattern)
+        ev.topic.format(node="n", model="m")
+    except (ValueError, KeyError, IndexError) as e:
+        raise ConfigError(f"config: events: {e}") from None
+    return ev
+
+
 def default_pool_file_size(state_dir: Path) -> int:
     """4 GiB, or half the free space where the state directory will live, whichever is less."""
     probe = state_dir
@@ -541,6 +593,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
                     f"config: pool.namespace {n.path}: inside state_dir, which is "
                     f"node-local; a cluster's namespaces are shared by every node"
                 )
+    events = _events(top.table("events"))
     top.done()
     if local is not None and any(local.path == n.path for n in namespaces):
         raise ConfigError(f"config: local.path: {local.path} is also a pool namespace")
@@ -552,6 +605,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         prefetch=prefetch,
         local=local,
         cluster=cluster,
+        events=events,
         log_level=log_level,
         metrics_port=metrics_port,
         metrics_address=metrics_address,

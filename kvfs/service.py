@@ -38,6 +38,8 @@ from kvfs import __version__
 from kvfs.catalog.groupcommit import CommitHooks
 from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.config import Config
+from kvfs.events.publisher import Publisher
+from kvfs.events.naming import NamingRule
 from kvfs.errors import KvfsError, StartupError
 from kvfs.fs.control import Control
 from kvfs.fs.direct_access import DirectAccess
@@ -119,6 +121,7 @@ class Layers:
     space: Space
     local: LocalTier | None
     seams: Seams
+    events: Publisher | None = None  # KV events ([events] enabled)
 
 
 def lock_state_dir(sd: Path) -> int:
@@ -166,20 +169,47 @@ def _remove_pool_files(cfg: Config) -> None:
 async def open_layers(cfg: Config, knobs: Knobs, stack: contextlib.AsyncExitStack) -> Layers:
     """Open (or create) the catalog, the pool and its space, and the local tier."""
     seams = Seams()
+    events = open_events(cfg)
+    if events is not None:
+        stack.callback(events.close)
     with contextlib.ExitStack() as undo:  # what to remove again if start-up fails
         if cfg.cluster is None:
-            catalog, pool, space = _open_sqlite(cfg, knobs, stack, undo, seams)
+            catalog, pool, space = _open_sqlite(cfg, knobs, stack, undo, seams, events)
         else:
-            catalog, pool, space = await _open_redis(cfg, knobs, stack, undo, seams)
+            catalog, pool, space = await _open_redis(cfg, knobs, stack, undo, seams, events)
         local = None
         if cfg.local is not None:
             local = LocalTier.open(cfg.local, pool.unit)
             stack.callback(local.close)
         undo.pop_all()  # started: keep everything
-    return Layers(catalog, pool, space, local, seams)
+    return Layers(catalog, pool, space, local, seams, events)
 
 
-def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
+def open_events(cfg: Config) -> Publisher | None:
+    """The KV events' publisher ([events] enabled; StartupError if its sockets cannot open)."""
+    ec = cfg.events
+    if not ec.enabled:
+        return None
+    cl = cfg.cluster
+    node = ec.node or (cl.node_id if cl is not None else os.uname().nodename)
+    locality = ec.locality or (f"pool:{cl.name}" if cl is not None else node)
+    try:
+        return Publisher(
+            endpoint=ec.endpoint,
+            replay_endpoint=ec.replay_endpoint,
+            rule=NamingRule.named(ec.layout, ec.pattern),
+            node=node,
+            locality=locality,
+            topic=ec.topic,
+            model=ec.model,
+            buffer_steps=ec.buffer_steps,
+            hwm=ec.hwm,
+        )
+    except ValueError as e:
+        raise StartupError(str(e), errno.EADDRINUSE) from None
+
+
+def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=None):
     sd = cfg.state_dir
     write_back = writes_back(cfg)
     # the catalog may be opened before the pool (it names the pool to expect): a failure of
@@ -190,6 +220,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
         before_commit=seams.writes.later("writes_settled"),
         on_unsynced=seams.unsynced.later("kick") if write_back else None,
         on_failure=failures.later("stop_freeing"),
+        announcer=events,
     )
     catalog = None
     catalog_exists = cfg.catalog_path.exists()
@@ -235,7 +266,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
     return catalog, pool, space
 
 
-async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
+async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=None):
     from kvfs.catalog.redis import RedisCatalog
     from kvfs.catalog.redis import bootstrap
     from kvfs.cluster.space import ClusterSpace
@@ -263,6 +294,7 @@ async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams):
         space,
         pool_id=pool.pool_id,
         on_change=seams.changes.later("changed_elsewhere"),
+        announcer=events,
     )
     order.bind(catalog)
     await catalog.load()
@@ -328,6 +360,7 @@ class Service:
         self.catalog = catalog = layers.catalog
         self.pool = pool = layers.pool
         self.space = space = layers.space
+        self.events = layers.events
         self.store = store = BlockStore(
             pool,
             cfg.dram.capacity,
@@ -412,6 +445,10 @@ class Service:
             await nursery.start(self.store.serve)
             await nursery.start(self.space.serve)
             await nursery.start(self.durability.serve)
+            if self.events is not None:
+                # the inventory first: every change from now on is announced after it
+                self.events.resync(self.catalog.announced_keys())
+                await nursery.start(self.events.serve)
             nursery.start_soon(self._flush_periodically)
             nursery.start_soon(self._warm_pinned)
             nursery.start_soon(self._recharge_periodically)
@@ -555,4 +592,6 @@ class Service:
         }
         if self.space.kind == "cluster":
             out["cluster"] = {**cat.statistics(), **space}
+        if self.events is not None:
+            out["events"] = self.events.statistics()
         return out

@@ -35,6 +35,7 @@ from typing import Awaitable, Callable
 import trio
 
 from kvfs import tasks
+from kvfs.catalog.announce import Announcer
 from kvfs.catalog.sqlite_schema import Stmt
 from kvfs.errors import KvfsError
 
@@ -56,6 +57,8 @@ class CommitHooks:
     on_unsynced: Callable[[], None] | None = None
     # on_failure(why): the catalog can no longer make changes durable (the pool frees nothing)
     on_failure: Callable[[str], None] | None = None
+    # told of durable changes to the names it recognises (KV events, kvfs/catalog/announce.py)
+    announcer: Announcer | None = None
 
 
 class GroupCommit:
@@ -159,6 +162,14 @@ class GroupCommit:
         """The trio time the open transaction began (None: none is open)."""
         return self._txn_began if self._in_txn else None
 
+    def _note_txn(self) -> int:
+        """(KV events) the transaction a change made now goes to: the open one, or the next
+        (its statements follow without a yield)."""
+        return self._txn
+
+    def _durable_txn(self) -> int:
+        return self._synced
+
     def after_release(self, fn: Callable[[], None]) -> None:
         """Call fn() once the change that released space last is durable (now, if it is):
         the space layer frees a retired block's extents through this. Never called after a
@@ -221,6 +232,7 @@ class GroupCommit:
             self._synced = target
             self.syncs += 1
             self._run_after()
+            self._announce_due()
             took = time.perf_counter() - t1
             self.sync_seconds += took
             self._sync_estimate = (

@@ -123,7 +123,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, NodeRows, TreeCatalog):
     tree_children = False
 
     def __init__(self, conn: sqlite3.Connection, path: Path, hooks: CommitHooks = CommitHooks()):
-        super().__init__()
+        super().__init__(hooks.announcer)
         del self.nodes  # no memory tree: see find() and the module doc
         del self.successors, self.predecessors, self._dirty_links
         self._conn = conn
@@ -496,6 +496,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, NodeRows, TreeCatalog):
             node.prio, node.uses = score
         if not node.linked:
             return rec, old, before, []
+        self._announce(node, True)  # (durable with the transaction the statements go to)
         stmts: list[Stmt] = []
         if rec.id > self._blob_hwm:
             # Block ids are never reused (a reader's lease names one): the meta row records

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 import trio
 
+from kvfs.catalog.announce import Announcer, Announcing
 from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, Node
 from kvfs.errors import KvfsError, exists, not_found
 from kvfs.pool.layout import Layout
@@ -65,7 +66,7 @@ def merge_link(
     return True, None
 
 
-class TreeCatalog:
+class TreeCatalog(Announcing):
     """The memory tree and the chains; subclasses add durability."""
 
     shared = False  # True: other nodes change the same catalog (RedisCatalog)
@@ -80,7 +81,10 @@ class TreeCatalog:
         """What the catalog's caches hold and hit (none: every node is in memory)."""
         return {}
 
-    def __init__(self) -> None:
+    def __init__(self, announcer: Announcer | None = None) -> None:
+        """`announcer`: told of durable changes to the names it recognises (KV events,
+        kvfs/catalog/announce.py)."""
+        self._init_announce(announcer)
         self.nodes: dict[int, Node] = {}
         self.pool_id: str | None = None
         self._next_ino = FIRST_INO
@@ -282,6 +286,7 @@ class TreeCatalog:
     ) -> None:
         """Rename `src` to `name_new` in `pnew` (the target name is free); it gets a new readdir
         cookie (`cookie`, or the next one)."""
+        self._announce(src, False)
         self._leave(pold, src)
         if src.is_dir:
             pold.subdirs -= 1
@@ -291,12 +296,15 @@ class TreeCatalog:
         src.parent, src.name, src.cookie = pnew.ino, name_new, cookie
         src.ctime_ns = now
         self._enter(pnew, src)
+        self._announce(src, True)
         pold.mtime_ns = pold.ctime_ns = pnew.mtime_ns = pnew.ctime_ns = now
 
     def _swap(self, a: Node, b: Node, now: int) -> None:
         """RENAME_EXCHANGE: `a` and `b` trade names (and readdir cookies)."""
         pa, pb = self.get(a.parent), self.get(b.parent)
         na, nb = a.name, b.name
+        self._announce(a, False)
+        self._announce(b, False)
         self._leave(pa, a)
         self._leave(pb, b)
         if pa is not pb:
@@ -308,8 +316,11 @@ class TreeCatalog:
         a.ctime_ns = b.ctime_ns = now
         self._enter(pb, a)
         self._enter(pa, b)
+        self._announce(a, True)
+        self._announce(b, True)
 
     def _detach(self, node: Node) -> None:
+        self._announce(node, False)
         parent = self.get(node.parent)
         self._leave(parent, node)
         if node.is_dir:

@@ -4,6 +4,7 @@
     kvfs stat | ls | tree | df | du | top inspect it (kvfs/cli/inspect.py)
     kvfs pin | unpin | evict | warm        steer it (kvfs/cli/steer.py)
     kvfs doctor                            check the node (kvfs/cli/doctor.py)
+    kvfs events                            print its KV events (kvfs/cli/events.py)
 
 Every entry point is `main(argv)`, so tests call it in-process. Every command prints tables for
 people and, with --json, one JSON document for scripts. Exit status: 0 success, 1 a refused
@@ -17,7 +18,7 @@ import sys
 from typing import Sequence
 
 from kvfs import __version__
-from kvfs.cli import doctor, inspect, mounting, steer
+from kvfs.cli import doctor, events, inspect, mounting, steer
 from kvfs.cli.common import CliError, fail
 from kvfs.errors import KvfsError
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_parsers(sub)
     steer.add_parsers(sub)
     doctor.add_parsers(sub)
+    events.add_parsers(sub)
     return p
 
 

@@ -199,7 +199,18 @@ TOP_LEVEL = {
     "tasks.py",
     "units.py",
 }
-SUBPACKAGES = {"catalog", "cli", "client", "cluster", "fs", "pool", "space", "tiers", "write"}
+SUBPACKAGES = {
+    "catalog",
+    "cli",
+    "client",
+    "cluster",
+    "events",
+    "fs",
+    "pool",
+    "space",
+    "tiers",
+    "write",
+}
 MAX_LINES = 800
 
 

@@ -266,6 +266,7 @@ class RedisCatalog(RedisMirror):
         try:
             if not node.persisted:
                 await self._publish_new(node, "replace")
+                self._announce(node, True)
                 return rec, old
             t = time.perf_counter()
             blob = blob_fields(rec, node.ino)
@@ -298,6 +299,7 @@ class RedisCatalog(RedisMirror):
                     rec,
                 )
                 self.space.published_here(rec)
+            self._announce(node, True)
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
         except KvfsError as e:
@@ -456,6 +458,7 @@ class RedisCatalog(RedisMirror):
         ):
             self._detach(node)
         else:
+            self._announce(node, False)
             node.linked = False
 
     async def _rename_local(

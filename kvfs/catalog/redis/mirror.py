@@ -52,12 +52,14 @@ class RedisMirror(TreeCatalog):
         *,
         pool_id: str,
         on_change: Callable[..., None] | None = None,
+        announcer=None,
     ):
         """`on_change(kind, node, old_blob, old_parent, old_name)` is called after another
         node changed something this node may cache: kind is "gone", "content", "new" or
         "moved" (the file layer answers, through a seam: kvfs/service.py); never calls back
-        down."""
-        super().__init__()
+        down. `announcer`: told of this node's changes to the names it recognises (KV events,
+        kvfs/catalog/announce.py)."""
+        super().__init__(announcer)
         self.redis = link
         self.cfg = cfg
         self.space = space  # ClusterSpace: used blocks, the grave

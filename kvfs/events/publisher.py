@@ -1,0 +1,241 @@
+"""The publisher: kvfs's KV events on a ZMQ PUB socket, with vLLM's replay protocol.
+
+Frames are vLLM's: [topic, 8-byte big-endian sequence number, msgpack KVEventBatch]. One
+sequence counts every batch this daemon sends (from 0 at each start); the topic is the
+configured template (default `kv@{node}@{model}`) with the block's model filled in, so a
+pool holding blocks of two models sends on two topics (a subscriber of the prefix
+`kv@<node>@` sees every batch, and no gap in the sequence but a lost one).
+
+Where it runs: on the trio thread, in the catalog's commit round (`durable`: called once the
+changes it lists are durable; kvfs/catalog/base.py, `Announcer`). Sending never waits: a PUB
+socket queues each message to every subscriber up to its high-water mark and drops it for a
+subscriber that is that far behind, which that subscriber sees as a gap in the sequence;
+`replay_endpoint` then serves the batches it missed from the replay buffer (the last
+`buffer_steps` batches), as vLLM's publisher does: a request [b"", start sequence] from a
+DEALER or REQ socket gets every buffered batch from that number on, then [b"", -1, b""].
+
+After a start, the stream begins with `AllBlocksCleared` followed by `BlockStored` for every
+block the pool holds (`resync`): a crash between a change and its announcement loses the
+announcement, and only a fresh inventory makes the stream true again (docs/configuration.md,
+"KV events").
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Iterable
+
+import trio
+import zmq
+
+from kvfs.events import wire
+from kvfs.events.naming import BlockKey, NamingRule
+
+log = logging.getLogger("kvfs.events")
+
+RESYNC_BATCH = 1000  # blocks per batch of the inventory sent at a start
+LINGER_MS = 1000  # at close: how long queued batches may still go out
+
+
+def _binds(endpoint: str) -> bool:
+    """vLLM's rule: bind wildcard, ipc and inproc endpoints; connect to the rest."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+class Publisher:
+    """Announces the catalog's durable changes to recognised names (see the module doc).
+    Its `depth`, `match` and `key` are the naming rule's: the catalog asks them of a changed
+    file's name and path."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        rule: NamingRule,
+        node: str,
+        locality: str | None,
+        topic: str = "kv@{node}@{model}",
+        model: str = "",
+        replay_endpoint: str | None = None,
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+    ):
+        self.rule = rule
+        self.depth = rule.depth
+        self.match = rule.match
+        self.key = rule.key
+        self.node = node
+        self.locality = locality
+        self.model = model
+        self._template = topic
+        self._topics: dict[str, bytes] = {}
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self._ctx = zmq.Context(io_threads=1)
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._replay: zmq.Socket | None = None
+        try:
+            self._pub.setsockopt(zmq.SNDHWM, hwm)
+            self._pub.setsockopt(zmq.LINGER, LINGER_MS)
+            if _binds(endpoint):
+                self._pub.bind(endpoint)
+            else:
+                self._pub.connect(endpoint)
+            if replay_endpoint:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, LINGER_MS)
+                self._replay.setsockopt(zmq.SNDHWM, max(hwm, buffer_steps + 2))
+                self._replay.bind(replay_endpoint)
+        except zmq.ZMQError as e:
+            self.close()
+            raise ValueError(f"events: cannot open {endpoint!r}: {e}") from None
+        self._buffer: collections.deque[tuple[int, bytes, bytes]] = collections.deque(
+            maxlen=buffer_steps
+        )
+        self.seq = 0  # the next batch's sequence number
+        self.batches = 0
+        self.stored = 0
+        self.removed = 0
+        self.cleared = 0
+        self.dropped = 0  # batches the socket refused (they stay in the replay buffer)
+        self.replays = 0
+        self.replayed = 0
+        self.resynced = 0  # blocks announced by the inventory at the start
+
+    # ------------------------------------------------------------------------------ sending
+    def topic(self, model: str) -> bytes:
+        t = self._topics.get(model)
+        if t is None:
+            t = self._topics[model] = self._template.format(
+                node=self.node, model=model or self.model
+            ).encode()
+        return t
+
+    def _send(self, topic: bytes, events: list, ts: float | None = None) -> None:
+        payload = wire.encode(
+            wire.KVEventBatch(ts=time.time() if ts is None else ts, events=events)
+        )
+        seq = self.seq
+        self.seq += 1
+        self.batches += 1
+        self._buffer.append((seq, topic, payload))
+        try:
+            self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+        except zmq.ZMQError as e:
+            self.dropped += 1
+            log.warning("events: batch %d not sent: %s", seq, e)
+
+    def durable(self, changes: list[tuple[bool, BlockKey]]) -> None:
+        """Announce changes made durable, in the order they were made: (stored?, block). A
+        removal directly followed by a store of the same block (a name replaced by a new
+        version of itself) is announced as the store alone: the name was never absent."""
+        out: list[tuple[bool, BlockKey] | None] = []
+        last: dict[BlockKey, int] = {}
+        for stored, k in changes:
+            i = last.get(k)
+            if stored and i is not None and out[i] is not None and not out[i][0]:
+                out[i] = None
+            last[k] = len(out)
+            out.append((stored, k))
+        by_model: dict[str, list] = {}
+        loc = self.locality
+        for c in out:
+            if c is None:
+                continue
+            stored, k = c
+            if stored:
+                ev = wire.stored(k.hash, k.group, loc)
+                self.stored += 1
+            else:
+                ev = wire.removed(k.hash, k.group, loc)
+                self.removed += 1
+            by_model.setdefault(k.model, []).append(ev)
+        ts = time.time()
+        for model, events in by_model.items():
+            self._send(self.topic(model), events, ts)
+
+    def resync(self, keys: Iterable[BlockKey]) -> None:
+        """At a start: `AllBlocksCleared`, then every block the pool holds (see the module
+        doc), on each topic the blocks are on, and the configured model's (with neither: the
+        topic of no model)."""
+        by_model: dict[str, list] = {}
+        for k in keys:
+            by_model.setdefault(k.model, []).append(wire.stored(k.hash, k.group, self.locality))
+        if self.model or not by_model:
+            by_model.setdefault(self.model, [])
+        for model, events in by_model.items():
+            topic = self.topic(model)
+            self._send(topic, [wire.AllBlocksCleared()])
+            self.cleared += 1
+            for i in range(0, len(events), RESYNC_BATCH):
+                self._send(topic, events[i : i + RESYNC_BATCH])
+            self.resynced += len(events)
+        log.info(
+            "events: publishing on %s%s; announced %d block(s) held",
+            self.endpoint,
+            f" (replay on {self.replay_endpoint})" if self.replay_endpoint else "",
+            self.resynced,
+        )
+
+    # ------------------------------------------------------------------------------ replay
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Answer replay requests (when a replay endpoint is configured)."""
+        task_status.started()
+        sock = self._replay
+        if sock is None:
+            return
+        fd = sock.getsockopt(zmq.FD)
+        while True:
+            # the descriptor is edge-triggered: drain what is readable before waiting again
+            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                try:
+                    frames = sock.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._answer(sock, frames)
+            await trio.lowlevel.wait_readable(fd)
+
+    def _answer(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[2]) != 8:
+            log.warning("events: a replay request of %d frame(s) ignored", len(frames))
+            return
+        peer, _, start = frames
+        first = int.from_bytes(start, "big")
+        self.replays += 1
+        try:
+            for seq, topic, payload in list(self._buffer):
+                if seq >= first:
+                    sock.send_multipart(
+                        (peer, b"", topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
+                    )
+                    self.replayed += 1
+            sock.send_multipart((peer, b"", b"", wire.END_SEQ, b""), flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # the requester is gone, or that far behind
+            log.warning("events: replay from %d cut short: %s", first, e)
+
+    # ------------------------------------------------------------------------------ the rest
+    def statistics(self) -> dict:
+        return {
+            "endpoint": self.endpoint,
+            "replay_endpoint": self.replay_endpoint,
+            "next_seq": self.seq,
+            "batches": self.batches,
+            "stored": self.stored,
+            "removed": self.removed,
+            "cleared": self.cleared,
+            "dropped_batches": self.dropped,
+            "replay_requests": self.replays,
+            "replayed_batches": self.replayed,
+            "resynced_blocks": self.resynced,
+            "buffered_batches": len(self._buffer),
+        }
+
+    def close(self) -> None:
+        for s in (self._pub, self._replay):
+            if s is not None and not s.closed:
+                s.close()
+        self._ctx.term()

@@ -1,0 +1,224 @@
+"""KV events (kvfs/events, kvfs/catalog/announce.py) from the daemon's objects, a real
+SQLite catalog and pool, and a real ZMQ subscriber (kvfs.events.subscriber, what `kvfs
+events` uses) on an ipc:// endpoint: a block is announced once its file is durable under a
+vLLM fs-tier name, and removed once that name no longer holds it; a restart starts the stream
+over with the pool's inventory; replay serves what a subscriber missed.
+tests/clients/test_engines.py checks the hashes against vLLM's own events."""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+from kvfs.events import wire
+from kvfs.events.subscriber import Subscriber
+from tests.daemon.harness import run_service
+
+MiB = 1 << 20
+SLOW = "writeback_ms = 60000"  # nothing is written back unless someone waits for it
+BASE = "Qwen_Qwen3-0.6B_0123456789ab_r0"  # vLLM's <model>_<digest>_r<rank>
+
+
+def events_toml(tmp_path, **more) -> str:
+    lines = [
+        "[events]",
+        "enabled = true",
+        f'endpoint = "ipc://{tmp_path}/events"',
+        f'replay_endpoint = "ipc://{tmp_path}/replay"',
+        'node = "n1"',
+    ] + [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in more.items()]
+    return "\n".join(lines).replace("'", '"') + "\n"
+
+
+def block_path(i: int, group: int = 0) -> tuple[str, int]:
+    """A vLLM fs-tier path for block i, and the 64-bit hash vLLM announces for it."""
+    h = (i * 0x9E3779B97F4A7C15 % (1 << 256)).to_bytes(32, "big").hex()
+    return f"/{BASE}/{h[:3]}/{h[3:5]}_g{group}/{h}.bin", int(h[-16:], 16)
+
+
+async def mkdirs(fs, path: str) -> None:
+    parts = path.strip("/").split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = "/" + "/".join(parts[:i])
+        try:
+            fs.ino(d)
+        except Exception:
+            await fs.mkdir(d)
+
+
+async def store(fs, path: str, data: bytes) -> None:
+    """As vLLM's fs tier stores: <path>.tmp written, then renamed to <path>."""
+    await mkdirs(fs, path)
+    await fs.write(path + ".tmp", data)
+    po, no = fs.resolve(path + ".tmp")
+    pn, nn = fs.resolve(path)
+    await fs.files.rename(po, no, pn, nn, 0)
+
+
+async def subscribe(tmp_path) -> Subscriber:
+    sub = Subscriber(f"ipc://{tmp_path}/events", b"", f"ipc://{tmp_path}/replay")
+    await trio.sleep(0.3)  # the subscription reaches the publisher (ZMQ's "slow joiner")
+    sub.receive_all(quiet=0.1)  # the inventory sent at the start, if it came in time
+    return sub
+
+
+def events_of(batches) -> list[tuple[str, int, int | None]]:
+    return [
+        (
+            type(e).__name__,
+            e.block_hashes[0] if hasattr(e, "block_hashes") else None,
+            getattr(e, "group_idx", None),
+        )
+        for _, _, b in batches
+        for e in b.events
+    ]
+
+
+def test_a_block_is_announced_once_durable_and_removed_once_its_name_is_gone(pool_config, tmp_path):
+    """Nothing while the file is only closed (a crash could still lose it); its BlockStored
+    at the write-back, with vLLM's 64-bit hash, group, medium and locality; a file outside
+    the layout announces nothing; an unlink's BlockRemoved once the unlink is durable."""
+    cfg = pool_config(mount=SLOW, extra=events_toml(tmp_path))
+    p, h = block_path(1, group=2)
+
+    async def body(fs):
+        sub = await subscribe(tmp_path)
+        await store(fs, p, os.urandom(300_000))
+        await fs.write("/other.bin", os.urandom(1000))
+        assert sub.receive(0.3) is None  # closed, not durable
+        await fs.sync()
+        got = sub.receive_all()
+        assert events_of(got) == [("BlockStored", h, 2)]
+        ev = got[0][2].events[0]
+        assert (ev.medium, ev.locality, ev.block_size, ev.token_ids) == ("STORAGE", "n1", 0, [])
+        assert got[0][0] == b"kv@n1@Qwen_Qwen3-0.6B"
+        parent, name = fs.resolve(p)
+        await fs.files.unlink(parent, name)
+        assert sub.receive(0.3) is None  # the unlink is not durable yet
+        await fs.sync()
+        assert events_of(sub.receive_all()) == [("BlockRemoved", h, 2)]
+        assert sub.gaps == 0
+        st = fs.svc.statistics()["events"]
+        assert (st["stored"], st["removed"], st["dropped_batches"]) == (1, 1, 0)
+        sub.close()
+
+    run_service(cfg, body)
+
+
+def test_a_block_stored_again_under_its_name_is_announced_as_stored_alone(pool_config, tmp_path):
+    """A rewrite of the same name, or a rename over it (vLLM storing a block it had), keeps
+    the name holding the block throughout: BlockStored again, never a BlockRemoved."""
+    cfg = pool_config(mount=SLOW, extra=events_toml(tmp_path))
+    p, h = block_path(7)
+
+    async def body(fs):
+        sub = await subscribe(tmp_path)
+        await store(fs, p, os.urandom(200_000))
+        await fs.sync()
+        assert events_of(sub.receive_all()) == [("BlockStored", h, 0)]
+        await store(fs, p, os.urandom(200_000))  # renamed over the committed file
+        await fs.sync()
+        await fs.write(p, os.urandom(100_000))  # rewritten in place
+        await fs.sync()
+        assert events_of(sub.receive_all()) == [("BlockStored", h, 0), ("BlockStored", h, 0)]
+        sub.close()
+
+    run_service(cfg, body)
+
+
+def test_a_restart_clears_the_stream_and_announces_what_the_pool_holds(pool_config, tmp_path):
+    """A daemon killed after a commit, before its announcement, loses the announcement (and
+    a closed file not yet written back loses the file): after the restart the stream starts
+    with AllBlocksCleared and a BlockStored for every block the pool holds, nothing else."""
+    cfg = pool_config(mount=SLOW, extra=events_toml(tmp_path))
+    kept = [block_path(i) for i in range(5)]
+    lost = block_path(99)
+
+    async def first(fs):
+        for p, _ in kept:
+            await store(fs, p, os.urandom(100_000))
+        await fs.sync()
+        await store(fs, lost[0], os.urandom(100_000))  # closed, never written back
+
+    async def after(fs):
+        sub = Subscriber(f"ipc://{tmp_path}/events", b"", f"ipc://{tmp_path}/replay")
+        got = await trio.to_thread.run_sync(sub.replay, 0)  # (served on trio)
+        evs = events_of(got)
+        assert evs[0] == ("AllBlocksCleared", None, None)
+        assert sorted(evs[1:]) == sorted(("BlockStored", h, 0) for _, h in kept)
+        assert [seq for _, seq, _ in got] == list(range(len(got)))
+        sub.close()
+
+    run_service(cfg, first, crash=True)
+    run_service(cfg, after)
+
+
+def test_replay_returns_the_batches_from_a_sequence_number_and_the_end_marker(
+    pool_config, tmp_path
+):
+    """Each durable round is one batch, numbered without gaps; a subscriber that joined late
+    (or lost batches) gets them from the replay endpoint, in order, then vLLM's end marker."""
+    cfg = pool_config(mount=SLOW, extra=events_toml(tmp_path))
+    paths = [block_path(i) for i in range(10, 14)]
+
+    async def body(fs):
+        for p, _ in paths:
+            await store(fs, p, os.urandom(50_000))
+            await fs.sync()
+        sub = Subscriber(f"ipc://{tmp_path}/events", b"", f"ipc://{tmp_path}/replay")
+        got = await trio.to_thread.run_sync(sub.replay, 1)  # batch 0: the start's AllBlocksCleared
+        assert [seq for _, seq, _ in got] == [1, 2, 3, 4]
+        assert events_of(got) == [("BlockStored", h, 0) for _, h in paths]
+        assert await trio.to_thread.run_sync(sub.replay, 5) == []
+        assert fs.svc.statistics()["events"]["replay_requests"] == 2
+        sub.close()
+
+    run_service(cfg, body)
+
+
+def test_evicted_blocks_are_announced_removed_and_held_ones_never_are(pool_config, tmp_path):
+    """A small pool evicts to make room: one BlockRemoved per evicted block, each for a name
+    that no longer exists, and none for a block still readable."""
+    cfg = pool_config(size="16MiB", mount=SLOW, extra=events_toml(tmp_path))
+    paths = [block_path(i) for i in range(40)]
+
+    async def body(fs):
+        sub = await subscribe(tmp_path)
+        for p, _ in paths:
+            await store(fs, p, os.urandom(1 * MiB))
+            await fs.sync()
+        evs = events_of(sub.receive_all())
+        removed = [h for kind, h, _ in evs if kind == "BlockRemoved"]
+        stored = [h for kind, h, _ in evs if kind == "BlockStored"]
+        assert sorted(stored) == sorted(h for _, h in paths)
+        assert removed and len(removed) == len(set(removed)) == fs.svc.space.evictions
+        for p, h in paths:
+            try:
+                fs.ino(p)
+                present = True
+            except Exception:
+                present = False
+            assert present == (h not in removed), p
+        assert sub.gaps == 0
+        sub.close()
+
+    run_service(cfg, body)
+
+
+def test_the_encoding_is_vllms(pool_config, tmp_path):
+    """What the daemon sends decodes with kvfs's copy of vLLM's classes (and, in
+    tests/unit/test_events.py, byte for byte as vLLM's own encoder makes it)."""
+    cfg = pool_config(mount=SLOW, extra=events_toml(tmp_path, locality="LOCAL"))
+    p, h = block_path(3)
+
+    async def body(fs):
+        sub = await subscribe(tmp_path)
+        await store(fs, p, b"x" * 4096)
+        await fs.sync()
+        ((_, _, batch),) = sub.receive_all()
+        assert isinstance(batch, wire.KVEventBatch)
+        assert batch.events == [wire.stored(h, 0, "LOCAL")]
+        sub.close()
+
+    run_service(cfg, body)

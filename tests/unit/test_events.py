@@ -1,0 +1,92 @@
+"""KV events' naming rule and wire format (kvfs/events): which paths are blocks, which hash
+each announces, and bytes identical to vLLM's own encoder's."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvfs.events import wire
+from kvfs.events.naming import BlockKey, NamingRule
+
+H = "5f" * 28 + "0123456789abcdef"  # a 32-byte block hash, in hex
+
+
+def names(path: str) -> list[bytes]:
+    return [p.encode() for p in path.strip("/").split("/")]
+
+
+def test_the_vllm_rule_reads_hash_group_and_model_from_an_fs_tier_path():
+    rule = NamingRule.named("vllm")
+    p = f"/mnt/kv/meta-llama_Llama-3.1-8B_0123456789ab_r0/{H[:3]}/{H[3:5]}_g3/{H}.bin"
+    assert rule.depth == 4
+    assert rule.match(names(p)[-1])
+    assert rule.key(names(p)) == BlockKey(0x0123456789ABCDEF, 3, "meta-llama_Llama-3.1-8B")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/m_0123456789ab_r0/{H[:3]}/{H[3:5]}_g0/{H}.bin.tmp",  # not renamed yet
+        f"/m_0123456789ab_r0/{H[:3]}/{H[3:5]}_g0/{H}",
+        f"/m_0123456789ab/{H[:3]}/{H[3:5]}_g0/{H}.bin",  # no rank
+        f"/m_0123456789ab_r0/{H[:3]}/{H[3:5]}/{H}.bin",  # no group
+        f"/{H[:3]}/{H[3:5]}_g0/{H}.bin",  # too shallow
+        "/m_0123456789ab_r0/abc/de_g0/xyz.bin",
+    ],
+)
+def test_other_paths_are_not_blocks(path):
+    rule = NamingRule.named("vllm")
+    assert not rule.match(names(path)[-1]) or rule.key(names(path)) is None
+
+
+def test_a_rule_of_ones_own_needs_a_hash_group_and_reads_short_hashes():
+    rule = NamingRule.named("vllm", r"blocks/(?P<hash>[0-9a-f]+)\.kv")
+    assert rule.depth == 2
+    assert rule.key(names("/x/blocks/ff01.kv")) == BlockKey(0xFF01, None, "")
+    with pytest.raises(ValueError, match="no .*hash"):
+        NamingRule(r"blocks/(?P<h>[0-9a-f]+)")
+    with pytest.raises(ValueError, match="unknown layout"):
+        NamingRule.named("sglang")
+
+
+def test_the_bytes_are_vllms_own():
+    """kvfs's batch, encoded, is byte for byte what vLLM's KVEventBatch encodes to (required
+    fields present even when null, defaulted ones left out), and vLLM decodes it."""
+    kv = pytest.importorskip(
+        "vllm.distributed.kv_events", reason="vLLM (make install-clients) is not installed"
+    )
+    import msgspec
+
+    ts = time.time()
+    ours = wire.KVEventBatch(
+        ts=ts,
+        events=[
+            wire.stored(0xFEDCBA9876543210, 1, "n1"),
+            wire.removed(7, None, None),
+            wire.AllBlocksCleared(),
+        ],
+    )
+    theirs = kv.KVEventBatch(
+        ts=ts,
+        events=[
+            kv.BlockStored(
+                block_hashes=[0xFEDCBA9876543210],
+                parent_block_hash=None,
+                token_ids=[],
+                block_size=0,
+                lora_id=None,
+                medium=kv.MEDIUM_STORAGE,
+                lora_name=None,
+                group_idx=1,
+                locality="n1",
+            ),
+            kv.BlockRemoved(block_hashes=[7], medium=kv.MEDIUM_STORAGE),
+            kv.AllBlocksCleared(),
+        ],
+    )
+    assert wire.encode(ours) == msgspec.msgpack.Encoder().encode(theirs)
+    back = msgspec.msgpack.Decoder(kv.KVEventBatch).decode(wire.encode(ours))
+    assert back.events[0].block_hashes == [0xFEDCBA9876543210]
+    assert isinstance(back.events[1], kv.BlockRemoved)
