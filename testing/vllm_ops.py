@@ -37,12 +37,12 @@ from testing.engine import content
 BLOCK = 2 << 20  # bytes per KV block (one chunk of one block)
 
 
-def _spec(model: str, block: int) -> MagicMock:
+def _spec(model: str, block: int, events: bool = False) -> MagicMock:
     spec = MagicMock()
     spec.config = OffloadingConfig(
         groups=(),
         worker_kv_bytes_per_block=block,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config={},
         engine_id="kvfs-test",
         model=OffloadingModelConfig(name=model, dtype="bfloat16"),
@@ -62,7 +62,7 @@ def _spec(model: str, block: int) -> MagicMock:
     )
     spec.blocks_per_chunk = 1
     spec.kv_events_config = OffloadingKVEventsConfig(
-        enable_kv_cache_events=False, self_describing_kv_events=False
+        enable_kv_cache_events=events, self_describing_kv_events=False
     )
     return spec
 
@@ -85,8 +85,11 @@ def open_tier(
     threads: int = 16,
     model: str = "meta-llama/Llama-3.1-8B",
     block: int = BLOCK,
+    events: bool = False,
     **extra,
 ) -> dict:
+    """`events`: vLLM's KV events on, for the tier too (its `enable_kv_events`), as a server
+    started with --kv-events-config has them (read with `kv_events`)."""
     close(state)
     buf = state.get("buf")
     if buf is None or len(buf) != slots * block:
@@ -101,9 +104,11 @@ def open_tier(
     }
     if tier == "kvfs":
         cfg.update(type="KvfsTier", module_path="kvfs.client.vllm_tier")
-    t = SecondaryTierFactory.create_secondary_tier(
-        cfg, memoryview(primary.numpy()), _spec(model, block)
-    )
+    if events:
+        cfg["enable_kv_events"] = True
+    spec = _spec(model, block, events)
+    t = SecondaryTierFactory.create_secondary_tier(cfg, memoryview(primary.numpy()), spec)
+    state["spec"] = spec
     state.update(tier=t, primary=primary, slots=slots, block=block, job=state.get("job", 0))
     return {
         "class": type(t).__name__,
@@ -217,6 +222,21 @@ def lookup(state: dict, keys: list[int], timeout: float = 10.0) -> list[str]:
     return [r.name for r in res]
 
 
+def kv_events(state: dict) -> str:
+    """The KV events vLLM itself announces for what the tier did since the last call: the
+    tier's OffloadingEvents made KV events by vLLM's OffloadingEventsTracker, as the
+    offloading connector makes them, in one KVEventBatch encoded by vLLM's encoder (hex)."""
+    import msgspec
+    from vllm.distributed.kv_events import KVEventBatch
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.events import (
+        OffloadingEventsTracker,
+    )
+
+    tracker = OffloadingEventsTracker(state["spec"].kv_events_config)
+    events = list(tracker.take_events(state["tier"].take_events()))
+    return msgspec.msgpack.Encoder().encode(KVEventBatch(ts=time.time(), events=events)).hex()
+
+
 def files(state: dict, root: str) -> list[str]:
     out = []
     for d, _, names in os.walk(root):
@@ -231,5 +251,6 @@ OPS = {
     "transfer_many": transfer_many,
     "lookup": lookup,
     "files": files,
+    "kv_events": kv_events,
     "close": close,
 }

@@ -18,7 +18,16 @@ def connectable(endpoint: str) -> str:
 
 
 class Subscriber:
-    def __init__(self, endpoint: str, topic: bytes = b"", replay_endpoint: str | None = None):
+    def __init__(
+        self,
+        endpoint: str,
+        topic: bytes = b"",
+        replay_endpoint: str | None = None,
+        decode=wire.decode,
+    ):
+        """`decode`: payload -> batch (default kvfs's copy of vLLM's classes; the tests pass
+        vLLM's own decoder)."""
+        self.decode = decode
         self._ctx = zmq.Context.instance()
         self.sub = self._ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
@@ -40,7 +49,7 @@ class Subscriber:
             self.gaps += 1
             self.missed += n - self.next_seq
         self.next_seq = n + 1
-        return topic, n, wire.decode(payload)
+        return topic, n, self.decode(payload)
 
     def receive_all(self, quiet: float = 0.3, limit: float = 30.0) -> list:
         """Every batch until none came for `quiet` seconds (at most `limit` seconds)."""
@@ -69,7 +78,7 @@ class Subscriber:
                 _, topic, seq, payload = sock.recv_multipart()
                 if seq == wire.END_SEQ:
                     return out
-                out.append((topic, int.from_bytes(seq, "big"), wire.decode(payload)))
+                out.append((topic, int.from_bytes(seq, "big"), self.decode(payload)))
         finally:
             sock.close()
 

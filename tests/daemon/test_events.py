@@ -13,7 +13,7 @@ import trio
 
 from kvfs.events import wire
 from kvfs.events.subscriber import Subscriber
-from tests.daemon.harness import run_service
+from tests.daemon.harness import eventually, run_cluster, run_service
 
 MiB = 1 << 20
 SLOW = "writeback_ms = 60000"  # nothing is written back unless someone waits for it
@@ -222,3 +222,57 @@ def test_the_encoding_is_vllms(pool_config, tmp_path):
         sub.close()
 
     run_service(cfg, body)
+
+
+def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, redis):
+    """Two nodes on one pool (Redis catalog): a block stored by n0 is announced by n0 alone
+    (n1 learns of the file but announces nothing), its unlink by n1 by n1 alone; the
+    locality names the pool."""
+    from tests.helpers import write_config
+
+    (tmp_path / "shared").mkdir()
+    nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": "32MiB"} for i in range(2)]
+    cfgs = []
+    for i in range(2):
+        ev = tmp_path / f"n{i}"
+        ev.mkdir()
+        cfgs.append(
+            write_config(
+                tmp_path / f"n{i}.toml",
+                tmp_path / f"state{i}",
+                nss,
+                dram="16MiB",
+                pool='stripe_unit = "256KiB"',
+                extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "n{i}"\nname = "ev"\n'
+                + events_toml(ev).replace('node = "n1"\n', ""),
+            )
+        )
+    p, h = block_path(5)
+
+    async def body(a, b):
+        subs = [await subscribe(tmp_path / f"n{i}") for i in range(2)]
+        await store(a, p, os.urandom(300_000))
+        await eventually(lambda: _known(b, p), what="n1 sees the block")
+        got = [s.receive_all() for s in subs]
+        assert events_of(got[0]) == [("BlockStored", h, 0)]
+        assert got[0][0][2].events[0].locality == "pool:ev"
+        assert got[0][0][0] == b"kv@n0@Qwen_Qwen3-0.6B"
+        assert got[1] == []
+        parent, name = b.resolve(p)
+        await b.files.unlink(parent, name)
+        await eventually(lambda: not _known(a, p), what="n0 sees the unlink")
+        got = [s.receive_all() for s in subs]
+        assert got[0] == []
+        assert events_of(got[1]) == [("BlockRemoved", h, 0)]
+        for s in subs:
+            s.close()
+
+    run_cluster(cfgs, body)
+
+
+def _known(fs, path: str) -> bool:
+    try:
+        fs.ino(path)
+        return True
+    except Exception:
+        return False
