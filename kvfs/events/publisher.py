@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from typing import Iterable
 
@@ -37,6 +38,12 @@ log = logging.getLogger("kvfs.events")
 
 RESYNC_BATCH = 1000  # blocks per batch of the inventory sent at a start
 LINGER_MS = 1000  # at close: how long queued batches may still go out
+
+# Fault injection for the crash tests (tests/mounted/test_kv_events.py): "stored:S" or
+# "removed:S" stalls the daemon S seconds (blocking its trio thread) before announcing a batch
+# of durable changes with a store (a removal) in it, so that a kill -9 lands between a change
+# made durable and its announcement.
+_STALL = os.environ.get("KVFS_TEST_EVENTS_STALL", "")
 
 
 def _binds(endpoint: str) -> bool:
@@ -133,6 +140,8 @@ class Publisher:
         """Announce changes made durable, in the order they were made: (stored?, block). A
         removal directly followed by a store of the same block (a name replaced by a new
         version of itself) is announced as the store alone: the name was never absent."""
+        if _STALL:
+            self._stall(changes)
         out: list[tuple[bool, BlockKey] | None] = []
         last: dict[BlockKey, int] = {}
         for stored, k in changes:
@@ -180,6 +189,13 @@ class Publisher:
             f" (replay on {self.replay_endpoint})" if self.replay_endpoint else "",
             self.resynced,
         )
+
+    @staticmethod
+    def _stall(changes: list[tuple[bool, BlockKey]]) -> None:
+        kind, _, seconds = _STALL.partition(":")
+        if any(stored == (kind == "stored") for stored, _ in changes):
+            log.warning("events: stalling %s s before announcing (KVFS_TEST_EVENTS_STALL)", seconds)
+            time.sleep(float(seconds))
 
     # ------------------------------------------------------------------------------ replay
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
