@@ -43,6 +43,16 @@ as kvfs's are; unthrottled: an extra ext4 pass, the "(fsync)" column);
 `<size>_<op>_ceiling_per_s`: 1 s over the trio thread's CPU per file (median, unthrottled),
 files/s one mount cannot pass whatever the cores; `rows` has every measurement (`<op>_trio_us`:
 the trio thread's share of `<op>_daemon_us`).
+
+With --events a second kvfs mount (`kvfs_events`, unthrottled) runs beside the first with KV
+events on ([events], kvfs/events; a naming rule that makes every block file a block) and a
+subscriber in this process: `<size>_store_events_cpu_vs_off` is its daemon CPU per stored file
+over the first's (medians of the rounds; side by side, so as noisy as two mounts are),
+`<size>_store_events_cpu_share` the share of the events mount's daemon CPU per stored file
+spent announcing, measured inside it (the trio thread's time in the catalog's notes and the
+publisher, and ZMQ's threads; issue 47 asks <= 0.03), and
+`<size>_events_latency_p50_ms` / `_p99_ms` the time from a batch's commit (its `ts`) to its
+arrival at the subscriber, over the rounds' stores and the unlinks after them.
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import dumps, parse, parser  # noqa: E402
 from bench.catalog_scale import parallel as per_second
 from bench.floorfs import floor_mounted
+from kvfs.events.subscriber import Subscriber
 from testing.emulate import (
     Emulation,
     available,
@@ -76,6 +87,52 @@ from testing.mount import cpu_seconds
 
 MiB = 1 << 20
 SIZES = {"256K": 256 << 10, "1M": MiB, "4M": 4 * MiB, "32M": 32 * MiB}
+# KV events for the --events mount: every block file (Blocks.name) is a block, its number the
+# hash (kvfs/events/naming.py)
+EVENTS_PATTERN = r"d[0-9]{2}/block-(?P<hash>[0-9]{6})\.kv"
+
+
+class EventLatency:
+    """A subscriber thread: each batch's delay from its commit (`ts`) to its arrival."""
+
+    def __init__(self, endpoint: str):
+        self.sub = Subscriber(endpoint)
+        self.delays: list[float] = []
+        self.events = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        while not self._stop.is_set():
+            got = self.sub.receive(0.2)
+            if got is not None:
+                self.delays.append(time.time() - got[2].ts)
+                self.events += len(got[2].events)
+
+    def take(self) -> dict:
+        """What arrived since the last call: batches, events, delay p50/p99/max (ms)."""
+        d, self.delays = sorted(self.delays), []
+        n, self.events = self.events, 0
+        if not d:
+            return {"event_batches": 0, "events": n}
+        return {
+            "event_batches": len(d),
+            "events": n,
+            "event_delay_ms": [
+                round(d[len(d) // 2] * 1e3, 2),
+                round(d[int(0.99 * (len(d) - 1))] * 1e3, 2),
+                round(d[-1] * 1e3, 2),
+            ],
+            "gaps": self.sub.gaps,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sub.close()
 
 
 def parallel(n: int, threads: int, fn) -> float:
@@ -156,16 +213,35 @@ def load(root: Path, blocks: Blocks, threads: int) -> float:
     return parallel(blocks.n, threads, one)
 
 
+def zmq_threads_cpu(pid: int) -> float:
+    """CPU seconds of a process's ZMQ threads (libzmq names them ZMQbg/...)."""
+    total = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                comm, rest = f.read().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue
+        if comm.startswith("ZMQbg"):
+            fields = rest.split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def daemon_counters(m) -> dict:
-    """Requests per operation, and (with --handlers) the trio thread's CPU seconds in all and
-    in each handler."""
+    """Requests per operation, (with --handlers) the trio thread's CPU seconds in all and
+    in each handler, and (KV events on) the CPU seconds spent announcing: the trio thread's
+    (the publisher's statistics) and ZMQ's own threads'."""
     st = m.stats()
     lat = st.get("latency", {})
-    return {
+    out = {
         "requests": {op: v["count"] for op, v in lat.items()},
         "handler_cpu": {op: v["cpu_us"] / 1e6 for op, v in lat.items() if "cpu_us" in v},
         "trio_cpu": st.get("trio_thread_cpu_s", 0.0),
     }
+    if "events" in st:
+        out["events_cpu"] = st["events"]["cpu_s"] + zmq_threads_cpu(m.pid)
+    return out
 
 
 def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> dict:
@@ -207,6 +283,10 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
             out[f"{name}_handler_us"] = handlers
         if m is not None:  # the trio thread's own share: 1 s over it is the mount's ceiling
             out[f"{name}_trio_us"] = round((c1["trio_cpu"] - c0["trio_cpu"]) / blocks.n * 1e6, 1)
+        if "events_cpu" in c1:  # what announcing cost (after the phase: its unlinks too)
+            out[f"{name}_events_us"] = round(
+                (c1["events_cpu"] - c0["events_cpu"]) / blocks.n * 1e6, 2
+            )
         if m is not None and "getxattr" in per:  # less this bench's own statistics read
             per["getxattr"] = round(per["getxattr"] - 1 / blocks.n, 2)
             if not per["getxattr"]:
@@ -243,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also the trio thread's CPU per file and per handler (the daemon runs "
         "with KVFS_HANDLER_CPU=1, which costs a little)",
+    )
+    ap.add_argument(
+        "--events",
+        action="store_true",
+        help="also kvfs with KV events on and a subscriber (unthrottled only)",
     )
     ap.add_argument(
         "--floor",
@@ -283,14 +368,38 @@ def main(argv: list[str] | None = None) -> int:
                     if args.floor and bps is None
                     else contextlib.nullcontext()
                 ) as floor,
+                (
+                    kvfs_on_loops(
+                        emu,
+                        tmp,
+                        f"kvfs-events-{speed}",
+                        4,
+                        data + 512 * MiB,
+                        bps,
+                        dram=f"{data // MiB + 256}MiB",
+                        extra=(
+                            f'[events]\nenabled = true\nendpoint = "ipc://{tmp}/events"\n'
+                            f"pattern = '{EVENTS_PATTERN}'\n"
+                        ),
+                    )
+                    if args.events and bps is None
+                    else contextlib.nullcontext()
+                ) as kve,
             ):
-                names = {id(ext4): "ext4", id(raid0): "raid0", id(kv): "kvfs", id(floor): "floor"}
+                names = {
+                    id(ext4): "ext4",
+                    id(raid0): "raid0",
+                    id(kv): "kvfs",
+                    id(floor): "floor",
+                    id(kve): "kvfs_events",
+                }
+                latency = EventLatency(f"ipc://{tmp}/events") if kve is not None else None
                 raid0_kind = raid0.raid0
                 for size_name in sizes:
                     size = SIZES[size_name]
                     blocks = Blocks(size, min(args.max_files, max(1, data // size)))
                     for r in range(args.rounds):
-                        order = [ext4, raid0, kv] + ([floor] if floor is not None else [])
+                        order = [ext4, raid0, kv] + [x for x in (floor, kve) if x is not None]
                         if r % 2:
                             order.reverse()
                         for setup in order:
@@ -310,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                                     args.threads,
                                     sync_store=fs in ("ext4", "raid0") and bps is not None,
                                 )
+                            if fs == "kvfs_events":
+                                res.update(latency.take())
                             rows.append(
                                 {
                                     "fs": fs,
@@ -321,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                                 }
                             )
                     del blocks
+                if latency is not None:
+                    latency.close()
     out: dict = {
         "threads": args.threads,
         "rounds": args.rounds,
@@ -425,6 +538,40 @@ def main(argv: list[str] | None = None) -> int:
             if durable:
                 out[f"{prefix}{size_name}_store_vs_ext4_fsync"] = round(
                     statistics.median(durable), 3
+                )
+            pairs = list(
+                zip(
+                    *(
+                        [
+                            x
+                            for x in rows
+                            if x["fs"] == fs and x["speed"] == label and x["size"] == size_name
+                        ]
+                        for fs in ("kvfs_events", "kvfs")
+                    )
+                )
+            )
+            if pairs:  # the publisher's cost, and its delivery
+                out[f"{size_name}_store_events_cpu_share"] = round(
+                    statistics.median(
+                        e["store_events_us"] / e["store_daemon_us"] for e, _ in pairs
+                    ),
+                    4,
+                )
+                out[f"{size_name}_store_events_cpu_vs_off"] = round(
+                    statistics.median(
+                        e["store_daemon_us"] / k["store_daemon_us"] for e, k in pairs
+                    ),
+                    3,
+                )
+                delays = [e["event_delay_ms"] for e, _ in pairs if "event_delay_ms" in e]
+                if delays:
+                    out[f"{size_name}_events_latency_p50_ms"] = statistics.median(
+                        d[0] for d in delays
+                    )
+                    out[f"{size_name}_events_latency_p99_ms"] = max(d[1] for d in delays)
+                out[f"{size_name}_events_per_file"] = round(
+                    statistics.median(e["events"] / e["files"] for e, _ in pairs), 2
                 )
     if args.json:
         print(dumps(out))

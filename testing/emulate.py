@@ -509,15 +509,20 @@ def kvfs_on_loops(
     bps: float | None,
     *,
     dram: str = "256MiB",
+    extra: str = "",
 ):
     """kvfs over `count` loop namespaces of `size` bytes in all, formatted and mounted; the
-    daemon runs in the namespaces' cgroup."""
+    daemon runs in the namespaces' cgroup. `extra`: more of the config (tables)."""
     from kvfs.cli import main as kvfs_main
     from testing.mount import MountedKvfs, write_config
 
     devs = [emu.loop(f"{name}-ns{i}", size // count + (64 << 20)) for i in range(count)]
     cfg = write_config(
-        tmp / f"{name}.toml", tmp / f"{name}-state", [{"path": d.path} for d in devs], dram=dram
+        tmp / f"{name}.toml",
+        tmp / f"{name}-state",
+        [{"path": d.path} for d in devs],
+        dram=dram,
+        extra=extra,
     )
     with contextlib.redirect_stdout(io.StringIO()):
         if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
