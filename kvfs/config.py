@@ -123,7 +123,7 @@ class EventsConfig:
     replay_endpoint: str | None = None  # the ROUTER socket serving missed batches
     topic: str = "kv@{node}@{model}"  # {node}: `node`; {model}: the block's model
     node: str | None = None  # default: [cluster] node_id, or the host name
-    model: str = ""  # {model} where a block's path names none (and for the first clear)
+    model: str = ""  # {model}: the name routers know (else each block's path's, "/" as "_")
     locality: str | None = None  # default: the node's name, or "pool:<name>" with [cluster]
     layout: str = "vllm"  # which files are blocks: a known layout...
     pattern: str | None = None  # ...or a naming rule of your own (kvfs/events/naming.py)

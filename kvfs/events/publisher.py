@@ -2,9 +2,10 @@
 
 Frames are vLLM's: [topic, 8-byte big-endian sequence number, msgpack KVEventBatch]. One
 sequence counts every batch this daemon sends (from 0 at each start); the topic is the
-configured template (default `kv@{node}@{model}`) with the block's model filled in, so a
-pool holding blocks of two models sends on two topics (a subscriber of the prefix
-`kv@<node>@` sees every batch, and no gap in the sequence but a lost one).
+configured template (default `kv@{node}@{model}`, llm-d's form) with the configured model, or
+else each block's model as its path names it, so a pool holding blocks of two models sends
+on two topics (a subscriber of the prefix `kv@<node>@` sees every batch, and no gap in the
+sequence but a lost one).
 
 Where it runs: on the trio thread, in the catalog's commit round (`durable`: called once the
 changes it lists are durable; kvfs/catalog/base.py, `Announcer`). Sending never waits: a PUB
@@ -117,7 +118,7 @@ class Publisher:
         t = self._topics.get(model)
         if t is None:
             t = self._topics[model] = self._template.format(
-                node=self.node, model=model or self.model
+                node=self.node, model=self.model or model
             ).encode()
         return t
 

@@ -90,3 +90,32 @@ def test_the_bytes_are_vllms_own():
     back = msgspec.msgpack.Decoder(kv.KVEventBatch).decode(wire.encode(ours))
     assert back.events[0].block_hashes == [0xFEDCBA9876543210]
     assert isinstance(back.events[1], kv.BlockRemoved)
+
+
+@pytest.mark.parametrize(
+    "table, what",
+    [
+        ('endpoint = "localhost:5557"', "not a ZMQ endpoint"),
+        ("pattern = '(?P<h>[0-9a-f]+)'", "no .*hash"),
+        ("pattern = '(?P<hash>[0-9a-f]+'", "missing \\)"),
+        ('topic = "kv@{pod}"', "pod"),
+        ('layout = "sglang"', "events.layout"),
+        ("buffer_steps = 0", "events.buffer_steps"),
+        ("enabeld = true", "unknown key events.enabeld"),
+    ],
+)
+def test_a_bad_events_table_is_refused_naming_the_problem(table, what):
+    from kvfs.config import from_dict
+    from kvfs.errors import ConfigError
+    import tomllib
+
+    with pytest.raises(ConfigError, match=what):
+        from_dict(tomllib.loads("[events]\n" + table))
+
+
+def test_events_are_off_by_default_and_read_when_on():
+    from kvfs.config import from_dict
+
+    assert not from_dict({}).events.enabled
+    ev = from_dict({"events": {"enabled": True, "replay_endpoint": "tcp://*:5558"}}).events
+    assert (ev.enabled, ev.endpoint, ev.replay_endpoint) == (True, "tcp://*:5557", "tcp://*:5558")
