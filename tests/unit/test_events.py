@@ -119,3 +119,62 @@ def test_events_are_off_by_default_and_read_when_on():
     assert not from_dict({}).events.enabled
     ev = from_dict({"events": {"enabled": True, "replay_endpoint": "tcp://*:5558"}}).events
     assert (ev.enabled, ev.endpoint, ev.replay_endpoint) == (True, "tcp://*:5557", "tcp://*:5558")
+
+
+def test_a_slow_subscriber_loses_batches_sees_the_gap_and_replay_fills_it(tmp_path):
+    """The publisher never waits for a subscriber: one that reads nothing while batches go
+    out loses those beyond the queues' high-water marks, its sequence numbers show how many,
+    and the replay endpoint gives them back, in order."""
+    import threading
+
+    import trio
+    import zmq
+
+    from kvfs.events.publisher import Publisher
+    from kvfs.events.subscriber import Subscriber
+
+    pub = Publisher(
+        endpoint=f"ipc://{tmp_path}/ev",
+        replay_endpoint=f"ipc://{tmp_path}/rp",
+        rule=NamingRule.named("vllm"),
+        node="n",
+        locality=None,
+        hwm=4,
+    )
+    sub = Subscriber(f"ipc://{tmp_path}/ev", b"", f"ipc://{tmp_path}/rp")
+    sub.sub.setsockopt(zmq.RCVHWM, 4)
+    sub.sub.disconnect(f"ipc://{tmp_path}/ev")  # (the new limit applies to new connections)
+    sub.sub.connect(f"ipc://{tmp_path}/ev")
+    out: dict = {}
+
+    def client() -> None:
+        time.sleep(0.3)  # subscribed
+        out["ready"].set()
+        out["sent"].wait(10)
+        time.sleep(0.3)
+        got = sub.receive_all(quiet=0.3)
+        seqs = [s for _, s, _ in got]
+        missing = [s for s in range(seqs[-1] + 1) if s not in seqs]
+        out["seqs"], out["missing"] = seqs, missing
+        out["replayed"] = [s for _, s, _ in sub.replay(missing[0])] if missing else []
+
+    async def main() -> None:
+        out["ready"], out["sent"] = threading.Event(), threading.Event()
+        async with trio.open_nursery() as n:
+            await n.start(pub.serve)
+            t = threading.Thread(target=client)
+            t.start()
+            await trio.to_thread.run_sync(out["ready"].wait)
+            for i in range(2000):  # nobody reads meanwhile
+                pub.durable([(True, BlockKey(i, 0, "m"))])
+            out["sent"].set()
+            await trio.to_thread.run_sync(t.join)
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+    sub.close()
+    pub.close()
+    assert out["missing"], "the slow subscriber was meant to lose batches"
+    assert sub.gaps >= 1 and sub.missed == len(out["missing"])
+    assert out["replayed"] == list(range(out["missing"][0], 2000))  # every one since
+    assert pub.batches == 2000 and pub.dropped == 0  # sending never failed nor waited
