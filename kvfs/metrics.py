@@ -112,6 +112,16 @@ def render(st: dict) -> str:
     ):
         metric(f"kvfs_{k}_total", "counter", k.replace("_", " "), f[k])
     metric("kvfs_open_handles", "gauge", "open file handles", f["open_handles"])
+    ev = st.get("events")  # KV events ([events] on)
+    if ev is not None:
+        for k, help_ in (
+            ("batches", "KV event batches sent"),
+            ("stored", "BlockStored events sent"),
+            ("removed", "BlockRemoved events sent"),
+            ("dropped_batches", "KV event batches the socket refused"),
+            ("replayed_batches", "KV event batches sent again on request"),
+        ):
+            metric(f"kvfs_events_{k}_total", "counter", help_, ev[k])
     return "\n".join(lines) + "\n"
 
 

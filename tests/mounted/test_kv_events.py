@@ -11,11 +11,13 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.request
 
 import pytest
 
 from kvfs.events.subscriber import Subscriber
 from testing.mount import wait_until
+from testing.redis_server import free_port
 
 MiB = 1 << 20
 BASE = "m_0123456789ab_r0"
@@ -97,8 +99,9 @@ def test_a_kill_9_between_a_change_and_its_announcement_is_repaired_by_the_resta
         assert not held(root) >= set(range(1, 14))
 
 
-def test_kvfs_events_prints_the_stream(make_mount, pool_config, tmp_path):
-    m = make_mount(pool_config(extra=events_config(tmp_path)))
+def test_kvfs_events_prints_the_stream_and_prometheus_counts_it(make_mount, pool_config, tmp_path):
+    port = free_port()
+    m = make_mount(pool_config(extra=f"metrics_port = {port}\n" + events_config(tmp_path)))
     for i in (1, 2):
         store(m.mountpoint, i, 4096)
     sync(m.mountpoint)
@@ -145,3 +148,7 @@ def test_kvfs_events_prints_the_stream(make_mount, pool_config, tmp_path):
         check=True,
     )
     assert f"BlockStored medium=STORAGE group_idx=0 {1:016x}" in human.stdout
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert (
+        "\nkvfs_events_stored_total 2" in body and "\nkvfs_events_dropped_batches_total 0" in body
+    )
