@@ -20,10 +20,13 @@ announces it.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Protocol
 
 from kvfs.catalog.base import ROOT_INO, Node
+
+log = logging.getLogger("kvfs.events")
 
 
 class Announcer(Protocol):
@@ -61,7 +64,10 @@ class Announcing:
         if a is None:
             return
         t = time.thread_time()
-        self._note(a, node, stored, a.depth - 1)
+        try:
+            self._note(a, node, stored, a.depth - 1)
+        except Exception:  # an announcement is never worth a failed change
+            log.exception("events: %s not announced", node.name)
         a.cpu_s += time.thread_time() - t
         self._announce_due()
 
@@ -88,7 +94,10 @@ class Announcing:
             n += 1
         due = [(stored, key) for _, stored, key in notes[:n]]
         del notes[:n]
-        self.announcer.durable(due)
+        try:
+            self.announcer.durable(due)
+        except Exception:  # (called from a commit round, which must go on)
+            log.exception("events: %d change(s) not announced", len(due))
 
     def announced_keys(self) -> list:
         """The key of every recognised file with committed content (the inventory a

@@ -276,3 +276,29 @@ def _known(fs, path: str) -> bool:
         return True
     except Exception:
         return False
+
+
+def test_a_failing_publisher_fails_no_change(pool_config, tmp_path, monkeypatch, caplog):
+    """An announcement is never worth a change: a publisher that raises is logged, and the
+    commits it was told of are durable all the same."""
+    from kvfs.events.publisher import Publisher
+
+    def broken(self, changes):
+        raise RuntimeError("publisher bug")
+
+    monkeypatch.setattr(Publisher, "durable", broken)
+    cfg = pool_config(mount=SLOW, extra=events_toml(tmp_path))
+    p, _ = block_path(8)
+    data = os.urandom(10_000)
+
+    async def body(fs):
+        await store(fs, p, data)
+        await fs.sync()
+        assert fs.files.catalog.get(fs.ino(p)).blob is not None
+
+    async def after(fs):
+        assert await fs.read(p) == data
+
+    run_service(cfg, body, crash=True)
+    run_service(cfg, after)
+    assert "change(s) not announced" in caplog.text
