@@ -224,14 +224,12 @@ def test_the_encoding_is_vllms(pool_config, tmp_path):
     run_service(cfg, body)
 
 
-def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, redis):
-    """Two nodes on one pool (Redis catalog): a block stored by n0 is announced by n0 alone
-    (n1 learns of the file but announces nothing), its unlink by n1 by n1 alone; the
-    locality names the pool."""
+def shared_configs(tmp_path, redis, size: str = "32MiB", grace: float = 30.0) -> list:
+    """Two nodes on one pool (Redis catalog), each with [events] on its own endpoints."""
     from tests.helpers import write_config
 
     (tmp_path / "shared").mkdir()
-    nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": "32MiB"} for i in range(2)]
+    nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": size} for i in range(2)]
     cfgs = []
     for i in range(2):
         ev = tmp_path / f"n{i}"
@@ -242,11 +240,19 @@ def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, re
                 tmp_path / f"state{i}",
                 nss,
                 dram="16MiB",
-                pool='stripe_unit = "256KiB"',
+                pool='stripe_unit = "256KiB"\nevict = "lru"',
                 extra=f'[cluster]\nredis = "{redis.url}"\nnode_id = "n{i}"\nname = "ev"\n'
-                + events_toml(ev).replace('node = "n1"\n', ""),
+                f"grace_seconds = {grace}\n" + events_toml(ev).replace('node = "n1"\n', ""),
             )
         )
+    return cfgs
+
+
+def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, redis):
+    """Two nodes on one pool (Redis catalog): a block stored by n0 is announced by n0 alone
+    (n1 learns of the file but announces nothing), its unlink by n1 by n1 alone; the
+    locality names the pool."""
+    cfgs = shared_configs(tmp_path, redis)
     p, h = block_path(5)
 
     async def body(a, b):
@@ -264,6 +270,37 @@ def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, re
         got = [s.receive_all() for s in subs]
         assert got[0] == []
         assert events_of(got[1]) == [("BlockRemoved", h, 0)]
+        for s in subs:
+            s.close()
+
+    run_cluster(cfgs, body)
+
+
+def test_a_shared_pool_announces_each_eviction_once_from_the_node_that_evicted(tmp_path, redis):
+    """n0 fills most of a shared pool, n1 stores as much again: the cluster evicts n0's
+    oldest blocks, n1 (which needed the room) announces each one removed, once, and none of
+    the blocks still there is announced removed on either stream."""
+    cfgs = shared_configs(tmp_path, redis, grace=0.5)
+
+    async def body(a, b):
+        subs = [await subscribe(tmp_path / f"n{i}") for i in range(2)]
+        n = int(a.svc.pool.capacity * 0.8) // (2 * MiB)
+        paths = [block_path(i) for i in range(2 * n)]
+        for p, _ in paths[:n]:
+            await store(a, p, os.urandom(2 * MiB))
+        await eventually(lambda: _known(b, paths[n - 1][0]), what="n1 sees n0's blocks")
+        for p, _ in paths[n:]:
+            await store(b, p, os.urandom(2 * MiB))
+        assert b.svc.space.evictions > 0
+        await trio.sleep(0.5)
+        got = [events_of(s.receive_all()) for s in subs]
+        removed = [h for kind, h, _ in got[0] + got[1] if kind == "BlockRemoved"]
+        assert not [e for e in got[0] if e[0] == "BlockRemoved"]  # n0 evicted nothing
+        assert len(removed) == len(set(removed)) == b.svc.space.evictions
+        gone = {h for p, h in paths if not _known(b, p)}
+        assert set(removed) == gone
+        stored = [h for kind, h, _ in got[0] + got[1] if kind == "BlockStored"]
+        assert sorted(stored) == sorted(h for _, h in paths)
         for s in subs:
             s.close()
 
