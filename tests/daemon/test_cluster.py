@@ -1134,3 +1134,35 @@ def test_an_unlink_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs
         assert known(a, "/g") and await a.read("/g") == data(2, MiB)
 
     run_cluster(cluster_configs(2), body)
+
+
+def test_an_idle_pool_purges_nothing_until_its_grave_has_a_block(cluster_configs, monkeypatch):
+    """Each node purged every grace/4 whatever the grave held: an idle pool cost Redis a
+    script call per node per period. Now a node purges only when its grave (every node's
+    retired blocks, learned from the change log) holds one, and that block's space is still
+    freed after the grace period, by either node."""
+    from kvfs.catalog.redis.leases import RegionLeases
+
+    calls = []
+    real = RegionLeases.purge
+
+    async def counted(self, limit):
+        calls.append(limit)
+        return await real(self, limit)
+
+    monkeypatch.setattr(RegionLeases, "purge", counted)
+
+    async def body(a, b):
+        await trio.sleep(1.5)  # 7 periods of grace/4 on each node
+        assert calls == []
+        assert a.svc.space.statistics()["purges_skipped"] >= 5
+        await a.write("/f", data(1, 2 * MiB))
+        await eventually(lambda: known(b, "/f"))
+        used = a.svc.space.statistics()["reserved"]
+        await b.files.unlink(*b.resolve("/f"))
+        await eventually(lambda: a.svc.space.purged_count + b.svc.space.purged_count >= 1, 10)
+        assert calls
+        await eventually(lambda: not a.svc.space.grave and not b.svc.space.grave, 10)
+        assert a.svc.space.statistics()["reserved"] <= used
+
+    run_cluster(cluster_configs(2, grace=0.8), body)
