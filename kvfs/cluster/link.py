@@ -174,12 +174,13 @@ class ClusterLink:
             return n
         return max(n, self.replicas_up if self.cfg.confirm == "up" else self.replicas_known)
 
-    async def check_master(self) -> bool:
-        """(The follower, at most every CHECK_SECONDS.) Ask Sentinel for the master and its
-        replicas; True if the master moved (this node's connections to the old one are
-        dropped; the caller reconnects). Sentinel unreachable: False, nothing changes."""
+    async def check_master(self, now_please: bool = False) -> bool:
+        """(The follower, at most every CHECK_SECONDS, or at once with `now_please`: its
+        connection broke.) Ask Sentinel for the master and its replicas; True if the master
+        moved (this node's connections to the old one are dropped; the caller reconnects).
+        Sentinel unreachable: False, nothing changes."""
         now = trio.current_time()
-        if not self.cfg.sentinels or now - self._checked < CHECK_SECONDS:
+        if not self.cfg.sentinels or (not now_please and now - self._checked < CHECK_SECONDS):
             return False
         self._checked = now
         try:

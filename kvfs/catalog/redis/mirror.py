@@ -493,9 +493,13 @@ class RedisMirror(TreeCatalog):
                             )
                             self._resync = True
                 if await self.redis.check_master():
-                    # Sentinel replaced the master: whatever this connection reads now comes
-                    # from a server that is no longer the catalog (reconnect, then reload)
-                    raise RedisUnavailable("Sentinel named another master")
+                    # Sentinel replaced the master (the link logs the move): whatever this
+                    # connection reads now comes from a server that is no longer the catalog:
+                    # reconnect, then reload. A failover, not an outage: nothing is marked down
+                    conn.abort()
+                    conn = None
+                    self._resync = True
+                    continue
                 if self.redis.unreplicated != self._unreplicated_seen:
                     # a change of ours is on the master but failed here (no replica confirmed
                     # it): the log entry naming it is ours, so it is skipped; reload instead
@@ -518,10 +522,12 @@ class RedisMirror(TreeCatalog):
                 if conn is not None:
                     conn.abort()
                     conn = None
-                self.redis.mark_down(str(e))
                 # the batch in hand may be half applied (last_id is already past it), and
                 # changes may have been missed: reload once back (docs/cluster.md)
                 self._resync = True
+                if await self.redis.check_master(now_please=True):
+                    continue  # Sentinel moved the master (logged as such): follow it now
+                self.redis.mark_down(str(e))
                 await trio.sleep(FOLLOW_RETRY_SECONDS)
             except KvfsError as e:
                 log.error("cluster: following the change log failed: %s; reloading", e)
