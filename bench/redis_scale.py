@@ -346,6 +346,7 @@ class Probe:
                 nodes.append(
                     {
                         "redis_calls": c["redis_calls"],
+                        "follower_round_trips": c.get("follower_round_trips", 0),
                         "evictions": c["evictions"],
                         "events": c["events"],
                         "evict_lines": log_evictions(m.log),
@@ -398,6 +399,10 @@ class Probe:
             "redis_calls_per_node": [
                 y["redis_calls"] - x["redis_calls"] for x, y in zip(a["nodes"], b["nodes"])
             ],
+            "follower_round_trips": sum(
+                y["follower_round_trips"] - x["follower_round_trips"]
+                for x, y in zip(a["nodes"], b["nodes"])
+            ),
             "evictions": sum(
                 y["evictions"] - x["evictions"] for x, y in zip(a["nodes"], b["nodes"])
             ),
@@ -465,6 +470,8 @@ def per_op(d: dict, ops: int) -> dict:
         "by_name": {k: r(v) for k, v in d["commands"].items()},
         "evalsha": r(d["commands"].get("evalsha", 0) + d["commands"].get("eval", 0)),
         "round_trips": r(d["redis_calls"]),
+        # every node's followers too, from the nodes' own statistics (no proxy needed)
+        "round_trips_with_followers": r(d["redis_calls"] + d["follower_round_trips"]),
         "redis_read_events": r(d["read_events"]),
         "redis_cpu_ms": round(1000 * d["cpu_s"] / ops, 4),
         "redis_cpu_main_ms": round(1000 * d["cpu_main_s"] / ops, 4),
@@ -1629,6 +1636,34 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
     return out
 
 
+def headline(daemons: dict | None, cap: dict, args) -> dict:
+    """The figures to hold against the targets (issue 46), at the top of the JSON: per stored
+    file, every node's work counted (commands Redis ran, round trips of the writing node and
+    of every follower, Redis's main-thread CPU), and the nodes one Redis carries at 2,000 and
+    at 300 stored files/s per node (LMCache's 32 MiB chunks on one 7 GB/s drive), from the
+    generator's fitted model (else the daemons' single point)."""
+    out: dict = {}
+    if daemons is not None:
+        st = daemons["store"]
+        out["redis_commands_per_stored_file"] = st.get("commands")
+        out["round_trips_per_stored_file"] = st.get("round_trips_with_followers")
+        out["redis_cpu_ms_per_stored_file"] = st.get("redis_cpu_main_ms")
+    bg = cap.get("background_cpu_s_per_node_s", 0.0)
+    model = cap.get("model")
+    for rate in (2000, 300):
+        key = f"nodes_per_redis_at_{rate}_files_s"
+        if model is not None:
+            a = model["writer_ms_per_file"] / 1000
+            b = model["follower_ms_per_file_per_node"] / 1000
+            n = 0
+            while n < 100_000 and rate * (n + 1) * (a + b * n) + (n + 1) * bg <= 1.0:
+                n += 1
+            out[key] = n
+        elif daemons is not None and daemons["cpu"]["saturation_files_per_s"]:
+            out[key] = round(daemons["cpu"]["saturation_files_per_s"] / rate, 2)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Report
 
@@ -1842,6 +1877,7 @@ def main(argv: list[str] | None = None) -> int:
             gen = run_generator(tmp, args, say)
             out["generator"] = gen
     out["capacity"] = capacity(gen, daemons, args)
+    out.update(headline(daemons, out["capacity"], args))
     if args.json:
         print(dumps(out))
     else:

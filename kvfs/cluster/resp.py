@@ -114,6 +114,7 @@ class RedisClient:
         self._lock = trio.Lock()
         self._scripts: dict[str, str] = {}
         self.closed = False
+        self.round_trips = 0  # pipelines sent (a call is one)
 
     @classmethod
     async def connect(
@@ -208,6 +209,7 @@ class RedisClient:
         if self.closed:
             raise RedisUnavailable("the connection to Redis is closed")
         async with self._lock:
+            self.round_trips += 1
             try:
                 await self._send(b"".join(_encode(c) for c in commands))
                 replies = [await self._recv() for _ in commands]

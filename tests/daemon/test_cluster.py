@@ -1166,3 +1166,19 @@ def test_an_idle_pool_purges_nothing_until_its_grave_has_a_block(cluster_configs
         assert a.svc.space.statistics()["reserved"] <= used
 
     run_cluster(cluster_configs(2, grace=0.8), body)
+
+
+def test_the_followers_round_trips_are_in_the_statistics(cluster_configs):
+    """What a node's follower asks of Redis (XREAD, the reads of other nodes' new inodes) is
+    counted apart from the node's own calls: `follower_round_trips` (issue 46: it was in no
+    statistic, so bench/redis_scale.py needed a proxy to see it)."""
+
+    async def body(a, b):
+        before = b.svc.statistics()["cluster"]["follower_round_trips"]
+        for i in range(5):
+            await a.write(f"/f{i}", data(i, 10_000))
+        await eventually(lambda: known(b, "/f4"))
+        after = b.svc.statistics()["cluster"]["follower_round_trips"]
+        assert after >= before + 2  # at least one XREAD answered and one read of the inodes
+
+    run_cluster(cluster_configs(2), body)

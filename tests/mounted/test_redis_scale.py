@@ -95,3 +95,11 @@ def test_per_file_costs_are_plausible():
         assert g["commands_per_file_by_name"].get("evalsha", 0) >= 2, g
     cap = out["capacity"]
     assert cap["model"]["nodes_carried"] >= 0 and "statement" in cap
+
+    # the headline figures (issue 46's targets), every node's work counted: the followers'
+    # round trips from the nodes' own statistics agree with what the proxy saw of them
+    assert out["redis_commands_per_stored_file"] == store["commands"]
+    assert out["round_trips_per_stored_file"] == store["round_trips_with_followers"]
+    assert store["round_trips_with_followers"] == pytest.approx(store["round_trips_all"], rel=0.2)
+    assert out["redis_cpu_ms_per_stored_file"] > 0
+    assert out["nodes_per_redis_at_300_files_s"] >= out["nodes_per_redis_at_2000_files_s"] >= 0

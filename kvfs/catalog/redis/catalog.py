@@ -65,6 +65,7 @@ class RedisCatalog(RedisMirror):
             "refreshes": self.refreshes,
             "resyncs": self.resyncs,
             "redis_calls": link.calls,
+            "follower_round_trips": self.follower_round_trips,
             "redis_failures": link.failures,
             "redis_call_ms": round(1000 * link.call_seconds / max(1, link.calls), 3),
             "master": link.where,

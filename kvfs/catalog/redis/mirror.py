@@ -75,6 +75,8 @@ class RedisMirror(TreeCatalog):
         self._progress = trio.Event()
         self._link_delta: dict[tuple[int, int], list] = {}
         self._resync = False
+        self._conn: RedisClient | None = None  # the follower's connection
+        self._follower_trips = 0  # round trips of its connections that ended
         # This node's own changes, per inode: how many are in flight, and the sequence number
         # of the last one to finish (see _changing and _refresh)
         self._changes_in_flight: dict[int, int] = {}
@@ -462,7 +464,6 @@ class RedisMirror(TreeCatalog):
     # ------------------------------------------------------------------------------ the follower
     async def _follow(self) -> None:
         """Apply other nodes' changes as the log reports them; reconnect and resync as needed."""
-        self._conn: RedisClient | None = None
         self._unreplicated_seen = self.redis.unreplicated
         try:
             await self._follow_loop()
@@ -470,10 +471,18 @@ class RedisMirror(TreeCatalog):
             if self._conn is not None:
                 self._conn.abort()
 
+    @property
+    def follower_round_trips(self) -> int:
+        """Round trips of the follower's connections (not in the link's `calls`)."""
+        c = self._conn
+        return self._follower_trips + (c.round_trips if c is not None else 0)
+
     async def _follow_loop(self) -> None:
         conn = None
         key = self.redis.key("log")
         while True:
+            if conn is None and self._conn is not None:  # a connection ended: keep its count
+                self._follower_trips += self._conn.round_trips
             self._conn = conn
             try:
                 if conn is None:
