@@ -56,10 +56,19 @@ async def store(fs, path: str, data: bytes) -> None:
     await fs.files.rename(po, no, pn, nn, 0)
 
 
-async def subscribe(tmp_path) -> Subscriber:
+async def subscribe(tmp_path, fs) -> Subscriber:
+    """A subscriber of fs's events, once its subscription has reached the publisher (ZMQ's
+    subscriptions are asynchronous: empty probe batches go out until one arrives), with what
+    came before drained."""
     sub = Subscriber(f"ipc://{tmp_path}/events", b"", f"ipc://{tmp_path}/replay")
-    await trio.sleep(0.3)  # the subscription reaches the publisher (ZMQ's "slow joiner")
-    sub.receive_all(quiet=0.1)  # the inventory sent at the start, if it came in time
+    pub = fs.svc.events
+    with trio.fail_after(30):
+        while True:
+            pub._send(pub.topic(""), [])
+            await trio.sleep(0.02)
+            if sub.receive(0) is not None:
+                break
+    sub.receive_all(quiet=0.1)
     return sub
 
 
@@ -83,7 +92,7 @@ def test_a_block_is_announced_once_durable_and_removed_once_its_name_is_gone(poo
     p, h = block_path(1, group=2)
 
     async def body(fs):
-        sub = await subscribe(tmp_path)
+        sub = await subscribe(tmp_path, fs)
         await store(fs, p, os.urandom(300_000))
         await fs.write("/other.bin", os.urandom(1000))
         assert sub.receive(0.3) is None  # closed, not durable
@@ -113,7 +122,7 @@ def test_a_block_stored_again_under_its_name_is_announced_as_stored_alone(pool_c
     p, h = block_path(7)
 
     async def body(fs):
-        sub = await subscribe(tmp_path)
+        sub = await subscribe(tmp_path, fs)
         await store(fs, p, os.urandom(200_000))
         await fs.sync()
         assert events_of(sub.receive_all()) == [("BlockStored", h, 0)]
@@ -184,7 +193,7 @@ def test_evicted_blocks_are_announced_removed_and_held_ones_never_are(pool_confi
     paths = [block_path(i) for i in range(40)]
 
     async def body(fs):
-        sub = await subscribe(tmp_path)
+        sub = await subscribe(tmp_path, fs)
         for p, _ in paths:
             await store(fs, p, os.urandom(1 * MiB))
             await fs.sync()
@@ -213,7 +222,7 @@ def test_the_encoding_is_vllms(pool_config, tmp_path):
     p, h = block_path(3)
 
     async def body(fs):
-        sub = await subscribe(tmp_path)
+        sub = await subscribe(tmp_path, fs)
         await store(fs, p, b"x" * 4096)
         await fs.sync()
         ((_, _, batch),) = sub.receive_all()
@@ -256,7 +265,7 @@ def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, re
     p, h = block_path(5)
 
     async def body(a, b):
-        subs = [await subscribe(tmp_path / f"n{i}") for i in range(2)]
+        subs = [await subscribe(tmp_path / f"n{i}", fs) for i, fs in enumerate((a, b))]
         await store(a, p, os.urandom(300_000))
         await eventually(lambda: _known(b, p), what="n1 sees the block")
         got = [s.receive_all() for s in subs]
@@ -277,13 +286,14 @@ def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, re
 
 
 def test_a_shared_pool_announces_each_eviction_once_from_the_node_that_evicted(tmp_path, redis):
-    """n0 fills most of a shared pool, n1 stores as much again: the cluster evicts n0's
-    oldest blocks, n1 (which needed the room) announces each one removed, once, and none of
-    the blocks still there is announced removed on either stream."""
+    """n0 fills most of a shared pool, n1 stores as much again: the cluster evicts the oldest
+    blocks (whichever node needs the room, or cleans ahead, evicts), each node announces the
+    evictions it made, each evicted block is announced once, and none of the blocks still
+    there is announced removed on either stream."""
     cfgs = shared_configs(tmp_path, redis, grace=0.5)
 
     async def body(a, b):
-        subs = [await subscribe(tmp_path / f"n{i}") for i in range(2)]
+        subs = [await subscribe(tmp_path / f"n{i}", fs) for i, fs in enumerate((a, b))]
         n = int(a.svc.pool.capacity * 0.8) // (2 * MiB)
         paths = [block_path(i) for i in range(2 * n)]
         for p, _ in paths[:n]:
@@ -295,8 +305,9 @@ def test_a_shared_pool_announces_each_eviction_once_from_the_node_that_evicted(t
         await trio.sleep(0.5)
         got = [events_of(s.receive_all()) for s in subs]
         removed = [h for kind, h, _ in got[0] + got[1] if kind == "BlockRemoved"]
-        assert not [e for e in got[0] if e[0] == "BlockRemoved"]  # n0 evicted nothing
-        assert len(removed) == len(set(removed)) == b.svc.space.evictions
+        for fs, evs in zip((a, b), got):  # each node announces its own evictions
+            assert sum(kind == "BlockRemoved" for kind, _, _ in evs) == fs.svc.space.evictions
+        assert len(removed) == len(set(removed)) == a.svc.space.evictions + b.svc.space.evictions
         gone = {h for p, h in paths if not _known(b, p)}
         assert set(removed) == gone
         stored = [h for kind, h, _ in got[0] + got[1] if kind == "BlockStored"]

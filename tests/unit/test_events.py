@@ -148,13 +148,16 @@ def test_a_slow_subscriber_loses_batches_sees_the_gap_and_replay_fills_it(tmp_pa
     out: dict = {}
 
     def client() -> None:
-        time.sleep(0.3)  # subscribed
+        first = None  # subscribed once a probe arrives (ZMQ's subscription is asynchronous)
+        deadline = time.monotonic() + 30
+        while first is None and time.monotonic() < deadline:
+            got = sub.receive(0.05)
+            first = got[1] if got is not None else None
         out["ready"].set()
-        out["sent"].wait(10)
+        out["sent"].wait(30)
         time.sleep(0.3)
-        got = sub.receive_all(quiet=0.3)
-        seqs = [s for _, s, _ in got]
-        missing = [s for s in range(seqs[-1] + 1) if s not in seqs]
+        seqs = [first] + [s for _, s, _ in sub.receive_all(quiet=0.3)]
+        missing = [s for s in range(first, seqs[-1] + 1) if s not in seqs]
         out["seqs"], out["missing"] = seqs, missing
         out["replayed"] = [s for _, s, _ in sub.replay(missing[0])] if missing else []
 
@@ -164,9 +167,12 @@ def test_a_slow_subscriber_loses_batches_sees_the_gap_and_replay_fills_it(tmp_pa
             await n.start(pub.serve)
             t = threading.Thread(target=client)
             t.start()
-            await trio.to_thread.run_sync(out["ready"].wait)
+            while not out["ready"].is_set():  # probes until the subscriber has one
+                pub.durable([(True, BlockKey(1 << 40, 0, "m"))])
+                await trio.sleep(0.02)
             for i in range(2000):  # nobody reads meanwhile
                 pub.durable([(True, BlockKey(i, 0, "m"))])
+            out["total"] = pub.seq
             out["sent"].set()
             await trio.to_thread.run_sync(t.join)
             n.cancel_scope.cancel()
@@ -176,5 +182,5 @@ def test_a_slow_subscriber_loses_batches_sees_the_gap_and_replay_fills_it(tmp_pa
     pub.close()
     assert out["missing"], "the slow subscriber was meant to lose batches"
     assert sub.gaps >= 1 and sub.missed == len(out["missing"])
-    assert out["replayed"] == list(range(out["missing"][0], 2000))  # every one since
-    assert pub.batches == 2000 and pub.dropped == 0  # sending never failed nor waited
+    assert out["replayed"] == list(range(out["missing"][0], out["total"]))  # every one since
+    assert pub.batches == out["total"] and pub.dropped == 0  # sending never failed nor waited
