@@ -7,7 +7,6 @@ only once it is gone, the sequence has no gap, and replay returns what was sent.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 
@@ -35,15 +34,6 @@ def vllm_engine(tmp_path):
         e.close()
 
 
-def _sync(mountpoint) -> None:
-    """fsync of the mount's root: every closed file written back (and its events sent)."""
-    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def test_vllms_fs_tier_on_kvfs_announces_what_vllm_announces_and_evictions(
     vllm_engine, make_mount, pool_config, tmp_path
 ):
@@ -64,7 +54,7 @@ def test_vllms_fs_tier_on_kvfs_announces_what_vllm_announces_and_evictions(
     theirs, ours = [], []
     for i in range(0, len(keys), 8):
         assert all(e.call("store", keys=keys[i : i + 8]))
-        _sync(m.mountpoint)
+        m.sync()  # every closed file written back, and its events sent
         theirs.append(decode(bytes.fromhex(e.call("kv_events"))))
         ours += sub.receive_all(quiet=0.5)
 

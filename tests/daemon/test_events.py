@@ -302,7 +302,9 @@ def test_a_shared_pool_announces_each_eviction_once_from_the_node_that_evicted(t
         for p, _ in paths[n:]:
             await store(b, p, os.urandom(2 * MiB))
         assert b.svc.space.evictions > 0
-        await trio.sleep(0.5)
+        await eventually(  # every eviction durable and announced
+            lambda: all(fs.svc.events.removed == fs.svc.space.evictions for fs in (a, b))
+        )
         got = [events_of(s.receive_all()) for s in subs]
         removed = [h for kind, h, _ in got[0] + got[1] if kind == "BlockRemoved"]
         for fs, evs in zip((a, b), got):  # each node announces its own evictions

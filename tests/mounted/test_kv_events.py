@@ -38,19 +38,22 @@ def store(root, i: int, size: int) -> None:
     os.rename(tmp, path)
 
 
-def sync(root) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def held(root) -> set[int]:
     out = set()
     for _, _, names in os.walk(root):
         out |= {int(n[:-4], 16) for n in names if n.endswith(".bin")}
     return out
+
+
+def events_cli(mountpoint, *args: str) -> subprocess.CompletedProcess:
+    """`kvfs events --mount MOUNTPOINT ARGS...`, run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvfs", "events", "--mount", str(mountpoint), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
 
 
 def events_config(tmp_path) -> str:
@@ -73,7 +76,7 @@ def test_a_kill_9_between_a_change_and_its_announcement_is_repaired_by_the_resta
         try:
             for i in range(1, 40):  # 1 MiB blocks in 16 MiB: the pool evicts from ~14 on
                 store(root, i, MiB)
-                sync(root)
+                m.sync()
         except OSError:
             pass  # the daemon was killed
 
@@ -104,49 +107,14 @@ def test_kvfs_events_prints_the_stream_and_prometheus_counts_it(make_mount, pool
     m = make_mount(pool_config(extra=f"metrics_port = {port}\n" + events_config(tmp_path)))
     for i in (1, 2):
         store(m.mountpoint, i, 4096)
-    sync(m.mountpoint)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvfs",
-            "events",
-            "--mount",
-            str(m.mountpoint),
-            "--from",
-            "0",
-            "--timeout",
-            "1",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    m.sync()
+    out = events_cli(m.mountpoint, "--from", "0", "--timeout", "1", "--json")
     docs = [json.loads(line) for line in out.stdout.splitlines()]
     assert docs[0]["seq"] == 0 and docs[0]["events"] == [{"type": "AllBlocksCleared"}]
     hashes = [h for d in docs[1:] for e in d["events"] for h in e["block_hashes"]]
     assert sorted(hashes) == [1, 2]
     assert "missed in 0 gap(s)" in out.stderr
-    human = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvfs",
-            "events",
-            "--mount",
-            str(m.mountpoint),
-            "--from",
-            "1",
-            "--timeout",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    human = events_cli(m.mountpoint, "--from", "1", "--timeout", "1")
     assert f"BlockStored medium=STORAGE group_idx=0 {1:016x}" in human.stdout
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert (
