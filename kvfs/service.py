@@ -31,6 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -38,8 +39,6 @@ from kvfs import __version__
 from kvfs.catalog.groupcommit import CommitHooks
 from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.config import Config
-from kvfs.events.publisher import Publisher
-from kvfs.events.naming import NamingRule
 from kvfs.errors import KvfsError, StartupError
 from kvfs.fs.control import Control
 from kvfs.fs.direct_access import DirectAccess
@@ -58,6 +57,9 @@ from kvfs.tiers.store import BlockStore
 from kvfs.write.durability import CommitAtClose, Durability
 from kvfs.write.pipeline import Sessions
 from kvfs.write.writeback import WriteBack, WriteQueue
+
+if TYPE_CHECKING:  # (ZMQ is imported only where [events] is on: open_events)
+    from kvfs.events.publisher import Publisher
 
 
 class Seam:
@@ -190,6 +192,9 @@ def open_events(cfg: Config) -> Publisher | None:
     ec = cfg.events
     if not ec.enabled:
         return None
+    from kvfs.events.naming import NamingRule
+    from kvfs.events.publisher import Publisher
+
     cl = cfg.cluster
     node = ec.node or (cl.node_id if cl is not None else os.uname().nodename)
     locality = ec.locality or (f"pool:{cl.name}" if cl is not None else node)
