@@ -23,8 +23,9 @@ Method, in one run (everything is set up here and torn down at the end, also on 
       lookup hit   every node stats the names the next node stored (known from the change log)
       lookup miss  every node stats as many names that nobody stored
       evict        storing goes on until the pool is full and the cluster evicts; then a
-                   window of --evict-files more files per node and the grace period for their
-                   purges. Evicted files: the nodes' `cluster.evictions` (and their log lines
+                   window of --evict-files more files per node (more, until the window itself
+                   evicts: the fill may have cleaned ahead room for it) and the grace period for
+                   their purges. Evicted files: the nodes' `cluster.evictions` (and their log lines
                    "pool full: evicting")
     Reported for each, per stored / looked-up / evicted file: Redis commands by name
     (commandstats counts those run inside Lua scripts as well), the EVALSHA calls by script and
@@ -702,8 +703,15 @@ def run_daemons(tmp: Path, args, say) -> dict:
         say(f"evict: {fill} files per node filled the pool ({fill_s:.1f} s)")
         base = log_base(sync, mounts, key)
         s0 = probe.snap()
+        ev0 = evicted()
         t = time.monotonic()
         done, failed = batch(args.evict_files)
+        more = 0
+        # the fill's eviction may have cleaned ahead enough room for the whole window (the
+        # pool's free_target): store on until the window itself has evicted
+        while evicted() == ev0 and more < cap_files:
+            d2, f2 = batch(step)
+            done, failed, more = done + d2, failed + f2, more + step
         store_s = time.monotonic() - t
         time.sleep(args.grace * 1.5 + 0.5)  # the evicted blocks' purges
         settle(sync, mounts, base, key)
