@@ -532,12 +532,6 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
     durability = mount_t.take(
         "durability", _choice("fsync", "close"), "close" if shared else "fsync"
     )
-    if shared and durability != "close":
-        raise ConfigError(
-            "config: mount.durability: a shared pool ([cluster]) publishes each "
-            "file at close (other nodes see it once close() returns): only "
-            '"close" is supported there'
-        )
     dirty_limit = mount_t.take("dirty_limit", _positive_size)
     mount = MountConfig(
         allow_other=mount_t.take("allow_other", _bool, False),

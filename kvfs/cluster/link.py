@@ -430,7 +430,12 @@ def _replica_down(flat: list) -> bool:
 
 def _translate(e: RedisError) -> KvfsError:
     """A script's "<ERRNO> message" error reply -> KvfsError(errno); anything else is EIO."""
-    text = str(e)
+    return reply_error(str(e))
+
+
+def reply_error(text: str) -> KvfsError:
+    """A script's "<ERRNO> message" (an error reply, or a file a batch refused) ->
+    KvfsError(errno); anything else is EIO."""
     code, _, message = text.partition(" ")
     if code in _ERRNOS:
         return KvfsError(_ERRNOS[code], message)

@@ -497,12 +497,15 @@ class WriteBack(Durability):
                 else []
             )
         except KvfsError as e:
-            for item, layout in ready:
-                self.pool.release(layout)
+            results = [e] * len(ready)
+        for (item, layout), published, got in zip(ready, linked, results):
+            if isinstance(got, KvfsError):
+                if not getattr(got, "maybe_published", False):  # else another node may read it
+                    self.pool.release(layout)
                 sessions.stats.commit_errors += 1
-                await self._fail(item, e)
-            return
-        for (item, layout), published, (rec, old) in zip(ready, linked, results):
+                await self._fail(item, got)
+                continue
+            rec, old = got
             node = item.node
             sessions.published(node, rec, old, published)
             await sessions.committed(node, item.st, item.session, rec, item.sig)

@@ -40,6 +40,7 @@ def cluster_configs(tmp_path, redis):
         evict: str = "lru",
         free_target: float = 0.0,
         urls: list | None = None,
+        durability: str = "fsync",
     ) -> list:
         name = f"t{os.getpid()}-{next(_names)}"
         nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": size} for i in range(2)]
@@ -60,6 +61,7 @@ def cluster_configs(tmp_path, redis):
                     dram="16MiB",
                     extra=extra,
                     pool=f'stripe_unit = "256KiB"\nevict = "{evict}"',
+                    mount=f'durability = "{durability}"',
                 )
             )
         return out
@@ -774,11 +776,11 @@ def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeyp
     it; once Redis answers again, it learns the block is there and close() succeeds."""
     from kvfs.catalog.redis.scripts import SCRIPTS
 
-    lose = losing_replies(monkeypatch, SCRIPTS.commit, SCRIPTS.mknode)
+    lose = losing_replies(monkeypatch, SCRIPTS.publish)
 
     async def body(a, b):
         await a.write("/old", data(1, MiB))
-        for path, seed in (("/old", 2), ("/new", 3)):  # a rewrite (COMMIT), a new file
+        for path, seed in (("/old", 2), ("/new", 3)):  # a rewrite, a new file (PUBLISH)
             lose["after"] = 1
             await a.write(path, data(seed, MiB))
             assert lose["after"] == 0
@@ -964,15 +966,25 @@ def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_co
     from kvfs.cluster.resp import RedisUnavailable
 
     real = RedisCatalog._refresh
+    real_records = RedisCatalog._install_records
     cut = {"n": 0}
 
-    async def refresh(self, inos, conn=None, retired=None):
-        if cut["n"] > 0 and conn is not None:  # the follower's refresh, not a lookup
+    def cutting():
+        if cut["n"] > 0:
             cut["n"] -= 1
             raise RedisUnavailable("lost the connection to Redis (test)")
+
+    async def refresh(self, inos, conn=None, retired=None):
+        if conn is not None:  # the follower's refresh, not a lookup
+            cutting()
         return await real(self, inos, conn, retired)
 
+    async def install_records(self, states, blobs, conn, retired):
+        cutting()  # (a publish's entry carries its records: nothing is read back)
+        return await real_records(self, states, blobs, conn, retired)
+
     monkeypatch.setattr(RedisCatalog, "_refresh", refresh)
+    monkeypatch.setattr(RedisCatalog, "_install_records", install_records)
 
     async def body(a, b):
         await a.write("/before", b"x" * 5000)

@@ -27,6 +27,7 @@ from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT
 from kvfs.catalog.redis.codec import blob_fields, node_fields, score_fields
 from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
+from kvfs.cluster.link import reply_error
 from kvfs.catalog.tree import RENAME_EXCHANGE, _now
 from kvfs.errors import KvfsError
 from kvfs.pool.layout import Layout
@@ -37,6 +38,15 @@ log = logging.getLogger("kvfs.catalog")
 class RedisCatalog(RedisMirror):
     """The catalog of a pool shared by several nodes (see the module docstring). Built by
     kvfs/service.py after `bootstrap.join`; `load()` fills the mirror."""
+
+    # Every change is in Redis once its script has returned (made durable by Redis's own
+    # persistence and the replicas the link waits for): no transaction is ever left open for
+    # the write-back's flusher to commit (kvfs/write/writeback.py).
+    unsynced = False
+    open_since = None
+
+    async def sync(self) -> None:
+        """Every change applied so far is durable already (see above)."""
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Follow the other nodes' changes until cancelled."""
@@ -63,6 +73,7 @@ class RedisCatalog(RedisMirror):
             "lag_seconds": round(trio.current_time() - self.synced_at, 3),
             "events": self.events,
             "refreshes": self.refreshes,
+            "records": self.records,
             "resyncs": self.resyncs,
             "redis_calls": link.calls,
             "follower_round_trips": self.follower_round_trips,
@@ -148,15 +159,15 @@ class RedisCatalog(RedisMirror):
         except KvfsError:  # the change is made; the follower reconciles later
             self._resync = True
 
-    async def _publish(self, script: str, args: list, rec: BlobRec) -> list:
-        """Run a script that publishes `rec` (COMMIT, MKNODE). If the connection broke after
-        the script was sent, Redis may have run it: ask (once Redis answers) whether the block
-        record exists. It does: the block is published, return as if the reply had come
-        (the follower reloads to learn exactly what the script retired). It does not: the
+    async def _publish(self, args: list, recs: list[tuple[int, BlobRec]]) -> list:
+        """Run PUBLISH for blocks `recs`. If the connection broke after the script was sent,
+        Redis may have run it: ask (once Redis answers) which block records exist. Some do:
+        the script ran, and published exactly those (the follower reloads to learn exactly
+        what it retired); the others are refused with the original error. None does: the
         original error. Redis cannot tell in time: the error, marked `maybe_published`, so
-        the caller keeps the block's space instead of allocating it to someone else."""
+        the caller keeps the blocks' space instead of allocating it to someone else."""
         try:
-            return await self.redis.eval(script, args)
+            return await self.redis.eval(SCRIPTS.publish, args)
         except KvfsError as e:
             if getattr(e, "unreplicated", False):
                 # published on the master, but no replica confirmed it: not reported durable,
@@ -166,17 +177,21 @@ class RedisCatalog(RedisMirror):
             if not getattr(e, "maybe_done", False):
                 raise
             err = e
+        found: list = []
 
         async def published() -> bool:
-            return bool(await self.redis.call("EXISTS", self.redis.key("b", rec.id)))
+            found[:] = await self.redis.pipeline(
+                [("EXISTS", self.redis.key("b", r.id)) for _, r in recs]
+            )
+            return any(found)
 
-        done = await self._ran(err, published, f"block {rec.id}: published")
+        done = await self._ran(err, published, f"block {recs[0][1].id}: published")
         if done is None:
             err.maybe_published = True
             raise err from None
         if not done:
             raise err
-        return []
+        return [[], [f"{ino} EIO {err}".encode() for (ino, _), f in zip(recs, found) if not f]]
 
     async def _ran(self, err: KvfsError, probe, what: str) -> bool | None:
         """A script's reply was lost (`err.maybe_done`): ask Redis, once it answers again,
@@ -200,17 +215,10 @@ class RedisCatalog(RedisMirror):
         return done
 
     async def _publish_new(self, node: Node, policy: str) -> None:
-        """Run MKNODE for a node not yet in Redis, then place it in the mirror."""
+        """Run MKNODE for a directory or symlink not yet in Redis, then mark it published."""
         t = time.perf_counter()
-        rec = node.blob
-        blob = blob_fields(rec, node.ino) if rec is not None else []
-        run = (
-            (lambda script, args: self._publish(script, args, rec))
-            if rec is not None
-            else self.redis.eval
-        )
         with self._changing(node.ino, node.parent):
-            retired = await run(
+            retired = await self.redis.eval(
                 SCRIPTS.mknode,
                 [
                     self.epoch,
@@ -219,12 +227,11 @@ class RedisCatalog(RedisMirror):
                     node.name,
                     policy,
                     self.redis.token,
-                    self._regions_of(rec.layout) if rec else "",
+                    "",
                     self.space.grace_ms,
                     node.ctime_ns,
-                    rec.id if rec else "",
-                    len(blob) // 2,
-                    *blob,
+                    "",
+                    0,
                     *node_fields(node),
                 ],
             )
@@ -234,11 +241,8 @@ class RedisCatalog(RedisMirror):
             parent = self.nodes[node.parent]
             occupant = parent.children.get(node.name)
             if occupant is not None and occupant != node.ino:  # replaced another node's file
-                other = self.nodes[occupant]
-                self._vanish(other, leaving)
+                self._vanish(self.nodes[occupant], leaving)
             node.persisted = True
-            if rec is not None:
-                self.space.published_here(rec)
         await self._own(retired, leaving)
 
     async def _add(self, node: Node) -> None:
@@ -251,72 +255,113 @@ class RedisCatalog(RedisMirror):
     async def commit(
         self, node: Node, layout: Layout, score: tuple[float, int] | None = None
     ) -> tuple[BlobRec, BlobRec | None]:
-        """Publish `layout` as the file's content once it is durable on the namespaces: one
-        script checks this node still holds the leases of the space and swaps the block in."""
+        """Publish `layout` as the file's content once it is durable on the namespaces (a
+        batch of one: `commit_batch`)."""
+        (got,) = await self.commit_batch([(node, layout, score)])
+        if isinstance(got, KvfsError):
+            raise got
+        return got
+
+    async def commit_batch(
+        self, items: list[tuple], mtimes: list[int] | None = None
+    ) -> list[tuple[BlobRec, BlobRec | None] | KvfsError]:
+        """Publish several files' blocks, each (node, layout, score), durable on the
+        namespaces, in one script call (one round trip: the write-back flusher's batch,
+        kvfs/write/writeback.py). Each file on its own: the script checks that this node
+        still holds the leases of its space, that its directory (a new file) or its record
+        (a new version) is still there, and swaps its block in; a file it refuses gets its
+        error in the returned list, in its place, and keeps the version it had. `mtimes`:
+        each file's modification time (default: now). An error for the whole call (Redis
+        unreachable) is raised, every file then keeping its version (`maybe_published`:
+        Redis may have published them, their space stays taken)."""
         now = _now()
-        rec = BlobRec(self.next_blob_id(), layout, now)
-        old = node.blob
-        if not node.linked:
+        out: list = [None] * len(items)
+        args: list = [self.epoch, self.redis.token, self.space.grace_ms, now, 0]
+        sent = []  # (index, node, rec, old, what to restore)
+        for i, (node, layout, score) in enumerate(items):
+            rec = BlobRec(self.next_blob_id(), layout, now)
+            old = node.blob
+            if not node.linked:
+                node.blob = rec
+                out[i] = (rec, old)
+                continue
+            sent.append(
+                (i, node, rec, old, (old, node.mtime_ns, node.ctime_ns, node.prio, node.uses))
+            )
             node.blob = rec
-            return rec, old
-        prev = (node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses)
-        node.blob = rec
-        node.mtime_ns = node.ctime_ns = now
-        if score is not None:
-            node.prio, node.uses = score
-        try:
-            if not node.persisted:
-                await self._publish_new(node, "replace")
-                self._announce(node, True)
-                return rec, old
-            t = time.perf_counter()
+            node.mtime_ns = node.ctime_ns = now if mtimes is None else mtimes[i]
+            if score is not None:
+                node.prio, node.uses = score
             blob = blob_fields(rec, node.ino)
-            with self._changing(node.ino):
-                retired = await self._publish(
-                    SCRIPTS.commit,
-                    [
-                        self.epoch,
-                        node.ino,
-                        self.redis.token,
-                        self._regions_of(layout),
-                        self.space.grace_ms,
-                        rec.id,
-                        len(blob) // 2,
-                        *blob,
-                        b"t",
-                        now,
-                        b"k",
-                        now,
-                        b"m",
-                        node.mode,
-                        b"u",
-                        node.uid,
-                        b"g",
-                        node.gid,
-                        b"a",
-                        node.atime_ns,
-                        *score_fields(node),
-                    ],
-                    rec,
+            if node.persisted:
+                kind = b"old"
+                fields = [
+                    *(b"b", rec.id, b"t", node.mtime_ns, b"k", node.ctime_ns, b"m", node.mode),
+                    *(b"u", node.uid, b"g", node.gid, b"a", node.atime_ns),
+                    *score_fields(node),
+                ]
+            else:
+                kind, fields = b"new", node_fields(node)
+            args += [
+                *(node.ino, node.parent, node.name, kind, self._regions_of(layout), rec.id),
+                self._ghosts_taken.pop((node.parent, node.name), b""),
+                len(blob) // 2,
+                len(fields) // 2,
+                *blob,
+                *fields,
+            ]
+        if not sent:
+            return out
+        args[4] = len(sent)
+        t = time.perf_counter()
+        touched = dict.fromkeys(x for _, n, *_ in sent for x in (n.ino, n.parent))
+        with self._changing(*touched):
+            try:
+                retired, refused = await self._publish(
+                    args, [(n.ino, rec) for _, n, rec, _, _ in sent]
                 )
-                self.space.published_here(rec)
-            self._announce(node, True)
+            except KvfsError:
+                for _, node, _, _, prev in sent:
+                    node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses = prev
+                raise
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
-        except KvfsError as e:
-            node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses = prev
-            if e.errno == errno.ENOENT and node.persisted:
-                with trio.CancelScope(shield=True):
-                    try:
-                        await self._refresh([node.ino])  # removed by another node
-                    except KvfsError:
-                        pass
-            if e.errno == errno.ESTALE:
-                log.error("cluster: %s: %s", self.path_of(node), e)
-                raise KvfsError(errno.EIO, str(e)) from None
-            raise
-        await self._own(retired, [old] if old is not None else [])
-        return rec, old
+            errors = {}
+            for line in refused:
+                ino, _, why = line.partition(b" ")
+                errors[int(ino)] = reply_error(why.decode(errors="replace"))
+            leaving: list[BlobRec] = []
+            gone = []
+            for i, node, rec, old, prev in sent:
+                e = errors.get(node.ino)
+                if e is not None:
+                    node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses = prev
+                    if e.errno == errno.ENOENT and node.persisted:
+                        gone.append(node.ino)  # removed by another node
+                    if e.errno == errno.ESTALE:
+                        log.error("cluster: %s: %s", self.path_of(node), e)
+                        e = KvfsError(errno.EIO, str(e))
+                    out[i] = e
+                    continue
+                if not node.persisted:
+                    parent = self.nodes[node.parent]
+                    occupant = parent.children.get(node.name)
+                    if occupant is not None and occupant != node.ino:
+                        self._vanish(self.nodes[occupant], leaving)  # another node's file
+                    node.persisted = True
+                elif old is not None:
+                    leaving.append(old)
+                self.space.published_here(rec)
+                self._announce(node, True)
+                out[i] = (rec, old)
+        if gone:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._refresh(gone)
+                except KvfsError:
+                    pass
+        await self._own(retired, leaving)
+        return out
 
     async def _remove(
         self, node: Node, want: str, expect: BlobRec | None = None, ghosts: int = 0

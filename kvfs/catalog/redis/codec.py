@@ -8,7 +8,10 @@ Block `b:<id>`:  z size · u stripe unit · N namespaces · O offsets · S check
                  see Layout.pack) · c created_ns · i the inode it was committed for
 Directory `d:<ino>`: name -> child inode.   Chains `l:<ino>`: successor -> "source weight".
 Change log `log` entries: o origin epoch · i inodes changed · r blocks retired (in the grave) ·
-                 g blocks purged · l chain predecessors changed
+                 g blocks purged · l chain predecessors changed; then the records a publish
+                 wrote (`parse_entry`): @n <ino> [node k v]* (the node's whole hash) ·
+                 @b <id> [block k v]* · @- <ino> (a file it replaced, gone) ·
+                 @t "<ino> <time>" (a directory's new mtime and ctime)
 docs/cluster.md has the other keys (atime, grave, lease:<r>, epoch, meta, init, lock:<name>).
 """
 
@@ -81,6 +84,23 @@ def pairs(flat: list | None) -> dict[bytes, bytes]:
     if not flat:
         return {}
     return dict(zip(flat[::2], flat[1::2]))
+
+
+def parse_entry(flat: list) -> tuple[dict[bytes, bytes], list[tuple[bytes, bytes, dict]]]:
+    """A change-log entry: its own fields, and the records it carries, each (tag, id, fields)
+    (the entry is a flat list of pairs; a record is a pair whose field starts with "@",
+    followed by its fields' pairs up to the next record)."""
+    head: dict[bytes, bytes] = {}
+    records: list[tuple[bytes, bytes, dict]] = []
+    fields: dict[bytes, bytes] = head
+    for i in range(0, len(flat) - 1, 2):
+        k, v = flat[i], flat[i + 1]
+        if k[:1] == b"@":
+            fields = {}
+            records.append((k, v, fields))
+        else:
+            fields[k] = v
+    return head, records
 
 
 def parse_blob(bid: int, h: dict[bytes, bytes]) -> BlobRec:

@@ -21,7 +21,7 @@ import trio
 
 from kvfs.catalog.base import ROOT_INO, BlobRec, Node
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
-from kvfs.catalog.redis.codec import ids, pairs, parse_blob, parse_node, stream_id
+from kvfs.catalog.redis.codec import ids, pairs, parse_blob, parse_entry, parse_node, stream_id
 from kvfs.catalog.tree import TreeCatalog, _now
 from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
@@ -82,8 +82,12 @@ class RedisMirror(TreeCatalog):
         self._changes_in_flight: dict[int, int] = {}
         self._changed_at: dict[int, int] = {}
         self._change_seq = 0
+        # names whose ghost this node took (their uses scored a new file): forgotten in Redis
+        # by the script that publishes the file
+        self._ghosts_taken: dict[tuple[int, bytes], bytes] = {}
         self.events = 0
-        self.refreshes = 0
+        self.refreshes = 0  # batches of inodes read back from Redis
+        self.records = 0  # batches of records installed from the log, nothing read back
         self.resyncs = 0
 
     async def load(self) -> None:
@@ -517,12 +521,13 @@ class RedisMirror(TreeCatalog):
                 if self._resync:
                     self._resync = False
                     await self._load_snapshot(initial=False, conn=conn)
+                mark = self._change_seq
                 reply = await conn.call(
                     "XREAD", "COUNT", 512, "BLOCK", 1000, "STREAMS", key, self.last_id
                 )
                 self.synced_at = trio.current_time()
                 if reply:
-                    await self._apply_entries(reply[0][1], conn)
+                    await self._apply_entries(reply[0][1], conn, mark)
                 progress, self._progress = self._progress, trio.Event()
                 progress.set()
             except (RedisUnavailable, RedisError) as e:
@@ -562,23 +567,70 @@ class RedisMirror(TreeCatalog):
             )
         self.catalog_lost = lost
 
-    async def _apply_entries(self, entries: list, conn) -> None:
+    async def _apply_entries(self, entries: list, conn, mark: int = -1) -> None:
+        """Apply a batch of the log's entries, read when this node's change count was `mark`.
+
+        An entry that carries the records its script wrote (a publish: `parse_entry`) is
+        applied from them, with nothing read back, unless this node may hold something newer
+        for that inode: a change of its own to it in the batch, in flight, or finished since
+        the batch was read. Such inodes, and those an entry names without records, are read
+        from Redis (`_refresh`: current state, idempotent)."""
         inos: list[int] = []
         retired: set[int] = set()
         purged: list[int] = []
         preds: list[int] = []
+        states: dict[int, dict] = {}  # the records others' entries carry (last one wins)
+        blobs: dict[int, BlobRec] = {}
+        times: dict[int, int] = {}
+        own: set[int] = set()
         origin = str(self.epoch).encode()
         for sid, flat in entries:
             self.events += 1
-            f = pairs(flat)
+            f, records = parse_entry(flat)
             if f.get(b"o") != origin:
                 inos += ids(f.get(b"i"))
                 retired.update(ids(f.get(b"r")))
                 purged += ids(f.get(b"g"))
                 preds += ids(f.get(b"l"))
+                for tag, key, fields in records:
+                    if tag == b"@n":
+                        states[int(key)] = fields
+                    elif tag == b"@-":
+                        states[int(key)] = {}
+                    elif tag == b"@b":
+                        bid = int(key)
+                        if not self.space.known(bid):
+                            blobs[bid] = parse_blob(bid, fields)
+                    elif tag == b"@t":
+                        ino, t = (int(x) for x in key.split())
+                        times[ino] = max(t, times.get(ino, 0))
+            else:
+                own.update(ids(f.get(b"i")))
+                own.update(int(key) for tag, key, _ in records if tag in (b"@n", b"@-"))
             self.last_id = sid
+        reread = set(inos)
+        for ino in list(states):
+            h = states[ino]
+            if (
+                ino in reread
+                or ino in own
+                or ino in self._changes_in_flight
+                or self._changed_at.get(ino, -1) > mark
+                or (h and int(h[b"p"]) not in self.nodes and int(h[b"p"]) not in states)
+            ):
+                del states[ino]
+                if ino not in reread:
+                    reread.add(ino)
+                    inos.append(ino)
         if inos:
             await self._refresh(inos, conn, retired)
+        if states:
+            await self._install_records(states, blobs, conn, retired)
+        for ino, t in times.items():
+            node = self.nodes.get(ino)
+            if node is not None and ino not in reread:
+                node.mtime_ns = max(node.mtime_ns, t)
+                node.ctime_ns = max(node.ctime_ns, t)
         if retired:
             await self.space.settle(
                 [r for r in map(self.space.known, retired) if r is not None], conn, retired=retired
@@ -590,6 +642,13 @@ class RedisMirror(TreeCatalog):
             replies = await conn.pipeline([("HGETALL", self.redis.key("l", p)) for p in preds])
             for p, r in zip(preds, replies):
                 self._set_links(p, pairs(r))
+
+    async def _install_records(self, states, blobs, conn, retired: set[int]) -> None:
+        """Install the records others' log entries carried (see `_apply_entries`)."""
+        leaving: list[BlobRec] = []
+        self._apply(states, blobs, leaving)
+        await self.space.settle(leaving, conn, retired=retired)
+        self.records += 1
 
     async def catch_up(self, tail: bytes, timeout: float = 10.0) -> bool:
         """Wait until the mirror has applied the log up to `tail`."""

@@ -15,7 +15,7 @@ LOG_MAXLEN = 100_000  # entries kept in the change log (a node further behind re
 
 NAMES = (
     "mknode",
-    "commit",
+    "publish",
     "remove",
     "rename",
     "update",
@@ -34,7 +34,7 @@ NAMES = (
 
 
 class Scripts:
-    """The scripts' texts, read once: `SCRIPTS.commit` and so on."""
+    """The scripts' texts, read once: `SCRIPTS.publish` and so on."""
 
     def __init__(self, directory: Path = LUA_DIR):
         lib = (directory / "lib.lua").read_text().replace("@LOG_MAXLEN@", str(LOG_MAXLEN))

@@ -25,11 +25,14 @@ local function drop_node(ino, grace, retired)
   redis.call('ZREM', P .. 'atime', ino)
   redis.call('ZREM', P .. 'prio', ino)
 end
-local function event(origin, inos, retired, key, value)
+-- records: pairs after the entry's own fields ('@n' ino [k v]*, '@b' id [k v]*, '@-' ino,
+-- '@t' "parent time": kvfs/catalog/redis/codec.py)
+local function event(origin, inos, retired, key, value, records)
   local a = {P .. 'log', 'MAXLEN', '~', '@LOG_MAXLEN@', '*', 'o', origin}
   if #inos > 0 then table.insert(a, 'i'); table.insert(a, table.concat(inos, ' ')) end
   if #retired > 0 then table.insert(a, 'r'); table.insert(a, table.concat(retired, ' ')) end
   if key then table.insert(a, key); table.insert(a, value) end
+  if records then for i = 1, #records do table.insert(a, records[i]) end end
   return redis.call('XADD', unpack(a))
 end
 local function tail()

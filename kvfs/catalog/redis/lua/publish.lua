@@ -1,0 +1,94 @@
+-- Publish a batch of files' new versions (one close in "close" mode; a write-back batch in
+-- "fsync" mode), each file on its own: one that fails is named in the reply, the others go on.
+-- ARGV: origin token grace ptime nfiles, then per file:
+--   ino parent name kind(new|old) regions bid ghost nb nn [blob k v]*nb [node k v]*nn
+-- new: a file this node created, first published under its name (replacing whatever file of
+--      that name Redis holds: the last close wins); old: a new version of a published file.
+-- ghost: the pool's remembered uses of the name, taken by this node (forgotten here), or ''.
+-- The change-log entry carries the records it wrote (kvfs/catalog/redis/codec.py), so the
+-- other nodes apply them without reading anything back.
+-- Reply: {retired block ids, {"<ino> <ERRNO> message", ...} for the files not published}.
+local origin, token, grace, ptime = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local n = tonumber(ARGV[5])
+local retired, failed, entry = {}, {}, {}
+local atimes, prios, names, parents, leases, dirs = {}, {}, {}, {}, {}, {}
+local now = now_ms()
+local function lease_ok(regions)
+  for r in string.gmatch(regions, '%S+') do
+    if leases[r] == nil then leases[r] = redis.call('GET', P .. 'lease:' .. r) == token end
+    if not leases[r] then return false end
+  end
+  return true
+end
+local function dir_ok(ino)
+  if dirs[ino] == nil then dirs[ino] = is_dir(ino) end
+  return dirs[ino]
+end
+local function record(tag, id, fields)
+  table.insert(entry, tag); table.insert(entry, id)
+  for i = 1, #fields do table.insert(entry, fields[i]) end
+end
+local a = 6
+for _ = 1, n do
+  local ino, parent, name, kind = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local regions, bid, ghost = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+  local nb, nn = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
+  local bf, nf = {}, {}
+  for i = a + 9, a + 8 + 2 * nb do table.insert(bf, ARGV[i]) end
+  for i = a + 9 + 2 * nb, a + 8 + 2 * nb + 2 * nn do table.insert(nf, ARGV[i]) end
+  a = a + 9 + 2 * nb + 2 * nn
+  local k = P .. 'n:' .. ino
+  local why = nil
+  local cur = nil
+  if kind == 'new' then
+    if not dir_ok(parent) then
+      why = 'ENOENT the directory was removed (by another node?)'
+    else
+      cur = redis.call('HGET', P .. 'd:' .. parent, name)
+      if cur == ino then cur = nil end
+      if cur and is_dir(cur) then why = 'EISDIR another node made a directory of that name' end
+    end
+  elseif redis.call('EXISTS', k) == 0 then
+    why = 'ENOENT the file was removed by another node'
+  end
+  if not why and not lease_ok(regions) then
+    why = 'ESTALE this node lost its allocation lease on the space it wrote; not publishing'
+  end
+  if why then
+    table.insert(failed, ino .. ' ' .. why)
+  else
+    if cur then
+      drop_node(cur, grace, retired)
+      table.insert(entry, '@-'); table.insert(entry, cur)
+    end
+    if kind == 'old' then bury(redis.call('HGET', k, 'b'), grace, retired) end
+    redis.call('HSET', P .. 'b:' .. bid, unpack(bf))
+    redis.call('HSET', k, unpack(nf))
+    record('@b', bid, bf)
+    local full = nf
+    if kind == 'new' then
+      if names[parent] == nil then names[parent] = {}; table.insert(parents, parent) end
+      table.insert(names[parent], name); table.insert(names[parent], ino)
+    else
+      full = redis.call('HGETALL', k)
+    end
+    record('@n', ino, full)
+    table.insert(atimes, now); table.insert(atimes, ino)
+    for i = 1, #full, 2 do
+      if full[i] == 'r' then table.insert(prios, full[i + 1]); table.insert(prios, ino) end
+    end
+    if ghost ~= '' then
+      redis.call('HDEL', P .. 'ghost', ghost)
+      redis.call('ZREM', P .. 'ghosts', ghost)
+    end
+  end
+end
+if #atimes > 0 then redis.call('ZADD', P .. 'atime', unpack(atimes)) end
+if #prios > 0 then redis.call('ZADD', P .. 'prio', unpack(prios)) end
+for _, parent in ipairs(parents) do
+  redis.call('HSET', P .. 'd:' .. parent, unpack(names[parent]))
+  redis.call('HSET', P .. 'n:' .. parent, 't', ptime, 'k', ptime)
+  table.insert(entry, '@t'); table.insert(entry, parent .. ' ' .. ptime)
+end
+if #entry > 0 then event(origin, {}, retired, nil, nil, entry) end
+return {retired, failed}
