@@ -110,8 +110,9 @@ class Seams:
 def writes_back(cfg: Config) -> bool:
     """When bytes are durable (kvfs/write/durability.py), chosen once: "fsync" (close is not a
     commit: closed files are committed in batches, kvfs/write/writeback.py) or "close"
-    (close() commits; always with a shared pool)."""
-    return cfg.mount.durability == "fsync" and cfg.cluster is None
+    (close() commits). A shared pool writes back too: each batch is published in one script
+    call (kvfs/catalog/redis/catalog.py `commit_batch`)."""
+    return cfg.mount.durability == "fsync"
 
 
 @dataclass
@@ -300,6 +301,7 @@ async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, even
         pool_id=pool.pool_id,
         on_change=seams.changes.later("changed_elsewhere"),
         announcer=events,
+        confirm_misses=cfg.mount.durability == "close",
     )
     order.bind(catalog)
     await catalog.load()

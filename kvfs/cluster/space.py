@@ -51,6 +51,9 @@ class ClusterOrder(Protocol):
     async def take_ghost(self, parent: int, name: bytes) -> int | None:
         """The uses an evicted name had, forgotten once taken."""
 
+    def ghost_at_publish(self, node) -> None:
+        """Take the ghost of the node's name (then) in the script that publishes it."""
+
     async def raise_floor(self, priority: float) -> float:
         """The cluster's floor of priorities, raised to `priority` if below."""
 
@@ -176,8 +179,11 @@ class ClusterSpace(Space):
     def file_count(self) -> int:
         return self.order.file_count
 
-    async def take_ghost(self, parent: int, name: bytes) -> int | None:
-        return await self.order.take_ghost(parent, name)
+    async def take_ghost(self, node, at_publish: bool = False) -> int | None:
+        if at_publish:  # (no round trip now: the publish takes it and calls `revived`)
+            self.order.ghost_at_publish(node)
+            return None
+        return await self.order.take_ghost(node.parent, node.name)
 
     # --- blocks, as the catalog's mirror reports them --------------------------------------------
     def attach(self, current: Iterable[BlobRec], grave: Iterable[BlobRec]) -> None:

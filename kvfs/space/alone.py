@@ -71,8 +71,8 @@ class LocalSpace(Space):
     def file_count(self) -> int:
         return self.order.file_count
 
-    async def take_ghost(self, parent: int, name: bytes) -> int | None:
-        return self.order.take_ghost(parent, name)
+    async def take_ghost(self, node, at_publish: bool = False) -> int | None:
+        return self.order.take_ghost(node.parent, node.name)
 
     def retired(self, layout: Layout) -> None:
         """A block no file refers to any more, and nobody here reads: its space is free

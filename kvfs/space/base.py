@@ -93,8 +93,10 @@ class Space:
         """Files in the pool (the catalog's count)."""
         raise NotImplementedError
 
-    async def take_ghost(self, parent: int, name: bytes) -> int | None:
-        """The uses an evicted name had (forgotten once taken), None if none are known."""
+    async def take_ghost(self, node, at_publish: bool = False) -> int | None:
+        """The uses the node's name had when it was evicted (forgotten once taken), None if
+        none are known. `at_publish`: the file is about to be published; a shared pool may
+        then take the ghost in the same script (None now; `revived` after)."""
         raise NotImplementedError
 
     def _typical(self) -> int:
@@ -122,7 +124,7 @@ class Space:
         if rule is None:
             return None
         if node.blob is None and node.uses == 0:
-            uses = (await self._ghost(node) or 0) + 1
+            uses = (await self._ghost(node, at_publish=True) or 0) + 1
         else:
             uses = node.uses + 1
         rule.observe((node.parent, node.name), size)
@@ -157,9 +159,18 @@ class Space:
         node.prio = rule.priority(node.uses)
         return True
 
-    async def _ghost(self, node) -> int | None:
+    def revived(self, node, had: int) -> None:
+        """The name of a file just published had been evicted with `had` uses (a ghost the
+        catalog took at publish: `take_ghost(at_publish=True)`): the file carries them."""
+        rule = self._rule()
+        if rule is not None and had + 1 > node.uses:
+            node.uses = had + 1
+            node.prio = rule.priority(node.uses)
+
+    async def _ghost(self, node, at_publish: bool = False) -> int | None:
+        """The uses the node's name had when it was evicted (see `take_ghost`)."""
         try:
-            return await self.take_ghost(node.parent, node.name)
+            return await self.take_ghost(node, at_publish)
         except KvfsError as e:  # a hint: the file is scored as new
             log.debug("pool order: the ghost of %r: %s", node.name, e)
             return None

@@ -17,6 +17,9 @@ from tests.daemon.harness import eventually, known, run_cluster
 from tests.helpers import write_config
 
 MiB = 1 << 20
+# the mode a test that does not name one runs in: "fsync" (write-back), or what `make test`'s
+# second pass sets ("close")
+DURABILITY = os.environ.get("KVFS_TEST_DURABILITY", "").strip() or "fsync"
 _names = itertools.count()
 
 
@@ -40,7 +43,7 @@ def cluster_configs(tmp_path, redis):
         evict: str = "lru",
         free_target: float = 0.0,
         urls: list | None = None,
-        durability: str = "fsync",
+        durability: str | None = None,
     ) -> list:
         name = f"t{os.getpid()}-{next(_names)}"
         nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": size} for i in range(2)]
@@ -61,12 +64,19 @@ def cluster_configs(tmp_path, redis):
                     dram="16MiB",
                     extra=extra,
                     pool=f'stripe_unit = "256KiB"\nevict = "{evict}"',
-                    mount=f'durability = "{durability}"',
+                    mount=f'durability = "{durability or DURABILITY}"',
                 )
             )
         return out
 
     return make
+
+
+async def put(fs, path: str, payload: bytes) -> None:
+    """Write a file and make it durable (with durability "fsync" the write-back publishes it
+    at the sync; with "close" at the close): what the tests then look at is published."""
+    await fs.write(path, payload)
+    await fs.sync()
 
 
 def data(seed: int, size: int) -> bytes:
@@ -76,11 +86,11 @@ def data(seed: int, size: int) -> bytes:
 def test_a_write_on_one_node_is_read_on_another(cluster_configs):
     async def body(a, b):
         payload = os.urandom(3 * MiB + 123)
-        await a.write("/x", payload)
+        await put(a, "/x", payload)
         await a.mkdir("/d")
         await eventually(lambda: known(b, "/x") and known(b, "/d"))
         assert await b.read("/x") == payload
-        await b.write("/d/y", b"from b")
+        await put(b, "/d/y", b"from b")
         await eventually(lambda: known(a, "/d/y"))
         assert await a.read("/d/y") == b"from b"
         # a rename and an unlink on one node are seen on the other
@@ -99,18 +109,50 @@ def test_a_write_on_one_node_is_read_on_another(cluster_configs):
 
 
 def test_a_name_unknown_here_is_asked_of_redis(cluster_configs):
-    """A lookup right after another node's commit finds the file even before the change log
-    has been applied here."""
+    """Durability "close": a lookup right after another node's close finds the file even
+    before the change log has been applied here."""
 
     async def body(a, b):
-        await a.write("/k", b"v" * 5000)
+        await put(a, "/k", b"v" * 5000)
         node = await b.files.catalog.lookup_fresh(1, b"k")  # no waiting for the follower
         assert node.blob is not None and node.blob.size == 5000
         with pytest.raises(KvfsError) as e:
             await b.files.catalog.lookup_fresh(1, b"nope")
         assert e.value.errno == errno.ENOENT
 
-    run_cluster(cluster_configs(2), body)
+    run_cluster(cluster_configs(2, durability="close"), body)
+
+
+def test_with_write_back_a_fresh_mirror_answers_a_miss_and_a_batch_is_one_round_trip(
+    cluster_configs,
+):
+    """Durability "fsync": a node's closed files are published by its write-back, a batch in
+    one script call; the other node installs them from the change log, reading nothing back,
+    and answers a lookup of a name it does not know from its mirror (no round trip): a file
+    closed elsewhere is visible here once its batch is published and followed."""
+
+    async def body(a, b):
+        await put(a, "/d0", b"z")  # (both mirrors fresh, the directory known)
+        await eventually(lambda: known(b, "/d0"))
+        calls, trips = a.svc.catalog.redis.calls, b.svc.catalog.follower_round_trips
+        refreshes = b.svc.catalog.refreshes
+        for i in range(20):
+            await a.write(f"/f{i}", data(i, 100_000))
+        assert not known(b, "/f0")
+        await a.sync()
+        assert a.svc.catalog.redis.calls - calls <= 2  # one publish (and at most one lease)
+        await eventually(lambda: all(known(b, f"/f{i}") for i in range(20)))
+        assert b.svc.catalog.refreshes == refreshes  # nothing read back
+        assert b.svc.catalog.follower_round_trips - trips <= 3
+        for i in (0, 19):
+            assert await b.read(f"/f{i}") == data(i, 100_000)
+        calls = b.svc.catalog.redis.calls
+        with pytest.raises(KvfsError) as e:
+            await b.files.catalog.lookup_fresh(1, b"nope")
+        assert e.value.errno == errno.ENOENT and b.svc.catalog.redis.calls == calls
+        assert b.svc.catalog.misses_answered >= 1
+
+    run_cluster(cluster_configs(2, durability="fsync"), body)
 
 
 def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, redis, monkeypatch):
@@ -122,8 +164,8 @@ def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, re
     monkeypatch.setattr(RedisCatalog, "fresh", property(lambda self: False))
 
     async def body(a, b):
-        await a.write("/k", b"v" * 5000)
-        await a.write("/gone", b"g" * 5000)
+        await put(a, "/k", b"v" * 5000)
+        await put(a, "/gone", b"g" * 5000)
         await eventually(lambda: known(b, "/k") and known(b, "/gone"))
         cat = b.files.catalog
         asked = []
@@ -155,7 +197,7 @@ def test_a_redis_that_came_back_empty_is_reported_not_trusted(cluster_configs, c
     and stop trusting their mirrors for blocks they do not hold."""
 
     async def body(a, b):
-        await a.write("/x", b"x" * 5000)
+        await put(a, "/x", b"x" * 5000)
         await eventually(lambda: known(b, "/x"))
         link = a.svc.catalog.redis
         keys = await link.call("KEYS", link.prefix + "*")
@@ -181,8 +223,10 @@ def test_the_last_close_wins_and_the_loser_space_returns_after_grace(cluster_con
         await a.files.write(fa, 0, data(1, 2 * MiB))
         await b.files.write(fb, 0, data(2, 2 * MiB))
         await a.close(fa)
+        await a.sync()  # (published: with "fsync" the write-back publishes it)
         await eventually(lambda: b.svc.catalog.events > 0)  # b heard of a's file
         await b.close(fb)  # later: wins
+        await b.sync()
         await eventually(
             lambda: (
                 known(a, "/same")
@@ -210,11 +254,11 @@ def test_a_block_read_on_one_node_outlives_its_grace_period_elsewhere(cluster_co
     long as a holds it (a pushes its grace period back), and is purged once a lets go."""
 
     async def body(a, b):
-        await a.write("/f", data(1, 2 * MiB))
+        await put(a, "/f", data(1, 2 * MiB))
         await eventually(lambda: known(b, "/f"))
         fh = await a.open("/f", os.O_RDONLY)
         old = a.files.catalog.get(a.ino("/f")).blob.id
-        await b.write("/f", data(2, 2 * MiB))
+        await put(b, "/f", data(2, 2 * MiB))
         await eventually(lambda: old in a.svc.space.grave)
         link = b.svc.space.link
         first = float(await link.call("ZSCORE", link.key("grave"), old))
@@ -240,7 +284,7 @@ def test_a_node_gives_back_regions_it_no_longer_writes_in(cluster_configs):
     freed there (by eviction elsewhere, say) is not locked away from the other nodes."""
 
     async def body(a, b):
-        await a.write("/x", data(1, 3 * MiB))
+        await put(a, "/x", data(1, 3 * MiB))
         link = a.svc.catalog.redis
         assert a.svc.space.regions.held()
         # renewed every half second, the leases only go away if a gives them back
@@ -248,7 +292,7 @@ def test_a_node_gives_back_regions_it_no_longer_writes_in(cluster_configs):
             while await link.call("KEYS", link.key("lease:*")):
                 await trio.sleep(0.05)
         assert a.svc.space.leases_lost == 0 and not a.svc.space.regions.held()
-        await a.write("/y", data(2, MiB))  # and it leases again when it writes
+        await put(a, "/y", data(2, MiB))  # and it leases again when it writes
         assert await b.read("/x") == data(1, 3 * MiB)
 
     run_cluster(cluster_configs(2, lease=2.0), body)
@@ -275,7 +319,7 @@ def test_concurrent_mkdir_of_one_name_gives_one_eexist(cluster_configs):
 
 def test_renaming_a_file_another_node_removed_fails_cleanly(cluster_configs):
     async def body(a, b):
-        await a.write("/f", b"1" * 100)
+        await put(a, "/f", b"1" * 100)
         await eventually(lambda: known(b, "/f"))
         await a.files.unlink(1, b"f")
         # b may not have heard yet; Redis refuses the rename, b's view is put right
@@ -291,14 +335,14 @@ def test_renaming_a_file_another_node_removed_fails_cleanly(cluster_configs):
 
 
 def test_a_writer_whose_file_another_node_removed_is_told_at_close(cluster_configs):
-    """Another node cannot know of the files open for writing here (its eviction may pick
-    one): the close reports ESTALE and the file stays removed, whether the removal arrived
-    before the close or while the close was writing the block."""
+    """Durability "close": another node cannot know of the files open for writing here (its
+    eviction may pick one): the close reports ESTALE and the file stays removed, whether the
+    removal arrived before the close or while the close was writing the block."""
 
     async def body(a, b):
         for name, during in ((b"f", False), (b"g", True)):
             path = "/" + name.decode()
-            await a.write(path, b"old" * 100)
+            await put(a, path, b"old" * 100)
             await eventually(lambda: known(b, path))
             fh = await b.open(path, os.O_WRONLY | os.O_TRUNC)
             await b.files.write(fh, 0, b"new" * 1000)
@@ -325,7 +369,54 @@ def test_a_writer_whose_file_another_node_removed_is_told_at_close(cluster_confi
             assert e.value.errno == errno.ESTALE, e.value
             assert not known(a, path) and not known(b, path)
 
-    run_cluster(cluster_configs(2), body)
+    run_cluster(cluster_configs(2, durability="close"), body)
+
+
+def test_a_closed_file_another_node_removes_before_its_write_back_is_not_brought_back(
+    cluster_configs,
+):
+    """Durability "fsync": a file closed here and removed by another node before its
+    write-back publishes it stays removed, whether this node's follower applied the removal
+    before the write-back or not (then the publish of a new version refuses a file Redis no
+    longer holds, and the fsync of a descriptor still open reports that, EIO as for any
+    failed write-back)."""
+
+    async def body(a, b):
+        cat = b.svc.catalog
+        follow = cat._apply_entries
+        held = {"on": False}
+
+        async def held_back(*args, **kw):
+            while held["on"]:
+                await trio.sleep(0.01)
+            return await follow(*args, **kw)
+
+        cat._apply_entries = held_back
+        for name, hold in ((b"f", False), (b"g", True)):
+            path = "/" + name.decode()
+            await put(a, path, b"old" * 100)
+            await eventually(lambda: known(b, path))
+            fh = await b.open(path, os.O_WRONLY | os.O_TRUNC)
+            reader = await b.open(path, os.O_RDONLY)
+            await b.files.write(fh, 0, b"new" * 1000)
+            await b.close(fh)  # queued for write-back
+            held["on"] = hold  # b's follower does not learn of the removal in time
+            await a.files.unlink(1, name)
+            await b.sync()
+            held["on"] = False
+            try:
+                await b.files.fsync(reader)
+                assert not hold, "the refused publish was not reported"
+            except KvfsError as e:  # (a closed file unlinked before its write-back is just
+                # dropped, as an unlink here drops it: no error then)
+                assert e.errno in (errno.EIO, errno.ESTALE), e
+                assert "another node" in str(e), e
+            await b.files.release(reader)
+            await a.mkdir(f"/after{name.decode()}")  # (the log is ordered)
+            await eventually(lambda: known(b, f"/after{name.decode()}"))
+            assert not known(a, path) and not known(b, path)
+
+    run_cluster(cluster_configs(2, durability="fsync"), body)
 
 
 def test_concurrent_writers_never_share_space(cluster_configs):
@@ -334,7 +425,7 @@ def test_concurrent_writers_never_share_space(cluster_configs):
     async def body(*nodes):
         async def writer(fs, k):
             for i in range(12):
-                await fs.write(f"/w{k}-{i}", data(k * 100 + i, (1 + (i % 3)) * MiB - 4096 * i))
+                await put(fs, f"/w{k}-{i}", data(k * 100 + i, (1 + (i % 3)) * MiB - 4096 * i))
 
         async with trio.open_nursery() as n:
             for k, fs in enumerate(nodes):
@@ -367,14 +458,14 @@ def test_a_full_shared_pool_evicts_cluster_wide_and_reuses_after_grace(cluster_c
         cap = a.svc.pool.capacity
         n = int(cap * 0.8) // (2 * MiB)
         for i in range(n):  # a fills most of the pool
-            await a.write(f"/old{i}", data(i, 2 * MiB))
+            await put(a, f"/old{i}", data(i, 2 * MiB))
         await eventually(lambda: known(b, f"/old{n - 1}"))
         # b touches the newest of a's files: they become the most recently used
         for i in range(n // 2, n):
             await b.read(f"/old{i}")
         await b.svc.catalog.flush_atimes()
         for i in range(n // 2):  # b writes as much again: must evict
-            await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
+            await put(b, f"/new{i}", data(1000 + i, 2 * MiB))
         await eventually(lambda: not known(a, "/old0"))
         assert b.svc.space.evictions > 0
         # evicted space is reused after the grace period: b's writers waited for it (no
@@ -412,13 +503,13 @@ def test_the_pool_can_be_cleaned_ahead_of_writers_again_one_period_later(
 
         i = 0
         while not (space.evictions and short()):  # full: writers evict for themselves
-            await a.write(f"/f{i}", data(i, size))
+            await put(a, f"/f{i}", data(i, size))
             i += 1
         assert await space.keep_free() > 0  # cleaned ahead: the lock is taken
         began = trio.current_time()
         assert await b.svc.space.keep_free() == 0  # one node at a time
         while not short():  # writers use up what was cleaned
-            await a.write(f"/f{i}", data(i, size))
+            await put(a, f"/f{i}", data(i, size))
             i += 1
         await trio.sleep_until(began + CLEAN_PERIOD + 0.2)
         assert await space.keep_free() > 0  # and it is cleaned again
@@ -439,7 +530,7 @@ def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(
         size = 2 * MiB - 4096
         per_pool = a.svc.pool.capacity // (2 * MiB)
         for i in range(6):
-            await a.write(f"/h{i}", data(i, size))
+            await put(a, f"/h{i}", data(i, size))
         await eventually(lambda: known(b, "/h5"))
         for i in range(6):
             await a.read(f"/h{i}")
@@ -447,7 +538,7 @@ def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(
         for fs in (a, b):
             await fs.svc.catalog.flush_atimes()
         for i in range(2 * per_pool):  # ... these are not
-            await (a, b)[i % 2].write(f"/s{i}", data(100 + i, size))
+            await put((a, b)[i % 2], f"/s{i}", data(100 + i, size))
         await eventually(lambda: a.svc.space.evictions + b.svc.space.evictions >= per_pool)
         kept = sum(known(a, f"/h{i}") for i in range(6))
         if evict == "lru":
@@ -457,9 +548,15 @@ def test_a_shared_pool_keeps_reused_files_over_files_stored_once_with_prefix(
         hot = a.svc.catalog.get(a.ino("/h0"))
         assert hot.uses >= 2 and hot.prio is not None
         assert float(await a.svc.space.link.call("GET", a.svc.space.link.key("floor"))) > 0
-        gone = next(f"s{i}" for i in range(2 * per_pool) if not known(a, f"/s{i}"))
-        assert await a.svc.catalog.take_ghost(1, gone.encode()) == 1  # remembered...
-        assert await a.svc.catalog.take_ghost(1, gone.encode()) is None  # ...once
+        gone = [f"s{i}" for i in range(2 * per_pool) if not known(a, f"/s{i}")]
+        assert await a.svc.catalog.take_ghost(1, gone[0].encode()) == 1  # remembered...
+        assert await a.svc.catalog.take_ghost(1, gone[0].encode()) is None  # ...once
+        # stored again, a name comes back with its uses: the publish takes its ghost
+        await put(b, f"/{gone[1]}", data(7, size))
+        await b.sync()
+        again = b.svc.catalog.get(b.ino(f"/{gone[1]}"))
+        assert again.uses == 2 and again.prio == b.svc.space.rule.priority(2)
+        assert await a.svc.catalog.take_ghost(1, gone[1].encode()) is None  # taken
 
     run_cluster(cluster_configs(2, size="16MiB", grace=0.5, evict=evict), body)
 
@@ -474,7 +571,7 @@ def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(
         small = a.svc.pool.unit - 56 * 1024  # one unit each, a little shorter
         n = 0
         while a.svc.space.evictions == 0:  # a fills the pool (until it evicts)...
-            await a.write(f"/s{n}", data(n, small))
+            await put(a, f"/s{n}", data(n, small))
             n += 1
         # ...and unlinks every other file in each namespace's order of offsets
         where = {}
@@ -494,7 +591,7 @@ def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(
         # twice the block is free, but not in pieces a unit fits in
         assert b.svc.pool.unit_free < len(payload)
         with trio.fail_after(30):
-            await b.write("/big", payload)
+            await put(b, "/big", payload)
         assert b.svc.space.evictions > 0
         assert await b.read("/big") == payload
         await eventually(lambda: known(a, "/big"))
@@ -503,16 +600,32 @@ def test_a_shared_pool_whose_free_space_is_in_pieces_smaller_than_a_unit_evicts(
     run_cluster(cluster_configs(2, grace=0.5), body)
 
 
-def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
+@pytest.mark.parametrize("durability", ["close", "fsync"])
+def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis, durability):
+    """The publish refuses a block whose space this node no longer holds leases on: EIO at
+    the close ("close"), or to the fsync of a descriptor open when the write-back failed
+    ("fsync"); the file is dropped, name and all, and its space is free again."""
+
     async def body(a, b):
-        await a.write("/first", b"x" * MiB)
+        await put(a, "/first", b"x" * MiB)
         cat = a.svc.catalog
         # Redis forgets a's leases (as if they expired while a was cut off)
         keys = await cat.redis.call("KEYS", cat.redis.key("lease:*"))
         await cat.redis.call("DEL", *keys)
         free = a.svc.pool.free
+        fh = await a.open("/second", os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+        await a.files.write(fh, 0, b"y" * MiB)
         with pytest.raises(KvfsError) as e:
-            await a.write("/second", b"y" * MiB)
+            if durability == "close":
+                await a.close(fh)
+            else:
+                reader = await a.open("/second", os.O_RDONLY)
+                await a.close(fh)  # not a commit: the write-back fails later
+                await a.sync()
+                try:
+                    await a.files.fsync(reader)
+                finally:
+                    await a.files.release(reader)
         assert e.value.errno == errno.EIO
         # not published: gone here (a new file whose commit failed is dropped, name and
         # all), nothing at all on b, and the space it wrote is free again
@@ -524,7 +637,7 @@ def test_a_node_that_lost_its_lease_does_not_publish(cluster_configs, redis):
         await eventually(lambda: known(b, "/after"))
         assert not known(b, "/second")
 
-    run_cluster(cluster_configs(2, lease=30.0), body)
+    run_cluster(cluster_configs(2, lease=30.0, durability=durability), body)
 
 
 def test_a_file_pinned_on_one_node_is_spared_when_another_evicts(cluster_configs):
@@ -535,7 +648,7 @@ def test_a_file_pinned_on_one_node_is_spared_when_another_evicts(cluster_configs
         cap = a.svc.pool.capacity
         n = int(cap * 0.8) // (2 * MiB)
         for i in range(n):  # a fills most of the pool
-            await a.write(f"/old{i}", data(i, 2 * MiB))
+            await put(a, f"/old{i}", data(i, 2 * MiB))
         await a.files.set_pin(a.ino("/old0"), True)
         await eventually(
             lambda: (
@@ -546,7 +659,7 @@ def test_a_file_pinned_on_one_node_is_spared_when_another_evicts(cluster_configs
         await a.svc.catalog.flush_atimes()
         assert (await b.svc.space.victims(1)) == [b.ino("/old0")]  # first in the LRU order
         for i in range(n // 2):  # b writes as much again: must evict
-            await b.write(f"/new{i}", data(1000 + i, 2 * MiB))
+            await put(b, f"/new{i}", data(1000 + i, 2 * MiB))
         await eventually(lambda: not known(a, "/old1"))
         assert b.svc.space.evictions > 0
         assert known(a, "/old0") and known(b, "/old0")
@@ -672,7 +785,7 @@ def test_a_reader_cut_off_from_redis_past_the_grace_gets_eio_not_other_bytes(
     cfgs = cluster_configs(2, grace=0.5, regions=2, urls=[relay.url, redis.url])
 
     async def body(a, b):
-        await a.write("/f", data(1, 2 * MiB))
+        await put(a, "/f", data(1, 2 * MiB))
         await eventually(lambda: known(b, "/f"))
         fh = await a.open("/f", os.O_RDONLY)
         old = a.files.catalog.get(a.ino("/f")).blob
@@ -684,7 +797,7 @@ def test_a_reader_cut_off_from_redis_past_the_grace_gets_eio_not_other_bytes(
                 await trio.sleep(0.05)
         old_extents = {(e.ns, e.offset) for e in old.layout.extents()}
         for i in range(64):  # ... and writes over its space
-            await b.write(f"/new{i}", data(100 + i, 2 * MiB))
+            await put(b, f"/new{i}", data(100 + i, 2 * MiB))
             new = b.files.catalog.get(b.ino(f"/new{i}")).blob
             if {(e.ns, e.offset) for e in new.layout.extents()} & old_extents:
                 break
@@ -717,7 +830,7 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
     cfgs = cluster_configs(2, grace=0.5, regions=2)
 
     async def body(a):
-        await a.write("/f", data(1, MiB))
+        await put(a, "/f", data(1, MiB))
         old = a.files.catalog.get(a.ino("/f")).blob
         async with contextlib.AsyncExitStack() as stack:
             cfg_b = load(cfgs[1])  # b knows X; its follower does not run
@@ -729,7 +842,7 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
                 while old.id in a.svc.space.grave:
                     await a.svc.space.purge()
                     await trio.sleep(0.05)
-            await a.write("/g", data(2, MiB))
+            await put(a, "/g", data(2, MiB))
             new = a.files.catalog.get(a.ino("/g")).blob
             assert {(e.ns, e.offset) for e in new.layout.extents()} & {
                 (e.ns, e.offset) for e in old.layout.extents()
@@ -779,10 +892,10 @@ def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeyp
     lose = losing_replies(monkeypatch, SCRIPTS.publish)
 
     async def body(a, b):
-        await a.write("/old", data(1, MiB))
+        await put(a, "/old", data(1, MiB))
         for path, seed in (("/old", 2), ("/new", 3)):  # a rewrite, a new file (PUBLISH)
             lose["after"] = 1
-            await a.write(path, data(seed, MiB))
+            await put(a, path, data(seed, MiB))
             assert lose["after"] == 0
             blob = a.files.catalog.get(a.ino(path)).blob
             assert blob is not None and blob.size == MiB
@@ -808,9 +921,9 @@ def test_a_rename_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs,
     lose = losing_replies(monkeypatch, SCRIPTS.rename)
 
     async def body(a, b):
-        await a.write("/final", data(1, MiB))
+        await put(a, "/final", data(1, MiB))
         old = a.files.catalog.get(a.ino("/final")).blob
-        await a.write("/final.tmp", data(2, MiB))
+        await put(a, "/final.tmp", data(2, MiB))
         lose["after"] = 1
         await a.files.rename(1, b"final.tmp", 1, b"final", 0)
         assert lose["after"] == 0
@@ -825,7 +938,7 @@ def test_a_rename_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs,
         )
         assert await b.read("/final") == data(2, MiB)
         await eventually(lambda: old.id in a.svc.space.grave or old.id not in a.svc.space.used)
-        await a.write("/other.tmp", data(3, MiB))
+        await put(a, "/other.tmp", data(3, MiB))
         lose["before"] = 1
         with pytest.raises(KvfsError):
             await a.files.rename(1, b"other.tmp", 1, b"other", 0)
@@ -847,7 +960,7 @@ async def _refresh_racing_a_local_commit(a, b, path: str, seed: int):
         states = await real_fetch(conn, inos)
         if not done:
             done.append(True)
-            await b.write(path, data(seed, MiB))  # b's own commit lands meanwhile
+            await put(b, path, data(seed, MiB))  # b's own commit lands meanwhile
         return states
 
     cat._fetch = fetch_then_commit_here
@@ -865,7 +978,7 @@ async def _current_blob_in_redis(cat, ino: int) -> int:
 
 def test_a_refresh_older_than_a_local_commit_keeps_that_commit_s_space(cluster_configs):
     async def body(a, b):
-        await a.write("/f", data(1, MiB))
+        await put(a, "/f", data(1, MiB))
         await eventually(lambda: known(b, "/f"))
         bid = await _refresh_racing_a_local_commit(a, b, "/f", 2)
         rec = b.svc.space.used.get(bid)
@@ -879,7 +992,7 @@ def test_a_refresh_older_than_a_local_commit_keeps_that_commit_s_space(cluster_c
 
 def test_a_refresh_older_than_a_local_commit_does_not_bring_back_the_old_version(cluster_configs):
     async def body(a, b):
-        await a.write("/f", data(1, MiB))
+        await put(a, "/f", data(1, MiB))
         await eventually(lambda: known(b, "/f"))
         bid = await _refresh_racing_a_local_commit(a, b, "/f", 2)
         assert b.files.catalog.get(b.ino("/f")).blob.id == bid
@@ -896,8 +1009,8 @@ def test_a_refresh_that_reads_again_checks_every_inode_it_read_before(cluster_co
     torture --failover run saw a node's own file go back to an older version that way)."""
 
     async def body(a, b):
-        await a.write("/x", data(1, 4096))
-        await a.write("/y", data(2, 4096))
+        await put(a, "/x", data(1, 4096))
+        await put(a, "/y", data(2, 4096))
         await eventually(lambda: known(b, "/x") and known(b, "/y"))
         cat = b.files.catalog
         x, y = b.ino("/x"), b.ino("/y")
@@ -908,9 +1021,9 @@ def test_a_refresh_that_reads_again_checks_every_inode_it_read_before(cluster_co
             states = await real_fetch(conn, inos)
             rounds.append(sorted(inos))
             if len(rounds) == 1:
-                await b.write("/x", data(3, 4096))  # x changed here: x is read again
+                await put(b, "/x", data(3, 4096))  # x changed here: x is read again
             elif len(rounds) == 2:
-                await b.write("/y", data(4, 4096))  # y's first read is now stale
+                await put(b, "/y", data(4, 4096))  # y's first read is now stale
             return states
 
         cat._fetch = fetch_and_commit_between
@@ -952,7 +1065,7 @@ def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading
         with trio.fail_after(20):
             while loading["n"]:
                 await trio.sleep(0.05)
-        await a.write("/after", b"x" * 5000)
+        await put(a, "/after", b"x" * 5000)
         await eventually(lambda: known(b, "/after"), 20)
 
     run_cluster(cluster_configs(2), body)
@@ -987,10 +1100,10 @@ def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_co
     monkeypatch.setattr(RedisCatalog, "_install_records", install_records)
 
     async def body(a, b):
-        await a.write("/before", b"x" * 5000)
+        await put(a, "/before", b"x" * 5000)
         await eventually(lambda: known(b, "/before"))
         cut["n"] = 1
-        await a.write("/during", b"y" * 5000)
+        await put(a, "/during", b"y" * 5000)
         await eventually(lambda: cut["n"] == 0)
         await eventually(lambda: known(b, "/during"), 20)
 
@@ -1018,8 +1131,8 @@ def test_a_rename_whose_result_a_resync_already_applied_succeeds(cluster_configs
     monkeypatch.setattr(ClusterLink, "eval", eval_then_resync)
 
     async def body(a, b):
-        await b.write("/t", b"t" * 5000)
-        await b.write("/x", b"x" * 5000)
+        await put(b, "/t", b"t" * 5000)
+        await put(b, "/x", b"x" * 5000)
         catalogs.append(b.files.catalog)
         reload_after[SCRIPTS.rename] = 1
         await b.files.rename(1, b"t", 1, b"final", 0)
@@ -1046,7 +1159,7 @@ def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_ol
     real_scan = mirror.scan
 
     async def body(a, b):
-        await a.write("/f", data(1, MiB))
+        await put(a, "/f", data(1, MiB))
         await eventually(lambda: known(b, "/f"))
         cat = b.files.catalog
         old = cat.get(b.ino("/f")).blob
@@ -1056,7 +1169,7 @@ def test_a_catalog_reload_racing_a_local_commit_keeps_the_new_version_and_the_ol
             keys = await real_scan(conn, pattern)
             if not done and conn is cat.redis and pattern.endswith(during):
                 done.append(True)
-                await b.write("/f", data(2, MiB))  # b's own commit lands meanwhile
+                await put(b, "/f", data(2, MiB))  # b's own commit lands meanwhile
             return keys
 
         monkeypatch.setattr(mirror, "scan", scan_then_commit_here)
@@ -1093,7 +1206,7 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
     orig = mirror_mod.RedisMirror._hgetall
 
     async def body(a):
-        await a.write("/f", data(1, MiB))
+        await put(a, "/f", data(1, MiB))
         old = a.files.catalog.get(a.ino("/f")).blob
         fired = []
 
@@ -1101,12 +1214,12 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
             out = await orig(self, conn, keys)
             if not fired and keys and bytes(keys[0]).startswith(self.redis.key("n", "").encode()):
                 fired.append(True)  # the files are read: now a changes
-                await a.write("/f", data(2, MiB))
+                await put(a, "/f", data(2, MiB))
                 with trio.fail_after(10):
                     while old.id in a.svc.space.grave:
                         await a.svc.space.purge()
                         await trio.sleep(0.05)
-                await a.write("/g", data(3, MiB))
+                await put(a, "/g", data(3, MiB))
             return out
 
         monkeypatch.setattr(mirror_mod.RedisMirror, "_hgetall", hgetall_then_changes)
@@ -1133,8 +1246,8 @@ def test_an_unlink_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs
     lose = losing_replies(monkeypatch, SCRIPTS.remove)
 
     async def body(a, b):
-        await a.write("/f", data(1, MiB))
-        await a.write("/g", data(2, MiB))
+        await put(a, "/f", data(1, MiB))
+        await put(a, "/g", data(2, MiB))
         await eventually(lambda: known(b, "/f") and known(b, "/g"))
         lose["after"] = 1
         await a.files.unlink(1, b"f")
@@ -1168,7 +1281,7 @@ def test_an_idle_pool_purges_nothing_until_its_grave_has_a_block(cluster_configs
         await trio.sleep(1.5)  # 7 periods of grace/4 on each node
         assert calls == []
         assert a.svc.space.statistics()["purges_skipped"] >= 5
-        await a.write("/f", data(1, 2 * MiB))
+        await put(a, "/f", data(1, 2 * MiB))
         await eventually(lambda: known(b, "/f"))
         used = a.svc.space.statistics()["reserved"]
         await b.files.unlink(*b.resolve("/f"))
@@ -1188,7 +1301,7 @@ def test_the_followers_round_trips_are_in_the_statistics(cluster_configs):
     async def body(a, b):
         before = b.svc.statistics()["cluster"]["follower_round_trips"]
         for i in range(5):
-            await a.write(f"/f{i}", data(i, 10_000))
+            await put(a, f"/f{i}", data(i, 10_000))
         await eventually(lambda: known(b, "/f4"))
         after = b.svc.statistics()["cluster"]["follower_round_trips"]
         assert after >= before + 2  # at least one XREAD answered and one read of the inodes

@@ -74,6 +74,7 @@ class RedisCatalog(RedisMirror):
             "events": self.events,
             "refreshes": self.refreshes,
             "records": self.records,
+            "misses_answered": self.misses_answered,
             "resyncs": self.resyncs,
             "redis_calls": link.calls,
             "follower_round_trips": self.follower_round_trips,
@@ -100,13 +101,21 @@ class RedisCatalog(RedisMirror):
     # ------------------------------------------------------------------------------ lookups
     async def lookup_fresh(self, parent: int, name: bytes, held_here=None) -> Node:
         """Like `lookup`, but a name this node does not know is looked up in Redis (another
-        node may have created it a moment ago), and while the mirror may be behind, so is a
-        file whose content is not `held_here` (its space may have been reused meanwhile).
-        EIO if Redis cannot be asked."""
+        node may have created it a moment ago: with `confirm_misses`, or while the mirror
+        is not fresh), and while the mirror may be behind, so is a file whose content is not
+        `held_here` (its space may have been reused meanwhile). EIO if Redis cannot be asked.
+
+        Without `confirm_misses` (durability "fsync") a fresh mirror answers a miss itself:
+        a file another node closed is visible here once its write-back batch is published
+        and the follower has applied it (docs/cluster.md: the close-to-visible bound), and a
+        store, whose create looks its new name up first, costs no round trip for it."""
         try:
             node = self.lookup(parent, name)
         except KvfsError as e:
             if e.errno != errno.ENOENT or parent not in self.nodes:
+                raise
+            if not self.confirm_misses and self.fresh:
+                self.misses_answered += 1
                 raise
             return await self.confirm(parent, name)
         if (
@@ -191,7 +200,7 @@ class RedisCatalog(RedisMirror):
             raise err from None
         if not done:
             raise err
-        return [[], [f"{ino} EIO {err}".encode() for (ino, _), f in zip(recs, found) if not f]]
+        return [[], [f"{ino} EIO {err}".encode() for (ino, _), f in zip(recs, found) if not f], []]
 
     async def _ran(self, err: KvfsError, probe, what: str) -> bool | None:
         """A script's reply was lost (`err.maybe_done`): ask Redis, once it answers again,
@@ -279,6 +288,8 @@ class RedisCatalog(RedisMirror):
         args: list = [self.epoch, self.redis.token, self.space.grace_ms, now, 0]
         sent = []  # (index, node, rec, old, what to restore)
         for i, (node, layout, score) in enumerate(items):
+            ghost = node.ino in self._ghosts_asked
+            self._ghosts_asked.discard(node.ino)
             rec = BlobRec(self.next_blob_id(), layout, now)
             old = node.blob
             if not node.linked:
@@ -304,7 +315,7 @@ class RedisCatalog(RedisMirror):
                 kind, fields = b"new", node_fields(node)
             args += [
                 *(node.ino, node.parent, node.name, kind, self._regions_of(layout), rec.id),
-                self._ghosts_taken.pop((node.parent, node.name), b""),
+                ghost_key(node.parent, node.name) if ghost else b"",
                 len(blob) // 2,
                 len(fields) // 2,
                 *blob,
@@ -317,7 +328,7 @@ class RedisCatalog(RedisMirror):
         touched = dict.fromkeys(x for _, n, *_ in sent for x in (n.ino, n.parent))
         with self._changing(*touched):
             try:
-                retired, refused = await self._publish(
+                retired, refused, revived = await self._publish(
                     args, [(n.ino, rec) for _, n, rec, _, _ in sent]
                 )
             except KvfsError:
@@ -326,6 +337,7 @@ class RedisCatalog(RedisMirror):
                 raise
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
+            had = {int(ino): int(uses) for ino, uses in (x.split() for x in revived)}
             errors = {}
             for line in refused:
                 ino, _, why = line.partition(b" ")
@@ -352,6 +364,9 @@ class RedisCatalog(RedisMirror):
                 elif old is not None:
                     leaving.append(old)
                 self.space.published_here(rec)
+                if node.ino in had:  # its name's ghost: the file carries the uses it had
+                    self.space.revived(node, had[node.ino])
+                    self.rescore(node)
                 self._announce(node, True)
                 out[i] = (rec, old)
         if gone:
@@ -416,6 +431,16 @@ class RedisCatalog(RedisMirror):
             node.ctime_ns = _now()
             return node
         return await self._remove(node, "file", expect, ghosts)
+
+    def ghost_at_publish(self, node: Node) -> None:
+        """The ghost of the node's name is taken by the script that publishes it (under the
+        name it has then), and the space told (`revived`)."""
+        self._ghosts_asked.add(node.ino)
+
+    def drop(self, ino: int) -> None:
+        super().drop(ino)
+        if ino not in self.nodes:
+            self._ghosts_asked.discard(ino)
 
     async def take_ghost(self, parent: int, name: bytes) -> int | None:
         """The uses an evicted name had, if the pool still remembers it (then forgotten)."""

@@ -53,13 +53,19 @@ class RedisMirror(TreeCatalog):
         pool_id: str,
         on_change: Callable[..., None] | None = None,
         announcer=None,
+        confirm_misses: bool = True,
     ):
         """`on_change(kind, node, old_blob, old_parent, old_name)` is called after another
         node changed something this node may cache: kind is "gone", "content", "new" or
         "moved" (the file layer answers, through a seam: kvfs/service.py); never calls back
         down. `announcer`: told of this node's changes to the names it recognises (KV events,
-        kvfs/catalog/announce.py)."""
+        kvfs/catalog/announce.py). `confirm_misses`: a name the mirror does not know is asked
+        of Redis before it is answered ENOENT (durability "close", where a file is visible
+        on every node once its close returned; with "fsync" a file is visible once its batch
+        is published, and a fresh mirror answers a miss: kvfs/catalog/redis/catalog.py
+        `lookup_fresh`)."""
         super().__init__(announcer)
+        self.confirm_misses = confirm_misses
         self.redis = link
         self.cfg = cfg
         self.space = space  # ClusterSpace: used blocks, the grave
@@ -82,12 +88,12 @@ class RedisMirror(TreeCatalog):
         self._changes_in_flight: dict[int, int] = {}
         self._changed_at: dict[int, int] = {}
         self._change_seq = 0
-        # names whose ghost this node took (their uses scored a new file): forgotten in Redis
-        # by the script that publishes the file
-        self._ghosts_taken: dict[tuple[int, bytes], bytes] = {}
+        # files whose publish takes their name's ghost (`ghost_at_publish`)
+        self._ghosts_asked: set[int] = set()
         self.events = 0
         self.refreshes = 0  # batches of inodes read back from Redis
         self.records = 0  # batches of records installed from the log, nothing read back
+        self.misses_answered = 0  # lookups of unknown names answered without asking Redis
         self.resyncs = 0
 
     async def load(self) -> None:

@@ -4,13 +4,15 @@
 --   ino parent name kind(new|old) regions bid ghost nb nn [blob k v]*nb [node k v]*nn
 -- new: a file this node created, first published under its name (replacing whatever file of
 --      that name Redis holds: the last close wins); old: a new version of a published file.
--- ghost: the pool's remembered uses of the name, taken by this node (forgotten here), or ''.
+-- ghost: the name's key among the evicted names whose uses the pool remembers (pool.evict =
+--        "prefix"), or '': taken (forgotten) here, and the uses named in the reply.
 -- The change-log entry carries the records it wrote (kvfs/catalog/redis/codec.py), so the
 -- other nodes apply them without reading anything back.
--- Reply: {retired block ids, {"<ino> <ERRNO> message", ...} for the files not published}.
+-- Reply: {retired block ids, {"<ino> <ERRNO> message", ...} for the files not published,
+--         {"<ino> <uses>", ...} for the files whose name's ghost was taken}.
 local origin, token, grace, ptime = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local n = tonumber(ARGV[5])
-local retired, failed, entry = {}, {}, {}
+local retired, failed, revived, entry = {}, {}, {}, {}
 local atimes, prios, names, parents, leases, dirs = {}, {}, {}, {}, {}, {}
 local now = now_ms()
 local function lease_ok(regions)
@@ -78,8 +80,12 @@ for _ = 1, n do
       if full[i] == 'r' then table.insert(prios, full[i + 1]); table.insert(prios, ino) end
     end
     if ghost ~= '' then
-      redis.call('HDEL', P .. 'ghost', ghost)
-      redis.call('ZREM', P .. 'ghosts', ghost)
+      local uses = redis.call('HGET', P .. 'ghost', ghost)
+      if uses then
+        redis.call('HDEL', P .. 'ghost', ghost)
+        redis.call('ZREM', P .. 'ghosts', ghost)
+        table.insert(revived, ino .. ' ' .. uses)
+      end
     end
   end
 end
@@ -91,4 +97,4 @@ for _, parent in ipairs(parents) do
   table.insert(entry, '@t'); table.insert(entry, parent .. ' ' .. ptime)
 end
 if #entry > 0 then event(origin, {}, retired, nil, nil, entry) end
-return {retired, failed}
+return {retired, failed, revived}
