@@ -41,23 +41,28 @@ Method, in one run (everything is set up here and torn down at the end, also on 
  3. A load generator that replays the per-file command stream of N nodes against a fresh
     redis-server (same persistence; automatic AOF rewrites off, so no fork lands in a step):
     --gen-procs processes host N virtual nodes, each with a lease taken with kvfs's acquire
-    script. For each stored file a virtual node sends what a kvfs node sends: HGET of the name
-    (the create's lookup, a miss), EVALSHA ghost (with evict = "prefix") and EVALSHA mknode with
-    kvfs's own arguments (kvfs.catalog.redis.codec, kvfs.pool.layout), each its own round trip, and
-    the chain link to its previous file (the links script every 5 s and at the step's end).
-    Every other virtual node follows the change log as kvfs's follower does (XREAD COUNT 512
-    BLOCK 1000; one pipeline of HGETALL of the inodes the entries name and one of their new
-    blocks; the shared directory read again, up to 10 times, while the node itself changed it
-    meanwhile, as RedisMirror._refresh does; one of the chains' predecessors); renewals, purges
-    and the floor's GET run on kvfs's timers. Steps CxD: C connections per
-    virtual node, each with D files per round trip (D = 1 is kvfs's shape; D > 1 pipelines
-    files, which kvfs does not). Each step: files/s, Redis's main-thread CPU share, the share of
-    samples in which it waited on the disk (state D: the AOF fsync), the generator's CPU share,
-    and what limited the rate. Repeated for each of --gen-nodes, and the last step with
-    appendfsync everysec. If the generator is the limit, the rate is a lower bound.
+    script. A virtual node stores as a kvfs node of --durability does: with "fsync" (the
+    write-back) D closed files are published by one EVALSHA publish with kvfs's own arguments
+    (kvfs.catalog.redis.codec, kvfs.pool.layout; the name's ghost taken in it with evict =
+    "prefix"), and the create's lookup of a new name is answered by the mirror; with "close"
+    each file costs an HGET of its name (the create's lookup, a miss) and an EVALSHA publish
+    of it alone (D files pipelined per round trip, which kvfs does not do: its shape is D = 1).
+    Each writes the chain link to its previous file (the links script every 5 s and at the
+    step's end). Every other virtual node follows the change log as kvfs's follower does (XREAD
+    COUNT 512 BLOCK 1000; a publish's entry carries its records, so nothing of it is read
+    back, nor of the links script's, which carries the chains it changed; what other entries
+    name is read with HGETALL, as RedisMirror._refresh does); renewals, purges and the floor's
+    GET run on kvfs's timers. Steps CxD: C connections per virtual node, D files per round
+    trip. Each step: files/s, Redis's main-thread CPU share, the share of samples in which it
+    waited on the disk (state D: the AOF fsync), the generator's CPU share, and what limited
+    the rate.
+    Repeated for each of --gen-nodes, and the last step with appendfsync everysec. If the
+    generator is the limit, the rate is a lower bound.
  4. Capacity: a stored file costs Redis c(N) = a + b (N - 1) main-thread CPU-seconds with N
     nodes (the writer's part a; b for each node that follows the change), fitted to the
-    generator's two node counts at their best D = 1 step; one Redis carries at --rate stored
+    generator's two node counts at their best step of kvfs's depth at that rate (`kvfs_depth`:
+    1 with "close"; with "fsync" the write-back's batch, 16 files at 2,000 files/s and 2 at
+    300 files/s); one Redis carries at --rate stored
     files/s per node the largest N with rate N c(N) + N idle <= 1 core (and <= --margin of it;
     idle: the background per node per second of phase 1). The same with the main thread's
     time waiting for fsync added to its CPU time (`model_with_fsync_waits`). Also the plain
@@ -96,7 +101,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import dumps, parser  # noqa: E402
 from kvfs.catalog.base import BlobRec, Node, ghost_key  # noqa: E402
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCHEMA_VERSION  # noqa: E402
-from kvfs.catalog.redis.codec import blob_fields, node_fields, stream_id  # noqa: E402
+from kvfs.catalog.redis.codec import blob_fields, node_fields, parse_entry, stream_id  # noqa: E402
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
 from kvfs.catalog.tree import LINK_WRITE  # noqa: E402
 from kvfs.config import DEFAULT_STRIPE_UNIT  # noqa: E402
@@ -507,6 +512,7 @@ def node_config(tmp: Path, i: int, url: str, nss: list[dict], args) -> Path:
         dram=args.dram,
         extra=extra,
         pool=f'evict = "{args.evict}"',
+        mount=f'durability = "{args.durability}"',
     )
 
 
@@ -1046,43 +1052,44 @@ class VNode:
         if sp["evict"] == "prefix":
             node.prio, node.uses = 0.5 + (self.counter % 1000) * 1e-6, 1
         blob = blob_fields(rec, ino)
+        fields = node_fields(node)
+        ghost = ghost_key(sp["dir"], name) if sp["evict"] == "prefix" else ""
         args = [
-            self.epoch,
-            ino,
-            sp["dir"],
-            name,
-            "replace",
-            self.token,
-            str(self.region),
-            sp["grace_ms"],
-            now,
-            ino,
-            len(blob) // 2,
-            *blob,
-            *node_fields(node),
+            *(ino, sp["dir"], name, "new", str(self.region), ino, ghost),
+            *(len(blob) // 2, len(fields) // 2, *blob, *fields),
         ]
-        return name, ghost_key(sp["dir"], name), args
+        return name, args
+
+    def publish(self, files: list) -> tuple:
+        """EVALSHA publish of `files` (publish.lua: kvfs.catalog.redis.catalog.commit_batch)."""
+        head = (self.epoch, self.token, self.spec["grace_ms"], time.time_ns(), len(files))
+        return ("EVALSHA", self.sha["publish"], 1, self.P, *head, *(a for f in files for a in f[1]))
 
     async def write(self, c: RedisClient, end: float) -> None:
+        """kvfs's stores. Durability "fsync": the write-back publishes D closed files in one
+        script call, and the create's lookup of a new name is answered by the mirror. "close":
+        each close asks Redis about its new name (the create's lookup, a miss) and publishes
+        its file alone, D files pipelined per round trip (which kvfs does not do: D = 1)."""
         import trio
 
         depth = self.spec["depth"]
-        prefix = self.spec["evict"] == "prefix"
+        close = self.spec["durability"] == "close"
         while trio.current_time() < end:
             files = [self.new_file() for _ in range(depth)]
-            # the create's lookup of a new name: a miss, asked of Redis
-            await c.pipeline([("HGET", self.dkey, f[0]) for f in files])
-            if prefix:  # the evicted name's uses, if any (ghost.lua)
-                await c.pipeline([("EVALSHA", self.sha["ghost"], 1, self.P, f[1]) for f in files])
+            if close:  # the create's lookup of a new name: a miss, asked of Redis
+                await c.pipeline([("HGET", self.dkey, f[0]) for f in files])
             self.in_flight += depth
             try:
-                await c.pipeline([("EVALSHA", self.sha["mknode"], 1, self.P, *f[2]) for f in files])
+                if close:
+                    await c.pipeline([self.publish([f]) for f in files])
+                else:
+                    await c.pipeline([self.publish(files)])
             finally:
                 self.in_flight -= depth
                 self.seq += depth
-            rts = 3 if prefix else 2
+            rts = 2 if close else 1
             self.rt["writer"] += rts
-            self.cmds["writer"] += rts * depth
+            self.cmds["writer"] += rts * depth if close else 1
             if trio.current_time() <= end:
                 self.files += depth
             else:
@@ -1123,7 +1130,8 @@ class VNode:
                 preds: dict[bytes, None] = {}
                 for sid, flat in entries:
                     self.entries += 1
-                    fields = dict(zip(flat[::2], flat[1::2]))
+                    # (a publish's entry carries its records: nothing of it is read back)
+                    fields, _ = parse_entry(flat)
                     if fields.get(b"o") != origin:
                         for i in (fields.get(b"i") or b"").split():
                             inos[i] = None
@@ -1502,6 +1510,7 @@ def run_generator(tmp: Path, args, say) -> dict:
                 "lease_ms": int(args.lease * 1000),
                 "grace_ms": int(args.grace * 1000),
                 "evict": args.evict,
+                "durability": args.durability,
                 "seconds": args.gen_seconds,
             }
             for nodes in counts:
@@ -1524,6 +1533,18 @@ def run_generator(tmp: Path, args, say) -> dict:
 
 # ------------------------------------------------------------------------------------------------
 # Phase 4: capacity
+
+
+def kvfs_depth(args, rate: float) -> int:
+    """Files per publish of a kvfs node storing `rate` files/s: with durability "close" one
+    (each close publishes its file); with "fsync" its write-back batch, which takes what was
+    closed within `writeback_ms` up to BATCH_FILES files and BATCH_BYTES bytes
+    (kvfs/write/writeback.py): at 300 files/s, LMCache's 32 MiB chunks, 2 files (the bytes
+    cap); at 2,000 files/s (2 MiB blocks would fill a batch at 32) taken as 16, which the
+    generator's default steps measure."""
+    if args.durability == "close":
+        return 1
+    return {300: 2}.get(int(rate), 16)
 
 
 def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
@@ -1552,12 +1573,20 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
             "nodes_at_margin": cpu["nodes_at_rate_margin"],
         }
     if gen is not None:
-        best = {}
-        for r in gen["runs"]:
-            if r["appendfsync"] != "always" or r["depth"] != 1 or not r["files"]:
-                continue
-            if r["nodes"] not in best or r["files_per_s"] > best[r["nodes"]]["files_per_s"]:
-                best[r["nodes"]] = r
+
+        def best_at(depth: int) -> dict:
+            """node count -> the fastest step with `depth` files per round trip."""
+            best = {}
+            for r in gen["runs"]:
+                if r["appendfsync"] != "always" or r["depth"] != depth or not r["files"]:
+                    continue
+                if r["nodes"] not in best or r["files_per_s"] > best[r["nodes"]]["files_per_s"]:
+                    best[r["nodes"]] = r
+            return best
+
+        depth = kvfs_depth(args, rate)
+        out["depth_at_rate"] = depth
+        best = best_at(depth)
         top = {}
         for r in gen["runs"]:
             if (
@@ -1598,6 +1627,21 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
             }
             for n, r in sorted(top.items())
         ]
+        out["model_by_depth"] = {}
+        for d in sorted({r["depth"] for r in gen["runs"]}):
+            pts = sorted(best_at(d).items())
+            if len(pts) >= 2:
+                (n1, r1), (n2, r2) = pts[0], pts[-1]
+                c1, c2 = (
+                    r1["cpu_main_s_per_1000_files"] / 1000,
+                    r2["cpu_main_s_per_1000_files"] / 1000,
+                )
+                b = max(0.0, (c2 - c1) / (n2 - n1))
+                out["model_by_depth"][d] = {
+                    "writer_ms_per_file": round(1000 * max(0.0, c1 - b * (n1 - 1)), 4),
+                    "follower_ms_per_file_per_node": round(1000 * b, 4),
+                    "fitted_on_nodes": [n1, n2],
+                }
         pts = sorted(best.items())
         if len(pts) >= 2:
             (n1, r1), (n2, r2) = pts[0], pts[-1]
@@ -1609,6 +1653,7 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
                 b = max(0.0, (c2 - c1) / (n2 - n1))
                 a = max(0.0, c1 - b * (n1 - 1))
                 out[name] = {
+                    "depth": depth,
                     "writer_ms_per_file": round(1000 * a, 4),
                     "follower_ms_per_file_per_node": round(1000 * b, 4),
                     "fitted_on_nodes": [n1, n2],
@@ -1657,9 +1702,9 @@ def headline(daemons: dict | None, cap: dict, args) -> dict:
         out["round_trips_per_stored_file"] = st.get("round_trips_with_followers")
         out["redis_cpu_ms_per_stored_file"] = st.get("redis_cpu_main_ms")
     bg = cap.get("background_cpu_s_per_node_s", 0.0)
-    model = cap.get("model")
     for rate in (2000, 300):
         key = f"nodes_per_redis_at_{rate}_files_s"
+        model = cap.get("model_by_depth", {}).get(kvfs_depth(args, rate))
         if model is not None:
             a = model["writer_ms_per_file"] / 1000
             b = model["follower_ms_per_file_per_node"] / 1000
@@ -1818,6 +1863,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grace", type=float, default=1.0, help="[cluster] grace_seconds")
     ap.add_argument("--lease", type=float, default=2.0, help="[cluster] lease_seconds")
     ap.add_argument("--evict", default="prefix", choices=("prefix", "lru"), help="[pool] evict")
+    ap.add_argument(
+        "--durability",
+        default="fsync",
+        choices=("fsync", "close"),
+        help="[mount] durability of the nodes (and the generator's shape)",
+    )
     ap.add_argument("--dram", default="64MiB", help="each node's DRAM tier")
     ap.add_argument(
         "--no-proxy",
@@ -1832,8 +1883,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-procs", type=int, default=2, help="generator processes")
     ap.add_argument(
         "--gen-steps",
-        default="1x1,4x1,16x1,16x16",
-        help="CxD: connections per virtual node x files per round trip",
+        default=None,
+        help="CxD: connections per virtual node x files per round trip (default: "
+        '"1x1,4x1,16x1,16x16" with close, "1x2,4x2,1x16,4x16" with fsync)',
     )
     ap.add_argument("--gen-seconds", type=float, default=3.0, help="seconds per generator step")
     ap.add_argument("--no-everysec", action="store_true", help="skip the appendfsync everysec run")
@@ -1845,6 +1897,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.nodes <= 16:
         ap.error("--nodes must be 1-16")
+    if args.gen_steps is None:
+        args.gen_steps = "1x1,4x1,16x1,16x16" if args.durability == "close" else "1x2,4x2,1x16,4x16"
     if args.gen_nodes is None:
         args.gen_nodes = f"{args.nodes},16" if args.nodes < 16 else "8,16"
     if shutil.which("redis-server") is None:
@@ -1863,6 +1917,7 @@ def main(argv: list[str] | None = None) -> int:
         "files_per_node": args.files,
         "file_size": args.file_size,
         "evict": args.evict,
+        "durability": args.durability,
         "grace_seconds": args.grace,
         "lease_seconds": args.lease,
         "regions": args.regions,

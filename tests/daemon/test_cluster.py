@@ -1307,3 +1307,38 @@ def test_the_followers_round_trips_are_in_the_statistics(cluster_configs):
         assert after >= before + 2  # at least one XREAD answered and one read of the inodes
 
     run_cluster(cluster_configs(2), body)
+
+
+def test_chain_links_reach_the_other_node_as_records_and_keep_the_strongest_eight(
+    cluster_configs,
+):
+    """A node's chain links (kvfs.tiers.readahead) are merged into Redis by the links script,
+    whose change-log entry carries each changed predecessor's links: the other node installs
+    them without reading them back. A predecessor keeps its 8 strongest links, in Redis and in
+    both mirrors; a removed link goes on both."""
+    from kvfs.catalog.tree import LINK_HINT, LINK_WRITE
+
+    async def body(a, b):
+        for i in range(11):
+            await put(a, f"/c{i}", b"c" * 4096)
+        await eventually(lambda: known(b, "/c10"))
+        ino = [a.ino(f"/c{i}") for i in range(11)]
+        cat = a.svc.catalog
+        for i in range(1, 11):  # ten successors of c0, c1 the strongest
+            cat.link(ino[0], ino[i], LINK_HINT if i == 1 else LINK_WRITE, float(20 - i))
+        await cat.flush_links()
+        trips, refreshes = b.svc.catalog.follower_round_trips, b.svc.catalog.refreshes
+        await eventually(lambda: len(b.svc.catalog.links_of(ino[0])) == 8)
+        assert b.svc.catalog.refreshes == refreshes
+        assert b.svc.catalog.follower_round_trips - trips <= 2  # XREAD, nothing read back
+        assert b.svc.catalog.next_of(ino[0]) == ino[1]
+        kept = set(b.svc.catalog.links_of(ino[0]))
+        assert kept == set(ino[1:9]), "the weakest two links go"
+        key = cat.redis.key("l", ino[0])
+        assert await cat.redis.call("HLEN", key) == 8
+        cat.unlink_chain(ino[0], ino[1])
+        await cat.flush_links()
+        await eventually(lambda: ino[1] not in b.svc.catalog.links_of(ino[0]))
+        assert b.svc.catalog.next_of(ino[0]) != ino[1]
+
+    run_cluster(cluster_configs(2), body)

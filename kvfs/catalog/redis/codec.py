@@ -11,7 +11,8 @@ Change log `log` entries: o origin epoch · i inodes changed · r blocks retired
                  g blocks purged · l chain predecessors changed; then the records a publish
                  wrote (`parse_entry`): @n <ino> [node k v]* (the node's whole hash) ·
                  @b <id> [block k v]* · @- <ino> (a file it replaced, gone) ·
-                 @t "<ino> <time>" (a directory's new mtime and ctime)
+                 @t "<ino> <time>" (a directory's new mtime and ctime) · @l <ino> [succ
+                 "source weight"]* (a predecessor's chain links, all of them)
 docs/cluster.md has the other keys (atime, grave, lease:<r>, epoch, meta, init, lock:<name>).
 """
 

@@ -588,6 +588,7 @@ class RedisMirror(TreeCatalog):
         states: dict[int, dict] = {}  # the records others' entries carry (last one wins)
         blobs: dict[int, BlobRec] = {}
         times: dict[int, int] = {}
+        links: dict[int, dict] = {}  # a predecessor's chain links, as an entry carries them
         own: set[int] = set()
         origin = str(self.epoch).encode()
         for sid, flat in entries:
@@ -610,6 +611,8 @@ class RedisMirror(TreeCatalog):
                     elif tag == b"@t":
                         ino, t = (int(x) for x in key.split())
                         times[ino] = max(t, times.get(ino, 0))
+                    elif tag == b"@l":
+                        links[int(key)] = fields
             else:
                 own.update(ids(f.get(b"i")))
                 own.update(int(key) for tag, key, _ in records if tag in (b"@n", b"@-"))
@@ -643,6 +646,8 @@ class RedisMirror(TreeCatalog):
             )
         for bid in purged:
             self.space.purged(bid)
+        for pred, h in links.items():
+            self._set_links(pred, h)
         if preds:
             preds = list(dict.fromkeys(preds))
             replies = await conn.pipeline([("HGETALL", self.redis.key("l", p)) for p in preds])
