@@ -800,7 +800,7 @@ class Instance:
                     f'name = "{name}"\ngrace_seconds = 1.0\nlease_seconds = 2.0\n'
                     f"regions = 12\n"
                 )
-            mount = f'durability = "{durability}"' if redis is None else ""
+            mount = f'durability = "{durability}"'
             cfg = write_config(
                 self.dir / f"node{k}.toml",
                 self.dir / f"state{k}",
@@ -898,8 +898,7 @@ class Torture:
         self.failover = failover
         if failover and "redis" in (scenarios or []):
             raise ValueError("--failover: the redis scenario restarts a lone Redis; not here")
-        # (a shared pool publishes at close: [cluster] implies "close", kvfs/config.py)
-        self.durability = "close" if cluster else durability
+        self.durability = durability
         self.window_ms = window_ms
         self.writers = writers
         self.cluster = cluster
@@ -1952,7 +1951,7 @@ def main(argv=None) -> int:
         "--durability",
         choices=["fsync", "close"],
         default="fsync",
-        help='the single-node pool\'s [mount] durability (a cluster is "close")',
+        help="[mount] durability (a shared pool's too)",
     )
     p.add_argument(
         "--window-ms",

@@ -1342,3 +1342,59 @@ def test_chain_links_reach_the_other_node_as_records_and_keep_the_strongest_eigh
         assert b.svc.catalog.next_of(ino[0]) != ino[1]
 
     run_cluster(cluster_configs(2), body)
+
+
+def test_a_write_back_batch_rides_out_a_redis_outage(cluster_configs, redis):
+    """Durability "fsync": a batch whose publish Redis could not run (Redis down: a restart, a
+    failover) is sent again once Redis is back, within PUBLISH_PATIENCE; the fsync waiting for
+    it returns then, and the other node sees the file: a closed file is not dropped because
+    Redis was away for a moment."""
+
+    async def body(a, b):
+        await put(a, "/before", b"b" * 1000)
+        redis.stop()
+        try:
+            fh = await a.open("/x", os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+            await a.files.write(fh, 0, data(5, MiB))
+            await a.close(fh)
+            reader = await a.open("/x", os.O_RDONLY)
+            async with trio.open_nursery() as n:
+                done = trio.Event()
+
+                async def fsync():
+                    await a.files.fsync(reader)  # waits for the write-back's publish
+                    done.set()
+
+                n.start_soon(fsync)
+                await trio.sleep(1.5)  # (the flusher tries, or asks whether Redis ran it)
+                assert not done.is_set()
+                redis.start()
+                with trio.fail_after(15):
+                    await done.wait()
+            await a.files.release(reader)
+            assert a.svc.catalog.publish_retries >= 1
+        finally:
+            if redis.proc is None or redis.proc.poll() is not None:
+                redis.start()
+        await eventually(lambda: known(b, "/x"), 15)
+        assert await b.read("/x") == data(5, MiB)
+
+    run_cluster(cluster_configs(2, lease=20.0, durability="fsync"), body)
+
+
+def test_a_published_file_renamed_over_one_waiting_for_its_write_back(cluster_configs):
+    """Durability "fsync": rename(published, name of a file closed here and not yet written
+    back) replaces it as on one node (no EBUSY): Redis renames the published file over
+    whatever it holds, the waiting file loses its name and is never written."""
+
+    async def body(a, b):
+        await put(a, "/tmp1", data(1, 300_000))  # published
+        await a.write("/t", data(2, 200_000))  # closed, waiting for its write-back
+        assert not a.files.catalog.get(a.ino("/t")).persisted
+        await a.files.rename(1, b"tmp1", 1, b"t", 0)
+        await a.sync()
+        assert await a.read("/t") == data(1, 300_000)
+        await eventually(lambda: known(b, "/t") and not known(b, "/tmp1"))
+        assert await b.read("/t") == data(1, 300_000)
+
+    run_cluster(cluster_configs(2, durability="fsync"), body)

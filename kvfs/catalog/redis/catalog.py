@@ -34,6 +34,14 @@ from kvfs.pool.layout import Layout
 
 log = logging.getLogger("kvfs.catalog")
 
+# With durability "fsync" a write-back batch whose publish Redis did not run (unreachable, or
+# its master being replaced: a Sentinel failover takes 6-8 s) is sent again every
+# PUBLISH_RETRY_SECONDS for up to PUBLISH_PATIENCE seconds before its files fail (their
+# blocks are durable on the namespaces meanwhile; an fsync waits for them). A close in "close"
+# mode fails at once instead (its caller is told EIO).
+PUBLISH_PATIENCE = 30.0
+PUBLISH_RETRY_SECONDS = 0.25
+
 
 class RedisCatalog(RedisMirror):
     """The catalog of a pool shared by several nodes (see the module docstring). Built by
@@ -75,6 +83,7 @@ class RedisCatalog(RedisMirror):
             "refreshes": self.refreshes,
             "records": self.records,
             "misses_answered": self.misses_answered,
+            "publish_retries": self.publish_retries,
             "resyncs": self.resyncs,
             "redis_calls": link.calls,
             "follower_round_trips": self.follower_round_trips,
@@ -199,6 +208,7 @@ class RedisCatalog(RedisMirror):
             err.maybe_published = True
             raise err from None
         if not done:
+            err.not_run = True  # (Redis said so: the publish may be sent again)
             raise err
         return [[], [f"{ino} EIO {err}".encode() for (ino, _), f in zip(recs, found) if not f], []]
 
@@ -326,15 +336,28 @@ class RedisCatalog(RedisMirror):
         args[4] = len(sent)
         t = time.perf_counter()
         touched = dict.fromkeys(x for _, n, *_ in sent for x in (n.ino, n.parent))
+        patience = trio.current_time() + PUBLISH_PATIENCE if not self.confirm_misses else None
         with self._changing(*touched):
-            try:
-                retired, refused, revived = await self._publish(
-                    args, [(n.ino, rec) for _, n, rec, _, _ in sent]
-                )
-            except KvfsError:
-                for _, node, _, _, prev in sent:
-                    node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses = prev
-                raise
+            while True:
+                try:
+                    retired, refused, revived = await self._publish(
+                        args, [(n.ino, rec) for _, n, rec, _, _ in sent]
+                    )
+                    break
+                except KvfsError as e:
+                    if (
+                        patience is None
+                        or trio.current_time() > patience
+                        or getattr(e, "maybe_published", False)
+                        or (getattr(e, "maybe_done", False) and not getattr(e, "not_run", False))
+                    ):
+                        for _, node, _, _, prev in sent:
+                            node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses = prev
+                        raise
+                    # the write-back's batch (nobody waits for it but an fsync): Redis did not
+                    # run it (unreachable, or a master being replaced): sent again once back
+                    self.publish_retries += 1
+                    await trio.sleep(PUBLISH_RETRY_SECONDS)
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
             had = {int(ino): int(uses) for ino, uses in (x.split() for x in revived)}
@@ -465,10 +488,16 @@ class RedisCatalog(RedisMirror):
         target: Node | None,
         flags: int,
     ) -> Node | None:
-        if not src.persisted or (target is not None and not target.persisted):
+        if not src.persisted or (flags & RENAME_EXCHANGE and not target.persisted):
             # A file this node has not committed yet: renamed here only (its commit publishes
             # it under the name it has then).
             return await self._rename_local(src, pold, pnew, name_new, target, flags)
+        local = None
+        if target is not None and not target.persisted:
+            # a published file renamed over one only this node knows (written here, waiting
+            # for its write-back): Redis renames it over whatever it holds under that name,
+            # and the local file loses its name here (its write-back is dropped)
+            local, target = target, None
         now = _now()
         cookie = self._id("_next_cookie")
         touched = [src.ino, pold.ino, pnew.ino] + ([target.ino] if target is not None else [])
@@ -511,6 +540,9 @@ class RedisCatalog(RedisMirror):
             self._forget_links(target.ino)
             if target.blob is not None:
                 leaving.append(target.blob)
+        if local is not None and local.linked:
+            self._detach(local)
+            target = local
         if pold.children.get(src.name) == src.ino:
             self._move(src, pold, pnew, name_new, now, cookie)
         # else the follower reloaded the catalog while the script ran: the mirror has it

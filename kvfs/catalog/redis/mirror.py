@@ -94,6 +94,7 @@ class RedisMirror(TreeCatalog):
         self.refreshes = 0  # batches of inodes read back from Redis
         self.records = 0  # batches of records installed from the log, nothing read back
         self.misses_answered = 0  # lookups of unknown names answered without asking Redis
+        self.publish_retries = 0  # write-back publishes sent again (Redis had not run them)
         self.resyncs = 0
 
     async def load(self) -> None:
