@@ -7,9 +7,9 @@ what its writer knew.
                             [--durability fsync|close] [--window-ms MS]
                             [--scenarios random,commit,...] [--minutes M] [--workdir DIR]
 
-What the README promises and this checks, in `[mount] durability = "close"` (and in cluster
-mode, which publishes at close): a file whose close() (or fsync(), or the rename that put it in
-place) returned is there bit-exact after any crash. In "fsync" (the single-node default): a
+What the README promises and this checks, in `[mount] durability = "close"` (one node or a
+shared pool, `--durability`): a file whose close() (or fsync(), or the rename that put it in
+place) returned is there bit-exact after any crash. In "fsync" (the default): a
 file whose fsync() returned is there bit-exact; a close, rename or unlink that returned at
 least `--window-ms` (the write-back window and one batch's commit; WINDOW_BOUND_MS) before the
 kill is there too, and one that returned later may be rolled back to an earlier outcome (counted
@@ -119,6 +119,9 @@ did not return (the daemon died in them, or they failed). Then for the file as m
   stale_in_outage  (redis, failover) a change the other node did not see within STALE_SECONDS
                while a Redis outage overlapped the wait: not a failure (no node learns
                anything then); waits that overlapped one are `max_seen_after_outage_ms`
+  stale_after_kill  ("fsync", cluster) likewise a change the other node never saw because the
+               node that made it was killed within the write-back window after it (the close
+               was rolled back: `lost_in_window`): not a failure
   hung         a writer that, asked to stop, stayed blocked in a request kvfs never answered
                (the harness then aborts the connections with umount -f and goes on)
   writer_failures  a writer process that exited non-zero or printed a Traceback, unless the
@@ -693,6 +696,9 @@ class Figures:
     # to STALE_BOUND_MS / STALE_SECONDS (no node learns anything while Redis is away)
     stale_in_outage: int = 0
     seen_after_outage_ms: list = field(default_factory=list)
+    # ("fsync", cluster) a change the other node never saw because the node that made it was
+    # killed within the write-back window after it (the close rolled back: lost_in_window)
+    stale_after_kill: int = 0
 
     # per-event samples, summarised in the report rather than listed
     SAMPLES = (
@@ -1290,6 +1296,15 @@ class Torture:
                     and self.in_outage(rec["t"] - STALE_SECONDS, rec["t"])
                 ):
                     fig.stale_in_outage += 1  # (nodes cannot learn changes while it lasts)
+                elif (
+                    op == "stale_view"
+                    and inst.durability == "fsync"
+                    and inst.killed_at is not None
+                    and rec["t"] - STALE_SECONDS - self.window_ms / 1000
+                    <= inst.killed_at
+                    <= rec["t"]
+                ):
+                    fig.stale_after_kill += 1  # (its write-back died with the node)
                 elif op == "stale_view":
                     fig.stale_views += 1
                     self.problem(

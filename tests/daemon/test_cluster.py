@@ -1398,3 +1398,26 @@ def test_a_published_file_renamed_over_one_waiting_for_its_write_back(cluster_co
         assert await b.read("/t") == data(1, 300_000)
 
     run_cluster(cluster_configs(2, durability="fsync"), body)
+
+
+def test_a_file_waiting_for_its_write_back_renamed_over_a_published_one(cluster_configs):
+    """Durability "fsync", in the catalog (the files layer commits such a source first, unless
+    the target was published while the rename waited): the source takes the name here at once;
+    the other node sees the old target until the source's publish replaces it."""
+
+    async def body(a, b):
+        await put(a, "/t", data(1, 300_000))  # published
+        await eventually(lambda: known(b, "/t"))
+        await a.write("/tmp1", data(2, 200_000))  # closed, waiting for its write-back
+        cat = a.svc.catalog
+        assert not cat.get(a.ino("/tmp1")).persisted
+        replaced = await cat.rename(1, b"tmp1", 1, b"t", 0)
+        assert replaced is not None and not replaced.linked
+        assert await a.read("/t") == data(2, 200_000)
+        await a.sync()
+        await eventually(
+            lambda: known(b, "/t") and b.files.catalog.get(b.ino("/t")).blob.size == 200_000
+        )
+        assert await b.read("/t") == data(2, 200_000) and not known(b, "/tmp1")
+
+    run_cluster(cluster_configs(2, durability="fsync"), body)

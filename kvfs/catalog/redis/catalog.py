@@ -336,6 +336,28 @@ class RedisCatalog(RedisMirror):
         args[4] = len(sent)
         t = time.perf_counter()
         touched = dict.fromkeys(x for _, n, *_ in sent for x in (n.ino, n.parent))
+        for _, n, *_ in sent:
+            self._publishing[n.ino] = self._publishing.get(n.ino, 0) + 1
+        try:
+            return await self._commit_sent(sent, args, touched, out, t)
+        finally:
+            for _, n, *_ in sent:
+                left = self._publishing.pop(n.ino) - 1
+                if left:
+                    self._publishing[n.ino] = left
+            done, self._published = self._published, trio.Event()
+            done.set()
+
+    async def settled(self, *nodes: Node | None) -> None:
+        """Return once none of `nodes` has a publish in flight. A file this node has not
+        published yet changes here only (its publish takes its name and attributes then); one
+        whose publish is under way must not: renamed, removed or changed meanwhile here only,
+        Redis would publish it as it was (a rename lost on the other nodes, an unlinked file
+        brought back). Such changes wait for the publish (a batch: milliseconds)."""
+        while any(n is not None and n.ino in self._publishing for n in nodes):
+            await self._published.wait()
+
+    async def _commit_sent(self, sent: list, args: list, touched: dict, out: list, t: float):
         patience = trio.current_time() + PUBLISH_PATIENCE if not self.confirm_misses else None
         with self._changing(*touched):
             while True:
@@ -447,6 +469,7 @@ class RedisCatalog(RedisMirror):
         return node
 
     async def remove(self, node: Node, expect: BlobRec | None = None, ghosts: int = 0) -> Node:
+        await self.settled(node)
         """Unlink a file by node (eviction passes the version it chose: if another node has
         rewritten the file meanwhile, ESTALE and nothing changes)."""
         if not node.persisted:
@@ -474,6 +497,19 @@ class RedisCatalog(RedisMirror):
         """The pool order's floor, raised to `priority` if below; the floor now."""
         return float(await self.redis.eval(SCRIPTS.floor, [repr(priority)], durable=False))
 
+    async def rename(
+        self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int = 0
+    ) -> Node | None:
+        """As on one node, once neither file has a publish in flight (`settled`)."""
+        await self.settled(self._known(parent_old, name_old), self._known(parent_new, name_new))
+        return await super().rename(parent_old, name_old, parent_new, name_new, flags)
+
+    def _known(self, parent: int, name: bytes) -> Node | None:
+        try:
+            return self.lookup(parent, name)
+        except KvfsError:
+            return None
+
     async def rmdir(self, parent: int, name: bytes) -> Node:
         node = self._removable_dir(parent, name)
         return await self._remove(node, "dir")
@@ -496,8 +532,31 @@ class RedisCatalog(RedisMirror):
         if target is not None and not target.persisted:
             # a published file renamed over one only this node knows (written here, waiting
             # for its write-back): Redis renames it over whatever it holds under that name,
-            # and the local file loses its name here (its write-back is dropped)
+            # and the local file loses its name here, now (a write-back that has not taken it
+            # yet never publishes it: kvfs/write/pipeline.py `committable`)
             local, target = target, None
+            self._detach(local)
+        try:
+            return await self._rename_published(
+                src, pold, name_old, pnew, name_new, target, flags, local
+            )
+        except BaseException:
+            if local is not None and pnew.children.get(name_new) is None:
+                local.linked = True  # (the rename failed: it keeps its name)
+                self._place(local)
+            raise
+
+    async def _rename_published(
+        self,
+        src: Node,
+        pold: Node,
+        name_old: bytes,
+        pnew: Node,
+        name_new: bytes,
+        target: Node | None,
+        flags: int,
+        local: Node | None,
+    ) -> Node | None:
         now = _now()
         cookie = self._id("_next_cookie")
         touched = [src.ino, pold.ino, pnew.ino] + ([target.ino] if target is not None else [])
@@ -540,8 +599,7 @@ class RedisCatalog(RedisMirror):
             self._forget_links(target.ino)
             if target.blob is not None:
                 leaving.append(target.blob)
-        if local is not None and local.linked:
-            self._detach(local)
+        if local is not None:
             target = local
         if pold.children.get(src.name) == src.ino:
             self._move(src, pold, pnew, name_new, now, cookie)
@@ -567,7 +625,10 @@ class RedisCatalog(RedisMirror):
     async def _rename_local(
         self, src: Node, pold: Node, pnew: Node, name_new: bytes, target: Node | None, flags: int
     ) -> Node | None:
-        if src.persisted or (target is not None and target.persisted) or flags & RENAME_EXCHANGE:
+        # (a published target loses its name here now, and in Redis when the source's publish
+        # replaces it: until then the other nodes still see it; after a crash before that
+        # publish it is still there, as a rename not yet made durable may be undone)
+        if src.persisted or flags & RENAME_EXCHANGE:
             raise KvfsError(
                 errno.EBUSY,
                 "rename involving a file another name of which is still "
@@ -580,6 +641,7 @@ class RedisCatalog(RedisMirror):
         return target
 
     async def _update(self, node: Node, fields: list, delete: list | None = None) -> None:
+        await self.settled(node)
         if not node.persisted or not node.linked:
             return
         with self._changing(node.ino):

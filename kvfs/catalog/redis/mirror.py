@@ -88,6 +88,10 @@ class RedisMirror(TreeCatalog):
         self._changes_in_flight: dict[int, int] = {}
         self._changed_at: dict[int, int] = {}
         self._change_seq = 0
+        # files whose publish is in flight (ino -> how many), and the event set (and replaced)
+        # when a publish ends (RedisCatalog.settled)
+        self._publishing: dict[int, int] = {}
+        self._published = trio.Event()
         # files whose publish takes their name's ghost (`ghost_at_publish`)
         self._ghosts_asked: set[int] = set()
         self.events = 0
