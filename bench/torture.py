@@ -1290,7 +1290,12 @@ class Torture:
                     fig.writer_errors += 1
                     code = errno.errorcode.get(rec.get("errno"), str(rec.get("errno")))
                     fig.errnos[code] = fig.errnos.get(code, 0) + 1
-                    if rec.get("errno") not in EXPLAINED["*"] | EXPLAINED.get(scenario, set()):
+                    if rec.get("errno") == errno.ENOENT and tmp_of.get(name) in self.dropped_maybe:
+                        # a rename of a tmp file whose write-back was dropped (a new file
+                        # loses its name with it)
+                        fig.after_dropped_write_back += 1
+                        self.dropped_maybe.discard(tmp_of[name])
+                    elif rec.get("errno") not in EXPLAINED["*"] | EXPLAINED.get(scenario, set()):
                         fig.unexplained_errors += 1
                         self.problem(f"writer {i} in a {scenario} cycle: {code} {json.dumps(rec)}")
                     elif scenario in OUTAGES and rec.get("errno") not in EXPLAINED["*"]:
