@@ -106,9 +106,9 @@ class MountConfig:
     max_tasks: int = 512  # concurrent FUSE requests in flight
     passthrough: bool = True  # FUSE passthrough where the kernel offers it
     # When a file's bytes are durable (docs/architecture.md, "Durability and write-back"):
-    # "fsync" (POSIX's, the default on one node): fsync()/fdatasync() make a file durable, a
-    # closed file is written back within `writeback_ms`; "close": close() returns once the
-    # file is durable (a shared pool always publishes at close)
+    # "fsync" (POSIX's, the default): fsync()/fdatasync() make a file durable, a closed file
+    # is written back within `writeback_ms` (a shared pool publishes it then: docs/cluster.md);
+    # "close": close() returns once the file is durable (and, shared, published)
     durability: str = "fsync"
     writeback_ms: int = DEFAULT_WRITEBACK_MS
     dirty_limit: int = 0  # bytes not yet written back before writers wait (0: auto)
@@ -529,9 +529,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
 
     mount_t = top.table("mount")
     shared = "cluster" in top.data
-    durability = mount_t.take(
-        "durability", _choice("fsync", "close"), "close" if shared else "fsync"
-    )
+    durability = mount_t.take("durability", _choice("fsync", "close"), "fsync")
     dirty_limit = mount_t.take("dirty_limit", _positive_size)
     mount = MountConfig(
         allow_other=mount_t.take("allow_other", _bool, False),

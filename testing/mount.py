@@ -50,14 +50,14 @@ def write_config(
     """Write a kvfs config. `extra` holds top-level keys and other tables (it goes first);
     `pool` holds keys of the [pool] table, `mount` of the [mount] table.
     KVFS_TEST_DURABILITY=close (or fsync) in the environment sets `[mount] durability` where
-    `mount` does not and the pool is not shared (`make test` runs the mounted tests again in
+    `mount` does not, shared pools included (`make test` runs the mounted tests again in
     "close" mode). KVFS_TEST_IO=threads likewise sets `[pool] io_engine` (the second pass
     reads and writes small blocks by worker threads, as the first does by Linux AIO)."""
     io = os.environ.get("KVFS_TEST_IO", "").strip()
     if io and "io_engine" not in pool:
         pool = f'io_engine = "{io}"\n' + pool
     mode = os.environ.get("KVFS_TEST_DURABILITY", "").strip()
-    if mode and "durability" not in mount and "[cluster]" not in extra and "[mount]" not in extra:
+    if mode and "durability" not in mount and "[mount]" not in extra:
         mount = f'durability = "{mode}"\n' + mount
     lines = [f'state_dir = "{state_dir}"', extra, "[dram]", f'capacity = "{dram}"', "[pool]"]
     if pool:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 
 pytestmark = [pytest.mark.lmcache, pytest.mark.slow]  # each drives LMCache in a subprocess
 pytest.importorskip("lmcache", reason="install with `make install` (torch CPU + lmcache==0.5.6)")
@@ -117,6 +117,8 @@ def test_fs_connector_shares_chunks_between_two_cluster_nodes(cluster_nodes):
     (a.mountpoint / "remote").mkdir()
     put = drive("fs_put", a.mountpoint / "remote", "--chunks", "12")
     assert len([f for f in put["files"] if f.endswith(".data")]) == 12
+    a.sync()  # (with durability "fsync" A's write-back publishes them)
+    wait_until(lambda: len(os.listdir(b.mountpoint / "remote")) >= 12, 10, "B to see them")
     got = drive("fs_get", b.mountpoint / "remote", "--chunks", "12")
     assert all(got["contained"]) and all(got["get_blocking"]), got
     assert got["contains_missing"] is False
@@ -134,6 +136,8 @@ def test_kvfs_storage_plugin_finds_chunks_another_node_stored(cluster_nodes):
     (a.mountpoint / "plugin").mkdir()
     put = drive("plugin_put", a.mountpoint / "plugin", "--chunks", "12")
     assert len(put["files"]) == 12
+    a.sync()
+    wait_until(lambda: len(os.listdir(b.mountpoint / "plugin")) >= 12, 10, "B to see them")
     got = drive("plugin_get", b.mountpoint / "plugin", "--chunks", "12")
     assert all(got["contained"]) and all(got["get_blocking"]) and all(got["batched_get_blocking"])
     assert b.stats()["files"]["direct_reads"] >= 12

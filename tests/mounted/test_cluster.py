@@ -26,6 +26,7 @@ for i in range(count):
     data = (seed.to_bytes(8, "little") * (size // 8 + 1))[:size]
     with open(os.path.join(mnt, f"{prefix}{i}"), "wb") as f:
         f.write(data)
+        os.fsync(f.fileno())  # (durable and published before it is counted)
     print(i, flush=True)
 """
 
@@ -45,8 +46,11 @@ def test_written_on_one_node_read_bit_exact_on_another(cluster_nodes):
     os.mkdir(a.mountpoint / "chunks")
     for name, payload in blobs.items():
         (a.mountpoint / "chunks" / name).write_bytes(payload)
+    a.sync()  # (with durability "fsync" closed files are published by the write-back)
     b.drop_caches()
-    assert sorted(os.listdir(b.mountpoint / "chunks")) == sorted(blobs)
+    wait_until(
+        lambda: sorted(os.listdir(b.mountpoint / "chunks")) == sorted(blobs), 10, "b to see them"
+    )
     for name, payload in blobs.items():
         assert (b.mountpoint / "chunks" / name).read_bytes() == payload
     # b rewrites one; a sees the new content (not its cached pages) and the new size
@@ -198,6 +202,8 @@ def test_redis_stopped_and_restarted_during_a_workload(cluster_nodes, redis, tmp
     a, b = cluster_nodes(2)
     (a.mountpoint / "resident").write_bytes(b"r" * MiB)
     (a.mountpoint / "before").write_bytes(b"1" * MiB)
+    a.sync()
+    wait_until(lambda: _present(b.mountpoint / "before"), 10, "b to see a's file")
     assert (b.mountpoint / "before").read_bytes() == b"1" * MiB
     with open(a.mountpoint / "resident", "rb") as held:
         redis.stop()  # a clean stop: the AOF has everything

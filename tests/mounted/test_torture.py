@@ -41,17 +41,28 @@ def test_single_node_loses_nothing_durable_and_shows_nothing_partial(tmp_path, d
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-def test_cluster_loses_nothing_committed_and_shows_nothing_partial(tmp_path):
-    t = Torture(tmp_path, writers=3, seed=5, cluster=True, scenarios=CLUSTER_SCENARIOS)
+@pytest.mark.parametrize("durability", ["fsync", "close"])
+def test_cluster_loses_nothing_committed_and_shows_nothing_partial(tmp_path, durability):
+    t = Torture(
+        tmp_path,
+        writers=3,
+        seed=5,
+        cluster=True,
+        scenarios=CLUSTER_SCENARIOS,
+        durability=durability,
+    )
     report = t.run(len(CLUSTER_SCENARIOS))
+    assert report["durability"] == durability
     _check(report, ("commit", "publish", "rename", "evict", "writer"))
 
 
 @pytest.mark.skipif(shutil.which("redis-sentinel") is None, reason="needs redis-sentinel")
-def test_a_failover_of_the_redis_master_loses_nothing_acknowledged(tmp_path):
-    """Three kills of the Sentinel-watched master while two nodes write: nothing whose close()
-    returned is lost, no stripe unit is claimed twice, and the nodes publish again."""
-    t = Torture(tmp_path, writers=3, seed=7, failover=True)
+@pytest.mark.parametrize("durability", ["fsync", "close"])
+def test_a_failover_of_the_redis_master_loses_nothing_acknowledged(tmp_path, durability):
+    """Three kills of the Sentinel-watched master while two nodes write: nothing acknowledged
+    (whose fsync() returned; or close() with "close") is lost, no stripe unit is claimed
+    twice, and the nodes publish again."""
+    t = Torture(tmp_path, writers=3, seed=7, failover=True, durability=durability)
     report = t.run(3)
     _check(report, ())
     fo = report["failover"]

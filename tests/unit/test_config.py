@@ -227,7 +227,7 @@ def test_every_toml_example_in_the_docs_is_a_valid_config(tmp_path):
     config.load(ROOT / "mount" / "kvfs.example.toml")
 
 
-def test_durability_defaults_to_fsync_and_a_shared_pool_publishes_at_close(tmp_path):
+def test_durability_defaults_to_fsync_on_one_node_and_in_a_shared_pool(tmp_path):
     ns = '[[pool.namespace]]\npath = "/tmp/x.img"\nsize = "64MiB"\n'
     m = load_text(tmp_path, ns).mount
     assert m.durability == "fsync" and m.writeback_ms == 100
@@ -240,7 +240,7 @@ def test_durability_defaults_to_fsync_and_a_shared_pool_publishes_at_close(tmp_p
     assert load_text(tmp_path, ns + '[dram]\ncapacity = "2GiB"\n').mount.dirty_limit == 512 << 20
     assert load_text(tmp_path, ns + '[dram]\ncapacity = "32MiB"\n').mount.dirty_limit == 16 << 20
     cluster = '[cluster]\nredis = "redis://localhost:6379/0"\nnode_id = "a"\n'
-    assert load_text(tmp_path, cluster + ns).mount.durability == "close"
+    assert load_text(tmp_path, cluster + ns).mount.durability == "fsync"  # (shared too)
     # the kernel keeps names 30 s on one node (invalidation is exact there), 1 s when shared
     assert load_text(tmp_path, ns).mount.attr_timeout == 30.0
     assert load_text(tmp_path, cluster + ns).mount.attr_timeout == 1.0
