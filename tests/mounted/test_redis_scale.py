@@ -1,9 +1,10 @@
 """How far one Redis goes (bench/redis_scale.py) at a tiny scale: two real kvfs nodes sharing a
 pool and one redis-server, a few dozen files, and a short load-generator run. The figures it
-reports per file operation must be plausible: a stored file costs Redis commands (among them
-its mknode script and the change-log entry that script appends) and at least one round trip; a
-lookup of a name nobody stored costs one round trip, a known name none; an evicted file is one
-removal script. Takes about half a minute."""
+reports per file operation must be plausible (durability "fsync", the default): stored files
+are published in batches (a publish script and one change-log entry per batch, no record read
+back by the other node, no round trip per file for the create's lookup or the name's ghost); a
+lookup of a name nobody stored is answered by the mirror, as is a known name; an evicted file
+is one removal script. Takes about half a minute."""
 
 from __future__ import annotations
 
