@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from tests.clients.conftest import engine_pair
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.clients, pytest.mark.mounted, pytest.mark.slow]
 
@@ -344,10 +345,17 @@ def test_two_nodes_share_one_pool(engines, cluster_nodes):
     c.open(b, n1.mountpoint / c.dir, **c.pair[1])
     keys = list(range(100, 112))
     assert c.store(a, keys)
+    n0.sync()  # (with durability "fsync" node 0's write-back publishes them)
+    wait_until(lambda: _files(n1.mountpoint) >= _files(n0.mountpoint), 10, "node 1 to see them")
     assert c.found(b, keys) == [True] * 12
     assert c.read(b, keys) == [True] * 12
     assert n1.stats()["tiers"]["pool"]["bytes_out"] >= 12 * c.size  # read from the shared pool
     c.looked_up(b, keys)
+
+
+def _files(root) -> set[str]:
+    """Every file's path under `root`, relative to it."""
+    return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
 
 
 def test_blocks_kvfs_evicted_are_clean_misses(engines, make_mount, pool_config):

@@ -298,9 +298,11 @@ def test_a_shared_pool_announces_each_eviction_once_from_the_node_that_evicted(t
         paths = [block_path(i) for i in range(2 * n)]
         for p, _ in paths[:n]:
             await store(a, p, os.urandom(2 * MiB))
+        await a.sync()  # (published: with durability "fsync" by the write-back)
         await eventually(lambda: _known(b, paths[n - 1][0]), what="n1 sees n0's blocks")
         for p, _ in paths[n:]:
             await store(b, p, os.urandom(2 * MiB))
+        await b.sync()
         assert b.svc.space.evictions > 0
         await eventually(  # every eviction durable and announced
             lambda: all(fs.svc.events.removed == fs.svc.space.evictions for fs in (a, b))
