@@ -1127,7 +1127,6 @@ class VNode:
                 entries = reply[0][1]
                 self.batches += 1
                 inos: dict[bytes, None] = {}
-                preds: dict[bytes, None] = {}
                 for sid, flat in entries:
                     self.entries += 1
                     # (a publish's entry carries its records: nothing of it is read back)
@@ -1135,8 +1134,6 @@ class VNode:
                     if fields.get(b"o") != origin:
                         for i in (fields.get(b"i") or b"").split():
                             inos[i] = None
-                        for p in (fields.get(b"l") or b"").split():
-                            preds[p] = None
                     last = sid
                 if inos:
                     # RedisMirror._refresh: read again what this node changed while the read
@@ -1153,11 +1150,6 @@ class VNode:
                         with trio.move_on_after(1.0):
                             while self.in_flight:
                                 await trio.sleep(0.01)
-                if preds:
-                    await f.send([("HGETALL", self.P + "l:" + p.decode()) for p in preds])
-                    await f.skip(len(preds))
-                    self.rt["follower"] += 1
-                    self.cmds["follower"] += len(preds)
             if self.target is not None and stream_id(last) >= self.target:
                 self.caught_up.set()
 
@@ -1338,7 +1330,7 @@ async def _gen_setup(port: int, grace_ms: int) -> int:
     await c.eval(
         SCRIPTS.mknode,
         [P],
-        [epoch, ino, 1, b"d", "excl", "", "", grace_ms, now, "", 0, *node_fields(d)],
+        [epoch, ino, 1, b"d", "excl", grace_ms, now, *node_fields(d)],
     )
     for text in SCRIPTS.all().values():
         await c.call("SCRIPT", "LOAD", text)

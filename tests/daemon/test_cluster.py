@@ -1421,3 +1421,25 @@ def test_a_file_waiting_for_its_write_back_renamed_over_a_published_one(cluster_
         assert await b.read("/t") == data(2, 200_000) and not known(b, "/tmp1")
 
     run_cluster(cluster_configs(2, durability="fsync"), body)
+
+
+def test_a_write_back_batch_larger_than_one_publish_goes_in_several(cluster_configs, monkeypatch):
+    """A write-back batch takes whatever is queued (after an outage, thousands of files); the
+    catalog publishes it PUBLISH_FILES files per script call (a script's arguments to one
+    command pass through Lua's stack), and every file arrives."""
+    import kvfs.catalog.redis.catalog as catalog
+
+    monkeypatch.setattr(catalog, "PUBLISH_FILES", 3)
+
+    async def body(a, b):
+        await put(a, "/first", b"f")
+        calls = a.svc.catalog.commits
+        for i in range(8):
+            await a.write(f"/g{i}", data(i, 10_000))
+        await a.sync()
+        assert a.svc.durability.statistics()["largest_batch"] == 8  # one write-back batch
+        assert a.svc.catalog.commits - calls == 3  # in three calls
+        await eventually(lambda: all(known(b, f"/g{i}") for i in range(8)))
+        assert await b.read("/g7") == data(7, 10_000)
+
+    run_cluster(cluster_configs(2, durability="fsync"), body)

@@ -41,6 +41,10 @@ log = logging.getLogger("kvfs.catalog")
 # mode fails at once instead (its caller is told EIO).
 PUBLISH_PATIENCE = 30.0
 PUBLISH_RETRY_SECONDS = 0.25
+# Files per PUBLISH call: a write-back batch takes whatever is queued (after an outage,
+# thousands of files), and a script's arguments to one Redis command (ZADD, XADD) pass
+# through Lua's stack, which holds about 8,000
+PUBLISH_FILES = 128
 
 
 class RedisCatalog(RedisMirror):
@@ -245,12 +249,8 @@ class RedisCatalog(RedisMirror):
                     node.parent,
                     node.name,
                     policy,
-                    self.redis.token,
-                    "",
                     self.space.grace_ms,
                     node.ctime_ns,
-                    "",
-                    0,
                     *node_fields(node),
                 ],
             )
@@ -292,7 +292,20 @@ class RedisCatalog(RedisMirror):
         error in the returned list, in its place, and keeps the version it had. `mtimes`:
         each file's modification time (default: now). An error for the whole call (Redis
         unreachable) is raised, every file then keeping its version (`maybe_published`:
-        Redis may have published them, their space stays taken)."""
+        Redis may have published them, their space stays taken). More than PUBLISH_FILES
+        files go in several calls; an error for one call is then each of its files' own (the
+        calls before it published theirs)."""
+        if len(items) > PUBLISH_FILES:
+            out = []
+            for k in range(0, len(items), PUBLISH_FILES):
+                part = items[k : k + PUBLISH_FILES]
+                try:
+                    out += await self.commit_batch(
+                        part, mtimes[k : k + PUBLISH_FILES] if mtimes is not None else None
+                    )
+                except KvfsError as e:
+                    out += [e] * len(part)
+            return out
         now = _now()
         out: list = [None] * len(items)
         args: list = [self.epoch, self.redis.token, self.space.grace_ms, now, 0]

@@ -8,7 +8,7 @@ Block `b:<id>`:  z size · u stripe unit · N namespaces · O offsets · S check
                  see Layout.pack) · c created_ns · i the inode it was committed for
 Directory `d:<ino>`: name -> child inode.   Chains `l:<ino>`: successor -> "source weight".
 Change log `log` entries: o origin epoch · i inodes changed · r blocks retired (in the grave) ·
-                 g blocks purged · l chain predecessors changed; then the records a publish
+                 g blocks purged; then the records a publish (or the links script)
                  wrote (`parse_entry`): @n <ino> [node k v]* (the node's whole hash) ·
                  @b <id> [block k v]* · @- <ino> (a file it replaced, gone) ·
                  @t "<ino> <time>" (a directory's new mtime and ctime) · @l <ino> [succ

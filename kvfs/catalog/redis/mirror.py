@@ -589,7 +589,6 @@ class RedisMirror(TreeCatalog):
         inos: list[int] = []
         retired: set[int] = set()
         purged: list[int] = []
-        preds: list[int] = []
         states: dict[int, dict] = {}  # the records others' entries carry (last one wins)
         blobs: dict[int, BlobRec] = {}
         times: dict[int, int] = {}
@@ -603,7 +602,6 @@ class RedisMirror(TreeCatalog):
                 inos += ids(f.get(b"i"))
                 retired.update(ids(f.get(b"r")))
                 purged += ids(f.get(b"g"))
-                preds += ids(f.get(b"l"))
                 for tag, key, fields in records:
                     if tag == b"@n":
                         states[int(key)] = fields
@@ -653,11 +651,6 @@ class RedisMirror(TreeCatalog):
             self.space.purged(bid)
         for pred, h in links.items():
             self._set_links(pred, h)
-        if preds:
-            preds = list(dict.fromkeys(preds))
-            replies = await conn.pipeline([("HGETALL", self.redis.key("l", p)) for p in preds])
-            for p, r in zip(preds, replies):
-                self._set_links(p, pairs(r))
 
     async def _install_records(self, states, blobs, conn, retired: set[int]) -> None:
         """Install the records others' log entries carried (see `_apply_entries`)."""

@@ -6,9 +6,11 @@ local function now_ms()
 end
 local function err(code, msg) return redis.error_reply(code .. ' ' .. msg) end
 local function is_dir(ino) return redis.call('HEXISTS', P .. 'n:' .. ino, 'd') == 1 end
-local function leases_ok(token, regions)
+-- cache: region -> whether `token` holds its lease (one GET per region per script call)
+local function leases_ok(token, regions, cache)
   for r in string.gmatch(regions, '%S+') do
-    if redis.call('GET', P .. 'lease:' .. r) ~= token then return false end
+    if cache[r] == nil then cache[r] = redis.call('GET', P .. 'lease:' .. r) == token end
+    if not cache[r] then return false end
   end
   return true
 end
@@ -26,13 +28,20 @@ local function drop_node(ino, grace, retired)
   redis.call('ZREM', P .. 'prio', ino)
 end
 -- records: pairs after the entry's own fields ('@n' ino [k v]*, '@b' id [k v]*, '@-' ino,
--- '@t' "parent time": kvfs/catalog/redis/codec.py)
+-- '@t' "parent time", '@l' ino [k v]*: kvfs/catalog/redis/codec.py). Many records go in
+-- several entries, split between records (XADD's arguments pass through Lua's stack)
 local function event(origin, inos, retired, key, value, records)
   local a = {P .. 'log', 'MAXLEN', '~', '@LOG_MAXLEN@', '*', 'o', origin}
   if #inos > 0 then table.insert(a, 'i'); table.insert(a, table.concat(inos, ' ')) end
   if #retired > 0 then table.insert(a, 'r'); table.insert(a, table.concat(retired, ' ')) end
   if key then table.insert(a, key); table.insert(a, value) end
-  if records then for i = 1, #records do table.insert(a, records[i]) end end
+  for i = 1, #(records or {}), 2 do
+    if #a > 4000 and string.sub(records[i], 1, 1) == '@' then
+      redis.call('XADD', unpack(a))
+      a = {P .. 'log', 'MAXLEN', '~', '@LOG_MAXLEN@', '*', 'o', origin}
+    end
+    table.insert(a, records[i]); table.insert(a, records[i + 1])
+  end
   return redis.call('XADD', unpack(a))
 end
 local function tail()

@@ -38,10 +38,6 @@ for _, pred in ipairs(preds) do
   end
   table.insert(records, '@l'); table.insert(records, pred)
   for j = 1, #all do table.insert(records, all[j]) end
-  if #records > 4000 then  -- (an entry's fields are passed to XADD on Lua's stack)
-    event(ARGV[1], {}, {}, nil, nil, records)
-    records = {}
-  end
 end
 if #records > 0 then event(ARGV[1], {}, {}, nil, nil, records) end
 return #preds

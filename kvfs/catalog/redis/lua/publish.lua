@@ -15,13 +15,6 @@ local n = tonumber(ARGV[5])
 local retired, failed, revived, entry = {}, {}, {}, {}
 local atimes, prios, names, parents, leases, dirs = {}, {}, {}, {}, {}, {}
 local now = now_ms()
-local function lease_ok(regions)
-  for r in string.gmatch(regions, '%S+') do
-    if leases[r] == nil then leases[r] = redis.call('GET', P .. 'lease:' .. r) == token end
-    if not leases[r] then return false end
-  end
-  return true
-end
 local function dir_ok(ino)
   if dirs[ino] == nil then dirs[ino] = is_dir(ino) end
   return dirs[ino]
@@ -53,7 +46,7 @@ for _ = 1, n do
   elseif redis.call('EXISTS', k) == 0 then
     why = 'ENOENT the file was removed by another node'
   end
-  if not why and not lease_ok(regions) then
+  if not why and not leases_ok(token, regions, leases) then
     why = 'ESTALE this node lost its allocation lease on the space it wrote; not publishing'
   end
   if why then
