@@ -155,6 +155,32 @@ def test_with_write_back_a_fresh_mirror_answers_a_miss_and_a_batch_is_one_round_
     run_cluster(cluster_configs(2, durability="fsync"), body)
 
 
+def test_a_new_version_reaches_the_other_node_as_the_fields_it_changed(cluster_configs):
+    """A new version of a published file is logged as the fields it changed (`@U`); the
+    other node applies them onto the file it knows, reading nothing back: it reads the new
+    content, with the new times, and keeps what the version did not change (an xattr)."""
+
+    async def body(a, b):
+        await put(a, "/v", data(1, 300_000))
+        await a.files.setxattr(a.ino("/v"), b"user.tag", b"kept")
+        await eventually(
+            lambda: (
+                known(b, "/v")
+                and b.files.catalog.get(b.ino("/v")).xattrs.get(b"user.tag") == b"kept"
+            )
+        )
+        refreshes = b.svc.catalog.refreshes
+        await put(a, "/v", data(2, 200_000))
+        mine = a.files.catalog.get(a.ino("/v"))
+        await eventually(lambda: b.files.catalog.get(b.ino("/v")).blob.id == mine.blob.id)
+        theirs = b.files.catalog.get(b.ino("/v"))
+        assert b.svc.catalog.refreshes == refreshes  # nothing read back
+        assert theirs.xattrs == {b"user.tag": b"kept"} and theirs.mtime_ns == mine.mtime_ns
+        assert await b.read("/v") == data(2, 200_000)
+
+    run_cluster(cluster_configs(2), body)
+
+
 def test_a_mirror_that_fell_behind_confirms_names_with_redis(cluster_configs, redis, monkeypatch):
     """When the follower has not heard from Redis for a while (as right after Redis comes
     back), a lookup of a block held only in the pool reads that name's record from Redis

@@ -44,3 +44,63 @@ def test_leases_acquire_renew_release_against_redis(redis):
             await r.aclose()
 
     trio.run(main)
+
+
+def test_a_publish_entry_carries_exactly_the_records_it_stored(redis):
+    """PUBLISH's change-log entry carries each record packed in one field (codec.pack): what
+    the followers install must be exactly what Redis stored, a new file's whole node hash
+    and block record, a new version's changed fields."""
+    import stat
+
+    from kvfs.catalog.base import BlobRec, Node
+    from kvfs.catalog.redis.codec import (
+        blob_fields,
+        node_fields,
+        pairs,
+        parse_entry,
+        publish_args,
+        score_fields,
+    )
+    from kvfs.pool.layout import Layout
+
+    async def main():
+        r = await RedisClient.connect(redis.url)
+        P = "kvfs:{e}:"
+        try:
+            await r.call("HSET", P + "n:1", "d", 1, "p", 1, "n", "")
+            await r.call("SET", P + "lease:0", "tok")
+            lay = Layout(9000, 4096, (0, 1, 0), (8192, 8192, 12288), (1, 2**64 - 1, 7))
+            node = Node(77, 1, b"chunk\x00\xff", stat.S_IFREG | 0o644, 0, 0, 5, 6, 7, cookie=77)
+            node.prio, node.uses = 0.1 + 0.2, 3
+            node.xattrs = {b"user.k": b"\x00binary\r\n"}
+            rec = BlobRec(501, lay, 1_700_000_000_123_456_789)
+            node.blob = rec
+
+            async def publish(kind, rec, fields):
+                args = publish_args(
+                    *(node.ino, 1, node.name, kind, "0", rec.id, b"", node.prio),
+                    blob_fields(rec, node.ino),
+                    fields,
+                )
+                _, failed, _ = await r.eval(SCRIPTS.publish, [P], ["9", "tok", 1000, 8, 1, *args])
+                assert failed == []
+                (_, flat), *_ = await r.call("XREVRANGE", P + "log", "+", "-", "COUNT", 1)
+                return {(tag, key): f for tag, key, f in parse_entry(flat)[1]}
+
+            got = await publish(b"new", rec, node_fields(node))
+            assert got[(b"@n", b"77")] == pairs(await r.call("HGETALL", P + "n:77"))
+            assert got[(b"@b", b"501")] == pairs(await r.call("HGETALL", P + "b:501"))
+            assert got[(b"@n", b"77")][b"x:user.k"] == b"\x00binary\r\n"
+
+            rec2 = BlobRec(502, lay, 9)
+            changed = [b"b", 502, b"t", 11, b"k", 11, *score_fields(node)]
+            got = await publish(b"old", rec2, changed)
+            now = pairs(await r.call("HGETALL", P + "n:77"))
+            update = got[(b"@u", b"77")]
+            assert update == {k: now[k] for k in update} and update[b"b"] == b"502"
+            assert got[(b"@b", b"502")] == pairs(await r.call("HGETALL", P + "b:502"))
+            assert await r.call("ZSCORE", P + "prio", 77) == repr(node.prio).encode()
+        finally:
+            await r.aclose()
+
+    trio.run(main)

@@ -24,7 +24,7 @@ import trio
 
 from kvfs.catalog.base import BlobRec, Node, ghost_key
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT
-from kvfs.catalog.redis.codec import blob_fields, node_fields, score_fields
+from kvfs.catalog.redis.codec import blob_fields, node_fields, publish_args, score_fields
 from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.cluster.link import reply_error
@@ -336,14 +336,13 @@ class RedisCatalog(RedisMirror):
                 ]
             else:
                 kind, fields = b"new", node_fields(node)
-            args += [
+            args += publish_args(
                 *(node.ino, node.parent, node.name, kind, self._regions_of(layout), rec.id),
                 ghost_key(node.parent, node.name) if ghost else b"",
-                len(blob) // 2,
-                len(fields) // 2,
-                *blob,
-                *fields,
-            ]
+                node.prio,
+                blob,
+                fields,
+            )
         if not sent:
             return out
         args[4] = len(sent)

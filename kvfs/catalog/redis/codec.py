@@ -9,14 +9,18 @@ Block `b:<id>`:  z size · u stripe unit · N namespaces · O offsets · S check
 Directory `d:<ino>`: name -> child inode.   Chains `l:<ino>`: successor -> "source weight".
 Change log `log` entries: o origin epoch · i inodes changed · r blocks retired (in the grave) ·
                  g blocks purged; then the records a publish (or the links script)
-                 wrote (`parse_entry`): @n <ino> [node k v]* (the node's whole hash) ·
-                 @b <id> [block k v]* · @- <ino> (a file it replaced, gone) ·
-                 @t "<ino> <time>" (a directory's new mtime and ctime) · @l <ino> [succ
-                 "source weight"]* (a predecessor's chain links, all of them)
+                 wrote (`parse_entry`), a publish's each one field whose value is the
+                 fields packed (`pack`): @N<ino> the node's whole hash (a new file) ·
+                 @U<ino> the fields a new version changed · @B<id> the block record; and
+                 @- <ino> (a file it replaced, gone) · @t "<ino> <time>" (a directory's
+                 new mtime and ctime) · @l <ino> [succ "source weight"]* (a predecessor's
+                 chain links, all of them)
 docs/cluster.md has the other keys (atime, grave, lease:<r>, epoch, meta, init, lock:<name>).
 """
 
 from __future__ import annotations
+
+import msgspec
 
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.pool.layout import Layout
@@ -80,6 +84,52 @@ def blob_fields(rec: BlobRec, ino: int) -> list:
     ]
 
 
+def as_bytes(v) -> bytes:
+    """A value as Redis stores it (kvfs.cluster.resp sends numbers as their repr)."""
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, bool):
+        return b"1" if v else b"0"
+    return repr(v).encode()
+
+
+def pack(fields: list) -> bytes:
+    """A record's fields (a flat [k, v, ...] list), packed into one value for the change log:
+    a MessagePack array of byte strings, each exactly as Redis stores it in the hash. One
+    field per record, where a field per key and value cost Redis 5x the time to send the
+    entry to every follower (and the publish script 1.5x its own: docs/cluster.md)."""
+    return _encode([as_bytes(v) for v in fields])
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(list[bytes]).decode
+
+
+def unpack(value: bytes) -> dict[bytes, bytes]:
+    return pairs(_decode(value))
+
+
+def publish_args(
+    ino: int,
+    parent: int,
+    name: bytes,
+    kind: bytes,
+    regions: str,
+    bid: int,
+    ghost: bytes | str,
+    prio: float | None,
+    blob: list,
+    fields: list,
+) -> list:
+    """One file's arguments to the PUBLISH script (kvfs/catalog/redis/lua/publish.lua)."""
+    return [
+        *(ino, parent, name, kind, regions, bid, ghost, b"" if prio is None else repr(prio)),
+        *(len(blob) // 2, len(fields) // 2, pack(blob), pack(fields), *blob, *fields),
+    ]
+
+
 def pairs(flat: list | None) -> dict[bytes, bytes]:
     """A flat HGETALL reply as a dict."""
     if not flat:
@@ -89,19 +139,27 @@ def pairs(flat: list | None) -> dict[bytes, bytes]:
 
 def parse_entry(flat: list) -> tuple[dict[bytes, bytes], list[tuple[bytes, bytes, dict]]]:
     """A change-log entry: its own fields, and the records it carries, each (tag, id, fields)
-    (the entry is a flat list of pairs; a record is a pair whose field starts with "@",
-    followed by its fields' pairs up to the next record)."""
+    (the entry is a flat list of pairs; a record is either one pair, "@N<id>", "@U<id>" or
+    "@B<id>" and its packed fields (tag b"@n", b"@u", b"@b"), or a pair whose field starts
+    with "@" followed by its fields' pairs up to the next record)."""
     head: dict[bytes, bytes] = {}
     records: list[tuple[bytes, bytes, dict]] = []
     fields: dict[bytes, bytes] = head
     for i in range(0, len(flat) - 1, 2):
         k, v = flat[i], flat[i + 1]
         if k[:1] == b"@":
+            if k[1:2] in _PACKED:
+                records.append((_PACKED[k[1:2]], k[2:], unpack(v)))
+                fields = head
+                continue
             fields = {}
             records.append((k, v, fields))
         else:
             fields[k] = v
     return head, records
+
+
+_PACKED = {b"N": b"@n", b"U": b"@u", b"B": b"@b"}
 
 
 def parse_blob(bid: int, h: dict[bytes, bytes]) -> BlobRec:

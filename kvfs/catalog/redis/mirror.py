@@ -21,7 +21,16 @@ import trio
 
 from kvfs.catalog.base import ROOT_INO, BlobRec, Node
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
-from kvfs.catalog.redis.codec import ids, pairs, parse_blob, parse_entry, parse_node, stream_id
+from kvfs.catalog.redis.codec import (
+    as_bytes,
+    ids,
+    node_fields,
+    pairs,
+    parse_blob,
+    parse_entry,
+    parse_node,
+    stream_id,
+)
 from kvfs.catalog.tree import TreeCatalog, _now
 from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
@@ -605,6 +614,17 @@ class RedisMirror(TreeCatalog):
                 for tag, key, fields in records:
                     if tag == b"@n":
                         states[int(key)] = fields
+                    elif tag == b"@u":  # a new version: the fields it changed
+                        ino = int(key)
+                        h = states.get(ino)
+                        if h is None:
+                            node = self.nodes.get(ino)
+                            if node is None or not node.persisted or not node.linked:
+                                inos.append(ino)  # unknown here: read it whole
+                                continue
+                            h = states[ino] = pairs([as_bytes(v) for v in node_fields(node)])
+                        if h:
+                            h.update(fields)
                     elif tag == b"@-":
                         states[int(key)] = {}
                     elif tag == b"@b":

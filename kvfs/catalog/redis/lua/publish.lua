@@ -1,9 +1,13 @@
 -- Publish a batch of files' new versions (one close in "close" mode; a write-back batch in
 -- "fsync" mode), each file on its own: one that fails is named in the reply, the others go on.
 -- ARGV: origin token grace ptime nfiles, then per file:
---   ino parent name kind(new|old) regions bid ghost nb nn [blob k v]*nb [node k v]*nn
+--   ino parent name kind(new|old) regions bid ghost prio nb nn bpack npack
+--   [blob k v]*nb [node k v]*nn
+-- (kvfs.catalog.redis.codec.publish_args; bpack and npack: the same fields packed, for the
+--  change-log entry, so that the script copies no field one by one)
 -- new: a file this node created, first published under its name (replacing whatever file of
 --      that name Redis holds: the last close wins); old: a new version of a published file.
+-- prio: the file's priority in the pool's order (pool.evict = "prefix"), or ''.
 -- ghost: the name's key among the evicted names whose uses the pool remembers (pool.evict =
 --        "prefix"), or '': taken (forgotten) here, and the uses named in the reply.
 -- The change-log entry carries the records it wrote (kvfs/catalog/redis/codec.py), so the
@@ -19,19 +23,14 @@ local function dir_ok(ino)
   if dirs[ino] == nil then dirs[ino] = is_dir(ino) end
   return dirs[ino]
 end
-local function record(tag, id, fields)
-  table.insert(entry, tag); table.insert(entry, id)
-  for i = 1, #fields do table.insert(entry, fields[i]) end
-end
 local a = 6
 for _ = 1, n do
   local ino, parent, name, kind = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local regions, bid, ghost = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
-  local nb, nn = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
-  local bf, nf = {}, {}
-  for i = a + 9, a + 8 + 2 * nb do table.insert(bf, ARGV[i]) end
-  for i = a + 9 + 2 * nb, a + 8 + 2 * nb + 2 * nn do table.insert(nf, ARGV[i]) end
-  a = a + 9 + 2 * nb + 2 * nn
+  local regions, bid, ghost, prio = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
+  local nb, nn = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  local bpack, npack = ARGV[a + 10], ARGV[a + 11]
+  local b0, n0 = a + 12, a + 12 + 2 * nb
+  a = n0 + 2 * nn
   local k = P .. 'n:' .. ino
   local why = nil
   local cur = nil
@@ -57,21 +56,19 @@ for _ = 1, n do
       table.insert(entry, '@-'); table.insert(entry, cur)
     end
     if kind == 'old' then bury(redis.call('HGET', k, 'b'), grace, retired) end
-    redis.call('HSET', P .. 'b:' .. bid, unpack(bf))
-    redis.call('HSET', k, unpack(nf))
-    record('@b', bid, bf)
-    local full = nf
+    redis.call('HSET', P .. 'b:' .. bid, unpack(ARGV, b0, n0 - 1))
+    redis.call('HSET', k, unpack(ARGV, n0, a - 1))
+    table.insert(entry, '@B' .. bid); table.insert(entry, bpack)
     if kind == 'new' then
       if names[parent] == nil then names[parent] = {}; table.insert(parents, parent) end
       table.insert(names[parent], name); table.insert(names[parent], ino)
+      table.insert(entry, '@N' .. ino)  -- the node's whole hash
     else
-      full = redis.call('HGETALL', k)
+      table.insert(entry, '@U' .. ino)  -- the fields this version changed
     end
-    record('@n', ino, full)
+    table.insert(entry, npack)
     table.insert(atimes, now); table.insert(atimes, ino)
-    for i = 1, #full, 2 do
-      if full[i] == 'r' then table.insert(prios, full[i + 1]); table.insert(prios, ino) end
-    end
+    if prio ~= '' then table.insert(prios, prio); table.insert(prios, ino) end
     if ghost ~= '' then
       local uses = redis.call('HGET', P .. 'ghost', ghost)
       if uses then
