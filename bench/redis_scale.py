@@ -1166,7 +1166,7 @@ class VNode:
         """kvfs.service's flush (every 5 s): the chain links learned, in one links script."""
         if self.links:
             args, self.links = self.links, []
-            await self.bg.eval(SCRIPTS.links, [self.P], [self.epoch, *args])
+            await self.bg.eval(SCRIPTS.links, [self.P], [self.epoch, "1", *args])
             self.rt["background"] += 1
             self.cmds["background"] += 1
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -162,6 +162,24 @@ class ClusterConfig:
     # master can acknowledge nothing the promoted replica lacks), or only those "up" (stores
     # resume right after a failover; a split brain can lose acknowledged changes)
     confirm: str = "all"
+    # More Redis for one pool (docs/cluster.md, "More than one Redis"): the other shards, as
+    # `redis` URLs (without sentinels) or master names (with them; the same sentinels watch
+    # every shard's master). `redis`/`master_name` is shard 0, which also holds what the
+    # pool has one of (the node epochs, the allocation leases, the eviction floor and locks).
+    shards: tuple[str, ...] = ()
+
+    @property
+    def shard_count(self) -> int:
+        return 1 + len(self.shards)
+
+    def shard(self, k: int) -> "ClusterConfig":
+        """Shard k's own settings: its Redis (URL or master name) and its key prefix (the
+        pool's name, then "#k" past shard 0: each shard's keys in their own hash slot)."""
+        if k == 0:
+            return self
+        if self.sentinels:
+            return replace(self, master_name=self.shards[k - 1], name=f"{self.name}#{k}", shards=())
+        return replace(self, redis=self.shards[k - 1], name=f"{self.name}#{k}", shards=())
 
     @property
     def where(self) -> str:
@@ -420,6 +438,13 @@ def _cluster(t: "_Table", base: Path) -> ClusterConfig:
         replica_timeout_ms=t.take("replica_timeout_ms", _int_range(10, 60_000), 1000),
         no_replica=t.take("no_replica", _choice("fail", "wait"), "fail"),
         confirm=t.take("confirm", _choice("all", "up"), "all"),
+        shards=tuple(
+            t.take(
+                "shards",
+                lambda v, k: _shards(v, k, sentinels=bool(sentinels)),
+                (),
+            )
+        ),
     )
     t.done()
     if not sentinels and c.sentinel_password is not None:
@@ -431,6 +456,21 @@ def _cluster(t: "_Table", base: Path) -> ClusterConfig:
     if (c.tls_ca or c.tls_cert) and not redis.startswith("rediss://"):
         raise ConfigError("config: cluster: TLS options need a rediss:// URL")
     return c
+
+
+def _shards(value: Any, key: str, *, sentinels: bool) -> tuple[str, ...]:
+    """cluster.shards: the pool's other Redis shards: URLs, or master names with sentinels."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"config: {key}: expected a non-empty list, got {value!r}")
+    if len(value) > 63:
+        raise ConfigError(f"config: {key}: at most 63 more shards, got {len(value)}")
+    out = []
+    for i, v in enumerate(value):
+        where = f"{key}[{i}]"
+        out.append(_str(v, where) if sentinels else _redis_url(v, where))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"config: {key}: a shard is named twice")
+    return tuple(out)
 
 
 def _endpoint(value: Any, key: str) -> str:

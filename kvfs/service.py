@@ -282,6 +282,9 @@ async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, even
     stack.callback(os.close, lock_state_dir(sd))
     link = await bootstrap.connect(cfg.cluster)
     stack.push_async_callback(link.aclose)
+    shards = await bootstrap.connect_shards(cfg.cluster)  # ([cluster] shards: the others)
+    for other in shards:
+        stack.push_async_callback(other.aclose)
 
     def open_pool(pool_id: str | None) -> Pool:
         pool = Pool.open(cfg.pool, expect_pool_id=pool_id, create_new=pool_id is None)
@@ -289,11 +292,11 @@ async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, even
             undo.callback(_remove_pool_files, cfg)
         return pool
 
-    pool = await bootstrap.join(link, open_pool)
+    pool = await bootstrap.join(link, open_pool, shards)
     stack.callback(pool.close)
     # the shared space and the catalog in Redis call each other: the space's side is a seam
     order = Seam("shared space -> catalog (order, change log)")
-    space = ClusterSpace(pool, knobs, link, cfg.cluster, seams.evictor, order)
+    space = ClusterSpace(pool, knobs, link, cfg.cluster, seams.evictor, order, shards)
     catalog = RedisCatalog(
         link,
         cfg.cluster,
@@ -302,10 +305,12 @@ async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, even
         on_change=seams.changes.later("changed_elsewhere"),
         announcer=events,
         confirm_misses=cfg.mount.durability == "close",
+        shards=shards,
     )
     order.bind(catalog)
     await catalog.load()
-    link.started()
+    for x in (link, *shards):
+        x.started()
     return catalog, pool, space
 
 

@@ -46,7 +46,17 @@ CHECK_SECONDS = 1.0  # how often the follower asks Sentinel for the master and i
 # Error replies our scripts raise: "<ERRNO> message" -> the errno the caller gets.
 _ERRNOS = {
     name: getattr(errno, name)
-    for name in ("ENOENT", "EEXIST", "ENOTEMPTY", "EISDIR", "ENOTDIR", "EINVAL", "ESTALE", "EIO")
+    for name in (
+        "ENOENT",
+        "EEXIST",
+        "ENOTEMPTY",
+        "EISDIR",
+        "ENOTDIR",
+        "EINVAL",
+        "ESTALE",
+        "EIO",
+        "EXDEV",
+    )
 }
 
 

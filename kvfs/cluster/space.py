@@ -45,8 +45,9 @@ class ClusterOrder(Protocol):
 
     file_count: int  # files in the pool
 
-    async def catch_up(self, tail: bytes) -> bool:
-        """Wait until the mirror has applied the change log up to `tail`; False on timeout."""
+    async def catch_up(self, tails: list[bytes]) -> bool:
+        """Wait until the mirror has applied each shard's change log up to its tail in
+        `tails`; False on timeout."""
 
     async def take_ghost(self, parent: int, name: bytes) -> int | None:
         """The uses an evicted name had, forgotten once taken."""
@@ -152,13 +153,17 @@ class ClusterSpace(Space):
         cfg: ClusterConfig,
         evictor: Evictor,
         order: ClusterOrder,
+        shards: list[ClusterLink] = (),
     ):
         """`order`: the cluster's order of files and its change log, kept by the catalog in
         Redis (kvfs/catalog/redis/catalog.py), which is built with this space: the factory
-        passes a seam it binds to the catalog (kvfs/service.py)."""
+        passes a seam it binds to the catalog (kvfs/service.py). `shards`: the links to the
+        pool's shards past the first (`link`), with `[cluster] shards`: the orders, the grave
+        and the lease copies are in every shard."""
         super().__init__(pool, knobs, evictor)
         self.link = link
-        self.leases = RegionLeases(link)  # acquire, renew, release; purge, hold
+        self.links = [link, *shards]
+        self.leases = RegionLeases(link, shards)  # acquire, renew, release; purge, hold
         self.cfg = cfg
         self.order = order
         data = max(ns.size for ns in pool.namespaces) - DATA_START
@@ -213,30 +218,39 @@ class ClusterSpace(Space):
                 self.grave[b] = self.used[b]
 
     async def settle(
-        self, leaving: list[BlobRec], conn=None, retired: set[int] | None = None
+        self, leaving: list[BlobRec], conn=None, retired: set[int] | None = None, link=None
     ) -> None:
         """Blocks that stopped being a file's content here: in the grave (space still used),
         still live in Redis (space still used), or already purged (space free). `retired`: ids
-        known to be in the grave; others are asked."""
+        known to be in the grave; others are asked, of the shard `link` (through `conn`, a
+        connection to it, if given), or with neither, of every shard."""
         leaving = [r for r in leaving if r.id in self.used and r.id not in self.grave]
         if not leaving:
             return
         unknown = [r for r in leaving if retired is None or r.id not in retired]
         scores, live = {}, set()
         if unknown:
-            c = conn or self.link
-            replies = await c.pipeline(
-                [
-                    cmd
-                    for r in unknown
-                    for cmd in (
-                        ("ZSCORE", self.link.key("grave"), r.id),
-                        ("EXISTS", self.link.key("b", r.id)),
-                    )
-                ]
-            )
-            scores = {r.id: s for r, s in zip(unknown, replies[0::2])}
-            live = {r.id for r, e in zip(unknown, replies[1::2]) if e}
+            # a block's records are in its file's shard, which `conn` is when given; with
+            # several shards and no `conn`, every shard is asked
+            if conn is not None or link is not None:
+                where = [(conn or link, link or self.link)]
+            else:
+                where = [(x, x) for x in self.links]
+            for c, keys in where:
+                replies = await c.pipeline(
+                    [
+                        cmd
+                        for r in unknown
+                        for cmd in (
+                            ("ZSCORE", keys.key("grave"), r.id),
+                            ("EXISTS", keys.key("b", r.id)),
+                        )
+                    ]
+                )
+                for r, sc in zip(unknown, replies[0::2]):
+                    if sc is not None:
+                        scores[r.id] = sc
+                live |= {r.id for r, e in zip(unknown, replies[1::2]) if e}
         for r in leaving:
             if (retired is not None and r.id in retired) or scores.get(r.id) is not None:
                 self.grave[r.id] = r
@@ -254,11 +268,11 @@ class ClusterSpace(Space):
         purged, or retired by this node after the grave was read: only one whose record is
         gone from Redis has free space."""
         missing = [bid for bid in self.grave if bid not in grave_ids]
-        exists = (
-            await self.link.pipeline([("EXISTS", self.link.key("b", b)) for b in missing])
-            if missing
-            else []
-        )
+        exists = [0] * len(missing)
+        if missing:
+            for link in self.links:  # (a block's record is in one shard, its file's)
+                got = await link.pipeline([("EXISTS", link.key("b", b)) for b in missing])
+                exists = [a or b for a, b in zip(exists, got)]
         for bid, alive in zip(missing, exists):
             if not alive and bid in self.grave:
                 rec = self.grave.pop(bid)
@@ -319,13 +333,14 @@ class ClusterSpace(Space):
         if not cands:
             return False
         t = trio.current_time()
-        got, tail = await self.leases.acquire(cands, self.lease_ms)
+        got, tails = await self.leases.acquire(cands, self.lease_ms)
         if not got:
             return False
         r = int(got)
         # Whoever held the region before published everything it wrote there before giving
-        # it up (or its lease expired): apply the log up to now before allocating in it.
-        if not await self.order.catch_up(tail):
+        # it up (or its lease expired): apply the log (every shard's) up to now before
+        # allocating in it.
+        if not await self.order.catch_up(tails):
             await self.leases.release([r])
             raise KvfsError(errno.EIO, "cluster: could not catch up with the change log")
         regions.deadline[r] = t + self.cfg.lease_seconds * LEASE_MARGIN
@@ -425,9 +440,19 @@ class ClusterSpace(Space):
                 log.debug("cluster: holding retired blocks that are still read failed: %s", e)
 
     # --- making room ------------------------------------------------------------------------------
+    async def _lowest(self, key: str, n: int) -> list[tuple[int, float]]:
+        """The `n` lowest (inode, score) of sorted set `key`, merged over the shards."""
+        out = []
+        for link in self.links:
+            got = await link.call("ZRANGE", link.key(key), 0, n - 1, "WITHSCORES")
+            out += [(int(got[i]), float(got[i + 1])) for i in range(0, len(got), 2)]
+        if len(self.links) > 1:
+            out.sort(key=lambda x: x[1])
+        return out[:n]
+
     async def victims(self, n: int) -> list[int]:
         """Files (inodes) from least to most recently used across the cluster."""
-        return [int(x) for x in await self.link.call("ZRANGE", self.link.key("atime"), 0, n - 1)]
+        return [ino for ino, _ in await self._lowest("atime", n)]
 
     async def try_lock(self, name: str, seconds: float) -> bool:
         """A short cluster-wide lock (e.g. one node at a time cleans the pool)."""
@@ -439,24 +464,24 @@ class ClusterSpace(Space):
 
     async def scored_victims(self, n: int) -> list[tuple[int, float]]:
         """(inode, priority) of the `n` files lowest in the cluster's policy order."""
-        got = await self.link.call("ZRANGE", self.link.key("prio"), 0, n - 1, "WITHSCORES")
-        return [(int(got[i]), float(got[i + 1])) for i in range(0, len(got), 2)]
+        return await self._lowest("prio", n)
 
     async def _score_unscored(self) -> None:
         """Once per pool (the first node that evicts by "prefix"): files stored without a
         priority (under "lru", or by an older kvfs) join the policy's order below every scored
         file, in their LRU order, so they go first."""
-        if not await self.link.call("SET", self.link.key("prio_init"), 1, "NX"):
-            return
-        total = await self.link.call("ZCARD", self.link.key("atime"))
-        for start in range(0, total, 1000):
-            inos = await self.link.call("ZRANGE", self.link.key("atime"), start, start + 999)
-            if not inos:
-                break
-            args: list = []
-            for k, ino in enumerate(inos):
-                args += [-1.0 + (start + k + 1) / (total + 1), ino]
-            await self.link.call("ZADD", self.link.key("prio"), "NX", *args)
+        for link in self.links:  # (each shard's files, in their shard's order)
+            if not await link.call("SET", link.key("prio_init"), 1, "NX"):
+                continue
+            total = await link.call("ZCARD", link.key("atime"))
+            for start in range(0, total, 1000):
+                inos = await link.call("ZRANGE", link.key("atime"), start, start + 999)
+                if not inos:
+                    break
+                args: list = []
+                for k, ino in enumerate(inos):
+                    args += [-1.0 + (start + k + 1) / (total + 1), ino]
+                await link.call("ZADD", link.key("prio"), "NX", *args)
 
     async def evict_in_order(self, exclude: int, nbytes: int) -> int:
         """Evict at least `nbytes`: in the cluster's order of the pool's policy under
@@ -487,15 +512,18 @@ class ClusterSpace(Space):
                 return freed
         async with aclosing(self._in_batches(self.victims)) as order:
             async for ino in order:
-                if (
-                    rule is not None
-                    and await self.link.call("ZSCORE", self.link.key("prio"), ino) is not None
-                ):
+                if rule is not None and await self._scored(ino):
                     continue  # scored: its turn was above
                 freed += await self._evict(ino, exclude)
                 if freed >= nbytes:
                     break
         return freed
+
+    async def _scored(self, ino: int) -> bool:
+        for link in self.links:
+            if await link.call("ZSCORE", link.key("prio"), ino) is not None:
+                return True
+        return False
 
     @staticmethod
     async def _in_batches(fetch):

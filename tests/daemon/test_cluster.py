@@ -982,8 +982,8 @@ async def _refresh_racing_a_local_commit(a, b, path: str, seed: int):
     real_fetch = cat._fetch
     done = []
 
-    async def fetch_then_commit_here(conn, inos):
-        states = await real_fetch(conn, inos)
+    async def fetch_then_commit_here(conn, inos, *shard):
+        states = await real_fetch(conn, inos, *shard)
         if not done:
             done.append(True)
             await put(b, path, data(seed, MiB))  # b's own commit lands meanwhile
@@ -1043,8 +1043,8 @@ def test_a_refresh_that_reads_again_checks_every_inode_it_read_before(cluster_co
         real_fetch = cat._fetch
         rounds = []
 
-        async def fetch_and_commit_between(conn, inos):
-            states = await real_fetch(conn, inos)
+        async def fetch_and_commit_between(conn, inos, *shard):
+            states = await real_fetch(conn, inos, *shard)
             rounds.append(sorted(inos))
             if len(rounds) == 1:
                 await put(b, "/x", data(3, 4096))  # x changed here: x is read again
@@ -1085,9 +1085,9 @@ def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading
 
     async def body(a, b):
         cat = b.files.catalog
-        await eventually(lambda: cat._conn is not None)
+        await eventually(lambda: cat.shards[0].conn is not None)
         loading["n"] = 2
-        cat._conn.abort()  # the follower reconnects: meets LOADING twice
+        cat.shards[0].conn.abort()  # the follower reconnects: meets LOADING twice
         with trio.fail_after(20):
             while loading["n"]:
                 await trio.sleep(0.05)
@@ -1113,14 +1113,14 @@ def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_co
             cut["n"] -= 1
             raise RedisUnavailable("lost the connection to Redis (test)")
 
-    async def refresh(self, inos, conn=None, retired=None):
+    async def refresh(self, inos, conn=None, retired=None, sh=None):
         if conn is not None:  # the follower's refresh, not a lookup
             cutting()
-        return await real(self, inos, conn, retired)
+        return await real(self, inos, conn, retired, sh)
 
-    async def install_records(self, states, blobs, conn, retired):
+    async def install_records(self, states, blobs, conn, retired, *shard):
         cutting()  # (a publish's entry carries its records: nothing is read back)
-        return await real_records(self, states, blobs, conn, retired)
+        return await real_records(self, states, blobs, conn, retired, *shard)
 
     monkeypatch.setattr(RedisCatalog, "_refresh", refresh)
     monkeypatch.setattr(RedisCatalog, "_install_records", install_records)

@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import re
+
 import pytest
 
 from kvfs import config
@@ -204,6 +206,33 @@ path = "state/ns0.img"
 size = "64MiB"
 """,
         )
+
+
+def test_cluster_shards(tmp_path):
+    """[cluster] shards: the pool's other Redis shards, URLs (master names with sentinels);
+    each shard's own settings keep the rest and take their own Redis and key prefix."""
+    ns = '[[pool.namespace]]\npath = "/dev/nvme1n1"\n'
+    c = load_text(
+        tmp_path,
+        '[cluster]\nredis = "redis://a:1/0"\nshards = ["redis://b:2/0", "redis://c:3/1"]\n' + ns,
+    ).cluster
+    assert c.shard_count == 3 and c.shard(0) is c
+    assert (c.shard(2).redis, c.shard(2).name, c.shard(2).shards) == ("redis://c:3/1", "kvfs#2", ())
+    assert c.shard(1).lease_seconds == c.lease_seconds
+    s = load_text(
+        tmp_path,
+        '[cluster]\nsentinels = ["h:26379"]\nmaster_name = "kv0"\nshards = ["kv1", "kv2"]\n' + ns,
+    ).cluster
+    assert s.shard(1).master_name == "kv1" and s.shard(1).sentinels == (("h", 26379),)
+    assert load_text(tmp_path, '[cluster]\nredis = "redis://a:1/0"\n' + ns).cluster.shard_count == 1
+    for bad, what in [
+        ('shards = "redis://b:2/0"', "expected a non-empty list"),
+        ("shards = []", "expected a non-empty list"),
+        ('shards = ["b:2"]', "cluster.shards[0]"),
+        ('shards = ["redis://b:2/0", "redis://b:2/0"]', "named twice"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(what)):
+            load_text(tmp_path, '[cluster]\nredis = "redis://a:1/0"\n' + bad + "\n" + ns)
 
 
 def test_missing_config_file(tmp_path):

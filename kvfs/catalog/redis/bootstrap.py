@@ -16,6 +16,7 @@ import trio
 from kvfs.catalog.base import ROOT_INO
 from kvfs.catalog.redis.codec import pairs
 from kvfs.catalog.redis.scripts import SCRIPTS
+from kvfs.catalog.redis.shards import shard_of
 from kvfs.catalog.tree import _now
 from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
@@ -65,8 +66,36 @@ async def init_lock(link: ClusterLink):
             await link.eval(SCRIPTS.unlock_init, [me], durable=False)
 
 
-async def create_catalog(link: ClusterLink, pool_id: str) -> dict[bytes, bytes]:
-    """An empty catalog of `pool_id`: its meta hash and the root directory."""
+async def connect_shards(cfg: ClusterConfig) -> list[ClusterLink]:
+    """Links to the pool's shards past the first (`[cluster] shards`), quiet as `connect`'s."""
+    links: list[ClusterLink] = []
+    try:
+        for k in range(1, cfg.shard_count):
+            try:
+                links.append(await connect(cfg.shard(k)))
+            except StartupError as e:
+                raise StartupError(f"cluster.shards[{k - 1}]: {e}", e.errno) from None
+    except BaseException:
+        for link in links:
+            await link.aclose()
+        raise
+    return links
+
+
+async def create_catalog(
+    link: ClusterLink, pool_id: str, shard: int = 0, shards: int = 1
+) -> dict[bytes, bytes]:
+    """An empty catalog of `pool_id` in shard `shard` of `shards`: its meta hash, and the root
+    directory in the shard that holds the root's entries."""
+    meta = {
+        b"pool_id": pool_id.encode(),
+        b"schema": SCHEMA_VERSION.encode(),
+        b"shard": str(shard).encode(),
+        b"shards": str(shards).encode(),
+    }
+    if shard_of(ROOT_INO, shards) != shard:
+        got = await link.eval(SCRIPTS.init, [pool_id, SCHEMA_VERSION, shard, shards])
+        return {**meta, b"pool_id": got}
     now = _now()
     root = [
         b"p",
@@ -90,9 +119,11 @@ async def create_catalog(link: ClusterLink, pool_id: str) -> dict[bytes, bytes]:
         b"d",
         1,
     ]
-    got = await link.eval(SCRIPTS.init, [pool_id, SCHEMA_VERSION, *root])
+    if shards > 1:
+        root += [b"h", shard]
+    got = await link.eval(SCRIPTS.init, [pool_id, SCHEMA_VERSION, shard, shards, *root])
     log.info("cluster: created the catalog of pool %s in Redis at %s", got.decode(), link.where)
-    return {b"pool_id": got, b"schema": SCHEMA_VERSION.encode()}
+    return {**meta, b"pool_id": got}
 
 
 async def scan(conn, pattern: str) -> list[bytes]:
@@ -104,17 +135,35 @@ async def scan(conn, pattern: str) -> list[bytes]:
             return keys
 
 
-async def join(link: ClusterLink, open_pool: Callable[[str | None], Pool]) -> Pool:
-    """Bind this node to the pool whose catalog Redis holds (`open_pool(pool_id)` opens and
-    validates the namespaces). With no catalog yet, one node (under the creation lock) formats
-    the namespaces (`open_pool(None)`) and creates it. Takes this mount's epoch (the high half
-    of every id it makes) and lease token. Returns the pool; the caller closes it on failure."""
-    meta = pairs(await link.call("HGETALL", link.key("meta")))
-    if meta and meta.get(b"schema") != SCHEMA_VERSION.encode():
+def _check_meta(meta: dict, link: ClusterLink, shard: int, shards: int) -> None:
+    """A shard's meta hash against this node's configuration."""
+    if meta.get(b"schema") != SCHEMA_VERSION.encode():
         raise StartupError(
             f"cluster: Redis holds kvfs catalog schema {meta.get(b'schema')!r}; "
             f"this kvfs uses {SCHEMA_VERSION}"
         )
+    held = (int(meta.get(b"shard", 0)), int(meta.get(b"shards", 1)))
+    if held != (shard, shards):
+        raise StartupError(
+            f"cluster: Redis at {link.where} holds shard {held[0]} of {held[1]} of the pool's "
+            f"catalog under {link.prefix!r}, but this node's configuration makes it shard "
+            f"{shard} of {shards} (cluster.redis and cluster.shards, in the same order on "
+            f"every node; a pool's shards cannot be changed: `kvfs format --force` starts over)"
+        )
+
+
+async def join(
+    link: ClusterLink, open_pool: Callable[[str | None], Pool], shards: list[ClusterLink] = ()
+) -> Pool:
+    """Bind this node to the pool whose catalog Redis holds (`open_pool(pool_id)` opens and
+    validates the namespaces). With no catalog yet, one node (under the creation lock) formats
+    the namespaces (`open_pool(None)`) and creates it, in every shard (`shards`: the links
+    to the shards past the first). Takes this mount's epoch (the high half of every id it
+    makes) and lease token. Returns the pool; the caller closes it on failure."""
+    count = 1 + len(shards)
+    meta = pairs(await link.call("HGETALL", link.key("meta")))
+    if meta:
+        _check_meta(meta, link, 0, count)
     pool = None
     if not meta:
         async with init_lock(link) as meta:
@@ -127,9 +176,29 @@ async def join(link: ClusterLink, open_pool: Callable[[str | None], Pool]) -> Po
                         f"it under {link.prefix!r} (wrong cluster.name or database, or Redis "
                         f"lost its data?); to start over, run `kvfs format --force`"
                     )
-                meta = await create_catalog(link, pool.pool_id)
+                try:
+                    for k, other in enumerate(shards, 1):
+                        await create_catalog(other, pool.pool_id, k, count)
+                    meta = await create_catalog(link, pool.pool_id, 0, count)
+                except BaseException:
+                    pool.close()
+                    raise
     if pool is None:
         pool = open_pool(meta[b"pool_id"].decode())
+    try:
+        for k, other in enumerate(shards, 1):
+            got = pairs(await other.call("HGETALL", other.key("meta")))
+            if got.get(b"pool_id") != meta[b"pool_id"]:
+                raise StartupError(
+                    f"cluster.shards[{k - 1}]: Redis at {other.where} holds no catalog of pool "
+                    f"{meta[b'pool_id'].decode()} under {other.prefix!r} (a shard added to a "
+                    f"pool, or one that lost its data?); to start over, run "
+                    f"`kvfs format --force`"
+                )
+            _check_meta(got, other, k, count)
+    except BaseException:
+        pool.close()
+        raise
     try:
         # replicated before use: a master promoted after losing this INCR would hand the
         # same epoch, and so the same ids, to the next node that mounts
@@ -138,6 +207,8 @@ async def join(link: ClusterLink, open_pool: Callable[[str | None], Pool]) -> Po
             raise StartupError("cluster: node epochs exhausted (more than 2^31 mounts)")
         link.epoch = epoch
         link.token = f"{link.cfg.node_id}/{epoch}/{uuid.uuid4().hex[:8]}"
+        for other in shards:
+            other.epoch, other.token = link.epoch, link.token
     except BaseException:
         pool.close()
         raise
@@ -149,6 +220,11 @@ async def format_catalog(cfg: ClusterConfig, format_pool: Callable[[], str], *, 
     create an empty catalog in Redis, discarding an old one only with `force`. Refuses while
     any node holds a lease (a mounted node is using the pool). Returns the pool id."""
     link = await connect(cfg)
+    try:
+        shards = await connect_shards(cfg)
+    except BaseException:
+        await link.aclose()
+        raise
     try:
         async with init_lock(link) as meta:
             if meta and not force:
@@ -172,11 +248,21 @@ async def format_catalog(cfg: ClusterConfig, format_pool: Callable[[], str], *, 
                     errno.EBUSY,
                 )
             pool_id = format_pool()
-            old = [k for k in await scan(link, link.prefix + "*") if k != link.key("init").encode()]
-            for i in range(0, len(old), 512):
-                await link.call("UNLINK", *old[i : i + 512])
-            await create_catalog(link, pool_id)
+            count = 1 + len(shards)
+            for other in [link, *shards]:
+                old = [
+                    x
+                    for x in await scan(other, other.prefix + "*")
+                    if x != link.key("init").encode()
+                ]
+                for i in range(0, len(old), 512):
+                    await other.call("UNLINK", *old[i : i + 512])
+            for k, other in enumerate(shards, 1):
+                await create_catalog(other, pool_id, k, count)
+            await create_catalog(link, pool_id, 0, count)
             return pool_id
     finally:
         with trio.CancelScope(shield=True):
+            for other in shards:
+                await other.aclose()
             await link.aclose()

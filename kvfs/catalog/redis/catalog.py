@@ -25,6 +25,7 @@ import trio
 from kvfs.catalog.base import BlobRec, Node, ghost_key
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT
 from kvfs.catalog.redis.codec import blob_fields, node_fields, publish_args, score_fields
+from kvfs.catalog.redis.flushes import Flushes
 from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.cluster.link import reply_error
@@ -47,7 +48,7 @@ PUBLISH_RETRY_SECONDS = 0.25
 PUBLISH_FILES = 128
 
 
-class RedisCatalog(RedisMirror):
+class RedisCatalog(Flushes, RedisMirror):
     """The catalog of a pool shared by several nodes (see the module docstring). Built by
     kvfs/service.py after `bootstrap.join`; `load()` fills the mirror."""
 
@@ -68,13 +69,15 @@ class RedisCatalog(RedisMirror):
             await trio.sleep_forever()
 
     async def stop(self) -> None:
-        await self.redis.aclose()
+        for sh in reversed(self.shards):
+            await sh.link.aclose()
 
     def close(self) -> None:
         pass
 
     def statistics(self) -> dict:
         link = self.redis
+        calls = [sh.link.calls for sh in self.shards]
         return {
             "node_id": self.cfg.node_id,
             "epoch": self.epoch,
@@ -89,7 +92,9 @@ class RedisCatalog(RedisMirror):
             "misses_answered": self.misses_answered,
             "publish_retries": self.publish_retries,
             "resyncs": self.resyncs,
-            "redis_calls": link.calls,
+            "redis_calls": sum(calls),
+            "shards": len(self.shards),
+            "shard_calls": calls,
             "follower_round_trips": self.follower_round_trips,
             "redis_failures": link.failures,
             "redis_call_ms": round(1000 * link.call_seconds / max(1, link.calls), 3),
@@ -155,12 +160,13 @@ class RedisCatalog(RedisMirror):
         be asked, ENOENT if the name is gone."""
         p = self.nodes.get(parent)
         known = p.children.get(name) if p is not None and p.children is not None else None
-        ino = await self.redis.call("HGET", self.redis.key("d", parent), name)
+        sh = self.shard_of_dir(parent)
+        ino = await sh.link.call("HGET", sh.link.key("d", parent), name)
         inos = [int(ino)] if ino is not None else []
         if known is not None and known not in inos:
             inos.append(known)  # renamed or removed meanwhile: the mirror forgets it
         if inos:
-            await self._refresh(inos)
+            await self._refresh(inos, sh=sh)
         return self.lookup(parent, name)
 
     # ------------------------------------------------------------------------------ mutations
@@ -171,17 +177,18 @@ class RedisCatalog(RedisMirror):
             rs.update(regions.touched(e.offset, e.length))
         return " ".join(str(r) for r in sorted(rs))
 
-    async def _own(self, retired: list, leaving: list[BlobRec]) -> None:
-        """After one of this node's scripts: the blocks it retired are in the grave; blocks
-        that left a file here and are not among them were retired earlier by another node."""
+    async def _own(self, retired: list, leaving: list[BlobRec], link=None) -> None:
+        """After one of this node's scripts (in shard `link`): the blocks it retired are in
+        the grave; blocks that left a file here and are not among them were retired earlier
+        by another node."""
         retired_ids = {int(b) for b in retired}
         self.space.buried(retired_ids)
         try:
-            await self.space.settle(leaving, retired=retired_ids)
+            await self.space.settle(leaving, retired=retired_ids, link=link or self.redis)
         except KvfsError:  # the change is made; the follower reconciles later
             self._resync = True
 
-    async def _publish(self, args: list, recs: list[tuple[int, BlobRec]]) -> list:
+    async def _publish(self, args: list, recs: list[tuple[int, BlobRec]], link) -> list:
         """Run PUBLISH for blocks `recs`. If the connection broke after the script was sent,
         Redis may have run it: ask (once Redis answers) which block records exist. Some do:
         the script ran, and published exactly those (the follower reloads to learn exactly
@@ -189,7 +196,7 @@ class RedisCatalog(RedisMirror):
         original error. Redis cannot tell in time: the error, marked `maybe_published`, so
         the caller keeps the blocks' space instead of allocating it to someone else."""
         try:
-            return await self.redis.eval(SCRIPTS.publish, args)
+            return await link.eval(SCRIPTS.publish, args)
         except KvfsError as e:
             if getattr(e, "unreplicated", False):
                 # published on the master, but no replica confirmed it: not reported durable,
@@ -202,9 +209,7 @@ class RedisCatalog(RedisMirror):
         found: list = []
 
         async def published() -> bool:
-            found[:] = await self.redis.pipeline(
-                [("EXISTS", self.redis.key("b", r.id)) for _, r in recs]
-            )
+            found[:] = await link.pipeline([("EXISTS", link.key("b", r.id)) for _, r in recs])
             return any(found)
 
         done = await self._ran(err, published, f"block {recs[0][1].id}: published")
@@ -238,22 +243,44 @@ class RedisCatalog(RedisMirror):
         return done
 
     async def _publish_new(self, node: Node, policy: str) -> None:
-        """Run MKNODE for a directory or symlink not yet in Redis, then mark it published."""
+        """Run MKNODE for a directory or symlink not yet in Redis, then mark it published.
+        With several shards, a directory's record goes in its parent's shard and its entries
+        in its own: its marker there first (`o:<ino>`, dirmark.lua), taken back if the
+        record cannot be published."""
         t = time.perf_counter()
+        link = self.shard_of_node(node).link
+        fields = node_fields(node)
+        own = None
+        if node.children is not None and len(self.shards) > 1:
+            fields += [b"h", self.shard_of_dir(node.ino).k]
+            own = self.shard_of_dir(node.ino)
+            if own.link is link:
+                own = None
+            else:
+                await own.link.eval(SCRIPTS.dirmark, ["open", node.ino, node.parent])
         with self._changing(node.ino, node.parent):
-            retired = await self.redis.eval(
-                SCRIPTS.mknode,
-                [
-                    self.epoch,
-                    node.ino,
-                    node.parent,
-                    node.name,
-                    policy,
-                    self.space.grace_ms,
-                    node.ctime_ns,
-                    *node_fields(node),
-                ],
-            )
+            try:
+                retired = await link.eval(
+                    SCRIPTS.mknode,
+                    [
+                        self.epoch,
+                        node.ino,
+                        node.parent,
+                        node.name,
+                        policy,
+                        self.space.grace_ms,
+                        node.ctime_ns,
+                        *fields,
+                    ],
+                )
+            except KvfsError as e:
+                if own is not None and not getattr(e, "maybe_done", False):
+                    with trio.CancelScope(shield=True):
+                        try:
+                            await own.link.eval(SCRIPTS.dirmark, ["close", node.ino, node.parent])
+                        except KvfsError:
+                            pass  # (a marker nobody names: harmless)
+                raise
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t
             leaving: list[BlobRec] = []
@@ -262,7 +289,7 @@ class RedisCatalog(RedisMirror):
             if occupant is not None and occupant != node.ino:  # replaced another node's file
                 self._vanish(self.nodes[occupant], leaving)
             node.persisted = True
-        await self._own(retired, leaving)
+        await self._own(retired, leaving, link)
 
     async def _add(self, node: Node) -> None:
         """A new directory or symlink: published in Redis first (EEXIST if another node took
@@ -306,6 +333,27 @@ class RedisCatalog(RedisMirror):
                 except KvfsError as e:
                     out += [e] * len(part)
             return out
+        if len(self.shards) > 1:
+            # one call per shard: a file's records go in its directory's shard (computed as
+            # the arguments are built, with no wait between: a rename of a file waits for its
+            # publish, `settled`)
+            groups: dict[int, list[int]] = {}
+            for i, (node, *_) in enumerate(items):
+                groups.setdefault(self.shard_of_node(node).k, []).append(i)
+            if len(groups) > 1:
+                out = [None] * len(items)
+                for idx in groups.values():
+                    try:
+                        got = await self.commit_batch(
+                            [items[i] for i in idx],
+                            [mtimes[i] for i in idx] if mtimes is not None else None,
+                        )
+                    except KvfsError as e:
+                        got = [e] * len(idx)
+                    for i, g in zip(idx, got):
+                        out[i] = g
+                return out
+        sh = self.shard_of_node(items[0][0])
         now = _now()
         out: list = [None] * len(items)
         args: list = [self.epoch, self.redis.token, self.space.grace_ms, now, 0]
@@ -351,7 +399,7 @@ class RedisCatalog(RedisMirror):
         for _, n, *_ in sent:
             self._publishing[n.ino] = self._publishing.get(n.ino, 0) + 1
         try:
-            return await self._commit_sent(sent, args, touched, out, t)
+            return await self._commit_sent(sent, args, touched, out, t, sh)
         finally:
             for _, n, *_ in sent:
                 left = self._publishing.pop(n.ino) - 1
@@ -369,13 +417,15 @@ class RedisCatalog(RedisMirror):
         while any(n is not None and n.ino in self._publishing for n in nodes):
             await self._published.wait()
 
-    async def _commit_sent(self, sent: list, args: list, touched: dict, out: list, t: float):
+    async def _commit_sent(
+        self, sent: list, args: list, touched: dict, out: list, t: float, sh
+    ) -> list:
         patience = trio.current_time() + PUBLISH_PATIENCE if not self.confirm_misses else None
         with self._changing(*touched):
             while True:
                 try:
                     retired, refused, revived = await self._publish(
-                        args, [(n.ino, rec) for _, n, rec, _, _ in sent]
+                        args, [(n.ino, rec) for _, n, rec, _, _ in sent], sh.link
                     )
                     break
                 except KvfsError as e:
@@ -429,10 +479,10 @@ class RedisCatalog(RedisMirror):
         if gone:
             with trio.CancelScope(shield=True):
                 try:
-                    await self._refresh(gone)
+                    await self._refresh(gone, sh=sh)
                 except KvfsError:
                     pass
-        await self._own(retired, leaving)
+        await self._own(retired, leaving, sh.link)
         return out
 
     async def _remove(
@@ -443,9 +493,17 @@ class RedisCatalog(RedisMirror):
         ghost = (
             [ghost_key(node.parent, node.name), node.uses, ghosts] if ghosts and node.uses else []
         )
+        link = self.shard_of_node(node).link
+        if want == "dir" and len(self.shards) > 1:
+            own = self.shard_of_dir(node.ino)
+            if own.link is not link:
+                # its entries' shard first: from then on nothing is created in it (ENOTEMPTY
+                # if something was); then its record. Interrupted between the two, it stays
+                # an empty directory that takes no new names until rmdir is run again.
+                await own.link.eval(SCRIPTS.dirmark, ["close", node.ino, node.parent])
         with self._changing(node.ino, node.parent):
             try:
-                retired = await self.redis.eval(
+                retired = await link.eval(
                     SCRIPTS.remove,
                     [
                         self.epoch,
@@ -467,7 +525,7 @@ class RedisCatalog(RedisMirror):
                     raise
 
                 async def removed() -> bool:
-                    return not await self.redis.call("EXISTS", self.redis.key("n", node.ino))
+                    return not await link.call("EXISTS", link.key("n", node.ino))
 
                 if not await self._ran(e, removed, f"removal of inode {node.ino}: done"):
                     raise
@@ -477,7 +535,7 @@ class RedisCatalog(RedisMirror):
         node.ctime_ns = now
         self._forget_links(node.ino)
         p.mtime_ns = p.ctime_ns = now
-        await self._own(retired, [node.blob] if node.blob is not None else [])
+        await self._own(retired, [node.blob] if node.blob is not None else [], link)
         return node
 
     async def remove(self, node: Node, expect: BlobRec | None = None, ghosts: int = 0) -> Node:
@@ -502,7 +560,8 @@ class RedisCatalog(RedisMirror):
 
     async def take_ghost(self, parent: int, name: bytes) -> int | None:
         """The uses an evicted name had, if the pool still remembers it (then forgotten)."""
-        got = await self.redis.eval(SCRIPTS.ghost, [ghost_key(parent, name)], durable=False)
+        link = self.shard_of_dir(parent).link
+        got = await link.eval(SCRIPTS.ghost, [ghost_key(parent, name)], durable=False)
         return int(got) if got is not None else None
 
     async def raise_floor(self, priority: float) -> float:
@@ -538,8 +597,14 @@ class RedisCatalog(RedisMirror):
     ) -> Node | None:
         if not src.persisted or (flags & RENAME_EXCHANGE and not target.persisted):
             # A file this node has not committed yet: renamed here only (its commit publishes
-            # it under the name it has then).
+            # it under the name it has then, in that directory's shard).
             return await self._rename_local(src, pold, pnew, name_new, target, flags)
+        if self.shard_of_dir(pold.ino) is not self.shard_of_dir(pnew.ino):
+            raise KvfsError(
+                errno.EXDEV,
+                "rename between directories whose entries are in different shards of the "
+                "pool's catalog (as across file systems: copy, then remove)",
+            )
         local = None
         if target is not None and not target.persisted:
             # a published file renamed over one only this node knows (written here, waiting
@@ -585,9 +650,11 @@ class RedisCatalog(RedisMirror):
                 cookie,
                 target.cookie if target is not None else 0,
                 now,
+                self.shard_of_dir(pold.ino).k,
             ]
+            link = self.shard_of_dir(pold.ino).link
             try:
-                retired = await self.redis.eval(SCRIPTS.rename, args)
+                retired = await link.eval(SCRIPTS.rename, args)
             except KvfsError as e:
                 # The reply was lost: a plain rename gave the node our new cookie if it ran
                 # (the error it was is then no error: the caller must not retry it).
@@ -595,7 +662,7 @@ class RedisCatalog(RedisMirror):
                     raise
 
                 async def renamed() -> bool:
-                    c = await self.redis.call("HGET", self.redis.key("n", src.ino), "c")
+                    c = await link.call("HGET", link.key("n", src.ino), "c")
                     return c is not None and int(c) == cookie
 
                 if not await self._ran(e, renamed, f"rename of inode {src.ino}: done"):
@@ -616,7 +683,7 @@ class RedisCatalog(RedisMirror):
         if pold.children.get(src.name) == src.ino:
             self._move(src, pold, pnew, name_new, now, cookie)
         # else the follower reloaded the catalog while the script ran: the mirror has it
-        await self._own(retired, leaving)
+        await self._own(retired, leaving, link)
         return target
 
     def _detach_here(self, node: Node) -> None:
@@ -657,7 +724,7 @@ class RedisCatalog(RedisMirror):
         if not node.persisted or not node.linked:
             return
         with self._changing(node.ino):
-            await self.redis.eval(
+            await self.shard_of_node(node).link.eval(
                 SCRIPTS.update, [self.epoch, node.ino, len(fields) // 2, *fields, *(delete or [])]
             )
         self.commits += 1
@@ -707,67 +774,3 @@ class RedisCatalog(RedisMirror):
         await self._update(node, [b"k", now], [b"x:" + name])
         del node.xattrs[name]
         node.ctime_ns = now
-
-    async def flush_atimes(self) -> int:
-        """Persist recorded accesses: the cluster-wide LRU order eviction follows."""
-        inos, self._dirty_atime = self._dirty_atime, set()
-        args: list = []
-        for i in inos:
-            n = self.nodes.get(i)
-            if n is not None and n.linked and n.persisted:
-                args += [
-                    i,
-                    n.atime_ns,
-                    n.atime_ns // 1_000_000,
-                    repr(n.prio) if n.prio is not None else "",
-                    n.uses,
-                ]
-        if args:
-            try:
-                await self.redis.eval(SCRIPTS.atimes, args, durable=False)
-            except KvfsError:
-                self._dirty_atime |= inos
-                raise
-        return len(args) // 5
-
-    # ------------------------------------------------------------------------------ chains
-    def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
-        before = self.successors.get(pred, {}).get(succ)
-        before = list(before) if before else None
-        super().link(pred, succ, source, weight)
-        after = self.successors.get(pred, {}).get(succ)
-        if after is None or after == before:
-            return
-        d = self._link_delta.get((pred, succ))
-        if d is None or source > d[0]:
-            self._link_delta[(pred, succ)] = [source, weight]
-        elif source == d[0]:
-            d[1] += weight
-
-    def unlink_chain(self, pred: int, succ: int) -> None:
-        super().unlink_chain(pred, succ)
-        self._link_delta[(pred, succ)] = [0, None]
-
-    async def flush_links(self) -> int:
-        """Merge the links learned here into Redis (weights add up across nodes)."""
-        self._dirty_links.clear()
-        deltas, self._link_delta = self._link_delta, {}
-        args: list = [self.epoch]
-        later = {}
-        for (pred, succ), (source, weight) in deltas.items():
-            p, s = self.nodes.get(pred), self.nodes.get(succ)
-            if weight is None:
-                args += [pred, succ, 0, "-"]
-            elif p is not None and s is not None and p.persisted and s.persisted:
-                args += [pred, succ, source, weight]
-            elif p is not None and s is not None and p.linked and s.linked:
-                later[(pred, succ)] = [source, weight]  # with their files, later
-        self._link_delta.update(later)
-        if len(args) > 1:
-            try:
-                await self.redis.eval(SCRIPTS.links, args, durable=False)
-            except KvfsError:
-                for k, v in deltas.items():
-                    self._link_delta.setdefault(k, v)
-                raise
-        return (len(args) - 1) // 4

@@ -7,39 +7,96 @@ the keys they touch stay with the Redis catalog (docs/cluster.md lists them).
 
 from __future__ import annotations
 
+import errno
+import logging
 from collections.abc import Iterable
 from typing import Any
 
+import trio
+
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.cluster.link import ClusterLink
+from kvfs.errors import KvfsError
+
+log = logging.getLogger("kvfs.cluster")
 
 
 class RegionLeases:
     """Lease calls on `link` under this node's lease token (`link.token`) and epoch
-    (`link.epoch`), both read at each call: they are set when the node joins the pool."""
+    (`link.epoch`), both read at each call: they are set when the node joins the pool.
 
-    def __init__(self, link: ClusterLink):
+    With several shards (`shards`: the links past the first, docs/cluster.md "More than one
+    Redis"), the first holds the leases and every other one a copy of each (leasecopy.lua),
+    which a publish there checks. A copy never outlives its lease: it is set with what is
+    left of the lease's time as measured from before the lease's own call was sent, and it
+    is written, on taking a lease, before the node reads any shard's log tail, so a publish
+    by the lease's previous holder either reached a shard's log before that tail or is
+    refused there. A copy is removed before its lease is given back."""
+
+    def __init__(self, link: ClusterLink, shards: list[ClusterLink] = ()):
         self.link = link
+        self.shards = list(shards)
 
     async def acquire(self, regions: Iterable[int], lease_ms: int) -> Any:
         """Lease the first of `regions` that nobody holds, for `lease_ms`: the reply
-        (region or b'', change-log tail at that moment)."""
-        return await self.link.eval(SCRIPTS.acquire, [self.link.token, lease_ms, *regions])
+        (region or b'', each shard's change-log tail at that moment)."""
+        t = trio.current_time()
+        got, tail = await self.link.eval(SCRIPTS.acquire, [self.link.token, lease_ms, *regions])
+        tails = [tail]
+        if got and self.shards:
+            try:
+                tails += await self._copy("take", [got], lease_ms, t)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.release([got])
+                    except KvfsError:
+                        pass  # it expires instead
+                raise
+        return got, tails
+
+    async def _copy(self, mode: str, regions: list, lease_ms: int, t: float) -> list:
+        left = int(lease_ms - (trio.current_time() - t) * 1000) - 1
+        if left <= 0:
+            raise KvfsError(errno.EIO, "cluster: a lease ran out before it could be copied")
+        out = []
+        for link in self.shards:
+            out.append(await link.eval(SCRIPTS.leasecopy, [mode, self.link.token, left, *regions]))
+        return out
 
     async def release(self, regions: Iterable[int]) -> Any:
         """Give back those of `regions` this node holds: how many it held."""
+        regions = list(regions)
+        for link in self.shards:
+            await link.eval(SCRIPTS.release, [self.link.token, *regions])
         return await self.link.eval(SCRIPTS.release, [self.link.token, *regions])
 
     async def renew(self, regions: Iterable[int], lease_ms: int) -> Any:
-        """Extend this node's leases of `regions` by `lease_ms`: the regions still held."""
-        return await self.link.eval(SCRIPTS.renew, [self.link.token, lease_ms, *regions])
+        """Extend this node's leases of `regions` by `lease_ms`: the regions still held. (A
+        copy that cannot be renewed runs out by itself: the publishes in its shard are
+        refused until the next renewal sets it again.)"""
+        t = trio.current_time()
+        ok = await self.link.eval(SCRIPTS.renew, [self.link.token, lease_ms, *regions])
+        if ok and self.shards:
+            try:
+                await self._copy("keep", ok, lease_ms, t)
+            except KvfsError as e:
+                log.warning("cluster: renewing the copies of this node's leases failed: %s", e)
+        return ok
 
     async def purge(self, limit: int) -> Any:
         """Free at most `limit` blocks whose grace period is over (logged as this node's
-        change): their ids."""
-        return await self.link.eval(SCRIPTS.purge, [self.link.epoch, limit])
+        change), in every shard: their ids."""
+        out = []
+        for link in [self.link, *self.shards]:
+            out += await link.eval(SCRIPTS.purge, [self.link.epoch, limit])
+        return out
 
     async def hold(self, ids: Iterable[int], grace_ms: int) -> Any:
         """Push back to `grace_ms` from now the grave deadlines of blocks a reader here still
-        uses: how many were pushed back."""
-        return await self.link.eval(SCRIPTS.hold, [grace_ms, *ids])
+        uses (in whichever shard's grave each is): how many were pushed back."""
+        ids = list(ids)
+        n = 0
+        for link in [self.link, *self.shards]:
+            n += await link.eval(SCRIPTS.hold, [grace_ms, *ids])
+        return n

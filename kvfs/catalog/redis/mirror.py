@@ -1,10 +1,11 @@
 """The mirror: this node's copy of a shared catalog, kept current by following Redis.
 
-At start-up the whole catalog is loaded (`load`); then every change any node makes arrives as an
-entry in the change log (the stream `log`), which `_follow` reads with XREAD and applies by
-re-reading what the entry names (`_refresh`): re-reading current state is idempotent, so entries
-may be applied twice or late without harm. A node that missed part of the log (it was away
-longer than the log's length) reloads a snapshot and reconciles its mirror with it.
+At start-up the whole catalog is loaded (`load`, every shard of it); then every change any node
+makes arrives as an entry in a change log (each shard's stream `log`), which the follower
+(follower.py) applies from the records it carries or by re-reading what the entry names
+(`_refresh`): re-reading current state is idempotent, so entries may be applied twice or late
+without harm. A node that missed part of a log (it was away longer than the log's length)
+reloads a snapshot and reconciles its mirror with it.
 
 Changes that touch space (a block published, retired into the grave, purged) are passed to the
 space layer (kvfs/cluster/space.py); changes the layer above may cache (a name gone, new
@@ -21,34 +22,25 @@ import trio
 
 from kvfs.catalog.base import ROOT_INO, BlobRec, Node
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
+from kvfs.catalog.redis.follower import Following, Shard
+from kvfs.catalog.redis.shards import shard_of
 from kvfs.catalog.redis.codec import (
-    as_bytes,
-    ids,
-    node_fields,
     pairs,
     parse_blob,
-    parse_entry,
     parse_node,
-    stream_id,
 )
 from kvfs.catalog.tree import TreeCatalog, _now
 from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
-from kvfs.errors import KvfsError, StartupError
-from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable
+from kvfs.errors import StartupError
 
 log = logging.getLogger("kvfs.catalog")
 
-# The follower retries this soon after Redis failed it. A name committed on another node right
-# after a restarted Redis is ready reaches this node only once the follower is back and has
-# reloaded the catalog (docs/cluster.md: 2 s from the writer's close). An attempt against a Redis
-# that is down or still loading its AOF is refused at once and costs nothing; with 0.5 s the
-# 200-cycle cluster torture saw one change 2.03 s late, in a Redis restart cycle.
-FOLLOW_RETRY_SECONDS = 0.1
+
 SNAPSHOT_ATTEMPTS = 8  # start-up reads of a catalog that kept changing while it was read
 
 
-class RedisMirror(TreeCatalog):
+class RedisMirror(Following, TreeCatalog):
     """The memory tree of a shared catalog and what keeps it current (see the module doc)."""
 
     shared = True
@@ -63,6 +55,7 @@ class RedisMirror(TreeCatalog):
         on_change: Callable[..., None] | None = None,
         announcer=None,
         confirm_misses: bool = True,
+        shards: list[ClusterLink] = (),
     ):
         """`on_change(kind, node, old_blob, old_parent, old_name)` is called after another
         node changed something this node may cache: kind is "gone", "content", "new" or
@@ -72,7 +65,8 @@ class RedisMirror(TreeCatalog):
         of Redis before it is answered ENOENT (durability "close", where a file is visible
         on every node once its close returned; with "fsync" a file is visible once its batch
         is published, and a fresh mirror answers a miss: kvfs/catalog/redis/catalog.py
-        `lookup_fresh`)."""
+        `lookup_fresh`). `shards`: the links to the pool's shards past the first (`link`),
+        with `[cluster] shards` (kvfs/catalog/redis/shards.py)."""
         super().__init__(announcer)
         self.confirm_misses = confirm_misses
         self.redis = link
@@ -83,15 +77,14 @@ class RedisMirror(TreeCatalog):
         self.epoch = link.epoch
         base = self.epoch << EPOCH_SHIFT
         self._next_ino = self._next_cookie = self._next_blob = base + 1
-        self.last_id = b"0-0"  # the last log entry applied
-        self._snapshot_tail = b"0-0"  # the log position the last snapshot read
-        self.synced_at = trio.current_time()  # when the follower last heard from Redis
+        self.shards = [Shard(0, link)] + [Shard(k, x) for k, x in enumerate(shards, 1)]
         self.catalog_lost = False  # Redis came back without this pool's catalog
         self._progress = trio.Event()
         self._link_delta: dict[tuple[int, int], list] = {}
-        self._resync = False
-        self._conn: RedisClient | None = None  # the follower's connection
-        self._follower_trips = 0  # round trips of its connections that ended
+        # a reload and the followers' batches are applied one at a time; a batch read before
+        # a reload is dropped (the reload's tails are before it)
+        self._apply_lock = trio.Lock()
+        self._reloads = 0
         # This node's own changes, per inode: how many are in flight, and the sequence number
         # of the last one to finish (see _changing and _refresh)
         self._changes_in_flight: dict[int, int] = {}
@@ -109,6 +102,40 @@ class RedisMirror(TreeCatalog):
         self.misses_answered = 0  # lookups of unknown names answered without asking Redis
         self.publish_retries = 0  # write-back publishes sent again (Redis had not run them)
         self.resyncs = 0
+
+    # ------------------------------------------------------------------------------ the shards
+    @property
+    def last_id(self) -> bytes:
+        return self.shards[0].last_id
+
+    @property
+    def synced_at(self) -> float:
+        """When the follower that heard from Redis least recently last heard."""
+        return min(sh.synced_at for sh in self.shards)
+
+    @property
+    def _resync(self) -> bool:
+        return any(sh.resync for sh in self.shards)
+
+    @_resync.setter
+    def _resync(self, value: bool) -> None:
+        """Set: reload the whole catalog (every shard) once the followers get to it."""
+        for sh in self.shards:
+            sh.resync = value
+
+    def shard_of_dir(self, ino: int) -> Shard:
+        """The shard holding directory `ino`'s entries and its children's records."""
+        return self.shards[shard_of(ino, len(self.shards))]
+
+    def shard_of_node(self, node: Node) -> Shard:
+        """The shard holding `node`'s record (its parent's; the root's own)."""
+        return self.shard_of_dir(node.parent)
+
+    def _records_here(self, ino: int, sh: Shard) -> bool:
+        """Whether `ino`'s record may be in shard `sh` (it is, or the mirror does not know
+        where it is)."""
+        node = self.nodes.get(ino)
+        return node is None or len(self.shards) == 1 or self.shard_of_node(node) is sh
 
     async def load(self) -> None:
         """Start-up: the whole catalog into memory.
@@ -134,9 +161,12 @@ class RedisMirror(TreeCatalog):
                 self.predecessors.clear()
 
     async def _log_moved(self) -> bool:
-        """Whether the change log has entries after the position the last snapshot read."""
-        last = await self.redis.call("XREVRANGE", self.redis.key("log"), "+", "-", "COUNT", 1)
-        return (last[0][0] if last else b"0-0") != self._snapshot_tail
+        """Whether a change log has entries after the position the last snapshot read."""
+        for sh in self.shards:
+            last = await sh.link.call("XREVRANGE", sh.link.key("log"), "+", "-", "COUNT", 1)
+            if (last[0][0] if last else b"0-0") != sh.snapshot_tail:
+                return True
+        return False
 
     async def _hgetall(self, conn, keys: list[bytes]) -> list[dict[bytes, bytes]]:
         out = []
@@ -145,34 +175,40 @@ class RedisMirror(TreeCatalog):
             out += [pairs(r) for r in replies]
         return out
 
-    async def _load_snapshot(self, initial: bool, conn=None) -> None:
-        """Load the whole catalog: the log position first, then every key (not atomically);
-        replaying the log from that position afterwards makes the mirror exact."""
-        c = conn or self.redis
+    async def _load_snapshot(self, initial: bool, conns: dict | None = None) -> None:
+        """Load the whole catalog, every shard: each log's position first, then every key
+        (not atomically); replaying the logs from those positions afterwards makes the mirror
+        exact. `conns`: shard index -> a connection to read that shard with (a follower's)."""
         mark = self._change_seq
-        last = await c.call("XREVRANGE", self.redis.key("log"), "+", "-", "COUNT", 1)
-        tail = last[0][0] if last else b"0-0"
-        self._snapshot_tail = tail
-        plen = len(self.redis.prefix)
-        nkeys = await scan(c, self.redis.key("n:*"))
-        nhashes = await self._hgetall(c, nkeys)
-        bkeys = await scan(c, self.redis.key("b:*"))
-        bhashes = await self._hgetall(c, bkeys)
-        grave_ids = {int(x) for x in await c.call("ZRANGE", self.redis.key("grave"), 0, -1)}
-        lkeys = await scan(c, self.redis.key("l:*"))
-        lhashes = await self._hgetall(c, lkeys)
-        blobs = {}
-        for k, h in zip(bkeys, bhashes):
-            if h:
-                bid = int(k[plen + 2 :])
-                blobs[bid] = parse_blob(bid, h)
-        states = {}
-        for k, h in zip(nkeys, nhashes):
-            if h:
-                states[int(k[plen + 2 :])] = h
+        tails = {}
+        for sh in self.shards:
+            c = (conns or {}).get(sh.k) or sh.link
+            last = await c.call("XREVRANGE", sh.link.key("log"), "+", "-", "COUNT", 1)
+            tails[sh.k] = sh.snapshot_tail = last[0][0] if last else b"0-0"
+        blobs: dict[int, BlobRec] = {}
+        states: dict[int, dict] = {}
+        grave_ids: set[int] = set()
+        links: dict[int, dict] = {}
+        for sh in self.shards:
+            c = (conns or {}).get(sh.k) or sh.link
+            plen = len(sh.link.prefix)
+            nkeys = await scan(c, sh.link.key("n:*"))
+            nhashes = await self._hgetall(c, nkeys)
+            bkeys = await scan(c, sh.link.key("b:*"))
+            bhashes = await self._hgetall(c, bkeys)
+            grave_ids |= {int(x) for x in await c.call("ZRANGE", sh.link.key("grave"), 0, -1)}
+            lkeys = await scan(c, sh.link.key("l:*"))
+            lhashes = await self._hgetall(c, lkeys)
+            for k, h in zip(bkeys, bhashes):
+                if h:
+                    bid = int(k[plen + 2 :])
+                    blobs[bid] = parse_blob(bid, h)
+            for k, h in zip(nkeys, nhashes):
+                if h:
+                    states[int(k[plen + 2 :])] = h
+            links.update({int(k[plen + 2 :]): h for k, h in zip(lkeys, lhashes) if h})
         if ROOT_INO not in states:
             raise StartupError("cluster: the catalog in Redis has no root directory")
-        links = {int(k[plen + 2 :]): h for k, h in zip(lkeys, lhashes) if h}
         if initial:
             self._build(states, blobs, grave_ids, links)
         else:
@@ -182,8 +218,9 @@ class RedisMirror(TreeCatalog):
                 i for i, seq in self._changed_at.items() if seq > mark
             }
             await self._reconcile(states, blobs, grave_ids, links, skip)
-        self.last_id = tail
-        self.synced_at = trio.current_time()
+        for sh in self.shards:
+            sh.last_id = tails[sh.k]
+            sh.synced_at = trio.current_time()
 
     def _build(self, states, blobs, grave_ids, links) -> None:
         for ino, h in states.items():
@@ -273,9 +310,24 @@ class RedisMirror(TreeCatalog):
             leaving.append(node.blob)
         self._notify("gone", node, node.blob, parent, name)
 
-    async def _fetch(self, conn, inos: list[int]) -> dict[int, dict[bytes, bytes]]:
-        replies = await conn.pipeline([("HGETALL", self.redis.key("n", i)) for i in inos])
+    async def _fetch(
+        self, conn, inos: list[int], sh: Shard | None = None
+    ) -> dict[int, dict[bytes, bytes]]:
+        keys = (sh or self.shards[0]).link
+        replies = await conn.pipeline([("HGETALL", keys.key("n", i)) for i in inos])
         return {i: pairs(r) for i, r in zip(inos, replies)}
+
+    async def _fetch_elsewhere(self, conn, dirs: list[int], sh: Shard) -> dict[int, dict]:
+        """Directories whose entries are in shard `sh` and whose records are not: their
+        markers there name their parents, whose shards hold the records."""
+        marks = await conn.pipeline([("GET", sh.link.key("o", d)) for d in dirs])
+        out = {}
+        for d, parent in zip(dirs, marks):
+            if parent is not None:
+                home = self.shard_of_dir(int(parent))
+                if home is not sh:
+                    out.update(await self._fetch(home.link, [d], home))
+        return out
 
     @contextlib.contextmanager
     def _changing(self, *inos: int):
@@ -292,7 +344,9 @@ class RedisMirror(TreeCatalog):
                     self._changes_in_flight[i] = n
                 self._changed_at[i] = self._change_seq
 
-    async def _refresh(self, inos, conn=None, retired: set[int] | None = None) -> None:
+    async def _refresh(
+        self, inos, conn=None, retired: set[int] | None = None, sh: Shard | None = None
+    ) -> None:
         """Make the mirror's view of these inodes what Redis holds now. `retired`: blocks the
         change log says went to the grave (their space is not asked about again).
 
@@ -301,15 +355,31 @@ class RedisMirror(TreeCatalog):
         answer is applied): applying it would bring back the old state. Such inodes, and only
         they, are read again once this node's change is done. (Reading the whole batch again
         cost every follower 2-5x its reads while its own node wrote into the same directory,
-        which each of its creates changes: bench/redis_scale.py.)"""
-        c = conn or self.redis
+        which each of its creates changes: bench/redis_scale.py.)
+
+        `sh`: the shard to read them from (through `conn`, a connection to it, if given);
+        only inodes whose records may be there are read (an entry names the directory a
+        change was made in, whose own record may be in another shard, unchanged). Without
+        either, each inode is read from the shard the mirror places it in."""
+        if sh is None and len(self.shards) > 1:
+            groups: dict[int, list[int]] = {}
+            for i in inos:
+                node = self.nodes.get(i)
+                k = self.shard_of_node(node).k if node is not None else 0
+                groups.setdefault(k, []).append(i)
+            for k, group in groups.items():
+                await self._refresh(group, None, retired, self.shards[k])
+            return
+        sh = sh or self.shards[0]
+        c = conn or sh.link
+        inos = [i for i in inos if self._records_here(i, sh)]
         states: dict[int, dict] = {}
         blobs: dict[int, BlobRec] = {}
         read_at: dict[int, int] = {}  # inode -> this node's change count when read
         todo = list(inos)
         for _ in range(10):
             mark = self._change_seq
-            got, got_blobs = await self._read_states(c, todo)
+            got, got_blobs = await self._read_states(c, todo, sh)
             states.update(got)
             blobs.update(got_blobs)
             read_at.update(dict.fromkeys(got, mark))
@@ -327,28 +397,36 @@ class RedisMirror(TreeCatalog):
                     await trio.sleep(0.01)
         leaving: list[BlobRec] = []
         self._apply(states, blobs, leaving)
-        await self.space.settle(leaving, c, retired=retired)
+        await self.space.settle(leaving, c, retired=retired, link=sh.link)
         self.refreshes += 1
 
-    async def _read_states(self, c, inos) -> tuple[dict[int, dict], dict[int, BlobRec]]:
-        """The inodes' hashes (and their parents' where the mirror lacks them), and the
-        records of the blocks they name that this node does not know."""
+    async def _read_states(
+        self, c, inos, sh: Shard | None = None
+    ) -> tuple[dict[int, dict], dict[int, BlobRec]]:
+        """The inodes' hashes in shard `sh` (through connection `c`), their parents' where the
+        mirror lacks them (a parent's record may be in another shard: its marker here names
+        its own parent, whose shard holds it), and the records of the blocks they name that
+        this node does not know."""
+        sh = sh or self.shards[0]
         todo = [i for i in dict.fromkeys(inos)]
         states: dict[int, dict] = {}
         for _ in range(64):  # parents first, fetched as they are needed
             if not todo:
                 break
-            states.update(await self._fetch(c, todo))
+            states.update(await self._fetch(c, todo, sh))
             todo = [
                 int(h[b"p"])
                 for h in states.values()
                 if h and int(h[b"p"]) not in states and int(h[b"p"]) not in self.nodes
             ]
+            if len(self.shards) > 1 and todo:
+                states.update(await self._fetch_elsewhere(c, todo, sh))
+                todo = [i for i in todo if not states.get(i)]
         need = {int(h[b"b"]) for h in states.values() if h and b"b" in h}
         need = [b for b in need if not self.space.known(b)]
         blobs = {}
         if need:
-            replies = await c.pipeline([("HGETALL", self.redis.key("b", b)) for b in need])
+            replies = await c.pipeline([("HGETALL", sh.link.key("b", b)) for b in need])
             for b, r in zip(need, replies):
                 if r:
                     blobs[b] = parse_blob(b, pairs(r))
@@ -484,215 +562,3 @@ class RedisMirror(TreeCatalog):
                 self._set_links(pred, {})
         for pred, h in links.items():
             self._set_links(pred, h)
-
-    # ------------------------------------------------------------------------------ the follower
-    async def _follow(self) -> None:
-        """Apply other nodes' changes as the log reports them; reconnect and resync as needed."""
-        self._unreplicated_seen = self.redis.unreplicated
-        try:
-            await self._follow_loop()
-        finally:
-            if self._conn is not None:
-                self._conn.abort()
-
-    @property
-    def follower_round_trips(self) -> int:
-        """Round trips of the follower's connections (not in the link's `calls`)."""
-        c = self._conn
-        return self._follower_trips + (c.round_trips if c is not None else 0)
-
-    async def _follow_loop(self) -> None:
-        conn = None
-        key = self.redis.key("log")
-        while True:
-            if conn is None and self._conn is not None:  # a connection ended: keep its count
-                self._follower_trips += self._conn.round_trips
-            self._conn = conn
-            try:
-                if conn is None:
-                    conn = self._conn = await self.redis.connect()
-                    await self._check_catalog(conn)
-                    first = await conn.call("XRANGE", key, "-", "+", "COUNT", 1)
-                    if (
-                        self.last_id != b"0-0"
-                        and first
-                        and stream_id(first[0][0]) > stream_id(self.last_id)
-                    ):
-                        older = await conn.call("XRANGE", key, "-", self.last_id, "COUNT", 1)
-                        if not older:
-                            log.warning(
-                                "cluster: missed part of the change log (trimmed while "
-                                "away); reloading the catalog"
-                            )
-                            self._resync = True
-                if await self.redis.check_master():
-                    # Sentinel replaced the master (the link logs the move): whatever this
-                    # connection reads now comes from a server that is no longer the catalog:
-                    # reconnect, then reload. A failover, not an outage: nothing is marked down
-                    conn.abort()
-                    conn = None
-                    self._resync = True
-                    continue
-                if self.redis.unreplicated != self._unreplicated_seen:
-                    # a change of ours is on the master but failed here (no replica confirmed
-                    # it): the log entry naming it is ours, so it is skipped; reload instead
-                    self._unreplicated_seen = self.redis.unreplicated
-                    self._resync = True
-                if self._resync:
-                    self._resync = False
-                    await self._load_snapshot(initial=False, conn=conn)
-                mark = self._change_seq
-                reply = await conn.call(
-                    "XREAD", "COUNT", 512, "BLOCK", 1000, "STREAMS", key, self.last_id
-                )
-                self.synced_at = trio.current_time()
-                if reply:
-                    await self._apply_entries(reply[0][1], conn, mark)
-                progress, self._progress = self._progress, trio.Event()
-                progress.set()
-            except (RedisUnavailable, RedisError) as e:
-                # RedisError: an error reply on the follower's own connection, such as
-                # "LOADING" from a Redis restarting from its AOF: as unreachable, retry later
-                if conn is not None:
-                    conn.abort()
-                    conn = None
-                # the batch in hand may be half applied (last_id is already past it), and
-                # changes may have been missed: reload once back (docs/cluster.md)
-                self._resync = True
-                if await self.redis.check_master(now_please=True):
-                    continue  # Sentinel moved the master (logged as such): follow it now
-                self.redis.mark_down(str(e))
-                await trio.sleep(FOLLOW_RETRY_SECONDS)
-            except KvfsError as e:
-                log.error("cluster: following the change log failed: %s; reloading", e)
-                if conn is not None:
-                    conn.abort()
-                    conn = None
-                self._resync = True
-                await trio.sleep(0.5)  # (logged each time: not as often as the above)
-
-    async def _check_catalog(self, conn) -> None:
-        """After (re)connecting: is the catalog still in Redis? A Redis restarted without
-        persistence comes back empty; say so once, loudly (this node keeps serving what its
-        mirror holds; changes fail until an operator re-creates the pool)."""
-        meta = pairs(await conn.call("HGETALL", self.redis.key("meta")))
-        lost = meta.get(b"pool_id", b"").decode() != self.pool_id
-        if lost and not self.catalog_lost:
-            log.error(
-                "cluster: Redis at %s no longer holds the catalog of pool %s (restarted "
-                "without persistence, or flushed?): serving only what this node already "
-                "knows; unmount every node and run `kvfs format --force` to start over",
-                self.redis.where,
-                self.pool_id,
-            )
-        self.catalog_lost = lost
-
-    async def _apply_entries(self, entries: list, conn, mark: int = -1) -> None:
-        """Apply a batch of the log's entries, read when this node's change count was `mark`.
-
-        An entry that carries the records its script wrote (a publish: `parse_entry`) is
-        applied from them, with nothing read back, unless this node may hold something newer
-        for that inode: a change of its own to it in the batch, in flight, or finished since
-        the batch was read. Such inodes, and those an entry names without records, are read
-        from Redis (`_refresh`: current state, idempotent)."""
-        inos: list[int] = []
-        retired: set[int] = set()
-        purged: list[int] = []
-        states: dict[int, dict] = {}  # the records others' entries carry (last one wins)
-        blobs: dict[int, BlobRec] = {}
-        times: dict[int, int] = {}
-        links: dict[int, dict] = {}  # a predecessor's chain links, as an entry carries them
-        own: set[int] = set()
-        origin = str(self.epoch).encode()
-        for sid, flat in entries:
-            self.events += 1
-            f, records = parse_entry(flat)
-            if f.get(b"o") != origin:
-                inos += ids(f.get(b"i"))
-                retired.update(ids(f.get(b"r")))
-                purged += ids(f.get(b"g"))
-                for tag, key, fields in records:
-                    if tag == b"@n":
-                        states[int(key)] = fields
-                    elif tag == b"@u":  # a new version: the fields it changed
-                        ino = int(key)
-                        h = states.get(ino)
-                        if h is None:
-                            node = self.nodes.get(ino)
-                            if node is None or not node.persisted or not node.linked:
-                                inos.append(ino)  # unknown here: read it whole
-                                continue
-                            h = states[ino] = pairs([as_bytes(v) for v in node_fields(node)])
-                        if h:
-                            h.update(fields)
-                    elif tag == b"@-":
-                        states[int(key)] = {}
-                    elif tag == b"@b":
-                        bid = int(key)
-                        if not self.space.known(bid):
-                            blobs[bid] = parse_blob(bid, fields)
-                    elif tag == b"@t":
-                        ino, t = (int(x) for x in key.split())
-                        times[ino] = max(t, times.get(ino, 0))
-                    elif tag == b"@l":
-                        links[int(key)] = fields
-            else:
-                own.update(ids(f.get(b"i")))
-                own.update(int(key) for tag, key, _ in records if tag in (b"@n", b"@-"))
-            self.last_id = sid
-        reread = set(inos)
-        for ino in list(states):
-            h = states[ino]
-            if (
-                ino in reread
-                or ino in own
-                or ino in self._changes_in_flight
-                or self._changed_at.get(ino, -1) > mark
-                or (h and int(h[b"p"]) not in self.nodes and int(h[b"p"]) not in states)
-            ):
-                del states[ino]
-                if ino not in reread:
-                    reread.add(ino)
-                    inos.append(ino)
-        if inos:
-            await self._refresh(inos, conn, retired)
-        if states:
-            await self._install_records(states, blobs, conn, retired)
-        for ino, t in times.items():
-            node = self.nodes.get(ino)
-            if node is not None and ino not in reread:
-                node.mtime_ns = max(node.mtime_ns, t)
-                node.ctime_ns = max(node.ctime_ns, t)
-        if retired:
-            await self.space.settle(
-                [r for r in map(self.space.known, retired) if r is not None], conn, retired=retired
-            )
-        for bid in purged:
-            self.space.purged(bid)
-        for pred, h in links.items():
-            self._set_links(pred, h)
-
-    async def _install_records(self, states, blobs, conn, retired: set[int]) -> None:
-        """Install the records others' log entries carried (see `_apply_entries`)."""
-        leaving: list[BlobRec] = []
-        self._apply(states, blobs, leaving)
-        await self.space.settle(leaving, conn, retired=retired)
-        self.records += 1
-
-    async def catch_up(self, tail: bytes, timeout: float = 10.0) -> bool:
-        """Wait until the mirror has applied the log up to `tail`."""
-        with trio.move_on_after(timeout):
-            while stream_id(self.last_id) < stream_id(tail):
-                await self._progress.wait()
-            return True
-        return False
-
-    @property
-    def fresh(self) -> bool:
-        """True while the mirror is known to be current (within half the grace period): a
-        block it names cannot have had its space reused yet."""
-        return (
-            self.redis.online
-            and not self.catalog_lost
-            and trio.current_time() - self.synced_at < max(2.0, self.cfg.grace_seconds / 2)
-        )

@@ -30,6 +30,8 @@ NAMES = (
     "unlock_init",
     "ghost",
     "floor",
+    "dirmark",
+    "leasecopy",
 )
 
 

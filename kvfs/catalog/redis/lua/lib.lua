@@ -5,7 +5,19 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function err(code, msg) return redis.error_reply(code .. ' ' .. msg) end
-local function is_dir(ino) return redis.call('HEXISTS', P .. 'n:' .. ino, 'd') == 1 end
+-- a directory: its record is in this shard, or (a pool of several shards: docs/cluster.md)
+-- its marker `o:<ino>` is, where its record is in its parent's shard and its entries here
+local function is_dir(ino)
+  return redis.call('HEXISTS', P .. 'n:' .. ino, 'd') == 1 or redis.call('EXISTS', P .. 'o:' .. ino) == 1
+end
+-- a directory's new mtime and ctime, where its record is in this shard
+local function touch_dir(ino, t)
+  if redis.call('EXISTS', P .. 'n:' .. ino) == 1 then
+    redis.call('HSET', P .. 'n:' .. ino, 't', t, 'k', t)
+    return true
+  end
+  return false
+end
 -- cache: region -> whether `token` holds its lease (one GET per region per script call)
 local function leases_ok(token, regions, cache)
   for r in string.gmatch(regions, '%S+') do

@@ -1,15 +1,18 @@
--- ARGV: origin [pred succ source delta]*   (delta '-' removes the link)
+-- ARGV: origin both [pred succ source delta]*   (delta '-' removes the link; both: '1' if
+-- the successor's record is in this shard too, and checked to exist, as the predecessor's is)
 -- A predecessor keeps its 8 strongest links. The change-log entry carries each changed
 -- predecessor's links as they are now ('@l' pred [succ "source weight"]*), so the other nodes
 -- install them without reading anything back.
 local preds, seen, records = {}, {}, {}
-for i = 2, #ARGV, 4 do
+local both = ARGV[2] == '1'
+for i = 3, #ARGV, 4 do
   local pred, succ, src, d = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local k = P .. 'l:' .. pred
   local changed = false
   if d == '-' then
     changed = redis.call('HDEL', k, succ) == 1
-  elseif redis.call('EXISTS', P .. 'n:' .. pred, P .. 'n:' .. succ) == 2 then
+  elseif redis.call('EXISTS', P .. 'n:' .. pred) == 1
+      and (not both or redis.call('EXISTS', P .. 'n:' .. succ) == 1) then
     changed = true
     if redis.call('HSETNX', k, succ, string.format('%d %.6g', src, tonumber(d))) == 0 then
       local s, w = string.match(redis.call('HGET', k, succ), '^(%d+) (%S+)$')

@@ -15,6 +15,6 @@ local nf = {}
 for i = 8, #ARGV do table.insert(nf, ARGV[i]) end
 redis.call('HSET', P .. 'n:' .. ino, unpack(nf))
 redis.call('HSET', P .. 'd:' .. parent, name, ino)
-redis.call('HSET', P .. 'n:' .. parent, 't', ptime, 'k', ptime)
+touch_dir(parent, ptime)
 event(origin, inos, retired)
 return retired

@@ -83,8 +83,9 @@ if #atimes > 0 then redis.call('ZADD', P .. 'atime', unpack(atimes)) end
 if #prios > 0 then redis.call('ZADD', P .. 'prio', unpack(prios)) end
 for _, parent in ipairs(parents) do
   redis.call('HSET', P .. 'd:' .. parent, unpack(names[parent]))
-  redis.call('HSET', P .. 'n:' .. parent, 't', ptime, 'k', ptime)
-  table.insert(entry, '@t'); table.insert(entry, parent .. ' ' .. ptime)
+  if touch_dir(parent, ptime) then
+    table.insert(entry, '@t'); table.insert(entry, parent .. ' ' .. ptime)
+  end
 end
 if #entry > 0 then event(origin, {}, retired, nil, nil, entry) end
 return {retired, failed, revived}

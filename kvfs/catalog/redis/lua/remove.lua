@@ -14,7 +14,7 @@ end
 local retired = {}
 redis.call('HDEL', P .. 'd:' .. parent, name)
 drop_node(ino, grace, retired)
-redis.call('HSET', P .. 'n:' .. parent, 't', ptime, 'k', ptime)
+touch_dir(parent, ptime)
 if ARGV[9] then
   local seq = redis.call('INCR', P .. 'ghostseq')
   redis.call('HSET', P .. 'ghost', ARGV[9], ARGV[10])

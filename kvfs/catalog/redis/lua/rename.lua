@@ -1,6 +1,8 @@
--- ARGV: origin src pold nold pnew nnew flags grace cookie_src cookie_tgt now
+-- ARGV: origin src pold nold pnew nnew flags grace cookie_src cookie_tgt now shard
+-- (shard: this shard's index; a directory's record names where its entries are, `h`)
 local origin, src, pold, nold, pnew, nnew = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local flags, grace, csrc, ctgt, now = tonumber(ARGV[7]), ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+local shard = ARGV[12] or '0'
 if redis.call('HGET', P .. 'd:' .. pold, nold) ~= src then
   return err('ENOENT', 'renamed or removed by another node')
 end
@@ -30,6 +32,9 @@ else
     local sd, td = is_dir(src), is_dir(tgt)
     if sd and not td then return err('ENOTDIR', 'not a directory') end
     if td and not sd then return err('EISDIR', 'is a directory') end
+    if td and (redis.call('HGET', P .. 'n:' .. tgt, 'h') or '0') ~= shard then
+      return err('EXDEV', 'the directory replaced keeps its entries in another shard')
+    end
     if td and redis.call('HLEN', P .. 'd:' .. tgt) > 0 then
       return err('ENOTEMPTY', 'directory not empty')
     end
@@ -40,7 +45,7 @@ else
   redis.call('HSET', P .. 'd:' .. pnew, nnew, src)
   redis.call('HSET', P .. 'n:' .. src, 'p', pnew, 'n', nnew, 'c', csrc, 'k', now)
 end
-redis.call('HSET', P .. 'n:' .. pold, 't', now, 'k', now)
-redis.call('HSET', P .. 'n:' .. pnew, 't', now, 'k', now)
+touch_dir(pold, now)
+touch_dir(pnew, now)
 event(origin, inos, retired)
 return retired

@@ -1,0 +1,204 @@
+"""How a pool's Redis work spreads over several shards (`[cluster] shards`, docs/cluster.md
+"More than one Redis"): the same stores with 1 and with 3 shards, side by side in one run.
+
+Each round starts its shards (one redis-server each, appendfsync always, as in
+bench/redis_scale.py), mounts --nodes real kvfs daemons over one pool of namespace files, makes
+--dirs directories (a directory's files are in its own shard: its inode's hash), and has every
+node store --files files of --file-size, spread over the directories, from --threads threads;
+then waits until every node sees every file (the write-back published it and each follower
+applied it). Measured between two snapshots of every shard's INFO: the commands each shard ran
+(commandstats, scripts' inner commands included) and its main thread's CPU.
+
+Reported per shard count: each shard's share of the commands (and of the CPU), Redis commands and
+Redis CPU per stored file in all shards together; and `cpu_ratio_3_vs_1`, the total Redis CPU per
+stored file with 3 shards over 1 (issue 46: each shard's share within 0.28-0.39, the total within
+1.15x). On a 2-core machine three Redis processes cannot show a throughput gain; the shares and the
+CPU per file are what carry to a rack (docs/cluster.md turns them into nodes per shard).
+
+  python bench/redis_shards.py [--nodes 4] [--files 400] [--dirs 48] [--shards 1,3] [--json]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import dumps, parse, parser  # noqa: E402
+from bench.redis_scale import Sync  # noqa: E402
+from kvfs.units import parse_size  # noqa: E402
+from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
+from testing.redis_server import RedisServer  # noqa: E402
+
+MiB = 1 << 20
+
+
+def snapshot(syncs: list[Sync]) -> list[dict]:
+    out = []
+    for s in syncs:
+        info = s.info()
+        out.append(
+            {
+                "calls": sum(c for name, (c, _) in info["cmds"].items() if name != "info"),
+                "cpu": float(info["used_cpu_sys_main_thread"])
+                + float(info["used_cpu_user_main_thread"]),
+            }
+        )
+    return out
+
+
+def run_round(tmp: Path, shards: int, args, say) -> dict:
+    servers = [RedisServer(tmp / f"redis{k}").start() for k in range(shards)]
+    syncs: list[Sync] = []
+    mounts: list[MountedKvfs] = []
+    try:
+        syncs = [Sync(s.port) for s in servers]
+        shared = tmp / "shared"
+        shared.mkdir()
+        nss = [{"path": str(shared / f"ns{i}.img"), "size": args.ns_size} for i in range(2)]
+        more = ", ".join(f'"{s.url}"' for s in servers[1:])
+        for i in range(args.nodes):
+            cfg = write_config(
+                tmp / f"node{i}.toml",
+                tmp / f"state{i}",
+                nss,
+                dram="64MiB",
+                extra=(
+                    f'[cluster]\nredis = "{servers[0].url}"\n'
+                    + (f"shards = [{more}]\n" if more else "")
+                    + f'node_id = "node{i}"\nname = "shards"\nregions = {4 * args.nodes}\n'
+                ),
+                mount=f'durability = "{args.durability}"',
+            )
+            m = MountedKvfs(tmp / f"mnt{i}", cfg, tmp / f"node{i}.log")
+            m.start(timeout=120)
+            mounts.append(m)
+        dirs = [f"d{k}" for k in range(args.dirs)]
+        for d in dirs:
+            (mounts[0].mountpoint / d).mkdir()
+        for m in mounts:
+            wait_until(lambda m=m: (m.mountpoint / dirs[-1]).is_dir(), 30, "the directories")
+        data = os.urandom(args.file_size)
+        names = [
+            [f"{dirs[(i * args.files + k) % len(dirs)]}/n{i}-{k}" for k in range(args.files)]
+            for i in range(len(mounts))
+        ]
+        s0 = snapshot(syncs)
+        t = time.monotonic()
+        import threading
+
+        def store(m: MountedKvfs, part: list[str]) -> None:
+            for nm in part:
+                with open(m.mountpoint / nm, "wb") as f:
+                    f.write(data)
+
+        threads = [
+            threading.Thread(target=store, args=(m, names[i][j :: args.threads]))
+            for i, m in enumerate(mounts)
+            for j in range(args.threads)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        store_s = time.monotonic() - t
+        last = [names[i][-1] for i in range(len(mounts))]
+        for m in mounts:
+            wait_until(
+                lambda m=m: all((m.mountpoint / nm).exists() for nm in last),
+                60,
+                "every node seeing every file",
+            )
+        time.sleep(1.0)  # the followers' last batches, the links' flush
+        s1 = snapshot(syncs)
+        files = args.nodes * args.files
+        calls = [b["calls"] - a["calls"] for a, b in zip(s0, s1)]
+        cpu = [b["cpu"] - a["cpu"] for a, b in zip(s0, s1)]
+        say(f"{shards} shard(s): {files} files in {store_s:.1f} s; commands per shard {calls}")
+        return {
+            "shards": shards,
+            "files": files,
+            "store_seconds": round(store_s, 3),
+            "files_per_s": round(files / store_s, 1),
+            "commands_per_shard": calls,
+            "command_share": [round(c / max(1, sum(calls)), 3) for c in calls],
+            "cpu_ms_per_shard": [round(c * 1000, 1) for c in cpu],
+            "cpu_share": [round(c / max(1e-9, sum(cpu)), 3) for c in cpu],
+            "redis_commands_per_stored_file": round(sum(calls) / files, 2),
+            "redis_cpu_ms_per_stored_file": round(sum(cpu) * 1000 / files, 4),
+        }
+    finally:
+        for m in mounts:
+            try:
+                m.stop()
+            except Exception as e:  # noqa: BLE001 - unmount the others all the same
+                print(f"redis_shards: stopping {m.mountpoint}: {e}", file=sys.stderr)
+                m.kill()
+        for s in syncs:
+            s.close()
+        for s in servers:
+            s.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2, help="writer threads per node")
+    ap.add_argument("--files", type=int, default=400, help="files each node stores")
+    ap.add_argument("--file-size", type=parse_size, default="64KiB")
+    ap.add_argument("--dirs", type=int, default=48, help="directories the files go in")
+    ap.add_argument("--shards", default="1,3", help="the shard counts to compare")
+    ap.add_argument("--ns-size", default="256MiB", help="each of the 2 namespace files")
+    ap.add_argument("--durability", default="fsync", choices=("fsync", "close"))
+    args = parse(ap, argv, needs=lambda a: None if os.geteuid() == 0 else "needs root (FUSE)")
+
+    def say(msg: str) -> None:
+        print(f"[redis_shards] {msg}", file=sys.stderr, flush=True)
+
+    rounds = []
+    for count in (int(x) for x in args.shards.split(",")):
+        tmp = Path(tempfile.mkdtemp(prefix=f"kvfs-shards{count}-"))
+        try:
+            rounds.append(run_round(tmp, count, args, say))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    out = {
+        "nodes": args.nodes,
+        "threads": args.threads,
+        "files_per_node": args.files,
+        "file_size": args.file_size,
+        "dirs": args.dirs,
+        "durability": args.durability,
+        "rounds": rounds,
+    }
+    one = next((r for r in rounds if r["shards"] == 1), None)
+    three = next((r for r in rounds if r["shards"] == 3), None)
+    if one and three:
+        out["cpu_ratio_3_vs_1"] = round(
+            three["redis_cpu_ms_per_stored_file"] / one["redis_cpu_ms_per_stored_file"], 3
+        )
+        out["commands_ratio_3_vs_1"] = round(
+            three["redis_commands_per_stored_file"] / one["redis_commands_per_stored_file"], 3
+        )
+        out["share_range_3"] = [min(three["command_share"]), max(three["command_share"])]
+    if args.json:
+        print(dumps(out))
+    else:
+        print(f"{'shards':>6}{'files/s':>10}{'cmds/file':>11}{'cpu ms/file':>13}  command shares")
+        for r in rounds:
+            print(
+                f"{r['shards']:>6}{r['files_per_s']:>10}{r['redis_commands_per_stored_file']:>11}"
+                f"{r['redis_cpu_ms_per_stored_file']:>13}  {r['command_share']}"
+            )
+        if "cpu_ratio_3_vs_1" in out:
+            print(f"Redis CPU per stored file, 3 shards over 1: {out['cpu_ratio_3_vs_1']}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
