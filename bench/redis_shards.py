@@ -7,7 +7,9 @@ bench/redis_scale.py), mounts --nodes real kvfs daemons over one pool of namespa
 node store --files files of --file-size, spread over the directories, from --threads threads;
 then waits until every node sees every file (the write-back published it and each follower
 applied it). Measured between two snapshots of every shard's INFO: the commands each shard ran
-(commandstats, scripts' inner commands included) and its main thread's CPU.
+(commandstats, scripts' inner commands included) and its main thread's CPU, less what the same
+shards spent per second in an idle window just before (--idle: followers' blocking reads timing
+out, lease renewals and their copies, the cleaner's lock) times the measured window's length.
 
 Reported per shard count: each shard's share of the commands (and of the CPU), Redis commands and
 Redis CPU per stored file in all shards together; and `cpu_ratio_3_vs_1`, the total Redis CPU per
@@ -47,13 +49,18 @@ def snapshot(syncs: list[Sync]) -> list[dict]:
                 "calls": sum(c for name, (c, _) in info["cmds"].items() if name != "info"),
                 "cpu": float(info["used_cpu_sys_main_thread"])
                 + float(info["used_cpu_user_main_thread"]),
+                "cmds": info["cmds"],
+                "reads": int(info["total_reads_processed"]),
             }
         )
     return out
 
 
 def run_round(tmp: Path, shards: int, args, say) -> dict:
-    servers = [RedisServer(tmp / f"redis{k}").start() for k in range(shards)]
+    servers = [
+        RedisServer(tmp / f"redis{k}", args=["--appendfsync", args.appendfsync]).start()
+        for k in range(shards)
+    ]
     syncs: list[Sync] = []
     mounts: list[MountedKvfs] = []
     try:
@@ -84,6 +91,16 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
         for m in mounts:
             wait_until(lambda m=m: (m.mountpoint / dirs[-1]).is_dir(), 30, "the directories")
         data = os.urandom(args.file_size)
+        # the background first (followers' idle XREADs, lease renewals and their copies, the
+        # cleaner's lock): Redis CPU per second with nothing stored, taken out of the stores'
+        time.sleep(1.0)
+        i0 = snapshot(syncs)
+        t = time.monotonic()
+        time.sleep(args.idle)
+        i1 = snapshot(syncs)
+        idle_s = time.monotonic() - t
+        bg_cpu = [(b["cpu"] - a["cpu"]) / idle_s for a, b in zip(i0, i1)]
+        bg_calls = [(b["calls"] - a["calls"]) / idle_s for a, b in zip(i0, i1)]
         names = [
             [f"{dirs[(i * args.files + k) % len(dirs)]}/n{i}-{k}" for k in range(args.files)]
             for i in range(len(mounts))
@@ -116,21 +133,43 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
             )
         time.sleep(1.0)  # the followers' last batches, the links' flush
         s1 = snapshot(syncs)
+        window = time.monotonic() - t
         files = args.nodes * args.files
-        calls = [b["calls"] - a["calls"] for a, b in zip(s0, s1)]
-        cpu = [b["cpu"] - a["cpu"] for a, b in zip(s0, s1)]
+        calls = [b["calls"] - a["calls"] - c * window for a, b, c in zip(s0, s1, bg_calls)]
+        cpu = [b["cpu"] - a["cpu"] - c * window for a, b, c in zip(s0, s1, bg_cpu)]
+        usec: dict[str, float] = {}  # per command, all shards (EVALSHA's includes its own)
+        ncalls: dict[str, int] = {}
+        for a, b in zip(s0, s1):
+            for name, (c, us) in b["cmds"].items():
+                c0, us0 = a["cmds"].get(name, (0, 0.0))
+                if us > us0:
+                    usec[name] = usec.get(name, 0.0) + us - us0
+                if c > c0 and name not in ("info",):
+                    ncalls[name] = ncalls.get(name, 0) + c - c0
         say(f"{shards} shard(s): {files} files in {store_s:.1f} s; commands per shard {calls}")
         return {
             "shards": shards,
             "files": files,
             "store_seconds": round(store_s, 3),
+            "window_seconds": round(window, 3),
+            "background_cpu_ms_per_s": [round(c * 1000, 3) for c in bg_cpu],
+            "background_commands_per_s": [round(c, 1) for c in bg_calls],
             "files_per_s": round(files / store_s, 1),
-            "commands_per_shard": calls,
+            "commands_per_shard": [round(c) for c in calls],
             "command_share": [round(c / max(1, sum(calls)), 3) for c in calls],
             "cpu_ms_per_shard": [round(c * 1000, 1) for c in cpu],
             "cpu_share": [round(c / max(1e-9, sum(cpu)), 3) for c in cpu],
             "redis_commands_per_stored_file": round(sum(calls) / files, 2),
             "redis_cpu_ms_per_stored_file": round(sum(cpu) * 1000 / files, 4),
+            "read_events_per_stored_file": round(
+                sum(b["reads"] - a["reads"] for a, b in zip(s0, s1)) / files, 3
+            ),
+            "calls_per_stored_file_by_command": {
+                k: round(v / files, 3) for k, v in sorted(ncalls.items(), key=lambda kv: -kv[1])
+            },
+            "usec_per_stored_file_by_command": {
+                k: round(v / files, 2) for k, v in sorted(usec.items(), key=lambda kv: -kv[1])
+            },
         }
     finally:
         for m in mounts:
@@ -149,12 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="writer threads per node")
-    ap.add_argument("--files", type=int, default=400, help="files each node stores")
+    ap.add_argument("--files", type=int, default=1000, help="files each node stores")
     ap.add_argument("--file-size", type=parse_size, default="64KiB")
-    ap.add_argument("--dirs", type=int, default=48, help="directories the files go in")
+    ap.add_argument("--dirs", type=int, default=240, help="directories the files go in")
+    ap.add_argument("--idle", type=float, default=3.0, help="seconds of the background window")
     ap.add_argument("--shards", default="1,3", help="the shard counts to compare")
     ap.add_argument("--ns-size", default="256MiB", help="each of the 2 namespace files")
     ap.add_argument("--durability", default="fsync", choices=("fsync", "close"))
+    ap.add_argument(
+        "--appendfsync",
+        default="always",
+        choices=("always", "everysec"),
+        help="each shard's AOF policy (kvfs's deployment guide: always)",
+    )
     args = parse(ap, argv, needs=lambda a: None if os.geteuid() == 0 else "needs root (FUSE)")
 
     def say(msg: str) -> None:
@@ -174,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "file_size": args.file_size,
         "dirs": args.dirs,
         "durability": args.durability,
+        "appendfsync": args.appendfsync,
         "rounds": rounds,
     }
     one = next((r for r in rounds if r["shards"] == 1), None)
