@@ -3,7 +3,8 @@
 moments, the stale mount is cleared, kvfs is mounted again and every file is checked against
 what its writer knew.
 
-    python bench/torture.py [--cycles N] [--writers W] [--cluster [--failover]] [--seed S] [--json]
+    python bench/torture.py [--cycles N] [--writers W] [--cluster [--failover | --shards N]]
+                            [--seed S] [--json]
                             [--durability fsync|close] [--window-ms MS]
                             [--scenarios random,commit,...] [--minutes M] [--workdir DIR]
 
@@ -794,9 +795,13 @@ class Instance:
         stripe_unit: str | None = None,
         dram: str = "64MiB",
         durability: str = "fsync",
+        dirs: list[str] | None = None,
     ):
-        """`redis`: the [cluster] keys that reach the pool's Redis (its URL, or sentinels)."""
+        """`redis`: the [cluster] keys that reach the pool's Redis (its URL, or sentinels).
+        `dirs`: directories the writers' names are spread over (made at each start; with
+        shards, each directory's files are in its own shard)."""
         self.name = name
+        self.dirs = list(dirs or [])
         self.durability = durability
         self.killed_at: float | None = None  # the last kill -9 of a node this cycle
         self.dir = work / name
@@ -844,6 +849,21 @@ class Instance:
             if n.proc is None or n.proc.poll() is not None:
                 n.proc = None
                 n.start(60)
+        for d in self.dirs:  # (again after a format)
+            (self.mounts[0] / d).mkdir(exist_ok=True)
+        for m in self.mounts:
+            for d in self.dirs:
+                wait_until(lambda p=m / d: p.is_dir(), 20, f"directory {d} on every node")
+
+    def list_names(self, mount: Path) -> list[str]:
+        """The files a verification reads: those at the root and in the directories."""
+        out = [n for n in os.listdir(mount) if n not in self.dirs]
+        for d in self.dirs:
+            try:
+                out += [f"{d}/{n}" for n in os.listdir(mount / d)]
+            except FileNotFoundError:
+                pass
+        return sorted(out)
 
     def stop(self) -> None:
         for n in self.nodes:
@@ -875,6 +895,11 @@ class Instance:
             return 0
 
     def names_for(self, writer: int) -> list[str]:
+        if self.dirs:
+            return [
+                f"{self.dirs[(writer + j) % len(self.dirs)]}/w{writer}f{j}"
+                for j in range(NAMES_PER_WRITER)
+            ]
         return [f"w{writer}f{j}" for j in range(NAMES_PER_WRITER)]
 
     def writer_state(self, writer: int) -> dict:
@@ -907,8 +932,11 @@ class Torture:
         durability: str = "fsync",
         window_ms: float = WINDOW_BOUND_MS,
         failover: bool = False,
+        shards: int = 1,
     ):
         self.work = work
+        self.shards = shards
+        self.shard_servers: list = []  # (--shards) the Redis servers of shards 1, 2, ...
         cluster = cluster or failover
         self.failover = failover
         if failover and "redis" in (scenarios or []):
@@ -949,7 +977,15 @@ class Torture:
 
             self.redis = RedisServer(work / "redis").start()
             keys = f'redis = "{self.redis.url}"'
+            if shards > 1:
+                self.shard_servers = [
+                    RedisServer(work / f"redis{k}").start() for k in range(1, shards)
+                ]
+                keys += "\nshards = [" + ", ".join(f'"{x.url}"' for x in self.shard_servers)
+                keys += "]"
         n = 2 if cluster else 1
+        # (--shards) the writers' names in directories, whose files are in their shards
+        dirs = [f"d{k}" for k in range(4 * shards)] if shards > 1 else None
         # main: large enough that nothing is evicted (40 names of at most ~18 MiB each, plus
         # tmp files); small: evict = "lru" evicts all the time
         self.main = Instance(
@@ -961,6 +997,7 @@ class Torture:
             redis=keys,
             stripe_unit="256KiB" if cluster else None,
             durability=self.durability,
+            dirs=dirs,
         )
         self.small = Instance(
             "small",
@@ -972,6 +1009,7 @@ class Torture:
             stripe_unit="256KiB" if cluster else None,
             dram="16MiB",
             durability=self.durability,
+            dirs=dirs,
         )
         self.format_seconds = 0.5
 
@@ -1161,9 +1199,10 @@ class Torture:
         elif scenario == "redis":
             time.sleep(self.rng.uniform(0.0, 1.0))
             self.outages.append([time.time(), None])
-            self.redis.kill()
+            server = self.rng.choice([self.redis, *self.shard_servers])  # (--shards: any)
+            server.kill()
             time.sleep(self.rng.uniform(0.2, 1.5))
-            self.redis.start()
+            server.start()
             self.outages[-1][1] = time.time()
             self.after_outage_ends(inst, ctl, "commits after Redis came back", kill_share=0.7)
         elif scenario == "failover":
@@ -1411,7 +1450,7 @@ class Torture:
         views = []
         for m in inst.mounts:
             view = {}
-            for name in sorted(os.listdir(m)):
+            for name in inst.list_names(m):
                 try:
                     view[name] = (m / name).read_bytes()
                 except OSError as e:
@@ -1612,7 +1651,7 @@ class Torture:
             if r2.returncode != 0:
                 self.problem(f"format after a killed format failed: {r2.stdout[-500:]!r}")
             inst.start()
-        names = sorted(os.listdir(inst.mounts[0]))
+        names = inst.list_names(inst.mounts[0])
         if outcome == "mounted" and names:
             # the old pool must be intact: verify it as it was
             empty = Figures()
@@ -1781,6 +1820,7 @@ class Torture:
         return {
             "mode": "cluster" if self.cluster else "single",
             "durability": self.durability,
+            "shards": self.shards,
             "window_bound_ms": self.window_ms,
             "max_lost_window_ms": max(total.lost_window_ms, default=0.0),
             "writers": self.writers,
@@ -1861,6 +1901,8 @@ class Torture:
             self.group.stop()
         elif self.redis is not None:
             self.redis.stop()
+        for x in self.shard_servers:
+            x.stop()
 
 
 def _spread(values: list) -> dict:
@@ -2026,6 +2068,13 @@ def main(argv=None) -> int:
         default=WINDOW_BOUND_MS,
         help='("fsync") a close this long before the kill must survive it',
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="(--cluster) the catalog over this many Redis shards, the names in 4 directories "
+        "per shard; the redis scenario kills any one of them",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
     p.add_argument("--scenarios", help="comma-separated, taken in turn")
@@ -2047,6 +2096,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.writer:
         return writer_main(a)
+    if a.shards > 1 and (a.failover or not a.cluster):
+        p.error("--shards needs --cluster (and not --failover)")
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         print("torture: needs root and /dev/fuse", file=sys.stderr)
         return 2
@@ -2068,6 +2119,7 @@ def main(argv=None) -> int:
         durability=a.durability,
         window_ms=a.window_ms,
         failover=a.failover,
+        shards=a.shards,
     )
     report = t.run(a.cycles, a.minutes)
     report["workdir"] = str(work)
