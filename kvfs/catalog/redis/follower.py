@@ -34,6 +34,13 @@ log = logging.getLogger("kvfs.catalog")
 # that is down or still loading its AOF is refused at once and costs nothing; with 0.5 s the
 # 200-cycle cluster torture saw one change 2.03 s late, in a Redis restart cycle.
 FOLLOW_RETRY_SECONDS = 0.1
+# With durability "fsync", after a read that found entries (and not a full FOLLOW_COUNT), the
+# follower waits this long before it reads again, so that a busy log is read in batches: each
+# read costs Redis a round trip per follower, whatever it returns (bench/redis_shards.py). A
+# file is visible elsewhere `writeback_ms` (100 ms) after its close in that mode anyway; with
+# "close" the follower reads at once.
+FOLLOW_PACE_SECONDS = 0.02
+FOLLOW_COUNT = 512
 
 
 class Shard:
@@ -127,7 +134,7 @@ class Following:
                 mark = self._change_seq
                 reloads = self._reloads
                 reply = await conn.call(
-                    "XREAD", "COUNT", 512, "BLOCK", 1000, "STREAMS", key, sh.last_id
+                    "XREAD", "COUNT", FOLLOW_COUNT, "BLOCK", 1000, "STREAMS", key, sh.last_id
                 )
                 sh.synced_at = trio.current_time()
                 if reply:
@@ -136,6 +143,8 @@ class Following:
                             await self._apply_entries(reply[0][1], conn, mark, sh)
                 progress, self._progress = self._progress, trio.Event()
                 progress.set()
+                if self.follow_pace and reply and len(reply[0][1]) < FOLLOW_COUNT:
+                    await trio.sleep(self.follow_pace)
             except (RedisUnavailable, RedisError) as e:
                 # RedisError: an error reply on the follower's own connection, such as
                 # "LOADING" from a Redis restarting from its AOF: as unreachable, retry later

@@ -22,7 +22,7 @@ import trio
 
 from kvfs.catalog.base import ROOT_INO, BlobRec, Node
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
-from kvfs.catalog.redis.follower import Following, Shard
+from kvfs.catalog.redis.follower import FOLLOW_PACE_SECONDS, Following, Shard
 from kvfs.catalog.redis.shards import shard_of
 from kvfs.catalog.redis.codec import (
     pairs,
@@ -69,6 +69,8 @@ class RedisMirror(Following, TreeCatalog):
         with `[cluster] shards` (kvfs/catalog/redis/shards.py)."""
         super().__init__(announcer)
         self.confirm_misses = confirm_misses
+        # (follower.py) reads of a busy log batched with "fsync", at once with "close"
+        self.follow_pace = 0.0 if confirm_misses else FOLLOW_PACE_SECONDS
         self.redis = link
         self.cfg = cfg
         self.space = space  # ClusterSpace: used blocks, the grave
