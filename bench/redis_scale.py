@@ -78,6 +78,7 @@ Needs root, /dev/fuse and redis-server. On a 2-core machine the default run take
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hashlib
 import json
@@ -467,10 +468,13 @@ class Probe:
 
 
 def log_evictions(path: Path) -> int:
+    """Evictions a node's log names: those begun, less those it then did not make (another
+    node removed or rewrote the file meanwhile)."""
     try:
-        return path.read_bytes().count(b"pool full: evicting")
+        text = path.read_bytes()
     except OSError:
         return 0
+    return text.count(b"pool full: evicting") - text.count(b"pool full: not evicting")
 
 
 def per_op(d: dict, ops: int) -> dict:
@@ -1837,6 +1841,41 @@ def table(out: dict) -> None:
             )
     if "statement" in c:
         print(f"  {c['statement']}")
+    sh = out.get("shards")
+    if sh:
+        print("More than one Redis (bench/redis_shards.py's rounds, the same nodes):")
+        for r in sh["rounds"]:
+            print(
+                f"  {r['shards']} shard(s): {r['redis_cpu_ms_per_stored_file']} ms of Redis CPU "
+                f"per stored file, commands per shard {r['command_share']}"
+            )
+        if "cpu_ratio_3_vs_1" in sh:
+            print(f"  3 shards over 1: {sh['cpu_ratio_3_vs_1']}x the Redis CPU per stored file")
+
+
+def run_shards(tmp: Path, args, say) -> dict:
+    """The same nodes' stores with the catalog over 1 and over 3 Redis shards, side by side
+    (bench/redis_shards.py's rounds: the files in 240 directories, a directory's files in its
+    shard): each shard's share of the commands, Redis CPU per stored file in all of them."""
+    from bench import redis_shards
+
+    sargs = argparse.Namespace(
+        nodes=args.nodes,
+        threads=args.threads,
+        files=args.files,
+        file_size=args.file_size,
+        dirs=240,
+        idle=3.0,
+        ns_size="256MiB",
+        durability=args.durability,
+        appendfsync="always",
+    )
+    rounds = []
+    for count in (int(x) for x in args.shards.split(",")):
+        d = tmp / f"shards{count}"
+        d.mkdir()
+        rounds.append(redis_shards.run_round(d, count, sargs, say))
+    return redis_shards.compare(rounds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1894,6 +1933,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-generator", action="store_true", help="the daemons only")
     ap.add_argument("--rate", type=float, default=2000.0, help="stored files/s per node")
     ap.add_argument("--margin", type=float, default=0.7, help="share of Redis's core to plan for")
+    ap.add_argument(
+        "--shards",
+        default="1,3",
+        help="also store with the catalog over these shard counts ('' to skip; "
+        "bench/redis_shards.py)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if not 1 <= args.nodes <= 16:
@@ -1940,8 +1985,18 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_generator:
             gen = run_generator(tmp, args, say)
             out["generator"] = gen
+        if args.shards and not args.no_daemons:
+            out["shards"] = run_shards(tmp, args, say)
     out["capacity"] = capacity(gen, daemons, args)
     out.update(headline(daemons, out["capacity"], args))
+    if "shards" in out:
+        out.update(
+            {
+                k: out["shards"][k]
+                for k in ("cpu_ratio_3_vs_1", "share_range_3")
+                if k in out["shards"]
+            }
+        )
     if args.json:
         print(dumps(out))
     else:

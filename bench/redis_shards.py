@@ -221,18 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         "dirs": args.dirs,
         "durability": args.durability,
         "appendfsync": args.appendfsync,
-        "rounds": rounds,
+        **compare(rounds),
     }
-    one = next((r for r in rounds if r["shards"] == 1), None)
-    three = next((r for r in rounds if r["shards"] == 3), None)
-    if one and three:
-        out["cpu_ratio_3_vs_1"] = round(
-            three["redis_cpu_ms_per_stored_file"] / one["redis_cpu_ms_per_stored_file"], 3
-        )
-        out["commands_ratio_3_vs_1"] = round(
-            three["redis_commands_per_stored_file"] / one["redis_commands_per_stored_file"], 3
-        )
-        out["share_range_3"] = [min(three["command_share"]), max(three["command_share"])]
     if args.json:
         print(dumps(out))
     else:
@@ -245,6 +235,22 @@ def main(argv: list[str] | None = None) -> int:
         if "cpu_ratio_3_vs_1" in out:
             print(f"Redis CPU per stored file, 3 shards over 1: {out['cpu_ratio_3_vs_1']}x")
     return 0
+
+
+def compare(rounds: list[dict]) -> dict:
+    """The rounds, and 3 shards against 1 where both ran."""
+    out: dict = {"rounds": rounds}
+    one = next((r for r in rounds if r["shards"] == 1), None)
+    three = next((r for r in rounds if r["shards"] == 3), None)
+    if one and three:
+        out["cpu_ratio_3_vs_1"] = round(
+            three["redis_cpu_ms_per_stored_file"] / one["redis_cpu_ms_per_stored_file"], 3
+        )
+        out["commands_ratio_3_vs_1"] = round(
+            three["redis_commands_per_stored_file"] / one["redis_commands_per_stored_file"], 3
+        )
+        out["share_range_3"] = [min(three["command_share"]), max(three["command_share"])]
+    return out
 
 
 if __name__ == "__main__":

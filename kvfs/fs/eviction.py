@@ -44,7 +44,8 @@ class Eviction:
         if not self._evictable(node, exclude, bid):
             return 0
         parent, name, rec = node.parent, node.name, node.blob
-        log.info("pool full: evicting %s (%d bytes)", self.catalog.path_of(node), rec.size)
+        path = self.catalog.path_of(node)
+        log.info("pool full: evicting %s (%d bytes)", path, rec.size)
         # A writer that opens the file while the removal is in flight (the catalog's round,
         # a Redis round trip) writes into a file that is going: its close must fail, not
         # return 0 for bytes nobody can read (the cluster torture: "v52 committed, file
@@ -55,7 +56,10 @@ class Eviction:
         except BaseException as e:
             node.removed_elsewhere = False
             if isinstance(e, KvfsError) and e.errno in (errno.ENOENT, errno.ESTALE):
-                return 0  # changed by another node meanwhile
+                # changed by another node meanwhile (another node evicting the same file, in
+                # the same cluster-wide order): said too, so the log counts what went
+                log.info("pool full: not evicting %s after all: %s", path, e)
+                return 0
             raise
         self._unlinked(node)
         self.kernel.evicted(parent, name, ino)

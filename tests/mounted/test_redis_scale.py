@@ -45,6 +45,8 @@ ARGS = [
     "--gen-seconds",
     "1",
     "--no-everysec",
+    "--shards",
+    "1,3",
     "--json",
 ]
 
@@ -110,3 +112,9 @@ def test_per_file_costs_are_plausible():
     assert store["round_trips_with_followers"] == pytest.approx(store["round_trips_all"], abs=0.25)
     assert out["redis_cpu_ms_per_stored_file"] > 0
     assert out["nodes_per_redis_at_300_files_s"] >= out["nodes_per_redis_at_2000_files_s"] >= 0
+
+    # the same nodes over 1 and 3 Redis shards (bench/redis_shards.py's rounds): every shard
+    # carries a share of the commands
+    sh = out["shards"]
+    assert [r["shards"] for r in sh["rounds"]] == [1, 3]
+    assert min(out["share_range_3"]) > 0.1 and out["cpu_ratio_3_vs_1"] > 0
