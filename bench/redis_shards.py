@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parse, parser  # noqa: E402
-from bench.redis_scale import Sync  # noqa: E402
+from testing.redis_sentinel import _ask  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
 from testing.redis_server import RedisServer  # noqa: E402
@@ -40,10 +40,26 @@ from testing.redis_server import RedisServer  # noqa: E402
 MiB = 1 << 20
 
 
-def snapshot(syncs: list[Sync]) -> list[dict]:
+def read_info(port: int) -> dict:
+    """A server's INFO (cpu, stats, commandstats): its fields, and per command (calls, usec)."""
+    raw = _ask(port, "INFO", "cpu", "stats", "commandstats", timeout=30).decode()
+    out: dict = {"cmds": {}}
+    for line in raw.splitlines():
+        if ":" not in line or line.startswith("#"):
+            continue
+        k, v = line.split(":", 1)
+        if k.startswith("cmdstat_"):
+            f = dict(kv.split("=") for kv in v.split(","))
+            out["cmds"][k[len("cmdstat_") :]] = (int(f["calls"]), float(f["usec"]))
+        else:
+            out[k] = v
+    return out
+
+
+def snapshot(ports: list[int]) -> list[dict]:
     out = []
-    for s in syncs:
-        info = s.info()
+    for port in ports:
+        info = read_info(port)
         out.append(
             {
                 "calls": sum(c for name, (c, _) in info["cmds"].items() if name != "info"),
@@ -61,10 +77,9 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
         RedisServer(tmp / f"redis{k}", args=["--appendfsync", args.appendfsync]).start()
         for k in range(shards)
     ]
-    syncs: list[Sync] = []
     mounts: list[MountedKvfs] = []
+    ports = [s.port for s in servers]
     try:
-        syncs = [Sync(s.port) for s in servers]
         shared = tmp / "shared"
         shared.mkdir()
         nss = [{"path": str(shared / f"ns{i}.img"), "size": args.ns_size} for i in range(2)]
@@ -94,10 +109,10 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
         # the background first (followers' idle XREADs, lease renewals and their copies, the
         # cleaner's lock): Redis CPU per second with nothing stored, taken out of the stores'
         time.sleep(1.0)
-        i0 = snapshot(syncs)
+        i0 = snapshot(ports)
         t = time.monotonic()
         time.sleep(args.idle)
-        i1 = snapshot(syncs)
+        i1 = snapshot(ports)
         idle_s = time.monotonic() - t
         bg_cpu = [(b["cpu"] - a["cpu"]) / idle_s for a, b in zip(i0, i1)]
         bg_calls = [(b["calls"] - a["calls"]) / idle_s for a, b in zip(i0, i1)]
@@ -105,7 +120,7 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
             [f"{dirs[(i * args.files + k) % len(dirs)]}/n{i}-{k}" for k in range(args.files)]
             for i in range(len(mounts))
         ]
-        s0 = snapshot(syncs)
+        s0 = snapshot(ports)
         t = time.monotonic()
         import threading
 
@@ -132,7 +147,7 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
                 "every node seeing every file",
             )
         time.sleep(1.0)  # the followers' last batches, the links' flush
-        s1 = snapshot(syncs)
+        s1 = snapshot(ports)
         window = time.monotonic() - t
         files = args.nodes * args.files
         calls = [b["calls"] - a["calls"] - c * window for a, b, c in zip(s0, s1, bg_calls)]
@@ -178,8 +193,6 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
             except Exception as e:  # noqa: BLE001 - unmount the others all the same
                 print(f"redis_shards: stopping {m.mountpoint}: {e}", file=sys.stderr)
                 m.kill()
-        for s in syncs:
-            s.close()
         for s in servers:
             s.stop()
 

@@ -11,8 +11,8 @@ for i = 3, #ARGV, 4 do
   local changed = false
   if d == '-' then
     changed = redis.call('HDEL', k, succ) == 1
-  elseif redis.call('EXISTS', P .. 'n:' .. pred) == 1
-      and (not both or redis.call('EXISTS', P .. 'n:' .. succ) == 1) then
+  elseif (both and redis.call('EXISTS', P .. 'n:' .. pred, P .. 'n:' .. succ) == 2)
+      or (not both and redis.call('EXISTS', P .. 'n:' .. pred) == 1) then
     changed = true
     if redis.call('HSETNX', k, succ, string.format('%d %.6g', src, tonumber(d))) == 0 then
       local s, w = string.match(redis.call('HGET', k, succ), '^(%d+) (%S+)$')
