@@ -1869,6 +1869,8 @@ def run_shards(tmp: Path, args, say) -> dict:
         ns_size="256MiB",
         durability=args.durability,
         appendfsync="always",
+        rate=0.0,
+        writeback_ms=0,
     )
     rounds = []
     for count in (int(x) for x in args.shards.split(",")):
