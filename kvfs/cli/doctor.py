@@ -368,11 +368,14 @@ def check_cluster(mount: str, c: dict | None) -> list[Finding]:
         return []
     where = f"{mount}: cluster node {c['node_id']}, Redis at {c['redis']}"
     if not c["online"]:
+        down = ", ".join(c.get("offline") or []) or c["redis"]
         return [
             Finding(
                 "fail",
                 "cluster",
-                f"{where} is unreachable: changes and lookups of unknown names fail with EIO",
+                f"{mount}: cluster node {c['node_id']}: Redis at {down} is unreachable: "
+                f"changes (in its shard's directories) and lookups of unknown names fail "
+                f"with EIO",
                 "start Redis or fix the network; the node reconnects by itself",
             )
         ]

@@ -266,6 +266,12 @@ class ClusterLink:
                 )
         return KvfsError(errno.EIO, f"cluster catalog unavailable: {why}")
 
+    def reached(self) -> None:
+        """Redis answered on a connection of this link's own (the follower's): it is up (a
+        shard whose only traffic is its follower would otherwise stay marked down until its
+        next change)."""
+        self._up()
+
     def _up(self) -> None:
         if not self.online and not self.quiet:
             log.warning(

@@ -369,3 +369,31 @@ def test_a_shard_behind_its_own_sentinel_fails_over_alone(tmp_path):
                 if s.proc is not None:
                     os.kill(s.proc.pid, signal.SIGCONT)
             g.stop()
+
+
+def test_a_shard_whose_redis_is_down_is_named_and_the_pool_recovers(configs, servers):
+    """One shard's Redis killed: the node says which (statistics, `kvfs doctor`); once it
+    is back, stores in its directories work again and reach the other node. (Meanwhile the
+    other shards' changes wait too: each follower reloads the whole catalog, and taking a
+    region needs every shard: docs/cluster.md, "What each failure leaves behind".)"""
+    from kvfs.cli.doctor import check_cluster
+
+    async def body(a, b):
+        by = await dirs_by_shard(a, 1)
+        down = servers[2]
+        await trio.to_thread.run_sync(down.kill)
+        try:
+            await eventually(lambda: not a.svc.catalog.statistics()["online"])
+            st = a.svc.catalog.statistics()
+            assert st["offline"] == [f"127.0.0.1:{down.port}"], st
+            (finding,) = check_cluster("/mnt", st)
+            assert finding.status == "fail" and f":{down.port} is unreachable" in finding.detail
+        finally:
+            await trio.to_thread.run_sync(down.start)
+        await eventually(lambda: a.svc.catalog.statistics()["online"], 20)
+        for k in range(SHARDS):
+            await put(a, f"{by[k][0]}/after", data(6 + k, 70_000))
+            await eventually(lambda k=k: known(b, f"{by[k][0]}/after"), 20)
+            assert await b.read(f"{by[k][0]}/after") == data(6 + k, 70_000)
+
+    run_cluster(configs(2, lease=30.0), body)

@@ -81,8 +81,10 @@ class RedisCatalog(Flushes, RedisMirror):
         return {
             "node_id": self.cfg.node_id,
             "epoch": self.epoch,
-            "redis": link.where,
-            "online": link.online,
+            # with shards: every shard's Redis, and online only while all of them are
+            "redis": ", ".join(sh.link.where for sh in self.shards),
+            "online": all(sh.link.online for sh in self.shards),
+            "offline": [sh.link.where for sh in self.shards if not sh.link.online],
             "fresh": self.fresh,
             "catalog_lost": self.catalog_lost,
             "lag_seconds": round(trio.current_time() - self.synced_at, 3),

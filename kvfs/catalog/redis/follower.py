@@ -137,6 +137,8 @@ class Following:
                     "XREAD", "COUNT", FOLLOW_COUNT, "BLOCK", 1000, "STREAMS", key, sh.last_id
                 )
                 sh.synced_at = trio.current_time()
+                if not link.online:
+                    link.reached()
                 if reply:
                     async with self._apply_lock:
                         if reloads == self._reloads:  # (else: read before a reload's tails)
