@@ -116,7 +116,7 @@ from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # no
 from kvfs.cluster.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
-from testing.redis_server import RedisServer, read_reply  # noqa: E402
+from testing.redis_server import RedisServer, parse_info, read_reply  # noqa: E402
 
 MiB = 1 << 20
 POOL = "scale"  # [cluster] name of the daemons' pool
@@ -144,18 +144,7 @@ class Sync:
         return read_reply(self.file)
 
     def info(self) -> dict:
-        raw = self.call("INFO", "cpu", "stats", "commandstats", "persistence").decode()
-        out: dict = {"cmds": {}}
-        for line in raw.splitlines():
-            if ":" not in line or line.startswith("#"):
-                continue
-            k, v = line.split(":", 1)
-            if k.startswith("cmdstat_"):
-                f = dict(kv.split("=") for kv in v.split(","))
-                out["cmds"][k[len("cmdstat_") :]] = (int(f["calls"]), float(f["usec"]))
-            else:
-                out[k] = v
-        return out
+        return parse_info(self.call("INFO", "cpu", "stats", "commandstats", "persistence").decode())
 
     def entries_added(self, key: str) -> int:
         flat = self.call("XINFO", "STREAM", key)

@@ -35,25 +35,14 @@ from bench import dumps, parse, parser  # noqa: E402
 from testing.redis_sentinel import _ask  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
-from testing.redis_server import RedisServer  # noqa: E402
+from testing.redis_server import RedisServer, parse_info  # noqa: E402
 
 MiB = 1 << 20
 
 
 def read_info(port: int) -> dict:
     """A server's INFO (cpu, stats, commandstats): its fields, and per command (calls, usec)."""
-    raw = _ask(port, "INFO", "cpu", "stats", "commandstats", timeout=30).decode()
-    out: dict = {"cmds": {}}
-    for line in raw.splitlines():
-        if ":" not in line or line.startswith("#"):
-            continue
-        k, v = line.split(":", 1)
-        if k.startswith("cmdstat_"):
-            f = dict(kv.split("=") for kv in v.split(","))
-            out["cmds"][k[len("cmdstat_") :]] = (int(f["calls"]), float(f["usec"]))
-        else:
-            out[k] = v
-    return out
+    return parse_info(_ask(port, "INFO", "cpu", "stats", "commandstats", timeout=30).decode())
 
 
 def snapshot(ports: list[int]) -> list[dict]:

@@ -30,6 +30,22 @@ def read_reply(f):
     raise RuntimeError(f"unexpected reply from Redis: {line[:40]!r}")
 
 
+def parse_info(raw: str) -> dict:
+    """An INFO reply: its fields, and under "cmds" each command's (calls, usec) from its
+    commandstats section."""
+    out: dict = {"cmds": {}}
+    for line in raw.splitlines():
+        if ":" not in line or line.startswith("#"):
+            continue
+        k, v = line.split(":", 1)
+        if k.startswith("cmdstat_"):
+            f = dict(kv.split("=") for kv in v.split(","))
+            out["cmds"][k[len("cmdstat_") :]] = (int(f["calls"]), float(f["usec"]))
+        else:
+            out[k] = v
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,6 +15,7 @@ from kvfs.catalog.redis.shards import shard_of
 from kvfs.errors import KvfsError, StartupError
 from testing.redis_server import RedisServer
 from tests.daemon.harness import eventually, known, run_cluster
+from tests.daemon.test_cluster import data, put
 from tests.helpers import write_config
 
 MiB = 1 << 20
@@ -62,15 +63,6 @@ def configs(tmp_path, servers):
         return out
 
     return make
-
-
-async def put(fs, path: str, payload: bytes) -> None:
-    await fs.write(path, payload)
-    await fs.sync()
-
-
-def data(seed: int, size: int) -> bytes:
-    return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
 
 
 async def dirs_by_shard(fs, count: int = 3) -> dict[int, list[str]]:

@@ -254,8 +254,8 @@ class RedisCatalog(Flushes, RedisMirror):
         fields = node_fields(node)
         own = None
         if node.children is not None and len(self.shards) > 1:
-            fields += [b"h", self.shard_of_dir(node.ino).k]
             own = self.shard_of_dir(node.ino)
+            fields += [b"h", own.k]
             if own.link is link:
                 own = None
             else:
