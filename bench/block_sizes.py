@@ -261,11 +261,13 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
     def phase(name: str, fn) -> None:
         if pid is not None:
             cpu0, c0 = cpu_seconds(pid), counters()
+            user0 = cpu_seconds(pid, user_only=True)
         dt = fn()
         out[f"{name}_per_s"] = blocks.n / dt
         if pid is None:
             return
         out[f"{name}_daemon_us"] = (cpu_seconds(pid) - cpu0) / blocks.n * 1e6
+        out[f"{name}_daemon_user_us"] = (cpu_seconds(pid, user_only=True) - user0) / blocks.n * 1e6
         c1 = counters()
         req0, req1 = c0["requests"], c1["requests"]
         per = {
@@ -330,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also kvfs with KV events on and a subscriber (unthrottled only)",
     )
     ap.add_argument(
+        "--pure",
+        action="store_true",
+        help="also kvfs with KVFS_PURE_PYTHON=1 (its per-file path from the Python source, "
+        "not compiled), unthrottled only",
+    )
+    ap.add_argument(
         "--floor",
         action="store_true",
         help="also the floor of the stack (bench/floorfs.py: pyfuse3 with "
@@ -385,6 +393,20 @@ def main(argv: list[str] | None = None) -> int:
                     if args.events and bps is None
                     else contextlib.nullcontext()
                 ) as kve,
+                (
+                    kvfs_on_loops(
+                        emu,
+                        tmp,
+                        f"kvfs-pure-{speed}",
+                        4,
+                        data + 512 * MiB,
+                        bps,
+                        dram=f"{data // MiB + 256}MiB",
+                        env={"KVFS_PURE_PYTHON": "1"},
+                    )
+                    if args.pure and bps is None
+                    else contextlib.nullcontext()
+                ) as kvp,
             ):
                 names = {
                     id(ext4): "ext4",
@@ -392,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
                     id(kv): "kvfs",
                     id(floor): "floor",
                     id(kve): "kvfs_events",
+                    id(kvp): "kvfs_pure",
+                }
+                natives = {
+                    n: m.kvfs.stats().get("native", {}).get("mode")
+                    for n, m in (("kvfs", kv), ("kvfs_pure", kvp))
+                    if m is not None
                 }
                 latency = EventLatency(f"ipc://{tmp}/events") if kve is not None else None
                 raid0_kind = raid0.raid0
@@ -399,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                     size = SIZES[size_name]
                     blocks = Blocks(size, min(args.max_files, max(1, data // size)))
                     for r in range(args.rounds):
-                        order = [ext4, raid0, kv] + [x for x in (floor, kve) if x is not None]
+                        order = [ext4, raid0, kv] + [x for x in (floor, kve, kvp) if x is not None]
                         if r % 2:
                             order.reverse()
                         for setup in order:
@@ -439,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "bps_per_device": args.bps,
         "raid0": raid0_kind,
+        "native": natives,
         "rows": rows,
     }
     for speed in args.speeds.split(","):
@@ -573,6 +602,24 @@ def main(argv: list[str] | None = None) -> int:
                 out[f"{size_name}_events_per_file"] = round(
                     statistics.median(e["events"] / e["files"] for e, _ in pairs), 2
                 )
+    for size_name in sizes:
+        pairs = list(
+            zip(
+                *(
+                    [x for x in rows if x["fs"] == fs and x["size"] == size_name]
+                    for fs in ("kvfs", "kvfs_pure")
+                )
+            )
+        )
+        for op in ("store", "stat", "load") if pairs else ():
+            # the compiled build against its pure-Python twin, side by side (issue 45)
+            for key, what in (("cpu", "daemon_us"), ("user", "daemon_user_us")):
+                out[f"{size_name}_{op}_{key}_vs_pure"] = round(
+                    statistics.median(k[f"{op}_{what}"] / p[f"{op}_{what}"] for k, p in pairs), 3
+                )
+            out[f"{size_name}_{op}_rate_vs_pure"] = round(
+                statistics.median(k[f"{op}_per_s"] / p[f"{op}_per_s"] for k, p in pairs), 3
+            )
     if args.json:
         print(dumps(out))
         return 0

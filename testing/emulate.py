@@ -510,9 +510,11 @@ def kvfs_on_loops(
     *,
     dram: str = "256MiB",
     extra: str = "",
+    env: dict | None = None,
 ):
     """kvfs over `count` loop namespaces of `size` bytes in all, formatted and mounted; the
-    daemon runs in the namespaces' cgroup. `extra`: more of the config (tables)."""
+    daemon runs in the namespaces' cgroup. `extra`: more of the config (tables); `env`: set in
+    the daemon's environment (KVFS_PURE_PYTHON=1: the per-file path from its Python source)."""
     from kvfs.cli import main as kvfs_main
     from testing.mount import MountedKvfs, write_config
 
@@ -531,7 +533,7 @@ def kvfs_on_loops(
     if group is not None:
         for d in devs:
             group.limit(d, read_bps=bps, write_bps=bps)
-    m = MountedKvfs(tmp / f"{name}-mnt", cfg, tmp / f"{name}.log").start()
+    m = MountedKvfs(tmp / f"{name}-mnt", cfg, tmp / f"{name}.log", env=env).start()
     try:
         if group is not None:
             group.add(m.pid)

@@ -92,9 +92,18 @@ def is_mounted(path: Path) -> bool:
 class MountedKvfs:
     """A kvfs daemon in the foreground in a subprocess, mounted at `mountpoint`."""
 
-    def __init__(self, mountpoint: Path, config: Path, log: Path, *, nofile: int | None = None):
+    def __init__(
+        self,
+        mountpoint: Path,
+        config: Path,
+        log: Path,
+        *,
+        nofile: int | None = None,
+        env: dict | None = None,
+    ):
         """`nofile`: run the daemon with at most this many open descriptors (RLIMIT_NOFILE,
-        soft and hard)."""
+        soft and hard). `env`: variables set in the daemon's environment (over this one's)."""
+        self.env = env
         self.mountpoint = mountpoint
         self.config = config
         self.log = log
@@ -120,6 +129,7 @@ class MountedKvfs:
             stderr=subprocess.STDOUT,
             cwd=ROOT if (ROOT / "kvfs").is_dir() else None,
             preexec_fn=self._limit if self.nofile else None,
+            env={**os.environ, **self.env} if self.env else None,
         )
         logf.close()
         deadline = time.monotonic() + timeout
@@ -241,11 +251,13 @@ class MountedKvfs:
         self.stop()
 
 
-def cpu_seconds(pid: int) -> float:
-    """A process's CPU time so far (user + system, all its threads), from /proc/PID/stat."""
+def cpu_seconds(pid: int, *, user_only: bool = False) -> float:
+    """A process's CPU time so far (user + system, all its threads; with `user_only` user
+    time alone), from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + (0 if user_only else int(fields[12]))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def process_memory(pid: int) -> dict:

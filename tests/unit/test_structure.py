@@ -194,6 +194,7 @@ TOP_LEVEL = {
     "demo.py",
     "errors.py",
     "knobs.py",
+    "native.py",
     "metrics.py",
     "service.py",
     "tasks.py",
