@@ -33,9 +33,10 @@ from pathlib import Path
 # The modules compiled, in the order a store and a load go through them (docs/architecture.md,
 # "The per-file budget"; docs/performance.md has what each measured).
 MODULES: tuple[str, ...] = (
-    "kvfs.pool.layout",
     "kvfs.tiers.index",
     "kvfs.tiers.scoring",
+    "kvfs.tiers.policy",
+    "kvfs.pool.layout",
     "kvfs.fs.latency",
 )
 

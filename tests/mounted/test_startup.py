@@ -155,7 +155,7 @@ def test_a_detached_loop_namespace_is_a_one_line_error(tmp_path, make_mount):
 def test_the_daemon_runs_its_per_file_path_as_built(make_mount, pool_config):
     """The mounted daemon runs the compiled per-file path (kvfs/native.py), or with
     KVFS_PURE_PYTHON=1 (make test's second pass) its Python source: its statistics say which,
-    for every module of the list, after a file went through it."""
+    for each module of the list it imported, after a file went through it."""
     from kvfs import native
 
     m = make_mount(pool_config())
@@ -165,5 +165,5 @@ def test_the_daemon_runs_its_per_file_path_as_built(make_mount, pool_config):
     if native.pure_requested():
         assert got["mode"] == "pure" and got["compiled"] == [], got
     else:
-        assert got["mode"] == "compiled", got
-        assert sorted(got["compiled"]) == sorted(native.MODULES), got
+        assert got["mode"] == "compiled" and got["compiled"], got
+        assert set(got["compiled"]) <= set(native.MODULES), got
