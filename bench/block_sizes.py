@@ -44,6 +44,14 @@ as kvfs's are; unthrottled: an extra ext4 pass, the "(fsync)" column);
 files/s one mount cannot pass whatever the cores; `rows` has every measurement (`<op>_trio_us`:
 the trio thread's share of `<op>_daemon_us`).
 
+With --pure a second kvfs mount (`kvfs_pure`, unthrottled) runs beside the first with
+KVFS_PURE_PYTHON=1: its per-file path from the Python source, not the compiled build
+(kvfs/native.py). `<size>_<op>_{cpu,trio,user}_vs_pure` are the compiled mount's daemon CPU,
+trio-thread CPU and user time per file over the twin's (medians of the rounds; the trio
+thread's is exact, /proc's user time counts 10 ms ticks), `<size>_<op>_rate_vs_pure` its
+files/s over the twin's; "native" says how each mount ran its modules. Every row also has
+`<op>_daemon_user_us`, the user part of `<op>_daemon_us`.
+
 With --events a second kvfs mount (`kvfs_events`, unthrottled) runs beside the first with KV
 events on ([events], kvfs/events; a naming rule that makes every block file a block) and a
 subscriber in this process: `<size>_store_events_cpu_vs_off` is its daemon CPU per stored file
@@ -358,110 +366,98 @@ def main(argv: list[str] | None = None) -> int:
         for speed in args.speeds.split(","):
             bps = args.bps if speed == "throttled" else None
             label = f"{bps / 1e9:g} GB/s" if bps else "unthrottled"
-            with (
-                Emulation(f"{4 * data // MiB + 3072}m") as emu,
-                ext4_on_loop(emu, tmp, f"ext4-{speed}", data + 512 * MiB, bps) as ext4,
-                ext4_on_raid0(emu, tmp, f"raid0-{speed}", 4, data + 512 * MiB, bps) as raid0,
-                kvfs_on_loops(
-                    emu,
-                    tmp,
-                    f"kvfs-{speed}",
-                    4,
-                    data + 512 * MiB,
-                    bps,
-                    dram=f"{data // MiB + 256}MiB",
-                ) as kv,
-                (
-                    floor_mounted(tmp, f"floor-{speed}")
-                    if args.floor and bps is None
-                    else contextlib.nullcontext()
-                ) as floor,
-                (
-                    kvfs_on_loops(
+            with Emulation(f"{4 * data // MiB + 3072}m") as emu:
+
+                def kvfs_mount(name: str, wanted: bool = True, **kw):
+                    """kvfs over 4 loop namespaces at this speed (the extra mounts only
+                    unthrottled), or nothing."""
+                    if not wanted:
+                        return contextlib.nullcontext()
+                    return kvfs_on_loops(
                         emu,
                         tmp,
-                        f"kvfs-events-{speed}",
+                        f"{name}-{speed}",
                         4,
                         data + 512 * MiB,
                         bps,
                         dram=f"{data // MiB + 256}MiB",
-                        extra=(
-                            f'[events]\nenabled = true\nendpoint = "ipc://{tmp}/events"\n'
-                            f"pattern = '{EVENTS_PATTERN}'\n"
-                        ),
+                        **kw,
                     )
-                    if args.events and bps is None
-                    else contextlib.nullcontext()
-                ) as kve,
-                (
-                    kvfs_on_loops(
-                        emu,
-                        tmp,
-                        f"kvfs-pure-{speed}",
-                        4,
-                        data + 512 * MiB,
-                        bps,
-                        dram=f"{data // MiB + 256}MiB",
-                        env={"KVFS_PURE_PYTHON": "1"},
-                    )
-                    if args.pure and bps is None
-                    else contextlib.nullcontext()
-                ) as kvp,
-            ):
-                names = {
-                    id(ext4): "ext4",
-                    id(raid0): "raid0",
-                    id(kv): "kvfs",
-                    id(floor): "floor",
-                    id(kve): "kvfs_events",
-                    id(kvp): "kvfs_pure",
-                }
-                natives = {
-                    n: m.kvfs.stats().get("native", {}).get("mode")
-                    for n, m in (("kvfs", kv), ("kvfs_pure", kvp))
-                    if m is not None
-                }
-                latency = EventLatency(f"ipc://{tmp}/events") if kve is not None else None
-                raid0_kind = raid0.raid0
-                for size_name in sizes:
-                    size = SIZES[size_name]
-                    blocks = Blocks(size, min(args.max_files, max(1, data // size)))
-                    for r in range(args.rounds):
-                        order = [ext4, raid0, kv] + [x for x in (floor, kve, kvp) if x is not None]
-                        if r % 2:
-                            order.reverse()
-                        for setup in order:
-                            fs = names[id(setup)]
-                            # ext4's I/O is this process's: it joins that set-up's
-                            # throttle group for the run (a process is in one group at a
-                            # time, and each ext4 set-up has its own)
-                            with (
-                                throttled(setup, os.getpid())
-                                if fs in ("ext4", "raid0")
-                                else contextlib.nullcontext()
-                            ):
-                                res = run_fs(
-                                    fs,
-                                    setup,
-                                    blocks,
-                                    args.threads,
-                                    sync_store=fs in ("ext4", "raid0") and bps is not None,
+
+                events = (
+                    f'[events]\nenabled = true\nendpoint = "ipc://{tmp}/events"\n'
+                    f"pattern = '{EVENTS_PATTERN}'\n"
+                )
+                with (
+                    ext4_on_loop(emu, tmp, f"ext4-{speed}", data + 512 * MiB, bps) as ext4,
+                    ext4_on_raid0(emu, tmp, f"raid0-{speed}", 4, data + 512 * MiB, bps) as raid0,
+                    kvfs_mount("kvfs") as kv,
+                    (
+                        floor_mounted(tmp, f"floor-{speed}")
+                        if args.floor and bps is None
+                        else contextlib.nullcontext()
+                    ) as floor,
+                    kvfs_mount("kvfs-events", args.events and bps is None, extra=events) as kve,
+                    kvfs_mount(
+                        "kvfs-pure", args.pure and bps is None, env={"KVFS_PURE_PYTHON": "1"}
+                    ) as kvp,
+                ):
+                    names = {
+                        id(ext4): "ext4",
+                        id(raid0): "raid0",
+                        id(kv): "kvfs",
+                        id(floor): "floor",
+                        id(kve): "kvfs_events",
+                        id(kvp): "kvfs_pure",
+                    }
+                    natives = {
+                        n: m.kvfs.stats().get("native", {}).get("mode")
+                        for n, m in (("kvfs", kv), ("kvfs_pure", kvp))
+                        if m is not None
+                    }
+                    latency = EventLatency(f"ipc://{tmp}/events") if kve is not None else None
+                    raid0_kind = raid0.raid0
+                    for size_name in sizes:
+                        size = SIZES[size_name]
+                        blocks = Blocks(size, min(args.max_files, max(1, data // size)))
+                        for r in range(args.rounds):
+                            order = [ext4, raid0, kv] + [
+                                x for x in (floor, kve, kvp) if x is not None
+                            ]
+                            if r % 2:
+                                order.reverse()
+                            for setup in order:
+                                fs = names[id(setup)]
+                                # ext4's I/O is this process's: it joins that set-up's
+                                # throttle group for the run (a process is in one group at a
+                                # time, and each ext4 set-up has its own)
+                                with (
+                                    throttled(setup, os.getpid())
+                                    if fs in ("ext4", "raid0")
+                                    else contextlib.nullcontext()
+                                ):
+                                    res = run_fs(
+                                        fs,
+                                        setup,
+                                        blocks,
+                                        args.threads,
+                                        sync_store=fs in ("ext4", "raid0") and bps is not None,
+                                    )
+                                if fs == "kvfs_events":
+                                    res.update(latency.take())
+                                rows.append(
+                                    {
+                                        "fs": fs,
+                                        "speed": label,
+                                        "size": size_name,
+                                        "files": blocks.n,
+                                        "round": r,
+                                        **res,
+                                    }
                                 )
-                            if fs == "kvfs_events":
-                                res.update(latency.take())
-                            rows.append(
-                                {
-                                    "fs": fs,
-                                    "speed": label,
-                                    "size": size_name,
-                                    "files": blocks.n,
-                                    "round": r,
-                                    **res,
-                                }
-                            )
-                    del blocks
-                if latency is not None:
-                    latency.close()
+                        del blocks
+                    if latency is not None:
+                        latency.close()
     out: dict = {
         "threads": args.threads,
         "rounds": args.rounds,
