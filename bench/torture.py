@@ -1485,7 +1485,11 @@ class Torture:
                     n for n in set(a) | set(b) if _digest({n: a.get(n)}) != _digest({n: b.get(n)})
                 )
                 fig.divergent += len(diff)
-                self.problem(f"{inst.name}: nodes disagree on {diff[:10]}")
+                self.problem(
+                    f"{inst.name}: nodes disagree on {diff[:10]} ("
+                    + "; ".join(f"{n}: {_seen(a.get(n))} vs {_seen(b.get(n))}" for n in diff[:3])
+                    + ")"
+                )
         present = views[0]
         by_name: dict[str, list[Eviction]] = {}
         for e in evictions:
@@ -1913,6 +1917,17 @@ def _spread(values: list) -> dict:
         return v[min(len(v) - 1, int(f * len(v)))] if v else None
 
     return {"n": len(v), "p50": q(0.5), "p99": q(0.99), "max": v[-1] if v else None}
+
+
+def _seen(data) -> str:
+    """What one node has under a name, in a line: absent, an error, or the version's header
+    and size."""
+    if data is None:
+        return "absent"
+    if not isinstance(data, bytes):
+        return repr(data)
+    head = data[: data.find(b">") + 1] if data.startswith(b"<") else data[:16]
+    return f"{head.decode(errors='replace')} {len(data)} bytes"
 
 
 def _digest(view: dict) -> dict:

@@ -1469,3 +1469,43 @@ def test_a_write_back_batch_larger_than_one_publish_goes_in_several(cluster_conf
         assert await b.read("/g7") == data(7, 10_000)
 
     run_cluster(cluster_configs(2, durability="fsync"), body)
+
+
+def test_an_older_record_replayed_after_a_local_commit_does_not_stay(cluster_configs, monkeypatch):
+    """After a reload the follower replays the log from the tail read before the snapshot:
+    another node's older version of a file comes back after this node's own newer one (here,
+    one entry per batch, as a follower catching up reads them). The mirror may take the older
+    record for a moment, but when the follower reaches this node's own entry it must read the
+    file again: a torture over three shards (seed 35) saw the node that wrote the newest
+    version keep serving the older one for good, while the other node served the newest."""
+    from kvfs.catalog.redis import follower, mirror
+
+    real_scan = mirror.scan
+    monkeypatch.setattr(follower, "FOLLOW_COUNT", 1)
+
+    async def body(a, b):
+        await put(a, "/f", data(1, 5000))
+        await eventually(lambda: known(b, "/f"))
+        cat = b.files.catalog
+        done = []
+
+        async def scan_while_both_write(conn, pattern):
+            keys = await real_scan(conn, pattern)
+            if not done and pattern.endswith("n:*"):
+                done.append(True)
+                await put(a, "/f", data(2, 6000))  # the other node's version first
+                await put(b, "/f", data(3, 7000))  # then this node's, after the reload's mark
+            return keys
+
+        monkeypatch.setattr(mirror, "scan", scan_while_both_write)
+        try:
+            await cat._load_snapshot(initial=False)  # its tails are before both versions
+        finally:
+            monkeypatch.setattr(mirror, "scan", real_scan)
+        assert done
+        await eventually(lambda: cat.stale_own_rereads >= 1)
+        await eventually(lambda: cat.get(b.ino("/f")).blob.size == 7000)
+        assert await b.read("/f") == data(3, 7000)
+        assert await a.read("/f") == data(3, 7000)
+
+    run_cluster(cluster_configs(2), body)

@@ -92,6 +92,7 @@ class RedisCatalog(Flushes, RedisMirror):
             "refreshes": self.refreshes,
             "records": self.records,
             "misses_answered": self.misses_answered,
+            "stale_own_rereads": self.stale_own_rereads,
             "publish_retries": self.publish_retries,
             "resyncs": self.resyncs,
             "redis_calls": sum(calls),

@@ -239,8 +239,16 @@ class Following:
                         links[int(key)] = fields
             else:
                 own.update(ids(f.get(b"i")))
-                own.update(int(key) for tag, key, _ in records if tag in (b"@n", b"@-"))
+                own.update(int(key) for tag, key, _ in records if tag in (b"@n", b"@u", b"@-"))
             sh.last_id = sid
+        # An own entry for an inode whose mirror then took another node's record (replayed
+        # after a reload, or read behind this node's own change): that record was older than
+        # this change, so the inode is read again, else the mirror would keep the older state
+        stale_own = [
+            i for i in own if self._others_at.get(i, -1) > self._own_at.get(i, -1) and i not in inos
+        ]
+        inos += stale_own
+        self.stale_own_rereads += len(stale_own)
         reread = set(inos)
         for ino in list(states):
             h = states[ino]
@@ -280,6 +288,9 @@ class Following:
         """Install the records others' log entries carried (see `_apply_entries`)."""
         leaving: list[BlobRec] = []
         self._apply(states, blobs, leaving)
+        self._order += 1
+        for ino in states:
+            self._others_at[ino] = self._order
         await self.space.settle(leaving, conn, retired=retired, link=sh.link)
         self.records += 1
 

@@ -92,6 +92,14 @@ class RedisMirror(Following, TreeCatalog):
         self._changes_in_flight: dict[int, int] = {}
         self._changed_at: dict[int, int] = {}
         self._change_seq = 0
+        # Which came last to an inode's mirror, one order for both: this node's own change
+        # finishing (`_own_at`), or another node's record installed from the log
+        # (`_others_at`). A record installed after an own change that the log has not yet
+        # shown is older than that change (the log is in order): when the follower reaches
+        # the own change's entry, the inode is read again (follower.py, `_apply_entries`)
+        self._order = 0
+        self._own_at: dict[int, int] = {}
+        self._others_at: dict[int, int] = {}
         # files whose publish is in flight (ino -> how many), and the event set (and replaced)
         # when a publish ends (RedisCatalog.settled)
         self._publishing: dict[int, int] = {}
@@ -103,6 +111,7 @@ class RedisMirror(Following, TreeCatalog):
         self.records = 0  # batches of records installed from the log, nothing read back
         self.misses_answered = 0  # lookups of unknown names answered without asking Redis
         self.publish_retries = 0  # write-back publishes sent again (Redis had not run them)
+        self.stale_own_rereads = 0  # inodes read again: an older record came after an own change
         self.resyncs = 0
 
     # ------------------------------------------------------------------------------ the shards
@@ -340,11 +349,13 @@ class RedisMirror(Following, TreeCatalog):
             yield
         finally:
             self._change_seq += 1
+            self._order += 1
             for i in inos:
                 n = self._changes_in_flight.pop(i) - 1
                 if n:
                     self._changes_in_flight[i] = n
                 self._changed_at[i] = self._change_seq
+                self._own_at[i] = self._order
 
     async def _refresh(
         self, inos, conn=None, retired: set[int] | None = None, sh: Shard | None = None
