@@ -348,6 +348,23 @@ class ClusterSpace(Space):
         log.debug("cluster: leased region %d (%d bytes free)", r, self.region_free()[r][0])
         return True
 
+    async def copies_current(self, link: ClusterLink) -> None:
+        """Before a publish in the shard of `link`: where a renewal of this node's lease copies
+        failed there (the shard was away), set them again first, with what is left of the
+        leases by this node's deadlines (earlier than Redis's), so that a publish right after
+        the shard is back is not refused for a copy that ran out meanwhile. A failure here is
+        left to the publish to report."""
+        if link not in self.leases.shards:
+            return  # the first shard holds the leases themselves
+        now = trio.current_time()
+        held = {r: d for r, d in self.regions.deadline.items() if d > now}
+        if not held:
+            return
+        try:
+            await self.leases.recopy(link, sorted(held), int((min(held.values()) - now) * 1000) - 1)
+        except KvfsError:
+            pass
+
     async def _renew_leases(self) -> None:
         regions = self.regions
         while True:

@@ -389,3 +389,48 @@ def test_a_shard_whose_redis_is_down_is_named_and_the_pool_recovers(configs, ser
             assert await b.read(f"{by[k][0]}/after") == data(6 + k, 70_000)
 
     run_cluster(configs(2, lease=30.0), body)
+
+
+def test_a_shard_away_stops_no_renewal_elsewhere_and_its_copies_are_set_before_a_publish(
+    configs, servers, monkeypatch
+):
+    """The leases are in shard 0 and copied to each other shard, where a publish checks its
+    copy. A renewal while one shard is away still renews the copies in the shards after it
+    (they were renewed in turn, and the first failure ended the round: theirs ran out too),
+    and the first publish in the shard that was away sets its copies again first if they may
+    have run out meanwhile (else it is refused until the next renewal). A torture over three
+    shards (seed 33) dropped write-backs in both shards so, their fsyncs returning EIO. The
+    renewals are the test's own here (the background ones are stopped), so nothing races."""
+    from kvfs.cluster.space import ClusterSpace
+
+    async def no_renewals(self):
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(ClusterSpace, "_renew_leases", no_renewals)
+
+    async def body(a, b):
+        by = await dirs_by_shard(a, 1)
+        await put(a, f"{by[1][0]}/before", data(1, 70_000))  # a holds a region: copies set
+        space = a.svc.space
+        held = sorted(space.regions.deadline)
+        first, second = space.leases.shards
+        token = space.leases.link.token.encode()
+        await second.call("PEXPIRE", second.key("lease", held[0]), 400)
+        down = servers[1]
+        await trio.to_thread.run_sync(down.kill)
+        try:
+            await space.leases.renew(held, space.lease_ms)
+        finally:
+            await trio.to_thread.run_sync(down.start)
+        assert space.leases.stale == {0}
+        assert await second.call("PTTL", second.key("lease", held[0])) > 10_000
+        await eventually(lambda: a.svc.catalog.statistics()["online"], 20)
+        for r in held:  # as if they ran out while the shard was away
+            await first.call("DEL", first.key("lease", r))
+        await put(a, f"{by[1][0]}/back", data(3, 70_000))
+        assert await first.call("GET", first.key("lease", held[0])) == token
+        assert space.leases.stale == set()
+        await eventually(lambda: known(b, f"{by[1][0]}/back"), 20)
+        assert await b.read(f"{by[1][0]}/back") == data(3, 70_000)
+
+    run_cluster(configs(2, lease=30.0), body)

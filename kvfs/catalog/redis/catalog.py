@@ -427,6 +427,7 @@ class RedisCatalog(Flushes, RedisMirror):
         with self._changing(*touched):
             while True:
                 try:
+                    await self.space.copies_current(sh.link)
                     retired, refused, revived = await self._publish(
                         args, [(n.ino, rec) for _, n, rec, _, _ in sent], sh.link
                     )
