@@ -263,11 +263,14 @@ class ClusterSpace(Space):
                 self.used.pop(r.id, None)
                 self.pool.unclaim(r.layout)
 
-    async def reconcile_grave(self, grave_ids: set[int], blobs: dict[int, BlobRec]) -> None:
+    async def reconcile_grave(
+        self, grave_ids: set[int], blobs: dict[int, BlobRec], prune: bool = True
+    ) -> None:
         """After a resync: the grave is what Redis says. A block the snapshot's grave lacks was
-        purged, or retired by this node after the grave was read: only one whose record is
-        gone from Redis has free space."""
-        missing = [bid for bid in self.grave if bid not in grave_ids]
+        purged, or retired by this node after the grave was read (or, after a resync of one
+        shard, is in another shard's grave): only one whose record is gone from every shard
+        has free space. Without `prune`, the blocks of `grave_ids` only join the grave."""
+        missing = [bid for bid in self.grave if bid not in grave_ids] if prune else []
         exists = [0] * len(missing)
         if missing:
             for link in self.links:  # (a block's record is in one shard, its file's)

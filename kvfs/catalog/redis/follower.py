@@ -85,11 +85,17 @@ class Following:
         )
 
     async def _reload(self, sh: Shard, conn) -> None:
-        """Reload the whole catalog (after a gap in shard `sh`'s log, a failover, ...)."""
+        """Reload shard `sh`'s part of the catalog (after a gap in its log, a failover, a
+        broken connection: its follower's own), or the whole catalog when every shard asks
+        (the catalog's own doubts set them all): a shard that is away holds up no other."""
         async with self._apply_lock:
-            self._resync = False
             self._reloads += 1
-            await self._load_snapshot(initial=False, conns={sh.k: conn})
+            if len(self.shards) == 1 or all(x.resync for x in self.shards):
+                self._resync = False
+                await self._load_snapshot(initial=False, conns={sh.k: conn})
+            else:
+                sh.resync = False
+                await self._load_snapshot(initial=False, conns={sh.k: conn}, only=sh)
 
     async def _follow_loop(self, sh: Shard) -> None:
         conn = None
@@ -115,20 +121,20 @@ class Following:
                                 "cluster: missed part of the change log (trimmed while "
                                 "away); reloading the catalog"
                             )
-                            self._resync = True
+                            sh.resync = True
                 if await link.check_master():
                     # Sentinel replaced the master (the link logs the move): whatever this
                     # connection reads now comes from a server that is no longer the catalog:
                     # reconnect, then reload. A failover, not an outage: nothing is marked down
                     conn.abort()
                     conn = None
-                    self._resync = True
+                    sh.resync = True
                     continue
                 if link.unreplicated != sh.unreplicated_seen:
                     # a change of ours is on the master but failed here (no replica confirmed
                     # it): the log entry naming it is ours, so it is skipped; reload instead
                     sh.unreplicated_seen = link.unreplicated
-                    self._resync = True
+                    sh.resync = True
                 if sh.resync:
                     await self._reload(sh, conn)
                 mark = self._change_seq
@@ -155,7 +161,7 @@ class Following:
                     conn = None
                 # the batch in hand may be half applied (last_id is already past it), and
                 # changes may have been missed: reload once back (docs/cluster.md)
-                self._resync = True
+                sh.resync = True
                 if await link.check_master(now_please=True):
                     continue  # Sentinel moved the master (logged as such): follow it now
                 link.mark_down(str(e))
@@ -165,7 +171,7 @@ class Following:
                 if conn is not None:
                     conn.abort()
                     conn = None
-                self._resync = True
+                sh.resync = True
                 await trio.sleep(0.5)  # (logged each time: not as often as the above)
 
     async def _check_catalog(self, conn, sh: Shard) -> None:

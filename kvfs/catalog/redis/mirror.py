@@ -32,7 +32,7 @@ from kvfs.catalog.redis.codec import (
 from kvfs.catalog.tree import TreeCatalog, _now
 from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
-from kvfs.errors import StartupError
+from kvfs.errors import KvfsError, StartupError
 
 log = logging.getLogger("kvfs.catalog")
 
@@ -186,13 +186,17 @@ class RedisMirror(Following, TreeCatalog):
             out += [pairs(r) for r in replies]
         return out
 
-    async def _load_snapshot(self, initial: bool, conns: dict | None = None) -> None:
-        """Load the whole catalog, every shard: each log's position first, then every key
-        (not atomically); replaying the logs from those positions afterwards makes the mirror
-        exact. `conns`: shard index -> a connection to read that shard with (a follower's)."""
+    async def _load_snapshot(
+        self, initial: bool, conns: dict | None = None, only: Shard | None = None
+    ) -> None:
+        """Load the whole catalog, every shard (or, with `only`, that shard's part of it):
+        each log's position first, then every key (not atomically); replaying the logs from
+        those positions afterwards makes the mirror exact. `conns`: shard index -> a
+        connection to read that shard with (a follower's)."""
         mark = self._change_seq
         tails = {}
-        for sh in self.shards:
+        shards = [only] if only is not None else self.shards
+        for sh in shards:
             c = (conns or {}).get(sh.k) or sh.link
             last = await c.call("XREVRANGE", sh.link.key("log"), "+", "-", "COUNT", 1)
             tails[sh.k] = sh.snapshot_tail = last[0][0] if last else b"0-0"
@@ -200,7 +204,7 @@ class RedisMirror(Following, TreeCatalog):
         states: dict[int, dict] = {}
         grave_ids: set[int] = set()
         links: dict[int, dict] = {}
-        for sh in self.shards:
+        for sh in shards:
             c = (conns or {}).get(sh.k) or sh.link
             plen = len(sh.link.prefix)
             nkeys = await scan(c, sh.link.key("n:*"))
@@ -218,7 +222,7 @@ class RedisMirror(Following, TreeCatalog):
                 if h:
                     states[int(k[plen + 2 :])] = h
             links.update({int(k[plen + 2 :]): h for k, h in zip(lkeys, lhashes) if h})
-        if ROOT_INO not in states:
+        if ROOT_INO not in states and (only is None or only is self.shard_of_dir(ROOT_INO)):
             raise StartupError("cluster: the catalog in Redis has no root directory")
         if initial:
             self._build(states, blobs, grave_ids, links)
@@ -228,8 +232,8 @@ class RedisMirror(Following, TreeCatalog):
             skip = set(self._changes_in_flight) | {
                 i for i, seq in self._changed_at.items() if seq > mark
             }
-            await self._reconcile(states, blobs, grave_ids, links, skip)
-        for sh in self.shards:
+            await self._reconcile(states, blobs, grave_ids, links, skip, only)
+        for sh in shards:
             sh.last_id = tails[sh.k]
             sh.synced_at = trio.current_time()
 
@@ -555,23 +559,44 @@ class RedisMirror(Following, TreeCatalog):
                 self._notify("content", node, old, node.parent, node.name)
         return True
 
-    async def _reconcile(self, states, blobs, grave_ids, links, skip=frozenset()) -> None:
+    async def _reconcile(
+        self, states, blobs, grave_ids, links, skip=frozenset(), only: Shard | None = None
+    ) -> None:
         """After a gap in the log: make the mirror equal to a full snapshot (but for the
-        inodes in `skip`, which this node changed since the snapshot was read)."""
+        inodes in `skip`, which this node changed since the snapshot was read); with `only`,
+        a snapshot of that shard, to which the inodes whose records are there are made equal
+        (a block that left the grave of that shard while its log was not followed is freed
+        once no shard holds its record: with a shard unreachable, later)."""
         self.resyncs += 1
+
+        def here(ino: int) -> bool:
+            node = self.nodes.get(ino)
+            return only is None or (node is not None and self.shard_of_node(node) is only)
+
         leaving: list[BlobRec] = []
         gone = [
             n
             for n in self.nodes.values()
-            if n.persisted and n.linked and n.ino not in states and n.ino not in skip
+            if n.persisted
+            and n.linked
+            and n.ino not in states
+            and n.ino not in skip
+            and here(n.ino)
         ]
         for node in gone:
             self._vanish(node, leaving)
         self._apply({i: h for i, h in states.items() if i not in skip}, blobs, leaving)
-        await self.space.reconcile_grave(grave_ids, blobs)
-        await self.space.settle(leaving, retired=grave_ids)
+        try:
+            await self.space.reconcile_grave(grave_ids, blobs, prune=True)
+        except KvfsError:
+            if only is None:
+                raise
+            await self.space.reconcile_grave(grave_ids, blobs, prune=False)
+        await self.space.settle(
+            leaving, retired=grave_ids, link=only.link if only is not None else None
+        )
         for pred in list(self.successors):
-            if pred not in links:
+            if pred not in links and here(pred):
                 self._set_links(pred, {})
         for pred, h in links.items():
             self._set_links(pred, h)
