@@ -960,6 +960,10 @@ class Torture:
         self.killed_writers: set[int] = set()  # pids of writers the harness killed itself
         # ("fsync") names closed while Redis was away: their write-back may have been dropped
         self.dropped_maybe: set[str] = set()
+        # ... and through which nodes: a dropped write-back's error is reported to the next
+        # fsync of the file on the node that dropped it (Linux's errseq is per inode, and each
+        # node has its own), so an fsync through another node does not clear it
+        self.dropped_on: dict[str, set] = {}
         # (redis) this cycle's outages: [time.time() of the kill, of the restart's end or None]
         self.outages: list[list] = []
         keys = None
@@ -1274,6 +1278,7 @@ class Torture:
                 continue
             started: dict[str, float] = {}
             tmp_of: dict[str, str] = {}  # name -> the tmp file its operation in flight renames
+            node_of: dict[str, object] = {}  # name -> the node its operation in flight went to
             for line in jp.read_text().splitlines():
                 try:
                     rec = json.loads(line)
@@ -1282,6 +1287,7 @@ class Torture:
                 op, name = rec["op"], rec.get("name")
                 if op == "start":
                     started[name] = rec["t"]
+                    node_of[name] = rec.get("node")
                     tmp_of.pop(name, None)
                     if rec["kind"] == "unlink":
                         exp[name].maybe.add(ABSENT)
@@ -1308,8 +1314,9 @@ class Torture:
                         rec["t"], rec["t"] + self.window_ms / 1000
                     ):
                         self.dropped_maybe.add(name)  # (its write-back waited for Redis)
-                    if rec.get("sync", False):
-                        self.dropped_maybe.discard(name)  # (fsync'd since: no drop to report)
+                        self.dropped_on.setdefault(name, set()).add(node_of.get(name))
+                    if rec.get("sync", False):  # (fsync'd since: no drop left to report there)
+                        self._reported(name, node_of.get(name))
                     if self.durable_now(inst, rec):
                         exp[name] = Expect(outcome, set(), started.get(name, 0.0))
                         if rec.get("kind") == "rename":
@@ -1343,7 +1350,7 @@ class Torture:
                         # Linux's errseq), in whatever scenario the next fsync of the file
                         # came: the nodes stay up from one cycle to the next
                         fig.after_dropped_write_back += 1
-                        self.dropped_maybe.discard(name)
+                        self._reported(name, node_of.get(name))
                     elif rec.get("errno") not in EXPLAINED["*"] | EXPLAINED.get(scenario, set()):
                         fig.unexplained_errors += 1
                         self.problem(f"writer {i} in a {scenario} cycle: {code} {json.dumps(rec)}")
@@ -1429,6 +1436,17 @@ class Torture:
         claims = rec.get("claims") or [None, None]
         recipe = inst.recipes.get(claims[0], {}).get(claims[1])
         return recipe is not None and len(build(recipe)) == rec.get("got")
+
+    def _reported(self, name: str, node) -> None:
+        """An fsync of `name` through `node` returned (its error, or none): nothing dropped
+        there is left to report; the name leaves `dropped_maybe` once no node has any."""
+        nodes = self.dropped_on.get(name)
+        if nodes is not None:
+            nodes.discard(node)
+            if nodes:
+                return
+            del self.dropped_on[name]
+        self.dropped_maybe.discard(name)
 
     def after_outage(self, t: float) -> float | None:
         """How long after its Redis was up again (ms, 0 if still down) an error at time `t`
