@@ -122,7 +122,16 @@ async def create_catalog(
     if shards > 1:
         root += [b"h", shard]
     got = await link.eval(SCRIPTS.init, [pool_id, SCHEMA_VERSION, shard, shards, *root])
-    log.info("cluster: created the catalog of pool %s in Redis at %s", got.decode(), link.where)
+    if shards > 1:  # (every shard was formatted; this one holds the root directory)
+        log.info(
+            "cluster: created the catalog of pool %s over %d shards (its root directory in "
+            "the one at %s)",
+            got.decode(),
+            shards,
+            link.where,
+        )
+    else:
+        log.info("cluster: created the catalog of pool %s in Redis at %s", got.decode(), link.where)
     return {**meta, b"pool_id": got}
 
 
