@@ -357,8 +357,8 @@ class ClusterSpace(Space):
         leases by this node's deadlines (earlier than Redis's), so that a publish right after
         the shard is back is not refused for a copy that ran out meanwhile. A failure here is
         left to the publish to report."""
-        if link not in self.leases.shards:
-            return  # the first shard holds the leases themselves
+        if link not in self.leases.stale:
+            return  # (the common case, on every publish: nothing to do)
         now = trio.current_time()
         held = {r: d for r, d in self.regions.deadline.items() if d > now}
         if not held:

@@ -122,16 +122,10 @@ async def create_catalog(
     if shards > 1:
         root += [b"h", shard]
     got = await link.eval(SCRIPTS.init, [pool_id, SCHEMA_VERSION, shard, shards, *root])
+    where = f"in Redis at {link.where}"
     if shards > 1:  # (every shard was formatted; this one holds the root directory)
-        log.info(
-            "cluster: created the catalog of pool %s over %d shards (its root directory in "
-            "the one at %s)",
-            got.decode(),
-            shards,
-            link.where,
-        )
-    else:
-        log.info("cluster: created the catalog of pool %s in Redis at %s", got.decode(), link.where)
+        where = f"over {shards} shards (its root directory in the one at {link.where})"
+    log.info("cluster: created the catalog of pool %s %s", got.decode(), where)
     return {**meta, b"pool_id": got}
 
 

@@ -36,9 +36,9 @@ class RegionLeases:
     def __init__(self, link: ClusterLink, shards: list[ClusterLink] = ()):
         self.link = link
         self.shards = list(shards)
-        # shards (indexes into `shards`) where a renewal of the copies failed: their copies
-        # may have run out since, until set again (`recopy`, or the next renewal)
-        self.stale: set[int] = set()
+        # the shards (of `shards`) where a renewal of the copies failed: their copies may have
+        # run out since, until set again (`recopy`, or the next renewal)
+        self.stale: set[ClusterLink] = set()
 
     async def acquire(self, regions: Iterable[int], lease_ms: int) -> Any:
         """Lease the first of `regions` that nobody holds, for `lease_ms`: the reply
@@ -70,20 +70,20 @@ class RegionLeases:
         # renewed: each shard on its own, so that one shard away does not leave the copies in
         # the shards after it to run out (and their publishes refused) as well
         out = []
-        for i, link in enumerate(self.shards):
+        for link in self.shards:
             try:
                 out.append(
                     await link.eval(SCRIPTS.leasecopy, [mode, self.link.token, left, *regions])
                 )
             except KvfsError as e:
-                self.stale.add(i)
+                self.stale.add(link)
                 log.warning(
                     "cluster: renewing the copies of this node's leases in %s failed: %s",
                     link.where,
                     e,
                 )
             else:
-                self.stale.discard(i)
+                self.stale.discard(link)
         return out
 
     async def recopy(self, link: ClusterLink, regions: list[int], left_ms: int) -> None:
@@ -91,10 +91,9 @@ class RegionLeases:
         more than is left of the leases), if a renewal there failed since they were last set:
         the shard was away, and a publish there would be refused for a copy run out while its
         lease is still held."""
-        i = self.shards.index(link)
-        if i in self.stale and regions and left_ms > 0:
+        if link in self.stale and regions and left_ms > 0:
             await link.eval(SCRIPTS.leasecopy, ["keep", self.link.token, left_ms, *regions])
-            self.stale.discard(i)
+            self.stale.discard(link)
 
     async def release(self, regions: Iterable[int]) -> Any:
         """Give back those of `regions` this node holds: how many it held."""
@@ -113,7 +112,7 @@ class RegionLeases:
             try:
                 await self._copy("keep", ok, lease_ms, t)
             except KvfsError as e:  # (the lease ran out before it could be copied)
-                self.stale.update(range(len(self.shards)))
+                self.stale.update(self.shards)
                 log.warning("cluster: renewing the copies of this node's leases failed: %s", e)
         return ok
 
