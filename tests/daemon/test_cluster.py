@@ -1500,6 +1500,10 @@ def test_an_older_record_replayed_after_a_local_commit_does_not_stay(cluster_con
         monkeypatch.setattr(mirror, "scan", scan_while_both_write)
         try:
             await cat._load_snapshot(initial=False)  # its tails are before both versions
+            # as `_reload` does (not called here: its lock would keep b's own commit from
+            # catching up with a's): a batch the follower read before the tails were set is
+            # dropped, not applied over them (which skipped the replay, one run in a few)
+            cat._reloads += 1
         finally:
             monkeypatch.setattr(mirror, "scan", real_scan)
         assert done
