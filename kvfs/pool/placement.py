@@ -28,9 +28,18 @@ class Placement:
             healthy = [True] * len(nss)
         return [ns.weight * b if ok else 0.0 for ns, b, ok in zip(nss, self.balance, healthy)]
 
-    def observe(self, units: dict[int, int], seconds: dict[int, float]) -> None:
-        """Learn from one striped transfer: namespace j moved `units[j]` units in `seconds[j]`
-        (from the transfer's start to its last unit on j).
+    def observe(self, units: dict[int, int], start: float, seconds: dict[int, float]) -> None:
+        """Learn from one striped transfer that began at `start` (time.perf_counter):
+        namespace j moved `units[j]` units in `seconds[j]` (from `start` to its last unit on j).
+
+        What is learned is each namespace's busy time per unit, as iostat's service time:
+        the time it had I/O in flight, however many of them at once, over the units it
+        moved. The part of a transfer's span that overlaps one already counted (transfers
+        side by side on the same namespace: units written behind, readers, the flusher) is
+        not counted again. Per-I/O latency would not do: it includes the wait behind the
+        namespace's other I/Os, so the namespace given more units looks slower per unit and
+        the one given fewer looks faster, and the balance swung (a namespace at a quarter of
+        the others' bandwidth, on one busy CPU, ended above them).
 
         Transfers are pooled until OBSERVE_UNITS units have moved (single transfers are noisy:
         devices burst after idling). Then each namespace's time per unit predicts how long it
@@ -41,16 +50,19 @@ class Placement:
         if not self.adaptive:
             return
         for j, u in units.items():
-            if u > 0 and seconds.get(j, 0) > 0:
+            s = seconds.get(j, 0)
+            if u > 0 and s > 0:
+                end = start + s
                 self._obs_units[j] += u
-                self._obs_seconds[j] += seconds[j]
+                self._obs_seconds[j] += max(0.0, end - max(start, self._busy_until[j]))
+                self._busy_until[j] = max(self._busy_until[j], end)
         if sum(self._obs_units) < OBSERVE_UNITS:
             return
         weights = self.placement_weights()
         predicted = {
             j: weights[j] * self._obs_seconds[j] / self._obs_units[j]
             for j in range(len(self.namespaces))
-            if self._obs_units[j] > 0 and weights[j] > 0
+            if self._obs_units[j] > 0 and self._obs_seconds[j] > 0 and weights[j] > 0
         }
         self._obs_units = [0] * len(self.namespaces)
         self._obs_seconds = [0.0] * len(self.namespaces)

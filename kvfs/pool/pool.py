@@ -86,6 +86,7 @@ class Pool(Placement):
         self.balance = [1.0] * len(namespaces)  # learned per-namespace factors (see observe)
         self._obs_units = [0] * len(namespaces)
         self._obs_seconds = [0.0] * len(namespaces)
+        self._busy_until = [0.0] * len(namespaces)  # end of the busy time counted (observe)
         self.chunk = chunk_size_for(unit)
         self.allocators: list[ExtentAllocator] = [
             ExtentAllocator(DATA_START, ns.size, unit) for ns in namespaces
@@ -551,7 +552,7 @@ class Pool(Placement):
                 counts,
                 {j: round(t, 3) for j, t in done.items()},
             )
-        self.observe(counts, done)
+        self.observe(counts, t0, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
     async def write_batch(
@@ -649,7 +650,7 @@ class Pool(Placement):
                 continue
             out[i] = Layout(size, self.unit, ns_of, offsets, tuple(sums))
             units.update(ns_of)
-        self.observe(dict(units), done)
+        self.observe(dict(units), t0, done)
         return out
 
     async def sync(self, namespaces: list[int]) -> None:

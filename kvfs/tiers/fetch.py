@@ -123,9 +123,12 @@ class Fetcher:
             run.append(q.popleft())
         return run
 
-    async def fill(self, rec: BlobRec, fetch: Fetch) -> tuple[dict[int, int], dict[int, float]]:
+    async def fill(
+        self, rec: BlobRec, fetch: Fetch
+    ) -> tuple[dict[int, int], float, dict[int, float]]:
         """Read the fetch's queued units (all of them, unless a prefetch is cancelled); returns
-        (units per namespace, seconds until each namespace's last unit) for placement."""
+        (units per namespace, the start, seconds until each namespace's last unit) for
+        placement (`Placement.observe`)."""
         units = {j: len(q) for j, q in fetch.queues.items()}
         t0 = time.perf_counter()
         done: dict[int, float] = {}
@@ -158,7 +161,7 @@ class Fetcher:
                     if fetch.cancelled and not fetch.prefetch:
                         fetch.cancelled = False
                         continue
-                    return units, done
+                    return units, t0, done
             async with trio.open_nursery() as nursery:
                 for j, q in fetch.queues.items():
                     qd = self.local.queue_depth if local else self.pool.namespaces[j].queue_depth
@@ -167,4 +170,4 @@ class Fetcher:
             if fetch.cancelled and not fetch.prefetch:
                 fetch.cancelled = False  # a reader came for it after all: finish
                 continue
-            return units, done
+            return units, t0, done

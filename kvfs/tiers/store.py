@@ -588,7 +588,7 @@ class BlockStore:
 
     async def _run_fetch(self, cb: CachedBlob, fetch: Fetch, on_done=None) -> None:
         rec = cb.rec
-        units, done = await self.fetcher.fill(rec, fetch)
+        units, t0, done = await self.fetcher.fill(rec, fetch)
         cb.fetch = None
         self.inflight -= fetch.buffer.reserved_bytes
         fetch.done.set()
@@ -608,7 +608,7 @@ class BlockStore:
         else:
             fetch.buffer.resize(rec.size)
             if fetch.source == "pool":
-                self.pool.observe(units, done)
+                self.pool.observe(units, t0, done)
             admit = not cb.retired and (cb.pinned or self.admission.admit(rec.id, rec.size))
             if (
                 admit

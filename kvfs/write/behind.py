@@ -77,7 +77,7 @@ class BlockWriter:
                 self.units[k] = (ns, off, unit, digest)
                 # adaptive placement learns from units written behind too (with write-behind
                 # they are most of a block's units)
-                pool.observe({ns: 1}, {ns: time.perf_counter() - t})
+                pool.observe({ns: 1}, t, {ns: time.perf_counter() - t})
             except KvfsError:
                 pool.free_after([(ns, off, unit)], late)  # (once a late write ended)
                 self.early_bytes -= unit

@@ -232,14 +232,37 @@ def test_placement_learns_a_slow_namespace():
     pool.namespaces = [_FakeNs(i) for i in range(4)]
     pool.adaptive = True
     pool.balance = [1.0] * 4
-    pool._obs_units, pool._obs_seconds = [0] * 4, [0.0] * 4
-    for _ in range(40):
+    pool._obs_units, pool._obs_seconds, pool._busy_until = [0] * 4, [0.0] * 4, [0.0] * 4
+    for t in range(40):
         w = pool.placement_weights()
         units = {j: max(1, round(32 * w[j] / sum(w))) for j in range(4)}
-        pool.observe(units, {j: units[j] / speeds[j] for j in range(4)})
+        pool.observe(units, float(t), {j: units[j] / speeds[j] for j in range(4)})
     w = pool.placement_weights()
     assert abs(w[3] / w[0] - 0.5) < 0.1, w
     assert min(w[:3]) > 0.9
+
+
+def test_placement_learns_from_busy_time_not_from_queued_latency():
+    """Units written behind are observed one by one, each from its start: a namespace with
+    several queued finishes them one after the other, so their latencies grow with the
+    queue. Counted as busy time (the spans' union) the pool still learns the true ratio;
+    summed as latencies it would learn the one with more units as slower per unit."""
+    service = [0.01, 0.01, 0.01, 0.02]  # seconds per unit: namespace 3 at half the speed
+    pool = Pool.__new__(Pool)
+    pool.namespaces = [_FakeNs(i) for i in range(4)]
+    pool.adaptive = True
+    pool.balance = [1.0] * 4
+    pool._obs_units, pool._obs_seconds, pool._busy_until = [0] * 4, [0.0] * 4, [0.0] * 4
+    t = 0.0
+    for _ in range(60):
+        w = pool.placement_weights()
+        units = [max(1, round(32 * w[j] / sum(w))) for j in range(4)]
+        for j in range(4):  # all queued at t, finished one after the other
+            for i in range(1, units[j] + 1):
+                pool.observe({j: 1}, t, {j: i * service[j]})
+        t += 10.0
+    w = pool.placement_weights()
+    assert abs(w[3] / min(w[:3]) - 0.5) < 0.06, w
 
 
 def _tear(path: Path, offset: int, nbytes: int) -> None:
