@@ -17,7 +17,14 @@ stored file with 3 shards over 1 (issue 46: each shard's share within 0.28-0.39,
 1.15x). On a 2-core machine three Redis processes cannot show a throughput gain; the shares and the
 CPU per file are what carry to a rack (docs/cluster.md turns them into nodes per shard).
 
+With --follow master,replica instead: one master behind Sentinel (three sentinels, --replicas
+replicas, each server at --appendfsync), the nodes' followers reading the change log from the
+master in one round and from the replicas (`[cluster] follow_replicas`) in the other: the
+master's Redis CPU and XREADs per stored file, the replicas' CPU, and
+`master_cpu_replica_vs_master`.
+
   python bench/redis_shards.py [--nodes 4] [--files 400] [--dirs 48] [--shards 1,3] [--json]
+  python bench/redis_shards.py --follow master,replica [--replicas 2] [--json]
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parse, parser  # noqa: E402
-from testing.redis_sentinel import _ask  # noqa: E402
+from testing.redis_sentinel import SentinelGroup, _ask  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
 from testing.redis_server import RedisServer, parse_info  # noqa: E402
@@ -61,11 +68,23 @@ def snapshot(ports: list[int]) -> list[dict]:
     return out
 
 
-def run_round(tmp: Path, shards: int, args, say) -> dict:
-    servers = [
-        RedisServer(tmp / f"redis{k}", args=["--appendfsync", args.appendfsync]).start()
-        for k in range(shards)
-    ]
+def run_round(tmp: Path, shards: int, args, say, follow: str | None = None) -> dict:
+    """One round: `shards` Redis servers; or, with `follow` ("master" or "replica"), one
+    master behind Sentinel with --replicas replicas, the followers reading from `follow`."""
+    group = None
+    replica_ports: list[int] = []
+    if follow is None:
+        servers = [
+            RedisServer(tmp / f"redis{k}", args=["--appendfsync", args.appendfsync]).start()
+            for k in range(shards)
+        ]
+    else:
+        group = SentinelGroup(tmp / "redis", replicas=args.replicas).start()
+        servers = [group.master]
+        replica_ports = [s.port for s in group.servers if s is not group.master]
+        for s in group.servers:
+            _ask(s.port, "CONFIG", "SET", "appendonly", "yes")
+            _ask(s.port, "CONFIG", "SET", "appendfsync", args.appendfsync)
     mounts: list[MountedKvfs] = []
     ports = [s.port for s in servers]
     try:
@@ -73,6 +92,14 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
         shared.mkdir()
         nss = [{"path": str(shared / f"ns{i}.img"), "size": args.ns_size} for i in range(2)]
         more = ", ".join(f'"{s.url}"' for s in servers[1:])
+        if group is None:
+            where = f'redis = "{servers[0].url}"\n' + (f"shards = [{more}]\n" if more else "")
+        else:
+            where = (
+                "sentinels = [" + ", ".join(f'"{a}"' for a in group.sentinel_addresses) + "]\n"
+                f'master_name = "{group.name}"\n'
+                f"follow_replicas = {'true' if follow == 'replica' else 'false'}\n"
+            )
         for i in range(args.nodes):
             cfg = write_config(
                 tmp / f"node{i}.toml",
@@ -80,8 +107,8 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
                 nss,
                 dram="64MiB",
                 extra=(
-                    f'[cluster]\nredis = "{servers[0].url}"\n'
-                    + (f"shards = [{more}]\n" if more else "")
+                    "[cluster]\n"
+                    + where
                     + f'node_id = "node{i}"\nname = "shards"\nregions = {4 * args.nodes}\n'
                 ),
                 mount=f'durability = "{args.durability}"'
@@ -99,18 +126,19 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
         # the background first (followers' idle XREADs, lease renewals and their copies, the
         # cleaner's lock): Redis CPU per second with nothing stored, taken out of the stores'
         time.sleep(1.0)
-        i0 = snapshot(ports)
+        i0, ir0 = snapshot(ports), snapshot(replica_ports)
         t = time.monotonic()
         time.sleep(args.idle)
-        i1 = snapshot(ports)
+        i1, ir1 = snapshot(ports), snapshot(replica_ports)
         idle_s = time.monotonic() - t
         bg_cpu = [(b["cpu"] - a["cpu"]) / idle_s for a, b in zip(i0, i1)]
         bg_calls = [(b["calls"] - a["calls"]) / idle_s for a, b in zip(i0, i1)]
+        bg_replica_cpu = sum(b["cpu"] - a["cpu"] for a, b in zip(ir0, ir1)) / idle_s
         names = [
             [f"{dirs[(i * args.files + k) % len(dirs)]}/n{i}-{k}" for k in range(args.files)]
             for i in range(len(mounts))
         ]
-        s0 = snapshot(ports)
+        s0, r0 = snapshot(ports), snapshot(replica_ports)
         t = time.monotonic()
         import threading
 
@@ -143,7 +171,7 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
                 "every node seeing every file",
             )
         time.sleep(1.0)  # the followers' last batches, the links' flush
-        s1 = snapshot(ports)
+        s1, r1 = snapshot(ports), snapshot(replica_ports)
         window = time.monotonic() - t
         files = args.nodes * args.files
         calls = [b["calls"] - a["calls"] - c * window for a, b, c in zip(s0, s1, bg_calls)]
@@ -157,8 +185,29 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
                     usec[name] = usec.get(name, 0.0) + us - us0
                 if c > c0 and name not in ("info",):
                     ncalls[name] = ncalls.get(name, 0) + c - c0
-        say(f"{shards} shard(s): {files} files in {store_s:.1f} s; commands per shard {calls}")
+        say(
+            f"{shards} shard(s){f', followers on the {follow}' if follow else ''}: {files} "
+            f"files in {store_s:.1f} s; commands per shard {calls}"
+        )
+        extra: dict = {}
+        if group is not None:
+            files_per = max(1, files)
+            replica_cpu = sum(b["cpu"] - a["cpu"] for a, b in zip(r0, r1))
+            extra = {
+                "follow": follow,
+                "replicas": len(replica_ports),
+                "master_xread_per_stored_file": round(
+                    (s1[0]["cmds"].get("xread", (0, 0))[0] - s0[0]["cmds"].get("xread", (0, 0))[0])
+                    / files_per,
+                    3,
+                ),
+                "replicas_cpu_ms_per_stored_file": round(
+                    (replica_cpu - bg_replica_cpu * window) * 1000 / files_per, 4
+                ),
+                "follower_nodes": [m.stats()["cluster"]["following"] for m in mounts],
+            }
         return {
+            **extra,
             "shards": shards,
             "files": files,
             "store_seconds": round(store_s, 3),
@@ -189,8 +238,11 @@ def run_round(tmp: Path, shards: int, args, say) -> dict:
             except Exception as e:  # noqa: BLE001 - unmount the others all the same
                 print(f"redis_shards: stopping {m.mountpoint}: {e}", file=sys.stderr)
                 m.kill()
-        for s in servers:
-            s.stop()
+        if group is not None:
+            group.stop()
+        else:
+            for s in servers:
+                s.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         "(300 files/s and 7 ms: about 2, as LMCache's 32 MiB chunks at 300/s give)",
     )
     ap.add_argument(
+        "--follow",
+        default="",
+        help="instead of --shards: one master behind Sentinel with --replicas replicas, one "
+        "round per follower source named here (master,replica: [cluster] follow_replicas)",
+    )
+    ap.add_argument("--replicas", type=int, default=2, help="with --follow")
+    ap.add_argument(
         "--appendfsync",
         default="always",
         choices=("always", "everysec"),
@@ -226,10 +285,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[redis_shards] {msg}", file=sys.stderr, flush=True)
 
     rounds = []
-    for count in (int(x) for x in args.shards.split(",")):
+    plan = (
+        [(1, f) for f in args.follow.split(",")]
+        if args.follow
+        else [(int(x), None) for x in args.shards.split(",")]
+    )
+    for count, follow in plan:
         tmp = Path(tempfile.mkdtemp(prefix=f"kvfs-shards{count}-"))
         try:
-            rounds.append(run_round(tmp, count, args, say))
+            rounds.append(run_round(tmp, count, args, say, follow))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     out = {
@@ -244,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         "writeback_ms": args.writeback_ms or 100,
         **compare(rounds),
     }
+    if args.follow:
+        out["replicas"] = args.replicas
     if args.json:
         print(dumps(out))
     else:
@@ -252,6 +318,18 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{r['shards']:>6}{r['files_per_s']:>10}{r['redis_commands_per_stored_file']:>11}"
                 f"{r['redis_cpu_ms_per_stored_file']:>13}  {r['command_share']}"
+            )
+        for r in rounds:
+            if "follow" in r:
+                print(
+                    f"followers on the {r['follow']}: master XREADs per stored file "
+                    f"{r['master_xread_per_stored_file']}, replicas' CPU per stored file "
+                    f"{r['replicas_cpu_ms_per_stored_file']} ms"
+                )
+        if "master_cpu_replica_vs_master" in out:
+            print(
+                "the master's Redis CPU per stored file, followers on replicas over on the "
+                f"master: {out['master_cpu_replica_vs_master']}x"
             )
         if "cpu_ratio_3_vs_1" in out:
             print(f"Redis CPU per stored file, 3 shards over 1: {out['cpu_ratio_3_vs_1']}x")
@@ -271,6 +349,13 @@ def compare(rounds: list[dict]) -> dict:
             three["redis_commands_per_stored_file"] / one["redis_commands_per_stored_file"], 3
         )
         out["share_range_3"] = [min(three["command_share"]), max(three["command_share"])]
+    on_master = next((r for r in rounds if r.get("follow") == "master"), None)
+    on_replica = next((r for r in rounds if r.get("follow") == "replica"), None)
+    if on_master and on_replica:
+        out["master_cpu_replica_vs_master"] = round(
+            on_replica["redis_cpu_ms_per_stored_file"] / on_master["redis_cpu_ms_per_stored_file"],
+            3,
+        )
     return out
 
 

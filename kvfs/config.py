@@ -162,6 +162,11 @@ class ClusterConfig:
     # master can acknowledge nothing the promoted replica lacks), or only those "up" (stores
     # resume right after a failover; a split brain can lose acknowledged changes)
     confirm: str = "all"
+    # (sentinels) each shard's follower reads the change log and what it names from a replica
+    # of that shard's master instead of the master (docs/cluster.md, "Followers on replicas"):
+    # the reads of every node's follower, which grow with the square of the nodes, leave the
+    # master. Needs confirm = "all" (every replica has each change before it is acknowledged).
+    follow_replicas: bool = False
     # More Redis for one pool (docs/cluster.md, "More than one Redis"): the other shards, as
     # `redis` URLs (without sentinels) or master names (with them; the same sentinels watch
     # every shard's master). `redis`/`master_name` is shard 0, which also holds what the
@@ -438,6 +443,7 @@ def _cluster(t: "_Table", base: Path) -> ClusterConfig:
         replica_timeout_ms=t.take("replica_timeout_ms", _int_range(10, 60_000), 1000),
         no_replica=t.take("no_replica", _choice("fail", "wait"), "fail"),
         confirm=t.take("confirm", _choice("all", "up"), "all"),
+        follow_replicas=t.take("follow_replicas", _bool, False),
         shards=tuple(
             t.take(
                 "shards",
@@ -447,6 +453,11 @@ def _cluster(t: "_Table", base: Path) -> ClusterConfig:
         ),
     )
     t.done()
+    if c.follow_replicas and not (sentinels and c.confirm == "all" and c.min_replicas >= 1):
+        raise ConfigError(
+            'config: cluster.follow_replicas: needs cluster.sentinels, confirm = "all" and '
+            "min_replicas >= 1 (a replica must hold every change before it is acknowledged)"
+        )
     if not sentinels and c.sentinel_password is not None:
         raise ConfigError("config: cluster: sentinel_password needs cluster.sentinels")
     if c.password is not None and c.password_file is not None:

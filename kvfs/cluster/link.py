@@ -104,6 +104,7 @@ class ClusterLink:
         self.master: tuple[str, int] | None = None  # with sentinels: the master now
         self.replicas_up = 0  # its replicas Sentinel counts as up (not s_down)
         self.replicas_known = 0  # all the replicas Sentinel knows of
+        self.replica_addrs: list[tuple[str, int]] = []  # those up and linked to the master
         self._checked = -CHECK_SECONDS
         self.failovers = 0  # times Sentinel named another master than before
         self.unreplicated = 0  # changes made on the master that no replica confirmed
@@ -118,7 +119,7 @@ class ClusterLink:
             return f"{self.master[0]}:{self.master[1]} (master {self.cfg.master_name!r})"
         return self.cfg.where
 
-    def _warn(self, kind: str, msg: str, *args: Any) -> None:
+    def warn(self, kind: str, msg: str, *args: Any) -> None:
         """Log `msg` at most once per WARN_EVERY seconds per `kind` (a failover makes every
         write fail the same way)."""
         now = trio.current_time()
@@ -158,6 +159,39 @@ class ClusterLink:
             )
         self._follow_master(addr)
         return c
+
+    async def connect_replica(self, pick: int) -> tuple[RedisClient, tuple[str, int]] | None:
+        """(follow_replicas) A new connection to one of the master's replicas that Sentinel
+        last counted as up and linked, `pick` choosing which (so the nodes' followers spread
+        over them), with its address, if that replica says it is one and is connected to its
+        master now (`replica_in_sync`); else None."""
+        if not self.replica_addrs:
+            return None
+        addr = self.replica_addrs[pick % len(self.replica_addrs)]
+        try:
+            c = await RedisClient.connect(
+                self.cfg.redis,
+                tls=self.tls,
+                password=self.password,
+                timeout=CALL_TIMEOUT,
+                address=addr,
+            )
+        except RedisUnavailable as e:
+            self.warn("replica", "cluster: replica %s:%d unreachable: %s", *addr, e)
+            return None
+        try:
+            with trio.fail_after(CALL_TIMEOUT):
+                role = await c.call("ROLE")
+        except (trio.TooSlowError, RedisError, RedisUnavailable):
+            c.abort()
+            return None
+        except BaseException:
+            c.abort()
+            raise
+        if not replica_in_sync(role):
+            c.abort()
+            return None
+        return c, addr
 
     def _follow_master(self, addr: tuple[str, int]) -> bool:
         """Sentinel names `addr`: True (and the idle connections dropped) if that is a change."""
@@ -239,6 +273,7 @@ class ClusterLink:
             self._first_sentinel = i
             self.replicas_up = sum(1 for r in replicas if not _replica_down(r))
             self.replicas_known = len(replicas)
+            self.replica_addrs = [a for a in map(_replica_linked, replicas) if a is not None]
             return got[0].decode(), int(got[1])
         raise RedisUnavailable("no sentinel named the master: " + "; ".join(why))
 
@@ -326,7 +361,7 @@ class ClusterLink:
                     if text.startswith("READONLY"):
                         c.abort()
                         self._drop_idle()
-                    self._warn(
+                    self.warn(
                         text[:10], "cluster: Redis at %s refused a change: %s", self.where, text
                     )
                     raise KvfsError(
@@ -354,7 +389,7 @@ class ClusterLink:
         while acked < n:
             if self.cfg.no_replica == "fail":
                 self.unreplicated += 1
-                self._warn(
+                self.warn(
                     "replicas",
                     "cluster: a change reached %d of %d replicas of Redis at "
                     '%s within %d ms: failing it (cluster.no_replica = "fail")',
@@ -371,7 +406,7 @@ class ClusterLink:
                 err.unreplicated = True
                 raise err
             self.replica_waits += 1
-            self._warn(
+            self.warn(
                 "replicas",
                 "cluster: a change reached %d of %d replicas of Redis at %s "
                 'within %d ms: waiting (cluster.no_replica = "wait")',
@@ -442,6 +477,21 @@ def _replica_down(flat: list) -> bool:
     info = dict(zip(flat[::2], flat[1::2]))
     flags = info.get(b"flags", b"").split(b",")
     return any(f in flags for f in (b"s_down", b"o_down", b"disconnected"))
+
+
+def _replica_linked(flat: list) -> tuple[str, int] | None:
+    """One entry of SENTINEL REPLICAS: the replica's address if Sentinel holds it up and its
+    link to the master up (`master-link-status` ok), else None."""
+    info = dict(zip(flat[::2], flat[1::2]))
+    if _replica_down(flat) or info.get(b"master-link-status") != b"ok":
+        return None
+    return info[b"ip"].decode(), int(info[b"port"])
+
+
+def replica_in_sync(role: Any) -> bool:
+    """A ROLE reply: a replica whose link to its master is up ("connected"; not still
+    connecting or loading the master's data, when it would serve an older copy)."""
+    return bool(role) and role[0] == b"slave" and len(role) > 3 and role[3] == b"connected"
 
 
 def _translate(e: RedisError) -> KvfsError:

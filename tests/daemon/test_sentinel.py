@@ -72,6 +72,8 @@ def configs(tmp_path, group):
 
 
 def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, str):
         return f'"{v}"'
     if isinstance(v, list):
@@ -102,12 +104,15 @@ async def write_until_it_works(fs, path: str, payload: bytes, timeout: float = 3
                 await trio.sleep(0.1)
 
 
-@pytest.mark.parametrize("confirm", ["all", "up"])
-def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group, confirm):
+@pytest.mark.parametrize("confirm, follow_replicas", [("all", False), ("up", False), ("all", True)])
+def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(
+    configs, group, confirm, follow_replicas
+):
     """Files whose close returned before the master was killed are on the promoted replica:
     both nodes read them back, bit-exact, and publish to the new master. With confirm = "all"
     the killed master is still a replica Sentinel knows of: stores fail until it is back;
-    with "up" they resume at once."""
+    with "up" they resume at once. With follow_replicas the followers read from replicas,
+    one of which is promoted, and follow the new master's replicas after it."""
 
     async def body(a, b):
         before = {f"/f{i}": data(i, 300_000 + i) for i in range(12)}
@@ -142,7 +147,7 @@ def test_nodes_follow_a_failover_and_keep_every_acknowledged_file(configs, group
         await a.write("/last", b"x" * 5000)  # replicated to the old master, now a replica
         assert _ask(old.port, "ROLE")[0] == b"slave"
 
-    run_cluster(configs(2, confirm=confirm), body)
+    run_cluster(configs(2, confirm=confirm, follow_replicas=follow_replicas), body)
 
 
 def test_a_change_no_replica_confirms_fails_and_the_node_takes_no_lease_from_it(configs, group):
@@ -247,3 +252,55 @@ def test_a_replica_promoted_behind_the_master_s_back_stops_its_acknowledgements(
         assert e.value.errno == errno.EIO and stats(a)["unreplicated"] >= 1
 
     run_cluster(configs(1), body)
+
+
+def _xreads(port: int) -> int:
+    """XREAD calls a server has run (INFO commandstats)."""
+    for line in _ask(port, "INFO", "commandstats").decode().splitlines():
+        if line.startswith("cmdstat_xread:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+def test_followers_read_from_replicas_and_fall_back_to_the_master(configs, group):
+    """follow_replicas: each node's follower reads the change log from a replica (the two
+    nodes on different ones), so the master runs no XREAD while the nodes store and see each
+    other's files. A replica that loses its master (re-pointed at a port where nothing
+    listens) is left for the master at its next read, and the follower comes back to a
+    replica once one is linked again; nothing is reloaded for either move."""
+
+    async def body(a, b):
+        await eventually(lambda: all(stats(fs)["following"][0] != "master" for fs in (a, b)))
+        on_a, on_b = stats(a)["following"][0], stats(b)["following"][0]
+        assert on_a.startswith("replica 127.0.0.1:") and on_a != on_b
+        master = group.master.port
+        replicas = [s for s in group.servers if s is not group.master]
+        x0, r0 = _xreads(master), sum(_xreads(r.port) for r in replicas)
+        files = {f"/r{i}": data(20 + i, 150_000 + i) for i in range(6)}
+        for i, (path, payload) in enumerate(files.items()):
+            await (a if i % 2 else b).write(path, payload)
+        for fs in (a, b):
+            await eventually(lambda fs=fs: all(known(fs, p) for p in files))
+            for path, payload in files.items():
+                assert await fs.read(path) == payload
+        assert _xreads(master) == x0
+        assert sum(_xreads(r.port) for r in replicas) > r0
+        resyncs = stats(b)["resyncs"]
+
+        followed = group.server(int(on_b.rsplit(":", 1)[1]))
+        _ask(followed.port, "REPLICAOF", "127.0.0.1", "1")  # its master gone, as it sees it
+        try:
+            await eventually(lambda: stats(b)["following"][0] == "master", timeout=10)
+            assert stats(b)["replica_fallbacks"] == 1
+        finally:
+            _ask(followed.port, "REPLICAOF", "127.0.0.1", str(master))
+        await trio.to_thread.run_sync(group.wait_replicas, group.master, len(replicas))
+        await write_until_it_works(a, "/after", data(40, 200_000))
+        await eventually(lambda: known(b, "/after"))
+        assert await b.read("/after") == data(40, 200_000)
+        await eventually(lambda: stats(b)["following"][0] != "master", timeout=15)
+        await a.write("/back", data(41, 100_000))
+        await eventually(lambda: known(b, "/back"))
+        assert stats(b)["resyncs"] == resyncs
+
+    run_cluster(configs(2, follow_replicas=True), body)

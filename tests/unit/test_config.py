@@ -151,6 +151,19 @@ NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
             "[cluster]\nredis = 'redis://x:6379/0'\nsentinel_password = 'p'\n" + NS,
             "sentinel_password needs cluster.sentinels",
         ),
+        (
+            "[cluster]\nredis = 'redis://x:6379/0'\nfollow_replicas = true\n" + NS,
+            "cluster.follow_replicas: needs cluster.sentinels",
+        ),
+        (
+            "[cluster]\nsentinels = ['s:26379']\nconfirm = 'up'\nfollow_replicas = true\n"
+            + NS,
+            'confirm = "all"',
+        ),
+        (
+            "[cluster]\nsentinels = ['s:26379']\nfollow_replicas = 'yes'\n" + NS,
+            "cluster.follow_replicas: expected true or false",
+        ),
     ],
 )
 def test_bad_config_gets_one_line_naming_the_key(tmp_path, text, message):

@@ -99,6 +99,12 @@ class RedisCatalog(Flushes, RedisMirror):
             "shards": len(self.shards),
             "shard_calls": calls,
             "follower_round_trips": self.follower_round_trips,
+            # what each shard's follower reads (follow_replicas: a replica, unless none serves)
+            "following": [
+                "master" if sh.replica is None else "replica %s:%d" % sh.replica
+                for sh in self.shards
+            ],
+            "replica_fallbacks": sum(sh.replica_fallbacks for sh in self.shards),
             "redis_failures": link.failures,
             "redis_call_ms": round(1000 * link.call_seconds / max(1, link.calls), 3),
             "master": link.where,

@@ -22,7 +22,7 @@ from kvfs.catalog.redis.codec import (
     parse_entry,
     stream_id,
 )
-from kvfs.cluster.link import ClusterLink
+from kvfs.cluster.link import ClusterLink, replica_in_sync
 from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable
 from kvfs.errors import KvfsError
 
@@ -41,6 +41,9 @@ FOLLOW_RETRY_SECONDS = 0.1
 # "close" the follower reads at once.
 FOLLOW_PACE_SECONDS = 0.02
 FOLLOW_COUNT = 512
+# (follow_replicas) A follower that could not use a replica follows the master and tries a
+# replica again after this long.
+REPLICA_RETRY_SECONDS = 5.0
 
 
 class Shard:
@@ -57,6 +60,9 @@ class Shard:
         self.trips = 0  # round trips of its follower's connections that ended
         self.resync = False
         self.unreplicated_seen = 0
+        self.replica: tuple[str, int] | None = None  # (follow_replicas) the one it reads
+        self.replica_retry_at = 0.0  # when it tries a replica again after one failed it
+        self.replica_fallbacks = 0  # times it left a replica for the master
 
 
 class Following:
@@ -102,12 +108,13 @@ class Following:
         link = sh.link
         key = link.key("log")
         while True:
+            applying = False  # (a batch in hand, half applied if this fails)
             if conn is None and sh.conn is not None:  # a connection ended: keep its count
                 sh.trips += sh.conn.round_trips
             sh.conn = conn
             try:
                 if conn is None:
-                    conn = sh.conn = await link.connect()
+                    conn = sh.conn = await self._connect(sh)
                     await self._check_catalog(conn, sh)
                     first = await conn.call("XRANGE", key, "-", "+", "COUNT", 1)
                     if (
@@ -130,6 +137,15 @@ class Following:
                     conn = None
                     sh.resync = True
                     continue
+                if (
+                    sh.replica is None
+                    and self.cfg.follow_replicas
+                    and link.replica_addrs
+                    and trio.current_time() >= sh.replica_retry_at
+                ):
+                    conn.abort()  # following the master while a replica may serve: move
+                    conn = None
+                    continue
                 if link.unreplicated != sh.unreplicated_seen:
                     # a change of ours is on the master but failed here (no replica confirmed
                     # it): the log entry naming it is ours, so it is skipped; reload instead
@@ -139,16 +155,25 @@ class Following:
                     await self._reload(sh, conn)
                 mark = self._change_seq
                 reloads = self._reloads
-                reply = await conn.call(
-                    "XREAD", "COUNT", FOLLOW_COUNT, "BLOCK", 1000, "STREAMS", key, sh.last_id
-                )
+                read = ("XREAD", "COUNT", FOLLOW_COUNT, "BLOCK", 1000, "STREAMS", key, sh.last_id)
+                if sh.replica is None:
+                    reply = await conn.call(*read)
+                else:  # a replica: still linked to the master when the read began?
+                    role, reply = await conn.pipeline([("ROLE",), read])
+                    if not replica_in_sync(role):
+                        self._leave_replica(sh, "its link to the master is down")
+                        conn.abort()  # (what it read is not applied)
+                        conn = None
+                        continue
                 sh.synced_at = trio.current_time()
-                if not link.online:
+                if not link.online and sh.replica is None:
                     link.reached()
                 if reply:
                     async with self._apply_lock:
                         if reloads == self._reloads:  # (else: read before a reload's tails)
+                            applying = True
                             await self._apply_entries(reply[0][1], conn, mark, sh)
+                            applying = False
                 progress, self._progress = self._progress, trio.Event()
                 progress.set()
                 if self.follow_pace and reply and len(reply[0][1]) < FOLLOW_COUNT:
@@ -159,6 +184,12 @@ class Following:
                 if conn is not None:
                     conn.abort()
                     conn = None
+                if sh.replica is not None:  # the replica failed, not (as far as known) the master
+                    # the master holds what the replica did, and more: a batch half applied
+                    # (last_id already past it) is the one reason to reload
+                    sh.resync = sh.resync or applying
+                    self._leave_replica(sh, str(e))
+                    continue
                 # the batch in hand may be half applied (last_id is already past it), and
                 # changes may have been missed: reload once back (docs/cluster.md)
                 sh.resync = True
@@ -173,6 +204,38 @@ class Following:
                     conn = None
                 sh.resync = True
                 await trio.sleep(0.5)  # (logged each time: not as often as the above)
+
+    async def _connect(self, sh: Shard):
+        """The follower's connection to shard `sh`: with `follow_replicas`, to one of its
+        master's replicas (the nodes spread over them by epoch) unless none is usable now, else
+        to the master. Both hold the same log and the same entry ids, so a follower moves
+        between them without reloading: a replica answers a read from where the follower is
+        once it has the entries after it, and what it reads then is at least that recent."""
+        sh.replica = None
+        if self.cfg.follow_replicas and trio.current_time() >= sh.replica_retry_at:
+            if await sh.link.check_master(now_please=True):
+                sh.resync = True  # Sentinel moved the master: as in the loop
+            got = await sh.link.connect_replica(self.epoch + sh.k)
+            if got is not None:
+                conn, sh.replica = got
+                return conn
+            sh.replica_retry_at = trio.current_time() + REPLICA_RETRY_SECONDS
+        return await sh.link.connect()
+
+    def _leave_replica(self, sh: Shard, why: str) -> None:
+        """Follow shard `sh`'s master until REPLICA_RETRY_SECONDS from now."""
+        assert sh.replica is not None
+        sh.link.warn(
+            "replica",
+            "cluster: stopped reading the change log of %s from its replica %s:%d (%s); "
+            "reading it from the master",
+            sh.link.where,
+            *sh.replica,
+            why,
+        )
+        sh.replica = None
+        sh.replica_fallbacks += 1
+        sh.replica_retry_at = trio.current_time() + REPLICA_RETRY_SECONDS
 
     async def _check_catalog(self, conn, sh: Shard) -> None:
         """After (re)connecting: is the catalog still in Redis? A Redis restarted without
