@@ -156,8 +156,7 @@ NS = "[[pool.namespace]]\npath = '/dev/nvme1n1'\n"
             "cluster.follow_replicas: needs cluster.sentinels",
         ),
         (
-            "[cluster]\nsentinels = ['s:26379']\nconfirm = 'up'\nfollow_replicas = true\n"
-            + NS,
+            "[cluster]\nsentinels = ['s:26379']\nconfirm = 'up'\nfollow_replicas = true\n" + NS,
             'confirm = "all"',
         ),
         (
