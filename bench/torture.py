@@ -932,6 +932,7 @@ class Torture:
         durability: str = "fsync",
         window_ms: float = WINDOW_BOUND_MS,
         failover: bool = False,
+        follow_replicas: bool = False,
         shards: int = 1,
     ):
         self.work = work
@@ -939,6 +940,7 @@ class Torture:
         self.shard_servers: list = []  # (--shards) the Redis servers of shards 1, 2, ...
         cluster = cluster or failover
         self.failover = failover
+        self.follow_replicas = follow_replicas
         if failover and "redis" in (scenarios or []):
             raise ValueError("--failover: the redis scenario restarts a lone Redis; not here")
         self.durability = durability
@@ -975,6 +977,7 @@ class Torture:
             keys = (
                 f"sentinels = {json.dumps(self.group.sentinel_addresses)}\n"
                 f'master_name = "{self.group.name}"'
+                + ("\nfollow_replicas = true" if follow_replicas else "")
             )
         elif cluster:
             from testing.redis_server import RedisServer
@@ -1875,6 +1878,7 @@ class Torture:
                         "replicas": 2,
                         "sentinels": 3,
                         "confirm": "all",
+                        "follow_replicas": self.follow_replicas,
                         "down_after_ms": self.group.down_after_ms,
                         # failovers Sentinel made; more than `cycles`: it also replaced
                         # masters that were alive (a stall longer than down_after_ms)
@@ -2100,6 +2104,11 @@ def main(argv=None) -> int:
         help="(implies --cluster) Redis behind Sentinel; kill -9 its master",
     )
     p.add_argument(
+        "--follow-replicas",
+        action="store_true",
+        help="(--failover) the nodes' followers read from replicas ([cluster] follow_replicas)",
+    )
+    p.add_argument(
         "--durability",
         choices=["fsync", "close"],
         default="fsync",
@@ -2149,6 +2158,8 @@ def main(argv=None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    if a.follow_replicas and not a.failover:
+        p.error("--follow-replicas needs --failover (followers read from Sentinel's replicas)")
     work = a.workdir or Path(tempfile.mkdtemp(prefix="kvfs-torture-"))
     work.mkdir(parents=True, exist_ok=True)
     scen = a.scenarios.split(",") if a.scenarios else None
@@ -2162,6 +2173,7 @@ def main(argv=None) -> int:
         durability=a.durability,
         window_ms=a.window_ms,
         failover=a.failover,
+        follow_replicas=a.follow_replicas,
         shards=a.shards,
     )
     report = t.run(a.cycles, a.minutes)
