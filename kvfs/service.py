@@ -407,7 +407,7 @@ class Service:
 
         def durability(listener) -> Durability:
             if queue is not None:
-                return WriteBack(queue, sessions, listener)
+                return WriteBack(queue, sessions, listener, group_publishes=catalog.shared)
             return CommitAtClose(sessions)
 
         self.files = files = Files(

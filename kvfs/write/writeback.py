@@ -15,7 +15,10 @@ has waited `delay` seconds (`[mount] writeback_ms`), or at once when someone wai
 2. metadata: one catalog transaction records every block as its file's version, each
    statement run once with every file's parameters (`SqliteCatalog.commit_batch`); the
    transaction's WAL sync runs while the next batch writes its data (at most
-   `COMMITS_IN_FLIGHT` batches wait for theirs);
+   `COMMITS_IN_FLIGHT` batches wait for theirs). In a shared pool the commit is a publish,
+   one script call the pool's Redis pays for whatever its size: a batch started early by its
+   bytes (a few large files) waits, written, for the batches after it, and they are
+   published together (`_commit_grouped`; at most `delay` after the oldest file's close);
 3. once durable, each file's buffer becomes its version's resident copy, the old version is
    retired (its space freed: kvfs/space/), and whoever waits for the file is woken.
 
@@ -63,6 +66,12 @@ log = logging.getLogger("kvfs.write.writeback")
 BATCH_FILES = 64  # a batch starts once this many closed files wait...
 BATCH_BYTES = 64 << 20  # ... or this many bytes
 COMMITS_IN_FLIGHT = 2  # batches waiting for their WAL sync while the next writes its data
+# A shared pool (`group_publishes`): a batch started early (by its bytes: a few large files)
+# waits, written, for the next ones, to be published with them in one script call, until
+# GROUP_FILES files wait, or the oldest has waited `delay` since its close, or someone waits
+# for one (fsync, the dirty limit, unmount). At most GROUP_SLOTS batches wait so.
+GROUP_FILES = 16
+GROUP_SLOTS = 16
 AGES_KEPT = 4096  # closes whose time to durability the statistics keep
 
 
@@ -101,6 +110,8 @@ class WriteBackStats:
     dirty_waits: int = 0  # writers that waited for the dirty limit
     dirty_wait_seconds: float = 0.0
     dirty_wait_timeouts: int = 0  # writers that stopped waiting (`dirty_wait_max`)
+    publishes: int = 0  # catalog commits of written batches (a shared pool: script calls)
+    grouped_batches: int = 0  # batches published with an earlier one (`group_publishes`)
 
 
 class WriteQueue(Pending):
@@ -124,6 +135,7 @@ class WriteQueue(Pending):
         self.wake = trio.Event()
         self.drained = trio.Event()  # set (and replaced) when a batch ends
         self.urgent = 0  # waiters for what is queued now
+        self.hurry = trio.Event()  # set (and replaced by its reader) when someone waits
         self.flusher_running = False
 
     def kick(self) -> None:
@@ -199,6 +211,7 @@ class WriteQueue(Pending):
         t0 = trio.current_time()
         self.stats.dirty_waits += 1
         self.urgent += 1
+        self.hurry.set()
         try:
             # bounded: batches end within the namespaces' deadline (Namespace.bounded), and
             # a writer never waits longer than `dirty_wait_max` whatever holds them up
@@ -215,6 +228,7 @@ class WriteQueue(Pending):
 
     async def wait_for(self, items: list[Item]) -> None:
         self.urgent += 1
+        self.hurry.set()
         try:
             for item in items:
                 if not item.done.is_set():
@@ -305,7 +319,14 @@ class WriteBack(Durability):
     mode = "fsync"
     defers_commit = True
 
-    def __init__(self, queue: WriteQueue, sessions: Sessions, listener: Listener):
+    def __init__(
+        self,
+        queue: WriteQueue,
+        sessions: Sessions,
+        listener: Listener,
+        *,
+        group_publishes: bool = False,
+    ):
         self.q = queue
         self.sessions = sessions
         self.listener = listener
@@ -313,7 +334,13 @@ class WriteBack(Durability):
         self.pool = sessions.pool
         self.space = sessions.space
         self.stats = queue.stats
-        self._slots = trio.Semaphore(COMMITS_IN_FLIGHT)
+        # (a shared pool) each catalog commit is a publish: a script call the pool's Redis
+        # pays for whatever its size, so written batches are grouped (`_commit_grouped`)
+        self.group_publishes = group_publishes
+        self._slots = trio.Semaphore(GROUP_SLOTS if group_publishes else COMMITS_IN_FLIGHT)
+        self._gathered: list[list] = []  # written batches waiting for the group's publish
+        self._gathering = False  # a batch's task waits for the group to be due
+        self._group_done = trio.Event()  # set once the gathering group is committed
 
     @property
     def dirty_bytes(self) -> int:
@@ -402,6 +429,7 @@ class WriteBack(Durability):
                                 pass  # logged once by the catalog; changes refused now
         finally:
             q.flusher_running = False
+            q.hurry.set()  # (a group waiting to be published goes now)
 
     async def _write(self, batch: list[Item], nursery: trio.Nursery | None) -> None:
         """A batch's data, then (in `nursery`, or here) its catalog transaction."""
@@ -463,10 +491,60 @@ class WriteBack(Durability):
         version (or, if the transaction failed, its new content is dropped)."""
         try:
             with trio.CancelScope(shield=True):
-                await self._commit_shielded(ready)
+                if self.group_publishes and ready:
+                    await self._commit_grouped(ready)
+                else:
+                    await self._commit_shielded(ready)
         finally:
             self._slots.release()
             self.q.batch_ended(batch_size)
+
+    async def _commit_grouped(self, ready: list) -> None:
+        """A written batch's commit in a shared pool: the first batch to come waits for the
+        group to be due (`_group_due`), the ones written meanwhile join it and wait for it,
+        and the group is one catalog commit (one publish per shard, up to PUBLISH_FILES
+        files a call), in the order the batches were written. At low rates of large files
+        (LMCache's chunks: two to a batch) a publish is then several batches' files, where
+        each batch had paid Redis its own call. No file waits longer than the write-back
+        promised (`delay` from its close), and none that someone waits for."""
+        self._gathered.append(ready)
+        if self._gathering:  # a group is gathering: this batch is in it
+            done = self._group_done
+            self.q.hurry.set()  # (the group may be full now)
+            await done.wait()
+            return
+        self._gathering = True
+        done = self._group_done
+        try:
+            await self._group_due()
+        finally:
+            group, self._gathered = self._gathered, []
+            self._gathering = False
+            self._group_done = trio.Event()
+        self.stats.grouped_batches += len(group) - 1
+        try:
+            await self._commit_shielded([x for batch in group for x in batch])
+        finally:
+            done.set()
+
+    async def _group_due(self) -> None:
+        """Return once the gathering group is due (see GROUP_FILES)."""
+        q = self.q
+        while True:
+            files = sum(len(batch) for batch in self._gathered)
+            if (
+                files >= GROUP_FILES
+                or q.urgent
+                or not q.flusher_running
+                or q.dirty_bytes > q.dirty_limit
+            ):
+                return
+            oldest = min(item.queued_at for batch in self._gathered for item, _ in batch)
+            if trio.current_time() >= oldest + q.delay:
+                return
+            with trio.move_on_at(oldest + q.delay):
+                await q.hurry.wait()
+            q.hurry = trio.Event()
 
     async def _commit_shielded(self, ready: list) -> None:
         sessions = self.sessions
@@ -491,6 +569,8 @@ class WriteBack(Durability):
         try:
             # (the files keep their modification times: of their last write, or a later
             # utime; not the write-back's)
+            if items:
+                self.stats.publishes += 1
             results = (
                 await self.catalog.commit_batch(items, [i.node.mtime_ns for i, _ in ready])
                 if items

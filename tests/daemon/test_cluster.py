@@ -44,6 +44,7 @@ def cluster_configs(tmp_path, redis):
         free_target: float = 0.0,
         urls: list | None = None,
         durability: str | None = None,
+        mount: str = "",
     ) -> list:
         name = f"t{os.getpid()}-{next(_names)}"
         nss = [{"path": str(tmp_path / "shared" / f"ns{i}.img"), "size": size} for i in range(2)]
@@ -64,7 +65,7 @@ def cluster_configs(tmp_path, redis):
                     dram="16MiB",
                     extra=extra,
                     pool=f'stripe_unit = "256KiB"\nevict = "{evict}"',
-                    mount=f'durability = "{durability or DURABILITY}"',
+                    mount=f'durability = "{durability or DURABILITY}"\n{mount}',
                 )
             )
         return out
@@ -153,6 +154,49 @@ def test_with_write_back_a_fresh_mirror_answers_a_miss_and_a_batch_is_one_round_
         assert b.svc.catalog.misses_answered >= 1
 
     run_cluster(cluster_configs(2, durability="fsync"), body)
+
+
+def test_batches_of_a_few_large_files_are_published_together(cluster_configs, monkeypatch):
+    """A write-back batch started by its bytes (here 512 KiB: two 300 KB files, as two of
+    LMCache's 32 MiB chunks fill the real 64 MiB) is written at once, then waits for the
+    batches after it, and they are published in one script call: 12 files closed two by
+    two, 6 batches, one publish, once the first file has waited writeback_ms. A file
+    someone fsyncs does not wait for a group."""
+    from kvfs.write import writeback
+
+    monkeypatch.setattr(writeback, "BATCH_BYTES", 512 << 10)
+
+    async def body(a, b):
+        await put(a, "/d0", b"z")
+        wb = a.svc.durability
+        batches, publishes = wb.stats.batches, wb.stats.publishes
+        files = {f"/g{i}": data(50 + i, 300_000) for i in range(12)}
+        names = list(files)
+        for k in range(6):
+            for path in names[2 * k : 2 * k + 2]:
+                await a.write(path, files[path])
+            # (the pair is one batch, written and waiting for its group's publish)
+            await eventually(lambda k=k: len(wb._gathered) == k + 1)
+        assert not known(b, names[0])
+        await eventually(lambda: all(known(b, p) for p in files))
+        assert wb.stats.batches - batches == 6
+        assert wb.stats.publishes - publishes == 1
+        assert wb.stats.grouped_batches == 5
+        for path in ("/g0", "/g11"):
+            assert await b.read(path) == files[path]
+        publishes = wb.stats.publishes
+        await a.write("/synced", data(70, 300_000))  # closed: queued, not due
+        fh = await a.open("/synced", os.O_RDONLY)
+        try:
+            t = trio.current_time()
+            await a.files.fsync(fh)
+            assert trio.current_time() - t < wb.q.delay  # (asked for: no wait)
+        finally:
+            await a.close(fh)
+        assert wb.stats.publishes == publishes + 1
+        assert await a.read("/synced") == data(70, 300_000)
+
+    run_cluster(cluster_configs(2, durability="fsync", mount="writeback_ms = 2000"), body)
 
 
 def test_a_new_version_reaches_the_other_node_as_the_fields_it_changed(cluster_configs):
