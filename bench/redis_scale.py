@@ -111,6 +111,7 @@ from kvfs.catalog.redis.codec import (  # noqa: E402
 )
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
 from kvfs.catalog.tree import LINK_WRITE  # noqa: E402
+from kvfs.write.writeback import GROUP_FILES  # noqa: E402
 from kvfs.config import DEFAULT_STRIPE_UNIT  # noqa: E402
 from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E402
 from kvfs.cluster.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
@@ -1531,14 +1532,16 @@ def run_generator(tmp: Path, args, say) -> dict:
 
 def kvfs_depth(args, rate: float) -> int:
     """Files per publish of a kvfs node storing `rate` files/s: with durability "close" one
-    (each close publishes its file); with "fsync" its write-back batch, which takes what was
-    closed within `writeback_ms` up to BATCH_FILES files and BATCH_BYTES bytes
-    (kvfs/write/writeback.py): at 300 files/s, LMCache's 32 MiB chunks, 2 files (the bytes
-    cap); at 2,000 files/s (2 MiB blocks would fill a batch at 32) taken as 16, which the
-    generator's default steps measure."""
+    (each close publishes its file); with "fsync" its write-back's publish, which takes what
+    was closed within `writeback_ms` up to BATCH_FILES files and BATCH_BYTES bytes a batch,
+    and in a shared pool batches started early by their bytes together up to GROUP_FILES
+    (kvfs/write/writeback.py): at 300 files/s, LMCache's 32 MiB chunks, 2 files a batch (the
+    bytes cap) and GROUP_FILES (16) a publish (30 are closed within 100 ms); at 2,000 files/s
+    (2 MiB blocks would fill a batch at 32) taken as 16, which the generator's default steps
+    measure. `--depth-at-300 2` gives the figure before the grouping (c740a0e)."""
     if args.durability == "close":
         return 1
-    return {300: 2}.get(int(rate), 16)
+    return {300: args.depth_at_300}.get(int(rate), GROUP_FILES)
 
 
 def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
@@ -1706,6 +1709,12 @@ def headline(daemons: dict | None, cap: dict, args) -> dict:
             while n < 100_000 and rate * (n + 1) * (a + b * n) + (n + 1) * bg <= 1.0:
                 n += 1
             out[key] = n
+            # ([cluster] follow_replicas) the followers' reads on replicas: the master pays
+            # the writers' part alone (and the background)
+            n = 0
+            while n < 100_000 and rate * (n + 1) * a + (n + 1) * bg <= 1.0:
+                n += 1
+            out[f"{key}_followers_on_replicas"] = n
         elif daemons is not None and daemons["cpu"]["saturation_files_per_s"]:
             out[key] = round(daemons["cpu"]["saturation_files_per_s"] / rate, 2)
     return out
@@ -1924,6 +1933,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-generator", action="store_true", help="the daemons only")
     ap.add_argument("--rate", type=float, default=2000.0, help="stored files/s per node")
     ap.add_argument("--margin", type=float, default=0.7, help="share of Redis's core to plan for")
+    ap.add_argument(
+        "--depth-at-300",
+        type=int,
+        default=GROUP_FILES,
+        help="files per publish taken for a node storing 300 files/s (LMCache's 32 MiB chunks: "
+        "the write-back's group; 2 before c740a0e)",
+    )
     ap.add_argument(
         "--shards",
         default="1,3",
