@@ -111,7 +111,6 @@ from kvfs.catalog.redis.codec import (  # noqa: E402
 )
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
 from kvfs.catalog.tree import LINK_WRITE  # noqa: E402
-from kvfs.write.writeback import GROUP_FILES  # noqa: E402
 from kvfs.config import DEFAULT_STRIPE_UNIT  # noqa: E402
 from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E402
 from kvfs.cluster.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
@@ -1534,14 +1533,15 @@ def kvfs_depth(args, rate: float) -> int:
     """Files per publish of a kvfs node storing `rate` files/s: with durability "close" one
     (each close publishes its file); with "fsync" its write-back's publish, which takes what
     was closed within `writeback_ms` up to BATCH_FILES files and BATCH_BYTES bytes a batch,
-    and in a shared pool batches started early by their bytes together up to GROUP_FILES
+    and in a shared pool batches started early by their bytes together, up to GROUP_FILES
     (kvfs/write/writeback.py): at 300 files/s, LMCache's 32 MiB chunks, 2 files a batch (the
-    bytes cap) and GROUP_FILES (16) a publish (30 are closed within 100 ms); at 2,000 files/s
-    (2 MiB blocks would fill a batch at 32) taken as 16, which the generator's default steps
-    measure. `--depth-at-300 2` gives the figure before the grouping (c740a0e)."""
+    bytes cap) and about 30 a publish (those closed within 100 ms); at 2,000 files/s of 2 MiB
+    blocks 32 a batch and GROUP_FILES (64) a publish. Both are taken as 16, a depth the
+    generator's default steps measure and a lower bound of what the group reaches.
+    `--depth-at-300 2` gives the figure before the grouping (c740a0e)."""
     if args.durability == "close":
         return 1
-    return {300: args.depth_at_300}.get(int(rate), GROUP_FILES)
+    return {300: args.depth_at_300}.get(int(rate), 16)
 
 
 def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
@@ -1936,9 +1936,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--depth-at-300",
         type=int,
-        default=GROUP_FILES,
+        default=16,
         help="files per publish taken for a node storing 300 files/s (LMCache's 32 MiB chunks: "
-        "the write-back's group; 2 before c740a0e)",
+        "the write-back's group, about 30; 2 before c740a0e)",
     )
     ap.add_argument(
         "--shards",

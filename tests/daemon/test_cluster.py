@@ -199,6 +199,34 @@ def test_batches_of_a_few_large_files_are_published_together(cluster_configs, mo
     run_cluster(cluster_configs(2, durability="fsync", mount="writeback_ms = 2000"), body)
 
 
+def test_a_group_that_holds_every_slot_is_published_without_waiting(cluster_configs, monkeypatch):
+    """The batches waiting for a group's publish hold the flusher's slots (GROUP_SLOTS, here
+    2): once they hold them all the group is published, not after writeback_ms (5 s here),
+    or the flusher would stand still meanwhile."""
+    from kvfs.write import writeback
+
+    monkeypatch.setattr(writeback, "BATCH_BYTES", 512 << 10)
+    monkeypatch.setattr(writeback, "GROUP_SLOTS", 2)
+
+    async def body(a, b):
+        await put(a, "/d0", b"z")
+        wb = a.svc.durability
+        publishes = wb.stats.publishes
+        files = {f"/s{i}": data(80 + i, 300_000) for i in range(8)}
+        names = list(files)
+        with trio.fail_after(2.0):  # (well inside writeback_ms)
+            for k in range(4):  # 4 batches of 2 files: 2 groups of 2 batches
+                for path in names[2 * k : 2 * k + 2]:
+                    await a.write(path, files[path])
+                await eventually(lambda: not wb.q.queue)
+            await eventually(lambda: all(known(b, p) for p in files))
+        assert wb.stats.publishes - publishes == 2 and wb.stats.grouped_batches == 2
+        assert await b.read("/s7") == files["/s7"]
+
+    configs = cluster_configs(2, lease=10.0, durability="fsync", mount="writeback_ms = 5000")
+    run_cluster(configs, body)
+
+
 def test_a_new_version_reaches_the_other_node_as_the_fields_it_changed(cluster_configs):
     """A new version of a published file is logged as the fields it changed (`@U`); the
     other node applies them onto the file it knows, reading nothing back: it reads the new
