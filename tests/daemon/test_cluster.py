@@ -160,8 +160,8 @@ def test_batches_of_a_few_large_files_are_published_together(cluster_configs, mo
     """A write-back batch started by its bytes (here 512 KiB: two 300 KB files, as two of
     LMCache's 32 MiB chunks fill the real 64 MiB) is written at once, then waits for the
     batches after it, and they are published in one script call: 12 files closed two by
-    two, 6 batches, one publish, once the first file has waited writeback_ms. A file
-    someone fsyncs does not wait for a group."""
+    two, 6 batches, one publish (fewer than GROUP_FILES: once the first file has waited
+    writeback_ms). A file someone fsyncs does not wait for a group."""
     from kvfs.write import writeback
 
     monkeypatch.setattr(writeback, "BATCH_BYTES", 512 << 10)
