@@ -111,6 +111,7 @@ from kvfs.catalog.redis.codec import (  # noqa: E402
 )
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
 from kvfs.catalog.tree import LINK_WRITE  # noqa: E402
+from kvfs.write.writeback import GROUP_FILES  # noqa: E402
 from kvfs.config import DEFAULT_STRIPE_UNIT  # noqa: E402
 from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E402
 from kvfs.cluster.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
@@ -1535,13 +1536,14 @@ def kvfs_depth(args, rate: float) -> int:
     was closed within `writeback_ms` up to BATCH_FILES files and BATCH_BYTES bytes a batch,
     and in a shared pool batches started early by their bytes together, up to GROUP_FILES
     (kvfs/write/writeback.py): at 300 files/s, LMCache's 32 MiB chunks, 2 files a batch (the
-    bytes cap) and about 30 a publish (those closed within 100 ms); at 2,000 files/s of 2 MiB
-    blocks 32 a batch and GROUP_FILES (64) a publish. Both are taken as 16, a depth the
-    generator's default steps measure and a lower bound of what the group reaches.
-    `--depth-at-300 2` gives the figure before the grouping (c740a0e)."""
+    bytes cap) and about 30 a publish (those closed within 100 ms), taken as 16 (a depth the
+    generator's default steps measure, and a lower bound); at 2,000 files/s, 200 closed
+    within 100 ms, a batch starts at BATCH_FILES (64) files or, of 2 MiB blocks, at 32, and
+    the group publishes GROUP_FILES (64) at a time. `--depth-at-300 2` gives the figure
+    before the grouping (c740a0e)."""
     if args.durability == "close":
         return 1
-    return {300: args.depth_at_300}.get(int(rate), 16)
+    return {300: args.depth_at_300}.get(int(rate), GROUP_FILES)
 
 
 def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
@@ -1925,7 +1927,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gen-steps",
         default=None,
         help="CxD: connections per virtual node x files per round trip (default: "
-        '"1x1,4x1,16x1,16x16" with close, "1x2,4x2,1x16,4x16" with fsync)',
+        '"1x1,4x1,16x1,16x16" with close, "1x2,4x2,1x16,4x16,4x64" with fsync)',
     )
     ap.add_argument("--gen-seconds", type=float, default=3.0, help="seconds per generator step")
     ap.add_argument("--no-everysec", action="store_true", help="skip the appendfsync everysec run")
@@ -1951,7 +1953,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.nodes <= 16:
         ap.error("--nodes must be 1-16")
     if args.gen_steps is None:
-        args.gen_steps = "1x1,4x1,16x1,16x16" if args.durability == "close" else "1x2,4x2,1x16,4x16"
+        args.gen_steps = (
+            "1x1,4x1,16x1,16x16" if args.durability == "close" else "1x2,4x2,1x16,4x16,4x64"
+        )
     if args.gen_nodes is None:
         args.gen_nodes = f"{args.nodes},16" if args.nodes < 16 else "8,16"
     if shutil.which("redis-server") is None:
