@@ -273,7 +273,9 @@ class ClusterLink:
             self._first_sentinel = i
             self.replicas_up = sum(1 for r in replicas if not _replica_down(r))
             self.replicas_known = len(replicas)
-            self.replica_addrs = [a for a in map(_replica_linked, replicas) if a is not None]
+            # (sorted: each sentinel lists them in its own order, and the nodes spread over
+            # them by position, `connect_replica`)
+            self.replica_addrs = sorted(a for a in map(_replica_linked, replicas) if a is not None)
             return got[0].decode(), int(got[1])
         raise RedisUnavailable("no sentinel named the master: " + "; ".join(why))
 
