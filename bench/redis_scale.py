@@ -1546,6 +1546,16 @@ def kvfs_depth(args, rate: float) -> int:
     return {300: args.depth_at_300}.get(int(rate), GROUP_FILES)
 
 
+def nodes_carried(rate: float, a: float, b: float, bg: float, budget: float = 1.0) -> int:
+    """The most nodes storing `rate` files/s each that one Redis core carries within
+    `budget`: a stored file costs a + b (N - 1) seconds of its CPU with N nodes, and each
+    node `bg` seconds per second in the background."""
+    n = 0
+    while n < 100_000 and rate * (n + 1) * (a + b * n) + (n + 1) * bg <= budget:
+        n += 1
+    return n
+
+
 def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
     rate, margin = args.rate, args.margin
     bg = 0.0
@@ -1556,12 +1566,6 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
         "margin": margin,
         "background_cpu_s_per_node_s": round(bg, 6),
     }
-
-    def nodes_for(a: float, b: float, budget: float) -> int:
-        n = 0
-        while n < 100_000 and rate * (n + 1) * (a + b * n) + (n + 1) * bg <= budget:
-            n += 1
-        return n
 
     if daemons is not None and daemons["cpu"]["saturation_files_per_s"]:
         cpu = daemons["cpu"]
@@ -1656,8 +1660,8 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
                     "writer_ms_per_file": round(1000 * a, 4),
                     "follower_ms_per_file_per_node": round(1000 * b, 4),
                     "fitted_on_nodes": [n1, n2],
-                    "nodes_carried": nodes_for(a, b, 1.0),
-                    "nodes_carried_at_margin": nodes_for(a, b, margin),
+                    "nodes_carried": nodes_carried(rate, a, b, bg),
+                    "nodes_carried_at_margin": nodes_carried(rate, a, b, bg, margin),
                 }
             m = out["model"]
             out["below_64_nodes"] = m["nodes_carried"] < 64
@@ -1707,16 +1711,10 @@ def headline(daemons: dict | None, cap: dict, args) -> dict:
         if model is not None:
             a = model["writer_ms_per_file"] / 1000
             b = model["follower_ms_per_file_per_node"] / 1000
-            n = 0
-            while n < 100_000 and rate * (n + 1) * (a + b * n) + (n + 1) * bg <= 1.0:
-                n += 1
-            out[key] = n
+            out[key] = nodes_carried(rate, a, b, bg)
             # ([cluster] follow_replicas) the followers' reads on replicas: the master pays
             # the writers' part alone (and the background)
-            n = 0
-            while n < 100_000 and rate * (n + 1) * a + (n + 1) * bg <= 1.0:
-                n += 1
-            out[f"{key}_followers_on_replicas"] = n
+            out[f"{key}_followers_on_replicas"] = nodes_carried(rate, a, 0.0, bg)
         elif daemons is not None and daemons["cpu"]["saturation_files_per_s"]:
             out[key] = round(daemons["cpu"]["saturation_files_per_s"] / rate, 2)
     return out

@@ -191,18 +191,14 @@ def run_round(tmp: Path, shards: int, args, say, follow: str | None = None) -> d
         )
         extra: dict = {}
         if group is not None:
-            files_per = max(1, files)
             replica_cpu = sum(b["cpu"] - a["cpu"] for a, b in zip(r0, r1))
             extra = {
                 "follow": follow,
                 "replicas": len(replica_ports),
-                "master_xread_per_stored_file": round(
-                    (s1[0]["cmds"].get("xread", (0, 0))[0] - s0[0]["cmds"].get("xread", (0, 0))[0])
-                    / files_per,
-                    3,
-                ),
+                # (`ncalls` counts the one server in `ports`: the master)
+                "master_xread_per_stored_file": round(ncalls.get("xread", 0) / files, 3),
                 "replicas_cpu_ms_per_stored_file": round(
-                    (replica_cpu - bg_replica_cpu * window) * 1000 / files_per, 4
+                    (replica_cpu - bg_replica_cpu * window) * 1000 / files, 4
                 ),
                 "follower_nodes": [m.stats()["cluster"]["following"] for m in mounts],
             }

@@ -138,18 +138,7 @@ class ClusterLink:
                 self.cfg.redis, tls=self.tls, password=self.password, timeout=CALL_TIMEOUT
             )
         host, port = addr = await self.ask_sentinels()
-        c = await RedisClient.connect(
-            self.cfg.redis, tls=self.tls, password=self.password, timeout=CALL_TIMEOUT, address=addr
-        )
-        try:
-            with trio.fail_after(CALL_TIMEOUT):
-                role = await c.call("ROLE")
-        except (trio.TooSlowError, RedisError) as e:
-            c.abort()
-            raise RedisUnavailable(f"Redis at {host}:{port}: ROLE failed: {reason(e)}") from None
-        except BaseException:
-            c.abort()
-            raise
+        c, role = await self._open(addr)
         if not role or role[0] != b"master":
             c.abort()
             raise RedisUnavailable(
@@ -169,29 +158,32 @@ class ClusterLink:
             return None
         addr = self.replica_addrs[pick % len(self.replica_addrs)]
         try:
-            c = await RedisClient.connect(
-                self.cfg.redis,
-                tls=self.tls,
-                password=self.password,
-                timeout=CALL_TIMEOUT,
-                address=addr,
-            )
+            c, role = await self._open(addr)
         except RedisUnavailable as e:
             self.warn("replica", "cluster: replica %s:%d unreachable: %s", *addr, e)
             return None
-        try:
-            with trio.fail_after(CALL_TIMEOUT):
-                role = await c.call("ROLE")
-        except (trio.TooSlowError, RedisError, RedisUnavailable):
-            c.abort()
-            return None
-        except BaseException:
-            c.abort()
-            raise
         if not replica_in_sync(role):
             c.abort()
             return None
         return c, addr
+
+    async def _open(self, addr: tuple[str, int]) -> tuple[RedisClient, Any]:
+        """(sentinels) A new connection to the server at `addr`, and its ROLE reply;
+        RedisUnavailable if it cannot be reached or does not answer ROLE."""
+        c = await RedisClient.connect(
+            self.cfg.redis, tls=self.tls, password=self.password, timeout=CALL_TIMEOUT, address=addr
+        )
+        try:
+            with trio.fail_after(CALL_TIMEOUT):
+                return c, await c.call("ROLE")
+        except (trio.TooSlowError, RedisError) as e:
+            c.abort()
+            raise RedisUnavailable(
+                f"Redis at {addr[0]}:{addr[1]}: ROLE failed: {reason(e)}"
+            ) from None
+        except BaseException:
+            c.abort()
+            raise
 
     def _follow_master(self, addr: tuple[str, int]) -> bool:
         """Sentinel names `addr`: True (and the idle connections dropped) if that is a change."""

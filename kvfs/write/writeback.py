@@ -340,8 +340,9 @@ class WriteBack(Durability):
         # pays for whatever its size, so written batches are grouped (`_commit_grouped`)
         self.group_publishes = group_publishes
         self._slots = trio.Semaphore(GROUP_SLOTS if group_publishes else COMMITS_IN_FLIGHT)
-        self._gathered: list[list] = []  # written batches waiting for the group's publish
-        self._gathering = False  # a batch's task waits for the group to be due
+        # written batches waiting for the group's publish (the first one's task waits for the
+        # group to be due while this is not empty)
+        self._gathered: list[list] = []
         self._group_done = trio.Event()  # set once the gathering group is committed
 
     @property
@@ -509,19 +510,17 @@ class WriteBack(Durability):
         (LMCache's chunks: two to a batch) a publish is then several batches' files, where
         each batch had paid Redis its own call. No file waits longer than the write-back
         promised (`delay` from its close), and none that someone waits for."""
-        self._gathered.append(ready)
-        if self._gathering:  # a group is gathering: this batch is in it
-            done = self._group_done
+        done = self._group_done
+        if self._gathered:  # a group is gathering: this batch is in it
+            self._gathered.append(ready)
             self.q.hurry.set()  # (the group may be full now)
             await done.wait()
             return
-        self._gathering = True
-        done = self._group_done
+        self._gathered.append(ready)
         try:
             await self._group_due()
         finally:
             group, self._gathered = self._gathered, []
-            self._gathering = False
             self._group_done = trio.Event()
         self.stats.grouped_batches += len(group) - 1
         try:
