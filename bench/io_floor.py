@@ -16,6 +16,11 @@ worker thread, whose kernel work is the same):
                       the write, munmap: kvfs's way for larger blocks)
   store_kept_mapping  written from a mapping made once (what a write costs when no mapping
                       has to be made: the least)
+  store_staged_xxh3   store_staged with the checksum kvfs takes (xxh3-64 of the staging
+                      memory the copy just filled: kvfs's small-block write)
+  store_mapped_xxh3   store_mapped with the checksum taken from the mapping before the write
+                      and again after it (what kvfs must do when writing from memory a
+                      passthrough writer may still change: Namespace._write_sync's verify)
   load_staged_fresh   read into staging memory, copied into a new file (pwrite: the kernel
                       clears each new page first; kvfs's way for blocks up to a chunk)
   load_staged_reused  the same into a file whose pages exist (a spare, Spares)
@@ -24,6 +29,8 @@ worker thread, whose kernel work is the same):
   load_kept_mapping   read into a mapping made once of a file whose pages exist (the least)
 
 Every number is a median over --rounds rounds of --blocks blocks each, the ways interleaved.
+Each way moves the same block memory again and again, so it is in the CPU's caches: a floor.
+In the daemon a stored block's pages were written by the client just before, on either CPU.
 
     python bench/io_floor.py [--sizes 256K,1M,4M] [--blocks 1000] [--rounds 3] [--json]
 """
@@ -37,6 +44,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import xxhash
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parse, parser  # noqa: E402
@@ -48,6 +57,8 @@ WAYS = (
     "store_staged",
     "store_mapped",
     "store_kept_mapping",
+    "store_staged_xxh3",
+    "store_mapped_xxh3",
     "load_staged_fresh",
     "load_staged_reused",
     "load_mapped_fresh",
@@ -111,6 +122,21 @@ class Ways:
 
     def store_kept_mapping(self, at: int) -> None:
         os.pwritev(self.dev, [memoryview(self.src_map)], at)
+
+    def store_staged_xxh3(self, at: int) -> None:
+        v = memoryview(self.staging)
+        os.preadv(self.src, [v], 0)
+        xxhash.xxh3_64_intdigest(v)
+        os.pwritev(self.dev, [v], at)
+
+    def store_mapped_xxh3(self, at: int) -> None:
+        m = mmap.mmap(self.src, self.size)
+        with memoryview(m) as v:
+            before = xxhash.xxh3_64_intdigest(v)
+            os.pwritev(self.dev, [v], at)
+            if xxhash.xxh3_64_intdigest(v) != before:
+                raise RuntimeError("the block changed while it was written")
+        m.close()
 
     def load_staged_fresh(self, at: int) -> None:
         v = memoryview(self.staging)
