@@ -407,7 +407,9 @@ class Service:
 
         def durability(listener) -> Durability:
             if queue is not None:
-                return WriteBack(queue, sessions, listener, group_publishes=catalog.shared)
+                # (a shared pool: written batches grouped, for one publish per shard)
+                shards = len(catalog.shards) if catalog.shared else 0
+                return WriteBack(queue, sessions, listener, group_shards=shards)
             return CommitAtClose(sessions)
 
         self.files = files = Files(

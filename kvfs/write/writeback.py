@@ -16,9 +16,10 @@ has waited `delay` seconds (`[mount] writeback_ms`), or at once when someone wai
    statement run once with every file's parameters (`SqliteCatalog.commit_batch`); the
    transaction's WAL sync runs while the next batch writes its data (at most
    `COMMITS_IN_FLIGHT` batches wait for theirs). In a shared pool the commit is a publish,
-   one script call the pool's Redis pays for whatever its size: a batch started early by its
-   bytes (a few large files) waits, written, for the batches after it, and they are
-   published together (`_commit_grouped`; at most `delay` after the oldest file's close);
+   one script call per Redis shard that each pays for whatever its size: a written batch of
+   fewer than GROUP_FILES files per shard (a few large files, started early by their bytes;
+   files spread over shards) waits for the batches after it, and they are published
+   together (`_commit_grouped`; at most `delay` after the oldest file's close);
 3. once durable, each file's buffer becomes its version's resident copy, the old version is
    retired (its space freed: kvfs/space/), and whoever waits for the file is woken.
 
@@ -66,12 +67,13 @@ log = logging.getLogger("kvfs.write.writeback")
 BATCH_FILES = 64  # a batch starts once this many closed files wait...
 BATCH_BYTES = 64 << 20  # ... or this many bytes
 COMMITS_IN_FLIGHT = 2  # batches waiting for their WAL sync while the next writes its data
-# A shared pool (`group_publishes`): a batch started early (by its bytes: a few large files)
-# waits, written, for the next ones, to be published with them in one script call, until
-# GROUP_FILES files or GROUP_SLOTS batches wait, or the oldest has waited `delay` since its
-# close, or someone waits for one (fsync, the dirty limit, unmount). The publish script costs
-# Redis about 86 µs of CPU per file at 2 files a call, 26 at 16, 21 at 32 and 18 at 64 (one
-# run of a replay, appendfsync always; docs/cluster.md).
+# A shared pool (`group_shards`): a written batch waits for the next ones, to be published
+# with them in one script call per shard, until GROUP_FILES files per shard or GROUP_SLOTS
+# batches wait, or the oldest has waited `delay` since its close, or someone waits for one
+# (fsync, the dirty limit, unmount). The publish script costs Redis about 86 µs of CPU per
+# file at 2 files a call, 26 at 16, 21 at 32 and 18 at 64 (one run of a replay, appendfsync
+# always; docs/cluster.md): a batch of 64 files spread over 3 shards would make each shard's
+# call a third as large.
 GROUP_FILES = 64
 GROUP_SLOTS = 32
 AGES_KEPT = 4096  # closes whose time to durability the statistics keep
@@ -113,7 +115,7 @@ class WriteBackStats:
     dirty_wait_seconds: float = 0.0
     dirty_wait_timeouts: int = 0  # writers that stopped waiting (`dirty_wait_max`)
     publishes: int = 0  # catalog commits of written batches (a shared pool: script calls)
-    grouped_batches: int = 0  # batches published with an earlier one (`group_publishes`)
+    grouped_batches: int = 0  # batches published with an earlier one (`group_shards`)
 
 
 class WriteQueue(Pending):
@@ -327,7 +329,7 @@ class WriteBack(Durability):
         sessions: Sessions,
         listener: Listener,
         *,
-        group_publishes: bool = False,
+        group_shards: int = 0,
     ):
         self.q = queue
         self.sessions = sessions
@@ -336,10 +338,12 @@ class WriteBack(Durability):
         self.pool = sessions.pool
         self.space = sessions.space
         self.stats = queue.stats
-        # (a shared pool) each catalog commit is a publish: a script call the pool's Redis
-        # pays for whatever its size, so written batches are grouped (`_commit_grouped`)
-        self.group_publishes = group_publishes
-        self._slots = trio.Semaphore(GROUP_SLOTS if group_publishes else COMMITS_IN_FLIGHT)
+        # (a shared pool of `group_shards` Redis shards) each catalog commit is a publish: a
+        # script call each shard pays for whatever its size, so written batches are grouped
+        # (`_commit_grouped`) until GROUP_FILES files per shard wait; 0: no groups (SQLite's
+        # commits)
+        self.group_shards = group_shards
+        self._slots = trio.Semaphore(GROUP_SLOTS if group_shards else COMMITS_IN_FLIGHT)
         # written batches waiting for the group's publish (the first one's task waits for the
         # group to be due while this is not empty)
         self._gathered: list[list] = []
@@ -494,7 +498,7 @@ class WriteBack(Durability):
         version (or, if the transaction failed, its new content is dropped)."""
         try:
             with trio.CancelScope(shield=True):
-                if self.group_publishes and ready:
+                if self.group_shards and ready:
                     await self._commit_grouped(ready)
                 else:
                     await self._commit_shielded(ready)
@@ -534,7 +538,7 @@ class WriteBack(Durability):
         while True:
             files = sum(len(batch) for batch in self._gathered)
             if (
-                files >= GROUP_FILES
+                files >= GROUP_FILES * self.group_shards
                 or len(self._gathered) >= GROUP_SLOTS  # (the flusher waits for a slot)
                 or q.urgent
                 or not q.flusher_running

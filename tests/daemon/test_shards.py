@@ -57,7 +57,8 @@ def configs(tmp_path, servers):
                     dram="16MiB",
                     extra=extra,
                     pool=f'stripe_unit = "256KiB"\nevict = "{kw.get("evict", "lru")}"',
-                    mount=f'durability = "{kw.get("durability", "fsync")}"',
+                    mount=f'durability = "{kw.get("durability", "fsync")}"'
+                    + (f"\n{kw['mount_extra']}" if "mount_extra" in kw else ""),
                 )
             )
         return out
@@ -441,3 +442,47 @@ def test_a_shard_away_stops_no_renewal_elsewhere_and_its_copies_are_set_before_a
         assert await b.read(f"{by[1][0]}/back") == data(3, 70_000)
 
     run_cluster(configs(2, lease=30.0), body)
+
+
+def test_a_write_back_group_waits_for_its_files_per_shard_and_is_one_call_per_shard(
+    configs, monkeypatch
+):
+    """Written batches are grouped until GROUP_FILES files per shard wait (here 4: 12 over
+    the 3 shards), so a file's shard gets as large a publish as one shard would; the group
+    is split by shard before PUBLISH_FILES (here 8) splits a shard's part, so 12 files are
+    one call per shard, not two parts each split three ways."""
+    from kvfs.catalog.redis import catalog as redis_catalog
+    from kvfs.write import writeback
+
+    monkeypatch.setattr(writeback, "BATCH_FILES", 4)
+    monkeypatch.setattr(writeback, "GROUP_FILES", 4)
+    monkeypatch.setattr(redis_catalog, "PUBLISH_FILES", 8)
+    calls: list[tuple[int, int]] = []  # (shard, files) of each publish call
+    real = redis_catalog.RedisCatalog._commit_sent
+
+    async def counted(self, sent, args, touched, out, t, sh):
+        calls.append((sh.k, len(sent)))
+        return await real(self, sent, args, touched, out, t, sh)
+
+    monkeypatch.setattr(redis_catalog.RedisCatalog, "_commit_sent", counted)
+
+    async def body(a, b):
+        by = await dirs_by_shard(a, 1)
+        wb = a.svc.durability
+        paths = [f"{by[k][0]}/f{j}" for j in range(4) for k in range(SHARDS)]
+        await a.sync()
+        calls.clear()
+        publishes, grouped = wb.stats.publishes, wb.stats.grouped_batches
+        for i, p in enumerate(paths):
+            await a.write(p, data(i, 20_000 + i))
+            if i % 4 == 3 and i < 11:  # a batch of 4 written, waiting for the group
+                await eventually(lambda i=i: len(wb._gathered) == (i + 1) // 4)
+                assert not calls
+        await eventually(lambda: all(known(b, p) for p in paths))
+        assert wb.stats.publishes - publishes == 1
+        assert wb.stats.grouped_batches - grouped == 2
+        assert sorted(calls) == [(k, 4) for k in range(SHARDS)], calls
+        for i, p in enumerate(paths):
+            assert await b.read(p) == data(i, 20_000 + i)
+
+    run_cluster(configs(2, mount_extra="writeback_ms = 5000"), body)

@@ -328,23 +328,14 @@ class RedisCatalog(Flushes, RedisMirror):
         error in the returned list, in its place, and keeps the version it had. `mtimes`:
         each file's modification time (default: now). An error for the whole call (Redis
         unreachable) is raised, every file then keeping its version (`maybe_published`:
-        Redis may have published them, their space stays taken). More than PUBLISH_FILES
-        files go in several calls; an error for one call is then each of its files' own (the
-        calls before it published theirs)."""
-        if len(items) > PUBLISH_FILES:
-            out = []
-            for k in range(0, len(items), PUBLISH_FILES):
-                part = items[k : k + PUBLISH_FILES]
-                try:
-                    out += await self.commit_batch(
-                        part, mtimes[k : k + PUBLISH_FILES] if mtimes is not None else None
-                    )
-                except KvfsError as e:
-                    out += [e] * len(part)
-            return out
+        Redis may have published them, their space stays taken). With shards, each shard's
+        files go in a call of its own; more than PUBLISH_FILES files of a shard go in several
+        calls; an error for one call is then each of its files' own (the calls before it
+        published theirs)."""
         if len(self.shards) > 1:
-            # one call per shard: a file's records go in its directory's shard (computed as
-            # the arguments are built, with no wait between: a rename of a file waits for its
+            # one call per shard (first: each shard's call then carries up to PUBLISH_FILES
+            # of its files): a file's records go in its directory's shard (computed as the
+            # arguments are built, with no wait between: a rename of a file waits for its
             # publish, `settled`)
             groups: dict[int, list[int]] = {}
             for i, (node, *_) in enumerate(items):
@@ -362,6 +353,17 @@ class RedisCatalog(Flushes, RedisMirror):
                     for i, g in zip(idx, got):
                         out[i] = g
                 return out
+        if len(items) > PUBLISH_FILES:
+            out = []
+            for k in range(0, len(items), PUBLISH_FILES):
+                part = items[k : k + PUBLISH_FILES]
+                try:
+                    out += await self.commit_batch(
+                        part, mtimes[k : k + PUBLISH_FILES] if mtimes is not None else None
+                    )
+                except KvfsError as e:
+                    out += [e] * len(part)
+            return out
         sh = self.shard_of_node(items[0][0])
         now = _now()
         out: list = [None] * len(items)
