@@ -105,7 +105,7 @@ def run_round(tmp: Path, shards: int, args, say, follow: str | None = None) -> d
                 tmp / f"node{i}.toml",
                 tmp / f"state{i}",
                 nss,
-                dram="64MiB",
+                dram=args.dram,
                 extra=(
                     "[cluster]\n"
                     + where
@@ -251,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=3.0, help="seconds of the background window")
     ap.add_argument("--shards", default="1,3", help="the shard counts to compare")
     ap.add_argument("--ns-size", default="256MiB", help="each of the 2 namespace files")
+    ap.add_argument(
+        "--dram",
+        default="64MiB",
+        help="each node's DRAM tier (a quarter of it is the write-back's dirty limit, which "
+        "ends a group of batches early)",
+    )
     ap.add_argument("--durability", default="fsync", choices=("fsync", "close"))
     ap.add_argument(
         "--rate", type=float, default=0.0, help="files/s each node stores (0: as fast as it can)"
