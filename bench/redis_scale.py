@@ -1874,12 +1874,14 @@ def run_shards(tmp: Path, args, say) -> dict:
         appendfsync="always",
         rate=0.0,
         writeback_ms=args.shards_writeback_ms,
+        repeats=args.shards_repeats,
     )
     rounds = []
-    for count in (int(x) for x in args.shards.split(",")):
-        d = tmp / f"shards{count}"
-        d.mkdir()
-        rounds.append(redis_shards.run_round(d, count, sargs, say))
+    for repeat in range(sargs.repeats):
+        for count in (int(x) for x in args.shards.split(",")):
+            d = tmp / f"shards{count}-{repeat}"
+            d.mkdir()
+            rounds.append({**redis_shards.run_round(d, count, sargs, say), "repeat": repeat})
     return redis_shards.compare(rounds)
 
 
@@ -1960,6 +1962,12 @@ def main(argv: list[str] | None = None) -> int:
         "(here 4 nodes on 2 cores store about 600 files/s each), so each publish, and each "
         "shard's part of it, has the size it has in a rack at the target rate (0: the "
         "default, this machine's rate)",
+    )
+    ap.add_argument(
+        "--shards-repeats",
+        type=int,
+        default=3,
+        help="times the shard comparison runs (interleaved; its ratios are the medians)",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

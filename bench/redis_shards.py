@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -276,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--replicas", type=int, default=2, help="with --follow")
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every round this many times, interleaved; the ratios are the medians",
+    )
+    ap.add_argument(
         "--appendfsync",
         default="always",
         choices=("always", "everysec"),
@@ -292,12 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.follow
         else [(int(x), None) for x in args.shards.split(",")]
     )
-    for count, follow in plan:
-        tmp = Path(tempfile.mkdtemp(prefix=f"kvfs-shards{count}-"))
-        try:
-            rounds.append(run_round(tmp, count, args, say, follow))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    for repeat in range(args.repeats):
+        for count, follow in plan:
+            tmp = Path(tempfile.mkdtemp(prefix=f"kvfs-shards{count}-"))
+            try:
+                rounds.append({**run_round(tmp, count, args, say, follow), "repeat": repeat})
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     out = {
         "nodes": args.nodes,
         "threads": args.threads,
@@ -339,8 +347,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(rounds: list[dict]) -> dict:
-    """The rounds, and 3 shards against 1 where both ran."""
-    out: dict = {"rounds": rounds}
+    """The rounds, and 3 shards against 1 where both ran; with repeats (each round's
+    `repeat`), each ratio is the median of the repeats' (`<ratio>_range`: theirs)."""
+    repeats = sorted({r.get("repeat", 0) for r in rounds})
+    if len(repeats) > 1:
+        each = [compare([r for r in rounds if r.get("repeat", 0) == k]) for k in repeats]
+        out: dict = {"rounds": rounds, "repeats": len(repeats)}
+        for key in each[0]:
+            if key == "rounds":
+                continue
+            values = [e[key] for e in each if key in e]
+            if key == "share_range_3":
+                out[key] = [min(v[0] for v in values), max(v[1] for v in values)]
+            else:
+                out[key] = round(statistics.median(values), 3)
+                out[f"{key}_range"] = [min(values), max(values)]
+        return out
+    out = {"rounds": rounds}
     one = next((r for r in rounds if r["shards"] == 1), None)
     three = next((r for r in rounds if r["shards"] == 3), None)
     if one and three:

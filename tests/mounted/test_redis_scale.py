@@ -47,6 +47,8 @@ ARGS = [
     "--no-everysec",
     "--shards",
     "1,3",
+    "--shards-repeats",
+    "1",
     "--json",
 ]
 
