@@ -1862,7 +1862,7 @@ def run_shards(tmp: Path, args, say) -> dict:
     sargs = argparse.Namespace(
         nodes=args.nodes,
         threads=args.threads,
-        files=args.files,
+        files=args.shards_files,
         file_size=args.file_size,
         dirs=240,
         idle=3.0,
@@ -1964,6 +1964,13 @@ def main(argv: list[str] | None = None) -> int:
         "default, this machine's rate)",
     )
     ap.add_argument(
+        "--shards-files",
+        type=int,
+        default=1500,
+        help="files each node stores in the shard comparison (at 500, a node's last group, "
+        "published at the end of its stores, is a third of its publishes)",
+    )
+    ap.add_argument(
         "--shards-repeats",
         type=int,
         default=3,
@@ -2022,6 +2029,7 @@ def main(argv: list[str] | None = None) -> int:
                 **run_shards(tmp, args, say),
                 "writeback_ms": args.shards_writeback_ms,
                 "dram": "1GiB",
+                "files_per_node": args.shards_files,
             }
     out["capacity"] = capacity(gen, daemons, args)
     out.update(headline(daemons, out["capacity"], args))

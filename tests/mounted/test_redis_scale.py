@@ -49,6 +49,8 @@ ARGS = [
     "1,3",
     "--shards-repeats",
     "1",
+    "--shards-files",
+    "40",
     "--json",
 ]
 
