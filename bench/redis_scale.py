@@ -1851,7 +1851,7 @@ def table(out: dict) -> None:
             print(f"  3 shards over 1: {sh['cpu_ratio_3_vs_1']}x the Redis CPU per stored file")
 
 
-def run_shards(tmp: Path, args, say) -> dict:
+def run_shards(args, say) -> dict:
     """The same nodes' stores with the catalog over 1 and over 3 Redis shards, side by side
     (bench/redis_shards.py's rounds: the files in 240 directories, a directory's files in its
     shard): each shard's share of the commands, Redis CPU per stored file in all of them;
@@ -1876,13 +1876,8 @@ def run_shards(tmp: Path, args, say) -> dict:
         writeback_ms=args.shards_writeback_ms,
         repeats=args.shards_repeats,
     )
-    rounds = []
-    for repeat in range(sargs.repeats):
-        for count in (int(x) for x in args.shards.split(",")):
-            d = tmp / f"shards{count}-{repeat}"
-            d.mkdir()
-            rounds.append({**redis_shards.run_round(d, count, sargs, say), "repeat": repeat})
-    return redis_shards.compare(rounds)
+    plan = [(int(x), None) for x in args.shards.split(",")]
+    return redis_shards.compare(redis_shards.run_rounds(plan, sargs, say))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -2026,7 +2021,7 @@ def main(argv: list[str] | None = None) -> int:
             out["generator"] = gen
         if args.shards and not args.no_daemons:
             out["shards"] = {
-                **run_shards(tmp, args, say),
+                **run_shards(args, say),
                 "writeback_ms": args.shards_writeback_ms,
                 "dram": "1GiB",
                 "files_per_node": args.shards_files,

@@ -293,19 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(f"[redis_shards] {msg}", file=sys.stderr, flush=True)
 
-    rounds = []
     plan = (
         [(1, f) for f in args.follow.split(",")]
         if args.follow
         else [(int(x), None) for x in args.shards.split(",")]
     )
-    for repeat in range(args.repeats):
-        for count, follow in plan:
-            tmp = Path(tempfile.mkdtemp(prefix=f"kvfs-shards{count}-"))
-            try:
-                rounds.append({**run_round(tmp, count, args, say, follow), "repeat": repeat})
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+    rounds = run_rounds(plan, args, say)
     out = {
         "nodes": args.nodes,
         "threads": args.threads,
@@ -344,6 +337,20 @@ def main(argv: list[str] | None = None) -> int:
         if "cpu_ratio_3_vs_1" in out:
             print(f"Redis CPU per stored file, 3 shards over 1: {out['cpu_ratio_3_vs_1']}x")
     return 0
+
+
+def run_rounds(plan: list[tuple[int, str | None]], args, say) -> list[dict]:
+    """Each round of `plan` ((shard count, follower source or None)), `args.repeats` times,
+    interleaved, each in a temporary directory of its own; each round says its `repeat`."""
+    rounds = []
+    for repeat in range(args.repeats):
+        for count, follow in plan:
+            tmp = Path(tempfile.mkdtemp(prefix=f"kvfs-shards{count}-"))
+            try:
+                rounds.append({**run_round(tmp, count, args, say, follow), "repeat": repeat})
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return rounds
 
 
 def compare(rounds: list[dict]) -> dict:
