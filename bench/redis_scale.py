@@ -117,6 +117,7 @@ from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # no
 from kvfs.cluster.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
+from testing.redis_sentinel import _ask  # noqa: E402
 from testing.redis_server import RedisServer, parse_info, read_reply  # noqa: E402
 
 MiB = 1 << 20
@@ -1014,7 +1015,8 @@ class VNode:
         self.region = int(got)
         self.tail = tail
         self.writers = [await RedisClient.connect(self.url) for _ in range(sp["conns"])]
-        self.follower = await RawConn.connect(sp["port"])
+        # (followers on a replica: `--gen-replica`, [cluster] follow_replicas)
+        self.follower = await RawConn.connect(sp.get("follow_port") or sp["port"])
         self.dkey = self.P + f"d:{sp['dir']}"
 
     def new_file(self) -> tuple[bytes, int, list]:
@@ -1485,10 +1487,14 @@ def run_generator(tmp: Path, args, say) -> dict:
         extra = ["--auto-aof-rewrite-percentage", "0"]
         if mode != "always":
             extra += ["--appendfsync", mode]
+        if args.gen_prefill:
+            extra += ["--enable-debug-command", "yes"]
         redis = RedisServer(tmp / f"gen-redis-{mode}", args=extra).start()
-        sync = None
+        sync = replica = None
         try:
             sync = Sync(redis.port)
+            if args.gen_prefill:
+                sync.call("DEBUG", "POPULATE", args.gen_prefill, "kvfs:prefill:", 100)
             got = sync.call("CONFIG", "GET", "appendfsync")
             if got[1].decode() != mode:
                 raise RuntimeError(f"redis-server runs with appendfsync {got[1]!r}, not {mode}")
@@ -1508,20 +1514,43 @@ def run_generator(tmp: Path, args, say) -> dict:
                 "durability": args.durability,
                 "seconds": args.gen_seconds,
             }
-            for nodes in counts:
-                for conns, depth in msteps:
-                    r = gen_step(redis, sync, base, nodes, conns, depth, args.gen_procs)
-                    r["appendfsync"] = mode
-                    out["runs"].append(r)
-                    say(
-                        f"generator ({mode}) {nodes} nodes {conns}x{depth}: "
-                        f"{r['files_per_s']:.0f} files/s, Redis main thread "
-                        f"{r['redis_cpu_main_share']:.0%} CPU + {r['redis_disk_wait_share']:.0%} "
-                        f"disk, generator {r['generator_cpu_share']:.0%}: limit {r['limit']}"
-                    )
+            plans = [(None, nodes, step) for nodes in counts for step in msteps]
+            if args.gen_replica and mode == "always":
+                # the followers on a replica of the master ([cluster] follow_replicas): the
+                # master's CPU per file is then the writers', its replication stream and the
+                # background, measured, not fitted; at the depths the model takes for 300 and
+                # 2,000 files/s (kvfs_depth), the step with the most connections
+                replica = RedisServer(
+                    tmp / "gen-redis-replica", args=["--replicaof", "127.0.0.1", str(redis.port)]
+                ).start()
+                wait_until(
+                    lambda: b"master_link_status:up" in _ask(replica.port, "INFO", "replication"),
+                    30,
+                    "the replica in sync",
+                )
+                depths = {kvfs_depth(args, 300), kvfs_depth(args, 2000)}
+                for d in sorted(depths):
+                    at = [st for st in msteps if st[1] == d]
+                    if at:
+                        plans += [(replica.port, nodes, max(at)) for nodes in counts]
+            for follow_port, nodes, (conns, depth) in plans:
+                spec = dict(base, follow_port=follow_port)
+                r = gen_step(redis, sync, spec, nodes, conns, depth, args.gen_procs)
+                r["appendfsync"] = mode
+                r["followers"] = "replica" if follow_port else "master"
+                out["runs"].append(r)
+                say(
+                    f"generator ({mode}) {nodes} nodes {conns}x{depth}"
+                    f"{', followers on a replica' if follow_port else ''}: "
+                    f"{r['files_per_s']:.0f} files/s, Redis main thread "
+                    f"{r['redis_cpu_main_share']:.0%} CPU + {r['redis_disk_wait_share']:.0%} "
+                    f"disk, generator {r['generator_cpu_share']:.0%}: limit {r['limit']}"
+                )
         finally:
             if sync is not None:
                 sync.close()
+            if replica is not None:
+                replica.stop()
             redis.stop()
     return out
 
@@ -1583,6 +1612,8 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
             for r in gen["runs"]:
                 if r["appendfsync"] != "always" or r["depth"] != depth or not r["files"]:
                     continue
+                if r.get("followers", "master") != "master":
+                    continue
                 if r["nodes"] not in best or r["files_per_s"] > best[r["nodes"]]["files_per_s"]:
                     best[r["nodes"]] = r
             return best
@@ -1594,6 +1625,7 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
         for r in gen["runs"]:
             if (
                 r["appendfsync"] == "always"
+                and r.get("followers", "master") == "master"
                 and r["files"]
                 and (r["nodes"] not in top or r["files_per_s"] > top[r["nodes"]]["files_per_s"])
             ):
@@ -1644,6 +1676,25 @@ def capacity(gen: dict | None, daemons: dict | None, args) -> dict:
                     "writer_ms_per_file": round(1000 * max(0.0, c1 - b * (n1 - 1)), 4),
                     "follower_ms_per_file_per_node": round(1000 * b, 4),
                     "fitted_on_nodes": [n1, n2],
+                }
+        # the followers on a replica (`--gen-replica`): the master's cost per file measured at
+        # each node count, fitted as above (its slope the part that still grows with the
+        # nodes: none is expected)
+        out["replica_followers_by_depth"] = {}
+        for d in sorted({r["depth"] for r in gen["runs"] if r.get("followers") == "replica"}):
+            pts = sorted(
+                (r["nodes"], r["cpu_main_s_per_1000_files"] / 1000)
+                for r in gen["runs"]
+                if r.get("followers") == "replica" and r["depth"] == d and r["files"]
+            )
+            if len(pts) >= 2:
+                (n1, c1), (n2, c2) = pts[0], pts[-1]
+                b = max(0.0, (c2 - c1) / (n2 - n1))
+                out["replica_followers_by_depth"][d] = {
+                    "master_ms_per_file": [round(1000 * c, 4) for _, c in pts],
+                    "writer_ms_per_file": round(1000 * max(0.0, c1 - b * (n1 - 1)), 4),
+                    "growth_ms_per_file_per_node": round(1000 * b, 4),
+                    "measured_on_nodes": [n for n, _ in pts],
                 }
         pts = sorted(best.items())
         if len(pts) >= 2:
@@ -1713,8 +1764,18 @@ def headline(daemons: dict | None, cap: dict, args) -> dict:
             b = model["follower_ms_per_file_per_node"] / 1000
             out[key] = nodes_carried(rate, a, b, bg)
             # ([cluster] follow_replicas) the followers' reads on replicas: the master pays
-            # the writers' part alone (and the background)
-            out[f"{key}_followers_on_replicas"] = nodes_carried(rate, a, 0.0, bg)
+            # the writers' part alone (and the background): measured with the followers on a
+            # replica where the generator ran so (its replication stream included), else the
+            # writers' part of the fit above
+            rep = cap.get("replica_followers_by_depth", {}).get(kvfs_depth(args, rate))
+            if rep is not None:
+                ra = rep["writer_ms_per_file"] / 1000
+                rb = rep["growth_ms_per_file_per_node"] / 1000
+                out[f"{key}_followers_on_replicas"] = nodes_carried(rate, ra, rb, bg)
+                out[f"{key}_followers_on_replicas_from"] = "measured"
+            else:
+                out[f"{key}_followers_on_replicas"] = nodes_carried(rate, a, 0.0, bg)
+                out[f"{key}_followers_on_replicas_from"] = "fitted"
         elif daemons is not None and daemons["cpu"]["saturation_files_per_s"]:
             out[key] = round(daemons["cpu"]["saturation_files_per_s"] / rate, 2)
     return out
@@ -1923,6 +1984,20 @@ def main(argv: list[str] | None = None) -> int:
         help="virtual node counts of the generator (default: --nodes,16)",
     )
     ap.add_argument("--gen-procs", type=int, default=2, help="generator processes")
+    ap.add_argument(
+        "--gen-prefill",
+        type=int,
+        default=0,
+        help="string keys put in the generator's Redis before its steps (DEBUG POPULATE): the "
+        "keyspace of a pool that holds files already",
+    )
+    ap.add_argument(
+        "--no-gen-replica",
+        dest="gen_replica",
+        action="store_false",
+        help="skip the generator's steps with the followers on a replica (the master's cost "
+        "per file under [cluster] follow_replicas, measured)",
+    )
     ap.add_argument(
         "--gen-steps",
         default=None,

@@ -97,13 +97,18 @@ def test_per_file_costs_are_plausible():
 
     assert s["cpu"]["cpu_main_s_per_1000_files"] > 0 and s["cpu"]["saturation_files_per_s"] > 0
     runs = out["generator"]["runs"]
-    assert [(r["nodes"], r["depth"]) for r in runs] == [
-        (2, 2),
-        (2, 16),
-        (2, 64),
-        (3, 2),
-        (3, 16),
-        (3, 64),
+    assert [(r["nodes"], r["depth"], r["followers"]) for r in runs] == [
+        (2, 2, "master"),
+        (2, 16, "master"),
+        (2, 64, "master"),
+        (3, 2, "master"),
+        (3, 16, "master"),
+        (3, 64, "master"),
+        # the followers on a replica, at the depths taken for 300 and 2,000 files/s
+        (2, 16, "replica"),
+        (3, 16, "replica"),
+        (2, 64, "replica"),
+        (3, 64, "replica"),
     ]
     for g in runs:
         assert g["files"] > 0 and g["followers_caught_up"], g
@@ -111,9 +116,16 @@ def test_per_file_costs_are_plausible():
         assert g["round_trips_per_file"]["writer"] == pytest.approx(1 / g["depth"], abs=0.01), g
         assert g["commands_per_file_by_name"].get("evalsha", 0) < 1, g
         assert g["sent_per_file"].get("follower", 0) < 1, g  # XREAD only: no record read back
+        # (followers on the replica: the master runs no XREAD)
+        master_xreads = g["commands_per_file_by_name"].get("xread", 0)
+        assert (master_xreads > 0) == (g["followers"] == "master"), g
     cap = out["capacity"]
     assert cap["model"]["nodes_carried"] >= 0 and "statement" in cap
     assert set(map(int, cap["model_by_depth"])) == {2, 16, 64}
+    # the master's cost per file with the followers on a replica: measured, not fitted
+    assert set(map(int, cap["replica_followers_by_depth"])) == {16, 64}
+    for rate in (300, 2000):
+        assert out[f"nodes_per_redis_at_{rate}_files_s_followers_on_replicas_from"] == "measured"
 
     # the headline figures (issue 46's targets), every node's work counted: the followers'
     # round trips from the nodes' own statistics agree with what the proxy saw of them
