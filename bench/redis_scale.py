@@ -57,14 +57,19 @@ Method, in one run (everything is set up here and torn down at the end, also on 
     waited on the disk (state D: the AOF fsync), the generator's CPU share, and what limited
     the rate.
     Repeated for each of --gen-nodes, and the last step with appendfsync everysec. If the
-    generator is the limit, the rate is a lower bound.
+    generator is the limit, the rate is a lower bound. Then (unless --no-gen-replica), at the
+    depths taken for 300 and 2,000 files/s, the same with every follower reading a replica of
+    the master (`[cluster] follow_replicas`): the master's CPU per file then holds the
+    writers, its replication stream and the background, measured at each node count.
  4. Capacity: a stored file costs Redis c(N) = a + b (N - 1) main-thread CPU-seconds with N
     nodes (the writer's part a; b for each node that follows the change), fitted to the
     generator's two node counts at their best step of kvfs's depth at that rate (`kvfs_depth`:
     1 with "close"; with "fsync" the write-back's batch, 16 files at 2,000 files/s and 2 at
     300 files/s); one Redis carries at --rate stored
     files/s per node the largest N with rate N c(N) + N idle <= 1 core (and <= --margin of it;
-    idle: the background per node per second of phase 1). The same with the main thread's
+    idle: the background per node per second of phase 1); `<key>_followers_on_replicas`
+    the same from the replica steps' cost per file (`_from`: "measured"; "fitted" where they
+    did not run: the writers' part a alone). The same with the main thread's
     time waiting for fsync added to its CPU time (`model_with_fsync_waits`). Also the plain
     figure, (saturation files/s at --nodes) / rate.
 
