@@ -85,6 +85,11 @@ def test_concurrent_writers_on_three_nodes_never_collide(cluster_nodes):
     for p in procs:
         assert p.wait(120) == 0
     names = [f"n{i}-{j}" for i in range(3) for j in range(14)]
+    # (a file fsync'd on another node is published when fsync returns; node 0 sees it once
+    # its follower has read the entry: a full run read n2-13 before it had)
+    wait_until(
+        lambda: all((ms[0].mountpoint / n).exists() for n in names), 10, "every file on node 0"
+    )
     extents = []
     for name in names:
         lay = layout(ms[0].mountpoint / name)
