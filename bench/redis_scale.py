@@ -151,7 +151,9 @@ class Sync:
         return read_reply(self.file)
 
     def info(self) -> dict:
-        return parse_info(self.call("INFO", "cpu", "stats", "commandstats", "persistence").decode())
+        return parse_info(
+            self.call("INFO", "cpu", "stats", "commandstats", "persistence", "memory").decode()
+        )
 
     def entries_added(self, key: str) -> int:
         flat = self.call("XINFO", "STREAM", key)
@@ -1458,6 +1460,11 @@ def gen_step(
         "cpu_main_s_per_1000_files": round(1000 * main / fl, 4),
         "cpu_s_per_1000_files": round(1000 * cpu / fl, 4),
         "busy_s_per_1000_files": round(1000 * (main_window + disk * wall) / max(1, files), 4),
+        # what Redis holds more per stored file: its records and its share of the change
+        # log's entries (the log is capped at LOG_MAXLEN entries, which these steps never reach)
+        "redis_memory_bytes_per_file": round(
+            (int(s1.get("used_memory", 0)) - int(s0.get("used_memory", 0))) / fl
+        ),
         "commands_per_file": round(sum(cmds.values()) / fl, 3),
         "commands_per_file_by_name": {
             k: round(v / fl, 3) for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])

@@ -1718,7 +1718,7 @@ class Torture:
     def check_extents(self, inst: Instance, fig: Figures) -> None:
         """(failover) No stripe unit claimed by two block records in the master's catalog:
         space handed out twice across a failover would show here."""
-        from kvfs.catalog.redis.codec import pairs, parse_blob
+        from kvfs.catalog.redis.codec import parse_blob, record
         from testing.redis_sentinel import _ask
 
         port, prefix = self.redis_port, f"kvfs:{{{inst.name}}}:"
@@ -1730,7 +1730,7 @@ class Torture:
                 break
         units = []
         for k in keys:
-            h = pairs(_ask(port, "HGETALL", k))
+            h = record(_ask(port, "HGETALL", k))
             if h:
                 rec = parse_blob(int(k.rsplit(b":", 1)[1]), h)
                 units += [(e.ns, e.offset, e.end, rec.id) for e in rec.layout.unit_extents()]

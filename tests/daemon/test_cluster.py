@@ -1309,8 +1309,8 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
         old = a.files.catalog.get(a.ino("/f")).blob
         fired = []
 
-        async def hgetall_then_changes(self, conn, keys):
-            out = await orig(self, conn, keys)
+        async def hgetall_then_changes(self, conn, keys, *parse):
+            out = await orig(self, conn, keys, *parse)
             if not fired and keys and bytes(keys[0]).startswith(self.redis.key("n", "").encode()):
                 fired.append(True)  # the files are read: now a changes
                 await put(a, "/f", data(2, MiB))
@@ -1586,3 +1586,69 @@ def test_an_older_record_replayed_after_a_local_commit_does_not_stay(cluster_con
         assert await a.read("/f") == data(3, 7000)
 
     run_cluster(cluster_configs(2), body)
+
+
+def test_a_removed_xattr_stays_removed_on_a_packed_file_and_a_schema_1_pool_waits_for_upgrade(
+    cluster_configs,
+):
+    """The publish script stores a new file packed (schema 2: kvfs.catalog.redis.codec); an
+    xattr set and then removed on it must not come back from the packed copy when another
+    node reads the file from Redis. A pool whose meta says schema 1 (an older kvfs wrote it,
+    field by field) is refused with the upgrade's command, and after it its records, packed
+    or not, read as they are."""
+    import contextlib
+
+    from kvfs.catalog.redis.codec import pairs, record
+    from kvfs.config import load
+    from kvfs.errors import StartupError
+    from kvfs.knobs import Knobs
+    from kvfs.service import open_layers
+    from testing.redis_sentinel import _ask
+
+    cfgs = cluster_configs(2)
+    ports = {}
+    payload_f, payload_g = data(1, MiB), data(2, 300_000)
+
+    async def write(a):
+        await put(a, "/f", payload_f)
+        await put(a, "/g", payload_g)
+        ino = a.ino("/f")
+        await a.files.setxattr(ino, b"user.tag", b"v1")
+        await a.files.removexattr(ino, b"user.tag")
+        await a.files.setxattr(ino, b"user.kept", b"v2")
+        ports["f"], ports["g"] = ino, a.ino("/g")
+        # an xattr set before the file's first publish goes with it; removed after
+        await a.write("/h", b"h")
+        await a.files.setxattr(a.ino("/h"), b"user.tag", b"v1")
+        await a.sync()
+        await a.files.removexattr(a.ino("/h"), b"user.tag")
+        ports["bg"] = a.files.catalog.get(ports["g"]).blob.id
+
+    run_cluster(cfgs[:1], write)
+    cfg = load(cfgs[1])
+    port = int(cfg.cluster.redis.rsplit(":", 1)[1].split("/")[0])
+    P = f"kvfs:{{{cfg.cluster.name}}}:"
+    assert b"*" in pairs(_ask(port, "HGETALL", f"{P}n:{ports['f']}"))
+    # /g as schema 1 wrote it: field by field
+    for key in (f"{P}n:{ports['g']}", f"{P}b:{ports['bg']}"):
+        fields = record(_ask(port, "HGETALL", key))
+        _ask(port, "DEL", key)
+        _ask(port, "HSET", key, *(x for kv in fields.items() for x in kv))
+    _ask(port, "HSET", P + "meta", "schema", "1")
+
+    async def start_b():
+        async with contextlib.AsyncExitStack() as stack:
+            await open_layers(cfg, Knobs.from_config(cfg), stack)
+
+    with pytest.raises(StartupError, match=r"schema 1.*redis-cli HSET .*meta' schema 2"):
+        trio.run(start_b)
+    _ask(port, "HSET", P + "meta", "schema", "2")
+
+    async def read(b):
+        assert await b.read("/f") == payload_f
+        assert await b.read("/g") == payload_g
+        xattrs = b.files.catalog.get(b.ino("/f")).xattrs
+        assert xattrs == {b"user.kept": b"v2"}
+        assert b.files.catalog.get(b.ino("/h")).xattrs == {}
+
+    run_cluster(cfgs[1:], read)

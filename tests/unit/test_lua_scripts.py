@@ -48,8 +48,10 @@ def test_leases_acquire_renew_release_against_redis(redis):
 
 def test_a_publish_entry_carries_exactly_the_records_it_stored(redis):
     """PUBLISH's change-log entry carries each record packed in one field (codec.pack): what
-    the followers install must be exactly what Redis stored, a new file's whole node hash
-    and block record, a new version's changed fields."""
+    the followers install must be exactly what Redis stored (read back as `record` expands
+    it), a new file's whole node hash and block record, a new version's changed fields. A new
+    file is stored packed, unless it has xattrs (stored field by field: removexattr deletes
+    one), and a field set later overrides its packed value."""
     import stat
 
     from kvfs.catalog.base import BlobRec, Node
@@ -58,6 +60,7 @@ def test_a_publish_entry_carries_exactly_the_records_it_stored(redis):
         node_fields,
         pairs,
         parse_entry,
+        record,
         publish_args,
         score_fields,
     )
@@ -88,18 +91,35 @@ def test_a_publish_entry_carries_exactly_the_records_it_stored(redis):
                 return {(tag, key): f for tag, key, f in parse_entry(flat)[1]}
 
             got = await publish(b"new", rec, node_fields(node))
-            assert got[(b"@n", b"77")] == pairs(await r.call("HGETALL", P + "n:77"))
-            assert got[(b"@b", b"501")] == pairs(await r.call("HGETALL", P + "b:501"))
+            stored = pairs(await r.call("HGETALL", P + "n:77"))
+            assert b"*" not in stored and got[(b"@n", b"77")] == stored  # (it has an xattr)
+            assert got[(b"@b", b"501")] == record(await r.call("HGETALL", P + "b:501"))
+            assert list(pairs(await r.call("HGETALL", P + "b:501"))) == [b"*"]
             assert got[(b"@n", b"77")][b"x:user.k"] == b"\x00binary\r\n"
 
             rec2 = BlobRec(502, lay, 9)
             changed = [b"b", 502, b"t", 11, b"k", 11, *score_fields(node)]
             got = await publish(b"old", rec2, changed)
-            now = pairs(await r.call("HGETALL", P + "n:77"))
+            now = record(await r.call("HGETALL", P + "n:77"))
             update = got[(b"@u", b"77")]
             assert update == {k: now[k] for k in update} and update[b"b"] == b"502"
-            assert got[(b"@b", b"502")] == pairs(await r.call("HGETALL", P + "b:502"))
+            assert got[(b"@b", b"502")] == record(await r.call("HGETALL", P + "b:502"))
             assert await r.call("ZSCORE", P + "prio", 77) == repr(node.prio).encode()
+
+            # a new file without xattrs: packed; what is set or removed later goes over it
+            node.ino, node.name, node.xattrs = 78, b"plain", {}
+            rec3 = BlobRec(503, lay, 10)
+            node.blob = rec3
+            got = await publish(b"new", rec3, node_fields(node))
+            stored = pairs(await r.call("HGETALL", P + "n:78"))
+            assert sorted(stored) == [b"*", b"b", b"n", b"p"]
+            assert got[(b"@n", b"78")] == record(await r.call("HGETALL", P + "n:78"))
+            update = [b"9", 78, 2, b"m", 0o600, b"x:user.a", b"v"]
+            await r.eval(SCRIPTS.update, [P], update)
+            h = record(await r.call("HGETALL", P + "n:78"))
+            assert int(h[b"m"]) == 0o600 and h[b"x:user.a"] == b"v" and h[b"t"] == b"6"
+            await r.eval(SCRIPTS.update, [P], [b"9", 78, 0, b"x:user.a"])
+            assert b"x:user.a" not in record(await r.call("HGETALL", P + "n:78"))
         finally:
             await r.aclose()
 

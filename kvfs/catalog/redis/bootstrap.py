@@ -25,7 +25,9 @@ from kvfs.pool.pool import Pool
 
 log = logging.getLogger("kvfs.catalog")
 
-SCHEMA_VERSION = "1"
+# 2: the publish script stores a new file's node and its block packed (kvfs.catalog.redis.codec).
+# This kvfs reads schema 1's records as they are; a kvfs that knows only 1 cannot read 2's.
+SCHEMA_VERSION = "2"
 EPOCH_SHIFT = 32  # inode, cookie and block ids: (node epoch << 32) | counter
 SCAN_BATCH = 500
 INIT_LOCK_SECONDS = 120
@@ -140,6 +142,14 @@ async def scan(conn, pattern: str) -> list[bytes]:
 
 def _check_meta(meta: dict, link: ClusterLink, shard: int, shards: int) -> None:
     """A shard's meta hash against this node's configuration."""
+    if meta.get(b"schema") == b"1":
+        raise StartupError(
+            f"cluster: Redis at {link.where} holds a kvfs catalog of schema 1, written by an "
+            f"older kvfs, which cannot read the records this one writes (schema "
+            f"{SCHEMA_VERSION}). Once no node of the pool runs the older kvfs, upgrade it: "
+            f"`redis-cli HSET '{link.prefix}meta' schema {SCHEMA_VERSION}` on every shard "
+            f"(its records are read as they are)"
+        )
     if meta.get(b"schema") != SCHEMA_VERSION.encode():
         raise StartupError(
             f"cluster: Redis holds kvfs catalog schema {meta.get(b'schema')!r}; "

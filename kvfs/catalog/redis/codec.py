@@ -6,6 +6,10 @@ Node `n:<ino>`:  p parent · n name · c readdir cookie · m mode · u uid · g 
                  r priority and q uses in the pool's order (pool.evict = "prefix")
 Block `b:<id>`:  z size · u stripe unit · N namespaces · O offsets · S checksums (packed arrays,
                  see Layout.pack) · c created_ns · i the inode it was committed for
+Packed (schema 2): the publish script stores a block's fields as its hash's one field `*`
+                 (`pack`), and a new file's as `*` beside `p`, `n` and `b` (which the scripts
+                 read); a field set later is stored on its own and overrides the packed one
+                 (`record`). Directories, symlinks and xattrs are stored field by field.
 Directory `d:<ino>`: name -> child inode.   Chains `l:<ino>`: successor -> "source weight".
 Change log `log` entries: o origin epoch · i inodes changed · r blocks retired (in the grave) ·
                  g blocks purged; then the records a publish (or the links script)
@@ -123,11 +127,30 @@ def publish_args(
     blob: list,
     fields: list,
 ) -> list:
-    """One file's arguments to the PUBLISH script (kvfs/catalog/redis/lua/publish.lua)."""
+    """One file's arguments to the PUBLISH script (kvfs/catalog/redis/lua/publish.lua): the
+    block record and the node's fields packed, and the node's fields one by one where they
+    must be stored so (a new version's changed fields; a new file's xattrs, which
+    `removexattr` deletes one by one: a packed field cannot be deleted)."""
+    single = kind != b"new" or any(k[:2] == b"x:" for k in fields[::2])
+    each = fields if single else []
     return [
         *(ino, parent, name, kind, regions, bid, ghost, b"" if prio is None else repr(prio)),
-        *(len(blob) // 2, len(fields) // 2, pack(blob), pack(fields), *blob, *fields),
+        *(pack(blob), pack(fields), len(each) // 2, *each),
     ]
+
+
+def record(flat: list | None) -> dict[bytes, bytes]:
+    """A node's or a block's HGETALL reply as a dict: its packed fields (`*`, written by the
+    publish script) expanded, and the fields stored one by one over them (set since: they are
+    newer). A record written field by field (a directory, a symlink, a catalog of schema 1)
+    has no `*`."""
+    h = pairs(flat)
+    packed = h.pop(b"*", None)
+    if packed is None:
+        return h
+    out = unpack(packed)
+    out.update(h)
+    return out
 
 
 def pairs(flat: list | None) -> dict[bytes, bytes]:

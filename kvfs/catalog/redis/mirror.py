@@ -26,6 +26,7 @@ from kvfs.catalog.redis.follower import FOLLOW_PACE_SECONDS, Following, Shard
 from kvfs.catalog.redis.shards import shard_of
 from kvfs.catalog.redis.codec import (
     pairs,
+    record,
     parse_blob,
     parse_node,
 )
@@ -179,11 +180,13 @@ class RedisMirror(Following, TreeCatalog):
                 return True
         return False
 
-    async def _hgetall(self, conn, keys: list[bytes]) -> list[dict[bytes, bytes]]:
+    async def _hgetall(self, conn, keys: list[bytes], parse=record) -> list[dict[bytes, bytes]]:
+        """The hashes at `keys`, each parsed: a node's or block's record (`record`: its packed
+        fields expanded), or a plain hash (`pairs`)."""
         out = []
         for i in range(0, len(keys), SCAN_BATCH):
             replies = await conn.pipeline([("HGETALL", k) for k in keys[i : i + SCAN_BATCH]])
-            out += [pairs(r) for r in replies]
+            out += [parse(r) for r in replies]
         return out
 
     async def _load_snapshot(
@@ -213,7 +216,7 @@ class RedisMirror(Following, TreeCatalog):
             bhashes = await self._hgetall(c, bkeys)
             grave_ids |= {int(x) for x in await c.call("ZRANGE", sh.link.key("grave"), 0, -1)}
             lkeys = await scan(c, sh.link.key("l:*"))
-            lhashes = await self._hgetall(c, lkeys)
+            lhashes = await self._hgetall(c, lkeys, pairs)
             for k, h in zip(bkeys, bhashes):
                 if h:
                     bid = int(k[plen + 2 :])
@@ -330,7 +333,7 @@ class RedisMirror(Following, TreeCatalog):
     ) -> dict[int, dict[bytes, bytes]]:
         keys = (sh or self.shards[0]).link
         replies = await conn.pipeline([("HGETALL", keys.key("n", i)) for i in inos])
-        return {i: pairs(r) for i, r in zip(inos, replies)}
+        return {i: record(r) for i, r in zip(inos, replies)}
 
     async def _fetch_elsewhere(self, conn, dirs: list[int], sh: Shard) -> dict[int, dict]:
         """Directories whose entries are in shard `sh` and whose records are not: their
@@ -446,7 +449,7 @@ class RedisMirror(Following, TreeCatalog):
             replies = await c.pipeline([("HGETALL", sh.link.key("b", b)) for b in need])
             for b, r in zip(need, replies):
                 if r:
-                    blobs[b] = parse_blob(b, pairs(r))
+                    blobs[b] = parse_blob(b, record(r))
         return states, blobs
 
     def _known_blob(self, bid: int, blobs: dict[int, BlobRec]) -> BlobRec | None:
