@@ -114,6 +114,7 @@ from kvfs.catalog.redis.codec import (  # noqa: E402
     publish_args,
     stream_id,
 )
+from kvfs.catalog.redis.flushes import PER_CALL as LINKS_PER_CALL  # noqa: E402
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
 from kvfs.catalog.tree import LINK_WRITE  # noqa: E402
 from kvfs.write.writeback import GROUP_FILES  # noqa: E402
@@ -1166,10 +1167,13 @@ class VNode:
                 self.caught_up.set()
 
     async def flush_links(self) -> None:
-        """kvfs.service's flush (every 5 s): the chain links learned, in one links script."""
-        if self.links:
-            args, self.links = self.links, []
-            await self.bg.eval(SCRIPTS.links, [self.P], [self.epoch, "1", *args])
+        """kvfs.service's flush (every 5 s): the chain links learned, PER_CALL a links script
+        call (kvfs.catalog.redis.flushes)."""
+        args, self.links = self.links, []
+        for i in range(0, len(args), 4 * LINKS_PER_CALL):
+            await self.bg.eval(
+                SCRIPTS.links, [self.P], [self.epoch, "1", *args[i : i + 4 * LINKS_PER_CALL]]
+            )
             self.rt["background"] += 1
             self.cmds["background"] += 1
 
@@ -1577,8 +1581,10 @@ def kvfs_depth(args, rate: float) -> int:
     was closed within `writeback_ms` up to BATCH_FILES files and BATCH_BYTES bytes a batch,
     and in a shared pool batches started early by their bytes together, up to GROUP_FILES
     (kvfs/write/writeback.py): at 300 files/s, LMCache's 32 MiB chunks, 2 files a batch (the
-    bytes cap) and about 30 a publish (those closed within 100 ms), taken as 16 (a depth the
-    generator's default steps measure, and a lower bound); at 2,000 files/s, 200 closed
+    bytes cap) and 27 a publish: the group goes when its oldest file has waited
+    `writeback_ms` (100 ms) since its close, and holds the batches written by then, those
+    closed in the first 91 ms (a batch's 64 MiB take 9 ms on a 7 GB/s drive); the default
+    steps measure that depth (16 was taken before); at 2,000 files/s, 200 closed
     within 100 ms, a batch starts at BATCH_FILES (64) files or, of 2 MiB blocks, at 32, and
     the group publishes GROUP_FILES (64) at a time. `--depth-at-300 2` gives the figure
     before the grouping (c740a0e)."""
@@ -2014,7 +2020,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gen-steps",
         default=None,
         help="CxD: connections per virtual node x files per round trip (default: "
-        '"1x1,4x1,16x1,16x16" with close, "1x2,4x2,1x16,4x16,4x64" with fsync)',
+        '"1x1,4x1,16x1,16x16" with close, "1x2,4x2,1x16,4x16,4x27,4x64" with fsync)',
     )
     ap.add_argument("--gen-seconds", type=float, default=3.0, help="seconds per generator step")
     ap.add_argument("--no-everysec", action="store_true", help="skip the appendfsync everysec run")
@@ -2025,9 +2031,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--depth-at-300",
         type=int,
-        default=16,
+        default=27,
         help="files per publish taken for a node storing 300 files/s (LMCache's 32 MiB chunks: "
-        "the write-back's group, about 30; 2 before c740a0e)",
+        "the write-back's group, kvfs_depth: 27; 2 before c740a0e; 16 taken before 2026-12-05)",
     )
     ap.add_argument(
         "--shards",
@@ -2064,7 +2070,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--nodes must be 1-16")
     if args.gen_steps is None:
         args.gen_steps = (
-            "1x1,4x1,16x1,16x16" if args.durability == "close" else "1x2,4x2,1x16,4x16,4x64"
+            "1x1,4x1,16x1,16x16" if args.durability == "close" else "1x2,4x2,1x16,4x16,4x27,4x64"
         )
     if args.gen_nodes is None:
         args.gen_nodes = f"{args.nodes},16" if args.nodes < 16 else "8,16"

@@ -1443,6 +1443,48 @@ def test_chain_links_reach_the_other_node_as_records_and_keep_the_strongest_eigh
     run_cluster(cluster_configs(2), body)
 
 
+def test_links_go_a_few_hundred_a_call_and_a_failed_call_sends_only_what_it_had_left(
+    cluster_configs, monkeypatch
+):
+    """flush_links sends at most PER_CALL links a script call (Redis runs one script at a
+    time: one call of 5 s of links would stall every node); when a call fails, the links of
+    the calls already run are not sent again (their weights would add up twice)."""
+    import kvfs.catalog.redis.flushes as flushes
+    from kvfs.catalog.redis.scripts import SCRIPTS
+    from kvfs.catalog.tree import LINK_WRITE
+    from kvfs.cluster.resp import RedisClient, RedisUnavailable
+
+    monkeypatch.setattr(flushes, "PER_CALL", 3)
+    real = RedisClient.eval
+    calls = []
+
+    async def eval_failing_the_second_links_call(self, script, keys, args, **kw):
+        if script == SCRIPTS.links:
+            calls.append(len(args) // 4)
+            if len(calls) == 2:
+                raise RedisUnavailable("lost the connection to Redis (before the script ran)")
+        return await real(self, script, keys, args, **kw)
+
+    async def body(a):
+        for i in range(9):
+            await put(a, f"/c{i}", b"c" * 4096)
+        ino = [a.ino(f"/c{i}") for i in range(9)]
+        cat = a.svc.catalog
+        cat._link_delta.clear()  # (what the writes learned: only the links below count)
+        for i in range(8):
+            cat.link(ino[i], ino[i + 1], LINK_WRITE, 1.0)
+        monkeypatch.setattr(RedisClient, "eval", eval_failing_the_second_links_call)
+        with pytest.raises(KvfsError):
+            await cat.flush_links()
+        assert await cat.flush_links() == 5
+        assert calls == [3, 3, 3, 2]
+        for i in range(8):
+            got = await cat.redis.call("HGET", cat.redis.key("l", ino[i]), ino[i + 1])
+            assert got == f"{LINK_WRITE} 1".encode(), i
+
+    run_cluster(cluster_configs(1), body)
+
+
 def test_a_write_back_batch_rides_out_a_redis_outage(cluster_configs, redis):
     """Durability "fsync": a batch whose publish Redis could not run (Redis down: a restart, a
     failover) is sent again once Redis is back, within PUBLISH_PATIENCE; the fsync waiting for

@@ -41,7 +41,7 @@ ARGS = [
     "--gen-nodes",
     "2,3",
     "--gen-steps",
-    "1x2,1x16,1x64",
+    "1x2,1x16,1x27,1x64",
     "--gen-seconds",
     "1",
     "--no-everysec",
@@ -100,13 +100,15 @@ def test_per_file_costs_are_plausible():
     assert [(r["nodes"], r["depth"], r["followers"]) for r in runs] == [
         (2, 2, "master"),
         (2, 16, "master"),
+        (2, 27, "master"),
         (2, 64, "master"),
         (3, 2, "master"),
         (3, 16, "master"),
+        (3, 27, "master"),
         (3, 64, "master"),
         # the followers on a replica, at the depths taken for 300 and 2,000 files/s
-        (2, 16, "replica"),
-        (3, 16, "replica"),
+        (2, 27, "replica"),
+        (3, 27, "replica"),
         (2, 64, "replica"),
         (3, 64, "replica"),
     ]
@@ -115,15 +117,16 @@ def test_per_file_costs_are_plausible():
         # the replay sends what a node's write-back sends: one publish of D files
         assert g["round_trips_per_file"]["writer"] == pytest.approx(1 / g["depth"], abs=0.01), g
         assert g["commands_per_file_by_name"].get("evalsha", 0) < 1, g
+        assert g["redis_memory_bytes_per_file"] > 0, g  # its records (packed) and log entry
         assert g["sent_per_file"].get("follower", 0) < 1, g  # XREAD only: no record read back
         # (followers on the replica: the master runs no XREAD)
         master_xreads = g["commands_per_file_by_name"].get("xread", 0)
         assert (master_xreads > 0) == (g["followers"] == "master"), g
     cap = out["capacity"]
     assert cap["model"]["nodes_carried"] >= 0 and "statement" in cap
-    assert set(map(int, cap["model_by_depth"])) == {2, 16, 64}
+    assert set(map(int, cap["model_by_depth"])) == {2, 16, 27, 64}
     # the master's cost per file with the followers on a replica: measured, not fitted
-    assert set(map(int, cap["replica_followers_by_depth"])) == {16, 64}
+    assert set(map(int, cap["replica_followers_by_depth"])) == {27, 64}
     for rate in (300, 2000):
         assert out[f"nodes_per_redis_at_{rate}_files_s_followers_on_replicas_from"] == "measured"
 
