@@ -116,7 +116,6 @@ from kvfs.catalog.redis.codec import (  # noqa: E402
 )
 from kvfs.catalog.redis.flushes import PER_CALL as LINKS_PER_CALL  # noqa: E402
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
-from kvfs.catalog.tree import LINK_WRITE  # noqa: E402
 from kvfs.write.writeback import GROUP_FILES  # noqa: E402
 from kvfs.config import DEFAULT_STRIPE_UNIT  # noqa: E402
 from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E402
@@ -1045,9 +1044,9 @@ class VNode:
             tuple(hash((ino, k)) & ((1 << 64) - 1) for k in range(nu)),
         )
         rec = BlobRec(ino, lay, now)  # the generator's block ids are its inodes
-        if self.prev is not None:  # kvfs.tiers.readahead: a writer's files form a chain
-            self.links += [self.prev, ino, LINK_WRITE, 1.0]
-        self.prev = ino
+        # kvfs.tiers.readahead: a writer's files form a chain; each new file's link from its
+        # predecessor goes in its own record (`w`, RedisMirror._write_link), not in a links call
+        wpred, self.prev = self.prev, ino
         node = Node(
             ino,
             sp["dir"],
@@ -1064,7 +1063,7 @@ class VNode:
         if sp["evict"] == "prefix":
             node.prio, node.uses = 0.5 + (self.counter % 1000) * 1e-6, 1
         blob = blob_fields(rec, ino)
-        fields = node_fields(node)
+        fields = node_fields(node) + ([b"w", wpred] if wpred is not None else [])
         ghost = ghost_key(sp["dir"], name) if sp["evict"] == "prefix" else ""
         args = publish_args(
             *(ino, sp["dir"], name, b"new", str(self.region), ino, ghost, node.prio),

@@ -395,6 +395,8 @@ class RedisCatalog(Flushes, RedisMirror):
                 ]
             else:
                 kind, fields = b"new", node_fields(node)
+                if node.ino in self._wpred:  # its writer's previous file (mirror._write_link)
+                    fields += [b"w", self._wpred[node.ino]]
             args += publish_args(
                 *(node.ino, node.parent, node.name, kind, self._regions_of(layout), rec.id),
                 ghost_key(node.parent, node.name) if ghost else b"",

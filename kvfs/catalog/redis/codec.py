@@ -3,7 +3,9 @@
 Node `n:<ino>`:  p parent · n name · c readdir cookie · m mode · u uid · g gid · a atime_ns ·
                  t mtime_ns · k ctime_ns · d (present: a directory) · s symlink target ·
                  b block id (a file's committed version) · x:<name> a user.* xattr ·
-                 r priority and q uses in the pool's order (pool.evict = "prefix")
+                 r priority and q uses in the pool's order (pool.evict = "prefix") ·
+                 w the file its writer wrote before it (a chain's write link, carried with
+                 the file's first publish; "0": removed since: RedisMirror._write_link)
 Block `b:<id>`:  z size · u stripe unit · N namespaces · O offsets · S checksums (packed arrays,
                  see Layout.pack) · c created_ns · i the inode it was committed for
 Packed (schema 2): the publish script stores a block's fields as its hash's one field `*`

@@ -7,6 +7,7 @@ prefix-chain links its readahead learned (merged with every node's). A mixin of 
 from __future__ import annotations
 
 from kvfs.catalog.redis.scripts import SCRIPTS
+from kvfs.catalog.tree import LINK_WRITE
 from kvfs.errors import KvfsError
 
 # Entries per script call: Redis runs one script at a time, so a call of every link a node
@@ -52,6 +53,20 @@ class Flushes:
         after = self.successors.get(pred, {}).get(succ)
         if after is None or after == before:
             return
+        s = self.nodes.get(succ)
+        if (
+            source == LINK_WRITE
+            and weight == 1.0
+            and before is None
+            and s is not None
+            and not s.persisted
+            and (pred, succ) not in self._link_delta
+        ):
+            # a new file's link from its writer's previous file goes with the file's first
+            # publish, in its record (`w`): no key and no links call of its own (a third of a
+            # stored file's cost in Redis, docs/cluster.md)
+            self._write_link(succ, {b"w": str(pred).encode()})
+            return
         d = self._link_delta.get((pred, succ))
         if d is None or source > d[0]:
             self._link_delta[(pred, succ)] = [source, weight]
@@ -61,10 +76,22 @@ class Flushes:
     def unlink_chain(self, pred: int, succ: int) -> None:
         super().unlink_chain(pred, succ)
         self._link_delta[(pred, succ)] = [0, None]
+        if self._wpred.get(succ) == pred:  # carried in succ's record: "w" 0 goes there
+            self._write_link(succ, {b"w": b"0"})
+            self._unwritten.add(succ)
 
     async def flush_links(self) -> int:
         """Merge the links learned here into Redis (weights add up across nodes)."""
         self._dirty_links.clear()
+        unwritten, self._unwritten = self._unwritten, set()
+        for succ in unwritten:
+            node = self.nodes.get(succ)
+            if node is not None and node.persisted and node.linked:
+                try:
+                    await self._update(node, [b"w", 0])
+                except KvfsError:
+                    self._unwritten.add(succ)
+                    raise
         deltas, self._link_delta = self._link_delta, {}
         # per shard of the predecessor's record, and whether the successor's is there too
         groups: dict[tuple[int, bool], list] = {}

@@ -30,7 +30,7 @@ from kvfs.catalog.redis.codec import (
     parse_blob,
     parse_node,
 )
-from kvfs.catalog.tree import TreeCatalog, _now
+from kvfs.catalog.tree import LINK_WRITE, MAX_SUCCESSORS, TreeCatalog, _now, merge_link
 from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError
@@ -84,6 +84,11 @@ class RedisMirror(Following, TreeCatalog):
         self.catalog_lost = False  # Redis came back without this pool's catalog
         self._progress = trio.Event()
         self._link_delta: dict[tuple[int, int], list] = {}
+        # write links carried in the successors' records (field `w`: the file its writer wrote
+        # before it, kvfs.tiers.readahead): predecessor -> those successors, and back
+        self._wsuccs: dict[int, set[int]] = {}
+        self._wpred: dict[int, int] = {}
+        self._unwritten: set[int] = set()  # their `w` removed here, not yet in Redis
         # a reload and the followers' batches are applied one at a time; a batch read before
         # a reload is dropped (the reload's tails are before it)
         self._apply_lock = trio.Lock()
@@ -268,8 +273,57 @@ class RedisMirror(Following, TreeCatalog):
             )
         except StartupError as e:
             raise StartupError(f"cluster: {e}") from None
+        for ino, h in states.items():
+            self._write_link(ino, h)
         for pred, h in links.items():
             self._set_links(pred, h)
+        for pred in self._wsuccs:
+            if pred not in links:
+                self._set_links(pred, {})
+
+    def _write_link(self, ino: int, h: dict[bytes, bytes]) -> bool:
+        """Index the write link a file's record carries (`w`: its predecessor; "0": none any
+        more, `unlink_chain`; absent: unchanged). Returns whether it changed."""
+        w = h.get(b"w")
+        if w is None:
+            return False
+        pred, old = int(w), self._wpred.get(ino)
+        if pred == old or (pred == 0 and old is None):
+            return False
+        if old is not None:
+            self._wsuccs.get(old, set()).discard(ino)
+            del self._wpred[ino]
+            out = self.successors.get(old)
+            if out and out.get(ino, [0])[0] == LINK_WRITE:
+                del out[ino]
+                self.predecessors.get(ino, set()).discard(old)
+        if pred:
+            self._wpred[ino] = pred
+            self._wsuccs.setdefault(pred, set()).add(ino)
+        return True
+
+    def _forget_links(self, ino: int) -> None:
+        super()._forget_links(ino)
+        pred = self._wpred.pop(ino, None)
+        if pred is not None:
+            self._wsuccs.get(pred, set()).discard(ino)
+        self._wsuccs.pop(ino, None)
+
+    def _merge_write_links(self, pred: int, succs) -> None:
+        """Write links from `pred` to `succs` (carried in their records) into the mirror's
+        chains, as `link` would learn them (the strongest MAX_SUCCESSORS kept)."""
+        if pred not in self.nodes:
+            return
+        out = self.successors.setdefault(pred, {})
+        for succ in list(succs):
+            if succ in self.nodes and succ not in out:
+                changed, weakest = merge_link(out, succ, LINK_WRITE, 1.0)
+                if changed:
+                    self.predecessors.setdefault(succ, set()).add(pred)
+                if weakest is not None:
+                    self.predecessors.get(weakest, set()).discard(pred)
+        if not out:
+            del self.successors[pred]
 
     def _set_links(self, pred: int, h: dict[bytes, bytes]) -> None:
         for succ in list(self.successors.get(pred, {})):
@@ -289,6 +343,14 @@ class RedisMirror(Following, TreeCatalog):
                 elif src == cur[0]:
                     cur[1] += delta
                 self.predecessors.setdefault(succ, set()).add(pred)
+        for succ in self._wsuccs.get(pred, ()):  # carried in the successors' records
+            if pred in self.nodes and succ in self.nodes and succ not in out:
+                out[succ] = [LINK_WRITE, 1.0]
+                self.predecessors.setdefault(succ, set()).add(pred)
+        while len(out) > MAX_SUCCESSORS:  # (Redis keeps its own links to 8: not these)
+            weakest = min(out, key=lambda s: (out[s][0], out[s][1]))
+            del out[weakest]
+            self.predecessors.get(weakest, set()).discard(pred)
         if out:
             self.successors[pred] = out
         else:
@@ -553,6 +615,10 @@ class RedisMirror(Following, TreeCatalog):
                 self.space.use(rec)
             if old is not None and self.space.known(old.id):
                 leaving.append(old)
+        if self._write_link(ino, h) and ino in self._wpred:  # it follows its writer's last
+            self._merge_write_links(self._wpred[ino], (ino,))
+        if new and ino in self._wsuccs:  # files that follow it came first
+            self._merge_write_links(ino, self._wsuccs[ino])
         if new:
             self._notify("new", node, None, node.parent, node.name)
         else:
