@@ -47,8 +47,9 @@ Method, in one run (everything is set up here and torn down at the end, also on 
     "prefix"), and the create's lookup of a new name is answered by the mirror; with "close"
     each file costs an HGET of its name (the create's lookup, a miss) and an EVALSHA publish
     of it alone (D files pipelined per round trip, which kvfs does not do: its shape is D = 1).
-    Each writes the chain link to its previous file (the links script every 5 s and at the
-    step's end). Every other virtual node follows the change log as kvfs's follower does (XREAD
+    Each new file carries the chain link from its writer's previous file in its record (`w`,
+    as kvfs publishes it; the links script, every 5 s, then has nothing of the writers' to
+    send). Every other virtual node follows the change log as kvfs's follower does (XREAD
     COUNT 512 BLOCK 1000; a publish's entry carries its records, so nothing of it is read
     back, nor of the links script's, which carries the chains it changed; what other entries
     name is read with HGETALL, as RedisMirror._refresh does); renewals, purges and the floor's
