@@ -90,7 +90,7 @@ class Flushes:
                 try:
                     await self._update(node, [b"w", 0])
                 except KvfsError:
-                    self._unwritten.add(succ)
+                    self._unwritten |= unwritten  # (all of them again: "0" twice is the same)
                     raise
         deltas, self._link_delta = self._link_delta, {}
         # per shard of the predecessor's record, and whether the successor's is there too
