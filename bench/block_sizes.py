@@ -44,6 +44,14 @@ as kvfs's are; unthrottled: an extra ext4 pass, the "(fsync)" column);
 files/s one mount cannot pass whatever the cores; `rows` has every measurement (`<op>_trio_us`:
 the trio thread's share of `<op>_daemon_us`).
 
+Every kvfs row has `<op>_busy`: each namespace's busy share of the phase (its io_ticks in
+/sys/block over the phase's time). The daemon's CPU counts its I/O worker processes too.
+
+With --inproc a second kvfs mount (`kvfs_inproc`, every speed) runs beside the first with
+`[pool] io_workers = 0`: fetches on the daemon's own threads, as before the I/O worker
+processes (kvfs/pool/io_workers.py). `<size>_<op>_vs_inproc` is the first's files/s over its
+twin's, `<size>_<op>_{cpu,trio}_vs_inproc` the daemon CPU and the trio thread's per file.
+
 With --pure a second kvfs mount (`kvfs_pure`, unthrottled) runs beside the first with
 KVFS_PURE_PYTHON=1: its per-file path from the Python source, not the compiled build
 (kvfs/native.py). `<size>_<op>_{cpu,trio,user}_vs_pure` are the compiled mount's daemon CPU,
@@ -266,12 +274,19 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
         pid = counters = None
     out: dict = {}
 
+    devices = getattr(setup, "devices", [])
+
     def phase(name: str, fn) -> None:
         if pid is not None:
             cpu0, c0 = cpu_seconds(pid), counters()
             user0 = cpu_seconds(pid, user_only=True)
+        ticks0 = [d.io_ticks() for d in devices]
         dt = fn()
         out[f"{name}_per_s"] = blocks.n / dt
+        if devices:  # each namespace's busy share of the phase (its io_ticks over the time)
+            out[f"{name}_busy"] = [
+                round(min(1.0, (d.io_ticks() - t) / 1e3 / dt), 3) for d, t in zip(devices, ticks0)
+            ]
         if pid is None:
             return
         out[f"{name}_daemon_us"] = (cpu_seconds(pid) - cpu0) / blocks.n * 1e6
@@ -346,6 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         "not compiled), unthrottled only",
     )
     ap.add_argument(
+        "--inproc",
+        action="store_true",
+        help="also kvfs with [pool] io_workers = 0 (fetches on the daemon's own threads, as "
+        "before the I/O worker processes), at every speed",
+    )
+    ap.add_argument(
         "--floor",
         action="store_true",
         help="also the floor of the stack (bench/floorfs.py: pyfuse3 with "
@@ -401,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                     kvfs_mount(
                         "kvfs-pure", args.pure and bps is None, env={"KVFS_PURE_PYTHON": "1"}
                     ) as kvp,
+                    kvfs_mount("kvfs-inproc", args.inproc, pool="io_workers = 0") as kvi,
                 ):
                     names = {
                         id(ext4): "ext4",
@@ -409,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                         id(floor): "floor",
                         id(kve): "kvfs_events",
                         id(kvp): "kvfs_pure",
+                        id(kvi): "kvfs_inproc",
                     }
                     natives = {
                         n: m.kvfs.stats().get("native", {}).get("mode")
@@ -422,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                         blocks = Blocks(size, min(args.max_files, max(1, data // size)))
                         for r in range(args.rounds):
                             order = [ext4, raid0, kv] + [
-                                x for x in (floor, kve, kvp) if x is not None
+                                x for x in (floor, kve, kvp, kvi) if x is not None
                             ]
                             if r % 2:
                                 order.reverse()
@@ -598,6 +621,35 @@ def main(argv: list[str] | None = None) -> int:
                 out[f"{size_name}_events_per_file"] = round(
                     statistics.median(e["events"] / e["files"] for e, _ in pairs), 2
                 )
+    for speed in args.speeds.split(","):
+        label = f"{args.bps / 1e9:g} GB/s" if speed == "throttled" else "unthrottled"
+        prefix = "" if speed == "fast" else f"gbps{args.bps / 1e9:g}_"
+        for size_name in sizes:
+            pairs = list(
+                zip(
+                    *(
+                        [
+                            x
+                            for x in rows
+                            if x["fs"] == fs and x["size"] == size_name and x["speed"] == label
+                        ]
+                        for fs in ("kvfs", "kvfs_inproc")
+                    )
+                )
+            )
+            for op in ("store", "load") if pairs else ():
+                # fetches by the I/O worker processes against the daemon's own threads
+                out[f"{prefix}{size_name}_{op}_vs_inproc"] = round(
+                    statistics.median(k[f"{op}_per_s"] / i[f"{op}_per_s"] for k, i in pairs), 3
+                )
+                for key, what in (("cpu", "daemon_us"), ("trio", "trio_us")):
+                    ratios = [
+                        k[f"{op}_{what}"] / i[f"{op}_{what}"] for k, i in pairs if i[f"{op}_{what}"]
+                    ]
+                    if ratios:
+                        out[f"{prefix}{size_name}_{op}_{key}_vs_inproc"] = round(
+                            statistics.median(ratios), 3
+                        )
     for size_name in sizes:
         pairs = list(
             zip(

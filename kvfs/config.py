@@ -73,6 +73,8 @@ class PoolConfig:
     adaptive_placement: bool = True  # weight placement by each namespace's measured throughput
     io_engine: str = "auto"  # small blocks' I/O by Linux AIO on the trio thread ("auto"),
     # or by worker threads ("threads")
+    io_workers: int = 2  # processes that read fetches into block memory (kvfs/pool/io_workers.py);
+    # 0: on the daemon's own threads
     io_timeout_ms: int = DEFAULT_IO_TIMEOUT_MS  # a namespace's share of a write past this
     # (plus its bytes at 64 MB/s): failed, written elsewhere
 
@@ -619,6 +621,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         max_block_size=max_block,
         adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
         io_engine=pool_t.take("io_engine", _choice("auto", "threads"), "auto"),
+        io_workers=pool_t.take("io_workers", _int_range(0, 64), 2),
         io_timeout_ms=pool_t.take("io_timeout_ms", _int_range(100, 600_000), DEFAULT_IO_TIMEOUT_MS),
     )
     pool_t.done()

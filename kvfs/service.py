@@ -456,6 +456,7 @@ class Service:
         """Run background work until cancelled; started() once reads and writes can be served."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.catalog.serve)
+            await nursery.start(self.pool.serve)
             await nursery.start(self.store.serve)
             await nursery.start(self.space.serve)
             await nursery.start(self.durability.serve)

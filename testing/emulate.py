@@ -109,6 +109,12 @@ class LoopDevice:
     def devno(self) -> str:
         return f"{self.major}:{self.minor}"
 
+    def io_ticks(self) -> int:
+        """Milliseconds the device has had I/O in flight (the 10th field of its stat in sysfs):
+        its busy time, whose share of an interval says how busy the device was."""
+        with open(f"/sys/dev/block/{self.devno}/stat") as f:
+            return int(f.read().split()[9])
+
     def shrink_to(self, size: int) -> None:
         """Make the device end at `size` bytes: I/O beyond fails, as on a device that is gone.
         Its backing file is cut there: what it held beyond is lost (see `end_at` for a device
@@ -165,7 +171,15 @@ class BlkioGroup:
             (self.dir / f"blkio.throttle.{fname}").write_text(f"{dev.devno} {int(value)}\n")
 
     def add(self, pid: int) -> None:
-        (self.dir / "cgroup.procs").write_text(f"{pid}\n")
+        """Put a process in the group, with the processes it started (a kvfs daemon's I/O
+        workers, started before the daemon is moved: kvfs/pool/io_workers.py); this process
+        alone when it is this one (tests and benches start other things too)."""
+        for p in [pid] if pid == os.getpid() else family(pid):
+            try:
+                (self.dir / "cgroup.procs").write_text(f"{p}\n")
+            except ProcessLookupError:
+                if p == pid:
+                    raise  # (a child may end meanwhile)
 
     def release(self, pid: int) -> None:
         """Move a process back to the root group (unthrottled)."""
@@ -228,6 +242,24 @@ class IoMaxGroup(BlkioGroup):
             )
         )
         (self.dir / "io.max").write_text(f"{dev.devno} {values}\n")
+
+
+def family(pid: int) -> list[int]:
+    """A process and its descendants (the children of each of its threads), from /proc."""
+    out = [pid]
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            out += family(kid)
+    return out
 
 
 def make_group(name: str) -> BlkioGroup:
@@ -371,9 +403,10 @@ class KvfsSetup:
 
     raid0 = None
 
-    def __init__(self, kvfs, group: BlkioGroup):
+    def __init__(self, kvfs, group: BlkioGroup, devices: list[LoopDevice] = ()):
         self.kvfs, self.group = kvfs, group
         self.root = kvfs.mountpoint
+        self.devices = list(devices)  # its namespaces
 
     def sync(self) -> None:
         """Nothing to do: a file is durable when close() returns."""
@@ -510,11 +543,13 @@ def kvfs_on_loops(
     *,
     dram: str = "256MiB",
     extra: str = "",
+    pool: str = "",
     env: dict | None = None,
 ):
     """kvfs over `count` loop namespaces of `size` bytes in all, formatted and mounted; the
-    daemon runs in the namespaces' cgroup. `extra`: more of the config (tables); `env`: set in
-    the daemon's environment (KVFS_PURE_PYTHON=1: the per-file path from its Python source)."""
+    daemon runs in the namespaces' cgroup. `extra`: more of the config (tables); `pool`: keys
+    of its [pool] table; `env`: set in the daemon's environment (KVFS_PURE_PYTHON=1: the
+    per-file path from its Python source)."""
     from kvfs.cli import main as kvfs_main
     from testing.mount import MountedKvfs, write_config
 
@@ -525,6 +560,7 @@ def kvfs_on_loops(
         [{"path": d.path} for d in devs],
         dram=dram,
         extra=extra,
+        pool=pool,
     )
     with contextlib.redirect_stdout(io.StringIO()):
         if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
@@ -537,6 +573,6 @@ def kvfs_on_loops(
     try:
         if group is not None:
             group.add(m.pid)
-        yield KvfsSetup(m, group)
+        yield KvfsSetup(m, group, devs)
     finally:
         m.stop()

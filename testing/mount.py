@@ -51,11 +51,15 @@ def write_config(
     `pool` holds keys of the [pool] table, `mount` of the [mount] table.
     KVFS_TEST_DURABILITY=close (or fsync) in the environment sets `[mount] durability` where
     `mount` does not, shared pools included (`make test` runs the mounted tests again in
-    "close" mode). KVFS_TEST_IO=threads likewise sets `[pool] io_engine` (the second pass
-    reads and writes small blocks by worker threads, as the first does by Linux AIO)."""
+    "close" mode). KVFS_TEST_IO=threads likewise sets `[pool] io_engine` and `io_workers = 0`
+    (the second pass reads and writes small blocks by worker threads, as the first does by
+    Linux AIO, and fetches on the daemon's own threads, as the first does by I/O worker
+    processes)."""
     io = os.environ.get("KVFS_TEST_IO", "").strip()
     if io and "io_engine" not in pool:
         pool = f'io_engine = "{io}"\n' + pool
+    if io == "threads" and "io_workers" not in pool:
+        pool = "io_workers = 0\n" + pool
     mode = os.environ.get("KVFS_TEST_DURABILITY", "").strip()
     if mode and "durability" not in mount and "[mount]" not in extra:
         mount = f'durability = "{mode}"\n' + mount
@@ -253,11 +257,27 @@ class MountedKvfs:
 
 def cpu_seconds(pid: int, *, user_only: bool = False) -> float:
     """A process's CPU time so far (user + system, all its threads; with `user_only` user
-    time alone), from /proc/PID/stat."""
+    time alone), from /proc/PID/stat, with its child processes' (the daemon's I/O workers,
+    kvfs/pool/io_workers.py): those running, and those ended and reaped."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + (0 if user_only else int(fields[12]))
-    return ticks / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[13])
+    if not user_only:
+        ticks += int(fields[12]) + int(fields[14])
+    seconds = ticks / os.sysconf("SC_CLK_TCK")
+    children = []  # (each thread's: a worker is started from a thread)
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    for child in children:
+        try:
+            seconds += cpu_seconds(child, user_only=user_only)
+        except (OSError, IndexError, ValueError):
+            pass  # it ended meanwhile
+    return seconds
 
 
 def process_memory(pid: int) -> dict:

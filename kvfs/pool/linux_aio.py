@@ -39,57 +39,25 @@ import numpy as np
 import outcome
 import trio
 
+from kvfs.pool.aio_abi import (  # noqa: F401 - the kernel's names, used below
+    IOCB as _IOCB,
+    IOCB_CMD_FDSYNC,
+    IOCB_CMD_PREADV,
+    IOCB_CMD_PWRITEV,
+    IOCB_FLAG_RESFD,
+    NR as _NR,
+    RWF_NOWAIT,
+    Event as _Event,
+    Iovec as _Iovec,
+    Timespec as _Timespec,
+    syscall as _syscall,
+)
+
 log = logging.getLogger("kvfs.pool.linux_aio")
 
-# syscall numbers: io_setup, io_destroy, io_getevents, io_submit
-_NR = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}.get(platform.machine())
 
-IOCB_CMD_FDSYNC = 3
-IOCB_CMD_PREADV = 7
-IOCB_CMD_PWRITEV = 8
-IOCB_FLAG_RESFD = 1
-RWF_NOWAIT = 0x8  # fail with EAGAIN rather than block (a file system's locks, allocation)
 DEPTH = 1024  # I/Os in flight at once per engine (io_setup's nr_events); more
 # are refused with EAGAIN, and the namespace uses a thread for them
-
-
-class _IOCB(ctypes.Structure):  # struct iocb, little-endian layout
-    _fields_ = [
-        ("aio_data", ctypes.c_uint64),
-        ("aio_key", ctypes.c_uint32),
-        ("aio_rw_flags", ctypes.c_int32),
-        ("aio_lio_opcode", ctypes.c_uint16),
-        ("aio_reqprio", ctypes.c_int16),
-        ("aio_fildes", ctypes.c_uint32),
-        ("aio_buf", ctypes.c_uint64),
-        ("aio_nbytes", ctypes.c_uint64),
-        ("aio_offset", ctypes.c_int64),
-        ("aio_reserved2", ctypes.c_uint64),
-        ("aio_flags", ctypes.c_uint32),
-        ("aio_resfd", ctypes.c_uint32),
-    ]
-
-
-class _Event(ctypes.Structure):  # struct io_event
-    _fields_ = [
-        ("data", ctypes.c_uint64),
-        ("obj", ctypes.c_uint64),
-        ("res", ctypes.c_int64),
-        ("res2", ctypes.c_int64),
-    ]
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-
-
-class _Iovec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
 def _iovecs(views: list[memoryview]):

@@ -7,7 +7,9 @@ memory, are read and written by Linux AIO from the trio thread instead where the
 allows it (`Namespace.aio`, kvfs/pool/linux_aio.py): a hand-off to a thread cost more CPU there
 than the I/O. A failing device (EIO, a device that
 went away, a short transfer) fails only the I/O that touched it, with EIO; the namespace is
-reported as failed in its statistics until an I/O succeeds again.
+reported as failed in its statistics until an I/O succeeds again. With I/O worker processes
+(`[pool] io_workers`, kvfs/pool/io_workers.py) a fetch's reads go to them instead
+(`read_into_file`): the units land in the block's own memory file, verified there.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kvfs.tasks import run_all
 from kvfs.pool.buffer import populate
 from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.layout import PAGE
+from kvfs.pool.io_workers import IoWorkers, WorkerLost
 from kvfs.pool.namespace_aio import AioPaths
 from kvfs.pool.requests import (
     PrioritySlots,
@@ -400,8 +403,43 @@ class Namespace(AioPaths):
                 ) from None
             finally:
                 self._end(nbytes)
+        return self._read_done(offset, sizes, bad)
+
+    async def read_into_file(
+        self,
+        workers: "IoWorkers",
+        fd: int,
+        length: int,
+        spans: list[tuple[int, int, int]],
+        offset: int,
+        checks: list[tuple[int, int] | None],
+        prefetch: bool = False,
+    ) -> list[int] | None:
+        """`read_units` by an I/O worker process (kvfs/pool/io_workers.py): the units that lie
+        back to back from `offset` land in the file `fd` (`length` bytes) at `spans` ((start,
+        stored length, content length) each), read and verified there, padding zeroed. The
+        indices of the units that failed their checksums; None if the worker died first
+        (nothing was read: read them with `read_units`). Raises EIO if the read failed."""
+        sizes = [stored for _, stored, _ in spans]
+        nbytes = sum(sizes)
+        async with self.slots.take(prefetch):
+            self._begin()
+            try:
+                bad = await workers.read(self.index, offset, fd, length, spans, checks)
+            except WorkerLost:
+                return None
+            except OSError as e:
+                raise self._failed(
+                    f"read of {nbytes} bytes at {offset}", e, writing=False
+                ) from None
+            finally:
+                self._end(nbytes)
+        return self._read_done(offset, sizes, bad)
+
+    def _read_done(self, offset: int, sizes: list[int], bad: list[int]) -> list[int]:
+        """Count a read that ended, and log the units that failed their checksums."""
         self.stats.reads += 1
-        self.stats.bytes_read += nbytes
+        self.stats.bytes_read += sum(sizes)
         if not bad:  # bytes that fail their checksums are no sign the device is back
             self._ok(writing=False)
         for i in bad:

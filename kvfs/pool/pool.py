@@ -26,6 +26,7 @@ import trio
 from kvfs.pool import linux_aio
 from kvfs.tasks import run_all
 from kvfs.pool.alloc import ExtentAllocator
+from kvfs.pool.io_workers import IoWorkers
 from kvfs.pool.buffer import Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
 
@@ -69,6 +70,16 @@ class Area:
         """Raise KvfsError(EIO) if this node may no longer write there."""
 
 
+# Blocks whose memory is at least this large are fetched by the I/O worker processes
+# (kvfs/pool/io_workers.py): a file of 2 MiB or more has huge pages on the daemon's private
+# tmpfs, so a worker maps it for one read at little cost, and the units land in it with no
+# copy. A smaller block stays on this process's path (staged, by AIO from the trio thread):
+# measured side by side (docs/performance.md, "Cold loads by I/O worker processes"), a
+# worker's hops and the mapping of 4 KiB pages cost the 2-core machine more CPU per 1 MiB load
+# than they saved the trio thread (0.90x the loads per second).
+WORKER_MIN_BLOCK = 2 << 20
+
+
 class Pool(Placement):
     def __init__(
         self,
@@ -78,8 +89,15 @@ class Pool(Placement):
         *,
         adaptive: bool = True,
         area: Area | None = None,
+        io_workers: int = 0,
     ):
         self.namespaces = namespaces
+        # worker processes for fetches (kvfs/pool/io_workers.py), run by `serve`
+        self.workers = (
+            IoWorkers([(str(ns.path), ns.direct) for ns in namespaces], io_workers)
+            if io_workers > 0
+            else None
+        )
         self.pool_id = pool_id
         self.unit = unit
         self.adaptive = adaptive
@@ -149,12 +167,24 @@ class Pool(Placement):
             if fresh:
                 pool_id = write_superblocks(namespaces, cfg.stripe_unit)
                 log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
-                pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
+                pool = cls(
+                    namespaces,
+                    pool_id,
+                    cfg.stripe_unit,
+                    adaptive=cfg.adaptive_placement,
+                    io_workers=cfg.io_workers,
+                )
                 pool.created = True
                 return pool
             rebuilt: list[str] = []
             pool_id = validate(namespaces, cfg, expect_pool_id, rebuilt)
-            pool = cls(namespaces, pool_id, cfg.stripe_unit, adaptive=cfg.adaptive_placement)
+            pool = cls(
+                namespaces,
+                pool_id,
+                cfg.stripe_unit,
+                adaptive=cfg.adaptive_placement,
+                io_workers=cfg.io_workers,
+            )
             pool.rebuilt_superblocks = rebuilt
             return pool
         except BaseException:
@@ -213,7 +243,16 @@ class Pool(Placement):
             for ns in opened:
                 ns.close()
 
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the I/O worker processes, if any, until cancelled."""
+        if self.workers is None:
+            task_status.started()
+            await trio.sleep_forever()
+        await self.workers.serve(task_status=task_status)
+
     def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
         for ns in self.namespaces:
             ns.close()
 
@@ -315,6 +354,7 @@ class Pool(Placement):
                 "pool_id": self.pool_id,
                 "placement_weights": [round(w, 3) for w in self.placement_weights()],
                 "rebuilt_superblocks": self.rebuilt_superblocks,
+                "io_workers": self.workers.statistics() if self.workers is not None else None,
             },
             "namespaces": [
                 {
@@ -678,6 +718,14 @@ class Pool(Placement):
                     last[len(last) - pad :] = bytes(pad) if pad <= len(last) else last[:0]
 
         ns = self.namespaces[layout.ns[run[0]]]
+        if self.workers is not None and buf.size >= WORKER_MIN_BLOCK and self.workers.ready:
+            # straight into the block's own pages, by a worker process (one copy, none of
+            # it on this thread); None: the worker died, nothing read, read here instead
+            bad = await ns.read_into_file(
+                self.workers, buf.fd, buf.size, spans, layout.offsets[run[0]], checks, prefetch
+            )
+            if bad is not None:
+                return [run[i] for i in bad]
         sizes = [stored for _, stored, _ in spans]
         if buf.size <= buf.chunk:
             # a small block: read into the worker thread's staging memory, then its content

@@ -632,3 +632,90 @@ def test_a_batchs_small_blocks_back_to_back_go_as_one_aio_write(tmp_path, monkey
             assert await fs.read(p + "x") == d, p
 
     run_service(cfg, body)
+
+
+def test_fetches_of_large_blocks_go_to_the_io_workers_and_land_bit_exact(tmp_path):
+    """A cold read of a block of 2 MiB or more is read by an I/O worker process straight into
+    the block's own memory, verified there; smaller blocks stay on the daemon's own path."""
+    from kvfs.pool.pool import WORKER_MIN_BLOCK
+
+    cfg = cfg_for(
+        tmp_path, [f"ns{i}.img" for i in range(3)], unit="1MiB", extra_pool="io_workers = 1"
+    )
+    small = {f"/s{i}": os.urandom(n) for i, n in enumerate([1, 4097, 256 << 10, MiB + 3])}
+    large = {f"/l{i}": os.urandom(n) for i, n in enumerate([2 * MiB, 3 * MiB + 5, 9 * MiB])}
+
+    async def write(fs):
+        for p, d in {**small, **large}.items():
+            await fs.write(p, d)
+
+    async def check(fs):
+        workers = fs.files.store.pool.workers
+        namespaces = fs.files.store.pool.namespaces
+        assert workers.ready and len(workers.live) == 1
+
+        def reads():
+            return workers.reads, sum(ns.stats.reads for ns in namespaces)
+
+        w0, n0 = reads()
+        for p, d in large.items():
+            assert await fs.read(p) == d, p
+        w1, n1 = reads()
+        assert w1 - w0 >= len(large) and n1 - n0 == w1 - w0  # every read a worker's
+        for p, d in small.items():
+            assert len(d) < WORKER_MIN_BLOCK
+            assert await fs.read(p) == d, p
+        w2, n2 = reads()
+        assert w2 == w1 and n2 - n1 >= len(small)  # none a worker's
+        assert workers.lost == 0
+
+    run_service(cfg, write)
+    run_service(cfg, check)
+
+
+def test_a_killed_io_worker_loses_no_read_and_is_replaced(tmp_path):
+    """Reads in flight in a worker that is killed (SIGKILL, mid-batch) are read again by the
+    daemon, bit-exact; a new worker takes the next reads."""
+    import signal
+
+    cfg = cfg_for(
+        tmp_path, [f"ns{i}.img" for i in range(2)], unit="1MiB", extra_pool="io_workers = 1"
+    )
+    files = {f"/b{i}": os.urandom(2 * MiB + (64 << 10) * i) for i in range(12)}
+
+    async def write(fs):
+        for p, d in files.items():
+            await fs.write(p, d)
+
+    async def check(fs):
+        workers = fs.files.store.pool.workers
+        (first,) = workers.live
+        os.kill(first.pid, signal.SIGSTOP)  # it takes the batch but answers nothing
+        got: dict[str, bytes] = {}
+
+        async def one(p):
+            got[p] = await fs.read(p)
+
+        async with trio.open_nursery() as nursery:
+            for p in files:
+                nursery.start_soon(one, p)
+            with trio.fail_after(10):
+                while len(first.waiting) < len(files):  # (each file's first unit at least)
+                    await trio.sleep(0.01)
+            os.kill(first.pid, signal.SIGKILL)
+        assert got == files
+        lost = workers.lost
+        assert lost >= len(files) and workers.restarts == 1
+        with trio.fail_after(20):
+            while not workers.ready:
+                await trio.sleep(0.05)
+        (second,) = workers.live
+        assert second.pid != first.pid
+        fs.files.store.drop_dram()
+        before = workers.reads
+        for p, d in files.items():
+            assert await fs.read(p) == d
+        assert workers.reads > before and workers.lost == lost
+
+    run_service(cfg, write)
+    run_service(cfg, check)
