@@ -275,10 +275,10 @@ class Spares:
             src.close(fd)
         src.unlink(name)
 
-    def take(self, size: int) -> tuple[int, bytes] | None:
+    def take(self, size: int) -> tuple[int, bytes, int] | None:
         """A spare file for a buffer of `size` bytes (the last one kept of that size, if there
-        is one: its pages are the likeliest to be in the CPU's caches): (descriptor, name),
-        or None."""
+        is one: its pages are the likeliest to be in the CPU's caches): (descriptor, name, its
+        size now), or None."""
         with self._lock:
             if not self.files:
                 return None
@@ -286,11 +286,11 @@ class Spares:
                 (i for i in range(len(self.files) - 1, -1, -1) if self.files[i][1] == size),
                 len(self.files) - 1,
             )
-            name, _, nbytes = self.files.pop(i)
+            name, had, nbytes = self.files.pop(i)
             self.bytes -= nbytes
             self.reused += 1
         try:
-            return (self.source or MEMORY).reopen(name), name
+            return (self.source or MEMORY).reopen(name), name, had
         except OSError:
             return None
 
@@ -349,17 +349,22 @@ class Buffer:
             raise ValueError("chunk size must be a multiple of 4 KiB")
         self.chunk = chunk
         got = spares.take(size) if spares is not None else None
-        fd, name = MEMORY.new_file() if got is None else got
+        if got is None:
+            fd, name = MEMORY.new_file()
+            had = 0
+        else:
+            fd, name, had = got
         self._box = [fd, name, spares, MEMORY]  # what _release needs, kept current
         weakref.finalize(self, _release, self._box)
-        self.size = 0
+        self.size = had
         self._map: mmap.mmap | None = None
         self.sealed = False
         # the kernel may write into it behind the daemon (a passthrough writer, or a shared
         # writable mapping that outlives its descriptor): a write to the pool from its live
         # memory checks that what it checksummed is what it wrote (kvfs/pool/namespace.py)
         self.shared = False
-        self.resize(size)
+        if had != size:  # (a spare of the size wanted needs no truncate: a syscall a fetch)
+            self.resize(size)
 
     @property
     def fd(self) -> int:

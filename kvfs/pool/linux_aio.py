@@ -64,7 +64,12 @@ def _iovecs(views: list[memoryview]):
     """A struct iovec array of the views (read-only ones too, such as the zero chunk)."""
     iov = (_Iovec * len(views))()
     for i, v in enumerate(views):
-        iov[i].iov_base = np.frombuffer(v, np.uint8).ctypes.data if len(v) else 0
+        if not len(v):
+            continue
+        if v.readonly:
+            iov[i].iov_base = np.frombuffer(v, np.uint8).ctypes.data
+        else:  # (the address without numpy's array: a tenth of the cost, per view of a file)
+            iov[i].iov_base = ctypes.addressof(ctypes.c_char.from_buffer(v))
         iov[i].iov_len = len(v)
     return iov
 

@@ -606,7 +606,8 @@ class BlockStore:
                     fetch.errors[k] = KvfsError(errno.EIO, "fetch cancelled")
                     ev.set()
         else:
-            fetch.buffer.resize(rec.size)
+            if fetch.buffer.size != rec.size:  # (the fetcher's buffer: its size is known)
+                fetch.buffer.resize(rec.size)
             if fetch.source == "pool":
                 self.pool.observe(units, t0, done)
             admit = not cb.retired and (cb.pinned or self.admission.admit(rec.id, rec.size))
