@@ -26,6 +26,9 @@ worker thread, whose kernel work is the same):
   load_staged_reused  the same into a file whose pages exist (a spare, Spares)
   load_mapped_fresh   read straight into a mapping of a new file (its pages faulted in one by
                       one by the read)
+  load_mapped_reused  read straight into a mapping, made for the read, of a file whose pages
+                      exist (a spare), populated first (MADV_POPULATE_WRITE) and unmapped after:
+                      an I/O worker's way (kvfs/pool/io_worker.py), one copy
   load_kept_mapping   read into a mapping made once of a file whose pages exist (the least)
 
 Every number is a median over --rounds rounds of --blocks blocks each, the ways interleaved.
@@ -52,6 +55,7 @@ from bench import dumps, parse, parser  # noqa: E402
 from testing.emulate import Emulation, available  # noqa: E402
 
 MiB = 1 << 20
+MADV_POPULATE_WRITE = 23  # (Linux >= 5.14; the mmap module lacks the name)
 SIZES = {"256K": 256 << 10, "1M": MiB, "4M": 4 * MiB}
 WAYS = (
     "store_staged",
@@ -62,6 +66,7 @@ WAYS = (
     "load_staged_fresh",
     "load_staged_reused",
     "load_mapped_fresh",
+    "load_mapped_reused",
     "load_kept_mapping",
 )
 
@@ -157,6 +162,13 @@ class Ways:
             os.preadv(self.dev, [v], at)
         m.close()
         os.close(fd)
+
+    def load_mapped_reused(self, at: int) -> None:
+        m = mmap.mmap(self.dst, self.size)
+        m.madvise(MADV_POPULATE_WRITE)
+        with memoryview(m) as v:
+            os.preadv(self.dev, [v], at)
+        m.close()
 
     def load_kept_mapping(self, at: int) -> None:
         os.preadv(self.dev, [memoryview(self.dst_map)], at)

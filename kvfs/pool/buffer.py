@@ -138,6 +138,12 @@ class MemorySource:
         """Files have names (and may be closed while unused and reopened)."""
         return self.dirfd is not None
 
+    @property
+    def huge(self) -> bool:
+        """A file of 2 MiB or more gets huge pages (the private tmpfs with `huge=within_size`):
+        mapping it for one I/O costs little (kvfs/pool/io_workers.py)."""
+        return self.kind == "tmpfs, huge pages"
+
     def _count(self, n: int) -> None:
         with self._lock:
             self.open_files += n

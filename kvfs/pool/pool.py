@@ -27,7 +27,7 @@ from kvfs.pool import linux_aio
 from kvfs.tasks import run_all
 from kvfs.pool.alloc import ExtentAllocator
 from kvfs.pool.io_workers import IoWorkers
-from kvfs.pool.buffer import Buffer, chunk_size_for, zero_chunk
+from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
 
 from kvfs.pool.checks import check_paths, validate, write_superblocks
@@ -71,12 +71,13 @@ class Area:
 
 
 # Blocks whose memory is at least this large are fetched by the I/O worker processes
-# (kvfs/pool/io_workers.py): a file of 2 MiB or more has huge pages on the daemon's private
-# tmpfs, so a worker maps it for one read at little cost, and the units land in it with no
-# copy. A smaller block stays on this process's path (staged, by AIO from the trio thread):
-# measured side by side (docs/performance.md, "Cold loads by I/O worker processes"), a
-# worker's hops and the mapping of 4 KiB pages cost the 2-core machine more CPU per 1 MiB load
-# than they saved the trio thread (0.90x the loads per second).
+# (kvfs/pool/io_workers.py) where block memory has huge pages (the daemon's private tmpfs):
+# a worker maps such a file for one read at little cost, and the units land in it with no
+# copy. A smaller block, or block memory of 4 KiB pages (memfds), stays on this process's path
+# (staged): mapping 4 KiB pages for one read costs twice the staged read and its copy
+# (bench/io_floor.py), and measured side by side (docs/performance.md, "Cold loads by I/O
+# worker processes") a worker cost the 2-core machine more CPU per 1 MiB load than it saved the
+# trio thread.
 WORKER_MIN_BLOCK = 2 << 20
 
 
@@ -718,7 +719,12 @@ class Pool(Placement):
                     last[len(last) - pad :] = bytes(pad) if pad <= len(last) else last[:0]
 
         ns = self.namespaces[layout.ns[run[0]]]
-        if self.workers is not None and buf.size >= WORKER_MIN_BLOCK and self.workers.ready:
+        if (
+            self.workers is not None
+            and buf.size >= WORKER_MIN_BLOCK
+            and MEMORY.huge
+            and self.workers.ready
+        ):
             # straight into the block's own pages, by a worker process (one copy, none of
             # it on this thread); None: the worker died, nothing read, read here instead
             bad = await ns.read_into_file(
