@@ -126,7 +126,8 @@ class IoWorkers:
                     await self._receive(w)
                     nursery.cancel_scope.cancel()
             finally:
-                self._lost(w)
+                with trio.CancelScope(shield=True):
+                    await self._lost(w)
             self.restarts += 1
             failures = failures + 1 if time.monotonic() - began < 5.0 else 0
             log.warning(
@@ -172,21 +173,25 @@ class IoWorkers:
         ours.setblocking(False)
         return _Worker(proc, ours)
 
-    def _lost(self, w: _Worker) -> None:
-        """A worker's socket closed: reap the process (a dead process's AIO has ended before
-        its socket closes), then fail its reads in flight."""
+    async def _lost(self, w: _Worker) -> None:
+        """A worker's socket closed (or the mount stops): reap the process, then fail its
+        reads in flight, which are read again elsewhere into the same memory. Only once it is
+        reaped: a process's AIO has ended when it has (one killed in the middle of a read of a
+        stalled device ends only when the read does)."""
         if w in self.live:
             self.live.remove(w)
         w.sock.close()
         if w.proc.poll() is None:
             w.proc.kill()
-        w.proc.wait()
+            await trio.to_thread.run_sync(w.proc.wait)
         waiting, w.waiting, w.outbox = w.waiting, {}, []
         self.lost += len(waiting)
-        for task in waiting.values():
-            trio.lowlevel.reschedule(
-                task, outcome.Error(WorkerLost(f"I/O worker {w.pid} ended mid-read"))
-            )
+        self._fail(waiting.values(), f"I/O worker {w.pid} ended mid-read")
+
+    @staticmethod
+    def _fail(tasks, why: str) -> None:
+        for task in tasks:
+            trio.lowlevel.reschedule(task, outcome.Error(WorkerLost(why)))
 
     def close(self) -> None:
         """Stop every worker (outside trio: the pool's close)."""
@@ -232,12 +237,17 @@ class IoWorkers:
             while True:
                 try:
                     socket.send_fds(w.sock, [data], fds)
+                    self.batches += 1
                     break
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(w.sock)
-                except OSError:
-                    return  # it is gone: the receiver sees the socket close
-            self.batches += 1
+                except OSError as e:
+                    # not sent: these reads are done elsewhere (if the worker is gone, the
+                    # receiver sees its socket close and fails the rest)
+                    lost = [w.waiting.pop(r[0]) for r, _ in batch if r[0] in w.waiting]
+                    self.lost += len(lost)
+                    self._fail(lost, f"a batch for I/O worker {w.pid} was not sent: {e}")
+                    break
 
     async def _receive(self, w: _Worker) -> None:
         """Wake the tasks whose answers come in, until the worker's socket closes."""

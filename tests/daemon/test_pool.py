@@ -736,3 +736,42 @@ def test_a_killed_io_worker_loses_no_read_and_is_replaced(tmp_path, monkeypatch)
 
     run_service(cfg, write)
     run_service(cfg, check)
+
+
+def test_a_batch_the_daemon_cannot_send_to_its_io_worker_is_read_here(tmp_path, monkeypatch):
+    """A batch whose message fails to go out (here: EBADF, once) is read on the daemon's own
+    path, bit-exact; the worker takes the next ones."""
+    import errno
+    import socket
+
+    from kvfs.pool import io_workers
+    from kvfs.pool.buffer import MEMORY
+
+    monkeypatch.setattr(MEMORY, "kind", "tmpfs, huge pages")  # (memfds stand in for it)
+    cfg = cfg_for(
+        tmp_path, [f"ns{i}.img" for i in range(2)], unit="1MiB", extra_pool="io_workers = 1"
+    )
+    files = {f"/b{i}": os.urandom(3 * MiB + i) for i in range(3)}
+    real = socket.send_fds
+    failures = []
+
+    def send_fds(sock, buffers, fds, *args):
+        if not failures:
+            failures.append(len(fds))
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(sock, buffers, fds, *args)
+
+    async def write(fs):
+        for p, d in files.items():
+            await fs.write(p, d)
+
+    async def check(fs):
+        monkeypatch.setattr(io_workers.socket, "send_fds", send_fds)
+        workers = fs.files.store.pool.workers
+        for p, d in files.items():
+            assert await fs.read(p) == d, p
+        assert failures and workers.lost == failures[0] and workers.restarts == 0
+        assert workers.reads > workers.lost  # the others were the worker's
+
+    run_service(cfg, write)
+    run_service(cfg, check)
