@@ -1401,12 +1401,16 @@ def test_the_followers_round_trips_are_in_the_statistics(cluster_configs):
     statistic, so bench/redis_scale.py needed a proxy to see it)."""
 
     async def body(a, b):
+        # (once the follower has caught up with a first file: how many trips its start takes
+        # depends on how long the nodes took to start, their I/O workers' included)
+        await put(a, "/first", data(9, 10_000))
+        await eventually(lambda: known(b, "/first"))
         before = b.svc.statistics()["cluster"]["follower_round_trips"]
         for i in range(5):
             await put(a, f"/f{i}", data(i, 10_000))
         await eventually(lambda: known(b, "/f4"))
         after = b.svc.statistics()["cluster"]["follower_round_trips"]
-        assert after >= before + 2  # at least one XREAD answered and one read of the inodes
+        assert after >= before + 1  # at least the XREAD that brought them
 
     run_cluster(cluster_configs(2), body)
 
