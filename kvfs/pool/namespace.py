@@ -385,25 +385,17 @@ class Namespace(AioPaths):
         # go on to worker threads: its checksums, a millisecond per MiB or so, would hold up
         # every request on the trio thread, and threads verify in parallel
         eng = linux_aio.engine() if flat is None and self.aio else None
-        async with self.slots.take(prefetch):
-            self._begin()
-            try:
-                bad = None
-                if eng is not None:
-                    try:
-                        bad = await self._read_aio(eng, units, nbytes, offset, checks, after)
-                    except OSError as e:
-                        if not self._falls_back(e):
-                            raise
-                if bad is None:
-                    bad = await tasks.run_sync(self._read_sync, units, flat, offset, checks, after)
-            except OSError as e:
-                raise self._failed(
-                    f"read of {nbytes} bytes at {offset}", e, writing=False
-                ) from None
-            finally:
-                self._end(nbytes)
-        return self._read_done(offset, sizes, bad)
+
+        async def read() -> list[int]:
+            if eng is not None:
+                try:
+                    return await self._read_aio(eng, units, nbytes, offset, checks, after)
+                except OSError as e:
+                    if not self._falls_back(e):
+                        raise
+            return await tasks.run_sync(self._read_sync, units, flat, offset, checks, after)
+
+        return await self._read(offset, sizes, prefetch, read)
 
     async def read_into_file(
         self,
@@ -420,14 +412,27 @@ class Namespace(AioPaths):
         stored length, content length) each), read and verified there, padding zeroed. The
         indices of the units that failed their checksums; None if the worker died first
         (nothing was read: read them with `read_units`). Raises EIO if the read failed."""
-        sizes = [stored for _, stored, _ in spans]
+        try:
+            return await self._read(
+                offset,
+                [stored for _, stored, _ in spans],
+                prefetch,
+                lambda: workers.read(self.index, offset, fd, length, spans, checks),
+            )
+        except WorkerLost:
+            return None
+
+    async def _read(self, offset: int, sizes: list[int], prefetch: bool, io) -> list[int]:
+        """Run one read, `await io()` (the indices of its units that failed their checksums),
+        in an I/O slot, counted; an OSError of the device marks the namespace failed and is
+        raised as EIO (a `WorkerLost` is raised as it is: nothing was read)."""
         nbytes = sum(sizes)
         async with self.slots.take(prefetch):
             self._begin()
             try:
-                bad = await workers.read(self.index, offset, fd, length, spans, checks)
+                bad = await io()
             except WorkerLost:
-                return None
+                raise
             except OSError as e:
                 raise self._failed(
                     f"read of {nbytes} bytes at {offset}", e, writing=False

@@ -165,20 +165,12 @@ class Pool(Placement):
                         f"(kvfs needs more than {DATA_START})"
                     )
                 namespaces.append(ns)
+            rebuilt: list[str] = []
             if fresh:
                 pool_id = write_superblocks(namespaces, cfg.stripe_unit)
                 log.info("created pool %s on %d new namespace file(s)", pool_id, len(namespaces))
-                pool = cls(
-                    namespaces,
-                    pool_id,
-                    cfg.stripe_unit,
-                    adaptive=cfg.adaptive_placement,
-                    io_workers=cfg.io_workers,
-                )
-                pool.created = True
-                return pool
-            rebuilt: list[str] = []
-            pool_id = validate(namespaces, cfg, expect_pool_id, rebuilt)
+            else:
+                pool_id = validate(namespaces, cfg, expect_pool_id, rebuilt)
             pool = cls(
                 namespaces,
                 pool_id,
@@ -186,6 +178,7 @@ class Pool(Placement):
                 adaptive=cfg.adaptive_placement,
                 io_workers=cfg.io_workers,
             )
+            pool.created = fresh
             pool.rebuilt_superblocks = rebuilt
             return pool
         except BaseException:

@@ -24,6 +24,16 @@ def workers(m) -> dict:
     return m.stats()["tiers"]["pool"]["io_workers"] or {}
 
 
+def stored_cold(m, prefix: str, n: int) -> list[str]:
+    """n blocks of 4 MiB stored, durable, and dropped from the DRAM tier: their names."""
+    names = [f"{prefix}{i}" for i in range(n)]
+    for name in names:
+        (m.mountpoint / name).write_bytes(content(name, 4 * MiB))
+    m.control("flush")
+    m.control("drop_dram")
+    return names
+
+
 @pytest.fixture
 def mounted(make_mount, pool_config):
     # (io_workers named: on in the second pass of `make test` too, which turns them off)
@@ -36,11 +46,7 @@ def mounted(make_mount, pool_config):
 
 def test_cold_loads_of_large_blocks_are_read_by_the_workers(mounted):
     m, d = mounted, mounted.mountpoint
-    names = [f"b{i}" for i in range(6)]
-    for n in names:
-        (d / n).write_bytes(content(n, 4 * MiB))
-    m.control("flush")
-    m.control("drop_dram")
+    names = stored_cold(m, "b", 6)
     w0 = workers(m)
     (pid,) = w0["live"]
     assert pid in family(m.pid)  # the daemon's own child
@@ -55,11 +61,7 @@ def test_a_worker_killed_in_the_middle_of_loads_loses_nothing(mounted):
     """The worker is stopped while it holds every load's read, then killed: the daemon reads
     them again itself, each reader gets its bytes, a new worker starts, the mount serves on."""
     m, d = mounted, mounted.mountpoint
-    names = [f"k{i}" for i in range(8)]
-    for n in names:
-        (d / n).write_bytes(content(n, 4 * MiB))
-    m.control("flush")
-    m.control("drop_dram")
+    names = stored_cold(m, "k", 8)
     before = workers(m)
     (pid,) = before["live"]
     os.kill(pid, signal.SIGSTOP)
