@@ -28,6 +28,9 @@ DEFAULT_WRITEBACK_MS = 100
 # at 64 MB/s) is failed for new placement and the share written elsewhere: Linux's NVMe
 # driver waits 30 s before it aborts a command, a stall no writer should wait out.
 DEFAULT_IO_TIMEOUT_MS = 5000
+# a cold read waits this long for the pool at most: a healthy namespace gives a 32 MiB chunk in
+# tens of milliseconds, and for a cache a hit later than this is worth less than a recompute
+DEFAULT_READ_TIMEOUT_MS = 2000
 DEFAULT_ATTR_TIMEOUT = 30.0  # seconds the kernel keeps names and attributes (one node)
 
 
@@ -77,6 +80,9 @@ class PoolConfig:
     # 0: on the daemon's own threads
     io_timeout_ms: int = DEFAULT_IO_TIMEOUT_MS  # a namespace's share of a write past this
     # (plus its bytes at 64 MB/s): failed, written elsewhere
+    read_timeout_ms: int = DEFAULT_READ_TIMEOUT_MS  # a reader waits for the pool this long
+    # at most (plus the block's bytes at 64 MB/s): then a miss, and the namespace failed for
+    # reads; 0: no limit
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,17 @@ def _choice(*choices: str) -> Callable[[Any, str], str]:
         return value
 
     return check
+
+
+def _read_timeout(value: Any, key: str) -> int:
+    """0 (no limit) or 50 ms to 10 minutes."""
+    if value == 0 and not isinstance(value, bool):
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 50 <= value <= 600_000:
+        raise ConfigError(
+            f"config: {key}: expected 0 (no limit) or milliseconds from 50 to 600000, got {value!r}"
+        )
+    return value
 
 
 def _int_range(lo: int, hi: int) -> Callable[[Any, str], int]:
@@ -623,6 +640,7 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         io_engine=pool_t.take("io_engine", _choice("auto", "threads"), "auto"),
         io_workers=pool_t.take("io_workers", _int_range(0, 64), 2),
         io_timeout_ms=pool_t.take("io_timeout_ms", _int_range(100, 600_000), DEFAULT_IO_TIMEOUT_MS),
+        read_timeout_ms=pool_t.take("read_timeout_ms", _read_timeout, DEFAULT_READ_TIMEOUT_MS),
     )
     pool_t.done()
     cluster = None

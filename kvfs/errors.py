@@ -46,3 +46,20 @@ class StartupError(KvfsError):
 
     def __init__(self, message: str, code: int = _errno.EINVAL):
         super().__init__(code, message)
+
+
+class Unreadable(KvfsError):
+    """A block the pool cannot give in time: a namespace holding some of its units did not
+    answer within `[pool] read_timeout_ms`, or is failed for reads since it did not (no new
+    wait). EIO by default; an open of such a block answers ENOENT (`as_missing`): the answer
+    the most engines turn into a cache miss (docs/architecture.md, "Reads under faults", says
+    which do and which do not)."""
+
+    def __init__(self, message: str, namespaces: tuple[int, ...], waited: bool):
+        super().__init__(_errno.EIO, message)
+        self.namespaces = namespaces  # the namespaces it waited for, or found failed
+        self.waited = waited  # True: it waited out the deadline; False: failed at once
+
+    def as_missing(self) -> KvfsError:
+        """The same failure as ENOENT: the block is absent for this open."""
+        return KvfsError(_errno.ENOENT, str(self))

@@ -28,7 +28,7 @@ from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.catalog.tree import RENAME_EXCHANGE
 from kvfs.write.durability import Durability, Listener
-from kvfs.errors import KvfsError
+from kvfs.errors import KvfsError, Unreadable
 from kvfs.write.handles import (
     Attr,
     Handle,
@@ -443,6 +443,11 @@ class Files(Syncing, Eviction, Attributes):
         if passthrough:
             await self._bind(h, st)
         else:
+            if isinstance(h.version, BlobRec):
+                try:  # a block the pool cannot give now is absent for this open
+                    self.store.check_readable(h.version)
+                except Unreadable as e:
+                    raise e.as_missing() from None
             st.plain += 1
             self.stats.plain_opens += 1
 
@@ -469,7 +474,10 @@ class Files(Syncing, Eviction, Attributes):
                         s.sig, s.rec = s.buffer.signature(), node.blob
             buf, st.backing_version = s.buffer, s
         elif isinstance(h.version, BlobRec):
-            buf = await self.store.materialize(h.version)
+            try:
+                buf = await self.store.materialize(h.version)
+            except Unreadable as e:  # not in time, or a namespace failed for reads: absent
+                raise e.as_missing() from None  # for this open (a miss to every engine)
             st.backing_version = h.version
         else:  # the write session (or an empty session) it pinned
             if h.version is None:  # a new file whose first commit failed: no content yet

@@ -37,6 +37,7 @@ from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.layout import PAGE
 from kvfs.pool.io_workers import IoWorkers, WorkerLost
 from kvfs.pool.namespace_aio import AioPaths
+from kvfs.pool.read_health import ReadHealth
 from kvfs.pool.requests import (
     PrioritySlots,
     WriteRequest,
@@ -73,6 +74,10 @@ class NamespaceStats:
     rate_bps: float = 0.0  # recent bytes per busy second (0 until measured)
     aio_fallbacks: int = 0  # small-block I/Os AIO refused (EAGAIN...), done by a thread
     timeouts: int = 0  # jobs past their deadline (Namespace.bounded)
+    read_state: str = "ok"  # "ok", or "failed": a read missed its deadline (`stalled`) and
+    # reads are refused at once until a probe answers in time
+    read_timeouts: int = 0  # reads found past their deadline
+    reads_refused: int = 0  # reads failed at once while failed for reads
 
 
 def probe(path: Path) -> tuple[bool, bool, int]:
@@ -121,6 +126,7 @@ class Namespace(AioPaths):
         weight: float,
         io_engine: str = "auto",
         io_timeout: float | None = None,
+        read_timeout: float | None = None,
     ):
         self.index = index
         self.path = path
@@ -140,6 +146,8 @@ class Namespace(AioPaths):
         self._failed_writing = False  # ... and whether a write failed since it was ok
         self.io_timeout = io_timeout  # seconds (`bounded`); None: no deadline
         self.late = 0  # jobs past their deadline, still in flight
+        # reads in flight, their deadline, failed for reads (kvfs/pool/read_health.py)
+        self.health = ReadHealth(self, read_timeout, DEADLINE_RATE)
         self.slots = PrioritySlots(queue_depth)
         # shared fdatasyncs (see `sync`): numbers of the last sync started and completed
         self._sync_started = 0
@@ -168,6 +176,7 @@ class Namespace(AioPaths):
         create_size: int | None = None,
         io_engine: str = "auto",
         io_timeout: float | None = None,
+        read_timeout: float | None = None,
     ) -> "Namespace":
         """Open (and with `create_size`, first create and preallocate) a namespace.
 
@@ -210,7 +219,17 @@ class Namespace(AioPaths):
             log.warning("namespace %s: O_DIRECT is not supported here; using buffered I/O", path)
         size -= size % PAGE
         return cls(
-            index, path, fd, size, is_block, direct, queue_depth, weight, io_engine, io_timeout
+            index,
+            path,
+            fd,
+            size,
+            is_block,
+            direct,
+            queue_depth,
+            weight,
+            io_engine,
+            io_timeout,
+            read_timeout,
         )
 
     def close(self) -> None:
@@ -425,10 +444,19 @@ class Namespace(AioPaths):
     async def _read(self, offset: int, sizes: list[int], prefetch: bool, io) -> list[int]:
         """Run one read, `await io()` (the indices of its units that failed their checksums),
         in an I/O slot, counted; an OSError of the device marks the namespace failed and is
-        raised as EIO (a `WorkerLost` is raised as it is: nothing was read)."""
+        raised as EIO (a `WorkerLost` is raised as it is: nothing was read). While the
+        namespace is failed for reads (kvfs/pool/read_health.py) it raises `Unreadable` at
+        once, before and after waiting for a slot (readers queued behind a stalled read go at
+        once too)."""
+        health = self.health
+        if health.failed_at:
+            raise health.refused()
         nbytes = sum(sizes)
         async with self.slots.take(prefetch):
+            if health.failed_at:
+                raise health.refused()
             self._begin()
+            key = health.begin(nbytes)
             try:
                 bad = await io()
             except WorkerLost:
@@ -438,6 +466,7 @@ class Namespace(AioPaths):
                     f"read of {nbytes} bytes at {offset}", e, writing=False
                 ) from None
             finally:
+                health.end(key)
                 self._end(nbytes)
         return self._read_done(offset, sizes, bad)
 

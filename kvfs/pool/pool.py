@@ -157,6 +157,7 @@ class Pool(Placement):
                     weight=nc.weight,
                     io_engine=cfg.io_engine,
                     io_timeout=cfg.io_timeout_ms / 1000,
+                    read_timeout=cfg.read_timeout_ms / 1000 if cfg.read_timeout_ms else None,
                     create_size=nc.size if fresh else None,
                 )
                 if ns.size <= DATA_START:
@@ -691,6 +692,22 @@ class Pool(Placement):
         """Make completed writes on these namespaces durable (also writes another process made
         through its own descriptors: kvfs.client.direct)."""
         await run_all(self.namespaces[j].sync for j in namespaces)
+
+    # --- reads under faults (Namespace.stalled) -------------------------------------------------
+    def read_limit(self, nbytes: int) -> float | None:
+        """How long a reader waits for `nbytes` of a block from the pool at most (None: no
+        limit): `[pool] read_timeout_ms` plus the bytes at 64 MB/s."""
+        return self.namespaces[0].health.limit(nbytes)
+
+    def failed_for_reads(self) -> list[int]:
+        """The namespaces reads are refused on now (usually none)."""
+        return [ns.index for ns in self.namespaces if ns.health.failed_at]
+
+    def stalled(self, namespaces) -> tuple[int, ...]:
+        """A reader waited its deadline out for units on `namespaces`: those with a read in
+        flight past its own deadline are failed for reads (ReadHealth.stalled); returns every
+        one of them failed for reads now."""
+        return tuple(j for j in sorted(set(namespaces)) if self.namespaces[j].health.stalled())
 
     async def read_run(
         self, layout: Layout, run: list[int], buf: Buffer, *, prefetch: bool = False

@@ -63,6 +63,7 @@ class StoreStats:
     bytes_to_pool: int = 0
     fetches: int = 0
     fetch_errors: int = 0
+    read_timeouts: int = 0  # readers that waited out read_timeout_ms (BlockStore._late)
     blocks_written: int = 0
     direct_reads: int = 0  # blocks read by direct readers (kvfs.client.direct), not through FUSE
     parked: int = 0  # resident blocks' files closed while unused (Buffer.park)

@@ -42,6 +42,7 @@ from kvfs.pool.layout import PAGE, Layout, align_up, units_covering
 from kvfs.tiers.index import TierIndex
 from kvfs.tiers.policy import AlwaysAdmit, make_policy
 from kvfs.pool.pool import Pool
+from kvfs.tiers.waits import ReadWaits
 from kvfs.tiers.records import CachedBlob, StoreStats, open_file_limit, resident_limit
 
 log = logging.getLogger("kvfs.tiers.store")
@@ -84,6 +85,7 @@ class BlockStore:
         self._prefetch_running = 0
         self.stats = StoreStats()
         self.fetcher = Fetcher(pool, local, self.stats)
+        self.waits = ReadWaits(pool, self.stats)  # a reader's bounded wait (read_timeout_ms)
         self._nursery: trio.Nursery | None = None
         self.passthrough = False  # open handles may be served by the kernel itself
 
@@ -481,15 +483,23 @@ class BlockStore:
         else:
             fetch.prefetch = False
             fetch.run = 1  # a reader streams it now: first units first
-        layout = rec.layout
-        for k in units_covering(offset, length, rec.size, layout.unit):
-            if not fetch.ready[k].is_set():
-                fetch.expedite(layout, k)
-                await fetch.ready[k].wait()
-            err = fetch.errors.get(k)
-            if err is not None:
-                raise KvfsError(err.errno, str(err))
+        await self.waits.units(
+            rec, fetch, units_covering(offset, length, rec.size, rec.layout.unit)
+        )
         return fetch.buffer.view(offset, length)
+
+    def check_readable(self, rec: BlobRec) -> None:
+        """Unreadable if the block must come from the pool and a namespace with units of it
+        is failed for reads (an open checks: the engine gets a miss at once)."""
+        if not self.pool.failed_for_reads():  # (the usual case: one look per namespace)
+            return
+        cb = self.blobs.get(rec.id)
+        if cb is not None and cb.resident is not None:
+            return
+        fetch = cb.fetch if cb is not None else None
+        if fetch is None and self.local is not None and self.local.has(rec.id):
+            return
+        self.waits.refuse_stalled(rec, fetch, range(rec.layout.nunits))
 
     async def materialize(self, rec: BlobRec) -> Buffer:
         """The whole block in DRAM (for a passthrough open): the resident copy, or a fetch of
@@ -504,17 +514,18 @@ class BlockStore:
         cb = self._get(rec)
         fetch = cb.fetch
         if fetch is None:
-            # the opener runs the fetch itself (shielded: others may join it), rather than
-            # starting a task and waiting for it
-            fetch = self._start_fetch(cb, prefetch=False, run=False)
-            if fetch is not None:
-                with trio.CancelScope(shield=True):
-                    await self._run_fetch(cb, fetch)
+            if self.pool.read_limit(rec.size) is None:
+                # the opener runs the fetch itself (shielded: others may join it), rather
+                # than starting a task and waiting for it
+                fetch = self._start_fetch(cb, prefetch=False, run=False)
+                if fetch is not None:
+                    with trio.CancelScope(shield=True):
+                        await self._run_fetch(cb, fetch)
+            else:  # a task of the store's, so the opener can give up at its deadline
+                fetch = self._start_fetch(cb, prefetch=False)
         elif fetch.prefetch:
             fetch.prefetch = False
-        await fetch.done.wait()
-        for err in fetch.errors.values():
-            raise KvfsError(err.errno, str(err))
+        await self.waits.whole(rec, fetch)
         return fetch.buffer
 
     async def read_all(self, rec: BlobRec) -> Buffer:

@@ -1,0 +1,127 @@
+"""Whether a namespace answers reads in time: the reads in flight there, their deadline, and
+the failed-for-reads state with its probe (issue 58).
+
+A reader waits for the pool `[pool] read_timeout_ms` at most, plus its bytes at DEADLINE_RATE
+(kvfs/tiers/store.py measures the wait). A reader that waited its deadline out asks each
+namespace it waited for whether a read in flight there is past that read's own deadline
+(`stalled`): a namespace that is, is failed for reads. From then on every read there is
+refused at once (`Unreadable`: no new wait, the engine gets its miss within milliseconds),
+until, once the stalled reads have ended, a probe of the first page answers within the
+deadline; then it is read again, without a remount. A slow namespace that still answers (a
+reader merely queued behind others) is not failed. Late reads are never taken back: they end
+in the kernel or a worker, into memory their fetch keeps (kvfs/tiers/fetch.py).
+
+Reads only: writes have their own deadline and failed state (Namespace.bounded). A namespace
+that fills still reads, and one that stalls for reads is found by its readers.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+
+import trio
+
+from kvfs.errors import Unreadable
+
+log = logging.getLogger("kvfs.pool.namespace")
+
+PAGE = 4096
+PROBE_SECONDS = 2.0  # between probes of a namespace failed for reads
+
+
+class ReadHealth:
+    """One namespace's reads in flight (start, bytes), its read deadline and whether it is
+    failed for reads. Trio thread only."""
+
+    def __init__(self, ns, timeout: float | None, rate: float):
+        self.ns = ns  # the namespace (its index, path, descriptor and stats)
+        self.timeout = timeout  # seconds; None: no deadline
+        self.rate = rate  # bytes per second the deadline allows beyond `timeout`
+        self.reads: dict[int, tuple[float, int]] = {}
+        self._seq = 0
+        self.failed_at = 0.0  # (monotonic) when it was failed for reads; 0: it is not
+
+    def limit(self, nbytes: int) -> float | None:
+        """How long a read of `nbytes` may take (None: no limit)."""
+        if self.timeout is None:
+            return None
+        return self.timeout + nbytes / self.rate
+
+    def begin(self, nbytes: int) -> int:
+        """A read was issued; its key for `end`."""
+        self._seq = key = self._seq + 1
+        self.reads[key] = (time.monotonic(), nbytes)
+        return key
+
+    def end(self, key: int) -> None:
+        del self.reads[key]
+
+    def refused(self) -> Unreadable:
+        """The error of a read refused while failed for reads (counted)."""
+        ns = self.ns
+        ns.stats.reads_refused += 1
+        return Unreadable(
+            f"namespace {ns.index} ({ns.path}): failed for reads (no answer within "
+            f"read_timeout_ms {time.monotonic() - self.failed_at:.1f} s ago); not waited for",
+            (ns.index,),
+            waited=False,
+        )
+
+    def stalled(self) -> bool:
+        """Whether a read in flight is past its deadline (or reads are failed here already);
+        the first time, fail reads here and start the probe."""
+        if self.failed_at:
+            return True
+        if self.timeout is None:
+            return False
+        now = time.monotonic()
+        late = [(t0, n) for t0, n in self.reads.values() if now - t0 > self.limit(n)]
+        if not late:
+            return False
+        ns = self.ns
+        ns.stats.read_timeouts += len(late)
+        ns.stats.read_state = "failed"
+        self.failed_at = now
+        t0, n = min(late)
+        log.error(
+            "namespace %d (%s): a read of %d bytes has had no answer for %.1f s "
+            "(read_timeout_ms); failing reads here at once until it answers again",
+            ns.index,
+            ns.path,
+            n,
+            now - t0,
+        )
+        trio.lowlevel.spawn_system_task(self._probe)
+        return True
+
+    async def _probe(self) -> None:
+        """While failed for reads: every PROBE_SECONDS, once no read is in flight (the
+        stalled ones ended), read the first page; one that answers within the deadline makes
+        the namespace readable again."""
+        ns = self.ns
+        page = mmap.mmap(-1, PAGE)
+        while True:
+            await trio.sleep(PROBE_SECONDS)
+            if self.reads or ns.fd < 0:
+                continue
+            t0 = time.monotonic()
+            try:
+                # (abandoned if the daemon stops meanwhile: a hung device must not hold up
+                # its exit; the thread keeps the page it reads into)
+                await trio.to_thread.run_sync(os.preadv, ns.fd, [page], 0, abandon_on_cancel=True)
+            except OSError:
+                continue
+            took = time.monotonic() - t0
+            if took <= self.timeout:
+                break
+        log.warning(
+            "namespace %d (%s): reads answer again (a probe took %.3f s); reading it again",
+            ns.index,
+            ns.path,
+            took,
+        )
+        self.failed_at = 0.0
+        ns.stats.read_state = "ok"
