@@ -504,9 +504,42 @@ def _shards(value: Any, key: str, *, sentinels: bool) -> tuple[str, ...]:
 
 
 def _endpoint(value: Any, key: str) -> str:
+    """A ZMQ endpoint routers can reach. ZMQ itself takes a tcp port modulo 65536 (99999 binds
+    34463) and "*" or 0 as "any free port", which no router could be told: a tcp endpoint
+    must name its port, 1 to 65535."""
     v = _str(value, key)
     if not v.startswith(("tcp://", "ipc://", "inproc://")):
         raise ConfigError(f"config: {key}: {v!r} is not a ZMQ endpoint (tcp://, ipc://)")
+    scheme, _, rest = v.partition("://")
+    if scheme != "tcp":
+        if not rest:
+            raise ConfigError(f"config: {key}: {v!r}: expected {scheme}://<address>")
+        return v
+    host, _, port = rest.rpartition(";")[2].rpartition(":")  # (a source address precedes ";")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(
+            f"config: {key}: {v!r}: expected tcp://host:port with a port from 1 to 65535"
+        )
+    return v
+
+
+_TOPIC_FIELDS = ("node", "model")
+
+
+def _topic(value: Any, key: str) -> str:
+    """A topic template: literal text and the fields {node} and {model} (str.format's
+    syntax), checked here so that a typo fails the config, not the daemon's first batch."""
+    import string
+
+    v = _str(value, key)
+    allowed = ", ".join(f"{{{f}}}" for f in _TOPIC_FIELDS)
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"config: {key}: {v!r}: {e} (fields: {allowed})") from None
+    for f in fields:
+        if f not in _TOPIC_FIELDS:
+            raise ConfigError(f"config: {key}: {v!r}: unknown field {{{f}}} (allowed: {allowed})")
     return v
 
 
@@ -519,7 +552,7 @@ def _events(t: "_Table") -> EventsConfig:
         enabled=t.take("enabled", _bool, False),
         endpoint=t.take("endpoint", _endpoint, d.endpoint),
         replay_endpoint=replay or None,
-        topic=t.take("topic", _str, d.topic),
+        topic=t.take("topic", _topic, d.topic),
         node=t.take("node", _str),
         model=t.take("model", _str, ""),
         locality=t.take("locality", _str),
@@ -531,8 +564,7 @@ def _events(t: "_Table") -> EventsConfig:
     t.done()
     try:
         NamingRule.named(ev.layout, ev.pattern)
-        ev.topic.format(node="n", model="m")
-    except (ValueError, KeyError, IndexError) as e:
+    except ValueError as e:
         raise ConfigError(f"config: events: {e}") from None
     return ev
 

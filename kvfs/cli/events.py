@@ -8,6 +8,12 @@ per batch: sequence number, topic, and each event (type, group, hashes in hex); 
 one JSON document per batch instead. --from SEQ first asks the replay endpoint for the
 batches buffered from SEQ on. At the end (--count batches, --timeout seconds without one, or
 Ctrl-C) a line says how many batches the sequence shows were missed.
+
+The sequence is followed as a router must (kvfs/events/subscriber.py, `Subscriber.follow`):
+a sequence going backwards, or jumping, is a restart or a loss; a line starting with "!"
+(--json: a document with "notice") says which (for a restart, or a loss the replay cannot
+fill: that every block announced before is gone), then come the batches the replay endpoint
+gives back (a restart's: from 0, its AllBlocksCleared and inventory).
 """
 
 from __future__ import annotations
@@ -59,6 +65,21 @@ def _doc(topic: bytes, seq: int, batch) -> str:
     )
 
 
+def _notice(note, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(
+            {
+                "notice": note.kind,
+                "seq": note.seq,
+                "expected": note.expected,
+                "cleared": note.cleared,
+                "replayed": note.replayed,
+                "message": str(note),
+            }
+        )
+    return f"! {note}"
+
+
 def cmd_events(args) -> int:
     from kvfs.events.subscriber import Subscriber
 
@@ -77,22 +98,28 @@ def cmd_events(args) -> int:
     n = 0
     try:
         if args.start is not None:
-            for topic, seq, batch in sub.replay(args.start):
-                if topic.startswith(args.topic.encode()):
-                    print(show(topic, seq, batch), flush=True)
-                    n += 1
-                    sub.next_seq = seq + 1
+            for got in sub.start_from(args.start):
+                print(show(*got), flush=True)
+                n += 1
         while not args.count or n < args.count:
-            got = sub.receive(args.timeout if args.timeout > 0 else 3600.0)
+            got = sub.follow(args.timeout if args.timeout > 0 else 3600.0)
             if got is None:
                 if args.timeout > 0:
                     break
                 continue
-            print(show(*got), flush=True)
-            n += 1
+            note, batches = got
+            if note is not None:
+                print(_notice(note, args.json), flush=True)
+            for b in batches:
+                print(show(*b), flush=True)
+                n += 1
     except KeyboardInterrupt:
         pass
     finally:
         sub.close()
-    print(f"{n} batch(es); {sub.missed} missed in {sub.gaps} gap(s)", file=sys.stderr)
+    print(
+        f"{n} batch(es); {sub.missed} missed in {sub.gaps} gap(s); "
+        f"{sub.restarts} publisher restart(s)",
+        file=sys.stderr,
+    )
     return 0

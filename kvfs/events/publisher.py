@@ -1,11 +1,21 @@
 """The publisher: kvfs's KV events on a ZMQ PUB socket, with vLLM's replay protocol.
 
 Frames are vLLM's: [topic, 8-byte big-endian sequence number, msgpack KVEventBatch]. One
-sequence counts every batch this daemon sends (from 0 at each start); the topic is the
-configured template (default `kv@{node}@{model}`, llm-d's form) with the configured model, or
-else each block's model as its path names it, so a pool holding blocks of two models sends
-on two topics (a subscriber of the prefix `kv@<node>@` sees every batch, and no gap in the
-sequence but a lost one).
+sequence counts every batch this daemon sends (from 0 at each start, as vLLM's: a subscriber
+connected across a restart misses its first batches, ZMQ's reconnection being slower than
+the start, and sees the sequence go backwards or jump; it then asks the replay endpoint for
+the new stream from 0, or treats the node's blocks as gone: kvfs/events/subscriber.py,
+`Subscriber.follow`); the topic
+is the configured template (default `kv@{node}@{model}`, llm-d's form) with the configured
+model, or else each block's model as its path names it, so a pool holding blocks of two
+models sends on two topics (a subscriber of the prefix `kv@<node>@` sees every batch, and no
+gap in the sequence but a lost one). An event of no model (the start's `AllBlocksCleared`)
+goes once, on the node's topic: the template with the configured model, or else with an empty
+one (`kv@<node>@` with the default template: a prefix of each of the node's topics when
+the template ends with {model}, so a subscriber of `kv@<node>@`,
+`kv@` as llm-d's or "" as vLLM's example and Dynamo's by default, gets it once, and reads its
+empty model as "every model of that node"). A subscriber of one model's topic alone does not
+get it, and learns of a restart from the sequence (docs/configuration.md, "KV events").
 
 Where it runs: on the trio thread, in the catalog's commit round (`durable`: called once the
 changes it lists are durable; kvfs/catalog/base.py, `Announcer`). Sending never waits: a PUB
@@ -115,6 +125,8 @@ class Publisher:
 
     # ------------------------------------------------------------------------------ sending
     def topic(self, model: str) -> bytes:
+        """The topic of a block of `model` (its path's; "" for the node's topic: see the
+        module doc)."""
         t = self._topics.get(model)
         if t is None:
             t = self._topics[model] = self._template.format(
@@ -153,7 +165,7 @@ class Publisher:
                 out[i] = None
             last[k] = len(out)
             out.append((stored, k))
-        by_model: dict[str, list] = {}
+        by_topic: dict[bytes, list] = {}
         loc = self.locality
         for c in out:
             if c is None:
@@ -165,25 +177,24 @@ class Publisher:
             else:
                 ev = wire.removed(k.hash, k.group, loc)
                 self.removed += 1
-            by_model.setdefault(k.model, []).append(ev)
+            by_topic.setdefault(self.topic(k.model), []).append(ev)
         ts = time.time()
-        for model, events in by_model.items():
-            self._send(self.topic(model), events, ts)
+        for topic, events in by_topic.items():
+            self._send(topic, events, ts)
         self.cpu_s += time.thread_time() - t
 
     def resync(self, keys: Iterable[BlockKey]) -> None:
-        """At a start: `AllBlocksCleared`, then every block the pool holds (see the module
-        doc), on each topic the blocks are on, and the configured model's (with neither: the
-        topic of no model)."""
-        by_model: dict[str, list] = {}
+        """At a start: one `AllBlocksCleared` on the node's topic (see the module doc), whatever
+        the pool holds, then every block the pool holds, on its topic. One clear, first: a
+        router that clears a whole node whatever the topic (Dynamo) must not lose one topic's
+        inventory to another topic's clear."""
+        self._send(self.topic(""), [wire.AllBlocksCleared()])
+        self.cleared += 1
+        by_topic: dict[bytes, list] = {}
         for k in keys:
-            by_model.setdefault(k.model, []).append(wire.stored(k.hash, k.group, self.locality))
-        if self.model or not by_model:
-            by_model.setdefault(self.model, [])
-        for model, events in by_model.items():
-            topic = self.topic(model)
-            self._send(topic, [wire.AllBlocksCleared()])
-            self.cleared += 1
+            ev = wire.stored(k.hash, k.group, self.locality)
+            by_topic.setdefault(self.topic(k.model), []).append(ev)
+        for topic, events in by_topic.items():
             for i in range(0, len(events), RESYNC_BATCH):
                 self._send(topic, events[i : i + RESYNC_BATCH])
             self.resynced += len(events)

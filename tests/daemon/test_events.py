@@ -7,7 +7,13 @@ tests/clients/test_engines.py checks the hashes against vLLM's own events."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import trio
 
@@ -157,10 +163,94 @@ def test_a_restart_clears_the_stream_and_announces_what_the_pool_holds(pool_conf
         assert evs[0] == ("AllBlocksCleared", None, None)
         assert sorted(evs[1:]) == sorted(("BlockStored", h, 0) for _, h in kept)
         assert [seq for _, seq, _ in got] == list(range(len(got)))
+        # the clear on the node's topic, a prefix of its models' (no model is configured)
+        assert [t for t, _, _ in got] == [b"kv@n1@"] + [b"kv@n1@Qwen_Qwen3-0.6B"] * (len(got) - 1)
         sub.close()
 
     run_service(cfg, first, crash=True)
     run_service(cfg, after)
+
+
+def test_kvfs_events_across_a_restart_says_so_and_prints_the_new_stream_from_0(
+    pool_config, tmp_path
+):
+    """`kvfs events` running across a daemon restart, as a router's subscriber would: the
+    restart's AllBlocksCleared and inventory go out before it has reconnected, and the next
+    batch it sees has a lower sequence number. It prints a notice (the publisher restarted,
+    every block announced before is gone), then the new stream replayed from 0 (the clear,
+    the inventory of what the pool holds, what came since) and goes on, nothing twice."""
+    cfg = pool_config(mount=SLOW, extra=events_toml(tmp_path))
+    kept = [block_path(i) for i in range(3)]
+    new, h_new = block_path(9)
+    endpoints = ["--endpoint", f"ipc://{tmp_path}/events"]
+    endpoints += ["--replay-endpoint", f"ipc://{tmp_path}/replay"]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "kvfs", "events", "--json", *endpoints],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    docs: list[dict] = []
+    reader = threading.Thread(target=lambda: docs.extend(map(json.loads, cli.stdout)), daemon=True)
+    reader.start()
+
+    async def printed(fs, more_than: int) -> None:
+        """Probe batches until `kvfs events` has printed more than `more_than` documents."""
+        pub = fs.svc.events
+        with trio.fail_after(30):
+            while len(docs) <= more_than:
+                pub._send(pub.topic(""), [])
+                await trio.sleep(0.05)
+
+    async def first(fs):
+        await printed(fs, 0)
+        for p, _ in kept:
+            await store(fs, p, os.urandom(100_000))
+        await fs.sync()
+        pub = fs.svc.events
+        for _ in range(50):  # the sequence well past where the restart's will be
+            pub._send(pub.topic(""), [])
+        await eventually(lambda: docs[-1].get("seq") == pub.seq - 1, what="all printed")
+
+    async def after(fs):
+        await printed(fs, len(docs))
+        await store(fs, new, os.urandom(100_000))
+        await fs.sync()
+        stored = lambda: any(d.get("events") == [_stored(h_new)] for d in docs)  # noqa: E731
+        await eventually(stored, what="the new block printed")
+
+    try:
+        run_service(cfg, first, crash=True)
+        before = len(docs)
+        run_service(cfg, after)
+    finally:
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=30)
+        reader.join(10)
+    notice = docs[before]
+    assert notice["notice"] == "restart" and notice["cleared"]
+    assert notice["seq"] < notice["expected"] == docs[before - 1]["seq"] + 1
+    assert "publisher restarted" in notice["message"]
+    stream = docs[before + 1 :]
+    assert [d["seq"] for d in stream] == list(range(len(stream)))  # from 0, nothing twice
+    assert stream[0]["events"] == [{"type": "AllBlocksCleared"}] and stream[0]["topic"] == "kv@n1@"
+    inventory = stream[1]["events"]
+    assert sorted(e["block_hashes"][0] for e in inventory) == sorted(h for _, h in kept)
+    assert stream[-1]["events"] == [_stored(h_new)]
+    assert "1 publisher restart(s)" in err, err
+
+
+def _stored(h: int) -> dict:
+    """A BlockStored of hash `h` as `kvfs events --json` prints it."""
+    return {
+        "type": "BlockStored",
+        "block_hashes": [h],
+        "block_size": 0,
+        "medium": "STORAGE",
+        "group_idx": 0,
+        "locality": "n1",
+    }
 
 
 def test_replay_returns_the_batches_from_a_sequence_number_and_the_end_marker(
