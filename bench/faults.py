@@ -18,6 +18,10 @@ still serves (stat, listdir, a new file written and read back cold), what `kvfs 
   fill_one           one namespace's backing tmpfs fills while writers fsync, then heals
   fill_all           every namespace's backing tmpfs fills (write-backs fail), then heals
   stall              one namespace throttled to 4 KiB/s for 7 s while writers fsync
+  stall_read         readers load blocks cold while one namespace is throttled to 4 KiB/s
+                     for 10 s: each load waits the read deadline at most, then fails at once
+  lost_namespace     the same while one namespace ends at 1 MiB (I/O past it fails), then
+                     comes back
   stop_after_close   SIGTERM right after close(), before the kernel's RELEASE
   torn_superblock    bytes of a namespace's first 4 KiB overwritten while unmounted
   truncated_wal      catalog.sqlite-wal truncated while unmounted, after a kill -9
@@ -756,6 +760,145 @@ def device_fault(tmp: Path, kind: str) -> dict:
             m.stop()
 
 
+# --- reads under faults: a namespace stalls, or is lost, while readers load blocks cold -----------
+READ_FAULT_SECONDS = 10.0  # how long a read stall lasts: longer than the read deadline
+
+
+def _load(path: Path, data: bytes) -> tuple[str | None, float, float]:
+    """Open and read a file whole, as an engine loads a block: (None, 'WRONG' or the errno,
+    seconds in open, seconds in the reads)."""
+    t0 = time.monotonic()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        return ename(e), time.monotonic() - t0, 0.0
+    t1 = time.monotonic()
+    try:
+        parts = []
+        while chunk := os.read(fd, 4 * MiB):
+            parts.append(chunk)
+        got = None if b"".join(parts) == data else "WRONG"
+    except OSError as e:
+        got = ename(e)
+    finally:
+        os.close(fd)
+    return got, t1 - t0, time.monotonic() - t1
+
+
+def read_fault(tmp: Path, kind: str) -> dict:
+    """Readers load blocks cold (the DRAM tier dropped every second) while namespace 1
+
+      stall_read       is throttled to 4 KiB/s for READ_FAULT_SECONDS, then heals
+      lost_namespace   ends at 1 MiB (I/O past it fails) for READ_FAULT_SECONDS, then comes
+                       back (the operator's fix: the path is back)
+
+    Reports longest_open_s and longest_read_s (any load during the fault),
+    fast_fail_ms (p99 of the loads that failed once namespace 1 was failed for reads, or
+    for `lost_namespace` failed), the errnos loads got (`errnos`), wrong_reads (a load
+    that returned bytes other than the block's), others_failed (loads of blocks with no
+    unit on namespace 1 that failed: must be 0), daemon_deaths, recovery_s (healed -> every
+    block loads bit-exact cold) and durable_lost (blocks that do not read back bit-exact
+    after the fault, live or after a remount)."""
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"ns{i}", 128 * MiB) for i in range(3)]
+        cfg = formatted(tmp, [d.path for d in devs], dram="96MiB", pool='stripe_unit = "256KiB"')
+        m = start(tmp, cfg)
+        out: dict = {"scenario": kind, "read_timeout_s": 2.0}  # (the default)
+        try:
+            blocks = {f"s{i}": os.urandom(200 * KiB + i) for i in range(12)}
+            blocks.update({f"b{i}": os.urandom(2 * MiB + 4096 * i) for i in range(6)})
+            for name, data in blocks.items():
+                (m.mountpoint / name).write_bytes(data)
+            m.sync()
+            on1 = {n for n in blocks if 1 in namespaces_of(m.mountpoint / n)}
+            m.drop_caches()
+            group = None
+            if kind == "stall_read":
+                group = emu.cgroup("kvfs-rstall")
+                group.limit(devs[1], read_bps=4096)
+                group.add(m.pid)
+            else:
+                devs[1].end_at(1 * MiB)
+            fault_at = time.monotonic()
+            calls: list[tuple[float, str, str | None, float, float]] = []
+            lock = threading.Lock()
+            stop = threading.Event()
+
+            def reader(r: int) -> None:
+                names = sorted(blocks)
+                i = r
+                while not stop.is_set():
+                    name = names[i % len(names)]
+                    i += 1
+                    t = time.monotonic()
+                    got, t_open, t_read = _load(m.mountpoint / name, blocks[name])
+                    with lock:
+                        calls.append((t, name, got, t_open, t_read))
+
+            def cold() -> None:
+                while not stop.wait(1.0):
+                    with contextlib.suppress(OSError):
+                        m.control("drop_dram")
+
+            threads = [threading.Thread(target=reader, args=(r,)) for r in range(2)]
+            threads.append(threading.Thread(target=cold))
+            for th in threads:
+                th.start()
+            time.sleep(READ_FAULT_SECONDS)
+            states = m.stats()["namespaces"]
+            out["read_states_in_fault"] = [n["read_state"] for n in states]
+            out["states_in_fault"] = [n["state"] for n in states]
+            if group is not None:  # healed: the limit lifted (what it queued goes on)
+                group.limit(devs[1], read_bps=0)
+                group.remove()
+            else:
+                devs[1].end_at(None)
+            healed = time.monotonic()
+            stop.set()
+            for th in threads:
+                th.join(120)
+            during = [c for c in calls if c[0] < healed]
+            out["loads"] = len(during)
+            out["errnos"] = sorted({c[2] for c in during if c[2] not in (None, "WRONG")})
+            out["wrong_reads"] = sorted({c[1] for c in during if c[2] == "WRONG"})
+            out["others_failed"] = sum(1 for c in during if c[1] not in on1 and c[2] is not None)
+            out["longest_open_s"] = round(max((c[3] for c in during), default=0.0), 3)
+            out["longest_read_s"] = round(max((c[4] for c in during), default=0.0), 3)
+            # once a load on namespace 1 failed, every later failure must be fast
+            first = min((c[0] + c[3] + c[4] for c in during if c[2] is not None), default=None)
+            fast = sorted((c[3] + c[4]) * 1000 for c in during if first and c[0] > first and c[2])
+            out["failed_loads_after_first"] = len(fast)
+            out["fast_fail_ms"] = round(fast[int(0.99 * (len(fast) - 1))], 2) if fast else None
+            out["fast_fail_p50_ms"] = round(fast[len(fast) // 2], 2) if fast else None
+            out["first_failure_s"] = round(first - fault_at, 2) if first else None
+            out["daemon_deaths"] = 0 if m.proc.poll() is None else 1
+            out["recovery_s"] = None
+            while time.monotonic() - healed < 60:
+                m.drop_caches()
+                if all(_load(m.mountpoint / n, d)[0] is None for n, d in blocks.items()):
+                    out["recovery_s"] = round(time.monotonic() - healed, 2)
+                    break
+                time.sleep(0.5)
+            lost = {n for n, d in blocks.items() if read_errno(m.mountpoint / n, d)}
+            out["exit_status"] = m.stop()
+            m.start()
+            m.drop_caches()
+            lost |= {n for n, d in blocks.items() if read_errno(m.mountpoint / n, d)}
+            out["durable_lost"] = sorted(lost)
+            out["serving"] = serving(m)
+            return out
+        finally:
+            m.stop()
+
+
+def stall_read(tmp: Path) -> dict:
+    return read_fault(tmp, "stall_read")
+
+
+def lost_namespace(tmp: Path) -> dict:
+    return read_fault(tmp, "lost_namespace")
+
+
 def fill_one(tmp: Path) -> dict:
     return device_fault(tmp, "fill_one")
 
@@ -922,6 +1065,8 @@ SCENARIOS = {
         fill_one,
         fill_all,
         stall,
+        stall_read,
+        lost_namespace,
         stop_after_close,
         torn_superblock,
         truncated_wal,

@@ -48,6 +48,20 @@ class StartupError(KvfsError):
         super().__init__(code, message)
 
 
+class DeviceError(KvfsError):
+    """A namespace's device failed an I/O (EIO, a device that ended, a short transfer, no
+    answer within a write's deadline): the namespace is failed, and a block may be placed
+    elsewhere (kvfs/pool/placement.py). An open of a block it could not read answers ENOENT
+    (`as_missing`), as for `Unreadable`."""
+
+    def __init__(self, message: str, namespace: int):
+        super().__init__(_errno.EIO, message)
+        self.namespace = namespace
+
+    def as_missing(self) -> KvfsError:
+        return KvfsError(_errno.ENOENT, str(self))
+
+
 class Unreadable(KvfsError):
     """A block the pool cannot give in time: a namespace holding some of its units did not
     answer within `[pool] read_timeout_ms`, or is failed for reads since it did not (no new

@@ -180,8 +180,10 @@ class KvfsBackend(StoragePluginInterface):
         todo = [i for i, o in enumerate(objs) if o is not None]
         try:
             self.direct.read_many([paths[i] for i in todo], [objs[i].byte_array for i in todo])
-        except FileNotFoundError:
-            # a chunk vanished (evicted, unlinked) between lookup and read: read them one by one
+        except OSError:
+            # a chunk vanished (evicted, unlinked) between lookup and read, or one kvfs cannot
+            # give now (ENOENT at its lease: a namespace failed for reads; EIO): read them one
+            # by one, and what fails is a miss LMCache recomputes (not an exception in vLLM)
             for i in todo:
                 try:
                     self.direct.read_into(paths[i], objs[i].byte_array)

@@ -83,7 +83,19 @@ class DirectAccess:
 
     # --- direct readers ------------------------------------------------------------------------
     def lease_version(self, ino: int, generation: int, ttl: float) -> None:
-        self.leases.lease(self.catalog.get(ino), generation, ttl)
+        """Lease a version for a direct reader. ENOENT (a miss) if a namespace with units of
+        it is failed for reads (kvfs/pool/read_health.py): the reader would wait for it."""
+        node = self.catalog.get(ino)
+        failed = self.space.pool.failed_for_reads()
+        if failed and node.blob is not None:
+            hit = sorted(set(node.blob.layout.ns) & set(failed))
+            if hit:
+                raise KvfsError(
+                    errno.ENOENT,
+                    f"namespace(s) {', '.join(map(str, hit))} failed for reads "
+                    f"(read_timeout_ms): not leased",
+                )
+        self.leases.lease(node, generation, ttl)
 
     def end_lease(self, ino: int, generation: int, hit: bool) -> None:
         self.leases.release(generation, hit)

@@ -28,7 +28,7 @@ from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.catalog.tree import RENAME_EXCHANGE
 from kvfs.write.durability import Durability, Listener
-from kvfs.errors import KvfsError, Unreadable
+from kvfs.errors import DeviceError, KvfsError, Unreadable
 from kvfs.write.handles import (
     Attr,
     Handle,
@@ -49,6 +49,10 @@ from kvfs.space import Space
 from kvfs.tiers.store import BlockStore
 
 log = logging.getLogger("kvfs.fs.files")
+# what an open of a block that cannot be brought in answers with ENOENT: the block is absent
+# for it, which the engines turn into a miss (docs/architecture.md, "Reads under faults");
+# a checksum mismatch stays EIO (the bytes are there, and wrong)
+UNAVAILABLE = (DeviceError, Unreadable)
 
 
 __all__ = ["Attr", "Files", "OpenResult", "PIN_XATTR"]
@@ -446,7 +450,7 @@ class Files(Syncing, Eviction, Attributes):
             if isinstance(h.version, BlobRec):
                 try:  # a block the pool cannot give now is absent for this open
                     self.store.check_readable(h.version)
-                except Unreadable as e:
+                except UNAVAILABLE as e:
                     raise e.as_missing() from None
             st.plain += 1
             self.stats.plain_opens += 1
@@ -476,8 +480,8 @@ class Files(Syncing, Eviction, Attributes):
         elif isinstance(h.version, BlobRec):
             try:
                 buf = await self.store.materialize(h.version)
-            except Unreadable as e:  # not in time, or a namespace failed for reads: absent
-                raise e.as_missing() from None  # for this open (a miss to every engine)
+            except UNAVAILABLE as e:  # a device error, not in time, or a namespace failed for
+                raise e.as_missing() from None  # reads: absent for this open (an engine's miss)
             st.backing_version = h.version
         else:  # the write session (or an empty session) it pinned
             if h.version is None:  # a new file whose first commit failed: no content yet

@@ -33,7 +33,7 @@ from kvfs import tasks
 from kvfs.pool import linux_aio
 from kvfs.tasks import run_all
 from kvfs.pool.buffer import populate
-from kvfs.errors import KvfsError, StartupError
+from kvfs.errors import DeviceError, KvfsError, StartupError
 from kvfs.pool.layout import PAGE
 from kvfs.pool.io_workers import IoWorkers, WorkerLost
 from kvfs.pool.namespace_aio import AioPaths
@@ -272,6 +272,8 @@ class Namespace(AioPaths):
 
     # --- data I/O (async) --------------------------------------------------------------------
     def _failed(self, what: str, e: OSError, writing: bool = True) -> KvfsError:
+        """The error of an I/O the device failed (`DeviceError`, the namespace marked failed),
+        or of one the daemon could not make (DAEMON_SHORTAGES: the errno itself)."""
         msg = f"namespace {self.index} ({self.path}): {what}: {e.strerror or e}"
         if e.errno in DAEMON_SHORTAGES:
             # the daemon ran short (descriptors, memory) making the I/O: no sign the device
@@ -285,9 +287,7 @@ class Namespace(AioPaths):
         self.stats.last_error = msg
         self._failed_at = time.monotonic()
         self._failed_writing = self._failed_writing or writing
-        err = KvfsError(errno.EIO, msg)
-        err.namespace = self.index  # a device's failure: the block may go elsewhere
-        return err
+        return DeviceError(msg, self.index)  # a device's failure: the block may go elsewhere
 
     def on_probation(self) -> bool:
         """A failed namespace with no error for RETRY_SECONDS and no job still in flight past
@@ -462,9 +462,10 @@ class Namespace(AioPaths):
             except WorkerLost:
                 raise
             except OSError as e:
-                raise self._failed(
-                    f"read of {nbytes} bytes at {offset}", e, writing=False
-                ) from None
+                err = self._failed(f"read of {nbytes} bytes at {offset}", e, writing=False)
+                if isinstance(err, DeviceError):
+                    health.fail(f"a read failed: {e.strerror or e}")
+                raise err from None
             finally:
                 health.end(key)
                 self._end(nbytes)

@@ -81,26 +81,34 @@ class ReadHealth:
         late = [(t0, n) for t0, n in self.reads.values() if now - t0 > self.limit(n)]
         if not late:
             return False
-        ns = self.ns
-        ns.stats.read_timeouts += len(late)
-        ns.stats.read_state = "failed"
-        self.failed_at = now
+        self.ns.stats.read_timeouts += len(late)
         t0, n = min(late)
+        self.fail(f"a read of {n} bytes has had no answer for {now - t0:.1f} s (read_timeout_ms)")
+        return True
+
+    def fail(self, why: str) -> None:
+        """Fail reads here (a read past its deadline, or one the device failed: a namespace
+        that is gone fails every read, and refusing them saves each reader the round trip)
+        until the probe answers in time."""
+        if self.failed_at:
+            return
+        ns = self.ns
+        ns.stats.read_state = "failed"
+        self.failed_at = time.monotonic()
         log.error(
-            "namespace %d (%s): a read of %d bytes has had no answer for %.1f s "
-            "(read_timeout_ms); failing reads here at once until it answers again",
+            "namespace %d (%s): %s; failing reads here at once until it answers again",
             ns.index,
             ns.path,
-            n,
-            now - t0,
+            why,
         )
         trio.lowlevel.spawn_system_task(self._probe)
-        return True
 
     async def _probe(self) -> None:
         """While failed for reads: every PROBE_SECONDS, once no read is in flight (the
         stalled ones ended), read the first page; one that answers within the deadline makes
-        the namespace readable again."""
+        the namespace readable again. (The first page, not the place that failed: a bad
+        sector must not keep the whole namespace from being read; a namespace that is gone
+        fails there too.)"""
         ns = self.ns
         page = mmap.mmap(-1, PAGE)
         while True:
@@ -115,7 +123,7 @@ class ReadHealth:
             except OSError:
                 continue
             took = time.monotonic() - t0
-            if took <= self.timeout:
+            if self.timeout is None or took <= self.timeout:
                 break
         log.warning(
             "namespace %d (%s): reads answer again (a probe took %.3f s); reading it again",

@@ -48,6 +48,7 @@ class Fetch:
         "source",
         "parent",
         "done",
+        "settled",
         "run",
     )
 
@@ -63,6 +64,9 @@ class Fetch:
         self.source = source  # "pool" or "local"
         self.parent = parent  # the block before it in its chain walk, for the policy
         self.done = trio.Event()
+        # done, or a unit failed: a reader of the whole block has its answer (the fetch goes
+        # on: a reader streaming other units may still want them)
+        self.settled = trio.Event()
         self.run = run  # units per I/O: 1 while a reader streams it
 
     def expedite(self, layout: Layout, k: int) -> None:
@@ -145,9 +149,11 @@ class Fetcher:
                         fetch.errors[k] = KvfsError(
                             errno.EIO, f"checksum mismatch in unit {k} of block {rec.id}"
                         )
+                        fetch.settled.set()
                 except KvfsError as e:
                     for k in run:
                         fetch.errors[k] = e
+                    fetch.settled.set()
                 finally:
                     for k in run:
                         fetch.ready[k].set()

@@ -603,6 +603,7 @@ class BlockStore:
         cb.fetch = None
         self.inflight -= fetch.buffer.reserved_bytes
         fetch.done.set()
+        fetch.settled.set()
         if on_done is not None:
             on_done()
         complete = all(ev.is_set() for ev in fetch.ready) and not fetch.errors

@@ -16,7 +16,7 @@ from __future__ import annotations
 import trio
 
 from kvfs.catalog.base import BlobRec
-from kvfs.errors import KvfsError, Unreadable
+from kvfs.errors import DeviceError, KvfsError, Unreadable
 from kvfs.pool.pool import Pool
 from kvfs.tiers.fetch import Fetch
 
@@ -52,14 +52,14 @@ class ReadWaits:
 
     async def whole(self, rec: BlobRec, fetch: Fetch) -> None:
         """Wait for the whole fetch to end, within the deadline; raise the error of a unit
-        that failed."""
-        if not fetch.done.is_set():
+        that failed (as soon as one has: the rest would not make the block whole)."""
+        if not fetch.settled.is_set():
             every = range(len(fetch.ready))
             self.refuse_stalled(rec, fetch, every)
             limit = self.pool.read_limit(rec.size)
             with trio.move_on_after(FOREVER if limit is None else limit):
-                await fetch.done.wait()
-            if not fetch.done.is_set():
+                await fetch.settled.wait()
+            if not fetch.settled.is_set():
                 raise self.late(rec, fetch, every, limit)
         for err in fetch.errors.values():
             raise again(err)
@@ -110,4 +110,6 @@ def again(err: KvfsError) -> KvfsError:
     of the same kind."""
     if isinstance(err, Unreadable):
         return Unreadable(str(err), err.namespaces, err.waited)
+    if isinstance(err, DeviceError):
+        return DeviceError(str(err), err.namespace)
     return KvfsError(err.errno, str(err))

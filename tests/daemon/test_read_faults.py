@@ -110,6 +110,18 @@ def test_a_hung_namespace_costs_a_reader_the_deadline_then_nothing(pool_config, 
         with pytest.raises(Unreadable) as e:
             await store.materialize(rec)
         assert not e.value.waited and time.monotonic() - t0 < 0.05
+        # a direct reader (kvfs.client.direct) is not leased a block it would wait for
+        direct = fs.svc.direct
+        for path in ("/b1", min(off0)):
+            ino = fs.ino(path)
+            gen = fs.files.catalog.get(ino).blob.id
+            if path in on0:
+                with pytest.raises(KvfsError) as e:
+                    direct.lease_version(ino, gen, ttl=30)
+                assert e.value.errno == errno.ENOENT, e.value
+            else:
+                direct.lease_version(ino, gen, ttl=30)
+                direct.end_lease(ino, gen, hit=True)
         # blocks on the other namespace read bit-exact meanwhile
         for path in sorted(off0):
             assert await fs.read(path) == files[path], path
