@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
+from testing.emulate import Emulation
 from tests.clients.conftest import engine_pair
-from tests.helpers import wait_until
+from tests.helpers import requires_throttle, wait_until
 
 pytestmark = [pytest.mark.clients, pytest.mark.mounted, pytest.mark.slow]
 
@@ -469,3 +471,44 @@ def test_static_pool_writes_slots_in_place_and_evicts_with_its_own_lru(
     assert c.found(a, [3, 4, 5, 6]) == [False] * 4
     assert len(c.files(a, d)) == 8
     a.call("close")
+
+
+@requires_throttle
+def test_a_stalled_namespace_is_a_miss_then_a_hit_again(engines, make_mount, tmp_path):
+    """Issue 58: namespace 1 stalls (4 KiB/s) while the engine loads blocks kvfs holds cold.
+    The engine's own read path completes: each block with a unit there is a miss (kvfs waits
+    the read deadline once, then refuses at once, and an open it cannot serve answers
+    ENOENT), the others are hits, no wrong bytes, no exception out of the engine. Healed, every
+    block loads bit-exact again, without a remount."""
+    from bench.faults import formatted, namespaces_of
+
+    c, a, _ = engines
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"r{i}", 128 * MiB) for i in range(2)]
+        m = make_mount(formatted(tmp_path, [d.path for d in devs], pool='stripe_unit = "256KiB"'))
+        d = m.mountpoint / c.dir
+        c.open(a, d, **c.pair[0])
+        keys = list(range(1, 9))
+        assert c.store(a, keys, batch=8)
+        m.sync()
+        assert any(1 in namespaces_of(d / f) for f in c.blocks(a, d))
+        m.drop_caches()
+        group = emu.cgroup("kvfs-clients-stall")
+        group.limit(devs[1], read_bps=4096)
+        group.add(m.pid)
+        try:
+            t0 = time.monotonic()
+            got = c.read(a, keys)
+            took = time.monotonic() - t0
+        finally:
+            group.limit(devs[1])  # healed: what it queued goes on
+            group.remove()
+        assert all(g in (True, None) for g in got), got  # no wrong bytes, no exception
+        assert None in got, got
+        assert took <= 2.0 + 1.5, took  # one read deadline, then misses at once
+        assert m.stats()["namespaces"][1]["read_timeouts"] >= 1
+        wait_until(
+            lambda: m.stats()["namespaces"][1]["read_state"] == "ok", 15, "namespace 1 to heal"
+        )
+        m.drop_caches()
+        assert c.read(a, keys) == [True] * len(keys)
