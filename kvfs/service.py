@@ -441,6 +441,8 @@ class Service:
             pool_info={
                 "pool_id": pool.pool_id,
                 "namespace_paths": [str(ns.path) for ns in pool.namespaces],
+                # a direct reader's deadline (kvfs.client.direct), as the daemon's readers'
+                "read_timeout": cfg.pool.read_timeout_ms / 1000 or None,
             },
         )
         self.ops = FuseOps(

@@ -58,6 +58,8 @@ import xxhash
 PAGE = 4096
 DEFAULT_TTL = 30.0
 MAX_RUN = 4  # units read by one preadv at most (a run keeps the namespace busy alone)
+DEADLINE_RATE = 64e6  # bytes per second a read deadline allows beyond read_timeout (the daemon's)
+CHECK_MAX = 8 << 20  # bytes of a stalled read the daemon is asked to check, at most
 
 
 class StaleBlock(OSError):
@@ -65,6 +67,33 @@ class StaleBlock(OSError):
 
     def __init__(self, path: str):
         super().__init__(errno.ESTALE, f"block changed while being read: {path}", path)
+
+
+class ReadTimeout(OSError):
+    """A read had no answer within the pool's read deadline (`read_many(abandon=True)`).
+    The reads still in flight go on into the caller's buffers: the caller must not reuse
+    them before `on_end` calls it back (then they are its own again)."""
+
+    def __init__(self, path: str, pending: list):
+        super().__init__(errno.ETIMEDOUT, f"no answer within the read deadline: {path}", path)
+        self.pending = pending  # the call's reads (concurrent.futures.Future)
+
+    def on_end(self, fn) -> None:
+        """Call `fn()` once every read of the call has ended (at once if they have)."""
+        left = [len(self.pending)]
+        lock = threading.Lock()
+
+        def one(_f) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                fn()
+
+        if not self.pending:
+            fn()
+        for f in self.pending:
+            f.add_done_callback(one)
 
 
 @dataclass
@@ -77,6 +106,13 @@ class BlockLayout:
     offsets: list[int]
     sums: list[int]
     ns_paths: list[str]
+    read_timeout: float | None = None  # the pool's read deadline (None: none)
+
+    def deadline(self) -> float | None:
+        """Seconds a read of this block may take (the daemon's readers' deadline)."""
+        if self.read_timeout is None:
+            return None
+        return self.read_timeout + self.size / DEADLINE_RATE
 
     def unit_length(self, k: int) -> int:
         return max(0, min(self.unit, self.size - k * self.unit))
@@ -177,6 +213,7 @@ class Direct:
             [u[1] for u in umap],
             raw["sums"],
             raw["namespace_paths"],
+            raw.get("read_timeout"),
         )
 
     def _lease(self, lay: BlockLayout) -> None:
@@ -356,10 +393,52 @@ class Direct:
         return cupy.asarray(buf).reshape(-1).view(cupy.uint8)
 
     # --- the API -------------------------------------------------------------------------------
+    def _stalled(self, lay: BlockLayout, run: list[int]) -> None:
+        """Tell the daemon a run's read had no answer in time (`user.kvfs.stalled`): it reads
+        the same bytes itself, and fails the namespace for reads if they are late there too,
+        so other readers get their miss at once."""
+        stored = sum((lay.unit_length(k) + PAGE - 1) // PAGE * PAGE for k in run)
+        arg = {
+            "namespace": lay.ns[run[0]],
+            "offset": lay.offsets[run[0]],
+            "length": min(stored, CHECK_MAX),
+        }
+        try:
+            os.setxattr(lay.path, "user.kvfs.stalled", json.dumps(arg).encode())
+        except OSError:
+            pass  # (gone meanwhile, or an older daemon: the reader still has its answer)
+
+    def _host_result(self, f, lay: BlockLayout, run: list[int], t0: float, abandon: bool):
+        """A host read's result, within the block's read deadline from `t0`; past it, the
+        daemon is told, and the read waited for unless `abandon` (then ReadTimeout)."""
+        limit = lay.deadline()
+        if limit is None:
+            return f.result()
+        try:
+            return f.result(timeout=max(0.0, t0 + limit - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            pass
+        self._stalled(lay, run)
+        if not abandon:
+            return f.result()  # (the buffer is the caller's: a late read would land there)
+        raise ReadTimeout(lay.path, [])
+
     def read_many(
-        self, paths: Sequence[str], bufs: Sequence[Any], verify: bool | None = None
+        self,
+        paths: Sequence[str],
+        bufs: Sequence[Any],
+        verify: bool | None = None,
+        *,
+        abandon: bool = False,
     ) -> list[int]:
-        """Read many blocks, every stripe unit of all of them in parallel; returns their sizes."""
+        """Read many blocks, every stripe unit of all of them in parallel; returns their sizes.
+
+        A host read with no answer within the pool's read deadline (`[pool] read_timeout_ms`,
+        plus the block's bytes at 64 MB/s) is reported to the daemon, which checks that
+        namespace and fails it for reads if it is late for it too (then its blocks are no
+        longer leased: ENOENT, a miss, at once). The read itself is waited for, since it
+        lands in the caller's buffer, unless `abandon`: then ReadTimeout is raised at the
+        deadline, and the caller keeps every buffer of the call until `ReadTimeout.on_end`."""
         if len(paths) != len(bufs):
             raise ValueError("kvfs.client.direct.read_many: as many buffers as paths")
         verify = self.verify if verify is None else verify
@@ -369,6 +448,7 @@ class Direct:
             lays = {}
             read: set[int] = set()
             failed: dict[int, OSError] = {}  # a unit that failed its checksum (or its read)
+            t0 = time.monotonic()
             try:
                 for i in pending:
                     lays[i] = self._leased_layout(paths[i])
@@ -396,7 +476,7 @@ class Direct:
                                 "host",
                                 i,
                                 [
-                                    self._pool.submit(self._read_run, lay, run, dest, verify)
+                                    (self._pool.submit(self._read_run, lay, run, dest, verify), run)
                                     for run in self._runs(lay, dest)
                                 ],
                             )
@@ -405,9 +485,12 @@ class Direct:
                     for f in futures:  # every unit's read ends before the release
                         try:
                             if kind == "host":
-                                f.result()
+                                self._host_result(f[0], lays[i], f[1], t0, abandon)
                             else:
                                 self._kvikio_done(lays[i], f, verify, kind == "kvikio-host")
+                        except ReadTimeout as e:  # (abandon): the caller's answer, now
+                            e.pending = [x[0] for k2, _, fs in jobs if k2 == "host" for x in fs]
+                            raise
                         except OSError as e:
                             failed.setdefault(i, e)
                     if i not in failed:

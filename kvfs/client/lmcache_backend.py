@@ -38,6 +38,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvfs.client import direct
+from kvfs.client.direct import ReadTimeout
 from kvfs.client.mounts import find_mount
 
 log = logging.getLogger("kvfs.lmcache")
@@ -179,7 +180,16 @@ class KvfsBackend(StoragePluginInterface):
         objs = [self._allocate(p) for p in paths]
         todo = [i for i, o in enumerate(objs) if o is not None]
         try:
-            self.direct.read_many([paths[i] for i in todo], [objs[i].byte_array for i in todo])
+            self.direct.read_many(
+                [paths[i] for i in todo], [objs[i].byte_array for i in todo], abandon=True
+            )
+        except ReadTimeout as e:
+            # a namespace had no answer within the read deadline: every chunk of the call is
+            # a miss (LMCache recomputes it) rather than a wait; the reads still in flight
+            # land in these objects, which go back to LMCache's allocator once they end
+            held = [objs[i] for i in todo]
+            e.on_end(lambda: [o.ref_count_down() for o in held])
+            return [None] * len(keys)
         except OSError:
             # a chunk vanished (evicted, unlinked) between lookup and read, or one kvfs cannot
             # give now (ENOENT at its lease: a namespace failed for reads; EIO): read them one

@@ -239,6 +239,9 @@ class Control:
             if key in (b"alloc", b"commit"):
                 await self._direct_write(inode, key, value)
                 return True
+            if key == b"stalled":
+                self._stalled(inode, value)
+                return True
             raise KvfsError(
                 errno.EPERM,
                 f"{name.decode(errors='replace')} is not writable "
@@ -293,6 +296,21 @@ class Control:
             direct.lease_version(inode, gen, float(ttl))
         else:
             direct.end_lease(inode, gen, bool(args.get("hit", True)))
+
+    def _stalled(self, inode: int, value: bytes) -> None:
+        """kvfs.client.direct's word that a read of this file's block had no answer in time:
+        {"namespace": j, "offset": bytes, "length": bytes} (DirectAccess.suspect)."""
+        try:
+            args = json.loads(value)
+            j, off, n = args["namespace"], args["offset"], args["length"]
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in (j, off, n)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise KvfsError(
+                errno.EINVAL,
+                'user.kvfs.stalled takes {"namespace": j, "offset": bytes, "length": bytes}',
+            ) from None
+        self.direct.suspect(inode, j, off, n)
 
     async def _direct_write(self, inode: int, key: bytes, value: bytes) -> None:
         """kvfs.client.direct's writes, on a file open for writing: {"size": N, "ttl": s} to

@@ -97,6 +97,22 @@ class DirectAccess:
                 )
         self.leases.lease(node, generation, ttl)
 
+    def suspect(self, ino: int, namespace: int, offset: int, length: int) -> None:
+        """A direct reader of this file had no answer from a namespace within the read
+        deadline (`user.kvfs.stalled`): the daemon checks that namespace with a read of its
+        own (kvfs/pool/read_health.py), which fails it for reads if it is late too; then the
+        file's blocks there are no longer leased (ENOENT), and readers through the mount fail
+        at once."""
+        path = self.catalog.path_of(self.catalog.get(ino))
+        if not self.space.pool.suspect(
+            namespace, offset, length, f"a direct reader of {path} had no answer in time"
+        ):
+            raise KvfsError(
+                errno.EINVAL,
+                f"user.kvfs.stalled: no namespace {namespace} range of {length} bytes at "
+                f"{offset} to check",
+            )
+
     def end_lease(self, ino: int, generation: int, hit: bool) -> None:
         self.leases.release(generation, hit)
         if hit:

@@ -703,6 +703,12 @@ class Pool(Placement):
         """The namespaces reads are refused on now (usually none)."""
         return [ns.index for ns in self.namespaces if ns.health.failed_at]
 
+    def suspect(self, j: int, offset: int, length: int, why: str) -> bool:
+        """A direct reader had no answer in time from namespace j: check it (ReadHealth)."""
+        if not 0 <= j < len(self.namespaces):
+            return False
+        return self.namespaces[j].health.suspect(offset, length, why)
+
     def stalled(self, namespaces) -> tuple[int, ...]:
         """A reader waited its deadline out for units on `namespaces`: those with a read in
         flight past its own deadline are failed for reads (ReadHealth.stalled); returns every

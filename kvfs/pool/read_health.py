@@ -30,6 +30,7 @@ log = logging.getLogger("kvfs.pool.namespace")
 
 PAGE = 4096
 PROBE_SECONDS = 2.0  # between probes of a namespace failed for reads
+CHECK_MAX = 8 << 20  # bytes a check of a direct reader's stalled read reads at most
 
 
 class ReadHealth:
@@ -102,6 +103,48 @@ class ReadHealth:
             why,
         )
         trio.lowlevel.spawn_system_task(self._probe)
+
+    def suspect(self, offset: int, length: int, why: str) -> bool:
+        """A direct reader (kvfs.client.direct, reading the namespace itself) had no answer
+        for `length` bytes at `offset` within its deadline: read them here now, and fail
+        reads here if they take longer than the deadline too (the reader's word alone fails
+        nothing). False if the range is not one a check may read."""
+        ns = self.ns
+        if (
+            offset % PAGE
+            or length % PAGE
+            or not 0 < length <= CHECK_MAX
+            or offset < 0
+            or offset + length > ns.size
+        ):
+            return False
+        if not self.failed_at and self.timeout is not None:
+            trio.lowlevel.spawn_system_task(self._check, offset, length, why)
+        return True
+
+    async def _check(self, offset: int, length: int, why: str) -> None:
+        ns, buf = self.ns, mmap.mmap(-1, length)
+        done = trio.Event()
+        key = self.begin(length)
+
+        async def read() -> None:
+            try:
+                await trio.to_thread.run_sync(
+                    os.preadv, ns.fd, [buf], offset, abandon_on_cancel=True
+                )
+            except OSError as e:
+                self.fail(f"{why}, and a check of it failed: {e.strerror or e}")
+            finally:
+                self.end(key)
+                done.set()
+
+        trio.lowlevel.spawn_system_task(read)
+        limit = self.limit(length)
+        with trio.move_on_after(limit):
+            await done.wait()
+        if not done.is_set():
+            self.ns.stats.read_timeouts += 1
+            self.fail(f"{why}, and a check of those {length} bytes had no answer in {limit:.1f} s")
 
     async def _probe(self) -> None:
         """While failed for reads: every PROBE_SECONDS, once no read is in flight (the

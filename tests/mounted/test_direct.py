@@ -14,7 +14,7 @@ import pytest
 
 import kvfs.client.direct as kd
 from tests.cuda_stub import build as build_cuda_stub
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, requires_throttle, wait_until
 
 MiB = 1 << 20
 SIZES = [0, 1, 4095, 4096, 65537, MiB, MiB + 1, 7 * MiB + 123]
@@ -282,3 +282,67 @@ def test_direct_write_refusals(make_mount, pool_config):
     finally:
         os.close(fd)
     assert p.read_bytes() == b""  # nothing was committed
+
+
+@requires_throttle
+def test_a_stalled_namespace_costs_a_direct_reader_one_deadline(make_mount, tmp_path):
+    """Issue 58, the direct path: a direct reader (reading the namespaces itself) whose read
+    has no answer within the pool's read deadline tells the daemon, which checks that range
+    itself and fails the namespace for reads; with `abandon` the reader has ReadTimeout at
+    the deadline (its buffers held until the late reads end), and from then on the blocks on
+    that namespace are not leased (ENOENT: a miss, at once) while the others read bit-exact.
+    Healed, every block reads again."""
+    import time
+
+    from bench.faults import formatted, namespaces_of
+    from testing.emulate import Emulation
+
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"d{i}", 96 * MiB) for i in range(2)]
+        m = make_mount(formatted(tmp_path, [d.path for d in devs], pool='stripe_unit = "256KiB"'))
+        data = {f"b{i}": os.urandom(2 * MiB) for i in range(3)}
+        data.update({f"s{i}": os.urandom(128 * 1024) for i in range(4)})
+        for name, d in data.items():
+            (m.mountpoint / name).write_bytes(d)
+        m.sync()
+        paths = {n: str(m.mountpoint / n) for n in data}
+        on1 = {n for n in data if 1 in namespaces_of(m.mountpoint / n)}
+        off1 = set(data) - on1
+        assert on1 >= {"b0", "b1", "b2"} and off1, (on1, off1)
+        group = emu.cgroup("kvfs-direct-stall")
+        group.limit(devs[1], read_bps=4096)
+        group.add(os.getpid())  # (this process reads the namespaces)
+        group.add(m.pid)  # (and the daemon, which checks what it says)
+        bufs = {n: np.zeros(len(d), np.uint8) for n, d in data.items()}
+        r = kd.Direct(str(m.mountpoint))
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(kd.ReadTimeout) as e:
+                r.read_many([paths["b0"]], [bufs["b0"]], abandon=True)
+            took = time.monotonic() - t0
+            assert 2.0 <= took <= 2.0 + 2 * MiB / 64e6 + 0.5, took
+            assert e.value.errno == errno.ETIMEDOUT and e.value.pending
+            # the daemon checks it (one more deadline), then refuses leases of its blocks
+            wait_until(
+                lambda: m.stats()["namespaces"][1]["read_state"] == "failed", 10, "the check"
+            )
+            for n in sorted(on1):
+                t = time.monotonic()
+                with pytest.raises(FileNotFoundError):
+                    r.read_into(paths[n], bufs[n])
+                assert time.monotonic() - t < 0.1, n
+            for n in sorted(off1):
+                assert r.read_into(paths[n], bufs[n]) == len(data[n])
+                assert bufs[n].tobytes() == data[n], n
+        finally:
+            group.limit(devs[1])
+            group.release(os.getpid())
+            group.remove()  # (the daemon too)
+        ended = []
+        e.value.on_end(lambda: ended.append(1))
+        wait_until(lambda: ended, 30, "the late read to end")
+        wait_until(lambda: m.stats()["namespaces"][1]["read_state"] == "ok", 15, "the heal")
+        for n in sorted(data):
+            assert r.read_into(paths[n], bufs[n]) == len(data[n])
+            assert bufs[n].tobytes() == data[n], n
+        r.close()
