@@ -5,6 +5,7 @@
     python -m tests.lmcache.lmc_driver overfill DIR --chunks 24 --max-gb 0.03
     python -m tests.lmcache.lmc_driver fs_put DIR --chunks 12
     python -m tests.lmcache.lmc_driver fs_get DIR --chunks 12
+    python -m tests.lmcache.lmc_driver stall DIR --backend local_disk --chunks 6   (interactive)
 
 Chunks are bf16 KV tensors of 4 layers x 256 tokens x 8 heads x 64 = 2 MiB, with contents derived
 from the chunk number, so a second process can check what a first one stored.
@@ -224,13 +225,86 @@ def run_plugin(args, put: bool) -> dict:
     return out
 
 
+def run_stall(args) -> dict:
+    """Store chunks, then load them twice, each time once the test says so on stdin (it
+    stalls a namespace before the first, heals it before the second): per load, what each
+    chunk gave ("ok", "wrong", "miss", or the exception's name) and the seconds it took."""
+    import sys
+    from collections import OrderedDict
+
+    if args.backend == "plugin":
+        from lmcache.v1.storage_backend import storage_plugin_launcher
+
+        config, meta, loop, cpu = setup(args.dir, plugin=True)
+        backends: OrderedDict = OrderedDict()
+        storage_plugin_launcher(config, meta, loop, cpu, "cpu", backends)
+        b = backends["kvfs"]
+    elif args.backend == "fs":
+        from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+        config, meta, loop, cpu = setup(args.dir, remote=True)
+        b = RemoteBackend(config, meta, loop, cpu, dst_device="cpu")
+    else:
+        from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+
+        config, meta, loop, cpu = setup(args.dir)
+        b = LocalDiskBackend(config, loop, cpu, dst_device="cpu")
+    n = args.chunks
+    put_all(b, cpu, n)
+
+    def what(o, i) -> str:
+        if o is None:
+            return "miss"
+        ok = same(o, i)
+        o.ref_count_down()
+        return "ok" if ok else "wrong"
+
+    def load() -> dict:
+        # as LMCache's engine does: a lookup, then a get of what it has; one chunk alone
+        # (get_blocking), then the others in one batch (batched_get_blocking)
+        out: dict = {}
+        t = time.monotonic()
+        try:
+            out["single"] = what(b.get_blocking(key(0)), 0) if b.contains(key(0)) else "miss"
+        except Exception as e:  # noqa: BLE001 - what LMCache does with the error
+            out["single"] = type(e).__name__
+        out["single_s"] = round(time.monotonic() - t, 3)
+        t = time.monotonic()
+        have = [i for i in range(1, n) if b.contains(key(i))]
+        try:
+            objs = b.batched_get_blocking([key(i) for i in have])
+            got = {i: what(o, i) for i, o in zip(have, objs)}
+            out["batched"] = [got.get(i, "miss") for i in range(1, n)]
+        except Exception as e:  # noqa: BLE001 - what LMCache does with the error
+            out["batched"] = type(e).__name__
+        out["batched_s"] = round(time.monotonic() - t, 3)
+        return out
+
+    result: dict = {}
+    for phase in ("during", "after"):
+        print("READY", flush=True)
+        sys.stdin.readline()
+        result[phase] = load()
+    return result
+
+
 def main() -> None:
     logging.disable(logging.WARNING)
     p = argparse.ArgumentParser()
     p.add_argument(
         "mode",
-        choices=["local_disk", "evict", "overfill", "fs_put", "fs_get", "plugin_put", "plugin_get"],
+        choices=[
+            "local_disk",
+            "evict",
+            "overfill",
+            "fs_put",
+            "fs_get",
+            "plugin_put",
+            "plugin_get",
+            "stall",
+        ],
     )
+    p.add_argument("--backend", choices=["local_disk", "fs", "plugin"], default="local_disk")
     p.add_argument("dir")
     p.add_argument("--odirect", type=int, default=0)
     p.add_argument("--chunks", type=int, default=12)
@@ -242,6 +316,8 @@ def main() -> None:
         out = run_evict(args)
     elif args.mode == "overfill":
         out = run_overfill(args)
+    elif args.mode == "stall":
+        out = run_stall(args)
     elif args.mode.startswith("plugin"):
         out = run_plugin(args, put=args.mode == "plugin_put")
     else:
