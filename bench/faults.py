@@ -848,6 +848,7 @@ def read_fault(tmp: Path, kind: str) -> dict:
             states = m.stats()["namespaces"]
             out["read_states_in_fault"] = [n["read_state"] for n in states]
             out["states_in_fault"] = [n["state"] for n in states]
+            out["doctor_in_fault"] = doctor(m.mountpoint)
             if group is not None:  # healed: the limit lifted (what it queued goes on)
                 group.limit(devs[1], read_bps=0)
                 group.remove()

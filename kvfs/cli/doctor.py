@@ -429,8 +429,20 @@ def describe_namespace(ns: dict) -> tuple[list[Finding], int | None]:
                 "fail",
                 "namespace",
                 f"{label}: failed: {ns['last_error']}",
-                "check the device (dmesg, nvme list); reads touching it get EIO "
-                "until an I/O succeeds again",
+                "check the device (dmesg, nvme list); new blocks avoid it until a write "
+                "succeeds there again",
+            )
+        )
+    if ns.get("read_state", "ok") != "ok":
+        out.append(
+            Finding(
+                "fail",
+                "namespace",
+                f"{label}: failed for reads: a read had no answer within read_timeout_ms "
+                f"or failed ({ns.get('read_timeouts', 0)} late, "
+                f"{ns.get('reads_refused', 0)} refused at once)",
+                "check the device and its path (dmesg, nvme list, multipath); loads of "
+                "its blocks are misses (ENOENT at open) until a probe answers in time",
             )
         )
     sysfs = _block_sysfs(path)

@@ -205,6 +205,7 @@ def test_a_stalled_namespace_costs_a_reader_the_read_deadline_then_nothing(tmp_p
     r = run("stall_read", tmp_path)
     _read_fault_checks(r)
     assert r["read_states_in_fault"] == ["ok", "failed", "ok"], r
+    assert named(r["doctor_in_fault"], "FAIL namespace", "namespace 1", "failed for reads")
     assert r["longest_open_s"] <= r["read_timeout_s"] + 0.5, r
     assert r["first_failure_s"] >= 1.0, r  # (it did wait: the deadline, not at once)
 
