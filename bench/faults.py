@@ -481,9 +481,17 @@ def state_dir_full(tmp: Path) -> dict:
 
 # --- a slow namespace ----------------------------------------------------------------------------
 def slow_namespace(tmp: Path) -> dict:
+    # slow, not stalled: readers wait for it here (read_timeout_ms 60 s; with the default 2 s
+    # a read queued behind others at 1 MB/s is past its deadline, and the namespace failed
+    # for reads: a miss, as `stall_read` shows)
     with Emulation("1g") as emu:
         devs = [emu.loop(f"ns{i}", 128 * MiB) for i in range(4)]
-        cfg = formatted(tmp, [d.path for d in devs], pool='stripe_unit = "256KiB"', dram="32MiB")
+        cfg = formatted(
+            tmp,
+            [d.path for d in devs],
+            pool='stripe_unit = "256KiB"\nread_timeout_ms = 60000',
+            dram="32MiB",
+        )
         m = start(tmp, cfg)
         try:
             group = emu.cgroup("kvfs-slow")
@@ -506,7 +514,13 @@ def slow_namespace(tmp: Path) -> dict:
             m.drop_caches()
             group.limit(devs[3], read_bps=1e6, write_bps=6e6)
             done = threading.Event()
-            t = threading.Thread(target=lambda: ((m.mountpoint / slow).read_bytes(), done.set()))
+            slow_read: list = []
+
+            def read_slow() -> None:
+                slow_read.append(read_errno(m.mountpoint / slow, blocks[slow]))
+                done.set()
+
+            t = threading.Thread(target=read_slow)
             t.start()
             served = 0
             while not done.is_set() and served < 5:
@@ -524,6 +538,7 @@ def slow_namespace(tmp: Path) -> dict:
                 "client_errnos": errs,
                 "bad_reads": bad,
                 "served_during_slow_read": served,
+                "slow_read": slow_read[0] if slow_read else "unfinished",
                 "slow_read_finished_first": slow_read_finished_first,
                 "placement_weights": st["tiers"]["pool"]["placement_weights"],
                 "rate_mbps": [round(n["rate_bps"] / 1e6, 1) for n in st["namespaces"]],
