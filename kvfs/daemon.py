@@ -19,21 +19,21 @@ import gc
 import logging
 import os
 import signal
-import sys
 import stat
+import sys
 from pathlib import Path
 from typing import Callable
 
 import pyfuse3
 import trio
 
-from kvfs.pool.buffer import MEMORY
+from kvfs.client.mounts import abort_connection, mount_entry
 from kvfs.config import Config, mem_total
 from kvfs.errors import StartupError
+from kvfs.fs.kernel import KernelCache
 from kvfs.fs.operations import FuseOps
 from kvfs.knobs import Knobs
-from kvfs.client.mounts import abort_connection, mount_entry
-from kvfs.fs.kernel import KernelCache
+from kvfs.pool.buffer import MEMORY
 from kvfs.service import Service, open_layers
 
 log = logging.getLogger("kvfs.daemon")

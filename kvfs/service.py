@@ -273,8 +273,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=No
 
 
 async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=None):
-    from kvfs.catalog.redis import RedisCatalog
-    from kvfs.catalog.redis import bootstrap
+    from kvfs.catalog.redis import RedisCatalog, bootstrap
     from kvfs.cluster.space import ClusterSpace
 
     sd = cfg.state_dir

@@ -204,8 +204,8 @@ def check_config(path: str) -> list[Finding]:
     state_dir's free space, the catalog's write-ahead log, every namespace's superblock."""
     from kvfs import config as config_mod
     from kvfs.catalog.sqlite_schema import wal_damage
-    from kvfs.pool.namespace import probe
     from kvfs.errors import KvfsError
+    from kvfs.pool.namespace import probe
     from kvfs.pool.superblock import SB_SIZE, SuperblockError, decode
 
     try:

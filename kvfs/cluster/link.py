@@ -30,9 +30,9 @@ from typing import Any, Sequence
 
 import trio
 
+from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable, reason
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError
-from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable, reason
 
 log = logging.getLogger("kvfs.cluster.link")
 

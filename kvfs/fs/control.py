@@ -23,12 +23,12 @@ import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
 from kvfs.catalog.tree import LINK_HINT
-from kvfs.fs.direct_access import DirectAccess
 from kvfs.errors import KvfsError
+from kvfs.fs.direct_access import DirectAccess
 from kvfs.fs.files import Files
-from kvfs.write.handles import Attr
 from kvfs.knobs import Knobs
 from kvfs.tiers.store import BlockStore
+from kvfs.write.handles import Attr
 
 FH_BASE = 1 << 62  # control-file handles live apart from file handles
 PREFIX = b"user.kvfs."

@@ -10,11 +10,11 @@ import collections
 import errno
 
 from kvfs.errors import KvfsError
-from kvfs.write.handles import Handles
-from kvfs.pool.layout import Layout
 from kvfs.fs.leases import Allocations, Leases
-from kvfs.write.pipeline import Sessions
+from kvfs.pool.layout import Layout
 from kvfs.space import Space
+from kvfs.write.handles import Handles
+from kvfs.write.pipeline import Sessions
 
 
 class DirectAccess:

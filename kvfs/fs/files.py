@@ -24,11 +24,18 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.catalog.tree import RENAME_EXCHANGE
-from kvfs.write.durability import Durability, Listener
 from kvfs.errors import DeviceError, KvfsError, Unreadable
+from kvfs.fs.eviction import Eviction
+from kvfs.fs.kernel import NO_KERNEL, NoKernel
+from kvfs.fs.leases import Allocations, Leases
+from kvfs.fs.syncing import Syncing
+from kvfs.fs.xattrs import Attributes
+from kvfs.pool.buffer import Buffer
+from kvfs.space import Space
+from kvfs.tiers.store import BlockStore
+from kvfs.write.durability import Durability, Listener
 from kvfs.write.handles import (
     Attr,
     Handle,
@@ -38,15 +45,8 @@ from kvfs.write.handles import (
     WriteErrors,
     killed_while_exiting,
 )
-from kvfs.fs.eviction import Eviction
-from kvfs.fs.kernel import NO_KERNEL, NoKernel
-from kvfs.fs.leases import Allocations, Leases
-from kvfs.fs.syncing import Syncing
-from kvfs.fs.xattrs import Attributes
-from kvfs.write.session import Session
 from kvfs.write.pipeline import PIN_XATTR, Sessions
-from kvfs.space import Space
-from kvfs.tiers.store import BlockStore
+from kvfs.write.session import Session
 
 log = logging.getLogger("kvfs.fs.files")
 # what an open of a block that cannot be brought in answers with ENOENT: the block is absent

@@ -18,9 +18,9 @@ import pyfuse3
 import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.errors import KvfsError
 from kvfs.fs.control import FH_BASE as CONTROL_FH_BASE
 from kvfs.fs.control import Control
-from kvfs.errors import KvfsError
 from kvfs.fs.files import PIN_XATTR, Attr, Files
 from kvfs.fs.latency import Latency
 

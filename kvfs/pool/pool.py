@@ -23,20 +23,19 @@ from typing import Iterable
 import numpy as np
 import trio
 
-from kvfs.pool import linux_aio
-from kvfs.tasks import run_all
-from kvfs.pool.alloc import ExtentAllocator
-from kvfs.pool.io_workers import IoWorkers
-from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
-
+from kvfs.errors import KvfsError, StartupError
+from kvfs.pool import linux_aio
+from kvfs.pool.alloc import ExtentAllocator
+from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
 from kvfs.pool.checks import check_paths, validate, write_superblocks
+from kvfs.pool.io_workers import IoWorkers
+from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
 from kvfs.pool.namespace import Namespace
 from kvfs.pool.placement import Placement
 from kvfs.pool.requests import WriteRequest
-from kvfs.errors import KvfsError, StartupError
-from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
 from kvfs.pool.superblock import foreign_signature
+from kvfs.tasks import run_all
 
 log = logging.getLogger("kvfs.pool.pool")
 

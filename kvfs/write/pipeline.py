@@ -22,16 +22,16 @@ from dataclasses import dataclass
 import trio
 import xxhash
 
-from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
-from kvfs.write.durability import NothingPending, Pending
 from kvfs.errors import KvfsError
-from kvfs.write.handles import NodeState
+from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import Layout
 from kvfs.pool.pool import Pool
-from kvfs.write.session import Session
 from kvfs.space import Space
 from kvfs.tiers.store import BlockStore
+from kvfs.write.durability import NothingPending, Pending
+from kvfs.write.handles import NodeState
+from kvfs.write.session import Session
 
 log = logging.getLogger("kvfs.fs.files")
 

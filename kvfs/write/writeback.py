@@ -55,12 +55,12 @@ from dataclasses import dataclass
 
 import trio
 
+from kvfs.errors import KvfsError
 from kvfs.tasks import run_all
 from kvfs.write.durability import Durability, Listener, Pending
-from kvfs.errors import KvfsError
 from kvfs.write.handles import NodeState
-from kvfs.write.session import Session
 from kvfs.write.pipeline import Sessions
+from kvfs.write.session import Session
 
 log = logging.getLogger("kvfs.write.writeback")
 

@@ -323,6 +323,7 @@ def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_confi
     every name resolves as a model of the tree says (and as SQLite does), and a gone name
     is ENOENT."""
     import random
+
     from kvfs.catalog.tree import RENAME_EXCHANGE
 
     cfg = pool_config(durability="close")

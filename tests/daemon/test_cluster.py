@@ -10,8 +10,8 @@ import os
 import pytest
 import trio
 
-from kvfs.errors import KvfsError
 from kvfs.cluster.space import CLEAN_PERIOD, ClusterSpace
+from kvfs.errors import KvfsError
 from testing.redis_server import RedisServer
 from tests.daemon.harness import eventually, known, run_cluster
 from tests.helpers import write_config
@@ -925,9 +925,9 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
     would count it free and could allocate over Y)."""
     import contextlib
 
-    from kvfs.service import Service, open_layers
     from kvfs.config import load
     from kvfs.knobs import Knobs
+    from kvfs.service import Service, open_layers
 
     cfgs = cluster_configs(2, grace=0.5, regions=2)
 
@@ -1300,9 +1300,9 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
     import contextlib
 
     import kvfs.catalog.redis.mirror as mirror_mod
-    from kvfs.service import open_layers
     from kvfs.config import load
     from kvfs.knobs import Knobs
+    from kvfs.service import open_layers
 
     cfgs = cluster_configs(2, grace=0.5, regions=2)
     orig = mirror_mod.RedisMirror._hgetall

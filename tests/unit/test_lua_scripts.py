@@ -60,8 +60,8 @@ def test_a_publish_entry_carries_exactly_the_records_it_stored(redis):
         node_fields,
         pairs,
         parse_entry,
-        record,
         publish_args,
+        record,
         score_fields,
     )
     from kvfs.pool.layout import Layout

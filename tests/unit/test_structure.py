@@ -191,7 +191,6 @@ TOP_LEVEL = {
     "__main__.py",
     "config.py",
     "daemon.py",
-    "demo.py",
     "errors.py",
     "knobs.py",
     "native.py",

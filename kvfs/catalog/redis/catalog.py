@@ -28,8 +28,8 @@ from kvfs.catalog.redis.codec import blob_fields, node_fields, publish_args, sco
 from kvfs.catalog.redis.flushes import Flushes
 from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
-from kvfs.cluster.link import reply_error
 from kvfs.catalog.tree import RENAME_EXCHANGE, _now
+from kvfs.cluster.link import reply_error
 from kvfs.errors import KvfsError
 from kvfs.pool.layout import Layout
 
