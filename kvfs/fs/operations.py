@@ -18,7 +18,7 @@ import pyfuse3
 import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
-from kvfs.errors import KvfsError
+from kvfs.errors import Dropped, KvfsError
 from kvfs.fs.control import FH_BASE as CONTROL_FH_BASE
 from kvfs.fs.control import Control
 from kvfs.fs.files import PIN_XATTR, Attr, Files
@@ -438,13 +438,10 @@ class FuseOps(pyfuse3.Operations):
         deadlock); a lookup then asks, and hears there is no such file."""
         try:
             await commit
-        except KvfsError as e:
-            ino = getattr(e, "dropped", None)
-            if ino is not None:
-                self.files.kernel.new_content(ino)
-            removed = getattr(e, "removed", None)
-            if removed is not None:
-                await trio.to_thread.run_sync(self._forget_name, *removed)
+        except Dropped as e:
+            self.files.kernel.new_content(e.dropped)
+            if e.removed is not None:
+                await trio.to_thread.run_sync(self._forget_name, *e.removed)
             raise
 
     @staticmethod

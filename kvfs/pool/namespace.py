@@ -346,7 +346,7 @@ class Namespace(AioPaths):
             f"no answer within {limit:.1f} s (io_timeout_ms)",
             OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)),
         )
-        err.pending = done
+        err.pending = done  # (a DeviceError: ETIMEDOUT is no daemon shortage)
         raise err
 
     def _ok(self, writing: bool = True) -> None:

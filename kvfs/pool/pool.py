@@ -24,7 +24,7 @@ import numpy as np
 import trio
 
 from kvfs.config import PoolConfig
-from kvfs.errors import KvfsError, StartupError
+from kvfs.errors import DeviceError, KvfsError, StartupError
 from kvfs.pool import linux_aio
 from kvfs.pool.alloc import ExtentAllocator
 from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
@@ -451,8 +451,8 @@ class Pool(Placement):
         the Event of its end to `late` (for `free_after` / `release_after`) and raises EIO."""
         try:
             return await self.namespaces[j].bounded(job, nbytes)
-        except KvfsError as e:
-            if getattr(e, "pending", None) is not None:
+        except DeviceError as e:
+            if e.pending is not None:
                 late.append(e.pending)
             raise
 
@@ -667,18 +667,14 @@ class Pool(Placement):
             layout = Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of))
             try:
                 for run, req in runs:
-                    if getattr(req.error, "pending", None) is None:  # (else still in use)
+                    if not _late(req.error):  # (else still in use)
                         req.units = req.flat = None  # (the block's memory: not needed)
                     for k, d in zip(run, req.result()):
                         sums[k] = d
             except KvfsError as e:
                 self.release_after(
                     layout,
-                    [
-                        r.error.pending
-                        for _, r in runs
-                        if getattr(r.error, "pending", None) is not None
-                    ],
+                    [r.error.pending for _, r in runs if _late(r.error)],
                 )
                 out[i] = e
                 continue
@@ -769,3 +765,9 @@ class Pool(Placement):
                 after=zero_padding,
             )
         return [run[i] for i in bad]
+
+
+def _late(err) -> bool:
+    """Whether a request's error is an I/O past its deadline, still in flight (its memory
+    and extents in use until `err.pending` is set)."""
+    return isinstance(err, DeviceError) and err.pending is not None

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import trio
 
-from kvfs.errors import KvfsError
+from kvfs.errors import KvfsError, Unsure
 from kvfs.tasks import run_all
 from kvfs.write.durability import Durability, Listener, Pending
 from kvfs.write.handles import NodeState
@@ -586,7 +586,9 @@ class WriteBack(Durability):
             results = [e] * len(ready)
         for (item, layout), published, got in zip(ready, linked, results):
             if isinstance(got, KvfsError):
-                if not getattr(got, "maybe_published", False):  # else another node may read it
+                if not (
+                    isinstance(got, Unsure) and got.maybe_published
+                ):  # else another node may read it
                     self.pool.release(layout)
                 sessions.stats.commit_errors += 1
                 await self._fail(item, got)

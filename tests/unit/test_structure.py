@@ -289,3 +289,96 @@ def test_the_checks_see_what_they_forbid():
     assert len(_probes(bad)) == 2
     good = ast.parse("class S:\n    def __init__(self, x):\n        self.x = x\n")
     assert not _assignments_onto_others(good) and not _probes(good)
+
+
+# --- declared errors (issue 59) --------------------------------------------------------------
+# What an exception carries beyond its errno is a field of a class declared in kvfs/errors.py,
+# read after an isinstance check: never getattr on a caught exception, never an attribute
+# stuck onto an exception that was not declared. The exceptions of other libraries keep their
+# own protocol: vLLM's OSError carries `num_succeeded`, ssl's verification error
+# `verify_message`.
+FOREIGN_ERROR_FIELDS = {
+    ("client/vllm_tier.py", "num_succeeded"),
+    ("cluster/resp.py", "verify_message"),
+}
+
+
+def _error_probes(tree: ast.AST) -> list[str]:
+    """getattr(X, "name") on a name bound by `except ... as X`, and `X.name = ...` onto one;
+    as 'line: name'."""
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        caught = {h.name for h in ast.walk(fn) if isinstance(h, ast.ExceptHandler) and h.name}
+        for n in ast.walk(fn):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name)
+                and n.func.id == "getattr"
+                and len(n.args) >= 2
+                and isinstance(n.args[0], (ast.Name, ast.Attribute))
+                and isinstance(n.args[1], ast.Constant)
+                and (
+                    (isinstance(n.args[0], ast.Name) and n.args[0].id in caught)
+                    or (isinstance(n.args[0], ast.Attribute) and n.args[0].attr == "error")
+                )
+            ):
+                out.append(f"{n.lineno}: {n.args[1].value}")
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id in caught
+                    ):
+                        out.append(f"set {n.lineno}: {t.attr}")
+    return out
+
+
+def _declared_fields() -> set[str]:
+    """The fields the error classes of kvfs/errors.py (and kvfs.client.direct's) declare."""
+    out = set()
+    for path in (KVFS / "errors.py", KVFS / "client" / "direct.py"):
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if isinstance(cls, ast.ClassDef) and any(
+                isinstance(b, ast.Name) and b.id.endswith("Error") for b in cls.bases
+            ):
+                for n in ast.walk(cls):
+                    if (
+                        isinstance(n, ast.Attribute)
+                        and isinstance(n.value, ast.Name)
+                        and n.value.id == "self"
+                        and isinstance(n.ctx, ast.Store)
+                    ):
+                        out.add(n.attr)
+    return out
+
+
+def test_errors_carry_declared_fields_only():
+    declared = _declared_fields()
+    assert {"dropped", "removed", "pending", "maybe_done", "namespace"} <= declared, declared
+    found = []
+    for path in sorted(KVFS.rglob("*.py")):
+        rel = str(path.relative_to(KVFS))
+        for probe in _error_probes(ast.parse(path.read_text())):
+            line, name = probe.split(": ")
+            if (rel, name) in FOREIGN_ERROR_FIELDS or (
+                probe.startswith("set ") and name in declared
+            ):
+                continue
+            found.append(f"kvfs/{rel}:{probe}")
+    assert not found, found
+
+
+def test_the_error_check_sees_what_it_forbids():
+    bad = ast.parse(
+        "def f(x):\n    try:\n        x()\n    except OSError as e:\n"
+        "        e.dropped = 1\n        return getattr(e, 'removed', None)\n"
+        "def g(req):\n    return getattr(req.error, 'pending', None)\n"
+    )
+    assert len(_error_probes(bad)) == 3
+    good = ast.parse(
+        "def f(x):\n    try:\n        x()\n    except Dropped as e:\n        return e.removed\n"
+    )
+    assert not _error_probes(good)
