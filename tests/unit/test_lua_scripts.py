@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from kvfs.catalog.redis.scripts import NAMES, SCRIPTS
-from kvfs.cluster.resp import RedisClient
+from kvfs.redis.resp import RedisClient
 
 
 def test_every_script_compiles_in_redis(redis):

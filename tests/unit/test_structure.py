@@ -207,6 +207,7 @@ SUBPACKAGES = {
     "events",
     "fs",
     "pool",
+    "redis",
     "space",
     "tiers",
     "write",
@@ -299,7 +300,7 @@ def test_the_checks_see_what_they_forbid():
 # `verify_message`.
 FOREIGN_ERROR_FIELDS = {
     ("client/vllm_tier.py", "num_succeeded"),
-    ("cluster/resp.py", "verify_message"),
+    ("redis/resp.py", "verify_message"),
 }
 
 
@@ -382,3 +383,28 @@ def test_the_error_check_sees_what_it_forbids():
         "def f(x):\n    try:\n        x()\n    except Dropped as e:\n        return e.removed\n"
     )
     assert not _error_probes(good)
+
+
+def _subpackage(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "kvfs" and parts[1] in SUBPACKAGES else None
+
+
+def package_edges(g: dict[str, set[str]]) -> dict[tuple[str, str], str]:
+    """(a, b) -> one import by which subpackage a of kvfs imports subpackage b."""
+    out: dict[tuple[str, str], str] = {}
+    for m, deps in g.items():
+        a = _subpackage(m)
+        for i in deps:
+            b = _subpackage(i)
+            if a and b and a != b:
+                out.setdefault((a, b), f"{m} imports {i}")
+    return out
+
+
+def test_no_two_subpackages_import_each_other():
+    """Issue 59: the layers are a hierarchy, so two subpackages never import each other
+    (catalog/redis and cluster/ did, through the Redis transport they share: kvfs/redis/)."""
+    edges = package_edges(graph())
+    both = sorted(f"{edges[a, b]} / {edges[b, a]}" for a, b in edges if a < b and (b, a) in edges)
+    assert not both, both

@@ -29,9 +29,9 @@ from kvfs.catalog.redis.flushes import Flushes
 from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.catalog.tree import RENAME_EXCHANGE, _now
-from kvfs.cluster.link import reply_error
 from kvfs.errors import KvfsError, Unsure
 from kvfs.pool.layout import Layout
+from kvfs.redis.link import reply_error
 
 log = logging.getLogger("kvfs.catalog")
 

@@ -30,11 +30,11 @@ from typing import Any, Sequence
 
 import trio
 
-from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable, reason
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError, Unsure
+from kvfs.redis.resp import RedisClient, RedisError, RedisUnavailable, reason
 
-log = logging.getLogger("kvfs.cluster.link")
+log = logging.getLogger("kvfs.redis.link")
 
 CONNECTIONS = 4  # calls in flight to Redis at once (each connection is sequential)
 RECONNECT_SECONDS = 0.5  # between attempts while Redis is unreachable
