@@ -37,6 +37,7 @@ import trio
 
 from kvfs import __version__, native
 from kvfs.catalog.groupcommit import CommitHooks
+from kvfs.catalog.interface import Catalog
 from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.config import Config
 from kvfs.errors import KvfsError, StartupError
@@ -119,7 +120,7 @@ def writes_back(cfg: Config) -> bool:
 class Layers:
     """What the daemon runs on, and the seams the layers above it bind."""
 
-    catalog: object  # SqliteCatalog or RedisCatalog
+    catalog: Catalog  # SqliteCatalog (one node) or RedisCatalog (a shared pool)
     pool: Pool
     space: Space
     local: LocalTier | None
@@ -369,6 +370,10 @@ class Service:
         self.cfg = cfg
         self.knobs = knobs
         self.catalog = catalog = layers.catalog
+        # one node or a shared pool: decided here, once, by the catalog the layers opened
+        # (nothing else asks: tests/unit/test_structure.py)
+        self._catalog_kind = "redis" if catalog.shared else "sqlite"
+        self._flush_period = CLUSTER_FLUSH_SECONDS if catalog.shared else ATIME_FLUSH_SECONDS
         self.pool = pool = layers.pool
         self.space = space = layers.space
         self.events = layers.events
@@ -421,6 +426,7 @@ class Service:
             durability=durability,
             readahead=self.readahead,
             kernel=kernel,
+            misses_cacheable=not catalog.shared,
         )
         seams.evictor.bind(files)
         seams.changes.bind(files)
@@ -505,9 +511,8 @@ class Service:
         return lost + unseen
 
     async def _flush_periodically(self) -> None:
-        period = CLUSTER_FLUSH_SECONDS if self.catalog.shared else ATIME_FLUSH_SECONDS
         while True:
-            await trio.sleep(period)
+            await trio.sleep(self._flush_period)
             await self.flush()
 
     async def flush(self) -> dict:
@@ -599,7 +604,7 @@ class Service:
             },
             "latency": self.latency.summary(),
             "catalog": {
-                "kind": "redis" if cat.shared else "sqlite",
+                "kind": self._catalog_kind,
                 "transactions": cat.commits,
                 "statements": cat.statements,
                 "commit_seconds": round(cat.commit_seconds, 4),
@@ -608,7 +613,7 @@ class Service:
                 **cat.cache_statistics(),
             },
         }
-        if self.space.kind == "cluster":
+        if self._catalog_kind == "redis":  # (a shared pool: its catalog's and space's figures)
             out["cluster"] = {**cat.statistics(), **space}
         if self.events is not None:
             out["events"] = self.events.statistics()

@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.catalog.interface import Catalog
 from kvfs.catalog.tree import LINK_HINT
 from kvfs.errors import KvfsError
 from kvfs.fs.direct_access import DirectAccess
@@ -49,7 +50,7 @@ class Control:
 
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         store: BlockStore,
         files: Files,
         direct: DirectAccess,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import errno
 
+from kvfs.catalog.interface import Catalog
 from kvfs.errors import KvfsError
 from kvfs.fs.leases import Allocations, Leases
 from kvfs.pool.layout import Layout
@@ -20,7 +21,7 @@ from kvfs.write.pipeline import Sessions
 class DirectAccess:
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         handles: Handles,
         sessions: Sessions,
         space: Space,

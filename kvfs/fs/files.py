@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.interface import Catalog
 from kvfs.catalog.tree import RENAME_EXCHANGE
 from kvfs.errors import DeviceError, KvfsError, Unreadable
 from kvfs.fs.eviction import Eviction
@@ -73,7 +74,7 @@ class Files(Syncing, Eviction, Attributes):
 
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         store: BlockStore,
         space: Space,
         sessions: Sessions,
@@ -83,11 +84,15 @@ class Files(Syncing, Eviction, Attributes):
         durability: Callable[[Listener], Durability],
         readahead=None,
         kernel: NoKernel = NO_KERNEL,
+        misses_cacheable: bool = True,
     ):
         """`durability` makes the seam that says when bytes are durable (kvfs/write/durability.py)
         with this layer as its listener: the factory chooses which (kvfs/service.py).
         `kernel`: what to tell the kernel's caches when a file changes behind its back
-        (kvfs/fs/kernel.py)."""
+        (kvfs/fs/kernel.py). `misses_cacheable`: may the kernel cache that a name does not
+        exist? Only where every name is made through this mount (one node: with a shared
+        pool another node may make it any moment, and a miss then asks Redis)."""
+        self.misses_cacheable = misses_cacheable
         self.catalog = catalog
         self.store = store
         self.space = space
@@ -107,13 +112,6 @@ class Files(Syncing, Eviction, Attributes):
         self.write_errors = WriteErrors()
         self.stats = FilesStats()
         self.durability = durability(self)
-
-    @property
-    def misses_cacheable(self) -> bool:
-        """May the kernel cache that a name does not exist? Only where every name is made
-        through this mount: with a shared pool another node may make it any moment (a miss
-        then asks Redis)."""
-        return not self.catalog.shared
 
     @property
     def passthrough(self) -> bool:

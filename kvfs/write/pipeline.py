@@ -23,6 +23,7 @@ import trio
 import xxhash
 
 from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.interface import Catalog
 from kvfs.errors import Dropped, KvfsError, Unsure
 from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import Layout
@@ -64,7 +65,7 @@ class Sessions:
 
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         store: BlockStore,
         pool: Pool,
         space: Space,

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import trio
 
+from kvfs.catalog.interface import Catalog
 from kvfs.errors import KvfsError, Unsure
 from kvfs.tasks import run_all
 from kvfs.write.durability import Durability, Listener, Pending
@@ -124,7 +125,9 @@ class WriteQueue(Pending):
     written again, drains the queue to make room); the flusher (`WriteBack`) takes batches
     from it. Below the session layer: it calls nothing above."""
 
-    def __init__(self, catalog, *, delay: float, dirty_limit: int, dirty_wait_max: float = 10.0):
+    def __init__(
+        self, catalog: Catalog, *, delay: float, dirty_limit: int, dirty_wait_max: float = 10.0
+    ):
         self.catalog = catalog
         self.delay = delay
         self.dirty_limit = dirty_limit

@@ -408,3 +408,71 @@ def test_no_two_subpackages_import_each_other():
     edges = package_edges(graph())
     both = sorted(f"{edges[a, b]} / {edges[b, a]}" for a, b in edges if a < b and (b, a) in edges)
     assert not both, both
+
+
+# --- one catalog interface, chosen once (issue 59) -------------------------------------------
+def _kind_checks(tree: ast.AST) -> list[str]:
+    """Reads of a catalog's `shared` flag, and comparisons of a layer's `kind` with a kind of
+    catalog or space: 'line: source'."""
+    out = []
+    kinds = {"cluster", "redis", "sqlite", "alone", "local"}
+    for n in ast.walk(tree):
+        if (
+            isinstance(n, ast.Attribute)
+            and n.attr == "shared"
+            and isinstance(n.ctx, ast.Load)
+            and "cat" in ast.unparse(n.value)
+        ):
+            out.append(f"{n.lineno}: {ast.unparse(n)}")
+        if (
+            isinstance(n, ast.Compare)
+            and isinstance(n.left, ast.Attribute)
+            and n.left.attr == "kind"
+            and any(isinstance(c, ast.Constant) and c.value in kinds for c in n.comparators)
+        ):
+            out.append(f"{n.lineno}: {ast.unparse(n)}")
+    return out
+
+
+def test_the_kind_of_catalog_is_chosen_in_the_factory_only():
+    """The layers are typed against kvfs.catalog.interface.Catalog; which catalog (one node,
+    a shared pool) is decided in kvfs/service.py, and no other module asks."""
+    found = []
+    for path in sorted(KVFS.rglob("*.py")):
+        rel = path.relative_to(KVFS)
+        if rel.parts[0] == "catalog" or str(rel) == "service.py":
+            continue
+        found += [f"kvfs/{rel}:{p}" for p in _kind_checks(ast.parse(path.read_text()))]
+    assert not found, found
+    bad = ast.parse("if self.catalog.shared:\n    pass\nif space.kind == 'cluster':\n    pass\n")
+    assert len(_kind_checks(bad)) == 2
+
+
+def test_both_catalogs_implement_the_interface():
+    """Every member of the Catalog protocol is a member of SqliteCatalog and RedisCatalog (a
+    method or property of the class, or an attribute its classes assign), async where the
+    protocol's is."""
+    import inspect
+
+    from kvfs.catalog.interface import Catalog
+    from kvfs.catalog.redis.catalog import RedisCatalog
+    from kvfs.catalog.sqlite import SqliteCatalog
+
+    members = {n for n in vars(Catalog) if not n.startswith("_")} | set(Catalog.__annotations__)
+    for cls in (SqliteCatalog, RedisCatalog):
+        assigned = set()
+        for base in cls.__mro__:
+            if base.__module__.startswith("kvfs."):
+                for n in ast.walk(ast.parse(inspect.getsource(base))):
+                    if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                        assigned.add(n.attr)
+        missing = sorted(m for m in members if not hasattr(cls, m) and m not in assigned)
+        assert not missing, (cls.__name__, missing)
+        for m in members:
+            want = getattr(Catalog, m, None)
+            if inspect.isfunction(want):
+                got = getattr(cls, m)
+                assert inspect.iscoroutinefunction(want) == inspect.iscoroutinefunction(got), (
+                    cls.__name__,
+                    m,
+                )
