@@ -201,6 +201,22 @@ def run(
     return trio.run(_serve, cfg, mountpoint, real_mountpoint, ready, on_state_dir)
 
 
+def _log_mounted(cfg: Config, mountpoint: Path, pool) -> None:
+    """The one line that says the mount is up, and on what."""
+    log.info(
+        "kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
+        mountpoint,
+        pool.pool_id,
+        len(pool.namespaces),
+        pool.capacity,
+        cfg.dram.capacity,
+        os.getpid(),
+        f"; shared, catalog in Redis at {cfg.cluster.where} (node {cfg.cluster.node_id})"
+        if cfg.cluster
+        else "",
+    )
+
+
 async def _serve(
     cfg: Config,
     mountpoint: Path,
@@ -245,18 +261,7 @@ async def _serve(
         )
         conn = mount_entry(real_mountpoint, resolve=False)
         conn_dev = conn["dev"] if conn is not None else None
-        log.info(
-            "kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
-            mountpoint,
-            pool.pool_id,
-            len(pool.namespaces),
-            pool.capacity,
-            cfg.dram.capacity,
-            os.getpid(),
-            f"; shared, catalog in Redis at {cfg.cluster.where} (node {cfg.cluster.node_id})"
-            if cfg.cluster
-            else "",
-        )
+        _log_mounted(cfg, mountpoint, pool)
         ready(None)
         clean = False
         lost = 0

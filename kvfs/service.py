@@ -388,51 +388,12 @@ class Service:
         self.leases = Leases(store)
         self.allocations = Allocations(pool, space)
         seams = layers.seams
-        queue = None
-        if writes_back(cfg):
-            # (a writer waits for the dirty limit at most two I/O deadlines and the delay)
-            queue = WriteQueue(
-                catalog,
-                delay=cfg.mount.writeback_ms / 1000,
-                dirty_limit=cfg.mount.dirty_limit,
-                dirty_wait_max=2 * cfg.pool.io_timeout_ms / 1000 + cfg.mount.writeback_ms / 1000,
-            )
-            seams.unsynced.bind(queue)
-        sessions = Sessions(
-            catalog,
-            store,
-            pool,
-            space,
-            max_block_size=cfg.pool.max_block_size or pool.capacity,
-            pending=queue,
-            write_behind=queue is None,
-        )
-        seams.writes.bind(sessions)
-
-        def durability(listener) -> Durability:
-            if queue is not None:
-                # (a shared pool: written batches grouped, for one publish per shard)
-                shards = len(catalog.shards) if catalog.shared else 0
-                return WriteBack(queue, sessions, listener, group_shards=shards)
-            return CommitAtClose(sessions)
-
-        self.files = files = Files(
-            catalog,
-            store,
-            space,
-            sessions,
-            self.leases,
-            self.allocations,
-            durability=durability,
-            readahead=self.readahead,
-            kernel=kernel,
-            misses_cacheable=not catalog.shared,
-        )
+        self.files = files = self._files(layers, kernel)
         seams.evictor.bind(files)
         seams.changes.bind(files)
         self.durability = files.durability
         self.direct = DirectAccess(
-            catalog, files.handles, sessions, space, self.leases, self.allocations, files.hits
+            catalog, files.handles, files.sessions, space, self.leases, self.allocations, files.hits
         )
         self.latency = Latency()
         self.control = Control(
@@ -458,6 +419,57 @@ class Service:
             passthrough=cfg.mount.passthrough,
         )
         self.started = time.time()
+
+    def _files(self, layers: Layers, kernel: NoKernel) -> Files:
+        """The write pipeline (its write-back queue where durability is "fsync") and the file
+        layer over it, with the durability seam the mode calls for."""
+        cfg, catalog, pool, space, seams = (
+            self.cfg,
+            self.catalog,
+            self.pool,
+            self.space,
+            layers.seams,
+        )
+        queue = None
+        if writes_back(cfg):
+            # (a writer waits for the dirty limit at most two I/O deadlines and the delay)
+            queue = WriteQueue(
+                catalog,
+                delay=cfg.mount.writeback_ms / 1000,
+                dirty_limit=cfg.mount.dirty_limit,
+                dirty_wait_max=2 * cfg.pool.io_timeout_ms / 1000 + cfg.mount.writeback_ms / 1000,
+            )
+            seams.unsynced.bind(queue)
+        sessions = Sessions(
+            catalog,
+            self.store,
+            pool,
+            space,
+            max_block_size=cfg.pool.max_block_size or pool.capacity,
+            pending=queue,
+            write_behind=queue is None,
+        )
+        seams.writes.bind(sessions)
+
+        def durability(listener) -> Durability:
+            if queue is not None:
+                # (a shared pool: written batches grouped, for one publish per shard)
+                shards = len(catalog.shards) if catalog.shared else 0
+                return WriteBack(queue, sessions, listener, group_shards=shards)
+            return CommitAtClose(sessions)
+
+        return Files(
+            catalog,
+            self.store,
+            space,
+            sessions,
+            self.leases,
+            self.allocations,
+            durability=durability,
+            readahead=self.readahead,
+            kernel=kernel,
+            misses_cacheable=not catalog.shared,
+        )
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run background work until cancelled; started() once reads and writes can be served."""

@@ -589,6 +589,39 @@ class Pool(Placement):
         self.observe(counts, t0, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
+    def _write_requests(
+        self, buf: Buffer, size: int, ns_of, offsets
+    ) -> list[tuple[list[int], WriteRequest]]:
+        """A block's write requests, one per run of units back to back on a namespace: a
+        small block's units staged (copied in the worker thread), a large one's written from
+        its own memory (checked again after the write where the kernel may change it)."""
+        small = size <= buf.chunk
+        out = []
+        for run in self.runs(ns_of, offsets, size):
+            spans = [
+                (
+                    k * self.unit,
+                    stored_length(size, self.unit, k),
+                    min(self.unit, size - k * self.unit),
+                )
+                for k in run
+            ]
+            units = (
+                (lambda b=buf, sp=spans: b.stage_out(sp))
+                if small
+                else [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
+            )
+            req = WriteRequest(
+                units,
+                None if small else [v for u in units for v in u],
+                offsets[run[0]],
+                [length for _, _, length in spans],
+                sum(stored for _, stored, _ in spans),
+                verify=buf.shared and not small,
+            )
+            out.append((run, req))
+        return out
+
     async def write_batch(
         self, blocks: list[tuple[Buffer, int, Layout | None]]
     ) -> list[Layout | KvfsError]:
@@ -617,33 +650,10 @@ class Pool(Placement):
                 self.release(Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of)))
                 out[i] = e
                 continue
-            plan = (i, size, ns_of, offsets, [0] * len(ns_of), [])
-            plans.append(plan)
-            small = size <= buf.chunk
-            for run in self.runs(ns_of, offsets, size):
-                spans = [
-                    (
-                        k * self.unit,
-                        stored_length(size, self.unit, k),
-                        min(self.unit, size - k * self.unit),
-                    )
-                    for k in run
-                ]
-                units = (
-                    (lambda b=buf, sp=spans: b.stage_out(sp))
-                    if small
-                    else [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
-                )
-                req = WriteRequest(
-                    units,
-                    None if small else [v for u in units for v in u],
-                    offsets[run[0]],
-                    [length for _, _, length in spans],
-                    sum(stored for _, stored, _ in spans),
-                    verify=buf.shared and not small,
-                )
+            runs = self._write_requests(buf, size, ns_of, offsets)
+            plans.append((i, size, ns_of, offsets, [0] * len(ns_of), runs))
+            for run, req in runs:
                 by_ns.setdefault(ns_of[run[0]], []).append(req)
-                plan[5].append((run, req))
         t0 = time.perf_counter()
         done: dict[int, float] = {}
 
