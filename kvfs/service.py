@@ -106,6 +106,11 @@ class Seams:
     writes: Seam = field(default_factory=lambda: Seam("catalog -> sessions (before_commit)"))
     # the group commit -> the write-back queue: a transaction was opened (`on_unsynced`)
     unsynced: Seam = field(default_factory=lambda: Seam("catalog -> write-back (on_unsynced)"))
+    # the write-back -> the file layer (Files): a closed file's write-back failed, or settled
+    # (kvfs/write/durability.py `Listener`)
+    listener: Seam = field(default_factory=lambda: Seam("write-back -> files (listener)"))
+    # the control file -> the service: the daemon's statistics, and a flush of what is batched
+    service: Seam = field(default_factory=lambda: Seam("control -> service (statistics, flush)"))
 
 
 def writes_back(cfg: Config) -> bool:
@@ -402,8 +407,7 @@ class Service:
             files,
             self.direct,
             knobs,
-            statistics=self.statistics,
-            flush=self.flush,
+            service=seams.service,
             pool_info={
                 "pool_id": pool.pool_id,
                 "namespace_paths": [str(ns.path) for ns in pool.namespaces],
@@ -411,6 +415,7 @@ class Service:
                 "read_timeout": cfg.pool.read_timeout_ms / 1000 or None,
             },
         )
+        seams.service.bind(self)
         self.ops = FuseOps(
             files,
             self.control,
@@ -451,14 +456,12 @@ class Service:
         )
         seams.writes.bind(sessions)
 
-        def durability(listener) -> Durability:
-            if queue is not None:
-                # (a shared pool: written batches grouped, for one publish per shard)
-                shards = len(catalog.shards) if catalog.shared else 0
-                return WriteBack(queue, sessions, listener, group_shards=shards)
-            return CommitAtClose(sessions)
-
-        return Files(
+        durability: Durability = CommitAtClose(sessions)
+        if queue is not None:
+            # (a shared pool: written batches grouped, for one publish per shard)
+            shards = len(catalog.shards) if catalog.shared else 0
+            durability = WriteBack(queue, sessions, seams.listener, group_shards=shards)
+        files = Files(
             catalog,
             self.store,
             space,
@@ -470,6 +473,8 @@ class Service:
             kernel=kernel,
             misses_cacheable=not catalog.shared,
         )
+        seams.listener.bind(files)
+        return files
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run background work until cancelled; started() once reads and writes can be served."""

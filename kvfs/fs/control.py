@@ -17,7 +17,7 @@ import json
 import os
 import stat
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
@@ -43,10 +43,20 @@ Actions:
 """
 
 
+class DaemonView(Protocol):
+    """What the control file asks of the daemon above it (a seam the factory binds:
+    kvfs/service.py): its statistics (a snapshot the service composes), and a flush of what
+    is batched."""
+
+    def statistics(self) -> dict: ...
+
+    async def flush(self) -> dict: ...
+
+
 class Control:
-    """The control file and kvfs attributes over the layers it is given. `statistics()` is the
-    daemon's snapshot (kvfs/service.py composes it), `flush()` persists what is batched, and
-    `pool_info` ({"pool_id", "namespace_paths"}) goes into every layout a direct reader gets."""
+    """The control file and kvfs attributes over the layers it is given. `service` is the
+    daemon's view (`DaemonView`), and `pool_info` ({"pool_id", "namespace_paths",
+    "read_timeout"}) goes into every layout a direct reader gets."""
 
     def __init__(
         self,
@@ -56,8 +66,7 @@ class Control:
         direct: DirectAccess,
         knobs: Knobs,
         *,
-        statistics: Callable[[], dict],
-        flush: Callable[[], Awaitable[dict]],
+        service: DaemonView,
         pool_info: dict,
     ):
         self.catalog = catalog
@@ -65,8 +74,7 @@ class Control:
         self.files = files
         self.direct = direct
         self.knobs = knobs
-        self.statistics = statistics
-        self.flush = flush
+        self.service = service
         self.pool_info = pool_info
         self.owner = os.geteuid()
         self.started = time.time_ns()
@@ -176,7 +184,7 @@ class Control:
         if self._stats is not None and now - self._stats[0] < self.STATS_REUSE:
             value, self._stats = self._stats[1], None
             return value
-        value = json.dumps(self.statistics(), sort_keys=True).encode()
+        value = json.dumps(self.service.statistics(), sort_keys=True).encode()
         self._stats = (now, value)
         return value
 
@@ -499,4 +507,4 @@ class Control:
 
     async def _flush(self, args: dict) -> dict:
         self._no_args("flush", args)
-        return await self.flush()
+        return await self.service.flush()

@@ -22,7 +22,6 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 from kvfs.catalog.base import BlobRec, Node
 from kvfs.catalog.interface import Catalog
@@ -36,7 +35,7 @@ from kvfs.fs.xattrs import Attributes
 from kvfs.pool.buffer import Buffer
 from kvfs.space import Space
 from kvfs.tiers.store import BlockStore
-from kvfs.write.durability import Durability, Listener
+from kvfs.write.durability import Durability
 from kvfs.write.handles import (
     Attr,
     Handle,
@@ -81,13 +80,13 @@ class Files(Syncing, Eviction, Attributes):
         leases: Leases,
         allocations: Allocations,
         *,
-        durability: Callable[[Listener], Durability],
+        durability: Durability,
         readahead=None,
         kernel: NoKernel = NO_KERNEL,
         misses_cacheable: bool = True,
     ):
-        """`durability` makes the seam that says when bytes are durable (kvfs/write/durability.py)
-        with this layer as its listener: the factory chooses which (kvfs/service.py).
+        """`durability` says when bytes are durable (kvfs/write/durability.py), with this layer
+        as its listener (a seam the factory binds): the factory chooses which (kvfs/service.py).
         `kernel`: what to tell the kernel's caches when a file changes behind its back
         (kvfs/fs/kernel.py). `misses_cacheable`: may the kernel cache that a name does not
         exist? Only where every name is made through this mount (one node: with a shared
@@ -111,7 +110,7 @@ class Files(Syncing, Eviction, Attributes):
         # write-back errors, reported to fsync as Linux does (errseq: kvfs/write/handles.py)
         self.write_errors = WriteErrors()
         self.stats = FilesStats()
-        self.durability = durability(self)
+        self.durability = durability
 
     @property
     def passthrough(self) -> bool:

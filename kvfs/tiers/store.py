@@ -759,14 +759,12 @@ class BlockStore:
         """Where background I/O of the layers above runs (write-behind)."""
         return self._nursery
 
-    async def write(self, buf: Buffer, size: int, writer=None) -> Layout:
+    async def write(self, buf: Buffer, size: int) -> Layout:
         """Write a block to the pool (durable on return, each namespace's I/O within its
-        deadline: Pool.write_block), finishing what `writer` (a BlockWriter,
-        kvfs/write/behind.py) wrote behind; raises ENOSPC or EIO."""
-        if writer is not None:
-            layout = await writer.finish(buf, size)
-        else:
-            layout = await self.pool.write_block(buf, size, deadline=True)
+        deadline: Pool.write_block); raises ENOSPC or EIO. (A block written behind is
+        finished by its writer, kvfs/write/behind.py, which the write layer calls: `wrote`
+        counts it.)"""
+        layout = await self.pool.write_block(buf, size, deadline=True)
         self.wrote(size)
         return layout
 

@@ -562,7 +562,11 @@ class Sessions:
             try:
                 # (bounded by the namespaces' I/O deadline: an fsync, a close in "close" mode
                 # or a write-back waits no longer for a hung namespace)
-                return await self.store.write(s.buffer, size, writer)
+                if writer is None:
+                    return await self.store.write(s.buffer, size)
+                layout = await writer.finish(s.buffer, size)  # (what it wrote behind, finished)
+                self.store.wrote(size)
+                return layout
             except KvfsError as e:
                 now = trio.current_time()
                 if give_up is None:
