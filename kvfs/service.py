@@ -557,7 +557,7 @@ class Service:
             self.files.recharge()
 
     async def _warm_pinned(self) -> None:
-        n = await self.files.warm_pinned()
+        n = await self.files.xattrs.warm_pinned()
         if n:
             log.info("%d pinned file(s) back in DRAM", n)
 

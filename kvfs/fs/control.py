@@ -351,9 +351,9 @@ class Control:
         text = value.decode(errors="replace").strip()
         if key == b"pin":
             if text.lower() in ("1", "true", "yes", "on"):
-                await self.files.set_pin(inode, True)
+                await self.files.xattrs.set_pin(inode, True)
             elif text.lower() in ("0", "false", "no", "off", ""):
-                await self.files.set_pin(inode, False)
+                await self.files.xattrs.set_pin(inode, False)
             else:
                 raise KvfsError(errno.EINVAL, f"user.kvfs.pin takes 1 or 0, not {text!r}")
             return

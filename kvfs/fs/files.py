@@ -66,7 +66,7 @@ class FilesStats:
     plain_opens: int = 0  # served by the daemon (no passthrough, or the fallback)
 
 
-class Files(Syncing, Eviction, Attributes):
+class Files(Syncing, Eviction):
     """The POSIX behaviour FUSE needs (the module doc). Parts of their own: what fsync and
     write-back report (kvfs/fs/syncing.py), eviction (kvfs/fs/eviction.py), extended
     attributes and pins (kvfs/fs/xattrs.py)."""
@@ -111,6 +111,8 @@ class Files(Syncing, Eviction, Attributes):
         self.write_errors = WriteErrors()
         self.stats = FilesStats()
         self.durability = durability
+        # extended attributes and pins (kvfs/fs/xattrs.py): an object of its own
+        self.xattrs = Attributes(catalog, store, self.settle)
 
     @property
     def passthrough(self) -> bool:

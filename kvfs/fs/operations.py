@@ -532,26 +532,26 @@ class FuseOps(pyfuse3.Operations):
         value = await self.control.getxattr(inode, name, ctx.uid)
         if value is not None:
             return value
-        return self.files.getxattr(inode, name)
+        return self.files.xattrs.getxattr(inode, name)
 
     @translate
     async def listxattr(self, inode, ctx):
-        return self.control.listxattr(inode) + self.files.listxattr(inode)
+        return self.control.listxattr(inode) + self.files.xattrs.listxattr(inode)
 
     @translate
     async def setxattr(self, inode, name, value, ctx):
         if await self.control.setxattr(inode, name, value, ctx.uid):
             return
-        await self.files.setxattr(inode, name, value)
+        await self.files.xattrs.setxattr(inode, name, value)
 
     @translate
     async def removexattr(self, inode, name, ctx):
         if inode == CONTROL_INO:
             raise KvfsError(errno.ENODATA, "no such attribute")
         if name == PIN_XATTR:
-            await self.files.set_pin(inode, False)
+            await self.files.xattrs.set_pin(inode, False)
             return
-        await self.files.removexattr(inode, name)
+        await self.files.xattrs.removexattr(inode, name)
 
     async def access(self, inode, mode, ctx):
         return True  # mounted with default_permissions: the kernel checks modes

@@ -101,7 +101,7 @@ def test_a_write_on_one_node_is_read_on_another(cluster_configs):
         await b.files.unlink(b.ino("/d"), b"y")
         await eventually(lambda: not known(a, "/d/y"))
         # an xattr set on one node is visible on the other
-        await a.files.setxattr(a.ino("/d/x2"), b"user.tag", b"v1")
+        await a.files.xattrs.setxattr(a.ino("/d/x2"), b"user.tag", b"v1")
         await eventually(
             lambda: b.files.catalog.get(b.ino("/d/x2")).xattrs.get(b"user.tag") == b"v1"
         )
