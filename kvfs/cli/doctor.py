@@ -23,7 +23,9 @@ from kvfs.cli.common import CliError, find_mount, stats, table, with_json
 from kvfs.cli.doctor_clients import check_clients
 from kvfs.cli.findings import Finding
 
-if TYPE_CHECKING:  # (imported where used: doctor runs on a node without a valid config)
+if TYPE_CHECKING:  # (annotations only: the checks import these where they run)
+    from pyverbs.device import Context
+
     from kvfs.config import NamespaceConfig
     from kvfs.pool.superblock import Superblock
 
@@ -505,27 +507,17 @@ def describe_namespace(ns: dict) -> tuple[list[Finding], int | None]:
 
 
 # --- RDMA, kvikio, NUMA ------------------------------------------------------------------------
-def _roce_v2_gids(ctx, name: str, port: int, gid_tbl_len: int) -> list[str]:
+def _roce_v2_gids(ctx: Context, name: str, port: int, gid_tbl_len: int) -> list[str]:
     """A port's RoCE v2 GIDs (of its first 16): what NVMe-oF over RDMA on Ethernet uses."""
+    types = SYS / "class" / "infiniband" / name / "ports" / str(port) / "gid_attrs" / "types"
     gids = []
     for i in range(min(gid_tbl_len, 16)):
-        gt = (
-            SYS
-            / "class"
-            / "infiniband"
-            / name
-            / "ports"
-            / str(port)
-            / "gid_attrs"
-            / "types"
-            / str(i)
-        )
-        if (_read(gt) or "").lower().startswith("roce v2"):
+        if (_read(types / str(i)) or "").lower().startswith("roce v2"):
             gids.append(str(ctx.query_gid(port, i)))
     return gids
 
 
-def _rdma_port_finding(ctx, name: str, port: int, numa: int | None) -> Finding:
+def _rdma_port_finding(ctx: Context, name: str, port: int, numa: int | None) -> Finding:
     """One RDMA port's state, link layer, MTU and GIDs: ok when it is ACTIVE."""
     pa = ctx.query_port(port)
     state = {4: "ACTIVE", 1: "DOWN", 2: "INIT", 3: "ARMED"}.get(pa.state, str(pa.state))
