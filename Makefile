@@ -89,7 +89,7 @@ $(STAMP): pyproject.toml Makefile $(FUSE_BUILD)
 run: install
 	@mkdir -p $(MNT)
 	@if mountpoint -q $(MNT); then echo "$(MNT) is already mounted"; else $(VENV)/bin/kvfs mount $(MNT); fi
-	@$(PY) -m kvfs.demo $(MNT)
+	@$(PY) mount/demo.py $(MNT)
 
 # The whole suite with FUSE passthrough (the default where the kernel has it) and the default
 # durability ("fsync": close is not a commit), then the mounted and LMCache tests again on the
@@ -104,8 +104,8 @@ test: install lint
 # ruff's lint rules and its formatting, over the whole tree (configuration: pyproject.toml;
 # `.venv/bin/ruff format kvfs testing bench tests` formats)
 lint: install
-	$(VENV)/bin/ruff check --quiet kvfs testing bench tests
-	$(VENV)/bin/ruff format --check --quiet kvfs testing bench tests
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/ruff format --check --quiet .
 
 test-fast: install lint
 	$(PY) -m pytest -q -m "not slow and not lmcache and not clients and not engine" tests

@@ -117,11 +117,11 @@ from kvfs.catalog.redis.codec import (  # noqa: E402
 )
 from kvfs.catalog.redis.flushes import PER_CALL as LINKS_PER_CALL  # noqa: E402
 from kvfs.catalog.redis.scripts import SCRIPTS  # noqa: E402
-from kvfs.write.writeback import GROUP_FILES  # noqa: E402
 from kvfs.config import DEFAULT_STRIPE_UNIT  # noqa: E402
 from kvfs.pool.layout import DATA_START, Layout, stored_length, unit_count  # noqa: E402
-from kvfs.cluster.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
+from kvfs.redis.resp import RedisClient, RedisUnavailable, _encode  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
+from kvfs.write.writeback import GROUP_FILES  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
 from testing.redis_sentinel import _ask  # noqa: E402
 from testing.redis_server import RedisServer, parse_info, read_reply  # noqa: E402

@@ -40,9 +40,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parse, parser  # noqa: E402
-from testing.redis_sentinel import SentinelGroup, _ask  # noqa: E402
 from kvfs.units import parse_size  # noqa: E402
 from testing.mount import MountedKvfs, wait_until, write_config  # noqa: E402
+from testing.redis_sentinel import SentinelGroup, _ask  # noqa: E402
 from testing.redis_server import RedisServer, parse_info  # noqa: E402
 
 MiB = 1 << 20

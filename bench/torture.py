@@ -72,7 +72,7 @@ since nodes learn each other's changes through Redis's change log a moment later
             see EIO meanwhile and go on; then kill -9 a node, or stop the writers (no crash).
             An EIO (or ETIMEDOUT) is excused only if the writer logged it between the kill of
             redis-server and REDIS_GRACE_MS after it was up again (a node retries Redis every
-            0.5 s, kvfs/cluster/link.py); any other counts as unexplained (`redis_errors_outside`)
+            0.5 s, kvfs/redis/link.py); any other counts as unexplained (`redis_errors_outside`)
 `--failover` (implies --cluster; its only scenario unless --scenarios says otherwise, and
 "redis" is not one): the pool's Redis is a master, two replicas and three sentinels
 (testing/redis_sentinel.py, configured as docs/cluster.md recommends), and the nodes find the
@@ -208,7 +208,7 @@ STALE_BOUND_MS = 2000
 WINDOW_BOUND_MS = 2000
 # (redis) a writer's EIO is excused from the moment redis-server is killed until this long after
 # it is up again: a node that found Redis down tries again 0.5 s after each failed call
-# (kvfs/cluster/link.py, RECONNECT_SECONDS), and a connection left idle since before the kill fails
+# (kvfs/redis/link.py, RECONNECT_SECONDS), and a connection left idle since before the kill fails
 # once more when next used, which puts the next try 0.5 s later again. Measured: at most 0.96 s
 # after the restart in 32 outages (seeds 7 and 11); the latest excused error of a run is
 # reported (`max_redis_error_after_up_ms`).

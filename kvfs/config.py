@@ -586,73 +586,74 @@ def default_dram_capacity() -> int:
     return max(64 * MiB, min(DEFAULT_DRAM_CAPACITY, (mem_available() // 2) // MiB * MiB))
 
 
-def from_dict(data: dict, base: Path | None = None, source: Path | None = None) -> Config:
-    """Build a validated Config from parsed TOML (missing keys take the embedded defaults)."""
-    base = base or Path.cwd()
-    top = _Table(data, "")
-    state_dir = top.take("state_dir", _path(base)) or default_state_dir()
-    log_level = top.take("log_level", _choice("debug", "info", "warning", "error"), "info")
-    metrics_port = top.take("metrics_port", _int_range(0, 65535), 0)
-    metrics_address = top.take("metrics_address", _str, "127.0.0.1")
-
-    dram_t = top.table("dram")
-    capacity = dram_t.take("capacity", _positive_size)
+def _dram(t: _Table) -> DramConfig:
+    """[dram]: its capacity defaults to what the machine has free now, so it is read here."""
+    capacity = t.take("capacity", _positive_size)
     dram = DramConfig(
         capacity=capacity if capacity is not None else default_dram_capacity(),
-        policy=dram_t.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
-        huge_pages=dram_t.take("huge_pages", _bool, True),
+        policy=t.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
+        huge_pages=t.take("huge_pages", _bool, True),
     )
-    dram_t.done()
+    t.done()
+    return dram
 
-    local = None
-    if "local" in top.data:
-        lt = top.table("local")
-        lpath = lt.take("path", _path(base))
-        if lpath is None:
-            raise ConfigError("config: local.path: missing")
-        lsize = lt.take("size", _positive_size)
-        if lsize is not None and lsize % (4 * KiB):
-            raise ConfigError("config: local.size: must be a multiple of 4KiB")
-        local = LocalConfig(
-            path=lpath,
-            size=lsize,
-            queue_depth=lt.take("queue_depth", _int_range(1, 256), DEFAULT_QUEUE_DEPTH),
-            policy=lt.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
-            admission=lt.take("admission", _choice("second-access", "always"), "second-access"),
-        )
-        lt.done()
 
-    pf_t = top.table("prefetch")
+def _local(t: _Table, base: Path) -> LocalConfig:
+    """[local]: the optional node-local tier, whose path is required once the table is given."""
+    path = t.take("path", _path(base))
+    if path is None:
+        raise ConfigError("config: local.path: missing")
+    size = t.take("size", _positive_size)
+    if size is not None and size % (4 * KiB):
+        raise ConfigError("config: local.size: must be a multiple of 4KiB")
+    local = LocalConfig(
+        path=path,
+        size=size,
+        queue_depth=t.take("queue_depth", _int_range(1, 256), DEFAULT_QUEUE_DEPTH),
+        policy=t.take("policy", _choice("prefix", "lru", "probation"), "prefix"),
+        admission=t.take("admission", _choice("second-access", "always"), "second-access"),
+    )
+    t.done()
+    return local
+
+
+def _prefetch(t: _Table) -> PrefetchConfig:
+    """[prefetch]: read-ahead of blocks, a table of its own."""
     prefetch = PrefetchConfig(
-        enabled=pf_t.take("enabled", _bool, True),
-        max_window=pf_t.take("max_window", _int_range(1, 256), 16),
+        enabled=t.take("enabled", _bool, True),
+        max_window=t.take("max_window", _int_range(1, 256), 16),
     )
-    pf_t.done()
+    t.done()
+    return prefetch
 
-    mount_t = top.table("mount")
-    shared = "cluster" in top.data
-    durability = mount_t.take("durability", _choice("fsync", "close"), "fsync")
-    dirty_limit = mount_t.take("dirty_limit", _positive_size)
+
+def _mount(t: _Table, *, shared: bool, dram_capacity: int) -> MountConfig:
+    """[mount]: its defaults depend on [cluster] (attr_timeout) and on [dram] (dirty_limit)."""
+    durability = t.take("durability", _choice("fsync", "close"), "fsync")
+    dirty_limit = t.take("dirty_limit", _positive_size)
     mount = MountConfig(
-        allow_other=mount_t.take("allow_other", _bool, False),
+        allow_other=t.take("allow_other", _bool, False),
         # One node: every change to a name or its attributes is made through this mount
         # (the kernel updates its cache) or announced to the kernel (an eviction, a dropped
         # write-back): the kernel may keep them long. A shared pool: other nodes' changes
         # reach this kernel through the follower, so a short timeout bounds a missed one.
-        attr_timeout=mount_t.take(
+        attr_timeout=t.take(
             "attr_timeout", _number_range(0.0, 3600.0), 1.0 if shared else DEFAULT_ATTR_TIMEOUT
         ),
-        max_tasks=mount_t.take("max_tasks", _int_range(4, 4096), 512),
-        passthrough=mount_t.take("passthrough", _bool, True) and _passthrough_allowed(),
+        max_tasks=t.take("max_tasks", _int_range(4, 4096), 512),
+        passthrough=t.take("passthrough", _bool, True) and _passthrough_allowed(),
         durability=durability,
-        writeback_ms=mount_t.take("writeback_ms", _int_range(1, 60_000), DEFAULT_WRITEBACK_MS),
-        dirty_limit=dirty_limit if dirty_limit is not None else max(16 * MiB, dram.capacity // 4),
+        writeback_ms=t.take("writeback_ms", _int_range(1, 60_000), DEFAULT_WRITEBACK_MS),
+        dirty_limit=dirty_limit if dirty_limit is not None else max(16 * MiB, dram_capacity // 4),
     )
-    mount_t.done()
+    t.done()
+    return mount
 
-    pool_t = top.table("pool")
-    ns_key = pool_t.key("namespace")
-    raw_ns = pool_t.data.pop("namespace", None)
+
+def _pool(t: _Table, state_dir: Path, base: Path) -> tuple[PoolConfig, bool]:
+    """[pool] and whether it lists its namespaces (a cluster needs them listed, not defaulted)."""
+    ns_key = t.key("namespace")
+    raw_ns = t.data.pop("namespace", None)
     if raw_ns is None:
         namespaces = (
             NamespaceConfig(
@@ -661,37 +662,58 @@ def from_dict(data: dict, base: Path | None = None, source: Path | None = None) 
         )
     else:
         namespaces = _namespaces(raw_ns, ns_key, base)
-    max_block = pool_t.take("max_block_size", _positive_size)
-    pool_t.take("io", _removed_io)
+    max_block = t.take("max_block_size", _positive_size)
+    t.take("io", _removed_io)
     pool = PoolConfig(
         namespaces=namespaces,
-        evict=pool_t.take("evict", _choice("lru", "prefix", "never"), "prefix"),
-        stripe_unit=pool_t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
+        evict=t.take("evict", _choice("lru", "prefix", "never"), "prefix"),
+        stripe_unit=t.take("stripe_unit", _stripe_unit, DEFAULT_STRIPE_UNIT),
         max_block_size=max_block,
-        adaptive_placement=pool_t.take("adaptive_placement", _bool, True),
-        io_engine=pool_t.take("io_engine", _choice("auto", "threads"), "auto"),
-        io_workers=pool_t.take("io_workers", _int_range(0, 64), 2),
-        io_timeout_ms=pool_t.take("io_timeout_ms", _int_range(100, 600_000), DEFAULT_IO_TIMEOUT_MS),
-        read_timeout_ms=pool_t.take("read_timeout_ms", _read_timeout, DEFAULT_READ_TIMEOUT_MS),
+        adaptive_placement=t.take("adaptive_placement", _bool, True),
+        io_engine=t.take("io_engine", _choice("auto", "threads"), "auto"),
+        io_workers=t.take("io_workers", _int_range(0, 64), 2),
+        io_timeout_ms=t.take("io_timeout_ms", _int_range(100, 600_000), DEFAULT_IO_TIMEOUT_MS),
+        read_timeout_ms=t.take("read_timeout_ms", _read_timeout, DEFAULT_READ_TIMEOUT_MS),
     )
-    pool_t.done()
+    t.done()
+    return pool, raw_ns is not None
+
+
+def _check_shared_namespaces(pool: PoolConfig, state_dir: Path, listed: bool) -> None:
+    """A cluster's namespaces are shared by every node: listed, none inside the state_dir."""
+    if not listed:
+        raise ConfigError(
+            "config: cluster: every node must mount the same namespaces; list "
+            "them in [[pool.namespace]] (the embedded default pool is node-local)"
+        )
+    for n in pool.namespaces:
+        if state_dir in n.path.parents:
+            raise ConfigError(
+                f"config: pool.namespace {n.path}: inside state_dir, which is "
+                f"node-local; a cluster's namespaces are shared by every node"
+            )
+
+
+def from_dict(data: dict, base: Path | None = None, source: Path | None = None) -> Config:
+    """Build a validated Config from parsed TOML (missing keys take the embedded defaults)."""
+    base = base or Path.cwd()
+    top = _Table(data, "")
+    state_dir = top.take("state_dir", _path(base)) or default_state_dir()
+    log_level = top.take("log_level", _choice("debug", "info", "warning", "error"), "info")
+    metrics_port = top.take("metrics_port", _int_range(0, 65535), 0)
+    metrics_address = top.take("metrics_address", _str, "127.0.0.1")
+    dram = _dram(top.table("dram"))
+    local = _local(top.table("local"), base) if "local" in top.data else None
+    prefetch = _prefetch(top.table("prefetch"))
+    mount = _mount(top.table("mount"), shared="cluster" in top.data, dram_capacity=dram.capacity)
+    pool, listed = _pool(top.table("pool"), state_dir, base)
     cluster = None
     if "cluster" in top.data:
         cluster = _cluster(top.table("cluster"), base)
-        if raw_ns is None:
-            raise ConfigError(
-                "config: cluster: every node must mount the same namespaces; list "
-                "them in [[pool.namespace]] (the embedded default pool is node-local)"
-            )
-        for n in namespaces:
-            if state_dir in n.path.parents:
-                raise ConfigError(
-                    f"config: pool.namespace {n.path}: inside state_dir, which is "
-                    f"node-local; a cluster's namespaces are shared by every node"
-                )
+        _check_shared_namespaces(pool, state_dir, listed)
     events = _events(top.table("events"))
     top.done()
-    if local is not None and any(local.path == n.path for n in namespaces):
+    if local is not None and any(local.path == n.path for n in pool.namespaces):
         raise ConfigError(f"config: local.path: {local.path} is also a pool namespace")
     return Config(
         state_dir=state_dir,

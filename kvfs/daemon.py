@@ -19,21 +19,21 @@ import gc
 import logging
 import os
 import signal
-import sys
 import stat
+import sys
 from pathlib import Path
 from typing import Callable
 
 import pyfuse3
 import trio
 
-from kvfs.pool.buffer import MEMORY
+from kvfs.client.mounts import abort_connection, mount_entry
 from kvfs.config import Config, mem_total
 from kvfs.errors import StartupError
+from kvfs.fs.kernel import KernelCache
 from kvfs.fs.operations import FuseOps
 from kvfs.knobs import Knobs
-from kvfs.client.mounts import abort_connection, mount_entry
-from kvfs.fs.kernel import KernelCache
+from kvfs.pool.buffer import MEMORY
 from kvfs.service import Service, open_layers
 
 log = logging.getLogger("kvfs.daemon")
@@ -201,6 +201,22 @@ def run(
     return trio.run(_serve, cfg, mountpoint, real_mountpoint, ready, on_state_dir)
 
 
+def _log_mounted(cfg: Config, mountpoint: Path, pool) -> None:
+    """The one line that says the mount is up, and on what."""
+    log.info(
+        "kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
+        mountpoint,
+        pool.pool_id,
+        len(pool.namespaces),
+        pool.capacity,
+        cfg.dram.capacity,
+        os.getpid(),
+        f"; shared, catalog in Redis at {cfg.cluster.where} (node {cfg.cluster.node_id})"
+        if cfg.cluster
+        else "",
+    )
+
+
 async def _serve(
     cfg: Config,
     mountpoint: Path,
@@ -245,18 +261,7 @@ async def _serve(
         )
         conn = mount_entry(real_mountpoint, resolve=False)
         conn_dev = conn["dev"] if conn is not None else None
-        log.info(
-            "kvfs mounted at %s: pool %s, %d namespace(s), %d bytes; DRAM %d bytes; pid %d%s",
-            mountpoint,
-            pool.pool_id,
-            len(pool.namespaces),
-            pool.capacity,
-            cfg.dram.capacity,
-            os.getpid(),
-            f"; shared, catalog in Redis at {cfg.cluster.where} (node {cfg.cluster.node_id})"
-            if cfg.cluster
-            else "",
-        )
+        _log_mounted(cfg, mountpoint, pool)
         ready(None)
         clean = False
         lost = 0

@@ -18,23 +18,13 @@ def _esc(v) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(st: dict) -> str:
-    lines: list[str] = []
-    seen: set[str] = set()
+# metric(name, kind, help, value, **labels): one sample, its HELP and TYPE before the first
+_Metric = Callable[..., None]
 
-    def metric(name: str, kind: str, help_: str, value, **labels) -> None:
-        if value is None:
-            return
-        if name not in seen:
-            seen.add(name)
-            lines.append(f"# HELP {name} {help_}")
-            lines.append(f"# TYPE {name} {kind}")
-        lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-        lines.append(f"{name}{{{lab}}} {float(value)}" if lab else f"{name} {float(value)}")
 
-    metric("kvfs_up", "gauge", "1 while the daemon serves", 1)
-    metric("kvfs_uptime_seconds", "gauge", "seconds since the mount", st["uptime_s"])
-    for tier, t in st["tiers"].items():
+def _tier_metrics(metric: _Metric, tiers: dict) -> None:
+    """Capacity, use and traffic of each tier (DRAM, local, pool), labelled by tier."""
+    for tier, t in tiers.items():
         metric("kvfs_tier_capacity_bytes", "gauge", "capacity of a tier", t["capacity"], tier=tier)
         metric("kvfs_tier_used_bytes", "gauge", "bytes used in a tier", t["used"], tier=tier)
         metric(
@@ -68,7 +58,11 @@ def render(st: dict) -> str:
             t["evictions"],
             tier=tier,
         )
-    for ns in st["namespaces"]:
+
+
+def _namespace_metrics(metric: _Metric, namespaces: list[dict]) -> None:
+    """Health and I/O of each pool namespace, labelled by its index and path."""
+    for ns in namespaces:
         lab = {"namespace": ns["index"], "path": ns["path"]}
         metric(
             "kvfs_namespace_up",
@@ -87,9 +81,11 @@ def render(st: dict) -> str:
         )
         metric("kvfs_namespace_errors_total", "counter", "failed I/Os", ns["errors"], **lab)
         metric("kvfs_namespace_inflight", "gauge", "I/Os in flight", ns["inflight"], **lab)
-    for k in ("issued", "used", "joined", "wasted", "cancelled", "skipped"):
-        metric(f"kvfs_prefetch_{k}_total", "counter", f"prefetches {k}", st["prefetch"][k])
-    for op, x in st.get("latency", {}).items():
+
+
+def _latency_metrics(metric: _Metric, latency: dict) -> None:
+    """FUSE requests handled and their latency percentiles, labelled by operation."""
+    for op, x in latency.items():
         metric("kvfs_requests_total", "counter", "FUSE requests handled", x["count"], op=op)
         for q in ("p50", "p90", "p99"):
             metric(
@@ -100,7 +96,10 @@ def render(st: dict) -> str:
                 op=op,
                 quantile=q[1:],
             )
-    f = st["files"]
+
+
+def _file_metrics(metric: _Metric, f: dict) -> None:
+    """The file layer's counters (commits, creates, opens) and its open handles."""
     for k in (
         "commits",
         "commit_errors",
@@ -112,16 +111,45 @@ def render(st: dict) -> str:
     ):
         metric(f"kvfs_{k}_total", "counter", k.replace("_", " "), f[k])
     metric("kvfs_open_handles", "gauge", "open file handles", f["open_handles"])
+
+
+def _event_metrics(metric: _Metric, ev: dict) -> None:
+    """The KV event publisher's counters, present only with [events] on."""
+    for k, help_ in (
+        ("batches", "KV event batches sent"),
+        ("stored", "BlockStored events sent"),
+        ("removed", "BlockRemoved events sent"),
+        ("dropped_batches", "KV event batches the socket refused"),
+        ("replayed_batches", "KV event batches sent again on request"),
+    ):
+        metric(f"kvfs_events_{k}_total", "counter", help_, ev[k])
+
+
+def render(st: dict) -> str:
+    lines: list[str] = []
+    seen: set[str] = set()
+
+    def metric(name: str, kind: str, help_: str, value, **labels) -> None:
+        if value is None:
+            return
+        if name not in seen:
+            seen.add(name)
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+        lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+        lines.append(f"{name}{{{lab}}} {float(value)}" if lab else f"{name} {float(value)}")
+
+    metric("kvfs_up", "gauge", "1 while the daemon serves", 1)
+    metric("kvfs_uptime_seconds", "gauge", "seconds since the mount", st["uptime_s"])
+    _tier_metrics(metric, st["tiers"])
+    _namespace_metrics(metric, st["namespaces"])
+    for k in ("issued", "used", "joined", "wasted", "cancelled", "skipped"):
+        metric(f"kvfs_prefetch_{k}_total", "counter", f"prefetches {k}", st["prefetch"][k])
+    _latency_metrics(metric, st.get("latency", {}))
+    _file_metrics(metric, st["files"])
     ev = st.get("events")  # KV events ([events] on)
     if ev is not None:
-        for k, help_ in (
-            ("batches", "KV event batches sent"),
-            ("stored", "BlockStored events sent"),
-            ("removed", "BlockRemoved events sent"),
-            ("dropped_batches", "KV event batches the socket refused"),
-            ("replayed_batches", "KV event batches sent again on request"),
-        ):
-            metric(f"kvfs_events_{k}_total", "counter", help_, ev[k])
+        _event_metrics(metric, ev)
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,7 @@ import trio
 
 from kvfs import __version__, native
 from kvfs.catalog.groupcommit import CommitHooks
+from kvfs.catalog.interface import Catalog
 from kvfs.catalog.sqlite import SqliteCatalog
 from kvfs.config import Config
 from kvfs.errors import KvfsError, StartupError
@@ -105,6 +106,11 @@ class Seams:
     writes: Seam = field(default_factory=lambda: Seam("catalog -> sessions (before_commit)"))
     # the group commit -> the write-back queue: a transaction was opened (`on_unsynced`)
     unsynced: Seam = field(default_factory=lambda: Seam("catalog -> write-back (on_unsynced)"))
+    # the write-back -> the file layer (Files): a closed file's write-back failed, or settled
+    # (kvfs/write/durability.py `Listener`)
+    listener: Seam = field(default_factory=lambda: Seam("write-back -> files (listener)"))
+    # the control file -> the service: the daemon's statistics, and a flush of what is batched
+    service: Seam = field(default_factory=lambda: Seam("control -> service (statistics, flush)"))
 
 
 def writes_back(cfg: Config) -> bool:
@@ -119,7 +125,7 @@ def writes_back(cfg: Config) -> bool:
 class Layers:
     """What the daemon runs on, and the seams the layers above it bind."""
 
-    catalog: object  # SqliteCatalog or RedisCatalog
+    catalog: Catalog  # SqliteCatalog (one node) or RedisCatalog (a shared pool)
     pool: Pool
     space: Space
     local: LocalTier | None
@@ -273,8 +279,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=No
 
 
 async def _open_redis(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=None):
-    from kvfs.catalog.redis import RedisCatalog
-    from kvfs.catalog.redis import bootstrap
+    from kvfs.catalog.redis import RedisCatalog, bootstrap
     from kvfs.cluster.space import ClusterSpace
 
     sd = cfg.state_dir
@@ -370,6 +375,10 @@ class Service:
         self.cfg = cfg
         self.knobs = knobs
         self.catalog = catalog = layers.catalog
+        # one node or a shared pool: decided here, once, by the catalog the layers opened
+        # (nothing else asks: tests/unit/test_structure.py)
+        self._catalog_kind = "redis" if catalog.shared else "sqlite"
+        self._flush_period = CLUSTER_FLUSH_SECONDS if catalog.shared else ATIME_FLUSH_SECONDS
         self.pool = pool = layers.pool
         self.space = space = layers.space
         self.events = layers.events
@@ -384,6 +393,48 @@ class Service:
         self.leases = Leases(store)
         self.allocations = Allocations(pool, space)
         seams = layers.seams
+        self.files = files = self._files(layers, kernel)
+        seams.evictor.bind(files)
+        seams.changes.bind(files)
+        self.durability = files.durability
+        self.direct = DirectAccess(
+            catalog, files.handles, files.sessions, space, self.leases, self.allocations, files.hits
+        )
+        self.latency = Latency()
+        self.control = Control(
+            catalog,
+            store,
+            files,
+            self.direct,
+            knobs,
+            service=seams.service,
+            pool_info={
+                "pool_id": pool.pool_id,
+                "namespace_paths": [str(ns.path) for ns in pool.namespaces],
+                # a direct reader's deadline (kvfs.client.direct), as the daemon's readers'
+                "read_timeout": cfg.pool.read_timeout_ms / 1000 or None,
+            },
+        )
+        seams.service.bind(self)
+        self.ops = FuseOps(
+            files,
+            self.control,
+            self.latency,
+            cfg.mount.attr_timeout,
+            passthrough=cfg.mount.passthrough,
+        )
+        self.started = time.time()
+
+    def _files(self, layers: Layers, kernel: NoKernel) -> Files:
+        """The write pipeline (its write-back queue where durability is "fsync") and the file
+        layer over it, with the durability seam the mode calls for."""
+        cfg, catalog, pool, space, seams = (
+            self.cfg,
+            self.catalog,
+            self.pool,
+            self.space,
+            layers.seams,
+        )
         queue = None
         if writes_back(cfg):
             # (a writer waits for the dirty limit at most two I/O deadlines and the delay)
@@ -396,7 +447,7 @@ class Service:
             seams.unsynced.bind(queue)
         sessions = Sessions(
             catalog,
-            store,
+            self.store,
             pool,
             space,
             max_block_size=cfg.pool.max_block_size or pool.capacity,
@@ -405,16 +456,14 @@ class Service:
         )
         seams.writes.bind(sessions)
 
-        def durability(listener) -> Durability:
-            if queue is not None:
-                # (a shared pool: written batches grouped, for one publish per shard)
-                shards = len(catalog.shards) if catalog.shared else 0
-                return WriteBack(queue, sessions, listener, group_shards=shards)
-            return CommitAtClose(sessions)
-
-        self.files = files = Files(
+        durability: Durability = CommitAtClose(sessions)
+        if queue is not None:
+            # (a shared pool: written batches grouped, for one publish per shard)
+            shards = len(catalog.shards) if catalog.shared else 0
+            durability = WriteBack(queue, sessions, seams.listener, group_shards=shards)
+        files = Files(
             catalog,
-            store,
+            self.store,
             space,
             sessions,
             self.leases,
@@ -422,37 +471,10 @@ class Service:
             durability=durability,
             readahead=self.readahead,
             kernel=kernel,
+            misses_cacheable=not catalog.shared,
         )
-        seams.evictor.bind(files)
-        seams.changes.bind(files)
-        self.durability = files.durability
-        self.direct = DirectAccess(
-            catalog, files.handles, sessions, space, self.leases, self.allocations, files.hits
-        )
-        self.latency = Latency()
-        self.control = Control(
-            catalog,
-            store,
-            files,
-            self.direct,
-            knobs,
-            statistics=self.statistics,
-            flush=self.flush,
-            pool_info={
-                "pool_id": pool.pool_id,
-                "namespace_paths": [str(ns.path) for ns in pool.namespaces],
-                # a direct reader's deadline (kvfs.client.direct), as the daemon's readers'
-                "read_timeout": cfg.pool.read_timeout_ms / 1000 or None,
-            },
-        )
-        self.ops = FuseOps(
-            files,
-            self.control,
-            self.latency,
-            cfg.mount.attr_timeout,
-            passthrough=cfg.mount.passthrough,
-        )
-        self.started = time.time()
+        seams.listener.bind(files)
+        return files
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run background work until cancelled; started() once reads and writes can be served."""
@@ -506,9 +528,8 @@ class Service:
         return lost + unseen
 
     async def _flush_periodically(self) -> None:
-        period = CLUSTER_FLUSH_SECONDS if self.catalog.shared else ATIME_FLUSH_SECONDS
         while True:
-            await trio.sleep(period)
+            await trio.sleep(self._flush_period)
             await self.flush()
 
     async def flush(self) -> dict:
@@ -536,7 +557,7 @@ class Service:
             self.files.recharge()
 
     async def _warm_pinned(self) -> None:
-        n = await self.files.warm_pinned()
+        n = await self.files.xattrs.warm_pinned()
         if n:
             log.info("%d pinned file(s) back in DRAM", n)
 
@@ -600,7 +621,7 @@ class Service:
             },
             "latency": self.latency.summary(),
             "catalog": {
-                "kind": "redis" if cat.shared else "sqlite",
+                "kind": self._catalog_kind,
                 "transactions": cat.commits,
                 "statements": cat.statements,
                 "commit_seconds": round(cat.commit_seconds, 4),
@@ -609,7 +630,7 @@ class Service:
                 **cat.cache_statistics(),
             },
         }
-        if self.space.kind == "cluster":
+        if self._catalog_kind == "redis":  # (a shared pool: its catalog's and space's figures)
             out["cluster"] = {**cat.statistics(), **space}
         if self.events is not None:
             out["events"] = self.events.statistics()

@@ -11,15 +11,14 @@ place, LMCache's own LRU over the slots). engine "aio" (libaio, the plugin's def
 
 from __future__ import annotations
 
-# nixl before lmcache: LMCache imports cuda-python 13, and with it loaded the nixl meta package
-# would pick nixl_cu13 (not installed) even on a machine without CUDA
-import nixl._api  # noqa: F401, I001
-
 import asyncio
 import os
 import threading
 import time
 
+# nixl before lmcache: LMCache imports cuda-python 13, and with it loaded the nixl meta package
+# would pick nixl_cu13 (not installed) even on a machine without CUDA
+import nixl._api  # noqa: F401, I001
 import torch
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig

@@ -31,7 +31,7 @@ FAILOVER_TIMEOUT_MS = 20000
 
 def _ask(port: int, *args: str, timeout: float = 2.0) -> list | bytes | int | None:
     """One command to a server or a sentinel on 127.0.0.1 (RESP, blocking): its reply."""
-    from kvfs.cluster.resp import _encode
+    from kvfs.redis.resp import _encode
 
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(_encode(args))

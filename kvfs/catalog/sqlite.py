@@ -60,7 +60,7 @@ import numpy as np
 
 from kvfs.catalog.base import FIRST_INO, ROOT_INO, BlobRec, Node
 from kvfs.catalog.groupcommit import CommitHooks, GroupCommit
-from kvfs.catalog.sqlite_chains import ChainRows
+from kvfs.catalog.sqlite_chains import SqliteChains
 from kvfs.catalog.sqlite_nodes import NodeRows
 from kvfs.catalog.sqlite_order import OrderRows
 from kvfs.catalog.sqlite_schema import (
@@ -117,7 +117,7 @@ class SqliteListing:
             cookie = hi
 
 
-class SqliteCatalog(GroupCommit, ChainRows, OrderRows, NodeRows, TreeCatalog):
+class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
     """The catalog. Mutating methods are async (they wait for durability); queries are not."""
 
     tree_children = False
@@ -134,11 +134,35 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, NodeRows, TreeCatalog):
         self._unlinked: dict[int, Node] = {}
         self._nodes = 0  # rows (persisted nodes)
         self._files = 0  # rows with a block
-        self._links_changed = 0
         self._init_nodes()
-        self._init_chains()
         self._init_order()
         self._init_group_commit(hooks)
+        # the prefix chains' rows and caches: an object of their own (sqlite_chains.py)
+        self.chains = SqliteChains(conn, self.find, self._execute, self._execute_many, self.sync)
+
+    # ------------------------------------------------------------------------ prefix chains
+    # (the rows and caches are SqliteChains': kvfs/catalog/sqlite_chains.py)
+    def link(self, pred: int, succ: int, source: int, weight: float = 1.0) -> None:
+        self.chains.link(pred, succ, source, weight)
+
+    def unlink_chain(self, pred: int, succ: int) -> None:
+        self.chains.unlink_chain(pred, succ)
+
+    def links_of(self, pred: int) -> dict[int, tuple[int, float]]:
+        return self.chains.links_of(pred)
+
+    def next_of(self, ino: int) -> int | None:
+        return self.chains.next_of(ino)
+
+    def parent_of(self, ino: int) -> int | None:
+        return self.chains.parent_of(ino)
+
+    def _forget_links(self, ino: int) -> None:
+        self.chains.forget(ino)
+
+    async def flush_links(self) -> int:
+        """Make the chain links learned since the last flush durable."""
+        return await self.chains.flush()
 
     # ------------------------------------------------------------------------------ opening
     @classmethod
@@ -330,7 +354,7 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, NodeRows, TreeCatalog):
     def _register(self, node: Node) -> None:
         self._live[node.ino] = node
         self._remember(node)
-        self._new_chain_node(node.ino)
+        self.chains.new_node(node.ino)
         if not node.persisted:
             self._pending[node.ino] = node
 
@@ -400,12 +424,12 @@ class SqliteCatalog(GroupCommit, ChainRows, OrderRows, NodeRows, TreeCatalog):
         if node.blob is not None:
             self._files -= 1
         self._dirty_atime.pop(node.ino, None)
-        self._uncache_links(node.ino)
+        self.chains.uncache(node.ino)
         self._release_mark = self._txn  # its block's space is free once this is durable
         return [
             ("DELETE FROM nodes WHERE ino=?", (node.ino,)),
             ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
-        ] + self._delete_links(node.ino)
+        ] + self.chains.delete_stmts(node.ino)
 
     # ------------------------------------------------------------------------------ mutations
     def _parent_times(self, parent: Node) -> list[Stmt]:

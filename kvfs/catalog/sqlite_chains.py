@@ -1,5 +1,5 @@
-"""Prefix chains of the SQLite catalog (a mix-in of SqliteCatalog): the links between blocks
-that readahead learns, as rows of the `links` table.
+"""Prefix chains of the SQLite catalog (`SqliteChains`, an object SqliteCatalog holds as
+`chains`): the links between blocks that readahead learns, as rows of the `links` table.
 
 Links learned are queued and written in batches into the open transaction (they ride with the
 next commit; `flush_links` makes them durable). A link may name a pending file: it goes with the
@@ -18,7 +18,9 @@ that are not linked, as they do for rows.
 from __future__ import annotations
 
 import collections
+from typing import Awaitable, Callable
 
+from kvfs.catalog.base import Node
 from kvfs.catalog.sqlite_schema import Stmt
 from kvfs.catalog.tree import merge_link
 from kvfs.errors import KvfsError
@@ -27,11 +29,25 @@ CHAIN_CACHE = 8192  # blocks whose links are kept in memory, each way
 LINK_BATCH = 256  # learned links written together (executemany)
 
 
-class ChainRows:
-    """Expects `_conn`, `find`, `_execute`, `sync` and `_links_changed` (SqliteCatalog);
-    `_init_chains()` is called by its constructor."""
+class SqliteChains:
+    """The chains' rows and their caches, over the catalog's connection: `find` (a node by
+    inode), `execute` / `execute_many` (statements into the open transaction) and `sync` (make
+    it durable) are the catalog's."""
 
-    def _init_chains(self) -> None:
+    def __init__(
+        self,
+        conn,
+        find: Callable[[int], Node | None],
+        execute: Callable[[list[Stmt]], int],
+        execute_many: Callable[[list[tuple[str, list[tuple]]]], int],
+        sync: Callable[[], Awaitable[None]],
+    ):
+        self._conn = conn
+        self.find = find
+        self._execute = execute
+        self._execute_many = execute_many
+        self.sync = sync
+        self._links_changed = 0  # link rows written since the last flush
         self._succ: collections.OrderedDict[int, dict[int, list]] = collections.OrderedDict()
         self._pred: collections.OrderedDict[int, dict[int, list]] = collections.OrderedDict()
         self._link_queue: dict[tuple[int, int], tuple | None] = {}
@@ -40,7 +56,7 @@ class ChainRows:
         out = cache.get(key)
         if out is None:
             if self._link_queue:  # the rows must hold what was learned
-                self._write_queued_links()
+                self.write_queued()
             out = cache[key] = {
                 other: [src, w] for other, src, w in self._conn.execute(query, (key,))
             }
@@ -56,14 +72,14 @@ class ChainRows:
     def _links_to(self, succ: int) -> dict[int, list]:
         return self._cached(self._pred, succ, "SELECT pred, source, weight FROM links WHERE succ=?")
 
-    def _new_chain_node(self, ino: int) -> None:
+    def new_node(self, ino: int) -> None:
         """A block made since the start: it has no links yet (no query needed to know)."""
         for cache in (self._succ, self._pred):
             cache[ino] = {}
             if len(cache) > CHAIN_CACHE:
                 cache.popitem(last=False)
 
-    def _uncache_links(self, ino: int) -> None:
+    def uncache(self, ino: int) -> None:
         """The block's rows are being deleted: so are its cached links, both ways."""
         for succ in self._succ.pop(ino, {}):
             p = self._pred.get(succ)
@@ -87,13 +103,13 @@ class ChainRows:
     def _queue_link(self, pred: int, succ: int, value: list | None) -> None:
         """A link to write (`value` [source, weight]) or delete (None). Links are learned at
         every create and open: they are queued, latest value per pair, and written in one
-        batch (`_write_queued_links`) before the rows are next read, at the next flush, or
+        batch (`write_queued`) before the rows are next read, at the next flush, or
         once LINK_BATCH are waiting; the cache answers meanwhile."""
         self._link_queue[(pred, succ)] = None if value is None else (value[0], value[1])
         if len(self._link_queue) >= LINK_BATCH:
-            self._write_queued_links()
+            self.write_queued()
 
-    def _write_queued_links(self) -> None:
+    def write_queued(self) -> None:
         """Write the queued links into the open transaction (they ride with the next commit)."""
         queue, self._link_queue = self._link_queue, {}
         if not queue:
@@ -160,19 +176,20 @@ class ChainRows:
                 return pred
         return None
 
-    def _forget_links(self, ino: int) -> None:
-        self._uncache_links(ino)
-        self._write_links(self._delete_links(ino))
+    def forget(self, ino: int) -> None:
+        """A block went: its links too (cached and rows)."""
+        self.uncache(ino)
+        self._write_links(self.delete_stmts(ino))
 
-    def _delete_links(self, ino: int) -> list[Stmt]:
+    def delete_stmts(self, ino: int) -> list[Stmt]:
         """Statements deleting every link of a block (queued ones first)."""
         if self._link_queue:
-            self._write_queued_links()
+            self.write_queued()
         return [("DELETE FROM links WHERE pred=?1 OR succ=?1", (ino,))]
 
-    async def flush_links(self) -> int:
+    async def flush(self) -> int:
         """Make the chain links learned since the last flush durable."""
-        self._write_queued_links()
+        self.write_queued()
         n, self._links_changed = self._links_changed, 0
         await self.sync()
         return n

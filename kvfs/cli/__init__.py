@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (KvfsError, CliError) as e:
-        return fail(str(e), getattr(e, "code", 1) if isinstance(e, CliError) else 1)
+        return fail(str(e), e.code if isinstance(e, CliError) else 1)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

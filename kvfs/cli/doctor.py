@@ -17,10 +17,17 @@ import stat
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvfs.cli.common import CliError, find_mount, stats, table, with_json
 from kvfs.cli.doctor_clients import check_clients
 from kvfs.cli.findings import Finding
+
+if TYPE_CHECKING:  # (annotations only: the checks import these where they run)
+    from pyverbs.device import Context
+
+    from kvfs.config import NamespaceConfig
+    from kvfs.pool.superblock import Superblock
 
 SYS = Path("/sys")
 
@@ -199,148 +206,152 @@ def check_namespace_speed(mount: str, namespaces: list[dict]) -> list[Finding]:
 
 
 # --- a config, offline (the mount may be down: say why it does not start) ----------------------
+def _check_state_dir(sd: Path) -> list[Finding]:
+    """The state_dir's free space: with too little the catalog cannot commit."""
+    if not sd.is_dir():
+        return []
+    v = os.statvfs(sd)
+    free = v.f_bavail * v.f_frsize
+    if free < 4 << 20:
+        return [
+            Finding(
+                "fail",
+                "config",
+                f"state_dir {sd}: only {free} bytes free: the "
+                f"catalog cannot commit (changes fail with EIO)",
+                "free space there, then remount kvfs",
+            )
+        ]
+    return [Finding("ok", "config", f"state_dir {sd}: {free >> 20} MiB free")]
+
+
+def _check_catalog_file(catalog_path: Path) -> tuple[list[Finding], str | None]:
+    """A node's SQLite catalog: its write-ahead log, and the pool id the namespaces must match."""
+    from kvfs.catalog.sqlite_schema import wal_damage
+
+    out = []
+    pool_id = None
+    damage = wal_damage(catalog_path)
+    if damage:
+        out.append(
+            Finding(
+                "warn",
+                "config",
+                f"catalog {catalog_path}: {damage}",
+                "if files closed before the last stop are missing, the disk lost writes",
+            )
+        )
+    try:
+        import sqlite3
+
+        db = sqlite3.connect(f"file:{catalog_path}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone()
+        finally:
+            db.close()
+        pool_id = row[0] if row else None
+        out.append(Finding("ok", "config", f"catalog {catalog_path}: pool {pool_id}"))
+    except sqlite3.Error as e:
+        out.append(
+            Finding(
+                "fail",
+                "config",
+                f"catalog {catalog_path}: cannot read: {e}",
+                "restore the state_dir from a backup, or start over with kvfs format --force",
+            )
+        )
+    return out, pool_id
+
+
+def _check_config_namespace(i: int, nc: NamespaceConfig, pool_id: str | None) -> Finding:
+    """One namespace of the config: there, readable, and holding a superblock that decodes."""
+    from kvfs.errors import KvfsError
+    from kvfs.pool.namespace import probe
+    from kvfs.pool.superblock import SB_SIZE, SuperblockError, decode
+
+    label = f"namespace {i} ({nc.path})"
+    try:
+        exists, _, size = probe(nc.path)
+        if not exists:  # (a file with a size is created only for a new pool)
+            fresh = nc.size is not None and pool_id is None
+            return Finding(
+                "info" if fresh else "fail",
+                "config",
+                f"{label}: does not exist" + (" (created at the first mount)" if fresh else ""),
+                "" if fresh else "attach the device (nvme connect, losetup), or restore the file",
+            )
+        with open(nc.path, "rb") as f:
+            raw = f.read(SB_SIZE)
+    except (KvfsError, OSError) as e:
+        return Finding(
+            "fail",
+            "config",
+            f"{label}: {e}",
+            "attach the device, or fix the path in the config",
+        )
+    try:
+        sb = decode(raw)
+    except SuperblockError as e:
+        fixable = pool_id is not None and pool_id.encode() in raw
+        return Finding(
+            "fail",
+            "config",
+            f"{label}: {e}"
+            + (
+                " (it still names this catalog's pool: the next mount rebuilds it)"
+                if fixable
+                else ""
+            ),
+            "" if fixable else "restore the device, or reformat the pool",
+        )
+    return _superblock_finding(label, i, sb, pool_id, size)
+
+
+def _superblock_finding(
+    label: str, i: int, sb: Superblock | None, pool_id: str | None, size: int
+) -> Finding:
+    """A decoded superblock against the config: a kvfs one, of this pool, in this position."""
+    if sb is None:
+        return Finding(
+            "fail",
+            "config",
+            f"{label}: not a kvfs namespace (no superblock)",
+            "check the path (a device renamed?), or kvfs format",
+        )
+    if pool_id is not None and sb.pool_id != pool_id:
+        return Finding(
+            "fail",
+            "config",
+            f"{label}: belongs to pool {sb.pool_id}, the catalog to {pool_id}",
+            "check the path: another pool's device?",
+        )
+    if sb.ns_index != i:
+        return Finding(
+            "fail",
+            "config",
+            f"{label}: is number {sb.ns_index} of its pool",
+            "restore the config's order of namespaces",
+        )
+    return Finding("ok", "config", f"{label}: superblock of pool {sb.pool_id}, {size >> 20} MiB")
+
+
 def check_config(path: str) -> list[Finding]:
     """What a kvfs mount of this config would run on, checked without the daemon: the
     state_dir's free space, the catalog's write-ahead log, every namespace's superblock."""
     from kvfs import config as config_mod
-    from kvfs.catalog.sqlite_schema import wal_damage
-    from kvfs.pool.namespace import probe
     from kvfs.errors import KvfsError
-    from kvfs.pool.superblock import SB_SIZE, SuperblockError, decode
 
     try:
         cfg = config_mod.load(path)
     except KvfsError as e:
         return [Finding("fail", "config", f"{path}: {e}")]
-    out = []
-    sd = cfg.state_dir
-    if sd.is_dir():
-        v = os.statvfs(sd)
-        free = v.f_bavail * v.f_frsize
-        if free < 4 << 20:
-            out.append(
-                Finding(
-                    "fail",
-                    "config",
-                    f"state_dir {sd}: only {free} bytes free: the "
-                    f"catalog cannot commit (changes fail with EIO)",
-                    "free space there, then remount kvfs",
-                )
-            )
-        else:
-            out.append(Finding("ok", "config", f"state_dir {sd}: {free >> 20} MiB free"))
+    out = _check_state_dir(cfg.state_dir)
     pool_id = None
     if cfg.cluster is None and cfg.catalog_path.exists():
-        damage = wal_damage(cfg.catalog_path)
-        if damage:
-            out.append(
-                Finding(
-                    "warn",
-                    "config",
-                    f"catalog {cfg.catalog_path}: {damage}",
-                    "if files closed before the last stop are missing, the disk lost writes",
-                )
-            )
-        try:
-            import sqlite3
-
-            db = sqlite3.connect(f"file:{cfg.catalog_path}?mode=ro", uri=True)
-            try:
-                row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone()
-            finally:
-                db.close()
-            pool_id = row[0] if row else None
-            out.append(Finding("ok", "config", f"catalog {cfg.catalog_path}: pool {pool_id}"))
-        except sqlite3.Error as e:
-            out.append(
-                Finding(
-                    "fail",
-                    "config",
-                    f"catalog {cfg.catalog_path}: cannot read: {e}",
-                    "restore the state_dir from a backup, or start over with kvfs format --force",
-                )
-            )
+        found, pool_id = _check_catalog_file(cfg.catalog_path)
+        out += found
     for i, nc in enumerate(cfg.pool.namespaces):
-        label = f"namespace {i} ({nc.path})"
-        try:
-            exists, _, size = probe(nc.path)
-            if not exists:  # (a file with a size is created only for a new pool)
-                fresh = nc.size is not None and pool_id is None
-                out.append(
-                    Finding(
-                        "info" if fresh else "fail",
-                        "config",
-                        f"{label}: does not exist"
-                        + (" (created at the first mount)" if fresh else ""),
-                        ""
-                        if fresh
-                        else "attach the device (nvme connect, losetup), or restore the file",
-                    )
-                )
-                continue
-            with open(nc.path, "rb") as f:
-                raw = f.read(SB_SIZE)
-        except (KvfsError, OSError) as e:
-            out.append(
-                Finding(
-                    "fail",
-                    "config",
-                    f"{label}: {e}",
-                    "attach the device, or fix the path in the config",
-                )
-            )
-            continue
-        try:
-            sb = decode(raw)
-        except SuperblockError as e:
-            fixable = pool_id is not None and pool_id.encode() in raw
-            out.append(
-                Finding(
-                    "fail",
-                    "config",
-                    f"{label}: {e}"
-                    + (
-                        " (it still names this catalog's pool: the next mount rebuilds it)"
-                        if fixable
-                        else ""
-                    ),
-                    "" if fixable else "restore the device, or reformat the pool",
-                )
-            )
-            continue
-        if sb is None:
-            out.append(
-                Finding(
-                    "fail",
-                    "config",
-                    f"{label}: not a kvfs namespace (no superblock)",
-                    "check the path (a device renamed?), or kvfs format",
-                )
-            )
-        elif pool_id is not None and sb.pool_id != pool_id:
-            out.append(
-                Finding(
-                    "fail",
-                    "config",
-                    f"{label}: belongs to pool {sb.pool_id}, the catalog to {pool_id}",
-                    "check the path: another pool's device?",
-                )
-            )
-        elif sb.ns_index != i:
-            out.append(
-                Finding(
-                    "fail",
-                    "config",
-                    f"{label}: is number {sb.ns_index} of its pool",
-                    "restore the config's order of namespaces",
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    "ok", "config", f"{label}: superblock of pool {sb.pool_id}, {size >> 20} MiB"
-                )
-            )
+        out.append(_check_config_namespace(i, nc, pool_id))
     return out
 
 
@@ -496,6 +507,39 @@ def describe_namespace(ns: dict) -> tuple[list[Finding], int | None]:
 
 
 # --- RDMA, kvikio, NUMA ------------------------------------------------------------------------
+def _roce_v2_gids(ctx: Context, name: str, port: int, gid_tbl_len: int) -> list[str]:
+    """A port's RoCE v2 GIDs (of its first 16): what NVMe-oF over RDMA on Ethernet uses."""
+    types = SYS / "class" / "infiniband" / name / "ports" / str(port) / "gid_attrs" / "types"
+    gids = []
+    for i in range(min(gid_tbl_len, 16)):
+        if (_read(types / str(i)) or "").lower().startswith("roce v2"):
+            gids.append(str(ctx.query_gid(port, i)))
+    return gids
+
+
+def _rdma_port_finding(ctx: Context, name: str, port: int, numa: int | None) -> Finding:
+    """One RDMA port's state, link layer, MTU and GIDs: ok when it is ACTIVE."""
+    pa = ctx.query_port(port)
+    state = {4: "ACTIVE", 1: "DOWN", 2: "INIT", 3: "ARMED"}.get(pa.state, str(pa.state))
+    ll = {1: "InfiniBand", 2: "Ethernet"}.get(pa.link_layer, str(pa.link_layer))
+    mtu = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}.get(pa.active_mtu, pa.active_mtu)
+    gids = _roce_v2_gids(ctx, name, port, pa.gid_tbl_len)
+    status = "ok" if state == "ACTIVE" else "warn"
+    fix = (
+        ""
+        if state == "ACTIVE"
+        else f"bring the port up (ip link set ... up; check the cable/switch for {name}/{port})"
+    )
+    return Finding(
+        status,
+        "rdma",
+        f"{name} port {port}: {state}, {ll}, MTU "
+        f"{mtu}, RoCE v2 GIDs: {', '.join(gids) or 'none'}, "
+        f"NUMA {numa}",
+        fix,
+    )
+
+
 def check_rdma() -> tuple[list[Finding], list[int]]:
     try:
         from pyverbs import device as vdev
@@ -529,46 +573,7 @@ def check_rdma() -> tuple[list[Finding], list[int]]:
             with Context(name=name) as ctx:
                 attr = ctx.query_device()
                 for port in range(1, attr.phys_port_cnt + 1):
-                    pa = ctx.query_port(port)
-                    state = {4: "ACTIVE", 1: "DOWN", 2: "INIT", 3: "ARMED"}.get(
-                        pa.state, str(pa.state)
-                    )
-                    ll = {1: "InfiniBand", 2: "Ethernet"}.get(pa.link_layer, str(pa.link_layer))
-                    mtu = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}.get(
-                        pa.active_mtu, pa.active_mtu
-                    )
-                    gids = []
-                    for i in range(min(pa.gid_tbl_len, 16)):
-                        gt = (
-                            SYS
-                            / "class"
-                            / "infiniband"
-                            / name
-                            / "ports"
-                            / str(port)
-                            / "gid_attrs"
-                            / "types"
-                            / str(i)
-                        )
-                        if (_read(gt) or "").lower().startswith("roce v2"):
-                            gids.append(str(ctx.query_gid(port, i)))
-                    status = "ok" if state == "ACTIVE" else "warn"
-                    fix = (
-                        ""
-                        if state == "ACTIVE"
-                        else "bring the port up (ip link set ... up; "
-                        f"check the cable/switch for {name}/{port})"
-                    )
-                    out.append(
-                        Finding(
-                            status,
-                            "rdma",
-                            f"{name} port {port}: {state}, {ll}, MTU "
-                            f"{mtu}, RoCE v2 GIDs: {', '.join(gids) or 'none'}, "
-                            f"NUMA {numa}",
-                            fix,
-                        )
-                    )
+                    out.append(_rdma_port_finding(ctx, name, port, numa))
         except Exception as e:  # noqa: BLE001 - one broken device must not stop the report
             out.append(
                 Finding(

@@ -111,6 +111,86 @@ def find_client_dirs(mount: str, depth: int = 3) -> list[tuple[str, str]]:
     return out
 
 
+def _lmcache_disk_finding(where: str, cap: int, safe: int, evict: str, evicted: int) -> Finding:
+    """LMCache local_disk trusts its in-memory index, so kvfs's eviction surfaces as errors."""
+    detail = (
+        where + "LMCache local_disk keeps its index in the engine's memory: if "
+        "max_local_disk_size is more than the pool holds, kvfs's eviction deletes chunks "
+        "LMCache still lists (contains() says yes, get_blocking raises KeyError)"
+    )
+    if evict == "never":
+        detail = (
+            where + "LMCache local_disk counts its own bytes and does not check "
+            "its writes: past the pool's capacity they fail with ENOSPC unnoticed"
+        )
+    if evicted:
+        detail += f"; kvfs has evicted {evicted} file(s) since it started"
+    return Finding(
+        "warn" if evicted or evict == "never" else "info",
+        "clients",
+        detail,
+        "set max_local_disk_size to at most "
+        f"{math.floor(safe / 1e6) / 1e3:g} (GB, 90% of "
+        f"the pool's {format_size(cap)}), or use LMCache's fs connector or "
+        "kvfs's LMCache plugin, which look chunks up by name",
+    )
+
+
+def _nixl_static_finding(where: str) -> Finding:
+    """LMCache's NIXL slot files stay open and outlive the engine's index: say so."""
+    return Finding(
+        "warn",
+        "clients",
+        where + "LMCache NIXL static pool (nixl_pool_size > 0): the engine keeps its slot "
+        "files open, so their chunks stay uncommitted in kvfs's memory until it "
+        "exits; its index is in memory and a restarted engine writes new slot "
+        "files, leaving the old ones for kvfs's eviction",
+        "use nixl_pool_size: 0 (one file per chunk, looked up by name, survives "
+        "restarts, evicted by kvfs as a clean miss)",
+    )
+
+
+def _by_name_finding(where: str, kind: str, evict: str) -> Finding:
+    """NIXL dynamic and vLLM's fs tier rely on kvfs's eviction alone: it must be on."""
+    name = {"nixl_dynamic": "LMCache NIXL dynamic backend", "vllm": "vLLM's fs tier"}[kind]
+    if evict == "never":
+        return Finding(
+            "warn",
+            "clients",
+            where + f"{name} never deletes a chunk "
+            f'and evict = "never": the pool fills and its stores fail',
+            'set [pool] evict = "prefix" (or "lru"): kvfs\'s eviction is its eviction',
+        )
+    return Finding(
+        "ok",
+        "clients",
+        where + f"{name}: no eviction of its own, "
+        f"looks chunks up by name: kvfs evicts them as clean "
+        f"misses",
+    )
+
+
+def _sglang_finding(where: str, cap: int, evict: str) -> Finding:
+    """SGLang HiCacheFile evicts by free space: suggest a min_free_space ahead of kvfs's."""
+    return Finding(
+        "ok" if evict != "never" else "info",
+        "clients",
+        where + "SGLang HiCacheFile looks pages up by name: pages kvfs evicts are clean misses",
+        f"set min_free_space (e.g. {format_size(cap // 10)}) so that SGLang evicts by "
+        f"statvfs before kvfs has to"
+        + ("" if evict != "never" else ' (with evict = "never" it must)'),
+    )
+
+
+def _lmcache_plugin_finding(where: str) -> Finding:
+    """kvfs's own LMCache plugin agrees with kvfs's eviction by design: report it ok."""
+    return Finding(
+        "ok",
+        "clients",
+        where + "kvfs's LMCache plugin: no index of its own, evicted chunks are clean misses",
+    )
+
+
 def check_clients(mount: str, st: dict) -> list[Finding]:
     """Findings for the engines' directories in one mount (st: the mount's statistics)."""
     pool = st["tiers"]["pool"]
@@ -121,85 +201,13 @@ def check_clients(mount: str, st: dict) -> list[Finding]:
     for path, kind in find_client_dirs(mount):
         where = f"{path}: "
         if kind == "lmcache_disk":
-            detail = (
-                where + "LMCache local_disk keeps its index in the engine's memory: if "
-                "max_local_disk_size is more than the pool holds, kvfs's eviction deletes chunks "
-                "LMCache still lists (contains() says yes, get_blocking raises KeyError)"
-            )
-            if evict == "never":
-                detail = (
-                    where + "LMCache local_disk counts its own bytes and does not check "
-                    "its writes: past the pool's capacity they fail with ENOSPC unnoticed"
-                )
-            if evicted:
-                detail += f"; kvfs has evicted {evicted} file(s) since it started"
-            out.append(
-                Finding(
-                    "warn" if evicted or evict == "never" else "info",
-                    "clients",
-                    detail,
-                    "set max_local_disk_size to at most "
-                    f"{math.floor(safe / 1e6) / 1e3:g} (GB, 90% of "
-                    f"the pool's {format_size(cap)}), or use LMCache's fs connector or "
-                    "kvfs's LMCache plugin, which look chunks up by name",
-                )
-            )
+            out.append(_lmcache_disk_finding(where, cap, safe, evict, evicted))
         elif kind == "nixl_static":
-            out.append(
-                Finding(
-                    "warn",
-                    "clients",
-                    where
-                    + "LMCache NIXL static pool (nixl_pool_size > 0): the engine keeps its slot "
-                    "files open, so their chunks stay uncommitted in kvfs's memory until it "
-                    "exits; its index is in memory and a restarted engine writes new slot "
-                    "files, leaving the old ones for kvfs's eviction",
-                    "use nixl_pool_size: 0 (one file per chunk, looked up by name, survives "
-                    "restarts, evicted by kvfs as a clean miss)",
-                )
-            )
+            out.append(_nixl_static_finding(where))
         elif kind in ("nixl_dynamic", "vllm"):
-            name = {"nixl_dynamic": "LMCache NIXL dynamic backend", "vllm": "vLLM's fs tier"}[kind]
-            if evict == "never":
-                out.append(
-                    Finding(
-                        "warn",
-                        "clients",
-                        where + f"{name} never deletes a chunk "
-                        f'and evict = "never": the pool fills and its stores fail',
-                        'set [pool] evict = "prefix" (or "lru"): kvfs\'s eviction is its eviction',
-                    )
-                )
-            else:
-                out.append(
-                    Finding(
-                        "ok",
-                        "clients",
-                        where + f"{name}: no eviction of its own, "
-                        f"looks chunks up by name: kvfs evicts them as clean "
-                        f"misses",
-                    )
-                )
+            out.append(_by_name_finding(where, kind, evict))
         elif kind == "sglang":
-            out.append(
-                Finding(
-                    "ok" if evict != "never" else "info",
-                    "clients",
-                    where
-                    + "SGLang HiCacheFile looks pages up by name: pages kvfs evicts are clean "
-                    "misses",
-                    f"set min_free_space (e.g. {format_size(cap // 10)}) so that SGLang evicts by "
-                    f"statvfs before kvfs has to"
-                    + ("" if evict != "never" else ' (with evict = "never" it must)'),
-                )
-            )
+            out.append(_sglang_finding(where, cap, evict))
         elif kind == "lmcache_plugin":
-            out.append(
-                Finding(
-                    "ok",
-                    "clients",
-                    where + "kvfs's LMCache plugin: no index of its "
-                    "own, evicted chunks are clean misses",
-                )
-            )
+            out.append(_lmcache_plugin_finding(where))
     return out

@@ -171,6 +171,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 # --- format ------------------------------------------------------------------------------------
 def cmd_format(args: argparse.Namespace) -> int:
     import trio
+
     from kvfs.service import format_layers
 
     if os.geteuid() != 0:

@@ -423,6 +423,46 @@ class Direct:
             return f.result()  # (the buffer is the caller's: a late read would land there)
         raise ReadTimeout(lay.path, [])
 
+    def _issue(self, lay: BlockLayout, buf: Any, verify: bool) -> tuple[str, list]:
+        """Start reading every unit of a leased block into `buf`: (how, its reads) — "host"
+        (the thread pool's futures, each with its run of units), "kvikio-host" or
+        "kvikio-device" (kvikio's)."""
+        nbytes = buf.nbytes if hasattr(buf, "nbytes") else memoryview(buf).nbytes
+        if nbytes < lay.size:
+            raise ValueError(
+                f"kvfs.client.direct: buffer of {nbytes} bytes is smaller than "
+                f"{lay.path} ({lay.size} bytes)"
+            )
+        if _is_cuda(buf):
+            return "kvikio-device", self._reads_kvikio(lay, self._flat_cuda(buf))
+        if self.use_kvikio:
+            dest = __import__("numpy").frombuffer(_host_view(buf), dtype="uint8")
+            return "kvikio-host", self._reads_kvikio(lay, dest)
+        dest = _host_view(buf)
+        return "host", [
+            (self._pool.submit(self._read_run, lay, run, dest, verify), run)
+            for run in self._runs(lay, dest)
+        ]
+
+    def _wait(
+        self, kind: str, reads: list, lay: BlockLayout, verify: bool, t0: float, abandon: bool
+    ) -> None:
+        """Wait for every read of a block (each ends before the lease's release, even after
+        one failed); raise the first one's error."""
+        first: OSError | None = None
+        for f in reads:
+            try:
+                if kind == "host":
+                    self._host_result(f[0], lay, f[1], t0, abandon)
+                else:
+                    self._kvikio_done(lay, f, verify, kind == "kvikio-host")
+            except ReadTimeout:
+                raise
+            except OSError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
     def read_many(
         self,
         paths: Sequence[str],
@@ -452,50 +492,18 @@ class Direct:
             try:
                 for i in pending:
                     lays[i] = self._leased_layout(paths[i])
-                jobs = []
-                for i, lay in lays.items():
-                    nbytes = (
-                        bufs[i].nbytes if hasattr(bufs[i], "nbytes") else memoryview(bufs[i]).nbytes
-                    )
-                    if nbytes < lay.size:
-                        raise ValueError(
-                            f"kvfs.client.direct: buffer of {nbytes} bytes is smaller than "
-                            f"{lay.path} ({lay.size} bytes)"
-                        )
-                    if _is_cuda(bufs[i]):
-                        jobs.append(
-                            ("kvikio-device", i, self._reads_kvikio(lay, self._flat_cuda(bufs[i])))
-                        )
-                    elif self.use_kvikio:
-                        dest = __import__("numpy").frombuffer(_host_view(bufs[i]), dtype="uint8")
-                        jobs.append(("kvikio-host", i, self._reads_kvikio(lay, dest)))
-                    else:
-                        dest = _host_view(bufs[i])
-                        jobs.append(
-                            (
-                                "host",
-                                i,
-                                [
-                                    (self._pool.submit(self._read_run, lay, run, dest, verify), run)
-                                    for run in self._runs(lay, dest)
-                                ],
-                            )
-                        )
-                for kind, i, futures in jobs:
-                    for f in futures:  # every unit's read ends before the release
-                        try:
-                            if kind == "host":
-                                self._host_result(f[0], lays[i], f[1], t0, abandon)
-                            else:
-                                self._kvikio_done(lays[i], f, verify, kind == "kvikio-host")
-                        except ReadTimeout as e:  # (abandon): the caller's answer, now
-                            e.pending = [x[0] for k2, _, fs in jobs if k2 == "host" for x in fs]
-                            raise
-                        except OSError as e:
-                            failed.setdefault(i, e)
-                    if i not in failed:
-                        sizes[i] = lays[i].size
-                        read.add(i)
+                jobs = [(*self._issue(lays[i], bufs[i], verify), i) for i in lays]
+                for kind, futures, i in jobs:
+                    try:
+                        self._wait(kind, futures, lays[i], verify, t0, abandon)
+                    except ReadTimeout as e:  # (abandon): the caller's answer, now
+                        e.pending = [x[0] for k2, fs, _ in jobs if k2 == "host" for x in fs]
+                        raise
+                    except OSError as e:
+                        failed[i] = e
+                        continue
+                    sizes[i] = lays[i].size
+                    read.add(i)
             finally:
                 stale = [i for i, lay in lays.items() if not self._release(lay, hit=i in read)]
             for i, e in failed.items():

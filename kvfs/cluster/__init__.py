@@ -1,2 +1,2 @@
-"""A node's part in a shared pool: its Redis connection (link, RESP client) and the shared
-pool's space. May call space/, catalog/ (its Redis leases) and pool/."""
+"""A node's part in a shared pool: the shared pool's space (space.py), over the Redis link
+(kvfs/redis/). May call space/, catalog/ (its Redis leases), pool/ and redis/."""

@@ -29,12 +29,12 @@ import trio
 
 from kvfs.catalog.base import BlobRec
 from kvfs.catalog.redis.leases import RegionLeases
-from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
 from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
 from kvfs.pool.pool import Area, Pool
+from kvfs.redis.link import ClusterLink
 from kvfs.space.base import Evictor, Space
 
 log = logging.getLogger("kvfs.space")

@@ -17,18 +17,19 @@ import json
 import os
 import stat
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.catalog.interface import Catalog
 from kvfs.catalog.tree import LINK_HINT
-from kvfs.fs.direct_access import DirectAccess
 from kvfs.errors import KvfsError
+from kvfs.fs.direct_access import DirectAccess
 from kvfs.fs.files import Files
-from kvfs.write.handles import Attr
 from kvfs.knobs import Knobs
 from kvfs.tiers.store import BlockStore
+from kvfs.write.handles import Attr
 
 FH_BASE = 1 << 62  # control-file handles live apart from file handles
 PREFIX = b"user.kvfs."
@@ -42,21 +43,30 @@ Actions:
 """
 
 
+class DaemonView(Protocol):
+    """What the control file asks of the daemon above it (a seam the factory binds:
+    kvfs/service.py): its statistics (a snapshot the service composes), and a flush of what
+    is batched."""
+
+    def statistics(self) -> dict: ...
+
+    async def flush(self) -> dict: ...
+
+
 class Control:
-    """The control file and kvfs attributes over the layers it is given. `statistics()` is the
-    daemon's snapshot (kvfs/service.py composes it), `flush()` persists what is batched, and
-    `pool_info` ({"pool_id", "namespace_paths"}) goes into every layout a direct reader gets."""
+    """The control file and kvfs attributes over the layers it is given. `service` is the
+    daemon's view (`DaemonView`), and `pool_info` ({"pool_id", "namespace_paths",
+    "read_timeout"}) goes into every layout a direct reader gets."""
 
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         store: BlockStore,
         files: Files,
         direct: DirectAccess,
         knobs: Knobs,
         *,
-        statistics: Callable[[], dict],
-        flush: Callable[[], Awaitable[dict]],
+        service: DaemonView,
         pool_info: dict,
     ):
         self.catalog = catalog
@@ -64,8 +74,7 @@ class Control:
         self.files = files
         self.direct = direct
         self.knobs = knobs
-        self.statistics = statistics
-        self.flush = flush
+        self.service = service
         self.pool_info = pool_info
         self.owner = os.geteuid()
         self.started = time.time_ns()
@@ -175,7 +184,7 @@ class Control:
         if self._stats is not None and now - self._stats[0] < self.STATS_REUSE:
             value, self._stats = self._stats[1], None
             return value
-        value = json.dumps(self.statistics(), sort_keys=True).encode()
+        value = json.dumps(self.service.statistics(), sort_keys=True).encode()
         self._stats = (now, value)
         return value
 
@@ -342,9 +351,9 @@ class Control:
         text = value.decode(errors="replace").strip()
         if key == b"pin":
             if text.lower() in ("1", "true", "yes", "on"):
-                await self.files.set_pin(inode, True)
+                await self.files.xattrs.set_pin(inode, True)
             elif text.lower() in ("0", "false", "no", "off", ""):
-                await self.files.set_pin(inode, False)
+                await self.files.xattrs.set_pin(inode, False)
             else:
                 raise KvfsError(errno.EINVAL, f"user.kvfs.pin takes 1 or 0, not {text!r}")
             return
@@ -498,4 +507,4 @@ class Control:
 
     async def _flush(self, args: dict) -> dict:
         self._no_args("flush", args)
-        return await self.flush()
+        return await self.service.flush()

@@ -9,18 +9,19 @@ from __future__ import annotations
 import collections
 import errno
 
+from kvfs.catalog.interface import Catalog
 from kvfs.errors import KvfsError
-from kvfs.write.handles import Handles
-from kvfs.pool.layout import Layout
 from kvfs.fs.leases import Allocations, Leases
-from kvfs.write.pipeline import Sessions
+from kvfs.pool.layout import Layout
 from kvfs.space import Space
+from kvfs.write.handles import Handles
+from kvfs.write.pipeline import Sessions
 
 
 class DirectAccess:
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         handles: Handles,
         sessions: Sessions,
         space: Space,

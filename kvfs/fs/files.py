@@ -22,13 +22,20 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable
 
-from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.interface import Catalog
 from kvfs.catalog.tree import RENAME_EXCHANGE
-from kvfs.write.durability import Durability, Listener
 from kvfs.errors import DeviceError, KvfsError, Unreadable
+from kvfs.fs.eviction import Eviction
+from kvfs.fs.kernel import NO_KERNEL, NoKernel
+from kvfs.fs.leases import Allocations, Leases
+from kvfs.fs.syncing import Syncing
+from kvfs.fs.xattrs import Attributes
+from kvfs.pool.buffer import Buffer
+from kvfs.space import Space
+from kvfs.tiers.store import BlockStore
+from kvfs.write.durability import Durability
 from kvfs.write.handles import (
     Attr,
     Handle,
@@ -38,15 +45,8 @@ from kvfs.write.handles import (
     WriteErrors,
     killed_while_exiting,
 )
-from kvfs.fs.eviction import Eviction
-from kvfs.fs.kernel import NO_KERNEL, NoKernel
-from kvfs.fs.leases import Allocations, Leases
-from kvfs.fs.syncing import Syncing
-from kvfs.fs.xattrs import Attributes
-from kvfs.write.session import Session
 from kvfs.write.pipeline import PIN_XATTR, Sessions
-from kvfs.space import Space
-from kvfs.tiers.store import BlockStore
+from kvfs.write.session import Session
 
 log = logging.getLogger("kvfs.fs.files")
 # what an open of a block that cannot be brought in answers with ENOENT: the block is absent
@@ -66,28 +66,32 @@ class FilesStats:
     plain_opens: int = 0  # served by the daemon (no passthrough, or the fallback)
 
 
-class Files(Syncing, Eviction, Attributes):
+class Files(Syncing, Eviction):
     """The POSIX behaviour FUSE needs (the module doc). Parts of their own: what fsync and
     write-back report (kvfs/fs/syncing.py), eviction (kvfs/fs/eviction.py), extended
     attributes and pins (kvfs/fs/xattrs.py)."""
 
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         store: BlockStore,
         space: Space,
         sessions: Sessions,
         leases: Leases,
         allocations: Allocations,
         *,
-        durability: Callable[[Listener], Durability],
+        durability: Durability,
         readahead=None,
         kernel: NoKernel = NO_KERNEL,
+        misses_cacheable: bool = True,
     ):
-        """`durability` makes the seam that says when bytes are durable (kvfs/write/durability.py)
-        with this layer as its listener: the factory chooses which (kvfs/service.py).
+        """`durability` says when bytes are durable (kvfs/write/durability.py), with this layer
+        as its listener (a seam the factory binds): the factory chooses which (kvfs/service.py).
         `kernel`: what to tell the kernel's caches when a file changes behind its back
-        (kvfs/fs/kernel.py)."""
+        (kvfs/fs/kernel.py). `misses_cacheable`: may the kernel cache that a name does not
+        exist? Only where every name is made through this mount (one node: with a shared
+        pool another node may make it any moment, and a miss then asks Redis)."""
+        self.misses_cacheable = misses_cacheable
         self.catalog = catalog
         self.store = store
         self.space = space
@@ -106,14 +110,9 @@ class Files(Syncing, Eviction, Attributes):
         # write-back errors, reported to fsync as Linux does (errseq: kvfs/write/handles.py)
         self.write_errors = WriteErrors()
         self.stats = FilesStats()
-        self.durability = durability(self)
-
-    @property
-    def misses_cacheable(self) -> bool:
-        """May the kernel cache that a name does not exist? Only where every name is made
-        through this mount: with a shared pool another node may make it any moment (a miss
-        then asks Redis)."""
-        return not self.catalog.shared
+        self.durability = durability
+        # extended attributes and pins (kvfs/fs/xattrs.py): an object of its own
+        self.xattrs = Attributes(catalog, store, self.settle)
 
     @property
     def passthrough(self) -> bool:

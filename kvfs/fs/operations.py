@@ -18,9 +18,9 @@ import pyfuse3
 import trio
 
 from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.errors import Dropped, KvfsError
 from kvfs.fs.control import FH_BASE as CONTROL_FH_BASE
 from kvfs.fs.control import Control
-from kvfs.errors import KvfsError
 from kvfs.fs.files import PIN_XATTR, Attr, Files
 from kvfs.fs.latency import Latency
 
@@ -438,13 +438,10 @@ class FuseOps(pyfuse3.Operations):
         deadlock); a lookup then asks, and hears there is no such file."""
         try:
             await commit
-        except KvfsError as e:
-            ino = getattr(e, "dropped", None)
-            if ino is not None:
-                self.files.kernel.new_content(ino)
-            removed = getattr(e, "removed", None)
-            if removed is not None:
-                await trio.to_thread.run_sync(self._forget_name, *removed)
+        except Dropped as e:
+            self.files.kernel.new_content(e.dropped)
+            if e.removed is not None:
+                await trio.to_thread.run_sync(self._forget_name, *e.removed)
             raise
 
     @staticmethod
@@ -535,26 +532,26 @@ class FuseOps(pyfuse3.Operations):
         value = await self.control.getxattr(inode, name, ctx.uid)
         if value is not None:
             return value
-        return self.files.getxattr(inode, name)
+        return self.files.xattrs.getxattr(inode, name)
 
     @translate
     async def listxattr(self, inode, ctx):
-        return self.control.listxattr(inode) + self.files.listxattr(inode)
+        return self.control.listxattr(inode) + self.files.xattrs.listxattr(inode)
 
     @translate
     async def setxattr(self, inode, name, value, ctx):
         if await self.control.setxattr(inode, name, value, ctx.uid):
             return
-        await self.files.setxattr(inode, name, value)
+        await self.files.xattrs.setxattr(inode, name, value)
 
     @translate
     async def removexattr(self, inode, name, ctx):
         if inode == CONTROL_INO:
             raise KvfsError(errno.ENODATA, "no such attribute")
         if name == PIN_XATTR:
-            await self.files.set_pin(inode, False)
+            await self.files.xattrs.set_pin(inode, False)
             return
-        await self.files.removexattr(inode, name)
+        await self.files.xattrs.removexattr(inode, name)
 
     async def access(self, inode, mode, ctx):
         return True  # mounted with default_permissions: the kernel checks modes

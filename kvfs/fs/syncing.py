@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from kvfs.errors import KvfsError
+from kvfs.errors import Dropped, KvfsError
 
 log = logging.getLogger("kvfs.fs.files")
 
@@ -25,17 +25,15 @@ class Syncing:
         committed)."""
         self.write_errors.record(ino, e)
         self._tell_removed(e)
-        ino = getattr(e, "dropped", None)
-        if ino is not None:
-            self.kernel.new_content(ino)
+        if isinstance(e, Dropped):
+            self.kernel.new_content(e.dropped)
 
     def _tell_removed(self, e: KvfsError) -> None:
         """A commit that dropped a never-committed file's name (see Sessions.drop) tells the
         kernel, which may cache the name (asynchronously: a rename holds the directory's
         lock, and a release has nobody waiting for it)."""
-        removed = getattr(e, "removed", None)
-        if removed is not None:
-            self.kernel.evicted(*removed)
+        if isinstance(e, Dropped) and e.removed is not None:
+            self.kernel.evicted(*e.removed)
 
     async def fsync(self, fh: int) -> None:
         """fsync/fdatasync of any handle of the file: its content (and, when close is not a

@@ -1,13 +1,17 @@
 """Extended attributes (user.* only, as Linux limits them) and pins: a pinned file's block stays
-in DRAM, across restarts too (the attribute user.kvfs.pin). A part of `Files`
-(kvfs/fs/files.py): it uses the catalog and the store that Files holds."""
+in DRAM, across restarts too (the attribute user.kvfs.pin). An object of its own that `Files`
+(kvfs/fs/files.py) holds as `files.xattrs`: the catalog, the store, and the way to wait for a
+file's closed content (Files.settle) are all it needs."""
 
 from __future__ import annotations
 
 import errno
 import logging
+from typing import Awaitable, Callable
 
+from kvfs.catalog.interface import Catalog
 from kvfs.errors import KvfsError
+from kvfs.tiers.store import BlockStore
 from kvfs.write.pipeline import PIN_XATTR
 
 log = logging.getLogger("kvfs.fs.files")
@@ -17,6 +21,11 @@ XATTR_SIZE_MAX = 64 * 1024
 
 
 class Attributes:
+    def __init__(self, catalog: Catalog, store: BlockStore, settle: Callable[[int], Awaitable]):
+        self.catalog = catalog
+        self.store = store
+        self.settle = settle  # wait until a closed file's content is its committed version
+
     @staticmethod
     def _check_xattr_name(name: bytes) -> None:
         if not name.startswith(b"user."):

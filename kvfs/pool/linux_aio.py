@@ -41,15 +41,27 @@ import trio
 
 from kvfs.pool.aio_abi import (  # noqa: F401 - the kernel's names, used below
     IOCB as _IOCB,
+)
+from kvfs.pool.aio_abi import (
     IOCB_CMD_FDSYNC,
     IOCB_CMD_PREADV,
     IOCB_CMD_PWRITEV,
     IOCB_FLAG_RESFD,
-    NR as _NR,
     RWF_NOWAIT,
+)
+from kvfs.pool.aio_abi import (
+    NR as _NR,
+)
+from kvfs.pool.aio_abi import (
     Event as _Event,
+)
+from kvfs.pool.aio_abi import (
     Iovec as _Iovec,
+)
+from kvfs.pool.aio_abi import (
     Timespec as _Timespec,
+)
+from kvfs.pool.aio_abi import (
     syscall as _syscall,
 )
 

@@ -30,12 +30,11 @@ from typing import Sequence
 import trio
 
 from kvfs import tasks
-from kvfs.pool import linux_aio
-from kvfs.tasks import run_all
-from kvfs.pool.buffer import populate
 from kvfs.errors import DeviceError, KvfsError, StartupError
-from kvfs.pool.layout import PAGE
+from kvfs.pool import linux_aio
+from kvfs.pool.buffer import populate
 from kvfs.pool.io_workers import IoWorkers, WorkerLost
+from kvfs.pool.layout import PAGE
 from kvfs.pool.namespace_aio import AioPaths
 from kvfs.pool.read_health import ReadHealth
 from kvfs.pool.requests import (
@@ -46,6 +45,7 @@ from kvfs.pool.requests import (
 )
 from kvfs.pool.requests import digests as unit_digests
 from kvfs.pool.superblock import PROBE_BYTES, SB_SIZE, Superblock, SuperblockError, decode
+from kvfs.tasks import run_all
 
 log = logging.getLogger("kvfs.pool.namespace")
 
@@ -346,7 +346,7 @@ class Namespace(AioPaths):
             f"no answer within {limit:.1f} s (io_timeout_ms)",
             OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)),
         )
-        err.pending = done
+        err.pending = done  # (a DeviceError: ETIMEDOUT is no daemon shortage)
         raise err
 
     def _ok(self, writing: bool = True) -> None:

@@ -6,7 +6,7 @@ free-space maps and balance it uses."""
 
 from __future__ import annotations
 
-from kvfs.errors import KvfsError, no_space
+from kvfs.errors import DeviceError, KvfsError, no_space
 from kvfs.pool.layout import place_units, stored_length, unit_count
 
 OBSERVE_UNITS = 128  # units moved between two updates of the placement balance
@@ -136,9 +136,8 @@ class Placement:
     def can_place_elsewhere(self, e: KvfsError) -> bool:
         """Whether a block whose write failed with `e` can be written again elsewhere: a
         namespace failed (`Namespace._failed` names it), and another is healthy."""
-        bad = getattr(e, "namespace", None)
-        return bad is not None and any(
-            ns.stats.state == "ok" and ns.index != bad for ns in self.namespaces
+        return isinstance(e, DeviceError) and any(
+            ns.stats.state == "ok" and ns.index != e.namespace for ns in self.namespaces
         )
 
     def next_rotation(self) -> int:

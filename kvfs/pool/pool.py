@@ -23,20 +23,19 @@ from typing import Iterable
 import numpy as np
 import trio
 
-from kvfs.pool import linux_aio
-from kvfs.tasks import run_all
-from kvfs.pool.alloc import ExtentAllocator
-from kvfs.pool.io_workers import IoWorkers
-from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
 from kvfs.config import PoolConfig
-
+from kvfs.errors import DeviceError, KvfsError, StartupError
+from kvfs.pool import linux_aio
+from kvfs.pool.alloc import ExtentAllocator
+from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
 from kvfs.pool.checks import check_paths, validate, write_superblocks
+from kvfs.pool.io_workers import IoWorkers
+from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
 from kvfs.pool.namespace import Namespace
 from kvfs.pool.placement import Placement
 from kvfs.pool.requests import WriteRequest
-from kvfs.errors import KvfsError, StartupError
-from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
 from kvfs.pool.superblock import foreign_signature
+from kvfs.tasks import run_all
 
 log = logging.getLogger("kvfs.pool.pool")
 
@@ -452,8 +451,8 @@ class Pool(Placement):
         the Event of its end to `late` (for `free_after` / `release_after`) and raises EIO."""
         try:
             return await self.namespaces[j].bounded(job, nbytes)
-        except KvfsError as e:
-            if getattr(e, "pending", None) is not None:
+        except DeviceError as e:
+            if e.pending is not None:
                 late.append(e.pending)
             raise
 
@@ -590,6 +589,39 @@ class Pool(Placement):
         self.observe(counts, t0, done)
         return Layout(size, self.unit, ns_of, offsets, tuple(sums))
 
+    def _write_requests(
+        self, buf: Buffer, size: int, ns_of, offsets
+    ) -> list[tuple[list[int], WriteRequest]]:
+        """A block's write requests, one per run of units back to back on a namespace: a
+        small block's units staged (copied in the worker thread), a large one's written from
+        its own memory (checked again after the write where the kernel may change it)."""
+        small = size <= buf.chunk
+        out = []
+        for run in self.runs(ns_of, offsets, size):
+            spans = [
+                (
+                    k * self.unit,
+                    stored_length(size, self.unit, k),
+                    min(self.unit, size - k * self.unit),
+                )
+                for k in run
+            ]
+            units = (
+                (lambda b=buf, sp=spans: b.stage_out(sp))
+                if small
+                else [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
+            )
+            req = WriteRequest(
+                units,
+                None if small else [v for u in units for v in u],
+                offsets[run[0]],
+                [length for _, _, length in spans],
+                sum(stored for _, stored, _ in spans),
+                verify=buf.shared and not small,
+            )
+            out.append((run, req))
+        return out
+
     async def write_batch(
         self, blocks: list[tuple[Buffer, int, Layout | None]]
     ) -> list[Layout | KvfsError]:
@@ -618,33 +650,10 @@ class Pool(Placement):
                 self.release(Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of)))
                 out[i] = e
                 continue
-            plan = (i, size, ns_of, offsets, [0] * len(ns_of), [])
-            plans.append(plan)
-            small = size <= buf.chunk
-            for run in self.runs(ns_of, offsets, size):
-                spans = [
-                    (
-                        k * self.unit,
-                        stored_length(size, self.unit, k),
-                        min(self.unit, size - k * self.unit),
-                    )
-                    for k in run
-                ]
-                units = (
-                    (lambda b=buf, sp=spans: b.stage_out(sp))
-                    if small
-                    else [buf.io_views(start, stored, self.zero) for start, stored, _ in spans]
-                )
-                req = WriteRequest(
-                    units,
-                    None if small else [v for u in units for v in u],
-                    offsets[run[0]],
-                    [length for _, _, length in spans],
-                    sum(stored for _, stored, _ in spans),
-                    verify=buf.shared and not small,
-                )
+            runs = self._write_requests(buf, size, ns_of, offsets)
+            plans.append((i, size, ns_of, offsets, [0] * len(ns_of), runs))
+            for run, req in runs:
                 by_ns.setdefault(ns_of[run[0]], []).append(req)
-                plan[5].append((run, req))
         t0 = time.perf_counter()
         done: dict[int, float] = {}
 
@@ -668,18 +677,14 @@ class Pool(Placement):
             layout = Layout(size, self.unit, ns_of, offsets, (0,) * len(ns_of))
             try:
                 for run, req in runs:
-                    if getattr(req.error, "pending", None) is None:  # (else still in use)
+                    if not _late(req.error):  # (else still in use)
                         req.units = req.flat = None  # (the block's memory: not needed)
                     for k, d in zip(run, req.result()):
                         sums[k] = d
             except KvfsError as e:
                 self.release_after(
                     layout,
-                    [
-                        r.error.pending
-                        for _, r in runs
-                        if getattr(r.error, "pending", None) is not None
-                    ],
+                    [r.error.pending for _, r in runs if _late(r.error)],
                 )
                 out[i] = e
                 continue
@@ -770,3 +775,9 @@ class Pool(Placement):
                 after=zero_padding,
             )
         return [run[i] for i in bad]
+
+
+def _late(err) -> bool:
+    """Whether a request's error is an I/O past its deadline, still in flight (its memory
+    and extents in use until `err.pending` is set)."""
+    return isinstance(err, DeviceError) and err.pending is not None

@@ -167,7 +167,7 @@ class WriteRequest:
             raise self.error
         if self.error is not None:
             raise KvfsError(
-                getattr(self.error, "errno", None) or errno.EIO,
+                (isinstance(self.error, OSError) and self.error.errno) or errno.EIO,
                 f"write of {self.nbytes} bytes at {self.offset}: {self.error}",
             )
         if self.digests is None:  # its group ended without reaching it (cancelled)

@@ -19,7 +19,7 @@ and delete files through the `Evictor` they are built with (kvfs/space/base.py; 
 answer, kvfs/fs/eviction.py, decides whether a file may go and tells the kernel).
 """
 
-from kvfs.space.base import Evictor, Space
 from kvfs.space.alone import LocalSpace
+from kvfs.space.base import Evictor, Space
 
 __all__ = ["Evictor", "LocalSpace", "Space"]

@@ -10,8 +10,8 @@ import trio
 from kvfs.errors import KvfsError, no_space
 from kvfs.knobs import Knobs
 from kvfs.pool.layout import Layout
-from kvfs.tiers.scoring import PrefixScore
 from kvfs.pool.pool import Pool
+from kvfs.tiers.scoring import PrefixScore
 
 log = logging.getLogger("kvfs.space")
 

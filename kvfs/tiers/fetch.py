@@ -19,12 +19,12 @@ import time
 
 import trio
 
-from kvfs.tasks import run_all
-from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
+from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import Layout
 from kvfs.pool.pool import Pool
+from kvfs.tasks import run_all
 
 # Units of one fetch in flight per namespace. Units issued together share the namespace's
 # bandwidth and finish together; a small window, issued in order, brings a block's first bytes

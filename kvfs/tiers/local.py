@@ -19,16 +19,16 @@ import logging
 import uuid
 from dataclasses import asdict
 
-from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec
 from kvfs.config import LocalConfig
-from kvfs.pool.namespace import Namespace, probe
 from kvfs.errors import KvfsError, StartupError
+from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import DATA_START, Layout
-from kvfs.tiers.index import TierIndex
-from kvfs.tiers.policy import make_admission, make_policy
+from kvfs.pool.namespace import Namespace, probe
 from kvfs.pool.pool import Pool
 from kvfs.pool.superblock import Superblock, foreign_signature
+from kvfs.tiers.index import TierIndex
+from kvfs.tiers.policy import make_admission, make_policy
 
 log = logging.getLogger("kvfs.tiers.local")
 

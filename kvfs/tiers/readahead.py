@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import trio
 
 from kvfs.catalog.base import Node
+from kvfs.catalog.interface import Catalog
 from kvfs.catalog.tree import LINK_READ, LINK_WRITE
 from kvfs.knobs import Knobs
 
@@ -80,7 +81,7 @@ class ReadaheadStats:
 
 
 class Readahead:
-    def __init__(self, catalog, store, knobs: Knobs):
+    def __init__(self, catalog: Catalog, store, knobs: Knobs):
         self.catalog = catalog
         self.store = store
         self.knobs = knobs  # prefetch_enabled, prefetch_max_window

@@ -5,8 +5,8 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass, field
 
-from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec
+from kvfs.pool.buffer import Buffer
 from kvfs.tiers.fetch import Fetch
 
 

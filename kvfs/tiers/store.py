@@ -34,16 +34,16 @@ from typing import Callable
 
 import trio
 
-from kvfs.pool.buffer import MEMORY, Buffer, Spares
 from kvfs.catalog.base import BlobRec
 from kvfs.errors import KvfsError
-from kvfs.tiers.fetch import FETCH_RUN, Fetch, Fetcher
+from kvfs.pool.buffer import MEMORY, Buffer, Spares
 from kvfs.pool.layout import PAGE, Layout, align_up, units_covering
+from kvfs.pool.pool import Pool
+from kvfs.tiers.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.tiers.index import TierIndex
 from kvfs.tiers.policy import AlwaysAdmit, make_policy
-from kvfs.pool.pool import Pool
-from kvfs.tiers.waits import ReadWaits
 from kvfs.tiers.records import CachedBlob, StoreStats, open_file_limit, resident_limit
+from kvfs.tiers.waits import ReadWaits
 
 log = logging.getLogger("kvfs.tiers.store")
 
@@ -759,14 +759,12 @@ class BlockStore:
         """Where background I/O of the layers above runs (write-behind)."""
         return self._nursery
 
-    async def write(self, buf: Buffer, size: int, writer=None) -> Layout:
+    async def write(self, buf: Buffer, size: int) -> Layout:
         """Write a block to the pool (durable on return, each namespace's I/O within its
-        deadline: Pool.write_block), finishing what `writer` (a BlockWriter,
-        kvfs/write/behind.py) wrote behind; raises ENOSPC or EIO."""
-        if writer is not None:
-            layout = await writer.finish(buf, size)
-        else:
-            layout = await self.pool.write_block(buf, size, deadline=True)
+        deadline: Pool.write_block); raises ENOSPC or EIO. (A block written behind is
+        finished by its writer, kvfs/write/behind.py, which the write layer calls: `wrote`
+        counts it.)"""
+        layout = await self.pool.write_block(buf, size, deadline=True)
         self.wrote(size)
         return layout
 

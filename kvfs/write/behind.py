@@ -11,11 +11,11 @@ import time
 
 import trio
 
-from kvfs.tasks import run_all
-from kvfs.pool.buffer import Buffer
 from kvfs.errors import KvfsError
+from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import Layout, place_units, stored_length, unit_count
 from kvfs.pool.pool import Pool
+from kvfs.tasks import run_all
 
 
 class BlockWriter:

@@ -22,16 +22,17 @@ from dataclasses import dataclass
 import trio
 import xxhash
 
-from kvfs.pool.buffer import Buffer
 from kvfs.catalog.base import BlobRec, Node
-from kvfs.write.durability import NothingPending, Pending
-from kvfs.errors import KvfsError
-from kvfs.write.handles import NodeState
+from kvfs.catalog.interface import Catalog
+from kvfs.errors import Dropped, KvfsError, Unsure
+from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import Layout
 from kvfs.pool.pool import Pool
-from kvfs.write.session import Session
 from kvfs.space import Space
 from kvfs.tiers.store import BlockStore
+from kvfs.write.durability import NothingPending, Pending
+from kvfs.write.handles import NodeState
+from kvfs.write.session import Session
 
 log = logging.getLogger("kvfs.fs.files")
 
@@ -64,7 +65,7 @@ class Sessions:
 
     def __init__(
         self,
-        catalog,
+        catalog: Catalog,
         store: BlockStore,
         pool: Pool,
         space: Space,
@@ -561,7 +562,11 @@ class Sessions:
             try:
                 # (bounded by the namespaces' I/O deadline: an fsync, a close in "close" mode
                 # or a write-back waits no longer for a hung namespace)
-                return await self.store.write(s.buffer, size, writer)
+                if writer is None:
+                    return await self.store.write(s.buffer, size)
+                layout = await writer.finish(s.buffer, size)  # (what it wrote behind, finished)
+                self.store.wrote(size)
+                return layout
             except KvfsError as e:
                 now = trio.current_time()
                 if give_up is None:
@@ -584,7 +589,7 @@ class Sessions:
                 s.failed = e  # its closer is told; a later release must not commit it
                 raise
 
-    async def drop(self, node: Node, st: NodeState, err: KvfsError) -> KvfsError:
+    async def drop(self, node: Node, st: NodeState, err: KvfsError) -> Dropped:
         """A write into this session failed, or its commit did, or its writer was killed: it
         holds less than its writer wrote, and is never committed (`failed` stays set until a
         truncate to 0). Drop it now, as its closer (or fsync, or rename) is told: from here on
@@ -593,13 +598,13 @@ class Sessions:
         every handle until the writer's release arrives, which the kernel sends after the
         close returns: they share its memfd), so its bytes are rolled back to that version
         in place; a file never committed loses its name too, rather than stay an empty file.
-        Returns `err` for the caller to raise, with `dropped` = the inode (the kernel may
-        cache the size the writes made) and `removed` = (parent, name, ino) when the name
-        went (the kernel may cache it)."""
+        Returns the error for the caller to raise: `Dropped`, `err`'s errno and message with
+        the inode (the kernel may cache the size the writes made) and, when the name went,
+        (parent, name, ino) (the kernel may cache it)."""
         s = st.session
         s.dirty = False
         self.abandon_writer(s)
-        err.dropped = node.ino
+        removed = None
         # the writer hears of it; the log says it too, for whoever runs the node (a full pool;
         # a catalog failure is logged once, where it happened)
         log.log(
@@ -614,11 +619,11 @@ class Sessions:
             # never committed: the name goes too, rather than stay an empty file here
             parent, name = node.parent, node.name
             await self.catalog.remove(node)
-            err.removed = (parent, name, node.ino)
+            removed = (parent, name, node.ino)
         if st.opens > 0:
             await self._roll_back(node, s)
         s.sig = s.buffer.signature() if s.passthrough else None
-        return err
+        return Dropped(err, node.ino, removed)
 
     async def _content(self, rec: BlobRec) -> Buffer:
         """A committed version's whole content (the block held while it is read)."""
@@ -676,7 +681,7 @@ class Sessions:
         try:
             rec, old = await self.catalog.commit(node, layout, score if published else None)
         except BaseException as e:
-            if not getattr(e, "maybe_published", False):  # else another node may read it
+            if not (isinstance(e, Unsure) and e.maybe_published):  # else another node may read it
                 self.pool.release(layout)
             self.stats.commit_errors += 1
             raise

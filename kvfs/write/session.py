@@ -7,8 +7,8 @@ imports this module, and sessions imports both without either importing the othe
 
 from __future__ import annotations
 
-from kvfs.pool.buffer import Buffer
 from kvfs.errors import KvfsError
+from kvfs.pool.buffer import Buffer
 
 
 class Session:

@@ -55,12 +55,13 @@ from dataclasses import dataclass
 
 import trio
 
+from kvfs.catalog.interface import Catalog
+from kvfs.errors import KvfsError, Unsure
 from kvfs.tasks import run_all
 from kvfs.write.durability import Durability, Listener, Pending
-from kvfs.errors import KvfsError
 from kvfs.write.handles import NodeState
-from kvfs.write.session import Session
 from kvfs.write.pipeline import Sessions
+from kvfs.write.session import Session
 
 log = logging.getLogger("kvfs.write.writeback")
 
@@ -124,7 +125,9 @@ class WriteQueue(Pending):
     written again, drains the queue to make room); the flusher (`WriteBack`) takes batches
     from it. Below the session layer: it calls nothing above."""
 
-    def __init__(self, catalog, *, delay: float, dirty_limit: int, dirty_wait_max: float = 10.0):
+    def __init__(
+        self, catalog: Catalog, *, delay: float, dirty_limit: int, dirty_wait_max: float = 10.0
+    ):
         self.catalog = catalog
         self.delay = delay
         self.dirty_limit = dirty_limit
@@ -586,7 +589,9 @@ class WriteBack(Durability):
             results = [e] * len(ready)
         for (item, layout), published, got in zip(ready, linked, results):
             if isinstance(got, KvfsError):
-                if not getattr(got, "maybe_published", False):  # else another node may read it
+                if not (
+                    isinstance(got, Unsure) and got.maybe_published
+                ):  # else another node may read it
                     self.pool.release(layout)
                 sessions.stats.commit_errors += 1
                 await self._fail(item, got)

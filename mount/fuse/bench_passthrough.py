@@ -1,6 +1,8 @@
 """Read and write throughput of a 64 MiB block through FUSE passthrough, against tmpfs.
 
-Run as root with the venv that `make install` built: .venv/bin/python mount/fuse/bench_passthrough.py
+Run as root with the venv that `make install` built:
+
+    .venv/bin/python mount/fuse/bench_passthrough.py
 It mounts a one-directory pyfuse3 file system (this script, in a subprocess) whose files are backed
 by a memfd ("pt"), by a file on a huge=always tmpfs ("pt_huge"), or served by the daemon itself
 without passthrough ("daemon"), and compares each with the same bytes in a plain tmpfs file.
@@ -50,8 +52,8 @@ def serve(mountpoint: str, huge_dir: str) -> None:
 
         def __init__(self) -> None:
             super().__init__()
-            self.ids: dict[str, int] = {}      # file -> its backing id while open
-            self.users: dict[str, int] = {}    # file -> open files
+            self.ids: dict[str, int] = {}  # file -> its backing id while open
+            self.users: dict[str, int] = {}  # file -> open files
 
         def name(self, ino: int) -> str:
             return next(n for n, i in inos.items() if i == ino)
@@ -135,9 +137,13 @@ def compare(paths: dict[str, str], write: bool, chunk: int, passes: int = 9) -> 
     for _ in range(passes):
         for name, path in paths.items():
             rates[name].append(one_pass(path, write, chunk, buf))
-    return {name: (statistics.median(r),
-                   statistics.median(x / t for x, t in zip(r, rates["tmpfs"], strict=True)))
-            for name, r in rates.items()}
+    return {
+        name: (
+            statistics.median(r),
+            statistics.median(x / t for x, t in zip(r, rates["tmpfs"], strict=True)),
+        )
+        for name, r in rates.items()
+    }
 
 
 def main() -> None:
@@ -145,9 +151,16 @@ def main() -> None:
         mnt, tmpfs, huge = (os.path.join(base, d) for d in ("mnt", "tmpfs", "huge"))
         for d in (mnt, tmpfs, huge):
             os.mkdir(d)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "bench-tmpfs", tmpfs], check=True)
-        huge_ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=always,size=160m",
-                                  "bench-huge", huge], check=False).returncode == 0
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=160m", "bench-tmpfs", tmpfs], check=True
+        )
+        huge_ok = (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "huge=always,size=160m", "bench-huge", huge],
+                check=False,
+            ).returncode
+            == 0
+        )
         server = subprocess.Popen([sys.executable, __file__, "serve", mnt, huge if huge_ok else ""])
         try:
             deadline = time.monotonic() + 30
@@ -162,10 +175,13 @@ def main() -> None:
             paths = {"tmpfs": ref["tmpfs"]}
             if huge_ok:
                 paths["huge tmpfs"] = ref["tmpfs_huge"]
-            paths.update((name, os.path.join(mnt, name)) for name in NAMES
-                         if name != "pt_huge" or huge_ok)
-            print(f"64 MiB file, kernel {os.uname().release}: median GB/s over 9 passes "
-                  "(median per-pass ratio to tmpfs)")
+            paths.update(
+                (name, os.path.join(mnt, name)) for name in NAMES if name != "pt_huge" or huge_ok
+            )
+            print(
+                f"64 MiB file, kernel {os.uname().release}: median GB/s over 9 passes "
+                "(median per-pass ratio to tmpfs)"
+            )
             for write in (False, True):
                 for chunk in (MiB, 128 << 10, 4 << 10):
                     row = [f"{'write' if write else 'read '} {chunk >> 10:4d} KiB"]

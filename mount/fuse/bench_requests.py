@@ -95,7 +95,7 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
 
         async def read(self, fh, off, size):
             self.requests += 1
-            return DATA[off:off + size]
+            return DATA[off : off + size]
 
         async def write(self, fh, off, buf):
             self.requests += 1
@@ -112,7 +112,7 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
         async def forget(self, inode_list):
             self.requests += 1
 
-        on_init = None            # called once the session's INIT is answered
+        on_init = None  # called once the session's INIT is answered
 
         def init(self) -> None:
             if self.on_init is not None:
@@ -124,7 +124,7 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
             raise pyfuse3.FUSEError(errno.ENODATA)
 
     ops = NullFS()
-    for i in range(static):                 # read-only files, made before any fork
+    for i in range(static):  # read-only files, made before any fork
         ops.names[b"s-%d" % i] = ops.next_ino
         ops.attrs[ops.next_ino] = [stat.S_IFREG | 0o644, len(DATA)]
         ops.next_ino += 1
@@ -138,32 +138,38 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
             async with trio.open_nursery() as nursery:
                 ops.on_init = nursery.cancel_scope.cancel
                 nursery.start_soon(pyfuse3.main)
+
         trio.run(until_init)
         ops.on_init = None
-    for _ in range(processes - 1):          # more readers of the same /dev/fuse descriptor
+    for _ in range(processes - 1):  # more readers of the same /dev/fuse descriptor
         pid = os.fork()
         if pid == 0:
             children = None
             break
         children.append(pid)
-    if children is not None:       # (which pyfuse3 served; with forks, their pids)
+    if children is not None:  # (which pyfuse3 served; with forks, their pids)
         with open(counts_path + ".tmp", "w") as f:
             f.write(" ".join(map(str, children)) if processes > 1 else pyfuse3.__file__)
         os.rename(counts_path + ".tmp", counts_path)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
+
             async def stop_on_signal() -> None:
                 import signal
+
                 with trio.open_signal_receiver(signal.SIGTERM) as signals:
                     async for _ in signals:
                         pyfuse3.terminate()
                         return
+
             nursery.start_soon(stop_on_signal)
             await pyfuse3.main(min_tasks=4)
             nursery.cancel_scope.cancel()
-    if children is None:                    # a forked reader: serve until terminated
+
+    if children is None:  # a forked reader: serve until terminated
         import signal
+
         signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
         trio.run(pyfuse3.main)
         os._exit(0)
@@ -180,6 +186,7 @@ def parallel(n: int, threads: int, fn) -> float:
     def work(k: int) -> None:
         for i in range(k, n, threads):
             fn(i)
+
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     t = time.perf_counter()
     for th in ts:
@@ -224,6 +231,7 @@ def measure(root: str, n: int, pid: int | None) -> dict:
             fd = os.open(f"{d}-{i}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
             os.write(fd, data)
             os.close(fd)
+
         timed(f"create_{threads}t", threads, create, n)
     for threads in (1, 4):
         drop_dentries()
@@ -244,8 +252,13 @@ def measure_readers(root: str, n: int, pids: list[int]) -> dict:
         if os.read(fd, 8192) != DATA:
             raise RuntimeError("wrong bytes")
         os.close(fd)
-    for name, threads, fn in (("stat", 1, None), ("stat", 4, None), ("stat", 8, None),
-                              ("load", 8, load)):
+
+    for name, threads, fn in (
+        ("stat", 1, None),
+        ("stat", 4, None),
+        ("stat", 8, None),
+        ("load", 8, load),
+    ):
         drop_dentries()
         c0 = cpu()
         dt = parallel(n, threads, fn or (lambda i: os.stat(f"{root}/s-{i}")))
@@ -262,8 +275,9 @@ def null_mounted(serve_args: list[str], env: dict | None = None):
         mnt = os.path.join(tmp, "mnt")
         os.mkdir(mnt)
         which = os.path.join(tmp, "which")
-        proc = subprocess.Popen([sys.executable, __file__, "--serve", mnt, which, *serve_args],
-                                env=env)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", mnt, which, *serve_args], env=env
+        )
         try:
             deadline = time.monotonic() + 30
             while not (os.path.ismount(mnt) and os.path.exists(which)):
@@ -297,13 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--serve"]:
         serve(argv[1], argv[2], *map(int, argv[3:5]))
         return 0
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--compare", metavar="DIR", help="a directory holding another pyfuse3")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--processes", type=int, default=0,
-                    help="compare 1 serving process with this many (read-only files)")
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="compare 1 serving process with this many (read-only files)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -323,16 +342,19 @@ def main(argv: list[str] | None = None) -> int:
         for which in order:
             if which == "compare" and not args.compare:
                 continue
-            rows[which].append(run_null(args.files, args.compare if which == "compare"
-                                        else None))
+            rows[which].append(run_null(args.files, args.compare if which == "compare" else None))
 
     def median(which: str, key: str) -> float:
         xs = sorted(x[key] for x in rows[which])
         return xs[len(xs) // 2]
+
     keys = [k for k in rows["installed"][0] if k != "pyfuse3"]
-    out = {"files": args.files, "tmpfs": tmpfs,
-           "installed": {k: median("installed", k) for k in keys},
-           "pyfuse3": rows["installed"][0]["pyfuse3"]}
+    out = {
+        "files": args.files,
+        "tmpfs": tmpfs,
+        "installed": {k: median("installed", k) for k in keys},
+        "pyfuse3": rows["installed"][0]["pyfuse3"],
+    }
     if args.compare:
         out["compare"] = {k: median("compare", k) for k in keys}
         out["compare_pyfuse3"] = rows["compare"][0]["pyfuse3"]
@@ -340,13 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     cols = ["tmpfs", "installed"] + (["compare"] if args.compare else [])
-    print(f"{args.files} files; installed pyfuse3: {out['pyfuse3']}"
-          + (f"; compare: {out['compare_pyfuse3']}" if args.compare else ""))
+    print(
+        f"{args.files} files; installed pyfuse3: {out['pyfuse3']}"
+        + (f"; compare: {out['compare_pyfuse3']}" if args.compare else "")
+    )
     print(f"{'':<28}" + "".join(f"{c:>12}" for c in cols))
     for k in keys:
         vals = [tmpfs.get(k)] + [out[c].get(k) for c in cols[1:]]
-        print(f"{k:<28}" + "".join(f"{v:>12.1f}" if v is not None else f"{'':>12}"
-                                   for v in vals))
+        print(f"{k:<28}" + "".join(f"{v:>12.1f}" if v is not None else f"{'':>12}" for v in vals))
     return 0
 
 
@@ -354,21 +377,33 @@ def readers_main(args) -> int:
     """`--processes N`: 1 serving process against N, alternating, medians of --rounds."""
     rows: dict[int, list[dict]] = {1: [], args.processes: []}
     for r in range(args.rounds):
-        for p in ([1, args.processes] if r % 2 == 0 else [args.processes, 1]):
+        for p in [1, args.processes] if r % 2 == 0 else [args.processes, 1]:
             rows[p].append(run_readers(args.files, p))
     keys = list(rows[1][0])
     med = {p: {k: sorted(x[k] for x in rs)[len(rs) // 2] for k in keys} for p, rs in rows.items()}
     ratio = {k: med[args.processes][k] / med[1][k] for k in keys if k.endswith("_per_s")}
     if args.json:
-        print(json.dumps({"files": args.files, "rounds": args.rounds, "processes": args.processes,
-                          "one": med[1], "many": med[args.processes], "many_vs_one": ratio,
-                          "rows": {str(p): rs for p, rs in rows.items()}}))
+        print(
+            json.dumps(
+                {
+                    "files": args.files,
+                    "rounds": args.rounds,
+                    "processes": args.processes,
+                    "one": med[1],
+                    "many": med[args.processes],
+                    "many_vs_one": ratio,
+                    "rows": {str(p): rs for p, rs in rows.items()},
+                }
+            )
+        )
         return 0
     print(f"{args.files} read-only files, {args.rounds} rounds (medians); serving processes:")
     print(f"{'':<28}{1:>12}{args.processes:>12}{'ratio':>12}")
     for k in keys:
-        print(f"{k:<28}{med[1][k]:>12.1f}{med[args.processes][k]:>12.1f}"
-              + (f"{ratio[k]:>12.2f}" if k in ratio else ""))
+        print(
+            f"{k:<28}{med[1][k]:>12.1f}{med[args.processes][k]:>12.1f}"
+            + (f"{ratio[k]:>12.2f}" if k in ratio else "")
+        )
     return 0
 
 

@@ -12,10 +12,9 @@ import trio.testing
 
 from kvfs import config
 from kvfs.catalog.base import ROOT_INO
-from kvfs.service import open_layers
 from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
-from kvfs.service import Service
+from kvfs.service import Service, open_layers
 
 
 class FS:

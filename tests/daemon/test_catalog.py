@@ -323,6 +323,7 @@ def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_confi
     every name resolves as a model of the tree says (and as SQLite does), and a gone name
     is ENOENT."""
     import random
+
     from kvfs.catalog.tree import RENAME_EXCHANGE
 
     cfg = pool_config(durability="close")
@@ -408,20 +409,20 @@ def test_cached_chain_links_agree_with_the_rows(pool_config, monkeypatch):
     answers = {}
 
     def from_rows(cat, ino):
-        cat._write_queued_links()  # (learned links are written in batches)
+        cat.chains.write_queued()  # (learned links are written in batches)
         succ = cat._conn.execute(
             "SELECT succ FROM links WHERE pred=? ORDER BY source DESC, weight DESC", (ino,)
         ).fetchall()
         pred = cat._conn.execute(
             "SELECT pred FROM links WHERE succ=? ORDER BY source DESC, weight DESC", (ino,)
         ).fetchall()
-        live = lambda rows: next((x for (x,) in rows if cat._linked(x)), None)  # noqa: E731
+        live = lambda rows: next((x for (x,) in rows if cat.chains._linked(x)), None)  # noqa: E731
         return live(succ), live(pred)
 
     def check(cat, inos):
         for ino in inos:
             assert (cat.next_of(ino), cat.parent_of(ino)) == from_rows(cat, ino), ino
-            cat._write_queued_links()
+            cat.chains.write_queued()
             rows = {
                 s: (src, w)
                 for s, src, w in cat._conn.execute(

@@ -175,8 +175,8 @@ class FakeRedis:
 
 
 def _link(port: int):
-    from kvfs.cluster.link import ClusterLink
     from kvfs.config import ClusterConfig
+    from kvfs.redis.link import ClusterLink
 
     link = ClusterLink(ClusterConfig(redis=f"redis://127.0.0.1:{port}/0", node_id="t"))
     link.quiet = True
@@ -184,7 +184,7 @@ def _link(port: int):
 
 
 def test_the_cluster_link_times_out_waits_between_reconnects_and_comes_back():
-    from kvfs.cluster.link import CALL_TIMEOUT, RECONNECT_SECONDS
+    from kvfs.redis.link import CALL_TIMEOUT, RECONNECT_SECONDS
 
     async def main():
         redis = FakeRedis()

@@ -10,8 +10,8 @@ import os
 import pytest
 import trio
 
-from kvfs.errors import KvfsError
 from kvfs.cluster.space import CLEAN_PERIOD, ClusterSpace
+from kvfs.errors import KvfsError
 from testing.redis_server import RedisServer
 from tests.daemon.harness import eventually, known, run_cluster
 from tests.helpers import write_config
@@ -101,7 +101,7 @@ def test_a_write_on_one_node_is_read_on_another(cluster_configs):
         await b.files.unlink(b.ino("/d"), b"y")
         await eventually(lambda: not known(a, "/d/y"))
         # an xattr set on one node is visible on the other
-        await a.files.setxattr(a.ino("/d/x2"), b"user.tag", b"v1")
+        await a.files.xattrs.setxattr(a.ino("/d/x2"), b"user.tag", b"v1")
         await eventually(
             lambda: b.files.catalog.get(b.ino("/d/x2")).xattrs.get(b"user.tag") == b"v1"
         )
@@ -925,9 +925,9 @@ def test_space_reused_after_a_purge_stays_used_whatever_order_a_node_learns_it(c
     would count it free and could allocate over Y)."""
     import contextlib
 
-    from kvfs.service import Service, open_layers
     from kvfs.config import load
     from kvfs.knobs import Knobs
+    from kvfs.service import Service, open_layers
 
     cfgs = cluster_configs(2, grace=0.5, regions=2)
 
@@ -965,7 +965,7 @@ def losing_replies(monkeypatch, *scripts) -> dict:
     """Make the next Redis calls of `scripts` fail as a broken connection does: set
     `["before"]` to fail that many before the script runs, `["after"]` that many after Redis
     ran it (the reply lost)."""
-    from kvfs.cluster.resp import RedisClient, RedisUnavailable
+    from kvfs.redis.resp import RedisClient, RedisUnavailable
 
     real = RedisClient.eval
     lose = {"before": 0, "after": 0}
@@ -1146,7 +1146,7 @@ def test_the_follower_survives_an_error_reply_from_a_redis_that_is_still_loading
     """A Redis restarted with AOF answers `LOADING Redis is loading the dataset in memory` for
     a while. The follower's reconnect meets that reply; it must wait and retry, not end the
     daemon (it did: every node stopped, its mount with it, when Redis was restarted)."""
-    from kvfs.cluster.resp import RedisClient, RedisError
+    from kvfs.redis.resp import RedisClient, RedisError
 
     real = RedisClient.pipeline
     loading = {"n": 0}
@@ -1178,7 +1178,7 @@ def test_a_follower_cut_off_in_the_middle_of_a_batch_still_applies_it(cluster_co
     already moved its position past the batch): after reconnecting it must still learn what
     the batch said, not skip it."""
     from kvfs.catalog.redis import RedisCatalog
-    from kvfs.cluster.resp import RedisUnavailable
+    from kvfs.redis.resp import RedisUnavailable
 
     real = RedisCatalog._refresh
     real_records = RedisCatalog._install_records
@@ -1217,7 +1217,7 @@ def test_a_rename_whose_result_a_resync_already_applied_succeeds(cluster_configs
     reconnect) and so apply the rename itself; the rename must then still succeed, not fail
     with EIO and a KeyError traceback (and the same for an unlink)."""
     from kvfs.catalog.redis.scripts import SCRIPTS
-    from kvfs.cluster.link import ClusterLink
+    from kvfs.redis.link import ClusterLink
 
     real = ClusterLink.eval
     reload_after = {SCRIPTS.rename: 0, SCRIPTS.remove: 0}
@@ -1300,9 +1300,9 @@ def test_a_node_that_starts_while_the_catalog_changes_reads_it_again(cluster_con
     import contextlib
 
     import kvfs.catalog.redis.mirror as mirror_mod
-    from kvfs.service import open_layers
     from kvfs.config import load
     from kvfs.knobs import Knobs
+    from kvfs.service import open_layers
 
     cfgs = cluster_configs(2, grace=0.5, regions=2)
     orig = mirror_mod.RedisMirror._hgetall
@@ -1461,7 +1461,7 @@ def test_a_write_link_rides_in_the_new_files_record_and_survives_a_restart(
     from kvfs.catalog.redis.codec import record
     from kvfs.catalog.redis.scripts import SCRIPTS
     from kvfs.catalog.tree import LINK_WRITE
-    from kvfs.cluster.resp import RedisClient
+    from kvfs.redis.resp import RedisClient
 
     real = RedisClient.eval
     links_calls = []
@@ -1521,7 +1521,7 @@ def test_links_go_a_few_hundred_a_call_and_a_failed_call_sends_only_what_it_had_
     import kvfs.catalog.redis.flushes as flushes
     from kvfs.catalog.redis.scripts import SCRIPTS
     from kvfs.catalog.tree import LINK_WRITE
-    from kvfs.cluster.resp import RedisClient, RedisUnavailable
+    from kvfs.redis.resp import RedisClient, RedisUnavailable
 
     monkeypatch.setattr(flushes, "PER_CALL", 3)
     real = RedisClient.eval

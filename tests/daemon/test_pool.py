@@ -13,11 +13,11 @@ import trio
 
 from kvfs import config
 from kvfs.cli import main as kvfs_main
-from kvfs.service import open_layers
-from kvfs.knobs import Knobs
 from kvfs.errors import StartupError
+from kvfs.knobs import Knobs
 from kvfs.pool.layout import Layout
 from kvfs.pool.pool import Pool
+from kvfs.service import open_layers
 from tests.daemon.harness import run_service
 from tests.helpers import write_config
 
@@ -317,8 +317,8 @@ def test_a_shared_pool_counts_a_published_or_released_block_out_of_its_regions(t
     (another node would allocate over it): `inflight` drops back to exactly zero once the
     block is published or released, however allocate() cut it into extents (it takes one
     extent for all the units a namespace gets; the layout lists them unit by unit)."""
-    from kvfs.pool.layout import Layout
     from kvfs.cluster.space import Regions
+    from kvfs.pool.layout import Layout
 
     async def main():
         cfg = config.load(cfg_for(tmp_path, ["ns0.img", "ns1.img"], unit="256KiB", size="64MiB"))
@@ -371,9 +371,9 @@ def test_small_durable_writes_share_a_worker_job_and_a_sync(tmp_path, monkeypatc
 
     import xxhash
 
+    from kvfs.errors import KvfsError
     from kvfs.pool import namespace as device
     from kvfs.pool.namespace import Namespace
-    from kvfs.errors import KvfsError
 
     ns = Namespace.open(0, tmp_path / "ns.img", create_size=64 * MiB)
     jobs = []

@@ -13,10 +13,10 @@ import os
 
 import pytest
 
+from kvfs.errors import KvfsError
 from kvfs.pool import linux_aio
 from kvfs.pool import namespace as device
 from kvfs.pool.requests import IOV_MAX
-from kvfs.errors import KvfsError
 from tests.daemon.harness import run_service
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 
-
 from testing.emulate import Emulation
 from tests.helpers import requires_throttle, wait_until, write_config
 

@@ -13,6 +13,7 @@ MiB = 1 << 20
 def layout_of(mnt, path) -> dict:
     """Where a file's units are, from the catalog of the stopped daemon."""
     import sqlite3
+
     from kvfs.pool.layout import Layout
 
     db = sqlite3.connect(mnt.config.parent / "state" / "catalog.sqlite")

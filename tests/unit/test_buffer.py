@@ -1,6 +1,7 @@
 import os
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvfs.pool.buffer import Buffer, zero_chunk
 

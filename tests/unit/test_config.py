@@ -1,6 +1,5 @@
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 import pytest
 
@@ -255,6 +254,7 @@ def test_missing_config_file(tmp_path):
 def test_every_toml_example_in_the_docs_is_a_valid_config(tmp_path):
     """The README and docs show configs users copy: each must load as it is."""
     import re
+
     from tests.helpers import ROOT
 
     found = 0

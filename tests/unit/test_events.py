@@ -105,9 +105,10 @@ def test_the_bytes_are_vllms_own():
     ],
 )
 def test_a_bad_events_table_is_refused_naming_the_problem(table, what):
+    import tomllib
+
     from kvfs.config import from_dict
     from kvfs.errors import ConfigError
-    import tomllib
 
     with pytest.raises(ConfigError, match=what):
         from_dict(tomllib.loads("[events]\n" + table))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from kvfs.catalog.redis.scripts import NAMES, SCRIPTS
-from kvfs.cluster.resp import RedisClient
+from kvfs.redis.resp import RedisClient
 
 
 def test_every_script_compiles_in_redis(redis):
@@ -60,8 +60,8 @@ def test_a_publish_entry_carries_exactly_the_records_it_stored(redis):
         node_fields,
         pairs,
         parse_entry,
-        record,
         publish_args,
+        record,
         score_fields,
     )
     from kvfs.pool.layout import Layout

@@ -3,7 +3,7 @@
 import pytest
 import trio
 
-from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable
+from kvfs.redis.resp import RedisClient, RedisError, RedisUnavailable
 from testing.redis_server import RedisServer, free_port
 
 
@@ -95,8 +95,8 @@ def _certs(d):
 
 
 def _link(url: str, **kw):
-    from kvfs.cluster.link import ClusterLink
     from kvfs.config import ClusterConfig
+    from kvfs.redis.link import ClusterLink
 
     return ClusterLink(ClusterConfig(redis=url, node_id="t", **kw))
 

@@ -18,10 +18,10 @@ from kvfs.catalog.redis.codec import pairs
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.catalog.redis.shards import shard_of
 from kvfs.catalog.tree import _now
-from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.pool import Pool
+from kvfs.redis.link import ClusterLink
 
 log = logging.getLogger("kvfs.catalog")
 

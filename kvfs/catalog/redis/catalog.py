@@ -28,10 +28,10 @@ from kvfs.catalog.redis.codec import blob_fields, node_fields, publish_args, sco
 from kvfs.catalog.redis.flushes import Flushes
 from kvfs.catalog.redis.mirror import RedisMirror
 from kvfs.catalog.redis.scripts import SCRIPTS
-from kvfs.cluster.link import reply_error
 from kvfs.catalog.tree import RENAME_EXCHANGE, _now
-from kvfs.errors import KvfsError
+from kvfs.errors import KvfsError, Unsure
 from kvfs.pool.layout import Layout
+from kvfs.redis.link import reply_error
 
 log = logging.getLogger("kvfs.catalog")
 
@@ -207,12 +207,12 @@ class RedisCatalog(Flushes, RedisMirror):
         try:
             return await link.eval(SCRIPTS.publish, args)
         except KvfsError as e:
-            if getattr(e, "unreplicated", False):
+            if isinstance(e, Unsure) and e.unreplicated:
                 # published on the master, but no replica confirmed it: not reported durable,
                 # and its space stays taken (the master names it); the follower reloads
                 e.maybe_published = True
                 raise
-            if not getattr(e, "maybe_done", False):
+            if not (isinstance(e, Unsure) and e.maybe_done):
                 raise
             err = e
         found: list = []
@@ -283,7 +283,7 @@ class RedisCatalog(Flushes, RedisMirror):
                     ],
                 )
             except KvfsError as e:
-                if own is not None and not getattr(e, "maybe_done", False):
+                if own is not None and not (isinstance(e, Unsure) and e.maybe_done):
                     with trio.CancelScope(shield=True):
                         try:
                             await own.link.eval(SCRIPTS.dirmark, ["close", node.ino, node.parent])
@@ -446,8 +446,8 @@ class RedisCatalog(Flushes, RedisMirror):
                     if (
                         patience is None
                         or trio.current_time() > patience
-                        or getattr(e, "maybe_published", False)
-                        or (getattr(e, "maybe_done", False) and not getattr(e, "not_run", False))
+                        or (isinstance(e, Unsure) and e.maybe_published)
+                        or (isinstance(e, Unsure) and e.maybe_done and not e.not_run)
                     ):
                         for _, node, _, _, prev in sent:
                             node.blob, node.mtime_ns, node.ctime_ns, node.prio, node.uses = prev
@@ -535,7 +535,7 @@ class RedisCatalog(Flushes, RedisMirror):
                 # The reply was lost: if the script ran, the inode's record is gone (an
                 # unlink that answered EIO though Redis had done it: the torture's "vanished
                 # under its writer" in a redis cycle), and the error it was is no error.
-                if not getattr(e, "maybe_done", False):
+                if not (isinstance(e, Unsure) and e.maybe_done):
                     raise
 
                 async def removed() -> bool:
@@ -672,7 +672,7 @@ class RedisCatalog(Flushes, RedisMirror):
             except KvfsError as e:
                 # The reply was lost: a plain rename gave the node our new cookie if it ran
                 # (the error it was is then no error: the caller must not retry it).
-                if not getattr(e, "maybe_done", False) or flags & RENAME_EXCHANGE:
+                if not (isinstance(e, Unsure) and e.maybe_done) or flags & RENAME_EXCHANGE:
                     raise
 
                 async def renamed() -> bool:

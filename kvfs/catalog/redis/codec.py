@@ -91,7 +91,7 @@ def blob_fields(rec: BlobRec, ino: int) -> list:
 
 
 def as_bytes(v) -> bytes:
-    """A value as Redis stores it (kvfs.cluster.resp sends numbers as their repr)."""
+    """A value as Redis stores it (kvfs.redis.resp sends numbers as their repr)."""
     if isinstance(v, bytes):
         return v
     if isinstance(v, str):

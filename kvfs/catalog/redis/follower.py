@@ -22,9 +22,9 @@ from kvfs.catalog.redis.codec import (
     parse_entry,
     stream_id,
 )
-from kvfs.cluster.link import ClusterLink, replica_in_sync
-from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable
 from kvfs.errors import KvfsError
+from kvfs.redis.link import ClusterLink, replica_in_sync
+from kvfs.redis.resp import RedisClient, RedisError, RedisUnavailable
 
 log = logging.getLogger("kvfs.catalog")
 

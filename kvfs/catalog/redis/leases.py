@@ -15,8 +15,8 @@ from typing import Any
 import trio
 
 from kvfs.catalog.redis.scripts import SCRIPTS
-from kvfs.cluster.link import ClusterLink
 from kvfs.errors import KvfsError
+from kvfs.redis.link import ClusterLink
 
 log = logging.getLogger("kvfs.cluster")
 

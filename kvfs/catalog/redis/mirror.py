@@ -22,18 +22,18 @@ import trio
 
 from kvfs.catalog.base import ROOT_INO, BlobRec, Node
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
-from kvfs.catalog.redis.follower import FOLLOW_PACE_SECONDS, Following, Shard
-from kvfs.catalog.redis.shards import shard_of
 from kvfs.catalog.redis.codec import (
     pairs,
-    record,
     parse_blob,
     parse_node,
+    record,
 )
+from kvfs.catalog.redis.follower import FOLLOW_PACE_SECONDS, Following, Shard
+from kvfs.catalog.redis.shards import shard_of
 from kvfs.catalog.tree import LINK_WRITE, MAX_SUCCESSORS, TreeCatalog, _now, merge_link
-from kvfs.cluster.link import ClusterLink
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError, StartupError
+from kvfs.redis.link import ClusterLink
 
 log = logging.getLogger("kvfs.catalog")
 

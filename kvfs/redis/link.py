@@ -31,10 +31,10 @@ from typing import Any, Sequence
 import trio
 
 from kvfs.config import ClusterConfig
-from kvfs.errors import KvfsError, StartupError
-from kvfs.cluster.resp import RedisClient, RedisError, RedisUnavailable, reason
+from kvfs.errors import KvfsError, StartupError, Unsure
+from kvfs.redis.resp import RedisClient, RedisError, RedisUnavailable, reason
 
-log = logging.getLogger("kvfs.cluster.link")
+log = logging.getLogger("kvfs.redis.link")
 
 CONNECTIONS = 4  # calls in flight to Redis at once (each connection is sequential)
 RECONNECT_SECONDS = 0.5  # between attempts while Redis is unreachable
@@ -277,8 +277,9 @@ class ClusterLink:
             self._idle.pop().abort()
 
     # --- state transitions ---------------------------------------------------------------------
-    def mark_down(self, why: str, *, attempted: bool = True) -> KvfsError:
-        """Redis failed us (`why`: a reason that names Redis); the error to raise."""
+    def mark_down(self, why: str, *, attempted: bool = True, maybe_done: bool = False) -> KvfsError:
+        """Redis failed us (`why`: a reason that names Redis); the error to raise (`Unsure`,
+        marked `maybe_done`, where a command was sent and its reply lost)."""
         if attempted:
             self.failures += 1
             self._next_attempt = trio.current_time() + RECONNECT_SECONDS
@@ -293,7 +294,8 @@ class ClusterLink:
                     self.where,
                     why,
                 )
-        return KvfsError(errno.EIO, f"cluster catalog unavailable: {why}")
+        msg = f"cluster catalog unavailable: {why}"
+        return Unsure(msg, maybe_done=True) if maybe_done else KvfsError(errno.EIO, msg)
 
     def reached(self) -> None:
         """Redis answered on a connection of this link's own (the follower's): it is up (a
@@ -336,15 +338,12 @@ class ClusterLink:
                     reply = await self._replicated(c, *reply, replicas)
             except trio.TooSlowError:
                 c.abort()
-                err = self.mark_down(
-                    f"no reply from Redis at {self.where} within {CALL_TIMEOUT:.0f} s"
-                )
-                err.maybe_done = True  # the command may have run: its reply is lost
-                raise err from None
+                raise self.mark_down(  # the command may have run: its reply is lost
+                    f"no reply from Redis at {self.where} within {CALL_TIMEOUT:.0f} s",
+                    maybe_done=True,
+                ) from None
             except RedisUnavailable as e:
-                err = self.mark_down(str(e))
-                err.maybe_done = True
-                raise err from None
+                raise self.mark_down(str(e), maybe_done=True) from None
             except RedisError as e:
                 self._up()
                 text = str(e)
@@ -392,13 +391,11 @@ class ClusterLink:
                     self.where,
                     ms,
                 )
-                err = KvfsError(
-                    errno.EIO,
+                raise Unsure(
                     f"cluster catalog: the change reached {acked} of {n} "
                     f"replicas of Redis at {self.where} within {ms} ms",
+                    unreplicated=True,
                 )
-                err.unreplicated = True
-                raise err
             self.replica_waits += 1
             self.warn(
                 "replicas",

@@ -1,5 +1,6 @@
-"""`python -m kvfs.demo MOUNTPOINT`: write a sample KV block through a mount, read it back,
-check it bit for bit, and print what kvfs did and how to go on (used by `make run`)."""
+"""`python mount/demo.py MOUNTPOINT`: write a sample KV block through a mount, read it back,
+check it bit for bit, and print what kvfs did and how to go on (used by `make run`). A script
+beside the mount helper, not part of the package: nothing in kvfs/ needs it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ SIZE = 32 << 20  # one 256-token chunk of Llama-3.1-8B in bf16
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m kvfs.demo MOUNTPOINT", file=sys.stderr)
+        print("usage: python mount/demo.py MOUNTPOINT", file=sys.stderr)
         return 2
     mnt = argv[0]
     path = os.path.join(mnt, SAMPLE)
