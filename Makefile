@@ -16,14 +16,14 @@ TORCH_PIN   := torch==2.13.0
 KVIKIO_PKGS := kvikio-cu12 libkvikio-cu12 nvidia-cufile-cu12 rapids-logger cuda-pathfinder
 STAMP       := $(VENV)/.installed
 
-.PHONY: install system-packages fuse-passthrough native install-system run test test-fast lint bench clean-mount help
+.PHONY: install system-packages fuse-passthrough install-system run test test-fast lint bench clean-mount help
 
 help:
 	@echo "make run     install, mount kvfs at $(MNT) with the embedded default, show it working"
 	@echo "make test    install, run the whole test suite"
 	@echo "make install only install (apt packages, $(VENV), kvfs and its dependencies)"
 
-install: system-packages $(STAMP) fuse-passthrough native install-system
+install: system-packages $(STAMP) fuse-passthrough install-system
 
 # libfuse 3.17 (in $(VENV)/opt/libfuse) and pyfuse3 patched for FUSE passthrough, see
 # docs/passthrough.md. Also run on every install (a second or less when nothing changed), so that a
@@ -31,11 +31,6 @@ install: system-packages $(STAMP) fuse-passthrough native install-system
 FUSE_BUILD := mount/fuse/build.sh $(wildcard mount/fuse/*.patch)
 fuse-passthrough: $(STAMP)
 	@VENV=$(VENV) bash mount/fuse/build.sh
-
-# The per-file path compiled with Cython into kvfs/_native (kvfs/native.py, docs/architecture.md);
-# on every install too: only modules whose sources changed are compiled again.
-native: fuse-passthrough
-	@VENV=$(VENV) bash mount/native/build.sh
 
 # The kvfs command on PATH and the mount(8) helper (mount -t fuse.kvfs, fstab); as root only.
 install-system: $(STAMP)
@@ -94,11 +89,11 @@ run: install
 # The whole suite with FUSE passthrough (the default where the kernel has it) and the default
 # durability ("fsync": close is not a commit), then the mounted and LMCache tests again on the
 # daemon-served data path (what older kernels get) with durability "close" (the crash tests
-# run both modes in each pass), and the unit tests too, all on the per-file path's pure-Python
-# twin (KVFS_PURE_PYTHON=1; the first pass runs it compiled, kvfs/native.py).
+# run both modes in each pass), and the unit tests too, with the small blocks' I/O on worker
+# threads and no I/O worker processes (KVFS_TEST_IO=threads).
 test: install lint
 	$(PY) -m pytest -q tests
-	KVFS_PURE_PYTHON=1 KVFS_PASSTHROUGH=off KVFS_TEST_DURABILITY=close KVFS_TEST_IO=threads \
+	KVFS_PASSTHROUGH=off KVFS_TEST_DURABILITY=close KVFS_TEST_IO=threads \
 	  $(PY) -m pytest -q tests/unit tests/mounted tests/lmcache
 
 # ruff's lint rules and its formatting, over the whole tree (configuration: pyproject.toml;

@@ -52,13 +52,8 @@ With --inproc a second kvfs mount (`kvfs_inproc`, every speed) runs beside the f
 processes (kvfs/pool/io_workers.py). `<size>_<op>_vs_inproc` is the first's files/s over its
 twin's, `<size>_<op>_{cpu,trio}_vs_inproc` the daemon CPU and the trio thread's per file.
 
-With --pure a second kvfs mount (`kvfs_pure`, unthrottled) runs beside the first with
-KVFS_PURE_PYTHON=1: its per-file path from the Python source, not the compiled build
-(kvfs/native.py). `<size>_<op>_{cpu,trio,user}_vs_pure` are the compiled mount's daemon CPU,
-trio-thread CPU and user time per file over the twin's (medians of the rounds; the trio
-thread's is exact, /proc's user time counts 10 ms ticks), `<size>_<op>_rate_vs_pure` its
-files/s over the twin's; "native" says how each mount ran its modules. Every row also has
-`<op>_daemon_user_us`, the user part of `<op>_daemon_us`.
+Every row also has `<op>_daemon_user_us`, the user part of `<op>_daemon_us`. (`--pure`, the
+compiled build against its Python source, went with the compiled build: performance.md.)
 
 With --events a second kvfs mount (`kvfs_events`, unthrottled) runs beside the first with KV
 events on ([events], kvfs/events; a naming rule that makes every block file a block) and a
@@ -355,12 +350,6 @@ def main(argv: list[str] | None = None) -> int:
         help="also kvfs with KV events on and a subscriber (unthrottled only)",
     )
     ap.add_argument(
-        "--pure",
-        action="store_true",
-        help="also kvfs with KVFS_PURE_PYTHON=1 (its per-file path from the Python source, "
-        "not compiled), unthrottled only",
-    )
-    ap.add_argument(
         "--inproc",
         action="store_true",
         help="also kvfs with [pool] io_workers = 0 (fetches on the daemon's own threads, as "
@@ -419,9 +408,6 @@ def main(argv: list[str] | None = None) -> int:
                         else contextlib.nullcontext()
                     ) as floor,
                     kvfs_mount("kvfs-events", args.events and bps is None, extra=events) as kve,
-                    kvfs_mount(
-                        "kvfs-pure", args.pure and bps is None, env={"KVFS_PURE_PYTHON": "1"}
-                    ) as kvp,
                     kvfs_mount("kvfs-inproc", args.inproc, pool="io_workers = 0") as kvi,
                 ):
                     names = {
@@ -430,13 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                         id(kv): "kvfs",
                         id(floor): "floor",
                         id(kve): "kvfs_events",
-                        id(kvp): "kvfs_pure",
                         id(kvi): "kvfs_inproc",
-                    }
-                    natives = {
-                        n: m.kvfs.stats().get("native", {}).get("mode")
-                        for n, m in (("kvfs", kv), ("kvfs_pure", kvp))
-                        if m is not None
                     }
                     latency = EventLatency(f"ipc://{tmp}/events") if kve is not None else None
                     raid0_kind = raid0.raid0
@@ -445,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                         blocks = Blocks(size, min(args.max_files, max(1, data // size)))
                         for r in range(args.rounds):
                             order = [ext4, raid0, kv] + [
-                                x for x in (floor, kve, kvp, kvi) if x is not None
+                                x for x in (floor, kve, kvi) if x is not None
                             ]
                             if r % 2:
                                 order.reverse()
@@ -486,7 +466,6 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "bps_per_device": args.bps,
         "raid0": raid0_kind,
-        "native": natives,
         "rows": rows,
     }
     for speed in args.speeds.split(","):
@@ -650,32 +629,6 @@ def main(argv: list[str] | None = None) -> int:
                         out[f"{prefix}{size_name}_{op}_{key}_vs_inproc"] = round(
                             statistics.median(ratios), 3
                         )
-    for size_name in sizes:
-        pairs = list(
-            zip(
-                *(
-                    [x for x in rows if x["fs"] == fs and x["size"] == size_name]
-                    for fs in ("kvfs", "kvfs_pure")
-                )
-            )
-        )
-        for op in ("store", "stat", "load") if pairs else ():
-            # the compiled build against its pure-Python twin, side by side (issue 45)
-            # (the trio thread's CPU is exact; /proc's user and system times count in ticks of
-            # 10 ms, a few us per file: a stat's can be 0)
-            for key, what in (
-                ("cpu", "daemon_us"),
-                ("trio", "trio_us"),
-                ("user", "daemon_user_us"),
-            ):
-                ratios = [
-                    k[f"{op}_{what}"] / p[f"{op}_{what}"] for k, p in pairs if p[f"{op}_{what}"]
-                ]
-                if ratios:
-                    out[f"{size_name}_{op}_{key}_vs_pure"] = round(statistics.median(ratios), 3)
-            out[f"{size_name}_{op}_rate_vs_pure"] = round(
-                statistics.median(k[f"{op}_per_s"] / p[f"{op}_per_s"] for k, p in pairs), 3
-            )
     if args.json:
         print(dumps(out))
         return 0

@@ -23,9 +23,3 @@ service.py wires the layers (the one factory); daemon.py runs a mount's lifecycl
 """
 
 __version__ = "0.1.0"
-
-# The compiled per-file path (kvfs/native.py): an import of one of its modules loads the
-# compiled build when it is current, its source otherwise or with KVFS_PURE_PYTHON=1.
-from kvfs import native as _native  # noqa: E402
-
-_native.install()

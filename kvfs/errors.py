@@ -71,7 +71,7 @@ class Unreadable(KvfsError):
     """A block the pool cannot give in time: a namespace holding some of its units did not
     answer within `[pool] read_timeout_ms`, or is failed for reads since it did not (no new
     wait). EIO by default; an open of such a block answers ENOENT (`as_missing`): the answer
-    the most engines turn into a cache miss (docs/architecture.md, "Reads under faults", says
+    the most engines turn into a cache miss (docs/configuration.md, "Reads under faults", says
     which do and which do not)."""
 
     def __init__(self, message: str, namespaces: tuple[int, ...], waited: bool):

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from kvfs import __version__, native
+from kvfs import __version__
 from kvfs.catalog.groupcommit import CommitHooks
 from kvfs.catalog.interface import Catalog
 from kvfs.catalog.sqlite import SqliteCatalog
@@ -606,8 +606,6 @@ class Service:
             "uptime_s": round(time.time() - self.started, 3),
             # CPU time of the thread that serves every request (this snapshot runs on it)
             "trio_thread_cpu_s": round(time.thread_time(), 6),
-            # the per-file path: compiled, or from its Python source (kvfs/native.py)
-            "native": native.status(),
             "tiers": tiers,
             "namespaces": pool["namespaces"],
             "store": store["store"],

@@ -548,8 +548,7 @@ def kvfs_on_loops(
 ):
     """kvfs over `count` loop namespaces of `size` bytes in all, formatted and mounted; the
     daemon runs in the namespaces' cgroup. `extra`: more of the config (tables); `pool`: keys
-    of its [pool] table; `env`: set in the daemon's environment (KVFS_PURE_PYTHON=1: the
-    per-file path from its Python source)."""
+    of its [pool] table; `env`: set in the daemon's environment."""
     from kvfs.cli import main as kvfs_main
     from testing.mount import MountedKvfs, write_config
 

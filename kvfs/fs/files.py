@@ -50,7 +50,7 @@ from kvfs.write.session import Session
 
 log = logging.getLogger("kvfs.fs.files")
 # what an open of a block that cannot be brought in answers with ENOENT: the block is absent
-# for it, which the engines turn into a miss (docs/architecture.md, "Reads under faults");
+# for it, which the engines turn into a miss (docs/configuration.md, "Reads under faults");
 # a checksum mismatch stays EIO (the bytes are there, and wrong)
 UNAVAILABLE = (DeviceError, Unreadable)
 

@@ -150,20 +150,3 @@ def test_a_detached_loop_namespace_is_a_one_line_error(tmp_path, make_mount):
         subprocess.run(["losetup", devs[1].path, str(devs[1].backing)], check=True)
         m.start()
         assert (m.mountpoint / "f").read_bytes() == b"x" * (3 << 20)
-
-
-def test_the_daemon_runs_its_per_file_path_as_built(make_mount, pool_config):
-    """The mounted daemon runs the compiled per-file path (kvfs/native.py), or with
-    KVFS_PURE_PYTHON=1 (make test's second pass) its Python source: its statistics say which,
-    for each module of the list it imported, after a file went through it."""
-    from kvfs import native
-
-    m = make_mount(pool_config())
-    (m.mountpoint / "f").write_bytes(b"x" * 300_000)
-    assert (m.mountpoint / "f").read_bytes() == b"x" * 300_000
-    got = m.stats()["native"]
-    if native.pure_requested():
-        assert got["mode"] == "pure" and got["compiled"] == [], got
-    else:
-        assert got["mode"] == "compiled" and got["compiled"], got
-        assert set(got["compiled"]) <= set(native.MODULES), got

@@ -193,7 +193,6 @@ TOP_LEVEL = {
     "daemon.py",
     "errors.py",
     "knobs.py",
-    "native.py",
     "metrics.py",
     "service.py",
     "tasks.py",
