@@ -246,10 +246,11 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
             await trio.sleep(space.room_wait)
             return True
 
-        async def full(buf, size, writer=None, **kw):
+        async def full(buf, size, **kw):
             raise KvfsError(errno.ENOSPC, "pool is full (test)")
 
         space.make_room, store.write = make_room, full
+        fs.svc.files.sessions.write_behind = False  # (every commit then goes to store.write)
         clock.autojump_threshold = 0
         t0 = trio.current_time()
         try:

@@ -222,7 +222,7 @@ def test_full_pool_with_lru_spares_a_pinned_file(pool_config):
 
     async def body(fs):
         size = await fill_in_quarters(fs)
-        await fs.files.set_pin(fs.ino("/a"), True)  # a: the least recently used
+        await fs.files.xattrs.set_pin(fs.ino("/a"), True)  # a: the least recently used
         fs.svc.store.unpin(fs.files.catalog.get(fs.ino("/a")).blob)  # the attribute alone
         assert not fs.svc.store.is_held(fs.files.catalog.get(fs.ino("/a")).blob.id)
         await fs.write("/e", os.urandom(size))  # needs room: b goes, not a
@@ -535,11 +535,12 @@ def test_a_commit_that_room_making_does_not_help_fails_with_enospc(pool_config, 
             await trio.lowlevel.checkpoint()
             return True
 
-        async def no_fit(buf, size, writer=None, **kw):
+        async def no_fit(buf, size, **kw):
             raise no_space(f"pool is full: no room for a block of {size} bytes")
 
         monkeypatch.setattr(fs.svc.space, "make_room", room_that_does_not_fit)
         monkeypatch.setattr(fs.svc.store, "write", no_fit)
+        fs.svc.files.sessions.write_behind = False  # (every commit then goes to store.write)
         with trio.fail_after(20):
             with pytest.raises(KvfsError) as e:
                 await fs.write("/f", b"x" * MiB)
@@ -605,13 +606,14 @@ def test_content_whose_commit_failed_at_close_is_not_committed_later_at_release(
         real = fs.svc.store.write
         fail = {"n": 1}
 
-        async def write_once_failing(buf, size, writer=None, **kw):
+        async def write_once_failing(buf, size, **kw):
             if fail["n"]:
                 fail["n"] -= 1
                 raise no_space("pool is full (test)")
-            return await real(buf, size, writer, **kw)
+            return await real(buf, size, **kw)
 
         monkeypatch.setattr(fs.svc.store, "write", write_once_failing)
+        fs.svc.files.sessions.write_behind = False  # (every commit then goes to store.write)
         fh = await fs.open("/f", os.O_TRUNC | os.O_WRONLY)
         await fs.files.write(fh, 0, b"new content")
         with pytest.raises(KvfsError) as e:
@@ -690,8 +692,8 @@ def test_the_statistics_snapshot_is_given_twice_so_its_size_holds(pool_config):
     async def body(fs):
         control = fs.svc.control
         grown = iter(range(10**6, 10**7, 10**6))
-        real = control.statistics
-        control.statistics = lambda: {**real(), "grows": "x" * (next(grown) // 10**5)}
+        real = fs.svc.statistics  # (what the control file's seam to the service reaches)
+        fs.svc.statistics = lambda: {**real(), "grows": "x" * (next(grown) // 10**5)}
         first = await control.getxattr(1, b"user.kvfs.stats", 0)  # the size query
         assert await control.getxattr(1, b"user.kvfs.stats", 0) == first  # the value: the same
         third = await control.getxattr(1, b"user.kvfs.stats", 0)  # a new reader: fresh

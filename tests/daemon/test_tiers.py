@@ -67,7 +67,7 @@ def test_pinned_blocks_stay_in_dram_until_unpinned(pool_config):
         await fs.write("/pinned", os.urandom(3 * MiB))
         await fs.sync()
         ino = fs.ino("/pinned")
-        await fs.files.set_pin(ino, True)
+        await fs.files.xattrs.set_pin(ino, True)
         rec = fs.files.catalog.get(ino).blob
         fs.svc.store.drop_dram()
         for i in range(6):  # pressure: 18 MiB through an 8 MiB tier
@@ -77,14 +77,14 @@ def test_pinned_blocks_stay_in_dram_until_unpinned(pool_config):
         big = os.urandom(7 * MiB)
         await fs.write("/big", big)  # fits in the pool, not pinned beside 3 MiB
         with pytest.raises(KvfsError) as e:  # more than the tier can hold pinned
-            await fs.files.set_pin(fs.ino("/big"), True)
+            await fs.files.xattrs.set_pin(fs.ino("/big"), True)
         assert e.value.errno == errno.ENOSPC
         assert b"user.kvfs.pin" not in fs.files.catalog.get(fs.ino("/big")).xattrs
         assert await fs.read("/big") == big
-        await fs.files.set_pin(ino, False)
+        await fs.files.xattrs.set_pin(ino, False)
         fs.svc.store.drop_dram()
         assert fs.svc.store.tier_of(rec) == "pool"
-        await fs.files.set_pin(ino, True)
+        await fs.files.xattrs.set_pin(ino, True)
 
     async def after_restart(fs):
         ino = fs.ino("/pinned")
