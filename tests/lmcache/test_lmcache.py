@@ -194,7 +194,8 @@ def test_a_stalled_namespace_is_a_miss_to_lmcache(make_mount, tmp_path, backend)
     its fs connector and kvfs's plugin miss, no exception; `local_disk` misses in a batch,
     but its single-chunk get (`get_blocking`) raises KeyError: LMCache 0.5.6 drops the key
     on FileNotFoundError and then reads it from its index anyway (any other error escapes
-    there too), which no answer of a filesystem can avoid. Healed, the chunks load again
+    there too: without passthrough the read's EIO, as OSError), which no answer of a
+    filesystem can avoid. Healed, the chunks load again
     (`local_disk` forgot the ones it missed: it recomputes and stores them again)."""
     from bench.faults import formatted
     from testing.emulate import Emulation
@@ -246,12 +247,16 @@ def test_a_stalled_namespace_is_a_miss_to_lmcache(make_mount, tmp_path, backend)
         r = json.loads(lines[-1][len("RESULT ") :])
     during, after = r["during"], r["after"]
     if backend == "local_disk":
-        assert during["single"] in ("miss", "KeyError"), r  # (LMCache's own bug: above)
+        # (LMCache's own bug, above: KeyError after ENOENT at a passthrough open; without
+        # passthrough the open succeeds and the read's EIO escapes its get as OSError)
+        assert during["single"] in ("miss", "KeyError", "OSError"), r
     else:
         assert during["single"] == "miss", r
     assert during["batched"] == ["miss"] * 5, r
     assert during["single_s"] <= 2.0 + 2 * MiB / 64e6 + 1.0, r  # one deadline
     # (the plugin's second read may meet a second deadline while the daemon checks)
     assert during["batched_s"] <= (2.0 + 2 * MiB / 64e6 + 1.0 if backend == "plugin" else 1.0), r
-    want = "miss" if backend == "local_disk" else "ok"  # (local_disk forgot them)
-    assert after["single"] == want and after["batched"] == [want] * 5, r
+    if backend == "local_disk":  # (it forgot the chunks it missed; the others load)
+        assert all(x in ("ok", "miss") for x in [after["single"], *after["batched"]]), r
+    else:
+        assert after["single"] == "ok" and after["batched"] == ["ok"] * 5, r
