@@ -87,15 +87,13 @@ class DirectAccess:
         """Lease a version for a direct reader. ENOENT (a miss) if a namespace with units of
         it is failed for reads (kvfs/pool/read_health.py): the reader would wait for it."""
         node = self.catalog.get(ino)
-        failed = self.space.pool.failed_for_reads()
-        if failed and node.blob is not None:
-            hit = sorted(set(node.blob.layout.ns) & set(failed))
-            if hit:
-                raise KvfsError(
-                    errno.ENOENT,
-                    f"namespace(s) {', '.join(map(str, hit))} failed for reads "
-                    f"(read_timeout_ms): not leased",
-                )
+        hit = self.space.pool.failed_among(node.blob.layout.ns) if node.blob is not None else []
+        if hit:
+            raise KvfsError(
+                errno.ENOENT,
+                f"namespace(s) {', '.join(map(str, hit))} failed for reads "
+                f"(read_timeout_ms): not leased",
+            )
         self.leases.lease(node, generation, ttl)
 
     def suspect(self, ino: int, namespace: int, offset: int, length: int) -> None:

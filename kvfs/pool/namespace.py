@@ -74,8 +74,8 @@ class NamespaceStats:
     rate_bps: float = 0.0  # recent bytes per busy second (0 until measured)
     aio_fallbacks: int = 0  # small-block I/Os AIO refused (EAGAIN...), done by a thread
     timeouts: int = 0  # jobs past their deadline (Namespace.bounded)
-    read_state: str = "ok"  # "ok", or "failed": a read missed its deadline (`stalled`) and
-    # reads are refused at once until a probe answers in time
+    read_state: str = "ok"  # "ok", or "failed": a read missed its deadline or failed
+    # (kvfs/pool/read_health.py) and reads are refused at once until a probe answers in time
     read_timeouts: int = 0  # reads found past their deadline
     reads_refused: int = 0  # reads failed at once while failed for reads
 

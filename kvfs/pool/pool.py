@@ -698,7 +698,7 @@ class Pool(Placement):
         through its own descriptors: kvfs.client.direct)."""
         await run_all(self.namespaces[j].sync for j in namespaces)
 
-    # --- reads under faults (Namespace.stalled) -------------------------------------------------
+    # --- reads under faults (kvfs/pool/read_health.py) ------------------------------------------
     def read_limit(self, nbytes: int) -> float | None:
         """How long a reader waits for `nbytes` of a block from the pool at most (None: no
         limit): `[pool] read_timeout_ms` plus the bytes at 64 MB/s."""
@@ -707,6 +707,12 @@ class Pool(Placement):
     def failed_for_reads(self) -> list[int]:
         """The namespaces reads are refused on now (usually none)."""
         return [ns.index for ns in self.namespaces if ns.health.failed_at]
+
+    def failed_among(self, namespaces: Iterable[int]) -> list[int]:
+        """Those of `namespaces` (a block's, say) that reads are refused on now, sorted; the
+        iterable is not consumed when none is (the usual case)."""
+        failed = self.failed_for_reads()
+        return sorted(set(namespaces).intersection(failed)) if failed else []
 
     def suspect(self, j: int, offset: int, length: int, why: str) -> bool:
         """A direct reader had no answer in time from namespace j: check it (ReadHealth)."""

@@ -123,15 +123,13 @@ class ReadHealth:
         return True
 
     async def _check(self, offset: int, length: int, why: str) -> None:
-        ns, buf = self.ns, mmap.mmap(-1, length)
+        buf = mmap.mmap(-1, length)
         done = trio.Event()
         key = self.begin(length)
 
         async def read() -> None:
             try:
-                await trio.to_thread.run_sync(
-                    os.preadv, ns.fd, [buf], offset, abandon_on_cancel=True
-                )
+                await self._pread(buf, offset)
             except OSError as e:
                 self.fail(f"{why}, and a check of it failed: {e.strerror or e}")
             finally:
@@ -145,6 +143,12 @@ class ReadHealth:
         if not done.is_set():
             self.ns.stats.read_timeouts += 1
             self.fail(f"{why}, and a check of those {length} bytes had no answer in {limit:.1f} s")
+
+    async def _pread(self, buf: mmap.mmap, offset: int) -> None:
+        """Read `buf` from `offset` in a thread of its own, outside the namespace's I/O slots
+        (which stalled reads may hold). Abandoned if the daemon stops meanwhile: a hung
+        device must not hold up its exit; the thread keeps the memory it reads into."""
+        await trio.to_thread.run_sync(os.preadv, self.ns.fd, [buf], offset, abandon_on_cancel=True)
 
     async def _probe(self) -> None:
         """While failed for reads: every PROBE_SECONDS, once no read is in flight (the
@@ -160,9 +164,7 @@ class ReadHealth:
                 continue
             t0 = time.monotonic()
             try:
-                # (abandoned if the daemon stops meanwhile: a hung device must not hold up
-                # its exit; the thread keeps the page it reads into)
-                await trio.to_thread.run_sync(os.preadv, ns.fd, [page], 0, abandon_on_cancel=True)
+                await self._pread(page, 0)
             except OSError:
                 continue
             took = time.monotonic() - t0

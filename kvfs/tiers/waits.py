@@ -69,16 +69,9 @@ class ReadWaits:
         namespace failed for reads."""
         if fetch is not None and fetch.source != "pool":
             return
-        failed = self.pool.failed_for_reads()
-        if not failed:
-            return
         ns = rec.layout.ns
-        hit = sorted(
-            {
-                ns[k]
-                for k in ks
-                if ns[k] in failed and (fetch is None or not fetch.ready[k].is_set())
-            }
+        hit = self.pool.failed_among(
+            ns[k] for k in ks if fetch is None or not fetch.ready[k].is_set()
         )
         if hit:
             raise Unreadable(
