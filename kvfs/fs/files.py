@@ -226,6 +226,15 @@ class Files(Syncing, Eviction):
                 mode |= stat.S_ISGID
         return gid, mode
 
+    @staticmethod
+    def _no_setid(mode: int) -> None:
+        """Block files keep no set-user-ID or set-group-ID bit: the mount negotiates
+        FUSE_HANDLE_KILLPRIV_V2 (kvfs/fs/operations.py), which leaves clearing them on write to
+        the file system, and passthrough writes never reach the daemon. Directories keep theirs."""
+        if mode & (stat.S_ISUID | stat.S_ISGID):
+            why = f"kvfs keeps no set-user-ID or set-group-ID bit on files (mode {mode:o})"
+            raise KvfsError(errno.EPERM, why)
+
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
         gid, mode = self._owner(self.catalog.dir(parent), gid, mode, True)
         return self.counted(await self.catalog.mkdir(parent, name, mode, uid, gid))
@@ -323,6 +332,8 @@ class Files(Syncing, Eviction):
         mtime_ns: int | None = None,
     ) -> Attr:
         node = self.catalog.get(ino)
+        if mode is not None and node.is_file:
+            self._no_setid(mode)
         if size is not None:
             if not node.is_file:
                 raise KvfsError(
@@ -536,6 +547,7 @@ class Files(Syncing, Eviction):
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int, pid: int = 0
     ) -> tuple[OpenResult, Attr]:
+        self._no_setid(mode)
         gid, mode = self._owner(self.catalog.dir(parent), gid, mode, False)
         await self.durability.throttle()
         node = self.catalog.create_file(parent, name, mode, uid, gid)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 
 class Latency:
     """Request latencies per operation, in power-of-two microsecond buckets (for percentiles)."""
@@ -12,6 +14,11 @@ class Latency:
         self.counts: dict[str, list[int]] = {}
         self.maxima: dict[str, float] = {}
         self.cpu: dict[str, float] = {}  # trio-thread CPU seconds in each handler (opt-in)
+        # requests answered below kvfs, in pyfuse3's request loop: a count each, in the first bucket
+        self._below: dict[str, Callable[[], int]] = {}
+
+    def answered_below(self, op: str, count: Callable[[], int]) -> None:
+        self._below[op] = count
 
     def add_cpu(self, op: str, seconds: float) -> None:
         self.cpu[op] = self.cpu.get(op, 0.0) + seconds
@@ -28,9 +35,16 @@ class Latency:
 
     def summary(self) -> dict:
         out = {}
-        for op, c in self.counts.items():
+        counts = dict(self.counts)
+        for op, below in self._below.items():
+            c = list(counts.get(op, [0] * self.BUCKETS))
+            c[0] += below()
+            counts[op] = c
+        for op, c in counts.items():
             n = sum(c)
-            res = {"count": n, "max_us": round(self.maxima[op], 1)}
+            if n == 0:
+                continue
+            res = {"count": n, "max_us": round(self.maxima.get(op, 0.0), 1)}
             if op in self.cpu:
                 res["cpu_us"] = round(self.cpu[op] * 1e6, 1)
             for q, name in ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us")):

@@ -73,7 +73,7 @@ class _Timed:
 
 
 def translate(fn):
-    name = fn.__name__.lstrip("_")  # (_getxattr: the getxattr that needs the handler)
+    name = fn.__name__.lstrip("_")
 
     @functools.wraps(fn)
     async def wrapper(self, *args, **kwargs):
@@ -183,6 +183,12 @@ class FuseOps(pyfuse3.Operations):
     # lookups of one directory reach the daemon concurrently, not one at a time under the
     # directory's lock (mount/fuse/pyfuse3-parallel-dirops.patch; a stock pyfuse3 ignores it)
     enable_parallel_dirops = True
+    # the kernel stops asking for security.capability before every write of a file: once per
+    # inode (SB_NOSEC); kvfs keeps no set-user-ID / set-group-ID bit on files (Files._no_setid)
+    # nor any security.* attribute, so it has nothing to clear (mount/fuse/pyfuse3-killpriv.patch)
+    enable_killpriv_v2 = True
+    # that one question per new file is answered ENODATA by pyfuse3's request loop itself
+    user_xattrs_only = True
 
     def __init__(
         self,
@@ -199,9 +205,8 @@ class FuseOps(pyfuse3.Operations):
         self.control = control
         self.timeout = attr_timeout
         self.latency = latency
-        # non-user attributes asked for (answered without the handler: getxattr)
-        self._no_xattr = latency.counts.setdefault("getxattr", [0] * latency.BUCKETS)
-        latency.maxima.setdefault("getxattr", 0.0)
+        # non-user attributes asked for, answered in pyfuse3's request loop (user_xattrs_only)
+        latency.answered_below("getxattr_nonuser", pyfuse3.foreign_xattr_replies)
         # Ask for FUSE passthrough at INIT (the patched pyfuse3 reads this); whether the kernel
         # agreed is known in init(), and `data_path` says which path serves the data, and why.
         why = (
@@ -236,6 +241,7 @@ class FuseOps(pyfuse3.Operations):
             }
         enabled = getattr(pyfuse3, "parallel_dirops_enabled", None)
         self.data_path["parallel_dirops"] = bool(enabled and enabled())
+        self.data_path["killpriv_v2"] = pyfuse3.killpriv_v2_enabled()
         self.initialized.set()
 
     def _file_info(self, r) -> pyfuse3.FileInfo:
@@ -517,18 +523,9 @@ class FuseOps(pyfuse3.Operations):
         return st
 
     # --- extended attributes -------------------------------------------------------------------
-    async def getxattr(self, inode, name, ctx):
-        if not name.startswith(b"user."):
-            # kvfs keeps user.* attributes only (setxattr refuses others): no such attribute.
-            # The kernel asks for security.capability before a file's first write
-            # (file_remove_privs) and keeps no answer: answered here without the handler's
-            # frames, its error object and its log call (one request per stored file)
-            self._no_xattr[0] += 1  # (counted, in the first latency bucket)
-            raise pyfuse3.FUSEError(errno.ENODATA)
-        return await self._getxattr(inode, name, ctx)
-
+    # (names outside user.* never reach here: user_xattrs_only; setxattr refuses them)
     @translate
-    async def _getxattr(self, inode, name, ctx):
+    async def getxattr(self, inode, name, ctx):
         value = await self.control.getxattr(inode, name, ctx.uid)
         if value is not None:
             return value

@@ -15,7 +15,14 @@ same calls on a tmpfs directory:
   stat     stat of every name after the kernel dropped its dentries (one LOOKUP each), 1 and 4
            threads
 
-and for each the daemon's CPU time per request (its /proc stat over the requests it counted).
+and for each the daemon's CPU time per request (its /proc stat over the requests it counted);
+also create+write+close of new files written in 4 writes of 1 KiB (8 threads), where stock
+FUSE asks for security.capability before each write.
+
+With `--killpriv` the compare column is the installed pyfuse3 with the file system's
+`enable_killpriv_v2` and `user_xattrs_only` off (mount/fuse/pyfuse3-killpriv.patch), alternating
+with them on: the GETXATTRs the kernel no longer sends, and what the ones it still sends cost
+when pyfuse3's request loop answers them.
 
 With `--processes N` it measures instead what more processes serving the same FUSE session
 add (issue 19's question before any multi-process design): the file system forks N-1
@@ -48,7 +55,9 @@ TIMEOUT = 60.0
 DATA = b"d" * 4096
 
 
-def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0) -> None:
+def serve(
+    mountpoint: str, counts_path: str, processes: int = 1, static: int = 0, killpriv: int = 0
+) -> None:
     import pyfuse3
     import trio
 
@@ -120,10 +129,14 @@ def serve(mountpoint: str, counts_path: str, processes: int = 1, static: int = 0
 
         async def getxattr(self, inode, name, ctx):
             if name == b"user.requests":
-                return str(self.requests).encode()
+                replies = getattr(pyfuse3, "foreign_xattr_replies", None)  # (a stock build)
+                below = replies() if replies is not None else 0
+                return str(self.requests + below).encode()
+            self.requests += 1
             raise pyfuse3.FUSEError(errno.ENODATA)
 
     ops = NullFS()
+    ops.enable_killpriv_v2 = ops.user_xattrs_only = bool(killpriv)
     for i in range(static):  # read-only files, made before any fork
         ops.names[b"s-%d" % i] = ops.next_ino
         ops.attrs[ops.next_ino] = [stat.S_IFREG | 0o644, len(DATA)]
@@ -220,9 +233,10 @@ def measure(root: str, n: int, pid: int | None) -> dict:
         dt = parallel(count, threads, fn)
         out[f"{name}_per_s"] = count / dt
         if pid:
-            nreq = requests() - r0
+            nreq, cpu = requests() - r0, cpu_seconds(pid) - c0
             out[f"{name}_requests_per_op"] = round(nreq / count, 2)
-            out[f"{name}_us_per_request"] = (cpu_seconds(pid) - c0) / max(1, nreq) * 1e6
+            out[f"{name}_us_per_request"] = cpu / max(1, nreq) * 1e6
+            out[f"{name}_daemon_us_per_op"] = cpu / count * 1e6
 
     for threads in (1, 8):
         d = os.path.join(root, f"c{threads}")
@@ -233,6 +247,14 @@ def measure(root: str, n: int, pid: int | None) -> dict:
             os.close(fd)
 
         timed(f"create_{threads}t", threads, create, n)
+
+    def create4w(i: int) -> None:
+        fd = os.open(f"{root}/w-{i}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        for k in range(4):
+            os.write(fd, data[k * 1024 : (k + 1) * 1024])
+        os.close(fd)
+
+    timed("create4w_8t", 8, create4w, n)
     for threads in (1, 4):
         drop_dentries()
         timed(f"stat_{threads}t", threads, lambda i: os.stat(f"{root}/c8-{i}"), n)
@@ -298,18 +320,18 @@ def run_readers(n: int, processes: int) -> dict:
         return measure_readers(mnt, n, [pid] + children)
 
 
-def run_null(n: int, pyfuse3_dir: str | None) -> dict:
+def run_null(n: int, pyfuse3_dir: str | None, killpriv: bool = False) -> dict:
     env = dict(os.environ)
     if pyfuse3_dir:
         env["PYTHONPATH"] = pyfuse3_dir + os.pathsep + env.get("PYTHONPATH", "")
-    with null_mounted([], env) as (mnt, pid, which):
+    with null_mounted(["1", "0", str(int(killpriv))], env) as (mnt, pid, which):
         return {**measure(mnt, n, pid), "pyfuse3": which}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:
-        serve(argv[1], argv[2], *map(int, argv[3:5]))
+        serve(argv[1], argv[2], *map(int, argv[3:6]))
         return 0
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -317,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--compare", metavar="DIR", help="a directory holding another pyfuse3")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--killpriv",
+        action="store_true",
+        help="compare: the installed pyfuse3 without enable_killpriv_v2 and user_xattrs_only",
+    )
     ap.add_argument(
         "--processes",
         type=int,
@@ -340,9 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         order = ["installed", "compare"] if r % 2 == 0 else ["compare", "installed"]
         for which in order:
-            if which == "compare" and not args.compare:
+            if which == "compare" and not (args.compare or args.killpriv):
                 continue
-            rows[which].append(run_null(args.files, args.compare if which == "compare" else None))
+            other = which == "compare"
+            rows[which].append(
+                run_null(
+                    args.files,
+                    args.compare if other else None,
+                    killpriv=not (other and args.killpriv),
+                )
+            )
 
     def median(which: str, key: str) -> float:
         xs = sorted(x[key] for x in rows[which])
@@ -355,16 +389,18 @@ def main(argv: list[str] | None = None) -> int:
         "installed": {k: median("installed", k) for k in keys},
         "pyfuse3": rows["installed"][0]["pyfuse3"],
     }
-    if args.compare:
+    if args.compare or args.killpriv:
         out["compare"] = {k: median("compare", k) for k in keys}
-        out["compare_pyfuse3"] = rows["compare"][0]["pyfuse3"]
+        out["compare_pyfuse3"] = rows["compare"][0]["pyfuse3"] + (
+            " (killpriv v2 and user_xattrs_only off)" if args.killpriv else ""
+        )
     if args.json:
         print(json.dumps(out))
         return 0
-    cols = ["tmpfs", "installed"] + (["compare"] if args.compare else [])
+    cols = ["tmpfs", "installed"] + (["compare"] if "compare" in out else [])
     print(
         f"{args.files} files; installed pyfuse3: {out['pyfuse3']}"
-        + (f"; compare: {out['compare_pyfuse3']}" if args.compare else "")
+        + (f"; compare: {out['compare_pyfuse3']}" if "compare" in out else "")
     )
     print(f"{'':<28}" + "".join(f"{c:>12}" for c in cols))
     for k in keys:

@@ -9,7 +9,9 @@
 #      pyfuse3-fallocate.patch (FUSE_FALLOCATE dispatched to Operations.fallocate);
 #      pyfuse3-requests.patch (a queued request is read without waiting for the fd; FileInfo.noflush);
 #      pyfuse3-flush-ctx.patch (the request context of a flush); and pyfuse3-parallel-dirops.patch
-#      (Operations.enable_parallel_dirops: FUSE_PARALLEL_DIROPS at INIT).
+#      (Operations.enable_parallel_dirops: FUSE_PARALLEL_DIROPS at INIT); and pyfuse3-killpriv.patch
+#      (Operations.enable_killpriv_v2, Operations.user_xattrs_only: GETXATTR outside user.* answered
+#      in the request loop).
 # Run by `make install` as root. Idempotent: returns at once when that pyfuse3 is already installed
 # from the same build.sh and patch. Build tools (meson, ninja, Cython) live in a throwaway venv under
 # build/, not in the project venv.
@@ -24,9 +26,9 @@ PY=$VENV/bin/python
 PREFIX=$VENV/opt/libfuse
 BUILD=$root/build/fuse
 # applied in this order: passthrough (FileInfo.backing_id, ...), a fallocate handler, cheaper
-# requests (and FileInfo.noflush), the flush handler's request context, parallel dirops
+# requests (and FileInfo.noflush), the flush handler's request context, parallel dirops, killpriv v2
 PATCHES=("$here/pyfuse3-passthrough.patch" "$here/pyfuse3-fallocate.patch" "$here/pyfuse3-requests.patch"
-         "$here/pyfuse3-flush-ctx.patch" "$here/pyfuse3-parallel-dirops.patch")
+         "$here/pyfuse3-flush-ctx.patch" "$here/pyfuse3-parallel-dirops.patch" "$here/pyfuse3-killpriv.patch")
 
 LIBFUSE_SERIES=3.17            # Debian trixie's fuse3 (3.17.2-3 when this was written)
 PYFUSE3_VERSION=3.5.0
@@ -51,7 +53,7 @@ build_id=$(cat "$here/build.sh" "${PATCHES[@]}" | sha256sum | cut -c1-16)
 # The extension module of the installed pyfuse3, if it is ours and linked against $PREFIX.
 installed_ok() {
   local so
-  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; pyfuse3.Operations.fallocate; pyfuse3._takes_ctx; pyfuse3.parallel_dirops_enabled
+  so=$("$PY" -c 'import pyfuse3; pyfuse3.passthrough_open; pyfuse3.Operations.fallocate; pyfuse3._takes_ctx; pyfuse3.parallel_dirops_enabled; pyfuse3.killpriv_v2_enabled
 print(pyfuse3.__file__)' 2>/dev/null) || return 1
   [[ "$(ldd "$so")" == *"=> $PREFIX/lib/libfuse3.so"* ]] || return 1
   [ "$(cat "$PREFIX/kvfs-build-id" 2>/dev/null)" = "$build_id" ]
