@@ -21,6 +21,7 @@ io.max, whichever the machine has):
 The LMCache process and the kvfs daemon both run in the throttled cgroup.
 
     python bench/e2e_lmcache.py [--chunks 24] [--speeds throttled,gbps1,fast] [--repeat 3] [--json]
+                                [--conversations C] [--prefetch-ab]
 
 Ratios (kvfs / ext4; for stores, ext4's store time / kvfs's; `_vs_raid0` the same against the
 RAID-0): `<speed>_read_vs_ext4` and
@@ -34,6 +35,14 @@ LMCache process: the same promise on every file system, the fair comparison. Eac
 median of `--repeat` rounds, each round running ext4, kvfs and the plugin back to back (noise
 hits all alike); `ratios_range` has each ratio's lowest and highest round. Memory is touched
 once first (testing/emulate.py `warm_memory`): on a virtual machine fresh memory is slow once.
+
+`--conversations C`: LMCache's prefix-hit pattern. The chunks are C conversations' prefixes,
+each stored in order (chunk 0, 1, ... of one conversation, then the next), and the cold read is
+C retrievals, one per conversation, each a `batched_get_blocking` of its prefix, one after
+another, in the reverse order of the stores (so what kvfs learned past a conversation's end
+leads to one already read: readahead wins only within a conversation). `--prefetch-ab` runs
+kvfs's `local_disk` rows twice, `[prefetch] enabled` true and false (the order alternating by
+round): `<speed>_read_prefetch_on_vs_off`, and each against the RAID-0 (`..._prefetch_off`).
 """
 
 from __future__ import annotations
@@ -84,6 +93,7 @@ def worker(argv: list[str]) -> None:
 
     logging.disable(logging.WARNING)
     mode, directory, n, odirect = argv[0], argv[1], int(argv[2]), argv[3] == "1"
+    conversations = int(argv[4]) if len(argv) > 4 else 0
     model = "meta-llama/Llama-3.1-8B"
     kwargs = dict(chunk_size=256, local_cpu=False, max_local_cpu_size=2 * n * CHUNK / 1e9 + 0.5)
     if mode == "plugin":
@@ -171,7 +181,15 @@ def worker(argv: list[str]) -> None:
     print("STORED " + json.dumps({"store_s": store_s, "store_durable_s": durable_s}), flush=True)
     sys.stdin.readline()  # the parent dropped the caches
     t = time.perf_counter()
-    got = backend.batched_get_blocking(keys)
+    if conversations:  # one retrieval per conversation's prefix, the last stored first
+        per = -(-n // conversations)
+        got = [None] * n
+        for c in reversed(range(conversations)):
+            part = range(c * per, min(n, (c + 1) * per))
+            for i, o in zip(part, backend.batched_get_blocking([keys[i] for i in part])):
+                got[i] = o
+    else:
+        got = backend.batched_get_blocking(keys)
     read_s = time.perf_counter() - t
     exact = sum(
         1
@@ -189,7 +207,9 @@ def drop_page_cache() -> None:
         f.write("3")
 
 
-def run_lmcache(mode: str, directory: Path, n: int, odirect: bool, group, drop) -> dict:
+def run_lmcache(
+    mode: str, directory: Path, n: int, odirect: bool, group, drop, conversations: int = 0
+) -> dict:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -199,6 +219,7 @@ def run_lmcache(mode: str, directory: Path, n: int, odirect: bool, group, drop) 
             str(directory),
             str(n),
             "1" if odirect else "0",
+            str(conversations),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -229,7 +250,9 @@ def run_lmcache(mode: str, directory: Path, n: int, odirect: bool, group, drop) 
     return out
 
 
-def run_ext4(tmp: Path, n: int, bps, odirect: bool, raid0: bool = False) -> dict:
+def run_ext4(
+    tmp: Path, n: int, bps, odirect: bool, raid0: bool = False, conversations: int = 0
+) -> dict:
     """LMCache's local_disk on ext4: on one device, or (`raid0`) on a RAID-0 of 4 devices at
     `bps` each (testing/emulate.py's ext4_on_raid0: dm-stripe, or its stand-in)."""
     size = n * CHUNK + 512 * MiB
@@ -243,7 +266,13 @@ def run_ext4(tmp: Path, n: int, bps, odirect: bool, raid0: bool = False) -> dict
     ):
         (setup.root / "lmcache").mkdir()
         out = run_lmcache(
-            "local_disk", setup.root / "lmcache", n, odirect, setup.group, drop_page_cache
+            "local_disk",
+            setup.root / "lmcache",
+            n,
+            odirect,
+            setup.group,
+            drop_page_cache,
+            conversations,
         )
         if raid0:
             out["raid0"] = setup.raid0
@@ -251,7 +280,14 @@ def run_ext4(tmp: Path, n: int, bps, odirect: bool, raid0: bool = False) -> dict
 
 
 def run_kvfs(
-    tmp: Path, n: int, bps, odirect: bool, mode: str = "local_disk", fresh_memory: bool = False
+    tmp: Path,
+    n: int,
+    bps,
+    odirect: bool,
+    mode: str = "local_disk",
+    fresh_memory: bool = False,
+    conversations: int = 0,
+    prefetch: bool = True,
 ) -> dict:
     from kvfs.cli import main as kvfs_main
     from testing.mount import MountedKvfs, write_config
@@ -264,6 +300,7 @@ def run_kvfs(
             tmp / "state",
             [{"path": d.path} for d in devs],
             dram=f"{n * CHUNK // MiB + 512}MiB",
+            extra="" if prefetch else "[prefetch]\nenabled = false",
         )
         with contextlib.redirect_stdout(io.StringIO()):
             if kvfs_main(["format", "--force", "--config", str(cfg)]) != 0:
@@ -280,7 +317,9 @@ def run_kvfs(
                 m.control("drop_dram", {"memory": True} if fresh_memory else None)
                 drop_page_cache()
 
-            out = run_lmcache(mode, m.mountpoint / "lmcache", n, odirect, group, drop)
+            out = run_lmcache(
+                mode, m.mountpoint / "lmcache", n, odirect, group, drop, conversations
+            )
             st = m.stats()
             out["passthrough"] = st["data_path"]["passthrough"]
             out["memory"] = st["data_path"]["memory"]
@@ -306,6 +345,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="kvfs gives the dropped blocks' memory back before the cold read",
     )
+    ap.add_argument(
+        "--conversations",
+        type=int,
+        default=0,
+        help="LMCache's prefix-hit pattern: one retrieval per conversation (0: one batch)",
+    )
+    ap.add_argument(
+        "--prefetch-ab",
+        action="store_true",
+        help="kvfs's local_disk rows with [prefetch] on and off",
+    )
     args = parse(ap, argv)
     speeds = [s for s in args.speeds.split(",") if s]
     n = args.chunks
@@ -318,24 +368,48 @@ def main(argv: list[str] | None = None) -> int:
         "threads": THREADS,
         "repeat": args.repeat,
         "fresh_memory": args.fresh_memory,
+        "conversations": args.conversations,
     }
+    conv = args.conversations
 
     def ratio(key: str, value: float) -> None:
         rounds.setdefault(key, []).append(value)
 
     with tempfile.TemporaryDirectory(prefix="kvfs-e2e-") as tmp:
         tmp = Path(tmp)
-        for _ in range(args.repeat):
+        for rnd in range(args.repeat):
             for speed in speeds:
                 bps = SPEEDS[speed]
                 for odirect in (True,) if args.no_nodirect else (True, False):
                     tag = "" if odirect else "_nodirect"
-                    r0 = rows[f"{speed}{tag} raid0"] = run_ext4(tmp, n, bps, odirect, raid0=True)
-                    out["raid0"] = r0.pop("raid0")
-                    e = rows[f"{speed}{tag} ext4"] = run_ext4(tmp, n, bps, odirect)
-                    k = rows[f"{speed}{tag} kvfs"] = run_kvfs(
-                        tmp, n, bps, odirect, fresh_memory=args.fresh_memory
+                    r0 = rows[f"{speed}{tag} raid0"] = run_ext4(
+                        tmp, n, bps, odirect, raid0=True, conversations=conv
                     )
+                    out["raid0"] = r0.pop("raid0")
+                    e = rows[f"{speed}{tag} ext4"] = run_ext4(
+                        tmp, n, bps, odirect, conversations=conv
+                    )
+                    on_off = [True, False] if args.prefetch_ab and odirect else [True]
+                    for prefetch in on_off if rnd % 2 == 0 else on_off[::-1]:
+                        rows[f"{speed}{tag} kvfs" + ("" if prefetch else " prefetch off")] = (
+                            run_kvfs(
+                                tmp,
+                                n,
+                                bps,
+                                odirect,
+                                fresh_memory=args.fresh_memory,
+                                conversations=conv,
+                                prefetch=prefetch,
+                            )
+                        )
+                    k = rows[f"{speed}{tag} kvfs"]
+                    if len(on_off) == 2:
+                        off = rows[f"{speed}{tag} kvfs prefetch off"]
+                        ratio(f"{speed}_read_prefetch_on_vs_off", off["read_s"] / k["read_s"])
+                        ratio(
+                            f"{speed}_read_vs_raid0_prefetch_off",
+                            off["read_gbps"] / r0["read_gbps"],
+                        )
                     for base, b in (("raid0", r0), ("ext4", e)):
                         ratio(f"{speed}_read_vs_{base}{tag}", k["read_gbps"] / b["read_gbps"])
                         ratio(f"{speed}_store_vs_{base}{tag}", b["store_s"] / k["store_s"])
@@ -344,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
                             b["store_durable_s"] / k["store_durable_s"],
                         )
                 if speed != "throttled":
-                    p = rows[f"{speed} plugin"] = run_kvfs(tmp, n, bps, True, mode="plugin")
+                    p = rows[f"{speed} plugin"] = run_kvfs(
+                        tmp, n, bps, True, mode="plugin", conversations=conv
+                    )
                     for base in ("raid0", "ext4"):
                         b = rows[f"{speed} {base}"]
                         ratio(f"plugin_{speed}_read_vs_{base}", p["read_gbps"] / b["read_gbps"])
