@@ -60,8 +60,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
 from kvfs.catalog.groupcommit import CommitHooks, GroupCommit
+from kvfs.catalog.records import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
 from kvfs.catalog.sqlite_chains import SqliteChains
 from kvfs.catalog.sqlite_nodes import NodeRows
 from kvfs.catalog.sqlite_order import OrderRows

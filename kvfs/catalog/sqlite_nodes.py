@@ -23,7 +23,7 @@ import collections
 import weakref
 from typing import Callable
 
-from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.records import BlobRec, Node
 from kvfs.catalog.sqlite_schema import BY_INO, BY_NAME, S_IFDIR, S_IFMT, SUBDIRS
 from kvfs.errors import not_found
 

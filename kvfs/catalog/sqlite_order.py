@@ -18,8 +18,8 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Iterator
 
-from kvfs.catalog.base import Node, ghost_key
 from kvfs.catalog.groupcommit import GroupCommit
+from kvfs.catalog.records import Node, ghost_key
 from kvfs.catalog.sqlite_schema import LRU_QUERY, PAGE_ROWS, PRIO_QUERY, SCORE_UNSCORED, Stmt
 from kvfs.errors import KvfsError
 

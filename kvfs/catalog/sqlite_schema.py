@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvfs.catalog.base import Node
+from kvfs.catalog.records import Node
 from kvfs.pool.layout import PAGE
 
 log = logging.getLogger("kvfs.catalog")

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import trio
 
 from kvfs.catalog.announce import Announcer, Announcing
-from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, Node
+from kvfs.catalog.records import FIRST_INO, NAME_MAX, ROOT_INO, Node
 from kvfs.errors import KvfsError, exists, not_found
 from kvfs.pool.layout import Layout
 

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from kvfs import config
-from kvfs.catalog.base import ROOT_INO
+from kvfs.catalog.records import ROOT_INO
 from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
 from kvfs.service import Service, open_layers
