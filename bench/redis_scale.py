@@ -106,7 +106,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import dumps, parser  # noqa: E402
-from kvfs.catalog.base import BlobRec, Node, ghost_key  # noqa: E402
+from kvfs.catalog.records import BlobRec, Node, ghost_key  # noqa: E402
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCHEMA_VERSION  # noqa: E402
 from kvfs.catalog.redis.codec import (  # noqa: E402
     blob_fields,

@@ -56,7 +56,7 @@ from kvfs.tiers.local import LocalTier
 from kvfs.tiers.readahead import Readahead
 from kvfs.tiers.store import BlockStore
 from kvfs.write.durability import CommitAtClose, Durability
-from kvfs.write.pipeline import Sessions
+from kvfs.write.sessions import Sessions
 from kvfs.write.writeback import WriteBack, WriteQueue
 
 if TYPE_CHECKING:  # (ZMQ is imported only where [events] is on: open_events)

@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Protocol
 
-from kvfs.catalog.base import ROOT_INO, Node
+from kvfs.catalog.records import ROOT_INO, Node
 
 log = logging.getLogger("kvfs.events")
 

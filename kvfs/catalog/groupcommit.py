@@ -1,7 +1,9 @@
-"""Group commit for the SQLite catalog (a mix-in of SqliteCatalog; see its module doc).
+"""Group commit for the SQLite catalog (`GroupCommit`, an object SqliteCatalog holds as
+`group`; see its module doc): the open transaction, the rounds that commit it and sync the WAL,
+the failure that ends them, and the space waiting for a change to be durable.
 
-Mutations are executed at once in the open transaction (`_execute`), then wait for
-durability (`_durable`): the first waiter of a round commits the open transaction on the trio
+Mutations are executed at once in the open transaction (`execute`), then wait for
+durability (`durable`): the first waiter of a round commits the open transaction on the trio
 thread (`synchronous=NORMAL` writes the WAL without syncing it) and fdatasyncs the WAL in a
 worker thread; statements executed meanwhile go to the next transaction, served by the next
 round. A failure of any step rolls back, sets `failure` and refuses every later change.
@@ -30,6 +32,7 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable
 
 import trio
@@ -62,10 +65,28 @@ class CommitHooks:
 
 
 class GroupCommit:
-    """Expects `_conn` (the connection), `path` (the database), and the catalog's `failure`,
-    `on_failure`, `commits`, `statements` and `commit_seconds` (kvfs/catalog/tree.py)."""
+    """The open transaction over the catalog's connection and the rounds that make it durable.
+    The catalog executes its statements here (`execute`, `execute_many`: their transaction's
+    number) and waits for them (`durable`, `persist`, `change`, `sync`); `synced` and `txn` say
+    which transaction is durable and which one a change made now goes to, `on_synced` (the
+    catalog's: its KV events) is called after each WAL sync. Once a write failed, `failure`
+    says why and every later change is refused."""
 
-    def _init_group_commit(self, hooks: CommitHooks) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        hooks: CommitHooks,
+        on_synced: Callable[[], None],
+    ) -> None:
+        self._conn = conn
+        self.path = path
+        self._on_synced = on_synced
+        # why changes can no longer be made durable (a write failed), until a restart
+        self.failure: str | None = None
+        self.commits = 0  # durable transactions (for statistics)
+        self.statements = 0
+        self.commit_seconds = 0.0  # time spent making changes durable
         self._in_txn = False
         self._txn = 1  # the transaction statements go to (open or next)
         self._committed = 0  # the last transaction committed (in the WAL)
@@ -106,13 +127,13 @@ class GroupCommit:
         if self.on_failure is not None:
             self.on_failure(self.failure)
 
-    def _execute(self, stmts: list[Stmt]) -> int:
+    def execute(self, stmts: list[Stmt]) -> int:
         """Run statements in the open transaction (opening one); return its number."""
         return self._in_open_transaction(
             [(self._conn.execute, sql, params) for sql, params in stmts]
         )
 
-    def _execute_many(self, batches: list[tuple[str, list[tuple]]]) -> int:
+    def execute_many(self, batches: list[tuple[str, list[tuple]]]) -> int:
         """Run each statement once per parameter tuple (executemany) in the open transaction;
         return its number."""
         return self._in_open_transaction(
@@ -141,16 +162,16 @@ class GroupCommit:
         self.statements += len(calls) if count is None else count
         return self._txn
 
-    async def _persist(self, stmts: list[Stmt]) -> None:
+    async def persist(self, stmts: list[Stmt]) -> None:
         """Apply statements now (every later query sees them); return once they are durable."""
-        await self._durable(self._execute(stmts))
+        await self.durable(self.execute(stmts))
 
-    async def _change(self, stmts: list[Stmt]) -> None:
+    async def change(self, stmts: list[Stmt]) -> None:
         """A change to the tree: applied now; durable on return when `sync_changes`, else
         with the next round (see the module doc)."""
-        txn = self._execute(stmts)
+        txn = self.execute(stmts)
         if self.sync_changes:
-            await self._durable(txn)
+            await self.durable(txn)
 
     @property
     def unsynced(self) -> bool:
@@ -162,13 +183,21 @@ class GroupCommit:
         """The trio time the open transaction began (None: none is open)."""
         return self._txn_began if self._in_txn else None
 
-    def _note_txn(self) -> int:
-        """(KV events) the transaction a change made now goes to: the open one, or the next
-        (its statements follow without a yield)."""
+    @property
+    def txn(self) -> int:
+        """The transaction a change made now goes to: the open one, or the next (its
+        statements follow without a yield)."""
         return self._txn
 
-    def _durable_txn(self) -> int:
+    @property
+    def synced(self) -> int:
+        """The last transaction durable."""
         return self._synced
+
+    def mark_release(self) -> None:
+        """A change made now stops referencing space (a row deleted, or pointed at a new
+        block): the space is free once its transaction is durable (`after_release`)."""
+        self._release_mark = self._txn
 
     def after_release(self, fn: Callable[[], None]) -> None:
         """Call fn() once the change that released space last is durable (now, if it is):
@@ -186,7 +215,7 @@ class GroupCommit:
             for fn in due:
                 fn()
 
-    async def _durable(self, txn: int) -> None:
+    async def durable(self, txn: int) -> None:
         """Wait until transaction `txn` is committed and a WAL sync that started after its
         commit has completed (the first waiter of a round does the work; see the module doc)."""
         with trio.CancelScope(shield=True):
@@ -232,7 +261,7 @@ class GroupCommit:
             self._synced = target
             self.syncs += 1
             self._run_after()
-            self._announce_due()
+            self._on_synced()
             took = time.perf_counter() - t1
             self.sync_seconds += took
             self._sync_estimate = (
@@ -258,4 +287,17 @@ class GroupCommit:
 
     async def sync(self) -> None:
         """Make everything applied so far durable."""
-        await self._durable(self._txn if self._in_txn else self._committed)
+        await self.durable(self._txn if self._in_txn else self._committed)
+
+    def close(self) -> None:
+        """Commit what is open (unless a write failed) and close the WAL's descriptor; the
+        catalog closes the connection, and SQLite checkpoints the WAL."""
+        if self._in_txn and not self.failure:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                log.error("catalog %s: the last commit failed: %s", self.path, e)
+            self._in_txn = False
+        if self._wal_fd is not None:
+            os.close(self._wal_fd)
+            self._wal_fd = None

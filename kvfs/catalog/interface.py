@@ -6,7 +6,7 @@ object it builds; nothing else asks which it is (tests/unit/test_structure.py ch
 classes have every member, and that no layer reads `shared`).
 
 Names are (parent inode, name bytes) pairs; a `Node` is a file, directory or symlink of the
-tree (kvfs/catalog/base.py), its `blob` the committed block's record (`BlobRec`). A change
+tree (kvfs/catalog/records.py), its `blob` the committed block's record (`BlobRec`). A change
 is applied to memory at once and is durable when `sync()` (or the group commit it joins)
 returns; see docs/architecture.md, "Durability and write-back".
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.records import BlobRec, Node
 from kvfs.pool.layout import Layout
 
 

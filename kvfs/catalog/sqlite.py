@@ -1,32 +1,34 @@
 """The single-node catalog: the tree lives in SQLite (WAL mode), a bounded cache of nodes in front.
 
 SQLite is the truth. Memory holds only what is in use or recently used, so a catalog of millions
-of files costs a few megabytes and opens in a moment:
+of files costs a few megabytes and opens in a moment. `SqliteCatalog` holds the tree's logic
+(kvfs/catalog/tree.py) and the nodes without a row or a name; what it keeps over its one
+connection are objects of their own, each in its own file:
 
-* `_live`: every `Node` object somebody holds (a weak map), so one inode is always one object;
-  `_cache`: the `cache_nodes` most recently used nodes, kept alive (an LRU); with the names
-  of cached nodes and those found absent (kvfs/catalog/sqlite_nodes.py).
-* `_pending`: files created and never committed (no row: absent after a crash), by inode and
-  by (parent, name); `_unlinked`: removed nodes that handles or the kernel still use, until
-  `drop`. A node whose memory differs from its row is held by one of these, so evicting a
-  node from the cache never loses a change.
-* `_dirty_atime`: accesses not persisted yet (inode -> (atime in ns, the pool order's priority
-  and uses); written in batches and applied to a node read back from its row (the pool's
-  order: kvfs/catalog/sqlite_order.py).
+* `node_rows` (NodeRows, kvfs/catalog/sqlite_nodes.py): every `Node` object somebody holds (a
+  weak map), so one inode is always one object; the `cache_nodes` most recently used nodes (an
+  LRU), the names of cached nodes and those found absent; a node read back from its row.
+* `_pending` (here): files created and never committed (no row: absent after a crash), by inode
+  and by (parent, name); `_unlinked`: removed nodes that handles or the kernel still use, until
+  `drop`. A node whose memory differs from its row is held by one of these, so evicting a node
+  from the cache never loses a change.
+* `order` (OrderRows, kvfs/catalog/sqlite_order.py): the pool's order (an index on max(atime,
+  mtime), or on the policy's priority under `pool.evict = "prefix"`), the accesses and scores
+  not written yet (written in batches; a node read back from its row takes them), the ghosts.
+* `chains` (SqliteChains, kvfs/catalog/sqlite_chains.py): the rows of `links` and their caches.
+* `group` (GroupCommit, kvfs/catalog/groupcommit.py): the open transaction and the rounds that
+  make it durable.
 
 Queries run on the trio thread against the one connection: a lookup is an index probe on
-(parent, name), readdir pages through an index on (parent, cookie), the pool's LRU order is
-an index on max(atime, mtime) (or on the policy's priority under `pool.evict = "prefix"`),
-chains are rows of `links` (kvfs/catalog/sqlite_chains.py). With the database in the page
-cache each costs a few microseconds.
+(parent, name), readdir pages through an index on (parent, cookie). With the database in the
+page cache each costs a few microseconds.
 
 Mutations are applied to memory and executed on the connection at once, in the transaction
 that is open (so every later query sees them), then wait for durability. Group commit: the
-first waiter commits the open transaction (on the trio thread; `synchronous=NORMAL` writes the
-WAL without syncing it) and `fdatasync`s the WAL in a worker thread; statements executed
-meanwhile go to the next transaction, whose waiters are served by the next round. A reply
-therefore waits for a WAL sync that started after its statements were committed: durable at
-close, with one transaction and one sync for every mutation of a burst.
+first waiter commits the open transaction and `fdatasync`s the WAL in a worker thread;
+statements executed meanwhile go to the next transaction, whose waiters are served by the next
+round. A reply therefore waits for a WAL sync that started after its statements were
+committed: durable at close, with one transaction and one sync for every mutation of a burst.
 
 Crash safety: a commit of a file version is one transaction (the node's row with its block),
 so after a crash a file has its old version or its new one, never a mix; transactions reach
@@ -54,12 +56,12 @@ import os
 import sqlite3
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-from kvfs.catalog.base import FIRST_INO, ROOT_INO, BlobRec, Node
 from kvfs.catalog.groupcommit import CommitHooks, GroupCommit
+from kvfs.catalog.records import FIRST_INO, NAME_MAX, ROOT_INO, BlobRec, Node
 from kvfs.catalog.sqlite_chains import SqliteChains
 from kvfs.catalog.sqlite_nodes import NodeRows
 from kvfs.catalog.sqlite_order import OrderRows
@@ -74,6 +76,7 @@ from kvfs.catalog.sqlite_schema import (
     Stmt,
     extents,
     extents_by_row,
+    insert_node,
     migrate_v1,
     migrate_v2,
     wal_damage,
@@ -99,7 +102,7 @@ class SqliteListing:
         cat = self.cat
         while True:
             rows = cat._conn.execute(PAGE_QUERY, (self.ino, cookie, PAGE_ROWS)).fetchall()
-            nodes = [cat._from_row(r) for r in rows]
+            nodes = [cat.node_rows.from_row(r) for r in rows]
             hi = rows[-1][3] if len(rows) == PAGE_ROWS else None
             extra = [
                 n
@@ -117,15 +120,18 @@ class SqliteListing:
             cookie = hi
 
 
-class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
-    """The catalog. Mutating methods are async (they wait for durability); queries are not."""
+class SqliteCatalog(TreeCatalog):
+    """The catalog. Mutating methods are async (they wait for durability); queries are not.
+    The tree's logic is here; what it keeps over the one connection are objects of their own
+    (see the module doc): `group` (GroupCommit), `order` (OrderRows), `node_rows` (NodeRows)
+    and `chains` (SqliteChains)."""
 
     tree_children = False
 
     def __init__(self, conn: sqlite3.Connection, path: Path, hooks: CommitHooks = CommitHooks()):
         super().__init__(hooks.announcer)
         del self.nodes  # no memory tree: see find() and the module doc
-        del self.successors, self.predecessors, self._dirty_links
+        del self.successors, self.predecessors, self._dirty_links, self._dirty_atime
         self._conn = conn
         self.path = path
         self.opened_with: str | None = None  # what wal_damage found at open
@@ -134,11 +140,83 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         self._unlinked: dict[int, Node] = {}
         self._nodes = 0  # rows (persisted nodes)
         self._files = 0  # rows with a block
-        self._init_nodes()
-        self._init_order()
-        self._init_group_commit(hooks)
-        # the prefix chains' rows and caches: an object of their own (sqlite_chains.py)
-        self.chains = SqliteChains(conn, self.find, self._execute, self._execute_many, self.sync)
+        group = self.group = GroupCommit(conn, path, hooks, self._announce_due)
+        self.order = OrderRows(conn, group, self.find)
+        self.node_rows = NodeRows(conn, self.order.unsaved)
+        self.chains = SqliteChains(conn, self.find, group.execute, group.execute_many, group.sync)
+
+    # ------------------------------------------------------------------------ durability
+    # (the open transaction and its rounds are GroupCommit's: kvfs/catalog/groupcommit.py)
+    @property
+    def failure(self) -> str | None:
+        return self.group.failure
+
+    @property
+    def commits(self) -> int:
+        return self.group.commits
+
+    @property
+    def statements(self) -> int:
+        return self.group.statements
+
+    @property
+    def commit_seconds(self) -> float:
+        return self.group.commit_seconds
+
+    @property
+    def unsynced(self) -> bool:
+        """Changes were applied that are not durable yet."""
+        return self.group.unsynced
+
+    @property
+    def open_since(self) -> float | None:
+        """The trio time the open transaction began (None: none is open)."""
+        return self.group.open_since
+
+    async def sync(self) -> None:
+        """Make everything applied so far durable."""
+        await self.group.sync()
+
+    def after_release(self, fn: Callable[[], None]) -> None:
+        """Call fn() once the change that released space last is durable (see GroupCommit)."""
+        self.group.after_release(fn)
+
+    def _note_txn(self) -> int:
+        """(KV events) the transaction a change made now goes to."""
+        return self.group.txn
+
+    def _durable_txn(self) -> int:
+        return self.group.synced
+
+    # ------------------------------------------------------------------------ the pool's order
+    # (its rows and the scores not written yet are OrderRows': kvfs/catalog/sqlite_order.py)
+    def rescore(self, node: Node) -> None:
+        self.order.rescore(node)
+
+    async def flush_atimes(self) -> int:
+        """Persist the access times recorded since the last flush (for LRU order after restart)."""
+        return await self.order.flush_atimes()
+
+    def lru_files(self) -> Iterator[tuple[int, int]]:
+        return self.order.lru_files()
+
+    def scored_files(self) -> Iterator[tuple[int, int, float]]:
+        return self.order.scored_files()
+
+    def lowest_priority(self) -> float | None:
+        return self.order.lowest_priority()
+
+    async def score_unscored(self) -> int:
+        n = await self.order.score_unscored()
+        if n:
+            self.node_rows.take_priorities()
+        return n
+
+    def take_ghost(self, parent: int, name: bytes) -> int | None:
+        return self.order.take_ghost(parent, name)
+
+    def ghost_count(self) -> int:
+        return self.order.ghost_count()
 
     # ------------------------------------------------------------------------ prefix chains
     # (the rows and caches are SqliteChains': kvfs/catalog/sqlite_chains.py)
@@ -194,9 +272,6 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
     def _meta(self, key: str) -> str | None:
         row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
-
-    def _one(self, sql: str, params: tuple = ()):
-        return self._conn.execute(sql, params).fetchone()[0]
 
     def _load(self) -> None:
         c = self._conn
@@ -274,16 +349,8 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
 
     def close(self) -> None:
         """Commit and sync what is open, then close (SQLite checkpoints the WAL)."""
-        if self._in_txn and not self.failure:
-            try:
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as e:
-                log.error("catalog %s: the last commit failed: %s", self.path, e)
-            self._in_txn = False
+        self.group.close()
         self._conn.close()
-        if self._wal_fd is not None:
-            os.close(self._wal_fd)
-            self._wal_fd = None
 
     def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(namespace, offset, length) of every stripe unit of every block, as arrays (the pool
@@ -294,6 +361,39 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         return extents_by_row(self._conn)
 
     # ------------------------------------------------------------------------------ nodes
+    # (those in memory and their rows are NodeRows': kvfs/catalog/sqlite_nodes.py; the ones
+    # with no row yet, pending, or no name any more, unlinked, are asked about here first)
+    def find(self, ino: int) -> Node | None:
+        node = self._unlinked.get(ino)
+        if node is not None:
+            return node
+        return self.node_rows.find(ino)
+
+    def lookup(self, parent: int, name: bytes) -> Node:
+        if len(name) > NAME_MAX:  # no such name can exist; ext4 and tmpfs say so too
+            raise KvfsError(errno.ENAMETOOLONG, f"file name longer than {NAME_MAX} bytes")
+        self.dir(parent)
+        ino = self._pending_names.get((parent, name))
+        if ino is not None:
+            return self._pending[ino]
+        return self.node_rows.lookup(parent, name)
+
+    def _child(self, d: Node, name: bytes) -> int | None:
+        ino = self._pending_names.get((d.ino, name))
+        if ino is not None:
+            return ino
+        return self.node_rows.child(d.ino, name)
+
+    def _enter(self, parent: Node, node: Node) -> None:
+        if not node.persisted:
+            self._pending_names[(parent.ino, node.name)] = node.ino
+        self.node_rows.entered(parent.ino, node)
+
+    def _leave(self, parent: Node, node: Node) -> None:
+        if not node.persisted:
+            self._pending_names.pop((parent.ino, node.name), None)
+        self.node_rows.left(parent.ino, node)
+
     def _has_children(self, d: Node) -> bool:
         if any(n.parent == d.ino and n.linked for n in self._pending.values()):
             return True
@@ -317,7 +417,7 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
             if not rows:
                 return
             for r in rows:
-                yield self._from_row(r)
+                yield self.node_rows.from_row(r)
             last = rows[-1][0]
 
     def layouts(self):
@@ -339,21 +439,21 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         return self._files
 
     def cache_statistics(self) -> dict:
+        group = self.group
         return {
-            "wal_syncs": self.syncs,
-            "commit_sql_seconds": round(self.sql_seconds, 4),
-            "wal_sync_seconds": round(self.sync_seconds, 4),
-            "cached_nodes": len(self._cache),
-            "live_nodes": len(self._live),
+            "wal_syncs": group.syncs,
+            "commit_sql_seconds": round(group.sql_seconds, 4),
+            "wal_sync_seconds": round(group.sync_seconds, 4),
+            "cached_nodes": self.node_rows.cached,
+            "live_nodes": self.node_rows.live,
             "pending_nodes": len(self._pending),
             "unlinked_nodes": len(self._unlinked),
-            "dirty_atimes": len(self._dirty_atime),
-            "cache_limit": self.cache_nodes,
+            "dirty_atimes": self.order.unsaved_count,
+            "cache_limit": self.node_rows.cache_nodes,
         }
 
     def _register(self, node: Node) -> None:
-        self._live[node.ino] = node
-        self._remember(node)
+        self.node_rows.add(node)
         self.chains.new_node(node.ino)
         if not node.persisted:
             self._pending[node.ino] = node
@@ -373,59 +473,26 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
     def drop(self, ino: int) -> None:
         node = self._unlinked.pop(ino, None)
         if node is not None:
-            self._cache.pop(ino, None)
-            self._dirty_atime.pop(ino, None)
+            self.node_rows.uncache(ino)
+            self.order.forget(ino)
 
     def statistics(self) -> dict:
         return {
-            "wal_syncs": self.syncs,
+            "wal_syncs": self.group.syncs,
             **self.cache_statistics(),
-            "commit_sql_seconds": round(self.sql_seconds, 4),
-            "wal_sync_seconds": round(self.sync_seconds, 4),
+            "commit_sql_seconds": round(self.group.sql_seconds, 4),
+            "wal_sync_seconds": round(self.group.sync_seconds, 4),
             "nodes": self.node_count,
             "files": self.file_count,
         }
-
-    @staticmethod
-    def _insert_node(node: Node) -> list[Stmt]:
-        b = node.blob
-        blob = (
-            (b.id, b.layout.size, b.layout.unit, *b.layout.pack(), b.created_ns)
-            if b is not None
-            else (None,) * 7
-        )
-        out: list[Stmt] = [
-            (
-                f"INSERT INTO nodes ({COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    node.ino,
-                    node.parent,
-                    node.name,
-                    node.cookie,
-                    node.mode,
-                    node.uid,
-                    node.gid,
-                    node.atime_ns,
-                    node.mtime_ns,
-                    node.ctime_ns,
-                    node.target,
-                    *blob,
-                    node.prio,
-                    node.uses,
-                ),
-            )
-        ]
-        for name, value in node.xattrs.items():
-            out.append(("INSERT INTO xattrs VALUES (?,?,?)", (node.ino, name, value)))
-        return out
 
     def _delete_node(self, node: Node) -> list[Stmt]:
         self._nodes -= 1
         if node.blob is not None:
             self._files -= 1
-        self._dirty_atime.pop(node.ino, None)
+        self.order.forget(node.ino)
         self.chains.uncache(node.ino)
-        self._release_mark = self._txn  # its block's space is free once this is durable
+        self.group.mark_release()  # its block's space is free once this is durable
         return [
             ("DELETE FROM nodes WHERE ino=?", (node.ino,)),
             ("DELETE FROM xattrs WHERE ino=?", (node.ino,)),
@@ -449,7 +516,7 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         self._place(node)
         self._nodes += 1
         try:
-            await self._change(self._insert_node(node) + self._parent_times(self.get(node.parent)))
+            await self.group.change(insert_node(node) + self._parent_times(self.get(node.parent)))
         except BaseException:
             # rolled back (or never executed): the row is not there, nor may the node be
             if node.linked:
@@ -460,8 +527,7 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
                         parent.subdirs -= 1
                 node.linked = False
                 self._nodes -= 1
-            self._live.pop(node.ino, None)
-            self._cache.pop(node.ino, None)
+            self.node_rows.forget(node.ino)
             raise
 
     async def commit(
@@ -497,10 +563,10 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
             return out
         try:
             if len(items) == 1:
-                txn = self._execute([(sql, rows[0]) for sql, rows in batches.items()])
+                txn = self.group.execute([(sql, rows[0]) for sql, rows in batches.items()])
             else:
-                txn = self._execute_many(list(batches.items()))
-            await self._durable(txn)
+                txn = self.group.execute_many(list(batches.items()))
+            await self.group.durable(txn)
         except BaseException:
             for node, old, before in undo:
                 self._undo_commit(node, old, before)
@@ -557,14 +623,14 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
                     ),
                 )
             )
-            self._dirty_atime.pop(node.ino, None)
+            self.order.forget(node.ino)
             if old is None:
                 self._files += 1
-            self._release_mark = self._txn  # the old version's row reference goes here
+            self.group.mark_release()  # the old version's row reference goes here
         else:
             self._persisted(node)
             self._files += 1
-            stmts += self._insert_node(node)
+            stmts += insert_node(node)
         return rec, old, before, stmts
 
     def _undo_commit(self, node: Node, old: BlobRec | None, before: tuple) -> None:
@@ -590,10 +656,10 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         self._detach(node)
         node.ctime_ns = _now()
         if node.persisted:
-            ghost = self._ghost(node, ghosts) if ghosts and node.uses else []
+            ghost = self.order.ghost(node, ghosts) if ghosts and node.uses else []
             stmts = self._delete_node(node) + self._parent_times(p) + ghost
             # an eviction (`expect`) frees space a writer waits for: durable before it returns
-            await (self._persist(stmts) if expect is not None else self._change(stmts))
+            await (self.group.persist(stmts) if expect is not None else self.group.change(stmts))
         else:
             self._forget_links(node.ino)
         return node
@@ -602,7 +668,7 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         node = self._removable_dir(parent, name)
         p = self.get(node.parent)
         self._detach(node)
-        await self._change(self._delete_node(node) + self._parent_times(p))
+        await self.group.change(self._delete_node(node) + self._parent_times(p))
         return node
 
     async def _rename(
@@ -637,7 +703,7 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         if pnew is not pold:
             stmts += self._parent_times(pnew)
         if stmts:
-            await self._change(stmts)
+            await self.group.change(stmts)
         return target
 
     async def _exchange(self, a: Node, b: Node) -> None:
@@ -656,7 +722,7 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
                     )
                 )
         if stmts:
-            await self._change(stmts)
+            await self.group.change(stmts)
         return None
 
     async def setattr(
@@ -681,8 +747,8 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
             node.mtime_ns = mtime_ns
         node.ctime_ns = _now()
         if node.persisted and node.linked:
-            self._dirty_atime.pop(node.ino, None)
-            await self._change(
+            self.order.forget(node.ino)
+            await self.group.change(
                 [
                     (
                         "UPDATE nodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, "
@@ -706,7 +772,7 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         node.xattrs[name] = value
         node.ctime_ns = _now()
         if node.persisted and node.linked:
-            await self._change(
+            await self.group.change(
                 [("INSERT OR REPLACE INTO xattrs VALUES (?,?,?)", (node.ino, name, value))]
             )
 
@@ -716,4 +782,6 @@ class SqliteCatalog(GroupCommit, OrderRows, NodeRows, TreeCatalog):
         del node.xattrs[name]
         node.ctime_ns = _now()
         if node.persisted and node.linked:
-            await self._change([("DELETE FROM xattrs WHERE ino=? AND name=?", (node.ino, name))])
+            await self.group.change(
+                [("DELETE FROM xattrs WHERE ino=? AND name=?", (node.ino, name))]
+            )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 from typing import Awaitable, Callable
 
-from kvfs.catalog.base import Node
+from kvfs.catalog.records import Node
 from kvfs.catalog.sqlite_schema import Stmt
 from kvfs.catalog.tree import merge_link
 from kvfs.errors import KvfsError

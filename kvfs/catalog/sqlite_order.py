@@ -1,12 +1,13 @@
-"""The pool's eviction order in the SQLite catalog (a mix-in of SqliteCatalog): the rows read
-in order of last use (`pool.evict = "lru"`) or of priority (`"prefix"`), the access times and
-scores not written yet, and the ghosts (the uses of names evicted last).
+"""The pool's eviction order in the SQLite catalog (`OrderRows`, an object SqliteCatalog holds
+as `order`): the rows read in order of last use (`pool.evict = "lru"`) or of priority
+(`"prefix"`), the access times and scores not written yet, and the ghosts (the uses of names
+evicted last).
 
 Every read or write moves a file in the order (`rescore`): its access time, priority and uses
 are kept in `_dirty_atime` (inode -> (atime in ns, priority, uses)) and written in batches into
 the open transaction, at the latest every DIRTY_ATIMES accesses (they ride with the next
-commit; `flush_atimes` makes them durable). A node read back from its row takes them (see
-`_from_row`, kvfs/catalog/sqlite_nodes.py), and the order's queries merge them in at their
+commit; `flush_atimes` makes them durable). A node read back from its row takes them (`unsaved`,
+asked by kvfs/catalog/sqlite_nodes.py), and the order's queries merge them in at their
 place: the rows are paged through an index on max(atime, mtime) (`nodes_lru`) or on the
 priority (`nodes_prio`), PAGE_ROWS at a time, skipping the inodes whose accesses are still in
 memory.
@@ -15,9 +16,10 @@ memory.
 from __future__ import annotations
 
 import heapq
-from typing import Iterator
+from typing import Callable, Iterator
 
-from kvfs.catalog.base import Node, ghost_key
+from kvfs.catalog.groupcommit import GroupCommit
+from kvfs.catalog.records import Node, ghost_key
 from kvfs.catalog.sqlite_schema import LRU_QUERY, PAGE_ROWS, PRIO_QUERY, SCORE_UNSCORED, Stmt
 from kvfs.errors import KvfsError
 
@@ -25,10 +27,14 @@ DIRTY_ATIMES = 4096  # access times kept in memory before they go to the databas
 
 
 class OrderRows:
-    """Expects `_conn`, `_one`, `find`, `_cache`, `_live`, `_execute`, `_persist` and `sync`
-    (SqliteCatalog); `_init_order()` is called by its constructor."""
+    """The order's rows and the scores not written yet, over the catalog's connection: `group`
+    (the catalog's group commit) takes the statements, `find` (the catalog's: a node by inode)
+    says which blocks the unwritten scores belong to."""
 
-    def _init_order(self) -> None:
+    def __init__(self, conn, group: GroupCommit, find: Callable[[int], Node | None]) -> None:
+        self._conn = conn
+        self._group = group
+        self.find = find
         self._dirty_atime: dict[int, tuple[int, float | None, int]] = {}
         self._ghost_puts = 0
 
@@ -49,7 +55,7 @@ class OrderRows:
         ]
         if stmts:
             try:
-                self._execute(stmts)
+                self._group.execute(stmts)
             except KvfsError:
                 pass  # LRU hints: the next restart starts from older ones
         return len(stmts)
@@ -57,7 +63,7 @@ class OrderRows:
     async def flush_atimes(self) -> int:
         """Persist the access times recorded since the last flush (for LRU order after restart)."""
         n = self._write_atimes()
-        await self.sync()
+        await self._group.sync()
         return n
 
     def lru_files(self) -> Iterator[tuple[int, int]]:
@@ -119,19 +125,14 @@ class OrderRows:
 
     async def score_unscored(self) -> int:
         """Give the files that have no priority (stored under `pool.evict = "lru"`, or before
-        schema 3) one below every scored file, in their order of last use; how many."""
+        schema 3) one below every scored file, in their order of last use; how many (the
+        catalog then has the nodes in memory take their rows' priority)."""
         self._write_atimes()
-        n = self._one("SELECT count(*) FROM nodes WHERE blob IS NOT NULL AND prio IS NULL")
+        n = self._conn.execute(
+            "SELECT count(*) FROM nodes WHERE blob IS NOT NULL AND prio IS NULL"
+        ).fetchone()[0]
         if n:
-            await self._persist([(SCORE_UNSCORED, ())])
-            held = {n.ino: n for n in (*self._cache.values(), *self._live.values())}
-            for node in held.values():  # the nodes in memory take their rows' priority
-                if node.prio is None and node.persisted and node.blob is not None:
-                    row = self._conn.execute(
-                        "SELECT prio FROM nodes WHERE ino=?", (node.ino,)
-                    ).fetchone()
-                    if row is not None:
-                        node.prio = row[0]
+            await self._group.persist([(SCORE_UNSCORED, ())])
         return n
 
     def take_ghost(self, parent: int, name: bytes) -> int | None:
@@ -141,10 +142,10 @@ class OrderRows:
         row = self._conn.execute("SELECT uses FROM ghosts WHERE key=?", (key,)).fetchone()
         if row is None:
             return None
-        self._execute([("DELETE FROM ghosts WHERE key=?", (key,))])
+        self._group.execute([("DELETE FROM ghosts WHERE key=?", (key,))])
         return row[0]
 
-    def _ghost(self, node: Node, limit: int) -> list[Stmt]:
+    def ghost(self, node: Node, limit: int) -> list[Stmt]:
         """Remember the uses of an evicted file's name (the `limit` names evicted last)."""
         self._ghost_puts += 1
         out: list[Stmt] = [
@@ -163,4 +164,17 @@ class OrderRows:
         return out
 
     def ghost_count(self) -> int:
-        return self._one("SELECT count(*) FROM ghosts")
+        return self._conn.execute("SELECT count(*) FROM ghosts").fetchone()[0]
+
+    def unsaved(self, ino: int) -> tuple[int, float | None, int] | None:
+        """The access time, priority and uses of a node not written to its row yet, if any."""
+        return self._dirty_atime.get(ino)
+
+    def forget(self, ino: int) -> None:
+        """The node's row was written with its scores, or is gone: nothing is left to write."""
+        self._dirty_atime.pop(ino, None)
+
+    @property
+    def unsaved_count(self) -> int:
+        """Nodes whose scores are not written yet (for statistics)."""
+        return len(self._dirty_atime)

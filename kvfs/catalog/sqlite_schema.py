@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvfs.catalog.records import Node
 from kvfs.pool.layout import PAGE
 
 log = logging.getLogger("kvfs.catalog")
@@ -82,6 +83,41 @@ SCORE_UNSCORED = (
 )
 
 Stmt = tuple[str, tuple]
+
+
+def insert_node(node: Node) -> list[Stmt]:
+    """The statements that give a node its row (and its xattrs theirs)."""
+    b = node.blob
+    blob = (
+        (b.id, b.layout.size, b.layout.unit, *b.layout.pack(), b.created_ns)
+        if b is not None
+        else (None,) * 7
+    )
+    out: list[Stmt] = [
+        (
+            f"INSERT INTO nodes ({COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                node.ino,
+                node.parent,
+                node.name,
+                node.cookie,
+                node.mode,
+                node.uid,
+                node.gid,
+                node.atime_ns,
+                node.mtime_ns,
+                node.ctime_ns,
+                node.target,
+                *blob,
+                node.prio,
+                node.uses,
+            ),
+        )
+    ]
+    for name, value in node.xattrs.items():
+        out.append(("INSERT INTO xattrs VALUES (?,?,?)", (node.ino, name, value)))
+    return out
+
 
 WAL_MAGIC = (0x377F0682, 0x377F0683)
 WAL_HEADER, WAL_FRAME_HEADER = 32, 24

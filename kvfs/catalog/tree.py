@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import trio
 
 from kvfs.catalog.announce import Announcer, Announcing
-from kvfs.catalog.base import FIRST_INO, NAME_MAX, ROOT_INO, Node
+from kvfs.catalog.records import FIRST_INO, NAME_MAX, ROOT_INO, Node
 from kvfs.errors import KvfsError, exists, not_found
 from kvfs.pool.layout import Layout
 
@@ -73,9 +73,15 @@ class TreeCatalog(Announcing):
     tree_children = True  # directories hold their `children` in memory
     fresh = True  # False while a shared catalog may be out of date here
     # Why changes can no longer be made durable (a catalog write failed), until a restart
-    # (a SQLite catalog then calls its hooks' on_failure: kvfs/catalog/groupcommit.py).
+    # (a SQLite catalog's group commit says, and calls its hooks' on_failure:
+    # kvfs/catalog/groupcommit.py).
     failure: str | None = None
     opened_with: str | None = None  # what the catalog found amiss when it was opened
+    # for statistics, counted by whatever makes changes durable (the SQLite catalog's group
+    # commit, the Redis catalog's scripts)
+    commits = 0  # durable transactions
+    statements = 0
+    commit_seconds = 0.0  # time spent making changes durable
 
     def cache_statistics(self) -> dict:
         """What the catalog's caches hold and hit (none: every node is in memory)."""
@@ -95,9 +101,6 @@ class TreeCatalog(Announcing):
         self.successors: dict[int, dict[int, list]] = {}
         self.predecessors: dict[int, set[int]] = {}
         self._dirty_links: set[tuple[int, int]] = set()
-        self.commits = 0  # durable transactions (for statistics)
-        self.statements = 0
-        self.commit_seconds = 0.0  # time spent making changes durable
 
     # ------------------------------------------------------------------------------ queries
     def find(self, ino: int) -> Node | None:

@@ -27,7 +27,7 @@ from typing import Iterable, Protocol
 
 import trio
 
-from kvfs.catalog.base import BlobRec
+from kvfs.catalog.records import BlobRec
 from kvfs.catalog.redis.leases import RegionLeases
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError

@@ -11,7 +11,7 @@ would (naming.py), encoded as vLLM's classes encode them (wire.py), on a publish
 (publisher.py).
 
 The catalog (kvfs/catalog) decides *when*: it notes a change to a recognised name as it makes
-it and hands the notes over once the change is durable (its announcer, kvfs/catalog/base.py's
+it and hands the notes over once the change is durable (its announcer, kvfs/catalog/announce.py's
 `Announcer`), so nothing announced can be rolled back by a crash. This package only names and
 sends; it calls nothing of the layers above or below it.
 """

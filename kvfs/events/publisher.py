@@ -18,7 +18,7 @@ empty model as "every model of that node"). A subscriber of one model's topic al
 get it, and learns of a restart from the sequence (docs/configuration.md, "KV events").
 
 Where it runs: on the trio thread, in the catalog's commit round (`durable`: called once the
-changes it lists are durable; kvfs/catalog/base.py, `Announcer`). Sending never waits: a PUB
+changes it lists are durable; kvfs/catalog/announce.py, `Announcer`). Sending never waits: a PUB
 socket queues each message to every subscriber up to its high-water mark and drops it for a
 subscriber that is that far behind, which that subscriber sees as a gap in the sequence;
 `replay_endpoint` then serves the batches it missed from the replay buffer (the last

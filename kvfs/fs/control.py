@@ -21,8 +21,8 @@ from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
-from kvfs.catalog.base import CONTROL_INO, ROOT_INO
 from kvfs.catalog.interface import Catalog
+from kvfs.catalog.records import CONTROL_INO, ROOT_INO
 from kvfs.catalog.tree import LINK_HINT
 from kvfs.errors import KvfsError
 from kvfs.fs.direct_access import DirectAccess

@@ -15,7 +15,7 @@ from kvfs.fs.leases import Allocations, Leases
 from kvfs.pool.layout import Layout
 from kvfs.space import Space
 from kvfs.write.handles import Handles
-from kvfs.write.pipeline import Sessions
+from kvfs.write.sessions import Sessions
 
 
 class DirectAccess:

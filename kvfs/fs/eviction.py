@@ -11,9 +11,9 @@ from __future__ import annotations
 import errno
 import logging
 
-from kvfs.catalog.base import Node
+from kvfs.catalog.records import Node
 from kvfs.errors import KvfsError
-from kvfs.write.pipeline import PIN_XATTR
+from kvfs.write.sessions import PIN_XATTR
 
 log = logging.getLogger("kvfs.fs.files")
 

@@ -4,7 +4,7 @@ directly.
 
 Handles opened read-only pin the version current at open (the write session, if a writer is
 active, or the committed block), so a reader that opened the old version keeps reading it.
-Writes go through a write session (kvfs/write/pipeline.py), committed at close, fsync or the release
+Writes go through a write session (kvfs/write/sessions.py), committed at close, fsync or the release
 of the last writable handle. A file whose pool space is needed by a writer may be deleted
 (`evict`, called by the space layer) when it is closed, unpinned and not read.
 
@@ -23,8 +23,8 @@ import stat
 import time
 from dataclasses import dataclass
 
-from kvfs.catalog.base import BlobRec, Node
 from kvfs.catalog.interface import Catalog
+from kvfs.catalog.records import BlobRec, Node
 from kvfs.catalog.tree import RENAME_EXCHANGE
 from kvfs.errors import DeviceError, KvfsError, Unreadable
 from kvfs.fs.eviction import Eviction
@@ -45,8 +45,8 @@ from kvfs.write.handles import (
     WriteErrors,
     killed_while_exiting,
 )
-from kvfs.write.pipeline import PIN_XATTR, Sessions
 from kvfs.write.session import Session
+from kvfs.write.sessions import PIN_XATTR, Sessions
 
 log = logging.getLogger("kvfs.fs.files")
 # what an open of a block that cannot be brought in answers with ENOENT: the block is absent

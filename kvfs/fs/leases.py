@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import trio
 
-from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.records import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.pool.layout import Layout
 from kvfs.pool.pool import Pool

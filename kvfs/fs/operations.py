@@ -17,7 +17,7 @@ import weakref
 import pyfuse3
 import trio
 
-from kvfs.catalog.base import CONTROL_INO, ROOT_INO
+from kvfs.catalog.records import CONTROL_INO, ROOT_INO
 from kvfs.errors import Dropped, KvfsError
 from kvfs.fs.control import FH_BASE as CONTROL_FH_BASE
 from kvfs.fs.control import Control

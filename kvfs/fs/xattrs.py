@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 from kvfs.catalog.interface import Catalog
 from kvfs.errors import KvfsError
 from kvfs.tiers.store import BlockStore
-from kvfs.write.pipeline import PIN_XATTR
+from kvfs.write.sessions import PIN_XATTR
 
 log = logging.getLogger("kvfs.fs.files")
 

@@ -2,7 +2,7 @@
 
 One interface, two implementations (the daemon picks one at start-up, nothing above branches):
 
-* `LocalSpace` (kvfs/space/alone.py): a pool used by this node alone. A retired block's space
+* `LocalSpace` (kvfs/space/local.py): a pool used by this node alone. A retired block's space
   is free as soon as nobody reads it; a full pool evicts this node's files in the order of the
   pool's policy (`pool.evict = "prefix"`, kept in the catalog's rows) or least recently used.
 * `ClusterSpace` (kvfs/cluster/space.py): a pool shared by several nodes through Redis. This
@@ -19,7 +19,7 @@ and delete files through the `Evictor` they are built with (kvfs/space/base.py; 
 answer, kvfs/fs/eviction.py, decides whether a file may go and tells the kernel).
 """
 
-from kvfs.space.alone import LocalSpace
 from kvfs.space.base import Evictor, Space
+from kvfs.space.local import LocalSpace
 
 __all__ = ["Evictor", "LocalSpace", "Space"]

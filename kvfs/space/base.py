@@ -37,7 +37,7 @@ class Space:
     kind = "?"
     # the longest one `make_room` may wait for room to appear (space in its grace period, or
     # in regions other nodes give back); a writer that met ENOSPC waits about twice that at
-    # most (kvfs/write/pipeline.py), so a full pool answers ENOSPC instead of holding it
+    # most (kvfs/write/sessions.py), so a full pool answers ENOSPC instead of holding it
     room_wait = 0.0
 
     # bytes of retired blocks whose release waits for a catalog change to be durable

@@ -19,7 +19,7 @@ import time
 
 import trio
 
-from kvfs.catalog.base import BlobRec
+from kvfs.catalog.records import BlobRec
 from kvfs.errors import KvfsError
 from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import Layout

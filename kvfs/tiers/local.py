@@ -19,7 +19,7 @@ import logging
 import uuid
 from dataclasses import asdict
 
-from kvfs.catalog.base import BlobRec
+from kvfs.catalog.records import BlobRec
 from kvfs.config import LocalConfig
 from kvfs.errors import KvfsError, StartupError
 from kvfs.pool.buffer import Buffer

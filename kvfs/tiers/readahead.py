@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from kvfs.catalog.base import Node
 from kvfs.catalog.interface import Catalog
+from kvfs.catalog.records import Node
 from kvfs.catalog.tree import LINK_READ, LINK_WRITE
 from kvfs.knobs import Knobs
 

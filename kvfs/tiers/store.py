@@ -34,7 +34,7 @@ from typing import Callable
 
 import trio
 
-from kvfs.catalog.base import BlobRec
+from kvfs.catalog.records import BlobRec
 from kvfs.errors import KvfsError
 from kvfs.pool.buffer import MEMORY, Buffer, Spares
 from kvfs.pool.layout import PAGE, Layout, align_up, units_covering
@@ -42,7 +42,7 @@ from kvfs.pool.pool import Pool
 from kvfs.tiers.fetch import FETCH_RUN, Fetch, Fetcher
 from kvfs.tiers.index import TierIndex
 from kvfs.tiers.policy import AlwaysAdmit, make_policy
-from kvfs.tiers.records import CachedBlob, StoreStats, open_file_limit, resident_limit
+from kvfs.tiers.store_records import CachedBlob, StoreStats, open_file_limit, resident_limit
 from kvfs.tiers.waits import ReadWaits
 
 log = logging.getLogger("kvfs.tiers.store")

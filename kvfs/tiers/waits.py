@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import trio
 
-from kvfs.catalog.base import BlobRec
+from kvfs.catalog.records import BlobRec
 from kvfs.errors import DeviceError, KvfsError, Unreadable
 from kvfs.pool.pool import Pool
 from kvfs.tiers.fetch import Fetch

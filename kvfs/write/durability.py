@@ -12,7 +12,7 @@ The files layer (kvfs/fs/files.py) calls the seam at each point where the two di
 close (`closing`), the release of the last writable handle (`released`), fsync (`sync_file`),
 fsyncdir and `kvfs flush` (`sync_all`), an open for writing (`throttle`), an unlink of a
 closed file (`unlinked`); the service runs it (`serve`, `stop`) and reports it
-(`statistics`). Both drive the same public pipeline of the session layer (kvfs/write/pipeline.py);
+(`statistics`). Both drive the same public pipeline of the session layer (kvfs/write/sessions.py);
 neither the files layer, the session layer nor the service tests which one runs. What the
 session layer needs to know of closed files still waiting (to make room, to settle a file
 before it is written again) it asks a `Pending` object passed to it at construction: the
@@ -25,7 +25,7 @@ from typing import Protocol
 
 import trio
 
-from kvfs.catalog.base import Node
+from kvfs.catalog.records import Node
 from kvfs.errors import KvfsError
 from kvfs.write.handles import NodeState
 from kvfs.write.session import Session

@@ -12,7 +12,7 @@ import errno
 import os
 from dataclasses import dataclass, field
 
-from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.records import BlobRec, Node
 from kvfs.errors import KvfsError
 from kvfs.tasks import Lock
 from kvfs.write.session import Session

@@ -1,6 +1,6 @@
 """A write session: one file's content between its first write and its commit.
 
-The type alone, apart from what runs sessions (kvfs/write/pipeline.py): an inode's state
+The type alone, apart from what runs sessions (kvfs/write/sessions.py): an inode's state
 (kvfs/write/handles.py) holds its session and read-only handles hold the one they read, so handles
 imports this module, and sessions imports both without either importing the other back.
 """
@@ -47,7 +47,7 @@ class Session:
         self.next_early = 0  # next unit write-behind may start
         self.failed: KvfsError | None = None  # a write or commit of it failed: never commit it
         # rolled back after `failed`, but the previous version could not be read: its readers
-        # get this error (kvfs/write/pipeline.py, Sessions._roll_back)
+        # get this error (kvfs/write/sessions.py, Sessions._roll_back)
         self.unreadable: KvfsError | None = None
         # passthrough: the kernel writes into the buffer's memfd itself; the daemon learns of
         # writes from the memfd's (size, mtime, ctime) `sig` at the last commit, and of writes

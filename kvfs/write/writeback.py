@@ -43,7 +43,7 @@ name), logs it, reports it to an fsync waiting for it and tells the files layer,
 reports it to the fsyncs to come as Linux does (`WriteErrors`, kvfs/write/handles.py).
 
 `WriteBack` is the durability seam's "fsync" implementation (kvfs/write/durability.py): it drives
-the session layer's public pipeline (kvfs/write/pipeline.py) and nothing below calls it.
+the session layer's public pipeline (kvfs/write/sessions.py) and nothing below calls it.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from kvfs.errors import KvfsError, Unsure
 from kvfs.tasks import run_all
 from kvfs.write.durability import Durability, Listener, Pending
 from kvfs.write.handles import NodeState
-from kvfs.write.pipeline import Sessions
 from kvfs.write.session import Session
+from kvfs.write.sessions import Sessions
 
 log = logging.getLogger("kvfs.write.writeback")
 

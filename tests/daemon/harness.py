@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from kvfs import config
-from kvfs.catalog.base import ROOT_INO
+from kvfs.catalog.records import ROOT_INO
 from kvfs.errors import KvfsError
 from kvfs.knobs import Knobs
 from kvfs.service import Service, open_layers
@@ -134,9 +134,9 @@ def run_cluster(
             for svc in services:
                 if crash:
                     cat = svc.catalog
-                    if getattr(cat, "_in_txn", False):
+                    if cat.open_since is not None:  # (a SQLite catalog's open transaction)
                         cat._conn.execute("ROLLBACK")
-                        cat._in_txn = False
+                        cat.group._in_txn = False
                     continue
                 with trio.CancelScope(shield=True):
                     await svc.stop()

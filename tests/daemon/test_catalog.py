@@ -25,12 +25,12 @@ def test_nodes_beyond_the_cache_are_read_back_from_the_database(pool_config):
 
     async def first(fs):
         cat = fs.files.catalog
-        cat.cache_nodes = 16  # far fewer than the files
+        cat.node_rows.cache_nodes = 16  # far fewer than the files
         await fs.mkdir("/d")
         for i, n in enumerate(names):
             await fs.write("/d/" + n.decode(), n * (i + 1))
         d = fs.ino("/d")
-        assert len(cat._cache) <= 16
+        assert cat.node_rows.cached <= 16
         held = cat.lookup(d, names[0])  # a node somebody holds stays one object
         for n in names[1:]:
             cat.lookup(d, n)
@@ -40,13 +40,13 @@ def test_nodes_beyond_the_cache_are_read_back_from_the_database(pool_config):
         for i, n in enumerate(names[:20]):
             assert await fs.read("/d/" + n.decode()) == n * (i + 1)
         await fs.mkdir("/d/sub")
-        cat._cache.clear()
+        cat.node_rows._cache.clear()
         del held
         assert cat.get(d).nlink == 3  # a directory's subdirectories, counted in SQL
 
     async def second(fs):
         cat = fs.files.catalog
-        assert len(cat._cache) < 16 and cat.file_count == len(names)
+        assert cat.node_rows.cached < 16 and cat.file_count == len(names)
         for i, n in enumerate(names):
             assert await fs.read("/d/" + n.decode()) == n * (i + 1)
 
@@ -60,12 +60,12 @@ def test_concurrent_commits_share_transactions_and_wal_syncs(pool_config):
     async def run(fs):
         cat = fs.files.catalog
         await fs.write("/warm", b"x")
-        t0, s0 = cat.commits, cat.syncs
+        t0, s0 = cat.commits, cat.group.syncs
         async with trio.open_nursery() as nursery:
             for i in range(64):
                 nursery.start_soon(fs.write, f"/f{i}", os.urandom(4096))
-        assert cat.commits - t0 < 64 and cat.syncs - s0 < 64
-        assert cat._synced == cat._committed and not cat._in_txn
+        assert cat.commits - t0 < 64 and cat.group.syncs - s0 < 64
+        assert not cat.unsynced
 
     run_service(cfg, run)
 
@@ -331,7 +331,7 @@ def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_confi
 
     async def run(fs):
         cat = fs.files.catalog
-        cat.cache_nodes = 8
+        cat.node_rows.cache_nodes = 8
         await fs.mkdir("/a")
         await fs.mkdir("/b")
         dirs = [fs.ino("/a"), fs.ino("/b")]
@@ -391,7 +391,7 @@ def test_lookups_of_cached_names_ask_sqlite_nothing_and_agree_with_it(pool_confi
         finally:
             cat._conn.set_trace_callback(None)
         assert not queries, queries
-        assert len(cat._names) <= 2 * len(cat._cache) + 1
+        assert len(cat.node_rows._names) <= 2 * cat.node_rows.cached + 1
 
     run_service(cfg, run)
 

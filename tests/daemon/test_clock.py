@@ -231,7 +231,7 @@ def test_a_commit_that_keeps_meeting_enospc_gives_up_after_two_waits_for_room(po
     to make room may wait (grace periods, regions given back), and the writer waits in a
     request even SIGKILL cannot interrupt, so the commit gives up with ENOSPC after about two
     such waits, not after ROOM_TRIES of them (a torture writer hung for minutes)."""
-    from kvfs.write.pipeline import ROOM_SECONDS, ROOM_TRIES
+    from kvfs.write.sessions import ROOM_SECONDS, ROOM_TRIES
 
     cfg = pool_config(size="16MiB", durability="close")  # (an error at close)
     clock = mock_clock()

@@ -358,7 +358,8 @@ def test_a_file_open_for_writing_keeps_its_content_after_unlink(pool_config, how
 
 def _fail_catalog_writes(catalog, at: str = "statement") -> None:
     """From now on every SQLite write fails as on a full disk (queries and ROLLBACK work):
-    each statement that writes (`at="statement"`), or only the group commit's COMMIT."""
+    each statement that writes (`at="statement"`), or only the group commit's COMMIT. (Every
+    write goes through the catalog's group commit, kvfs/catalog/groupcommit.py.)"""
     import sqlite3
 
     failing = ("INSERT", "UPDATE", "DELETE", "COMMIT") if at == "statement" else ("COMMIT",)
@@ -375,7 +376,7 @@ def _fail_catalog_writes(catalog, at: str = "statement") -> None:
         def __getattr__(self, name):
             return getattr(self._conn, name)
 
-    catalog._conn = FullDisk(catalog._conn)
+    catalog.group._conn = FullDisk(catalog.group._conn)
 
 
 @pytest.mark.parametrize("at", ["statement", "commit"])
@@ -451,7 +452,7 @@ def test_a_failed_wal_sync_is_a_catalog_failure(pool_config):
         def sync_fails():
             raise OSError(errno.EIO, "Input/output error")
 
-        cat._sync_wal = sync_fails
+        cat.group._sync_wal = sync_fails
         with pytest.raises(KvfsError) as e:
             await fs.write("/new", os.urandom(MiB))
         assert e.value.errno == errno.EIO

@@ -86,7 +86,7 @@ def test_many_closed_files_go_in_one_batch_of_one_transaction(pool_config):
         wb, cat, pool = fs.svc.durability, fs.files.catalog, fs.svc.pool
         await eventually(lambda: wb.stats.files == 64, 10)
         assert wb.stats.batches == 1 and wb.stats.largest_batch == 64
-        assert cat.syncs <= 2
+        assert cat.group.syncs <= 2
         assert sum(ns.syncs for ns in pool.namespaces) <= 2
 
     run_service(cfg, body)

@@ -54,7 +54,7 @@ def test_a_publish_entry_carries_exactly_the_records_it_stored(redis):
     one), and a field set later overrides its packed value."""
     import stat
 
-    from kvfs.catalog.base import BlobRec, Node
+    from kvfs.catalog.records import BlobRec, Node
     from kvfs.catalog.redis.codec import (
         blob_fields,
         node_fields,

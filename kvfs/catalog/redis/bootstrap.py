@@ -13,7 +13,7 @@ from typing import Callable
 
 import trio
 
-from kvfs.catalog.base import ROOT_INO
+from kvfs.catalog.records import ROOT_INO
 from kvfs.catalog.redis.codec import pairs
 from kvfs.catalog.redis.scripts import SCRIPTS
 from kvfs.catalog.redis.shards import shard_of

@@ -22,7 +22,7 @@ import time
 
 import trio
 
-from kvfs.catalog.base import BlobRec, Node, ghost_key
+from kvfs.catalog.records import BlobRec, Node, ghost_key
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT
 from kvfs.catalog.redis.codec import blob_fields, node_fields, publish_args, score_fields
 from kvfs.catalog.redis.flushes import Flushes
@@ -624,7 +624,7 @@ class RedisCatalog(Flushes, RedisMirror):
             # a published file renamed over one only this node knows (written here, waiting
             # for its write-back): Redis renames it over whatever it holds under that name,
             # and the local file loses its name here, now (a write-back that has not taken it
-            # yet never publishes it: kvfs/write/pipeline.py `committable`)
+            # yet never publishes it: kvfs/write/sessions.py `committable`)
             local, target = target, None
             self._detach(local)
         try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kvfs.catalog.base import BlobRec, Node
+from kvfs.catalog.records import BlobRec, Node
 from kvfs.pool.layout import Layout
 
 

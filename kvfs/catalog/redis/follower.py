@@ -12,7 +12,7 @@ import logging
 
 import trio
 
-from kvfs.catalog.base import BlobRec
+from kvfs.catalog.records import BlobRec
 from kvfs.catalog.redis.codec import (
     as_bytes,
     ids,

@@ -20,7 +20,7 @@ from typing import Callable
 
 import trio
 
-from kvfs.catalog.base import ROOT_INO, BlobRec, Node
+from kvfs.catalog.records import ROOT_INO, BlobRec, Node
 from kvfs.catalog.redis.bootstrap import EPOCH_SHIFT, SCAN_BATCH, scan
 from kvfs.catalog.redis.codec import (
     pairs,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import trio
 import xxhash
 
-from kvfs.catalog.base import BlobRec, Node
 from kvfs.catalog.interface import Catalog
+from kvfs.catalog.records import BlobRec, Node
 from kvfs.errors import Dropped, KvfsError, Unsure
 from kvfs.pool.buffer import Buffer
 from kvfs.pool.layout import Layout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass, field
 
-from kvfs.catalog.base import BlobRec
+from kvfs.catalog.records import BlobRec
 from kvfs.pool.buffer import Buffer
 from kvfs.tiers.fetch import Fetch
 
