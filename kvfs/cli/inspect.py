@@ -328,6 +328,8 @@ def render_top(mount: str, prev: dict, cur: dict) -> dict:
                 "index": y["index"],
                 "path": y["path"],
                 "state": y["state"],
+                "read_state": y["read_state"],
+                "read_timeouts": y["read_timeouts"],
                 "read_bytes_per_s": (y["bytes_read"] - x["bytes_read"]) / dt,
                 "write_bytes_per_s": (y["bytes_written"] - x["bytes_written"]) / dt,
                 "inflight": y["inflight"],
@@ -395,6 +397,8 @@ def top_text(v: dict) -> str:
             n["index"],
             n["path"],
             n["state"],
+            n["read_state"],
+            n["read_timeouts"],
             f"{n['read_bytes_per_s'] / 1e6:.1f}",
             f"{n['write_bytes_per_s'] / 1e6:.1f}",
             n["inflight"],
@@ -404,9 +408,19 @@ def top_text(v: dict) -> str:
     ]
     lines.append(
         table(
-            ["NS", "PATH", "STATE", "READ MB/s", "WRITE MB/s", "INFLIGHT", "ERRORS"],
+            [
+                "NS",
+                "PATH",
+                "STATE",
+                "READS",
+                "LATE",
+                "READ MB/s",
+                "WRITE MB/s",
+                "INFLIGHT",
+                "ERRORS",
+            ],
             rows,
-            right="READ MB/s,WRITE MB/s,INFLIGHT,ERRORS",
+            right="LATE,READ MB/s,WRITE MB/s,INFLIGHT,ERRORS",
         )
     )
     p = v["prefetch"]

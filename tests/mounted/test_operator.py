@@ -174,6 +174,7 @@ def test_top_in_a_real_terminal(chain_mount):
             time.sleep(0.3)
         assert "kvfs top - " + str(chain_mount.mountpoint) in pane, pane
         assert "TIER" in pane and "NS" in pane and "PREFETCH" in pane and "LATENCY" in pane
+        assert "READS" in pane  # each namespace's read state (issue 58: failed for reads)
         dram = [ln for ln in pane.splitlines() if ln.startswith("dram")][0]
         assert "64.0 MiB" in dram  # the configured capacity
     finally:
