@@ -15,6 +15,9 @@ from kvfs.tiers.scoring import PrefixScore
 
 log = logging.getLogger("kvfs.space")
 
+RETUNE_EVERY = 1024  # accesses between checks of the eviction rule's typical block size
+RETUNE_FILES = 64  # files stored since the last check, at least, for their mean size to count
+
 
 class Evictor(Protocol):
     """The space layer's one call upward: whether a file may be deleted to make room is the
@@ -50,6 +53,8 @@ class Space:
         self.reserved = 0  # bytes set aside for write sessions, not yet allocated
         self.evictions = 0  # files deleted to make room
         self.rule: PrefixScore | None = None
+        self._until_retune = RETUNE_EVERY  # accesses before the rule's block size is checked
+        self._stored = [0, 0]  # files and bytes scored at their store since the last check
 
     # --- reservations --------------------------------------------------------------------------
     @property
@@ -111,10 +116,25 @@ class Space:
     def _rule(self) -> PrefixScore | None:
         if self.knobs.pool_evict != "prefix":
             return None
-        if self.rule is None:
-            self.rule = PrefixScore(self.pool.capacity, self._typical())
-            self.rule.floor = max(0.0, self._start_floor())
-        return self.rule
+        rule = self.rule
+        if rule is None:
+            rule = self.rule = PrefixScore(self.pool.capacity, self._typical())
+            rule.floor = max(0.0, self._start_floor())
+        else:
+            self._until_retune -= 1
+            if self._until_retune <= 0:
+                # The rule's miniature simulations sample the accesses at SAMPLE over the
+                # blocks the pool holds, a number it knows from the typical block size. A new
+                # pool starts from its stripe unit; once the files stored show their real
+                # size, a size off by 2x or more restarts the simulations at it (a pool of
+                # small files would otherwise simulate every access: tens of us per store
+                # and read)
+                self._until_retune = RETUNE_EVERY
+                files, nbytes = self._stored
+                if files >= RETUNE_FILES:
+                    self._stored = [0, 0]
+                    rule.retune(self.pool.capacity, max(4096, nbytes // files))
+        return rule
 
     async def score_stored(self, node, size: int) -> tuple[float, int] | None:
         """(priority, uses) a file about to be committed gets, or None if the pool keeps no
@@ -123,6 +143,8 @@ class Space:
         rule = self._rule()
         if rule is None:
             return None
+        self._stored[0] += 1
+        self._stored[1] += size
         if node.blob is None and node.uses == 0:
             uses = (await self._ghost(node, at_publish=True) or 0) + 1
         else:

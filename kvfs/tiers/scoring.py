@@ -75,6 +75,16 @@ class PrefixScore:
         self.beats = [[0.0] * n for _ in range(n)]
         self._decay = 1.0 - 1.0 / (8.0 * max(1.0, mini / self.typical))
 
+    def retune(self, capacity: int, typical_size: int) -> bool:
+        """The blocks turned out `typical_size` bytes: if that is 2x or more off the size
+        the simulations sample by, they start again at it (whether they did)."""
+        typical = max(1, typical_size)
+        if self.typical // 2 < typical < 2 * self.typical:
+            return False
+        self.typical = typical
+        self.resize(capacity)
+        return True
+
     @property
     def mode_name(self) -> str:
         return f"credit {self.credit:g}" if self.frequency else "lru"

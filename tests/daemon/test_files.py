@@ -701,3 +701,21 @@ def test_the_statistics_snapshot_is_given_twice_so_its_size_holds(pool_config):
         assert len(third) > len(first)
 
     run_service(cfg, body)
+
+
+def test_the_pool_rule_samples_by_the_size_of_the_files_stored(pool_config):
+    """A new pool's eviction rule starts from its stripe unit as the typical block; once the
+    pool holds files of 4 KiB it samples by that (one access in many), not every access."""
+    from kvfs.space.base import RETUNE_EVERY
+
+    cfg = pool_config(size="1GiB")
+
+    async def body(fs):
+        await fs.mkdir("/d")
+        for i in range(RETUNE_EVERY + 64):
+            await fs.write(f"/d/f{i}", b"k" * 4096)
+        await fs.sync()  # (a file is scored when its write-back commits it)
+        rule = fs.svc.space.rule
+        assert rule.typical <= 8192 and rule.rate < 0.05, (rule.typical, rule.rate)
+
+    run_service(cfg, body)

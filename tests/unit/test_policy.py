@@ -320,3 +320,16 @@ def test_score_policy_memory_stays_bounded_without_evictions():
     tier.add(1000, 1, None)  # one use: the first to go, then the others least recent first
     order = [policy.victim(lambda k: True) for _ in range(3)]
     assert order == [1000, 0, 1], (order, uses[0])
+
+
+def test_prefix_score_retunes_its_sample_to_the_blocks_it_sees():
+    """The miniature simulations sample SAMPLE blocks' worth of the pool: a rule that assumed
+    1 MiB blocks on a 2 GiB pool simulates every access; told the blocks are 4 KiB it samples
+    one in 256, and a size within 2x of the one it samples by changes nothing."""
+    gib = 1 << 30
+    r = PrefixScore(2 * gib, 1 << 20)
+    assert r.rate == 1.0
+    assert r.retune(2 * gib, 4096)
+    assert r.rate == PrefixScore.SAMPLE / (2 * gib / 4096) and r.typical == 4096
+    assert not r.retune(2 * gib, 6000) and r.typical == 4096
+    assert r.retune(2 * gib, 1 << 20) and r.rate == 1.0
