@@ -356,6 +356,28 @@ def render_top(mount: str, prev: dict, cur: dict) -> dict:
     }
 
 
+def namespaces_table(namespaces: list[dict]) -> str:
+    """kvfs top's table of namespaces: STATE is the write side's, READS the read side's."""
+    rows = [
+        [
+            n["index"],
+            n["path"],
+            n["state"],
+            n["read_state"],
+            n["read_timeouts"],
+            f"{n['read_bytes_per_s'] / 1e6:.1f}",
+            f"{n['write_bytes_per_s'] / 1e6:.1f}",
+            n["inflight"],
+            n["errors"],
+        ]
+        for n in namespaces
+    ]
+    heads = ["NS", "PATH", "STATE", "READS", "LATE", "READ MB/s", "WRITE MB/s"]
+    return table(
+        heads + ["INFLIGHT", "ERRORS"], rows, right="LATE,READ MB/s,WRITE MB/s,INFLIGHT,ERRORS"
+    )
+
+
 def top_text(v: dict) -> str:
     up = datetime.timedelta(seconds=int(v["uptime_s"]))
     lines = [f"kvfs top - {v['mount']}  pid {v['pid']}  up {up}  every {v['interval_s']:.1f}s", ""]
@@ -392,37 +414,7 @@ def top_text(v: dict) -> str:
         )
     )
     lines.append("")
-    rows = [
-        [
-            n["index"],
-            n["path"],
-            n["state"],
-            n["read_state"],
-            n["read_timeouts"],
-            f"{n['read_bytes_per_s'] / 1e6:.1f}",
-            f"{n['write_bytes_per_s'] / 1e6:.1f}",
-            n["inflight"],
-            n["errors"],
-        ]
-        for n in v["namespaces"]
-    ]
-    lines.append(
-        table(
-            [
-                "NS",
-                "PATH",
-                "STATE",
-                "READS",
-                "LATE",
-                "READ MB/s",
-                "WRITE MB/s",
-                "INFLIGHT",
-                "ERRORS",
-            ],
-            rows,
-            right="LATE,READ MB/s,WRITE MB/s,INFLIGHT,ERRORS",
-        )
-    )
+    lines.append(namespaces_table(v["namespaces"]))
     p = v["prefetch"]
     acc = "-" if p["accuracy_total"] is None else f"{100 * p['accuracy_total']:.1f}%"
     lines += [
