@@ -51,11 +51,16 @@ class SqliteChains:
         self._succ: collections.OrderedDict[int, dict[int, list]] = collections.OrderedDict()
         self._pred: collections.OrderedDict[int, dict[int, list]] = collections.OrderedDict()
         self._link_queue: dict[tuple[int, int], tuple | None] = {}
+        # the blocks the queued links leave from, and arrive at
+        self._queued_from: set[int] = set()
+        self._queued_to: set[int] = set()
 
-    def _cached(self, cache: collections.OrderedDict, key: int, query: str) -> dict[int, list]:
+    def _cached(
+        self, cache: collections.OrderedDict, key: int, query: str, queued: set[int]
+    ) -> dict[int, list]:
         out = cache.get(key)
         if out is None:
-            if self._link_queue:  # the rows must hold what was learned
+            if key in queued:  # the rows must hold what was learned of this block's links
                 self.write_queued()
             out = cache[key] = {
                 other: [src, w] for other, src, w in self._conn.execute(query, (key,))
@@ -67,10 +72,17 @@ class SqliteChains:
         return out
 
     def _links_from(self, pred: int) -> dict[int, list]:
-        return self._cached(self._succ, pred, "SELECT succ, source, weight FROM links WHERE pred=?")
+        return self._cached(
+            self._succ,
+            pred,
+            "SELECT succ, source, weight FROM links WHERE pred=?",
+            self._queued_from,
+        )
 
     def _links_to(self, succ: int) -> dict[int, list]:
-        return self._cached(self._pred, succ, "SELECT pred, source, weight FROM links WHERE succ=?")
+        return self._cached(
+            self._pred, succ, "SELECT pred, source, weight FROM links WHERE succ=?", self._queued_to
+        )
 
     def new_node(self, ino: int) -> None:
         """A block made since the start: it has no links yet (no query needed to know)."""
@@ -103,9 +115,12 @@ class SqliteChains:
     def _queue_link(self, pred: int, succ: int, value: list | None) -> None:
         """A link to write (`value` [source, weight]) or delete (None). Links are learned at
         every create and open: they are queued, latest value per pair, and written in one
-        batch (`write_queued`) before the rows are next read, at the next flush, or
-        once LINK_BATCH are waiting; the cache answers meanwhile."""
+        batch (`write_queued`) before rows they change are next read (a chain walk reads the
+        links from the block it just linked to: not those), at the next flush, or once
+        LINK_BATCH are waiting; the cache answers meanwhile."""
         self._link_queue[(pred, succ)] = None if value is None else (value[0], value[1])
+        self._queued_from.add(pred)
+        self._queued_to.add(succ)
         if len(self._link_queue) >= LINK_BATCH:
             self.write_queued()
 
@@ -114,6 +129,8 @@ class SqliteChains:
         queue, self._link_queue = self._link_queue, {}
         if not queue:
             return
+        self._queued_from.clear()
+        self._queued_to.clear()
         gone = [k for k, v in queue.items() if v is None]
         kept = [(p, s, v[0], v[1]) for (p, s), v in queue.items() if v is not None]
         try:

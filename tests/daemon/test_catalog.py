@@ -494,3 +494,30 @@ def test_block_ids_are_never_given_twice_across_restarts(pool_config, monkeypatc
 
     run_service(cfg, first)
     run_service(cfg, second)
+
+
+def test_a_cache_miss_writes_the_queued_links_only_when_they_are_its_own(pool_config):
+    """Learned links wait in a queue for one batch. A block whose links are not cached is read
+    from the rows: the queue is written first if it holds links from (or to) that block, and
+    not otherwise: a chain walk reads the links from the block it just linked to, and a write
+    per open was most of the catalog's work in a cold load."""
+    from kvfs.catalog.tree import LINK_WRITE
+
+    cfg = pool_config()
+
+    async def body(fs):
+        cat = fs.files.catalog
+        for name in ("a", "b", "c"):
+            await fs.write(f"/{name}", b"x")
+        a, b, c = (fs.ino(f"/{n}") for n in ("a", "b", "c"))
+        cat.link(a, b, LINK_WRITE)
+        chains = cat.chains
+        for ino in (a, b, c):  # (as if the cache had dropped them)
+            chains._succ.pop(ino, None)
+            chains._pred.pop(ino, None)
+        assert cat.links_of(c) == {} and chains._link_queue  # not its links: still queued
+        assert cat.parent_of(b) == a and not chains._link_queue  # its own: written, then read
+        chains._succ.pop(a, None)
+        assert b in cat.links_of(a)
+
+    run_service(cfg, body)
