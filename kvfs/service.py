@@ -43,6 +43,7 @@ from kvfs.config import Config
 from kvfs.errors import KvfsError, StartupError
 from kvfs.fs.control import Control
 from kvfs.fs.direct_access import DirectAccess
+from kvfs.fs.direct_socket import DirectSocket
 from kvfs.fs.files import Files
 from kvfs.fs.kernel import NO_KERNEL, NoKernel
 from kvfs.fs.latency import Latency
@@ -369,9 +370,18 @@ RECHARGE_SECONDS = 0.25  # how often passthrough writers' memory is accounted
 
 
 class Service:
-    def __init__(self, cfg: Config, layers: Layers, knobs: Knobs, kernel: NoKernel = NO_KERNEL):
+    def __init__(
+        self,
+        cfg: Config,
+        layers: Layers,
+        knobs: Knobs,
+        kernel: NoKernel = NO_KERNEL,
+        mount: str | None = None,
+    ):
         """`kernel`: what to tell the kernel's caches (kvfs/fs/kernel.py; the daemon passes
-        `KernelCache` once it mounts, the daemon-object tests run without a kernel)."""
+        `KernelCache` once it mounts, the daemon-object tests run without a kernel). `mount`:
+        the mount's path (direct clients' paths may lead through absolute symbolic links
+        into it)."""
         self.cfg = cfg
         self.knobs = knobs
         self.catalog = catalog = layers.catalog
@@ -398,21 +408,33 @@ class Service:
         seams.changes.bind(files)
         self.durability = files.durability
         self.direct = DirectAccess(
-            catalog, files.handles, files.sessions, space, self.leases, self.allocations, files.hits
+            catalog,
+            files,
+            self.leases,
+            self.allocations,
+            mount=os.fsencode(mount) if mount is not None else None,
+        )
+        namespace_paths = [str(ns.path) for ns in pool.namespaces]
+        # a direct reader's deadline (kvfs.client.direct), as the daemon's readers'
+        read_timeout = cfg.pool.read_timeout_ms / 1000 or None
+        self.direct_socket = DirectSocket(
+            self.direct,
+            allow_other=cfg.mount.allow_other,
+            namespace_paths=namespace_paths,
+            read_timeout=read_timeout,
         )
         self.latency = Latency()
         self.control = Control(
             catalog,
             store,
             files,
-            self.direct,
+            self.direct_socket,
             knobs,
             service=seams.service,
             pool_info={
                 "pool_id": pool.pool_id,
-                "namespace_paths": [str(ns.path) for ns in pool.namespaces],
-                # a direct reader's deadline (kvfs.client.direct), as the daemon's readers'
-                "read_timeout": cfg.pool.read_timeout_ms / 1000 or None,
+                "namespace_paths": namespace_paths,
+                "read_timeout": read_timeout,
             },
         )
         seams.service.bind(self)
@@ -618,6 +640,7 @@ class Service:
                 "dram_memfd_bytes": self.store.memfd_bytes(),
             },
             "latency": self.latency.summary(),
+            "direct": self.direct_socket.statistics(),
             "catalog": {
                 "kind": self._catalog_kind,
                 "transactions": cat.commits,
