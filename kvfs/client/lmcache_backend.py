@@ -203,22 +203,34 @@ class KvfsBackend(StoragePluginInterface):
         return [fut if f else None for f in fresh]
 
     # --- reads ---------------------------------------------------------------------------------
-    def _allocate(self, path: str) -> Optional[MemoryObj]:
+    def _allocate(self, paths: list[str]) -> list[Optional[MemoryObj]]:
+        """A memory object for each chunk, of the shape, dtype and format its file's
+        attribute says (one request to the daemon for all of them); None for a chunk that is
+        not there."""
         try:
-            meta = json.loads(os.getxattr(path, META_XATTR))
-        except OSError:
-            return None
-        obj = self.local_cpu_backend.allocate(
-            torch.Size(meta["shape"]), _DTYPES[meta["dtype"]], MemoryFormat[meta["fmt"]]
-        )
-        return obj
+            infos = self.direct.inspect(paths, [META_XATTR])
+        except OSError:  # the daemon could not be asked: every chunk is a miss
+            return [None] * len(paths)
+        objs: list[Optional[MemoryObj]] = []
+        for info in infos:
+            if isinstance(info, OSError) or META_XATTR not in info.xattrs:
+                objs.append(None)
+                continue
+            meta = json.loads(info.xattrs[META_XATTR])
+            objs.append(
+                self.local_cpu_backend.allocate(
+                    torch.Size(meta["shape"]), _DTYPES[meta["dtype"]], MemoryFormat[meta["fmt"]]
+                )
+            )
+        return objs
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        """Load chunks in one kvfs.client.direct batch; a chunk kvfs cannot give (gone,
+        """Load chunks in one kvfs.client.direct batch (their attributes, then their bytes:
+        three requests to the daemon for all of them); a chunk kvfs cannot give (gone,
         ENOENT at its lease: a namespace failed for reads; EIO) is a miss (None), which
         LMCache computes again."""
         paths = [self._file(k) for k in keys]
-        objs = [self._allocate(p) for p in paths]
+        objs = self._allocate(paths)
         todo = [i for i, o in enumerate(objs) if o is not None]
         try:
             got = self.direct.read_many(

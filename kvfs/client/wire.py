@@ -9,6 +9,7 @@ place, the others go on. A request the daemon cannot take (malformed, an unknown
 out of range) is answered with one `Failure` (EINVAL) for the whole request; a frame over
 MAX_FRAME, or one that is not msgpack framing at all, ends the connection after that reply.
 
+    Inspect(paths, xattrs)     -> Inspected([FileInfo | Failure])  size and user.* attributes
     Lease(paths, ttl)          -> Leased([Block | Failure])        lease and layout, per block
     Release(leases, hits)      -> Results([Failure | None])       ESTALE: expired meanwhile
     Stalled(lease, ns, off, n) -> Results([Failure | None])       a read had no answer in time
@@ -51,6 +52,15 @@ class Welcome(msgspec.Struct, tag="welcome", array_like=True, gc=False):
 
 
 # --- requests ------------------------------------------------------------------------------
+class Inspect(msgspec.Struct, tag="inspect", array_like=True, gc=False):
+    """Each file's size and those of its user.* attributes named in `xattrs` (what stat and
+    getxattr through the mount would give): what a reader needs to know before it can
+    allocate the buffers of a batch."""
+
+    paths: Annotated[list[Path], Batch]
+    xattrs: Annotated[list[str], msgspec.Meta(max_length=16)]
+
+
 class Lease(msgspec.Struct, tag="lease", array_like=True, gc=False):
     """Lease each file's current version for `ttl` seconds and describe it."""
 
@@ -99,10 +109,19 @@ class Commit(msgspec.Struct, tag="commit", array_like=True, gc=False):
     sums: Annotated[list[list[Count]], Batch]  # (msgpack has no integer past 64 bits)
 
 
-Request = Lease | Release | Stalled | Alloc | Commit
+Request = Inspect | Lease | Release | Stalled | Alloc | Commit
 
 
 # --- replies -------------------------------------------------------------------------------
+class FileInfo(msgspec.Struct, tag="file", array_like=True, gc=False):
+    size: int
+    xattrs: dict[str, bytes]  # those of the names asked for that the file has
+
+
+class Inspected(msgspec.Struct, tag="inspected", array_like=True, gc=False):
+    files: list[FileInfo | Failure]
+
+
 class Block(msgspec.Struct, tag="block", array_like=True, gc=False):
     """A leased version of a file: where each stripe unit lies and its checksum."""
 
@@ -140,7 +159,7 @@ class Results(msgspec.Struct, tag="results", array_like=True, gc=False):
     results: list[Failure | None]
 
 
-Reply = Welcome | Leased | Allocated | Results | Failure
+Reply = Welcome | Inspected | Leased | Allocated | Results | Failure
 
 
 def frame(body: bytes) -> bytes:

@@ -50,6 +50,27 @@ class DirectAccess:
         self._token = os.urandom(4).hex()
 
     # --- direct readers ------------------------------------------------------------------------
+    async def inspect(
+        self, caller: Caller, paths: list[bytes], xattrs: list[str]
+    ) -> list[tuple[int, dict[str, bytes]] | KvfsError]:
+        """Each file's size and those of the user.* attributes named that it has, as stat and
+        getxattr through the mount would give them (read permission). Per file: what a lease
+        would fail with for its path."""
+        names = [n.encode() for n in xattrs]
+        for name in names:
+            Attributes.check(name, b"")
+        out: list[tuple[int, dict[str, bytes]] | KvfsError] = []
+        for path in paths:
+            try:
+                node = await self.resolver.file(caller, path, READ)
+            except KvfsError as e:
+                out.append(e)
+                continue
+            have = node.xattrs
+            found = {n.decode(): have[n] for n in names if n in have}
+            out.append((self.files.attr(node).size, found))
+        return out
+
     async def lease(
         self, caller: Caller, owner: int, paths: list[bytes], ttl: float
     ) -> list[Lease | KvfsError]:

@@ -190,6 +190,12 @@ class DirectSocket:
         self.stats.requests[kind] += 1
         direct = self.direct
         try:
+            if isinstance(req, wire.Inspect):
+                self.stats.blocks[kind] += len(req.paths)
+                seen = await direct.inspect(caller, req.paths, req.xattrs)
+                return wire.Inspected(
+                    [_failure(x) if isinstance(x, KvfsError) else wire.FileInfo(*x) for x in seen]
+                )
             if isinstance(req, wire.Lease):
                 self.stats.blocks[kind] += len(req.paths)
                 leased = await direct.lease(caller, owner, req.paths, req.ttl)

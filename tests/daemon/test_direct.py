@@ -92,6 +92,27 @@ def test_a_lease_batch_answers_each_block_alone(pool_config):
     run_service(cfg, body)
 
 
+def test_an_inspection_gives_each_files_size_and_attributes_as_the_mount_would(pool_config):
+    cfg = pool_config()
+
+    async def body(fs):
+        cat, direct = fs.files.catalog, fs.svc.direct
+        for name, mode in (("/a", 0o644), ("/b", 0o600)):
+            await fs.write(name, b"x" * 3000)
+            await cat.setattr(cat.get(fs.ino(name)), mode=mode)
+            await fs.files.xattrs.setxattr(fs.ino(name), b"user.meta", name.encode())
+        await fs.write("/plain", b"y")
+        names = ["user.meta", "user.other"]
+        got = await direct.inspect(ALICE, [b"a", b"b", b"plain", b"gone"], names)
+        assert got[0] == (3000, {"user.meta": b"/a"}) and got[2] == (1, {})
+        assert [g.errno for g in got[1::2]] == [errno.EACCES, errno.ENOENT]
+        with pytest.raises(KvfsError) as e:  # (through the mount: no such attribute, ever)
+            await direct.inspect(ROOT, [b"a"], ["trusted.x"])
+        assert e.value.errno == errno.ENOTSUP
+
+    run_service(cfg, body)
+
+
 def test_leased_versions_keep_their_extents_through_rewrites_evictions_and_unlinks(pool_config):
     """Mid-batch, one leased file is rewritten, one unlinked, one evicted to make room, and the
     pool filled with new files: no extent of a leased version goes to anything else, and each

@@ -312,6 +312,9 @@ def test_each_block_of_a_read_batch_succeeds_or_fails_alone(blocks):
         assert isinstance(missing, FileNotFoundError) and missing.filename == odd[0]
         assert isinstance(a_dir, IsADirectoryError)
         assert isinstance(small, ValueError) and "smaller than" in str(small)
+        infos = d.inspect(paths[:2] + odd[:1], ["user.none"])  # sizes, before the buffers
+        assert [i.size for i in infos[:2]] == [len(v) for v in list(data.values())[:2]]
+        assert infos[0].xattrs == {} and isinstance(infos[2], FileNotFoundError)
         bufs = [bytearray(len(data[mnt / n])) for n in ("b5.pt", "b6.pt")]
         with pytest.raises(FileNotFoundError):
             d.read_many([paths[5], odd[0], paths[6]], [bufs[0], bytearray(1), bufs[1]])

@@ -23,6 +23,7 @@ REQUESTS = msgspec.msgpack.Decoder(wire.Request)
 @pytest.mark.parametrize(
     "request_",
     [
+        wire.Inspect([b"a", b"b/c"], ["user.lmcache.meta"]),
         wire.Lease([b"a/b.bin", b"\xff\xfe odd name"], 30.0),
         wire.Release([1, 2, 3], [True, False, True]),
         wire.Stalled(7, 1, 1 << 20, 8 << 20),
@@ -47,6 +48,8 @@ def test_replies_round_trip_with_a_result_or_a_failure_per_block():
     assert msgspec.msgpack.decode(ENC.encode(leased), type=wire.Leased | wire.Failure) == leased
     done = wire.Results([None, wire.Failure(errno.ESTALE, "expired")])
     assert msgspec.msgpack.decode(ENC.encode(done), type=wire.Results) == done
+    seen = wire.Inspected([wire.FileInfo(5, {"user.m": b"{}"}), wire.Failure(errno.EACCES, "no")])
+    assert msgspec.msgpack.decode(ENC.encode(seen), type=wire.Inspected) == seen
     placed = wire.Allocated([wire.Placement(3, 1 << 20, [1], [4096], 29.5)])
     assert msgspec.msgpack.decode(ENC.encode(placed), type=wire.Allocated) == placed
     # a whole request's failure decodes where its reply was expected
