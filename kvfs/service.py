@@ -524,12 +524,14 @@ class Service:
             await trio.sleep_forever()
 
     async def stop(self) -> int:
-        """Unmounting (umount, SIGTERM): write back closed files (also those whose RELEASE
+        """Unmounting (umount, SIGTERM): the direct socket answers the requests it is
+        answering and takes no more, then write back closed files (also those whose RELEASE
         never came: `Files.closed_at_stop`), persist what is batched, give back shared
         space, close the catalog's connections (bounded: a shared catalog may be
         unreachable). Returns how many files' content could not be written back: those
         failing now, and earlier failures no fsync has reported (logged; the daemon then
         exits non-zero)."""
+        await self.direct_socket.stop()
         n = await self.files.closed_at_stop()
         if n:
             log.info("%d closed file(s) whose release had not come: written back now", n)

@@ -87,7 +87,7 @@ class _Frames:
                     del buf[: wire.HEADER + n]
                     return body
                 need = wire.HEADER + n - len(buf)
-            chunk = await self.stream.receive_some(max(need, 1 << 16))
+            chunk = await self.stream.receive_some(min(max(need, 1 << 16), 1 << 20))
             if not chunk:
                 return None
             buf += chunk
@@ -114,6 +114,9 @@ class DirectSocket:
         self.welcome = wire.Welcome(wire.VERSION, namespace_paths, read_timeout)
         self.stats = DirectStats()
         self._next = 1  # connections are numbered: a lease's owner
+        self._accepting = trio.CancelScope()
+        self._idle: set[trio.CancelScope] = set()  # connections waiting for a request
+        self._stopping = False
         self._encode = msgspec.msgpack.Encoder().encode
         self._decode = msgspec.msgpack.Decoder(wire.Request).decode
 
@@ -123,17 +126,35 @@ class DirectSocket:
         return "@" + self.name
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Listen, then serve every connection until cancelled."""
+        """Listen, then serve every connection until cancelled or stopped (`stop`)."""
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with sock:
             await sock.bind("\0" + self.name)
             sock.listen(128)
             self.listening = True
             try:
-                task_status.started()
-                await trio.serve_listeners(self._connection, [trio.SocketListener(sock)])
+                async with trio.open_nursery() as connections:
+                    with self._accepting:
+                        task_status.started()
+                        await trio.serve_listeners(
+                            self._connection,
+                            [trio.SocketListener(sock)],
+                            handler_nursery=connections,
+                        )
             finally:
                 self.listening = False
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Unmounting: no new connection or request; a request being answered is answered
+        (a commit half done would leave its blocks under their temporary names), for
+        `timeout` seconds at most."""
+        self._stopping = True
+        self._accepting.cancel()
+        for idle in list(self._idle):
+            idle.cancel()
+        with trio.move_on_after(timeout):
+            while self.stats.connections_open:
+                await trio.sleep(0.01)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         owner = self._next
@@ -157,14 +178,19 @@ class DirectSocket:
                     return
                 await self._send(stream, self.welcome)
                 frames = _Frames(stream)
-                while True:
-                    try:
-                        body = await frames.next()
-                    except ValueError as e:
-                        st.bad_requests += 1
-                        await self._send(stream, wire.Failure(errno.EINVAL, f"bad request: {e}"))
-                        return
-                    if body is None:
+                while not self._stopping:
+                    with trio.CancelScope() as idle:  # (`stop` ends the wait for a request)
+                        self._idle.add(idle)
+                        try:
+                            body = await frames.next()
+                        except ValueError as e:
+                            st.bad_requests += 1
+                            reply = wire.Failure(errno.EINVAL, f"bad request: {e}")
+                            await self._send(stream, reply)
+                            return
+                        finally:
+                            self._idle.discard(idle)
+                    if idle.cancelled_caught or body is None:
                         return
                     await self._send(stream, await self._answer(body, caller, owner))
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -309,7 +309,8 @@ def test_a_commit_batch_makes_every_block_a_file_at_once_and_each_failure_stays_
 def test_the_socket_answers_batches_and_survives_bad_input(pool_config):
     """The direct socket end to end, in the daemon's trio loop: a batch is one frame each
     way; malformed requests get one EINVAL line and the connection goes on; a frame too
-    large ends only that connection; a connection that closes ends its leases."""
+    large ends only that connection; a connection that closes ends its leases; a stop
+    closes the connections waiting for a request and ends the socket."""
     cfg = pool_config()
 
     async def body(fs):
@@ -372,6 +373,15 @@ def test_the_socket_answers_batches_and_survives_bad_input(pool_config):
             assert st["requests"] == {"lease": 1, "release": 2}, st
             assert st["blocks"] == {"lease": 3, "release": 2} and st["bad_requests"] == 3 + 1
             assert st["connections"] == 2 and st["connections_open"] == 0
-            nursery.cancel_scope.cancel()
+            # unmounting: a connection waiting for its next request is closed, and the
+            # socket stops (the nursery ends without being cancelled)
+            stream = await connect()
+            await receive(stream, wire.Welcome)
+            with trio.fail_after(5):
+                while not sock._idle:  # (until it waits for a request)
+                    await trio.sleep(0.001)
+            await sock.stop()
+            assert await receive(stream, wire.Failure) is None and not sock.listening
+            await stream.aclose()
 
     run_service(cfg, body)

@@ -322,6 +322,23 @@ def test_each_block_of_a_read_batch_succeeds_or_fails_alone(blocks):
     assert m.stats()["files"]["leases_held"] == 0
 
 
+def test_a_client_outlives_a_restart_of_the_daemon(make_mount, pool_config):
+    """A stop closes a client's idle connection and ends cleanly; the client's next batch
+    finds the new daemon's socket through the mount and goes on."""
+    m = make_mount(pool_config())
+    p = str(m.mountpoint / "x")
+    with kd.Direct(str(m.mountpoint)) as d:
+        d.write(p, b"a" * 5000)
+        before = m.stats()["direct"]["socket"]
+        assert m.stop() == 0
+        m.start()
+        buf = bytearray(5000)
+        assert d.read_into(p, buf) == 5000 and buf == b"a" * 5000
+        d.write(p, b"b" * 10)
+        assert m.stats()["direct"]["socket"] != before
+    assert (m.mountpoint / "x").read_bytes() == b"b" * 10
+
+
 def fuse_requests(m) -> collections.Counter:
     """FUSE requests the daemon answered so far, by operation."""
     return collections.Counter({op: v["count"] for op, v in m.stats()["latency"].items()})
