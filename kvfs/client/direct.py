@@ -17,7 +17,8 @@ daemon the blocks were read (hits).
 
 Each block of a batch succeeds or fails on its own: `return_exceptions=True` gives each
 block's size (or None, writing) or its error in the batch's order; without it the first
-error is raised once every block of the call is done.
+error is raised once every block of the call is done. `Direct.inspect(paths, xattrs)` gives a
+batch's sizes and user.* attributes in one request (to size the buffers first).
 
 Host buffers are filled with O_DIRECT preads from a thread pool (straight into the buffer when
 it is 4 KiB aligned, through an aligned bounce buffer otherwise). CUDA buffers are filled by
