@@ -35,16 +35,17 @@ kvfs.client.direct stores and loads in batches (issue 57: <= 40 us per block in 
 32). Each round stores --batched-blocks blocks of --batched-bytes with write_many, --batch
 per call (replacing the last round's), then loads them cold with read_many, --batch per
 call; per block, the daemon's CPU (`daemon_us`: all its threads and processes, from their
-/proc schedstat, the store's write-back flush included) and its request thread's (`trio_us`),
-medians of the rounds with their range; and what each batch asked the daemon (`requests_per_batch`,
-on its direct socket) and FUSE requests in all (`fuse_requests`: none, once the client has
-found the socket).
+/proc schedstat, the store's write-back flush included) and its request thread's (`trio_us`,
+likewise), medians of the rounds with their range; and what each batch asked the daemon
+(`requests_per_batch`, on its direct socket) and FUSE requests in all (`fuse_requests`: none,
+once the client has found the socket; the store's fsync of the root left out).
 
     python bench/direct.py [--blocks 24] [--bps 2e8] [--rounds 3] [--batch 32] [--json]
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import io
@@ -107,15 +108,27 @@ def read_direct(dr: direct.Direct, path: Path, buf: mmap.mmap, verify: bool = Tr
         raise ShortRead(f"kvfs.client.direct read {got} bytes of {path}, which holds {BLOCK}")
 
 
-def fuse_requests(m: MountedKvfs) -> int:
-    """FUSE requests the daemon answered so far (all operations)."""
-    return sum(op["count"] for op in m.stats()["latency"].values())
+SYNC_OPS = ("opendir", "fsyncdir", "releasedir")  # an fsync of the mount's root (m.sync)
+
+
+def fuse_requests(m: MountedKvfs) -> collections.Counter:
+    """FUSE requests the daemon answered so far, by operation."""
+    return collections.Counter({op: v["count"] for op, v in m.stats()["latency"].items()})
+
+
+def request_thread_seconds(pid: int) -> float:
+    """The CPU time of the daemon's request thread (trio's: its main thread), to the
+    nanosecond."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
 
 
 def batched_round(m: MountedKvfs, dr: direct.Direct, paths: list[str], size: int, batch: int):
     """One round of the batched path: store then load every path, `batch` per call; per
     phase, (daemon us per block, request thread us per block, direct requests, FUSE
-    requests)."""
+    requests). The CPU is read from /proc right before and after the phase (a store's
+    includes the fsync of the root that makes its renames durable); the statistics are
+    looked at outside that."""
     data = [os.urandom(size) for _ in range(batch)]
     bufs = [mmap.mmap(-1, size) for _ in range(batch)]
     out = {}
@@ -124,30 +137,26 @@ def batched_round(m: MountedKvfs, dr: direct.Direct, paths: list[str], size: int
             m.drop_caches()
         before = fuse_requests(m)
         asking = fuse_requests(m) - before  # what a look at the statistics costs
-        st0 = m.stats()
+        direct0 = m.stats()["direct"]["requests"]
         fuse0 = fuse_requests(m)
-        cpu0 = live_cpu_seconds(m.pid)
+        cpu0, trio0 = live_cpu_seconds(m.pid), request_thread_seconds(m.pid)
         for at in range(0, len(paths), batch):
             part = paths[at : at + batch]
             if phase == "store":
                 dr.write_many(part, data[: len(part)])
             elif dr.read_many(part, bufs[: len(part)]) != [size] * len(part):
                 raise ShortRead(f"a batched load of {len(part)} blocks came back short")
-        fuse = fuse_requests(m) - fuse0 - asking
         if phase == "store":
             m.sync()  # (the store's renames are durable with the write-back's next round)
-        cpu = live_cpu_seconds(m.pid) - cpu0
-        st1 = m.stats()
-        requests = {
-            k: n - st0["direct"]["requests"].get(k, 0)
-            for k, n in st1["direct"]["requests"].items()
-            if n != st0["direct"]["requests"].get(k, 0)
-        }
+        cpu, trio = live_cpu_seconds(m.pid) - cpu0, request_thread_seconds(m.pid) - trio0
+        fuse = fuse_requests(m) - fuse0 - asking
+        direct1 = m.stats()["direct"]["requests"]
+        requests = {k: n - direct0.get(k, 0) for k, n in direct1.items() if n != direct0.get(k, 0)}
         out[phase] = (
             cpu / len(paths) * 1e6,
-            (st1["trio_thread_cpu_s"] - st0["trio_thread_cpu_s"]) / len(paths) * 1e6,
+            trio / len(paths) * 1e6,
             requests,
-            fuse,
+            sum(n for op, n in fuse.items() if op not in SYNC_OPS),
         )
     if digest(memoryview(bufs[0])) != digest(data[0]):
         raise ShortRead("the batched path loaded wrong bytes")
