@@ -30,11 +30,22 @@ checked bit-exact through each path. `direct_vs_raw` (target >= 0.9) and `direct
 (target >= 1.5; both with --threads readers) are throughput ratios; `direct_vs_fuse_1` is
 against one reader through the mount.
 
-    python bench/direct.py [--blocks 24] [--bps 2e8] [--rounds 3] [--json]
+The batched path (`batched`, before the throttle): what the daemon spends per block when
+kvfs.client.direct stores and loads in batches (issue 57: <= 40 us per block in batches of
+32). Each round stores --batched-blocks blocks of --batched-bytes with write_many, --batch
+per call (replacing the last round's), then loads them cold with read_many, --batch per
+call; per block, the daemon's CPU (`daemon_us`: all its threads and processes, from their
+/proc schedstat, the store's write-back flush included) and its request thread's (`trio_us`,
+likewise), medians of the rounds with their range; and what each batch asked the daemon
+(`requests_per_batch`, on its direct socket) and FUSE requests in all (`fuse_requests`: none,
+once the client has found the socket; the store's fsync of the root left out).
+
+    python bench/direct.py [--blocks 24] [--bps 2e8] [--rounds 3] [--batch 32] [--json]
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import io
@@ -52,9 +63,9 @@ from bench import dumps, parse, parser  # noqa: E402
 from bench.reads import ShortRead, digest, read_full  # noqa: E402
 from kvfs.client import direct  # noqa: E402
 from testing.emulate import Emulation  # noqa: E402
-from testing.mount import MountedKvfs, write_config  # noqa: E402
+from testing.mount import MountedKvfs, live_cpu_seconds, write_config  # noqa: E402
 
-MiB = 1 << 20
+KiB, MiB = 1 << 10, 1 << 20
 BLOCK = 32 * MiB
 
 
@@ -97,23 +108,108 @@ def read_direct(dr: direct.Direct, path: Path, buf: mmap.mmap, verify: bool = Tr
         raise ShortRead(f"kvfs.client.direct read {got} bytes of {path}, which holds {BLOCK}")
 
 
+SYNC_OPS = ("opendir", "fsyncdir", "releasedir")  # an fsync of the mount's root (m.sync)
+
+
+def fuse_requests(m: MountedKvfs) -> collections.Counter:
+    """FUSE requests the daemon answered so far, by operation."""
+    return collections.Counter({op: v["count"] for op, v in m.stats()["latency"].items()})
+
+
+def request_thread_seconds(pid: int) -> float:
+    """The CPU time of the daemon's request thread (trio's: its main thread), to the
+    nanosecond."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def batched_round(m: MountedKvfs, dr: direct.Direct, paths: list[str], size: int, batch: int):
+    """One round of the batched path: store then load every path, `batch` per call; per
+    phase, (daemon us per block, request thread us per block, direct requests, FUSE
+    requests). The CPU is read from /proc right before and after the phase (a store's
+    includes the fsync of the root that makes its renames durable); the statistics are
+    looked at outside that."""
+    data = [os.urandom(size) for _ in range(batch)]
+    bufs = [mmap.mmap(-1, size) for _ in range(batch)]
+    out = {}
+    for phase in ("store", "load"):
+        if phase == "load":
+            m.drop_caches()
+        before = fuse_requests(m)
+        asking = fuse_requests(m) - before  # what a look at the statistics costs
+        direct0 = m.stats()["direct"]["requests"]
+        fuse0 = fuse_requests(m)
+        cpu0, trio0 = live_cpu_seconds(m.pid), request_thread_seconds(m.pid)
+        for at in range(0, len(paths), batch):
+            part = paths[at : at + batch]
+            if phase == "store":
+                dr.write_many(part, data[: len(part)])
+            elif dr.read_many(part, bufs[: len(part)]) != [size] * len(part):
+                raise ShortRead(f"a batched load of {len(part)} blocks came back short")
+        if phase == "store":
+            m.sync()  # (the store's renames are durable with the write-back's next round)
+        cpu, trio = live_cpu_seconds(m.pid) - cpu0, request_thread_seconds(m.pid) - trio0
+        fuse = fuse_requests(m) - fuse0 - asking
+        direct1 = m.stats()["direct"]["requests"]
+        requests = {k: n - direct0.get(k, 0) for k, n in direct1.items() if n != direct0.get(k, 0)}
+        out[phase] = (
+            cpu / len(paths) * 1e6,
+            trio / len(paths) * 1e6,
+            requests,
+            sum(n for op, n in fuse.items() if op not in SYNC_OPS),
+        )
+    if digest(memoryview(bufs[0])) != digest(data[0]):
+        raise ShortRead("the batched path loaded wrong bytes")
+    return out
+
+
+def batched(m: MountedKvfs, dr: direct.Direct, args) -> dict:
+    """The batched path over --rounds rounds (see the module doc)."""
+    d = m.mountpoint / "batched"
+    d.mkdir()
+    dr.write(str(d / "first"), b"1")  # (the client finds the daemon's socket: a getxattr)
+    paths = [str(d / f"b{i}.bin") for i in range(args.batched_blocks)]
+    rounds = [
+        batched_round(m, dr, paths, args.batched_bytes, args.batch) for _ in range(args.rounds)
+    ]
+    calls = -(-len(paths) // args.batch)
+    out = {"batch": args.batch, "blocks": len(paths), "block_bytes": args.batched_bytes}
+    for phase in ("store", "load"):
+        for j, name in ((0, "daemon_us"), (1, "trio_us")):
+            v = [r[phase][j] for r in rounds]
+            out[f"{phase}_{name}"] = round(statistics.median(v), 1)
+            out[f"{phase}_{name}_range"] = [round(min(v), 1), round(max(v), 1)]
+        out[f"{phase}_requests_per_batch"] = {
+            k: round(n / calls, 2) for k, n in rounds[-1][phase][2].items()
+        }
+        out[f"{phase}_fuse_requests"] = max(r[phase][3] for r in rounds)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--blocks", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bps", type=float, default=2e8)
     ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=32, help="blocks per call, batched path")
+    ap.add_argument("--batched-blocks", type=int, default=1024)
+    ap.add_argument("--batched-bytes", type=int, default=256 * KiB)
     args = parse(ap, argv)
     # direct: kvfs.client.direct as shipped (every unit's checksum verified); unverified: the same
     # with verify=False (the opt-out), for the cost of verifying
     paths_order = ("fuse", "direct", "raw", "unverified", "fuse_1")
     times: dict[str, list[float]] = {k: [] for k in paths_order}
+    batched_bytes = args.batched_blocks * -(-args.batched_bytes // 4096) * 4096
     with (
-        Emulation(f"{(args.blocks * BLOCK * 2) // MiB + 1024}m") as emu,
+        Emulation(f"{(args.blocks * BLOCK * 2 + 3 * batched_bytes) // MiB + 1024}m") as emu,
         tempfile.TemporaryDirectory(prefix="kvfs-direct-") as tmp,
     ):
         tmp = Path(tmp)
-        devs = [emu.loop(f"d{i}", (args.blocks * BLOCK) // 4 + 256 * MiB) for i in range(4)]
+        devs = [
+            emu.loop(f"d{i}", (args.blocks * BLOCK + 2 * batched_bytes) // 4 + 256 * MiB)
+            for i in range(4)
+        ]
         cfg = write_config(
             tmp / "k.toml",
             tmp / "state",
@@ -136,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 first = first or data
                 p.write_bytes(data)
             check = digest(first)
+            with direct.Direct(str(m.mountpoint), threads=args.threads) as dr:
+                batch_out = batched(m, dr, args)
             group.add(m.pid)
             group.add(os.getpid())  # direct and raw reads are this process's I/O
             assert group.contains(m.pid) and group.contains(os.getpid()), (
@@ -198,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         # O_DIRECT preads of the same extents), both inside the throttle
         "cold_vs_raw": round(gbps["fuse"] / gbps["raw"], 3),
         "direct_reads_counted": st["files"]["direct_reads"],
+        "batched": batch_out,
     }
     escaped = gbps["raw"] > 1.15 * limit
     if escaped:
@@ -221,6 +320,19 @@ def main(argv: list[str] | None = None) -> int:
         f"direct_vs_fuse_1 = {out['direct_vs_fuse_1']}  "
         f"cold_vs_raw = {out['cold_vs_raw']}  verify_cost = {out['verify_cost']}"
     )
+    b = batch_out
+    print(
+        f"\nbatched path: {b['blocks']} blocks of {b['block_bytes'] // KiB} KiB, {b['batch']} "
+        f"per call, {args.rounds} rounds (unthrottled); per block, median [range]"
+    )
+    print(f"{'phase':<8}{'daemon us':>22}{'trio us':>22}  requests per batch   FUSE requests")
+    for phase in ("store", "load"):
+        cells = []
+        for n in ("daemon_us", "trio_us"):
+            lo, hi = b[f"{phase}_{n}_range"]
+            cells.append(f"{b[f'{phase}_{n}']:.1f} [{lo:.1f}-{hi:.1f}]")
+        asked = " ".join(f"{k}={v:g}" for k, v in sorted(b[f"{phase}_requests_per_batch"].items()))
+        print(f"{phase:<8}{cells[0]:>22}{cells[1]:>22}  {asked:<20} {b[f'{phase}_fuse_requests']}")
     if escaped:
         print(out["error"], file=sys.stderr)
         return 1

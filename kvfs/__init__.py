@@ -4,7 +4,7 @@ Subpackages by role, top-down as the layers (docs/architecture.md); calls go dow
 call that must go up is a small protocol passed in at construction:
 
     fs       the file layer: FUSE operations (translate only), files and directories, the
-             control file, direct clients' leases
+             control file, direct clients' socket, leases and allocations
     write    writing a file: handles, write sessions, the commit pipeline, and when bytes
              become durable (at close, or by write-back)
     tiers    the cache tiers over the pool: the block store (DRAM and the node-local tier),
@@ -16,7 +16,8 @@ call that must go up is a small protocol passed in at construction:
              block), in SQLite on one node or in Redis for a shared pool
     cluster  a node's part in a shared pool: its Redis connection and the shared space
     client   what engines import: direct block reads and writes, mount discovery, the
-             LMCache, vLLM and SGLang integrations (through files and xattrs only)
+             LMCache, vLLM and SGLang integrations (through files, xattrs and the daemon's
+             direct socket, which the mount names)
     cli      the `kvfs` command
 
 service.py wires the layers (the one factory); daemon.py runs a mount's lifecycle.

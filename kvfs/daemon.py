@@ -235,7 +235,7 @@ async def _serve(
             raise
         if on_state_dir is not None:
             on_state_dir()
-        service = Service(cfg, layers, knobs, kernel=KernelCache())
+        service = Service(cfg, layers, knobs, kernel=KernelCache(), mount=real_mountpoint)
         # What start-up loaded (the catalog's caches, the pool's order of files: objects that
         # live as long as the daemon) leaves the collector's view, and the youngest generation
         # is collected every GC_YOUNG allocations instead of 700: a request allocates dozens.
@@ -268,6 +268,9 @@ async def _serve(
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(service.serve)
+                # (listening before the first FUSE request is answered: a client finds it
+                # through the mount)
+                await nursery.start(service.direct_socket.serve)
                 nursery.start_soon(_terminate_on_signal, signals)
                 nursery.start_soon(_tune_readahead, ops, real_mountpoint)
                 await pyfuse3.main(min_tasks=IDLE_TASKS, max_tasks=cfg.mount.max_tasks)

@@ -43,6 +43,7 @@ from kvfs.config import Config
 from kvfs.errors import KvfsError, StartupError
 from kvfs.fs.control import Control
 from kvfs.fs.direct_access import DirectAccess
+from kvfs.fs.direct_socket import DirectSocket
 from kvfs.fs.files import Files
 from kvfs.fs.kernel import NO_KERNEL, NoKernel
 from kvfs.fs.latency import Latency
@@ -369,9 +370,18 @@ RECHARGE_SECONDS = 0.25  # how often passthrough writers' memory is accounted
 
 
 class Service:
-    def __init__(self, cfg: Config, layers: Layers, knobs: Knobs, kernel: NoKernel = NO_KERNEL):
+    def __init__(
+        self,
+        cfg: Config,
+        layers: Layers,
+        knobs: Knobs,
+        kernel: NoKernel = NO_KERNEL,
+        mount: str | None = None,
+    ):
         """`kernel`: what to tell the kernel's caches (kvfs/fs/kernel.py; the daemon passes
-        `KernelCache` once it mounts, the daemon-object tests run without a kernel)."""
+        `KernelCache` once it mounts, the daemon-object tests run without a kernel). `mount`:
+        the mount's path (direct clients' paths may lead through absolute symbolic links
+        into it)."""
         self.cfg = cfg
         self.knobs = knobs
         self.catalog = catalog = layers.catalog
@@ -398,21 +408,33 @@ class Service:
         seams.changes.bind(files)
         self.durability = files.durability
         self.direct = DirectAccess(
-            catalog, files.handles, files.sessions, space, self.leases, self.allocations, files.hits
+            catalog,
+            files,
+            self.leases,
+            self.allocations,
+            mount=os.fsencode(mount) if mount is not None else None,
+        )
+        namespace_paths = [str(ns.path) for ns in pool.namespaces]
+        # a direct reader's deadline (kvfs.client.direct), as the daemon's readers'
+        read_timeout = cfg.pool.read_timeout_ms / 1000 or None
+        self.direct_socket = DirectSocket(
+            self.direct,
+            allow_other=cfg.mount.allow_other,
+            namespace_paths=namespace_paths,
+            read_timeout=read_timeout,
         )
         self.latency = Latency()
         self.control = Control(
             catalog,
             store,
             files,
-            self.direct,
+            self.direct_socket,
             knobs,
             service=seams.service,
             pool_info={
                 "pool_id": pool.pool_id,
-                "namespace_paths": [str(ns.path) for ns in pool.namespaces],
-                # a direct reader's deadline (kvfs.client.direct), as the daemon's readers'
-                "read_timeout": cfg.pool.read_timeout_ms / 1000 or None,
+                "namespace_paths": namespace_paths,
+                "read_timeout": read_timeout,
             },
         )
         seams.service.bind(self)
@@ -502,12 +524,14 @@ class Service:
             await trio.sleep_forever()
 
     async def stop(self) -> int:
-        """Unmounting (umount, SIGTERM): write back closed files (also those whose RELEASE
+        """Unmounting (umount, SIGTERM): the direct socket answers the requests it is
+        answering and takes no more, then write back closed files (also those whose RELEASE
         never came: `Files.closed_at_stop`), persist what is batched, give back shared
         space, close the catalog's connections (bounded: a shared catalog may be
         unreachable). Returns how many files' content could not be written back: those
         failing now, and earlier failures no fsync has reported (logged; the daemon then
         exits non-zero)."""
+        await self.direct_socket.stop()
         n = await self.files.closed_at_stop()
         if n:
             log.info("%d closed file(s) whose release had not come: written back now", n)
@@ -618,6 +642,7 @@ class Service:
                 "dram_memfd_bytes": self.store.memfd_bytes(),
             },
             "latency": self.latency.summary(),
+            "direct": self.direct_socket.statistics(),
             "catalog": {
                 "kind": self._catalog_kind,
                 "transactions": cat.commits,

@@ -83,13 +83,17 @@ def open_backend(
     }
 
 
-def set_pages(state: dict, keys: list[int], timed: bool = False):
-    """Set pages one by one, as SGLang's backup thread does; with `timed`, also the seconds
-    the sets took (making the values not counted)."""
+def set_pages(state: dict, keys: list[int], timed: bool = False, batch: bool = False):
+    """Set pages one by one, as SGLang's backup thread does (`batch`: in one batch_set call, as
+    its cache controller does); with `timed`, also the seconds the sets took (making the
+    values not counted)."""
     b = state["backend"]
     values = [value(k, state["page"]) for k in keys]
     t = time.perf_counter()
-    ok = [bool(b.set(key(k), v)) for k, v in zip(keys, values)]
+    if batch:
+        ok = [bool(b.batch_set([key(k) for k in keys], values))] * len(keys)
+    else:
+        ok = [bool(b.set(key(k), v)) for k, v in zip(keys, values)]
     seconds = time.perf_counter() - t
     return {"ok": ok, "seconds": seconds} if timed else ok
 

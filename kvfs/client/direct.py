@@ -2,10 +2,12 @@
 buffers.
 
 GPUDirect Storage cannot work through a FUSE mount, and every byte through FUSE costs a kernel
-round trip per MiB. kvfs's side channel is the block layout it already exposes: a client asks
-the daemon (through the mount) where a block's stripe units are, leases that version so its
-extents are not reused while it reads, reads every unit in parallel from the namespace devices
-or files, and releases the lease, which also tells the daemon the block was read (a hit).
+round trip per MiB. kvfs's side channel is the block layout: a client asks the daemon where a
+batch of blocks' stripe units are and leases those versions, so their extents are not reused
+while it reads (one request for the whole batch, on the daemon's direct socket, which the
+mount names: kvfs/client/channel.py), reads every unit of every block in parallel from the
+namespace devices or files, and releases the leases (one more request), which also tells the
+daemon the blocks were read (hits).
 
     import kvfs.client.direct
     with kvfs.client.direct.open("/mnt/kvfs", "/mnt/kvfs/lmcache/chunk.pt") as block:
@@ -13,31 +15,37 @@ or files, and releases the lease, which also tells the daemon the block was read
     kvfs.client.direct.read_many("/mnt/kvfs", paths, bufs)   # many blocks, all units in parallel
     kvfs.client.direct.write_many("/mnt/kvfs", paths, bufs)  # store blocks the same way
 
+Each block of a batch succeeds or fails on its own: `return_exceptions=True` gives each
+block's size (or None, writing) or its error in the batch's order; without it the first
+error is raised once every block of the call is done. `Direct.inspect(paths, xattrs)` gives a
+batch's sizes and user.* attributes in one request (to size the buffers first).
+
 Host buffers are filled with O_DIRECT preads from a thread pool (straight into the buffer when
 it is 4 KiB aligned, through an aligned bounce buffer otherwise). CUDA buffers are filled by
 kvikio's CuFile (GPUDirect Storage where the platform has it, kvikio's compatibility mode
 otherwise); `use_kvikio=True` sends host buffers through kvikio too.
 
-Safety: the lease is tied to the block's generation. Leasing fails with ESTALE if the file
-has a newer version (the client then re-reads the layout); releasing fails with ESTALE if the
-lease expired meanwhile, since the extents may then have been reused: the read is retried, and
-after `retries` attempts `StaleBlock` is raised. Bytes of another block are never returned,
-and every unit read into a host buffer is checked against its xxh3-64 checksum (EIO on a
-mismatch), as a read through the mount is, whether the host path or kvikio (`use_kvikio`)
-read it; `verify=False` is the explicit opt-out (it saves about one pass over the bytes).
-Every unit's byte count is checked on every path (a short or failed read is EIO). CUDA
-buffers are not hashed (the bytes would have to come back to the host).
+Safety: a lease holds the version the daemon described, whatever happens to the file
+meanwhile; releasing fails with ESTALE if the lease expired during the read (the extents may
+then have been reused): the block is read again, and after `retries` attempts `StaleBlock`
+is its error. Bytes of another block are never returned, and every unit read into a host
+buffer is checked against its xxh3-64 checksum (EIO on a mismatch), as a read through the
+mount is, whether the host path or kvikio (`use_kvikio`) read it; `verify=False` is the
+explicit opt-out (it saves about one pass over the bytes). Every unit's byte count is checked
+on every path (a short or failed read is EIO). CUDA buffers are not hashed (the bytes would
+have to come back to the host).
 
-Writes: the file is opened for writing through the mount, the daemon places the block's stripe
-units (`user.kvfs.alloc`), the client writes every unit in parallel with O_DIRECT from its own
-buffer and computes their checksums, and commits (`user.kvfs.commit`): the daemon makes the
-units durable and switches the file to the new version in one catalog transaction, atomically as
-close() does. Space not committed within the allocation's time is reused; a commit after that
-fails with ESTALE. Nothing is copied through FUSE or into kvfs's DRAM tier. (Readers that open
-the file before the writer closes it see what was written through the mount: nothing.)
+Writes: the daemon places a batch of blocks' stripe units (one request), the client writes
+every unit in parallel with O_DIRECT from its own buffers and computes their checksums, and
+commits them (one request): the daemon makes the units durable and each block a file's new
+content, as writing a temporary file, closing it and renaming it over the path would
+(readers of an older version keep it; nobody sees a partial block). Space not committed
+within the allocation's time is reused; a commit after that fails with ESTALE. Nothing is
+copied through FUSE or into kvfs's DRAM tier.
 
-The process needs read access (write access, to write) to the namespace devices or files
-(root, or the group that owns them).
+The daemon checks every path as the mount would for this process's user (read permission to
+read; write permission on the directory to write). The process also needs read access (write
+access, to write) to the namespace devices or files (root, or the group that owns them).
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import xxhash
+
+from kvfs.client import wire
+from kvfs.client.channel import Channels
 
 PAGE = 4096
 DEFAULT_TTL = 30.0
@@ -107,6 +118,7 @@ class BlockLayout:
     sums: list[int]
     ns_paths: list[str]
     read_timeout: float | None = None  # the pool's read deadline (None: none)
+    lease: int = 0  # the lease that holds it (0: none, the layout was only looked at)
 
     def deadline(self) -> float | None:
         """Seconds a read of this block may take (the daemon's readers' deadline)."""
@@ -166,8 +178,30 @@ def _check_sum(lay: BlockLayout, k: int, data: Any) -> None:
         raise OSError(errno.EIO, f"checksum mismatch in unit {k} of {lay.path}")
 
 
+def _same_length(replies: list, asked: list) -> None:
+    """A reply answers every block asked about (EPROTO otherwise: not kvfs's daemon)."""
+    if len(replies) != len(asked):
+        raise OSError(
+            errno.EPROTO, f"the daemon answered {len(replies)} blocks of {len(asked)} asked"
+        )
+
+
+def _umask() -> int:
+    """The process's umask (as the kernel applies it to a file created through the mount)."""
+    fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        status = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    for line in status.splitlines():
+        if line.startswith(b"Umask:"):
+            return int(line.split()[1], 8)
+    raise OSError(errno.ENOTSUP, "no Umask in /proc/self/status (Linux 4.7 or later)")
+
+
 class Direct:
-    """Direct reads for one kvfs mount. Thread-safe; keep one per process and mount."""
+    """Direct reads and writes for one kvfs mount. Thread-safe; keep one per process and
+    mount."""
 
     def __init__(
         self,
@@ -191,10 +225,17 @@ class Direct:
         self._cufiles: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._layouts: dict[str, BlockLayout] = {}  # last layout seen per path
+        self._daemon = Channels(self.mountpoint)
+        # the mount's path as written and as it really is: paths under either are sent as
+        # they are (the daemon resolves them), others are resolved here first
+        self._prefixes = {
+            os.fsencode(p).rstrip(b"/") + b"/"
+            for p in (self.mountpoint, os.path.realpath(self.mountpoint))
+        }
 
-    # --- metadata through the mount ------------------------------------------------------------
+    # --- metadata ------------------------------------------------------------------------------
     def layout(self, path: str) -> BlockLayout:
+        """The file's current layout, as the mount shows it (`user.kvfs.layout`): not leased."""
         try:
             raw = json.loads(os.getxattr(path, "user.kvfs.layout"))
         except OSError as e:
@@ -216,47 +257,99 @@ class Direct:
             raw.get("read_timeout"),
         )
 
-    def _lease(self, lay: BlockLayout) -> None:
-        os.setxattr(
-            lay.path,
-            "user.kvfs.lease",
-            json.dumps({"generation": lay.generation, "ttl": self.ttl}).encode(),
-        )
+    def _relative(self, path: str) -> bytes:
+        """`path` from the mount's root, for the daemon: a path under the mountpoint as it is
+        written (the daemon resolves `..` and symbolic links in the mount as the kernel
+        would), one elsewhere (a link into the mount) resolved here first. EXDEV if it is not
+        in the mount."""
+        p = os.fsencode(path)
+        if not p.startswith(b"/"):
+            p = os.fsencode(os.getcwd()) + b"/" + p
+        for prefix in self._prefixes:
+            if p.startswith(prefix) and len(p) > len(prefix):
+                return p[len(prefix) :]
+        real = os.fsencode(os.path.realpath(p))
+        for prefix in self._prefixes:
+            if real.startswith(prefix) and len(real) > len(prefix):
+                return real[len(prefix) :]
+        raise OSError(errno.EXDEV, f"not in the kvfs mount at {self.mountpoint}", path)
 
-    def _release(self, lay: BlockLayout, hit: bool) -> bool:
-        """True if the lease was still valid (the bytes read are the block's)."""
-        try:
-            os.setxattr(
-                lay.path,
-                "user.kvfs.release",
-                json.dumps({"generation": lay.generation, "hit": hit}).encode(),
-            )
-            return True
-        except OSError as e:
-            if e.errno == errno.ESTALE:
-                return False
-            raise
-
-    def _leased_layout(self, path: str) -> BlockLayout:
-        """The current layout, leased. A layout seen before is tried first (a version's layout
-        never changes, and the lease says whether it is still the current version); ESTALE on
-        lease means the file changed: look again."""
-        lay = self._layouts.get(path)
-        for _ in range(self.retries * 3):
-            if lay is None:
-                lay = self.layout(path)
+    def _sendable(self, paths: Sequence[str]) -> tuple[list, list[int], list[bytes]]:
+        """(each path's error so far, or None; the indices of those to send; their paths
+        for the daemon)."""
+        out: list = [None] * len(paths)
+        todo: list[int] = []
+        rels: list[bytes] = []
+        for i, path in enumerate(paths):
             try:
-                self._lease(lay)
-                self._layouts[path] = lay
-                if len(self._layouts) > 65536:
-                    self._layouts.clear()
-                return lay
+                rels.append(self._relative(path))
+                todo.append(i)
             except OSError as e:
-                if e.errno != errno.ESTALE:
-                    raise
-                self._layouts.pop(path, None)
-                lay = None
-        raise StaleBlock(path)
+                out[i] = e
+        return out, todo, rels
+
+    def inspect(self, paths: Sequence[str], xattrs: Sequence[str] = ()) -> list:
+        """Each file's size and those of its user.* attributes named in `xattrs` that it has
+        (`wire.FileInfo`: .size, .xattrs), or its error (OSError), as stat and getxattr
+        through the mount would give them: for a batch, one request to the daemon instead of
+        a FUSE request or two per file (what a reader may need to size the batch's
+        buffers)."""
+        out, todo, rels = self._sendable(paths)
+        for at in range(0, len(todo), wire.MAX_BATCH):
+            part = todo[at : at + wire.MAX_BATCH]
+            got = self._daemon.call(
+                wire.Inspect(rels[at : at + wire.MAX_BATCH], list(xattrs)), wire.Inspected
+            ).files
+            _same_length(got, part)
+            for i, info in zip(part, got):
+                isbad = isinstance(info, wire.Failure)
+                out[i] = OSError(info.errno, info.message, paths[i]) if isbad else info
+        return out
+
+    def _lease(self, paths: Sequence[str]) -> list[BlockLayout | OSError]:
+        """Lease the files' current versions: each one's layout, or its error. One request per
+        wire.MAX_BATCH files."""
+        out, todo, rels = self._sendable(paths)
+        for at in range(0, len(todo), wire.MAX_BATCH):
+            part = todo[at : at + wire.MAX_BATCH]
+            got = self._daemon.call(
+                wire.Lease(rels[at : at + wire.MAX_BATCH], float(self.ttl)), wire.Leased
+            ).blocks
+            _same_length(got, part)
+            welcome = self._daemon.get().welcome  # (of the connection that answered)
+            for i, block in zip(part, got):
+                if isinstance(block, wire.Failure):
+                    out[i] = OSError(block.errno, block.message, paths[i])
+                else:
+                    out[i] = BlockLayout(
+                        paths[i],
+                        block.size,
+                        block.unit,
+                        block.generation,
+                        block.ns,
+                        block.offsets,
+                        block.sums,
+                        welcome.namespace_paths,
+                        welcome.read_timeout,
+                        block.lease,
+                    )
+        return out
+
+    def _release(self, lays: dict[int, BlockLayout], read: set[int]) -> set[int]:
+        """End the leases of `lays` (block index -> layout; those in `read` were read: hits);
+        the indices of those whose lease was not live any more (ESTALE: the bytes read may
+        come from reused extents)."""
+        stale: set[int] = set()
+        items = list(lays.items())
+        for at in range(0, len(items), wire.MAX_BATCH):
+            part = items[at : at + wire.MAX_BATCH]
+            done = self._daemon.call(
+                wire.Release([lay.lease for _, lay in part], [i in read for i, _ in part]),
+                wire.Results,
+            ).results
+            _same_length(done, part)
+            stale.update(i for (i, _), r in zip(part, done) if r is not None)
+        return stale
 
     # --- reading units -------------------------------------------------------------------------
     def _fd(self, path: str, write: bool = False) -> int:
@@ -394,19 +487,15 @@ class Direct:
 
     # --- the API -------------------------------------------------------------------------------
     def _stalled(self, lay: BlockLayout, run: list[int]) -> None:
-        """Tell the daemon a run's read had no answer in time (`user.kvfs.stalled`): it reads
-        the same bytes itself, and fails the namespace for reads if they are late there too,
-        so other readers get their miss at once."""
+        """Tell the daemon a run's read had no answer in time (`wire.Stalled`): it reads the
+        same bytes itself, and fails the namespace for reads if they are late there too, so
+        other readers get their miss at once."""
         stored = sum((lay.unit_length(k) + PAGE - 1) // PAGE * PAGE for k in run)
-        arg = {
-            "namespace": lay.ns[run[0]],
-            "offset": lay.offsets[run[0]],
-            "length": min(stored, CHECK_MAX),
-        }
+        req = wire.Stalled(lay.lease, lay.ns[run[0]], lay.offsets[run[0]], min(stored, CHECK_MAX))
         try:
-            os.setxattr(lay.path, "user.kvfs.stalled", json.dumps(arg).encode())
+            self._daemon.call(req, wire.Results)
         except OSError:
-            pass  # (gone meanwhile, or an older daemon: the reader still has its answer)
+            pass  # (the lease ended meanwhile, the daemon is gone: the reader has its answer)
 
     def _host_result(self, f, lay: BlockLayout, run: list[int], t0: float, abandon: bool):
         """A host read's result, within the block's read deadline from `t0`; past it, the
@@ -470,8 +559,13 @@ class Direct:
         verify: bool | None = None,
         *,
         abandon: bool = False,
-    ) -> list[int]:
+        return_exceptions: bool = False,
+    ) -> list:
         """Read many blocks, every stripe unit of all of them in parallel; returns their sizes.
+        The daemon is asked twice for the whole batch (leases and layouts; releases), not per
+        block. Each block succeeds or fails on its own: with `return_exceptions` the list
+        holds each block's size or its error (OSError; ValueError for a buffer smaller than
+        the block); without, the first error is raised once every block is done.
 
         A host read with no answer within the pool's read deadline (`[pool] read_timeout_ms`,
         plus the block's bytes at 64 MB/s) is reported to the daemon, which checks that
@@ -482,17 +576,25 @@ class Direct:
         if len(paths) != len(bufs):
             raise ValueError("kvfs.client.direct.read_many: as many buffers as paths")
         verify = self.verify if verify is None else verify
+        results: list = [None] * len(paths)
         pending = list(range(len(paths)))
-        sizes = [0] * len(paths)
         for _ in range(self.retries):
-            lays = {}
+            lays: dict[int, BlockLayout] = {}
+            for i, got in zip(pending, self._lease([paths[i] for i in pending])):
+                if isinstance(got, BlockLayout):
+                    lays[i] = got
+                else:
+                    results[i] = got
             read: set[int] = set()
-            failed: dict[int, OSError] = {}  # a unit that failed its checksum (or its read)
+            failed: dict[int, Exception] = {}  # a unit that failed its checksum (or its read)
             t0 = time.monotonic()
             try:
-                for i in pending:
-                    lays[i] = self._leased_layout(paths[i])
-                jobs = [(*self._issue(lays[i], bufs[i], verify), i) for i in lays]
+                jobs = []
+                for i, lay in lays.items():
+                    try:
+                        jobs.append((*self._issue(lay, bufs[i], verify), i))
+                    except ValueError as e:  # (a buffer too small for this block)
+                        failed[i] = e
                 for kind, futures, i in jobs:
                     try:
                         self._wait(kind, futures, lays[i], verify, t0, abandon)
@@ -502,31 +604,44 @@ class Direct:
                     except OSError as e:
                         failed[i] = e
                         continue
-                    sizes[i] = lays[i].size
                     read.add(i)
             finally:
-                stale = [i for i, lay in lays.items() if not self._release(lay, hit=i in read)]
-            for i, e in failed.items():
-                if i not in stale:
-                    raise e  # the lease held: the block's bytes on the device are bad
-                # else its lease expired during the read: the extents may have been reused
-                # (a checksum mismatch is then expected), so it is read again
-            pending = stale
+                stale = self._release(lays, read)
+            for i, lay in lays.items():
+                if i not in stale:  # the lease held: these are the block's bytes (or errors)
+                    results[i] = failed.get(i, lay.size)
+            # a lease that expired during the read: the extents may have been reused (a
+            # checksum mismatch is then expected), so the block is read again
+            pending = sorted(stale)
             if not pending:
-                return sizes
-        raise StaleBlock(paths[pending[0]])
+                break
+        for i in pending:
+            results[i] = StaleBlock(paths[i])
+        if not return_exceptions:
+            first = next((r for r in results if isinstance(r, Exception)), None)
+            if first is not None:
+                raise first
+        return results
 
     def read_into(self, path: str, buf: Any, verify: bool | None = None) -> int:
         """Read one block into `buf`; returns its size."""
         return self.read_many([path], [buf], verify)[0]
 
     # --- writing -------------------------------------------------------------------------------
-    def _write_unit(self, alloc: dict, k: int, src: memoryview, deadline: float) -> int:
-        """Write unit k of a block from `src`; return the xxh3-64 of its content."""
-        unit, size = alloc["stripe_unit"], alloc["size"]
+    def _write_unit(
+        self,
+        at: wire.Placement,
+        ns_paths: list[str],
+        k: int,
+        src: memoryview,
+        deadline: float,
+    ) -> int:
+        """Write unit k of a block from `src` where the daemon placed it; return the xxh3-64
+        of its content."""
+        unit, size = at.unit, src.nbytes
         length = max(0, min(unit, size - k * unit))
         stored = (length + PAGE - 1) // PAGE * PAGE
-        ns, off = alloc["unit_map"][k]
+        ns, off = at.ns[k], at.offsets[k]
         content = src[k * unit : k * unit + length]
         digest = xxhash.xxh3_64_intdigest(content)
         straight = stored == length and _address(content) % PAGE == 0 if length else False
@@ -537,8 +652,8 @@ class Direct:
             view[:length] = content
             view[length:] = bytes(stored - length)
         if time.monotonic() > deadline:  # the space may be another writer's by now
-            raise OSError(errno.ESTALE, f"allocation {alloc['alloc']} ran out before unit {k}")
-        fd = self._fd(alloc["namespace_paths"][ns], write=True)
+            raise OSError(errno.ESTALE, f"allocation {at.alloc} ran out before unit {k}")
+        fd = self._fd(ns_paths[ns], write=True)
         _whole(os.pwritev, fd, view, off, "short write to namespace", ns)
         return digest
 
@@ -549,63 +664,73 @@ class Direct:
         *,
         mode: int = 0o644,
         xattrs: Sequence[dict] | None = None,
-    ) -> None:
-        """Store many blocks, every stripe unit of all of them written in parallel. Each goes
-        to a temporary name in its directory, is committed there and renamed over `paths[i]`
-        (so readers of an older version keep it, and nobody sees a partial block);
-        `xattrs[i]` are attributes to give file i."""
+        return_exceptions: bool = False,
+    ) -> list:
+        """Store many blocks, every stripe unit of all of them written in parallel: each
+        becomes the file `paths[i]` (created, or replacing what is there: its readers keep
+        it, and nobody sees a partial block), with `mode` (less the process's umask) and
+        `xattrs[i]` (user.* attributes). The daemon is asked twice for the whole batch
+        (placements; commits), not per block. Each block succeeds or fails on its own: with
+        `return_exceptions` the list holds None for each block stored or its error; without,
+        the first error is raised once every block is done."""
         if len(paths) != len(bufs):
             raise ValueError("kvfs.client.direct.write_many: as many buffers as paths")
-        fds: list[int] = []
-        tmps: list[str] = []
-        try:
-            jobs = []
-            for i, (path, buf) in enumerate(zip(paths, bufs)):
-                src = _host_view(buf, writable=False)
-                tmp = f"{path}.kvfs-direct-{os.getpid()}-{threading.get_ident()}-{i}"
-                fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, mode)
-                fds.append(fd)
-                tmps.append(tmp)
-                for name, value in (xattrs[i] if xattrs else {}).items():
-                    os.setxattr(fd, name, value)
-                os.setxattr(
-                    fd,
-                    "user.kvfs.alloc",
-                    json.dumps({"size": src.nbytes, "ttl": self.ttl}).encode(),
-                )
-                alloc = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
-                deadline = time.monotonic() + 0.8 * alloc["expires_in"]
-                jobs.append(
-                    (
-                        fd,
-                        alloc,
-                        [
-                            self._pool.submit(self._write_unit, alloc, k, src, deadline)
-                            for k in range(len(alloc["unit_map"]))
-                        ],
-                    )
-                )
-            for fd, alloc, futures in jobs:
-                sums = [f.result() for f in futures]
-                os.setxattr(
-                    fd,
-                    "user.kvfs.commit",
-                    json.dumps({"alloc": alloc["alloc"], "sums": sums}).encode(),
-                )
-            for fd in fds:
-                os.close(fd)
-            fds.clear()
-            for tmp, path in zip(tmps, paths):
-                os.replace(tmp, path)
-            tmps.clear()
-        finally:
-            for fd in fds:
-                os.close(fd)
-            for tmp in tmps:
+        srcs = [_host_view(buf, writable=False) for buf in bufs]
+        mode &= ~_umask()
+        results, todo, rels = self._sendable(paths)
+        targets = [
+            wire.Target(
+                rel,
+                srcs[i].nbytes,
+                mode,
+                {k: bytes(v) for k, v in xattrs[i].items()} if xattrs and xattrs[i] else {},
+            )
+            for i, rel in zip(todo, rels)
+        ]
+        jobs = []  # (block, its placement, its units' writes)
+        for at in range(0, len(todo), wire.MAX_BATCH):
+            part = todo[at : at + wire.MAX_BATCH]
+            placed = self._daemon.call(
+                wire.Alloc(targets[at : at + wire.MAX_BATCH], float(self.ttl)), wire.Allocated
+            ).blocks
+            _same_length(placed, part)
+            ns_paths = self._daemon.get().welcome.namespace_paths
+            for i, pl in zip(part, placed):
+                if isinstance(pl, wire.Failure):
+                    results[i] = OSError(pl.errno, pl.message, paths[i])
+                    continue
+                deadline = time.monotonic() + 0.8 * pl.expires_in
+                writes = [
+                    self._pool.submit(self._write_unit, pl, ns_paths, k, srcs[i], deadline)
+                    for k in range(len(pl.ns))
+                ]
+                jobs.append((i, pl, writes))
+        done = []  # (block, its allocation, its units' checksums)
+        for i, pl, writes in jobs:
+            sums, err = [], None
+            for f in writes:  # (every write ends before the call does, even after a failure)
                 try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+                    sums.append(f.result())
+                except OSError as e:
+                    err = err or e
+            if err is None:
+                done.append((i, pl.alloc, sums))
+            else:
+                results[i] = err  # (its allocation is left to expire: nothing refers to it)
+        for at in range(0, len(done), wire.MAX_BATCH):
+            part = done[at : at + wire.MAX_BATCH]
+            got = self._daemon.call(
+                wire.Commit([a for _, a, _ in part], [x for _, _, x in part]), wire.Results
+            ).results
+            _same_length(got, part)
+            for (i, _, _), r in zip(part, got):
+                if r is not None:
+                    results[i] = OSError(r.errno, r.message, paths[i])
+        if not return_exceptions:
+            first = next((r for r in results if isinstance(r, Exception)), None)
+            if first is not None:
+                raise first
+        return results
 
     def write(self, path: str, buf: Any, *, mode: int = 0o644, xattrs: dict | None = None) -> None:
         """Store one block as the file `path` (created or replaced)."""
@@ -613,6 +738,7 @@ class Direct:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._daemon.close()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -1,6 +1,7 @@
 """An LMCache storage backend that stores and loads KV chunks with kvfs.client.direct: straight
 between LMCache's buffers and the namespaces (into GPU memory where GDS is available), the daemon
-only placing and committing them through the mount.
+only leasing, placing and committing them: a batch of chunks (a batched put or get) is one
+kvfs.client.direct batch, two requests to the daemon for all of it.
 
 LMCache (0.5.6) loads it as a storage plugin:
 
@@ -11,7 +12,7 @@ LMCache (0.5.6) loads it as a storage plugin:
       kvfs.path: /mnt/kvfs/lmcache          # a directory in the mount
       kvfs.verify: true                     # check every unit's checksum on direct reads
                                             # (the default; false opts out)
-      kvfs.threads: 8                       # concurrent writes
+      kvfs.threads: 8                       # concurrent puts (each a batch)
       kvfs.direct_writes: true              # false: write through the mount (FUSE) instead
 
 Unlike LMCache's local_disk backend it keeps no index of its own: a chunk exists when its file
@@ -106,54 +107,76 @@ class KvfsBackend(StoragePluginInterface):
             return key in self._put_tasks
 
     # --- writes --------------------------------------------------------------------------------
-    def _put(
+    def _put_many(
         self,
-        key: CacheEngineKey,
-        obj: MemoryObj,
+        keys: list[CacheEngineKey],
+        objs: list[MemoryObj],
         callback: Optional[Callable[[CacheEngineKey], None]],
     ) -> None:
-        final = self._file(key)
+        """Store chunks: with direct writes all of them in one kvfs.client.direct batch (two
+        requests to the daemon), else each through the mount. A chunk that fails is logged
+        and left out (LMCache computes it again)."""
+        finals = [self._file(k) for k in keys]
+        try:
+            metas = [
+                json.dumps(
+                    {
+                        "shape": list(obj.get_shape()),
+                        "dtype": str(obj.get_dtype()),
+                        "fmt": obj.get_memory_format().name,
+                    }
+                ).encode()
+                for obj in objs
+            ]
+            if self.direct_writes:
+                try:
+                    got = self.direct.write_many(
+                        finals,
+                        [obj.byte_array for obj in objs],
+                        xattrs=[{META_XATTR: meta} for meta in metas],
+                        return_exceptions=True,
+                    )
+                except OSError as e:  # the daemon could not be asked: nothing is stored
+                    got = [e] * len(keys)
+            else:
+                got = [self._put_through_mount(f, o, m) for f, o, m in zip(finals, objs, metas)]
+            for final, err in zip(finals, got):
+                if err is not None:
+                    log.error("kvfs: storing %s failed: %s", final, err)
+        finally:
+            for obj in objs:
+                obj.ref_count_down()
+            with self._lock:
+                self._put_tasks.difference_update(keys)
+        if callback is not None:
+            for key in keys:
+                try:
+                    callback(key)
+                except Exception:  # noqa: BLE001 - LMCache's callbacks must not break puts
+                    log.exception("kvfs: put callback failed")
+
+    @staticmethod
+    def _put_through_mount(final: str, obj: MemoryObj, meta: bytes) -> OSError | None:
         tmp = final + f".tmp{threading.get_ident()}"
         try:
-            meta = json.dumps(
-                {
-                    "shape": list(obj.get_shape()),
-                    "dtype": str(obj.get_dtype()),
-                    "fmt": obj.get_memory_format().name,
-                }
-            ).encode()
-            if self.direct_writes:
-                self.direct.write(final, obj.byte_array, xattrs={META_XATTR: meta})
-            else:
-                with open(tmp, "wb") as f:
-                    f.write(obj.byte_array)
-                    os.setxattr(f.fileno(), META_XATTR, meta)
-                os.replace(tmp, final)  # durable once close() returned; visible now
+            with open(tmp, "wb") as f:
+                f.write(obj.byte_array)
+                os.setxattr(f.fileno(), META_XATTR, meta)
+            os.replace(tmp, final)  # durable once close() returned; visible now
         except OSError as e:
-            log.error("kvfs: storing %s failed: %s", final, e)
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-        finally:
-            obj.ref_count_down()
-            with self._lock:
-                self._put_tasks.discard(key)
-        if callback is not None:
-            try:
-                callback(key)
-            except Exception:  # noqa: BLE001 - LMCache's callbacks must not break puts
-                log.exception("kvfs: put callback failed")
+            return e
+        return None
 
     def submit_put_task(
         self, key: CacheEngineKey, obj: MemoryObj, on_complete_callback=None
     ) -> Optional[concurrent.futures.Future]:
-        with self._lock:
-            if key in self._put_tasks:
-                return None
-            self._put_tasks.add(key)
-        obj.ref_count_up()
-        return self._writers.submit(self._put, key, obj, on_complete_callback)
+        return self.batched_submit_put_task(
+            [key], [obj], on_complete_callback=on_complete_callback
+        )[0]
 
     def batched_submit_put_task(
         self,
@@ -162,26 +185,59 @@ class KvfsBackend(StoragePluginInterface):
         transfer_spec: Any = None,
         on_complete_callback=None,
     ):
-        return [self.submit_put_task(k, o, on_complete_callback) for k, o in zip(keys, objs)]
+        """One task stores every chunk of the call not being stored already; its future for
+        each of those, None for the others."""
+        fresh = []  # (each key: not being stored already)
+        with self._lock:
+            for key in keys:
+                fresh.append(key not in self._put_tasks)
+                self._put_tasks.add(key)
+        taken = [(k, o) for k, o, f in zip(keys, objs, fresh) if f]
+        if not taken:
+            return [None] * len(keys)
+        for _, obj in taken:
+            obj.ref_count_up()
+        fut = self._writers.submit(
+            self._put_many, [k for k, _ in taken], [o for _, o in taken], on_complete_callback
+        )
+        return [fut if f else None for f in fresh]
 
     # --- reads ---------------------------------------------------------------------------------
-    def _allocate(self, path: str) -> Optional[MemoryObj]:
+    def _allocate(self, paths: list[str]) -> list[Optional[MemoryObj]]:
+        """A memory object for each chunk, of the shape, dtype and format its file's
+        attribute says (one request to the daemon for all of them); None for a chunk that is
+        not there."""
         try:
-            meta = json.loads(os.getxattr(path, META_XATTR))
-        except OSError:
-            return None
-        obj = self.local_cpu_backend.allocate(
-            torch.Size(meta["shape"]), _DTYPES[meta["dtype"]], MemoryFormat[meta["fmt"]]
-        )
-        return obj
+            infos = self.direct.inspect(paths, [META_XATTR])
+        except OSError:  # the daemon could not be asked: every chunk is a miss
+            return [None] * len(paths)
+        objs: list[Optional[MemoryObj]] = []
+        for info in infos:
+            if isinstance(info, OSError) or META_XATTR not in info.xattrs:
+                objs.append(None)
+                continue
+            meta = json.loads(info.xattrs[META_XATTR])
+            objs.append(
+                self.local_cpu_backend.allocate(
+                    torch.Size(meta["shape"]), _DTYPES[meta["dtype"]], MemoryFormat[meta["fmt"]]
+                )
+            )
+        return objs
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        """Load chunks in one kvfs.client.direct batch (their attributes, then their bytes:
+        three requests to the daemon for all of them); a chunk kvfs cannot give (gone,
+        ENOENT at its lease: a namespace failed for reads; EIO) is a miss (None), which
+        LMCache computes again."""
         paths = [self._file(k) for k in keys]
-        objs = [self._allocate(p) for p in paths]
+        objs = self._allocate(paths)
         todo = [i for i, o in enumerate(objs) if o is not None]
         try:
-            self.direct.read_many(
-                [paths[i] for i in todo], [objs[i].byte_array for i in todo], abandon=True
+            got = self.direct.read_many(
+                [paths[i] for i in todo],
+                [objs[i].byte_array for i in todo],
+                abandon=True,
+                return_exceptions=True,
             )
         except ReadTimeout as e:
             # a namespace had no answer within the read deadline: every chunk of the call is
@@ -190,16 +246,12 @@ class KvfsBackend(StoragePluginInterface):
             held = [objs[i] for i in todo]
             e.on_end(lambda: [o.ref_count_down() for o in held])
             return [None] * len(keys)
-        except OSError:
-            # a chunk vanished (evicted, unlinked) between lookup and read, or one kvfs cannot
-            # give now (ENOENT at its lease: a namespace failed for reads; EIO): read them one
-            # by one, and what fails is a miss LMCache recomputes (not an exception in vLLM)
-            for i in todo:
-                try:
-                    self.direct.read_into(paths[i], objs[i].byte_array)
-                except OSError:
-                    objs[i].ref_count_down()
-                    objs[i] = None
+        except OSError as e:  # the daemon could not be asked: every chunk is a miss
+            got = [e] * len(todo)
+        for i, size in zip(todo, got):
+            if isinstance(size, Exception):
+                objs[i].ref_count_down()
+                objs[i] = None
         return objs
 
     def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:

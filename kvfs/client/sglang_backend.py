@@ -12,7 +12,8 @@ SGLang (0.5.23) loads it as a dynamic backend:
 Files written by SGLang's "file" backend and by this one are the same files, so the two can share
 a directory. A page that kvfs evicted is a miss at lookup (`exists` stats the file) and at read
 (get returns None); SGLang then recomputes it. `min_free_space` makes SGLang evict by the pool's
-free space (kvfs's statvfs) before kvfs has to; see the README.
+free space (kvfs's statvfs) before kvfs has to; see the README. A batch of pages (batch_get,
+batch_set) is one kvfs.client.direct batch: two requests to the daemon for all of them.
 
 Needs read access to the namespace devices or files (see kvfs.client.direct).
 """
@@ -72,31 +73,27 @@ class KvfsHiCacheStorage(HiCacheFile):
         target_locations: List[torch.Tensor],
         target_sizes: Optional[Any] = None,
     ) -> List[torch.Tensor | None]:
-        """Read every page in parallel (all stripe units of all pages at once); a page that is
-        gone (evicted, removed) or of another size is a miss (None), never wrong bytes."""
+        """Read every page in one kvfs.client.direct batch (all stripe units of all pages at
+        once); a page that is gone (evicted, removed) or of another size is a miss (None),
+        never wrong bytes."""
         suffixed = [self._get_suffixed_key(k) for k in keys]
         paths = [self._path(s) for s in suffixed]
         bufs = [self._bytes(t) for t in target_locations]
         try:
-            sizes = self._direct.read_many(paths, bufs)
-        except (OSError, ValueError):
-            sizes = None
+            got = self._direct.read_many(paths, bufs, return_exceptions=True)
+        except OSError as e:  # the daemon could not be asked: every page is a miss
+            got = [e] * len(keys)
         out: List[torch.Tensor | None] = []
-        for i, (key, s, target) in enumerate(zip(keys, suffixed, target_locations)):
-            size = sizes[i] if sizes is not None else None
-            if size is None:
-                try:
-                    size = self._direct.read_into(paths[i], bufs[i])
-                except (OSError, ValueError) as e:
-                    self._miss(key, s, str(e))
-                    out.append(None)
-                    continue
-            if size != len(bufs[i]):
-                self._miss(key, s, f"{size} bytes stored, {len(bufs[i])} expected")
+        for key, s, target, buf, size in zip(keys, suffixed, target_locations, bufs, got):
+            if isinstance(size, Exception):
+                self._miss(key, s, str(size))
                 out.append(None)
-                continue
-            self._hit(s)
-            out.append(target)
+            elif size != len(buf):
+                self._miss(key, s, f"{size} bytes stored, {len(buf)} expected")
+                out.append(None)
+            else:
+                self._hit(s)
+                out.append(target)
         return out
 
     def set(
@@ -106,31 +103,58 @@ class KvfsHiCacheStorage(HiCacheFile):
         target_location: Optional[Any] = None,
         target_sizes: Optional[Any] = None,
     ) -> bool:
-        """HiCacheFile.set, storing the page with a kvfs.client.direct write (committed under a
-        temporary name and renamed into place, as HiCacheFile's tmp-then-rename does)."""
-        suffixed = self._get_suffixed_key(key)
-        path = self._path(suffixed)
-        if self.exists(key):
-            self._evictor.touch(suffixed, path)
-            return True
-        reserved = False
-        try:
-            data = self._bytes(value.contiguous())
+        return self.batch_set([key], [value])
+
+    def batch_set(
+        self,
+        keys: List[str],
+        values: Optional[Any] = None,
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
+        """HiCacheFile.batch_set, storing the pages not stored yet in one kvfs.client.direct
+        batch (each committed under a temporary name and renamed into place, as
+        HiCacheFile's tmp-then-rename does). True if every page is stored; a page that fails
+        is logged and left out (SGLang's contract), the others are stored."""
+        ok, todo = True, []
+        for key, value in zip(keys, values):
+            suffixed = self._get_suffixed_key(key)
+            path = self._path(suffixed)
+            if self.exists(key):
+                self._evictor.touch(suffixed, path)
+                continue
+            try:
+                data = self._bytes(value.contiguous())
+            except Exception as e:  # noqa: BLE001 - SGLang's contract: False, and a log line
+                log.error("kvfs: storing page %s failed: %s", key, e)
+                ok = False
+                continue
             if not self._evictor.reserve(suffixed, data.nbytes, key=key):
-                return False
-            reserved = True
-            self._direct.write(path, data)
-            self._evictor.commit(suffixed)
-            if self.metadata_cache is not None:
-                self.metadata_cache.add(suffixed)
-            return True
-        except Exception as e:  # noqa: BLE001 - SGLang's contract: False, and a log line
-            log.error("kvfs: storing page %s failed: %s", key, e)
-            if reserved:
-                self._evictor.abort(suffixed)
+                ok = False
+                continue
+            todo.append((key, suffixed, path, data))
+        if not todo:
+            return ok
+        try:
+            got = self._direct.write_many(
+                [path for _, _, path, _ in todo],
+                [data for _, _, _, data in todo],
+                return_exceptions=True,
+            )
+        except OSError as e:  # the daemon could not be asked: no page is stored
+            got = [e] * len(todo)
+        for (key, suffixed, _, _), err in zip(todo, got):
+            if err is None:
+                self._evictor.commit(suffixed)
+                if self.metadata_cache is not None:
+                    self.metadata_cache.add(suffixed)
+                continue
+            log.error("kvfs: storing page %s failed: %s", key, err)
+            ok = False
+            self._evictor.abort(suffixed)
             if self.metadata_cache is not None:
                 self.metadata_cache.remove(suffixed)
-            return False
+        return ok
 
     def close(self) -> None:
         self._direct.close()

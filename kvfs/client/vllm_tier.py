@@ -39,26 +39,26 @@ class KvfsTier(FileSystemTierManager):
         self._direct = direct.Direct(find_mount(root), threads=direct_threads, verify=verify)
 
     def _load_blocks(self, paths: list[str], offsets: list[int]) -> None:
-        """Fill the primary tier's slots; on failure raise an OSError whose num_succeeded
-        says how many blocks, in order, arrived (vLLM keeps those)."""
+        """Fill the primary tier's slots, all blocks in one kvfs.client.direct batch; on
+        failure raise an OSError whose num_succeeded says how many blocks, in order, arrived
+        (vLLM keeps those)."""
         view = self._primary_kv_view.cast("B")
         bufs = [view[o : o + self._block_size] for o in offsets]
         try:
-            sizes = self._direct.read_many(paths, bufs)
-        except (OSError, ValueError):  # a block vanished, changed or is larger than a slot
-            sizes = None
-        if sizes is not None and all(s == self._block_size for s in sizes):
-            return
-        for i, (path, buf) in enumerate(zip(paths, bufs)):  # find the first bad block
-            try:
-                size = self._direct.read_into(path, buf)
-                if size != self._block_size:
-                    self._remove_short(path, size)
-                    raise OSError(errno.EIO, f"short block: {size} of {self._block_size} bytes")
-            except (OSError, ValueError) as exc:
-                err = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
-                err.num_succeeded = i  # type: ignore[attr-defined]
-                raise err from None
+            got = self._direct.read_many(paths, bufs, return_exceptions=True)
+        except OSError as exc:  # the daemon could not be asked: nothing arrived
+            exc.num_succeeded = 0  # type: ignore[attr-defined]
+            raise
+        for i, (path, size) in enumerate(zip(paths, got)):  # the first bad block
+            if size == self._block_size:
+                continue
+            if isinstance(size, int):
+                self._remove_short(path, size)
+                err = OSError(errno.EIO, f"short block: {size} of {self._block_size} bytes")
+            else:  # a block vanished, changed or is larger than a slot (ValueError)
+                err = size if isinstance(size, OSError) else OSError(errno.EIO, str(size))
+            err.num_succeeded = i  # type: ignore[attr-defined]
+            raise err
 
     @staticmethod
     def _remove_short(path: str, size: int) -> None:
@@ -69,8 +69,9 @@ class KvfsTier(FileSystemTierManager):
             pass
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        # vLLM 0.32's FileSystemTierManager.submit_store, writing with kvfs.client.direct (each
-        # block committed under a temporary name and renamed into place, as vLLM's tier does)
+        # vLLM 0.32's FileSystemTierManager.submit_store, writing with kvfs.client.direct: the
+        # job's blocks in one batch, each committed by the daemon under a temporary name and
+        # renamed into place, as vLLM's tier does
         keys = list(job_metadata.keys)
         if self.events is not None:
             self._store_job_keys[job_metadata.job_id] = keys
@@ -93,7 +94,8 @@ class KvfsTier(FileSystemTierManager):
         self._pool.enqueue_store(job_metadata.job_id, 1, [store_task])
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        # vLLM 0.32's FileSystemTierManager.submit_load, reading with kvfs.client.direct
+        # vLLM 0.32's FileSystemTierManager.submit_load, reading with kvfs.client.direct (the
+        # job's blocks in one batch)
         job_id = job_metadata.job_id
         keys = list(job_metadata.keys)
         self._load_job_keys[job_id] = keys

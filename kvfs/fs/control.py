@@ -24,8 +24,9 @@ import trio
 from kvfs.catalog.interface import Catalog
 from kvfs.catalog.records import CONTROL_INO, ROOT_INO
 from kvfs.catalog.tree import LINK_HINT
+from kvfs.client import wire
 from kvfs.errors import KvfsError
-from kvfs.fs.direct_access import DirectAccess
+from kvfs.fs.direct_socket import DirectSocket
 from kvfs.fs.files import Files
 from kvfs.knobs import Knobs
 from kvfs.tiers.store import BlockStore
@@ -55,15 +56,16 @@ class DaemonView(Protocol):
 
 class Control:
     """The control file and kvfs attributes over the layers it is given. `service` is the
-    daemon's view (`DaemonView`), and `pool_info` ({"pool_id", "namespace_paths",
-    "read_timeout"}) goes into every layout a direct reader gets."""
+    daemon's view (`DaemonView`), `pool_info` ({"pool_id", "namespace_paths",
+    "read_timeout"}) goes into every layout shown, and `direct_socket` is where
+    kvfs.client.direct is served (`user.kvfs.direct` on the root says where)."""
 
     def __init__(
         self,
         catalog: Catalog,
         store: BlockStore,
         files: Files,
-        direct: DirectAccess,
+        direct_socket: DirectSocket,
         knobs: Knobs,
         *,
         service: DaemonView,
@@ -72,7 +74,7 @@ class Control:
         self.catalog = catalog
         self.store = store
         self.files = files
-        self.direct = direct
+        self.direct_socket = direct_socket
         self.knobs = knobs
         self.service = service
         self.pool_info = pool_info
@@ -155,6 +157,8 @@ class Control:
         key = name[len(PREFIX) :]
         if inode == ROOT_INO and key == b"stats":
             return self._stats_snapshot()
+        if inode == ROOT_INO and key == b"direct":
+            return self._direct_socket()
         if inode == CONTROL_INO:
             if key == b"result":
                 return self._results.get(uid, b'{"ok": true, "action": null}')
@@ -165,12 +169,17 @@ class Control:
                 if key == b"layout":  # extents a direct reader will read: durable first
                     await self.files.settle(inode)
                 return self._file_attr(node, key)
-        if key == b"alloc":
-            a = self.files.allocations.latest(inode)
-            return json.dumps(
-                self.files.allocations.describe(a, self.pool_info["namespace_paths"])
-            ).encode()
         return None
+
+    def _direct_socket(self) -> bytes:
+        """Where kvfs.client.direct sends its batches (kvfs/fs/direct_socket.py), and the pid
+        a client checks the socket's peer against."""
+        sock = self.direct_socket
+        if not sock.listening:
+            raise KvfsError(errno.ENODATA, "the direct path is not served (no socket)")
+        return json.dumps(
+            {"version": wire.VERSION, "socket": sock.address, "pid": os.getpid()}
+        ).encode()
 
     STATS_REUSE = 1.0  # seconds a snapshot is given again (once)
 
@@ -222,7 +231,7 @@ class Control:
 
     def listxattr(self, inode: int) -> list[bytes]:
         if inode == ROOT_INO:
-            return [PREFIX + b"stats"]
+            return [PREFIX + b"stats", PREFIX + b"direct"]
         if inode == CONTROL_INO:
             return [PREFIX + b"result"]
         node = self.catalog.find(inode)
@@ -239,17 +248,6 @@ class Control:
             key = name[len(PREFIX) :]
             if key in (b"pin", b"next", b"parent"):
                 await self._set_file_attr(inode, key, value)
-                return True
-            if key in (b"lease", b"release"):
-                if key == b"lease":  # the version it leases must be the file's content
-                    await self.files.settle(inode)
-                self._lease(inode, key, value)
-                return True
-            if key in (b"alloc", b"commit"):
-                await self._direct_write(inode, key, value)
-                return True
-            if key == b"stalled":
-                self._stalled(inode, value)
                 return True
             raise KvfsError(
                 errno.EPERM,
@@ -284,65 +282,6 @@ class Control:
             raise
         self._results[uid] = json.dumps({"ok": True, "action": action, "result": result}).encode()
         return True
-
-    def _lease(self, inode: int, key: bytes, value: bytes) -> None:
-        """kvfs.client.direct's leases: {"generation": G, "ttl": seconds} to lease,
-        {"generation": G, "hit": true} to release."""
-        try:
-            args = json.loads(value)
-            gen = args["generation"]
-            if isinstance(gen, bool) or not isinstance(gen, int):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise KvfsError(
-                errno.EINVAL, f'user.kvfs.{key.decode()} takes {{"generation": N, ...}}'
-            ) from None
-        direct = self.direct
-        if key == b"lease":
-            ttl = args.get("ttl", 30)
-            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
-                raise KvfsError(errno.EINVAL, "lease ttl must be 0 < ttl <= 3600 seconds")
-            direct.lease_version(inode, gen, float(ttl))
-        else:
-            direct.end_lease(inode, gen, bool(args.get("hit", True)))
-
-    def _stalled(self, inode: int, value: bytes) -> None:
-        """kvfs.client.direct's word that a read of this file's block had no answer in time:
-        {"namespace": j, "offset": bytes, "length": bytes} (DirectAccess.suspect)."""
-        try:
-            args = json.loads(value)
-            j, off, n = args["namespace"], args["offset"], args["length"]
-            if not all(isinstance(x, int) and not isinstance(x, bool) for x in (j, off, n)):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise KvfsError(
-                errno.EINVAL,
-                'user.kvfs.stalled takes {"namespace": j, "offset": bytes, "length": bytes}',
-            ) from None
-        self.direct.suspect(inode, j, off, n)
-
-    async def _direct_write(self, inode: int, key: bytes, value: bytes) -> None:
-        """kvfs.client.direct's writes, on a file open for writing: {"size": N, "ttl": s} to
-        allocate (the placement is then `user.kvfs.alloc`), {"alloc": id, "sums": [...]} to
-        commit."""
-        try:
-            args = json.loads(value)
-            if not isinstance(args, dict):
-                raise TypeError
-        except (ValueError, TypeError):
-            raise KvfsError(errno.EINVAL, f"user.kvfs.{key.decode()} takes a JSON object") from None
-        if key == b"alloc":
-            size, ttl = args.get("size"), args.get("ttl", 30)
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise KvfsError(errno.EINVAL, 'user.kvfs.alloc takes {"size": bytes, "ttl": s}')
-            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
-                raise KvfsError(errno.EINVAL, "allocation ttl must be 0 < ttl <= 3600 seconds")
-            await self.direct.direct_alloc(inode, size, float(ttl))
-        else:
-            alloc, sums = args.get("alloc"), args.get("sums")
-            if isinstance(alloc, bool) or not isinstance(alloc, int) or not isinstance(sums, list):
-                raise KvfsError(errno.EINVAL, 'user.kvfs.commit takes {"alloc": id, "sums": [...]}')
-            await self.direct.direct_commit(inode, alloc, sums)
 
     async def _set_file_attr(self, inode: int, key: bytes, value: bytes) -> None:
         node = self.catalog.get(inode)

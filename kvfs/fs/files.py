@@ -177,7 +177,7 @@ class Files(Syncing, Eviction):
         lookups[node.ino] = lookups.get(node.ino, 0) + 1
         return self.attr(node)
 
-    def _held_here(self, node: Node) -> bool:
+    def held_here(self, node: Node) -> bool:
         """Is the node's content served by this node without asking a shared catalog (open
         here, or resident in DRAM or the local tier)?"""
         st = self.handles.states.get(node.ino)
@@ -186,7 +186,7 @@ class Files(Syncing, Eviction):
         )
 
     async def lookup(self, parent: int, name: bytes) -> Attr:
-        return self.counted(await self.catalog.lookup_fresh(parent, name, self._held_here))
+        return self.counted(await self.catalog.lookup_fresh(parent, name, self.held_here))
 
     def forget(self, ino: int, nlookup: int) -> None:
         lookups = self.handles.lookups
@@ -219,7 +219,7 @@ class Files(Syncing, Eviction):
 
     # --- directories and names -----------------------------------------------------------------
     @staticmethod
-    def _owner(parent: Node, gid: int, mode: int, is_dir: bool) -> tuple[int, int]:
+    def owner_of(parent: Node, gid: int, mode: int, is_dir: bool) -> tuple[int, int]:
         if parent.mode & stat.S_ISGID:  # BSD group semantics on setgid directories
             gid = parent.gid
             if is_dir:
@@ -227,7 +227,7 @@ class Files(Syncing, Eviction):
         return gid, mode
 
     @staticmethod
-    def _no_setid(mode: int) -> None:
+    def refuse_setid(mode: int) -> None:
         """Block files keep no set-user-ID or set-group-ID bit: the mount negotiates
         FUSE_HANDLE_KILLPRIV_V2 (kvfs/fs/operations.py), which leaves clearing them on write to
         the file system, and passthrough writes never reach the daemon. Directories keep theirs."""
@@ -236,11 +236,11 @@ class Files(Syncing, Eviction):
             raise KvfsError(errno.EPERM, why)
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
-        gid, mode = self._owner(self.catalog.dir(parent), gid, mode, True)
+        gid, mode = self.owner_of(self.catalog.dir(parent), gid, mode, True)
         return self.counted(await self.catalog.mkdir(parent, name, mode, uid, gid))
 
     async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
-        gid, _ = self._owner(self.catalog.dir(parent), gid, 0, False)
+        gid, _ = self.owner_of(self.catalog.dir(parent), gid, 0, False)
         return self.counted(await self.catalog.symlink(parent, name, target, uid, gid))
 
     def readlink(self, ino: int) -> bytes:
@@ -333,7 +333,7 @@ class Files(Syncing, Eviction):
     ) -> Attr:
         node = self.catalog.get(ino)
         if mode is not None and node.is_file:
-            self._no_setid(mode)
+            self.refuse_setid(mode)
         if size is not None:
             if not node.is_file:
                 raise KvfsError(
@@ -547,8 +547,8 @@ class Files(Syncing, Eviction):
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int, pid: int = 0
     ) -> tuple[OpenResult, Attr]:
-        self._no_setid(mode)
-        gid, mode = self._owner(self.catalog.dir(parent), gid, mode, False)
+        self.refuse_setid(mode)
+        gid, mode = self.owner_of(self.catalog.dir(parent), gid, mode, False)
         await self.durability.throttle()
         node = self.catalog.create_file(parent, name, mode, uid, gid)
         self.stats.creates += 1
@@ -746,6 +746,6 @@ class Files(Syncing, Eviction):
             "node_states": len(self.handles.states),
             # what is held now (a leak shows here once clients are done)
             "inode_states": len(self.handles.states),
-            "leases_held": sum(len(v) for v in self.leases.held.values()),
+            "leases_held": len(self.leases.held),
             "allocations_pending": len(self.allocations.pending),
         }

@@ -184,7 +184,7 @@ class FuseOps(pyfuse3.Operations):
     # directory's lock (mount/fuse/pyfuse3-parallel-dirops.patch; a stock pyfuse3 ignores it)
     enable_parallel_dirops = True
     # the kernel stops asking for security.capability before every write of a file: once per
-    # inode (SB_NOSEC); kvfs keeps no set-user-ID / set-group-ID bit on files (Files._no_setid)
+    # inode (SB_NOSEC); kvfs keeps no set-user-ID / set-group-ID bit on files (Files.refuse_setid)
     # nor any security.* attribute, so it has nothing to clear (mount/fuse/pyfuse3-killpriv.patch)
     enable_killpriv_v2 = True
     # that one question per new file is answered ENODATA by pyfuse3's request loop itself

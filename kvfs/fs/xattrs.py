@@ -27,7 +27,8 @@ class Attributes:
         self.settle = settle  # wait until a closed file's content is its committed version
 
     @staticmethod
-    def _check_xattr_name(name: bytes) -> None:
+    def check(name: bytes, value: bytes) -> None:
+        """Refuse an attribute Linux would not store: not user.*, its name or value too long."""
         if not name.startswith(b"user."):
             raise KvfsError(
                 errno.ENOTSUP,
@@ -35,6 +36,8 @@ class Attributes:
             )
         if len(name) > XATTR_NAME_MAX:
             raise KvfsError(errno.ERANGE, "attribute name too long")
+        if len(value) > XATTR_SIZE_MAX:
+            raise KvfsError(errno.E2BIG, f"attribute value larger than {XATTR_SIZE_MAX} bytes")
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
         node = self.catalog.get(ino)
@@ -49,9 +52,7 @@ class Attributes:
         return list(self.catalog.get(ino).xattrs)
 
     async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        self._check_xattr_name(name)
-        if len(value) > XATTR_SIZE_MAX:
-            raise KvfsError(errno.E2BIG, f"attribute value larger than {XATTR_SIZE_MAX} bytes")
+        self.check(name, value)
         await self.catalog.set_xattr(self.catalog.get(ino), name, value)
 
     async def removexattr(self, ino: int, name: bytes) -> None:

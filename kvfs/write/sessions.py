@@ -530,7 +530,9 @@ class Sessions:
             raise await self.drop(node, st, failed) from None
         # (no checkpoint from here to the catalog's statements: `writing` says when it joins)
         try:
-            rec = await self.publish(node, layout)
+            (rec,) = await self.publish([(node, layout)])
+            if isinstance(rec, KvfsError):
+                raise rec
         except KvfsError as e:
             s.failed = e  # its closer is told; a later release must not commit it
             raise await self.drop(node, st, e) from None
@@ -669,24 +671,50 @@ class Sessions:
             s.reserved = keep
         self._charge(s)
 
-    async def publish(self, node: Node, layout) -> BlobRec:
-        """Record a block that is durable in the pool as the file's current version (one
-        catalog transaction); the old version is retired. The block's space is released if
-        the catalog refuses it, or if the file was unlinked before it was ever published."""
-        score = await self.score(node, layout)
-        published = node.linked  # the catalog publishes exactly when the node is linked
-        if node.removed_elsewhere:  # while its block was being written
-            self.pool.release(layout)
-            raise self._removed_elsewhere(node)
+    async def publish(self, items: list[tuple[Node, Layout]]) -> list[BlobRec | KvfsError]:
+        """Record blocks that are durable in the pool, each (node, layout), as their files'
+        current versions (one catalog transaction): each one's new version, or the error that
+        kept it out; old versions are retired. A block's space is released if the catalog
+        refuses it, if its file was unlinked before it was ever published, or if cancelled."""
+        out: list = [None] * len(items)  # (each is set below)
         try:
-            rec, old = await self.catalog.commit(node, layout, score if published else None)
-        except BaseException as e:
-            if not (isinstance(e, Unsure) and e.maybe_published):  # else another node may read it
-                self.pool.release(layout)
-            self.stats.commit_errors += 1
+            scores = [
+                await self.space.score_stored(node, layout.size) if node.linked else None
+                for node, layout in items
+            ]
+        except BaseException:
+            for _, layout in items:
+                self.pool.release(layout)  # (cancelled) nothing points at them
             raise
-        self.published(node, rec, old, published)
-        return rec
+        batch = []  # (index, node, layout, score, published: exactly when the node is linked)
+        for i, ((node, layout), score) in enumerate(zip(items, scores)):
+            if node.removed_elsewhere:  # while its block was being written
+                self.pool.release(layout)
+                out[i] = self._removed_elsewhere(node)
+            else:
+                batch.append((i, node, layout, score, node.linked))
+        if not batch:
+            return out
+        try:
+            results = await self.catalog.commit_batch(
+                [(node, layout, score if pub else None) for _, node, layout, score, pub in batch]
+            )
+        except KvfsError as e:  # (a shared catalog's error for the call: each file's)
+            results = [e] * len(batch)
+        except BaseException:  # (cancelled)
+            for _, _, layout, _, _ in batch:
+                self.pool.release(layout)
+            self.stats.commit_errors += len(batch)
+            raise
+        for (i, node, layout, _, pub), got in zip(batch, results):
+            out[i] = got if isinstance(got, KvfsError) else got[0]
+            if isinstance(got, KvfsError):  # (a shared catalog refuses files one by one)
+                if not (isinstance(got, Unsure) and got.maybe_published):  # else read elsewhere
+                    self.pool.release(layout)
+                self.stats.commit_errors += 1
+            else:
+                self.published(node, *got, pub)
+        return out
 
     async def score(self, node: Node, layout):
         """The file's place in the pool's order for a commit of `layout` (a shared pool may

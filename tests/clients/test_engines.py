@@ -52,6 +52,14 @@ class Client:
         """Per block: True (bit-exact), False (wrong bytes), None (not read: a miss)."""
         return e.call("get", keys=keys)
 
+    def store_batch(self, e, keys: list[int]) -> bool:
+        """Store `keys` as one batch of the engine's (one vLLM TransferJob)."""
+        return self.store(e, keys, batch=len(keys))
+
+    def read_batch(self, e, keys: list[int]) -> list[bool | None]:
+        """`read` as one batch of the engine's (one vLLM load job)."""
+        return self.read(e, keys)
+
     def files(self, e, d) -> list[str]:
         """Every file in `d` (vLLM's: below it, as paths)."""
         return list(e.call("files", **{self.where: str(d)}))
@@ -175,6 +183,12 @@ class Sglang(Client):
 
     def store(self, e, keys, batch=None):
         return all(e.call("set", keys=keys))
+
+    def store_batch(self, e, keys):
+        return all(e.call("set", keys=keys, batch=True))  # (batch_set)
+
+    def read_batch(self, e, keys):
+        return e.call("get", keys=keys, batch=True)  # (batch_get)
 
     def found(self, e, keys):
         return e.call("exists", keys=keys)
@@ -394,12 +408,18 @@ def test_kvfs_tier_shares_the_files_and_reads_them_directly(engines, make_mount,
     assert c.found(b, list(range(1, 14))) == [True] * 12 + [False]
     c.looked_up(b, list(range(1, 13)))
     m.drop_caches()
-    before = m.stats()["files"]["direct_reads"]
-    assert c.read(b, list(range(1, 13))) == [True] * 12
-    assert m.stats()["files"]["direct_reads"] - before == 12  # not through FUSE
-    writes = m.stats()["files"]["direct_writes"]
-    assert c.store(b, list(range(50, 54)))  # its stores: direct writes
-    assert m.stats()["files"]["direct_writes"] - writes == 4
+    before = m.stats()
+    assert c.read_batch(b, list(range(1, 13))) == [True] * 12
+    assert c.store_batch(b, list(range(50, 54)))  # its stores: direct writes
+    after = m.stats()
+    assert after["files"]["direct_reads"] - before["files"]["direct_reads"] == 12  # no FUSE
+    assert after["files"]["direct_writes"] - before["files"]["direct_writes"] == 4
+    # a batch of the engine's is one request each way to the daemon, whatever its size
+    asked = {
+        k: n - before["direct"]["requests"].get(k, 0)
+        for k, n in after["direct"]["requests"].items()
+    }
+    assert asked == {"lease": 1, "release": 1, "alloc": 1, "commit": 1}, asked
     assert c.read(a, list(range(50, 54))) == [True] * 4  # the engine's own tier reads them
     # a block gone between lookup and read: vLLM's load job fails after the blocks before it,
     # SGLang's backend reads the others

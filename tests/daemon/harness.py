@@ -13,8 +13,12 @@ import trio.testing
 from kvfs import config
 from kvfs.catalog.records import ROOT_INO
 from kvfs.errors import KvfsError
+from kvfs.fs.permissions import Caller
 from kvfs.knobs import Knobs
 from kvfs.service import Service, open_layers
+
+# a direct client (kvfs/fs/direct_access.py) as root, the way the daemon's socket says who asks
+ROOT = Caller(os.getpid(), 0, 0)
 
 
 class FS:

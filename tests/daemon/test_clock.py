@@ -13,7 +13,7 @@ import trio.testing
 
 from kvfs.errors import KvfsError
 from kvfs.tiers.readahead import CHAIN_GAP_SECONDS, IDLE_SECONDS
-from tests.daemon.harness import mock_clock, run_service, wait_out
+from tests.daemon.harness import ROOT, known, mock_clock, run_service, wait_out
 
 MiB = 1 << 20
 
@@ -23,34 +23,31 @@ def test_a_direct_read_lease_holds_the_old_version_until_it_expires(pool_config)
     clock = mock_clock()
 
     async def body(fs):
+        direct = fs.svc.direct
         await fs.write("/f", os.urandom(3 * MiB))
         await fs.sync()
-        ino = fs.ino("/f")
-        gen = fs.files.catalog.get(ino).blob.id
-        fs.svc.direct.lease_version(ino, gen, ttl=30)
+        [lease] = await direct.lease(ROOT, 1, [b"f"], ttl=30)
         free = fs.svc.space.free
         await fs.write("/f", os.urandom(3 * MiB))  # a new version: the old one is retired
         await fs.sync()
         assert fs.svc.space.free == free - 3 * MiB  # ... but leased: its space is kept
         await wait_out(clock, 29)
         assert fs.files.leases.stats.expired_leases == 0
-        fs.svc.direct.end_lease(ino, gen, hit=True)  # released in time: counted as a read
+        # released in time (by the connection that took it): counted as a read
+        [stale] = direct.release(2, [lease.id], [True])  # (another connection's word)
+        assert stale.errno == errno.ESTALE
+        assert direct.release(1, [lease.id], [True]) == [None]
         assert fs.files.leases.stats.direct_reads == 1
         assert fs.svc.space.free == free  # and now it is free
 
-        gen = fs.files.catalog.get(ino).blob.id
-        fs.svc.direct.lease_version(ino, gen, ttl=30)
+        [lease] = await direct.lease(ROOT, 1, [b"f"], ttl=30)
         await fs.write("/f", os.urandom(3 * MiB))
         await fs.sync()
         await wait_out(clock, 31.5)  # the reader stalled: expired
         assert fs.files.leases.stats.expired_leases == 1
         assert fs.svc.space.free == free  # the space went back
-        with pytest.raises(KvfsError) as e:  # ... and its reader learns it
-            fs.svc.direct.end_lease(ino, gen, hit=True)
-        assert e.value.errno == errno.ESTALE
-        with pytest.raises(KvfsError) as e:  # a version that is not current
-            fs.svc.direct.lease_version(ino, gen, ttl=30)
-        assert e.value.errno == errno.ESTALE
+        [stale] = direct.release(1, [lease.id], [True])  # ... and its reader learns it
+        assert stale.errno == errno.ESTALE
 
     run_service(cfg, body, clock)
 
@@ -60,24 +57,21 @@ def test_a_direct_write_allocation_expires_and_its_space_returns(pool_config):
     clock = mock_clock()
 
     async def body(fs):
-        fh = await fs.open("/g", os.O_CREAT | os.O_WRONLY)
-        ino = fs.ino("/g")
+        direct = fs.svc.direct
         free = fs.svc.space.free
-        a = await fs.svc.direct.direct_alloc(ino, 2 * MiB, ttl=20)
+        [a] = await direct.allocate(ROOT, 1, [(b"g", 2 * MiB, 0o644, {})], ttl=20)
         assert fs.svc.space.free == free - 2 * MiB
         await wait_out(clock, 21.5)  # expired by the periodic check
         assert fs.files.allocations.stats.expired_allocations == 1
         assert fs.svc.space.free == free
-        with pytest.raises(KvfsError) as e:
-            await fs.svc.direct.direct_commit(ino, a.id, [0] * a.layout.nunits)
-        assert e.value.errno == errno.ESTALE
-        b = await fs.svc.direct.direct_alloc(ino, MiB, ttl=20)
+        [e] = await direct.commit(ROOT, 1, [(a.id, [0] * a.layout.nunits)])
+        assert e.errno == errno.ESTALE
+        [b] = await direct.allocate(ROOT, 1, [(b"g", MiB, 0o644, {})], ttl=20)
         await wait_out(clock, 20.5)  # past its deadline, before the check
-        with pytest.raises(KvfsError) as e:  # the commit itself refuses it
-            await fs.svc.direct.direct_commit(ino, b.id, [0])
-        assert e.value.errno == errno.ESTALE
+        [e] = await direct.commit(ROOT, 1, [(b.id, [0])])  # the commit itself refuses it
+        assert e.errno == errno.ESTALE
         assert fs.svc.space.free == free
-        await fs.close(fh)
+        assert not known(fs, "/g")  # nothing was made
 
     run_service(cfg, body, clock)
 

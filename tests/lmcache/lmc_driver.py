@@ -112,6 +112,17 @@ def put_all(backend, cpu, n: int, first: int = 0) -> None:
         obj.ref_count_down()
 
 
+def put_batch(backend, cpu, n: int, first: int = 0) -> None:
+    """Chunks first..first+n-1 in one batched put, as LMCache's storage manager puts them."""
+    objs = [alloc(cpu, i) for i in range(first, first + n)]
+    futures = backend.batched_submit_put_task([key(i) for i in range(first, first + n)], objs)
+    for f in futures or []:
+        if f is not None:
+            f.result(60)
+    for obj in objs:
+        obj.ref_count_down()
+
+
 def same(obj, i: int) -> bool:
     return obj is not None and torch.equal(obj.tensor.view(SHAPE), expected(i))
 
@@ -206,8 +217,9 @@ def run_plugin(args, put: bool) -> dict:
     kv = backends["kvfs"]
     n = args.chunks
     out: dict = {"backend": str(kv)}
-    if put:
-        put_all(kv, cpu, n)
+    if put:  # half one at a time, half in one batch
+        put_all(kv, cpu, n // 2)
+        put_batch(kv, cpu, n - n // 2, first=n // 2)
         out["files"] = sorted(os.listdir(args.dir))
     out["contained"] = [kv.contains(key(i)) for i in range(n)]
     out["get_blocking"] = [same(kv.get_blocking(key(i)), i) for i in range(n)]

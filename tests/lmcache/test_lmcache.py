@@ -106,6 +106,11 @@ def test_kvfs_storage_plugin_reads_hits_directly(lmc_mount):
     st = lmc_mount.stats()
     assert st["files"]["direct_reads"] >= 36  # the reads bypassed FUSE
     assert st["files"]["stale_releases"] == 0
+    # each batch is one request each way to the daemon: 6 chunks put one by one and 6 in a
+    # batch; 12 chunks got one by one, then twice 12 in a batch (their attributes, leases and
+    # releases)
+    want = {"alloc": 7, "commit": 7, "inspect": 14, "lease": 14, "release": 14}
+    assert st["direct"]["requests"] == want, st["direct"]
     # a new engine process, and after a kvfs restart: the chunks are there (no local index)
     lmc_mount.restart()
     got = drive("plugin_get", d, "--chunks", "12")

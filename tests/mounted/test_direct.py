@@ -3,18 +3,23 @@ rewrites."""
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kvfs.client.direct as kd
+from kvfs.client.channel import Channel
 from tests.cuda_stub import build as build_cuda_stub
-from tests.helpers import ROOT, requires_throttle, wait_until
+from tests.helpers import ROOT, requires_throttle, wait_until, write_config
 
 MiB = 1 << 20
 SIZES = [0, 1, 4095, 4096, 65537, MiB, MiB + 1, 7 * MiB + 123]
@@ -83,14 +88,14 @@ def test_a_rewrite_during_a_direct_read_never_returns_wrong_bytes(blocks, monkey
     assert m.stats()["files"]["stale_releases"] >= 1
     # with a live lease the old version stays readable even though the file was rewritten
     d2 = kd.Direct(str(m.mountpoint), ttl=30)
-    lay = d2._leased_layout(str(p))
+    [lay] = d2._lease([str(p)])
     p.write_bytes(old)
     for i in range(8):
         (m.mountpoint / f"more{i}").write_bytes(os.urandom(MiB))
     dest = memoryview(bytearray(lay.size))
     for k in range(len(lay.ns)):
         d2._read_unit_host(lay, k, dest, True)  # checksums of the leased version verify
-    assert bytes(dest) == new and d2._release(lay, hit=True)
+    assert bytes(dest) == new and d2._release({0: lay}, {0}) == set()  # still live
     d.close()
     d2.close()
 
@@ -250,38 +255,225 @@ def test_direct_writes_are_bit_exact_durable_and_atomic(make_mount, pool_config)
             assert d.read_into(str(p), buf) == len(want) and bytes(buf[: len(want)]) == want
 
 
-def test_direct_write_refusals(make_mount, pool_config):
-    m = make_mount(pool_config(n=2))
-    p = m.mountpoint / "f.pt"
-    with pytest.raises(OSError) as e:  # allocating needs the file open for writing
-        p.write_bytes(b"")
-        os.setxattr(p, "user.kvfs.alloc", b'{"size": 4096}')
-    assert e.value.errno == errno.EBADF
-    fd = os.open(p, os.O_WRONLY)
-    try:
-        os.setxattr(fd, "user.kvfs.alloc", json.dumps({"size": 3 * MiB, "ttl": 0.2}).encode())
-        a = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
-        assert len(a["unit_map"]) == 3 and a["size"] == 3 * MiB
-        with pytest.raises(OSError) as e:  # checksums for every unit
-            os.setxattr(
-                fd, "user.kvfs.commit", json.dumps({"alloc": a["alloc"], "sums": [1]}).encode()
-            )
-        assert e.value.errno == errno.EINVAL
-        os.setxattr(fd, "user.kvfs.alloc", json.dumps({"size": MiB, "ttl": 0.2}).encode())
-        a = json.loads(os.getxattr(fd, "user.kvfs.alloc"))
-        free = m.stats()["tiers"]["pool"]["free"]
+def test_direct_write_refusals(make_mount, pool_config, monkeypatch):
+    """Each block of a batch is refused on its own, with the errno a write through the mount
+    would get; an allocation that runs out before its units are written is not committed,
+    and its space goes back."""
+    m = make_mount(pool_config(n=2, pool='max_block_size = "1MiB"'))
+    mnt = m.mountpoint
+    (mnt / "dir").mkdir()
+    with kd.Direct(str(mnt)) as d:
+        paths = [mnt / "ok", mnt / "nodir" / "x", mnt / "dir", mnt / "big", "/elsewhere/f"]
+        bufs = [b"a" * 10, b"b", b"c", bytes(2 * MiB), b"d"]
+        got = d.write_many([str(p) for p in paths], bufs, return_exceptions=True)
+        want = [None, errno.ENOENT, errno.EISDIR, errno.EFBIG, errno.EXDEV]
+        assert [e.errno if e else None for e in got] == want, got
+        assert (mnt / "ok").read_bytes() == b"a" * 10 and not (mnt / "big").exists()
+        with pytest.raises(IsADirectoryError):  # raised once the others are stored
+            d.write_many([str(mnt / "dir"), str(mnt / "ok")], [b"x", b"y"])
+        assert (mnt / "ok").read_bytes() == b"y"
+    m.sync()  # (the replaced version's space back first)
+    free = m.stats()["tiers"]["pool"]["free"]
+    d = kd.Direct(str(mnt), ttl=0.3)
+    real = d._write_unit
+
+    def late(*args):
         wait_until(
             lambda: m.stats()["files"]["expired_allocations"] >= 1, 30, "the allocation to run out"
         )
-        with pytest.raises(OSError) as e:
-            os.setxattr(
-                fd, "user.kvfs.commit", json.dumps({"alloc": a["alloc"], "sums": [0]}).encode()
+        return real(*args)
+
+    monkeypatch.setattr(d, "_write_unit", late)
+    with pytest.raises(OSError) as e:
+        d.write(str(mnt / "late"), os.urandom(MiB))
+    assert e.value.errno == errno.ESTALE
+    assert m.stats()["tiers"]["pool"]["free"] == free  # its space went back
+    assert not (mnt / "late").exists()  # nothing was committed
+    d.close()
+
+
+def test_each_block_of_a_read_batch_succeeds_or_fails_alone(blocks):
+    """One missing file, a directory, a buffer too small: errors of their own blocks, in
+    their places; the others are read bit-exact. Without return_exceptions the first error
+    is raised once every block was read."""
+    m, data = blocks
+    mnt = m.mountpoint
+    (mnt / "dir").mkdir()
+    paths = [str(p) for p in data]
+    bufs = [bytearray(max(1, len(v))) for v in data.values()]
+    odd = [str(mnt / "missing"), str(mnt / "dir"), paths[7]]
+    with kd.Direct(str(mnt)) as d:
+        got = d.read_many(
+            paths + odd, bufs + [bytearray(1), bytearray(1), bytearray(10)], return_exceptions=True
+        )
+        assert got[: len(paths)] == [len(v) for v in data.values()]
+        assert all(bytes(b[: len(v)]) == v for b, v in zip(bufs, data.values()))
+        missing, a_dir, small = got[len(paths) :]
+        assert isinstance(missing, FileNotFoundError) and missing.filename == odd[0]
+        assert isinstance(a_dir, IsADirectoryError)
+        assert isinstance(small, ValueError) and "smaller than" in str(small)
+        infos = d.inspect(paths[:2] + odd[:1], ["user.none"])  # sizes, before the buffers
+        assert [i.size for i in infos[:2]] == [len(v) for v in list(data.values())[:2]]
+        assert infos[0].xattrs == {} and isinstance(infos[2], FileNotFoundError)
+        bufs = [bytearray(len(data[mnt / n])) for n in ("b5.pt", "b6.pt")]
+        with pytest.raises(FileNotFoundError):
+            d.read_many([paths[5], odd[0], paths[6]], [bufs[0], bytearray(1), bufs[1]])
+        assert bytes(bufs[0]) == data[mnt / "b5.pt"] and bytes(bufs[1]) == data[mnt / "b6.pt"]
+    assert m.stats()["files"]["leases_held"] == 0
+
+
+def test_a_client_outlives_a_restart_of_the_daemon(make_mount, pool_config):
+    """A stop closes a client's idle connection and ends cleanly; the client's next batch
+    finds the new daemon's socket through the mount and goes on."""
+    m = make_mount(pool_config())
+    p = str(m.mountpoint / "x")
+    with kd.Direct(str(m.mountpoint)) as d:
+        d.write(p, b"a" * 5000)
+        before = m.stats()["direct"]["socket"]
+        assert m.stop() == 0
+        m.start()
+        buf = bytearray(5000)
+        assert d.read_into(p, buf) == 5000 and buf == b"a" * 5000
+        d.write(p, b"b" * 10)
+        assert m.stats()["direct"]["socket"] != before
+    assert (m.mountpoint / "x").read_bytes() == b"b" * 10
+
+
+def fuse_requests(m) -> collections.Counter:
+    """FUSE requests the daemon answered so far, by operation."""
+    return collections.Counter({op: v["count"] for op, v in m.stats()["latency"].items()})
+
+
+def test_a_batch_costs_the_daemon_two_requests_each_way_whatever_its_size(make_mount, pool_config):
+    """Storing N blocks is two requests on the direct socket (placements, commits) and loading
+    them two more (leases and layouts, releases), for N = 1 as for N = 32; no FUSE request at
+    all once the client has found the socket (one getxattr)."""
+    m = make_mount(pool_config(n=2))
+    mnt = m.mountpoint
+    (mnt / "kv").mkdir()
+    seen = {}
+    with kd.Direct(str(mnt)) as d:
+        d.write(str(mnt / "kv" / "first"), b"1")  # (the socket found: user.kvfs.direct)
+        for n in (1, 32):
+            paths = [str(mnt / "kv" / f"{n}-{i}") for i in range(n)]
+            bufs = [os.urandom(64 * 1024) for _ in range(n)]
+            before = m.stats()["direct"]["requests"]
+            a = fuse_requests(m)
+            b = fuse_requests(m)
+            asking = b - a  # what a look at the statistics costs
+            d.write_many(paths, bufs)
+            out = [bytearray(64 * 1024) for _ in range(n)]
+            assert d.read_many(paths, out) == [64 * 1024] * n and out == bufs
+            c = fuse_requests(m)
+            after = m.stats()["direct"]["requests"]
+            fuse = sum(((c - b) - asking).values())
+            seen[n] = (fuse, {k: after[k] - before.get(k, 0) for k in after})
+    assert seen[1] == seen[32] == (0, {"alloc": 1, "commit": 1, "lease": 1, "release": 1}), seen
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user may reach (a mount and namespaces another user's process uses)."""
+    d = Path(tempfile.mkdtemp(prefix="kvfs-users-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def as_user(uid: int, fn):
+    """fn() in a child process with another user's credentials (no supplementary groups);
+    its result, through a pipe."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (the child: never returns to pytest)
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = {"result": fn()}
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out, code = {"error": repr(e)}, 1
+        os.write(w, json.dumps(out).encode())
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        raw = f.read()
+    os.waitpid(pid, 0)
+    out = json.loads(raw)
+    assert "error" not in out, out["error"]
+    return out["result"]
+
+
+def test_another_users_batch_is_checked_as_the_mount_checks_it(open_dir, make_mount):
+    """The daemon knows who asks from the socket (SO_PEERCRED) and checks each path for that
+    user as the kernel would through the mount: another user reads what it may read and not
+    a file of mode 0600, and writes into a directory it may write to (the file is its own)
+    and not into root's. Without allow_other the socket refuses it, as the mount does."""
+    nobody = 65534
+    cfg = write_config(
+        open_dir / "kvfs.toml",
+        open_dir / "state",
+        [{"path": str(open_dir / f"ns{i}.img"), "size": "64MiB"} for i in range(2)],
+        mount="allow_other = true",
+    )
+    m = make_mount(cfg, name=str(open_dir / "mnt"))
+    mnt = m.mountpoint
+    for ns in open_dir.glob("ns*.img"):
+        ns.chmod(0o666)  # (the other user reads and writes the namespaces itself)
+    secret, public = os.urandom(70000), os.urandom(70000)
+    (mnt / "secret").write_bytes(secret)
+    (mnt / "secret").chmod(0o600)
+    (mnt / "public").write_bytes(public)
+    (mnt / "drop").mkdir()
+    (mnt / "drop").chmod(0o777)
+
+    def batch():
+        with kd.Direct(str(mnt)) as d:
+            bufs = [bytearray(70000), bytearray(70000)]
+            read = d.read_many(
+                [str(mnt / "secret"), str(mnt / "public")], bufs, return_exceptions=True
             )
-        assert e.value.errno == errno.ESTALE
-        assert m.stats()["tiers"]["pool"]["free"] > free  # its space went back
-    finally:
-        os.close(fd)
-    assert p.read_bytes() == b""  # nothing was committed
+            wrote = d.write_many(
+                [str(mnt / "mine"), str(mnt / "drop" / "mine")],
+                [b"no", b"yes"],
+                return_exceptions=True,
+            )
+        return [
+            [r if isinstance(r, int) else r.errno for r in read],
+            bytes(bufs[1]) == public,
+            [r.errno if r else 0 for r in wrote],
+        ]
+
+    assert as_user(nobody, batch) == [[errno.EACCES, 70000], True, [errno.EACCES, 0]]
+    st = os.stat(mnt / "drop" / "mine")
+    assert (st.st_uid, st.st_gid) == (nobody, nobody) and (
+        mnt / "drop" / "mine"
+    ).read_bytes() == b"yes"
+    assert not (mnt / "mine").exists()
+
+    # without allow_other: the socket's own refusal (the kernel keeps the user off the mount)
+    m2 = make_mount(
+        write_config(
+            open_dir / "k2.toml",
+            open_dir / "state2",
+            [{"path": str(open_dir / "ns9.img"), "size": "64MiB"}],
+        ),
+        name=str(open_dir / "mnt2"),
+    )
+    where = json.loads(os.getxattr(m2.mountpoint, "user.kvfs.direct"))
+
+    def connect():
+        try:
+            Channel(where["socket"].replace("@", "\0", 1), where["pid"])
+        except OSError as e:
+            return [e.errno, str(e)]
+        return None
+
+    code, why = as_user(nobody, connect)
+    assert code == errno.EACCES and "allow_other" in why
+    assert m2.stats()["direct"]["refused"] == 1
 
 
 @requires_throttle

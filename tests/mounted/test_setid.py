@@ -72,3 +72,21 @@ def test_set_id_bits_refused_on_files_kept_on_directories(mnt):
     (d / "g").write_bytes(b"y")
     st = os.stat(d / "g")
     assert st.st_gid == 1234 and not st.st_mode & stat.S_ISGID
+
+
+def test_a_direct_writer_is_refused_set_id_bits_too(mnt):
+    """kvfs.client.direct creates files without the mount: the same rule, per block."""
+    from kvfs.client.direct import Direct
+
+    root = mnt.mountpoint
+    with Direct(str(root)) as d:
+        out = d.write_many(
+            [str(root / "plain"), str(root / "setuid")],
+            [b"p" * 4096, b"s" * 4096],
+            mode=0o4755,
+            return_exceptions=True,
+        )
+        assert all(isinstance(e, PermissionError) for e in out), out
+        assert d.write_many([str(root / "plain")], [b"p" * 4096], mode=0o755) == [None]
+    assert not (root / "setuid").exists()
+    assert stat.S_IMODE(os.stat(root / "plain").st_mode) == 0o755
