@@ -242,13 +242,15 @@ class DirectAccess:
                 out[i] = e
                 await self._discard(parent, tmp)
                 return
-            self.files.kernel.new_name(parent, name)  # the kernel may cache what was there
+            renamed.append((parent, name))
             self.allocations.stats.direct_writes += 1
             self.allocations.stats.direct_write_bytes += size
 
         # (concurrently: where close is a commit, each rename waits for the catalog's sync,
         # and they share one)
+        renamed: list[tuple[int, bytes]] = []
         await run_all((lambda m=m: place(m[0], m[1], m[2], m[3], m[5].size)) for m in placed)
+        await self.files.kernel.names_replaced(renamed)  # (what it cached of them is stale)
         return out
 
     def _sealed(self, a: Allocation, sums: list[int]) -> Layout:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import pyfuse3
+import trio
 
 log = logging.getLogger("kvfs.fuse")
 
@@ -26,6 +27,11 @@ class NoKernel:
 
     def new_content(self, ino: int) -> None:
         """The file's attributes (its size) changed behind the kernel's back."""
+
+    async def names_replaced(self, names: list[tuple[int, bytes]]) -> None:
+        """Each (directory, name) now leads to a file made without a request of the kernel's
+        (kvfs.client.direct's commit): returns once the kernel has forgotten what it cached
+        of them, so that an open through the mount right after finds the new file."""
 
 
 NO_KERNEL = NoKernel()
@@ -43,6 +49,21 @@ class KernelCache(NoKernel):
             pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
         except Exception:  # noqa: BLE001 - nothing cached, nothing to undo
             log.debug("invalidate_entry(%d, %r) failed", parent, name, exc_info=True)
+
+    async def names_replaced(self, names: list[tuple[int, bytes]]) -> None:
+        # (`new_name` queues the invalidation to pyfuse3's notification thread and returns:
+        # a reader told "stored" could still open the name's old inode, or meet a cached
+        # "no such file". Waited for here, in a worker thread: the kernel may have to wait
+        # for the directory's lock, held by a request this thread must go on serving.)
+        def drop() -> None:
+            for parent, name in names:
+                try:
+                    pyfuse3.invalidate_entry(parent, name)
+                except OSError:
+                    pass  # nothing cached
+
+        if names:
+            await trio.to_thread.run_sync(drop)
 
     def new_content(self, ino: int) -> None:
         """Cached pages go at the next open, which sees a new version (keep_cache is per

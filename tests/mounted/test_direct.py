@@ -4,6 +4,7 @@ rewrites."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import json
 import os
@@ -538,3 +539,18 @@ def test_a_stalled_namespace_costs_a_direct_reader_one_deadline(make_mount, tmp_
             assert r.read_into(paths[n], bufs[n]) == len(data[n])
             assert bufs[n].tobytes() == data[n], n
         r.close()
+
+
+def test_a_name_stored_directly_opens_at_once_through_the_mount(make_mount, pool_config):
+    """A direct commit returns once the kernel has forgotten what it cached of the names it
+    made or replaced: an open through the mount right after finds the new file, never the
+    replaced inode (ENOENT: deleted behind the kernel's back) nor a cached "no such file"."""
+    m = make_mount(pool_config(n=2))
+    mnt = m.mountpoint
+    with kd.Direct(str(mnt)) as d:
+        for i in range(40):
+            p = mnt / f"b{i % 4}"
+            with contextlib.suppress(FileNotFoundError):
+                p.read_bytes()  # (the kernel caches the name: the old file, or its absence)
+            d.write_many([str(p)], [b"%d" % i * 100])
+            assert p.read_bytes() == b"%d" % i * 100, i
