@@ -235,6 +235,8 @@ class DirectAccess:
             else:
                 placed.append(m)
 
+        renamed: list[tuple[int, bytes]] = []  # (directory, name) of the blocks put in place
+
         async def place(i: int, parent: int, tmp: bytes, name: bytes, size: int) -> None:
             try:
                 await self.files.rename(parent, tmp, parent, name, 0)
@@ -248,7 +250,6 @@ class DirectAccess:
 
         # (concurrently: where close is a commit, each rename waits for the catalog's sync,
         # and they share one)
-        renamed: list[tuple[int, bytes]] = []
         await run_all((lambda m=m: place(m[0], m[1], m[2], m[3], m[5].size)) for m in placed)
         await self.files.kernel.names_replaced(renamed)  # (what it cached of them is stale)
         return out
