@@ -358,6 +358,10 @@ def test_two_nodes_share_one_pool(engines, cluster_nodes):
     c, a, b = engines
     n0, n1 = cluster_nodes(2, size="96MiB", regions=16)
     c.open(a, n0.mountpoint / c.dir, **c.pair[0])
+    if c.dir:  # the directory node 0's engine made: on node 1 once its follower applied it
+        # (durability "fsync": a fresh mirror answers a miss itself, docs/cluster.md); SGLang
+        # checks, then makedirs without exist_ok, so opening before that fails with EEXIST
+        wait_until(lambda: (n1.mountpoint / c.dir).is_dir(), 10, "node 1 to see the directory")
     c.open(b, n1.mountpoint / c.dir, **c.pair[1])
     keys = list(range(100, 112))
     assert c.store(a, keys)
