@@ -49,8 +49,10 @@ from kvfs.fs.kernel import NO_KERNEL, NoKernel
 from kvfs.fs.latency import Latency
 from kvfs.fs.leases import Allocations, Leases
 from kvfs.fs.operations import FuseOps
+from kvfs.fs.pool_admin import PoolAdmin
 from kvfs.knobs import Knobs
 from kvfs.pool.buffer import MEMORY
+from kvfs.pool.members import Members, empty_removed
 from kvfs.pool.pool import Pool
 from kvfs.space import LocalSpace, Space
 from kvfs.tiers.local import LocalTier
@@ -245,7 +247,8 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=No
     for nc in cfg.pool.namespaces:  # the embedded default keeps its pool in state_dir
         if not nc.path.exists() and nc.size is not None and sd in nc.path.parents:
             _mkdirs(nc.path.parent, undo)
-    pool = Pool.open(cfg.pool, expect_pool_id=expect, create_new=expect is None)
+    members = Members.decode(catalog.members) if catalog else None
+    pool = Pool.open(cfg.pool, expect_pool_id=expect, create_new=expect is None, members=members)
     stack.callback(pool.close)
     if pool.created:
         undo.callback(_remove_pool_files, cfg)
@@ -265,6 +268,7 @@ def _open_sqlite(cfg: Config, knobs: Knobs, stack, undo, seams: Seams, events=No
     if catalog.pool_id is None:
         catalog.set_pool_id(pool.pool_id)
     pool.attach_extents(*catalog.extents())
+    empty_removed(pool)
     failures.bind(pool)
     # in "fsync" mode space is freed once the change that released it is durable (in "close"
     # mode every change is durable before its space is retired: freed at once, and a free
@@ -423,6 +427,7 @@ class Service:
             namespace_paths=namespace_paths,
             read_timeout=read_timeout,
         )
+        self.pool_admin = self._pool_admin(namespace_paths)
         self.latency = Latency()
         self.control = Control(
             catalog,
@@ -431,6 +436,7 @@ class Service:
             self.direct_socket,
             knobs,
             service=seams.service,
+            pool_admin=self.pool_admin,
             pool_info={
                 "pool_id": pool.pool_id,
                 "namespace_paths": namespace_paths,
@@ -446,6 +452,13 @@ class Service:
             passthrough=cfg.mount.passthrough,
         )
         self.started = time.time()
+
+    def _pool_admin(self, namespace_paths: list[str]) -> PoolAdmin:
+        """`kvfs pool remove` / `add`, with the catalog's record of the pool's members (one
+        node's catalog only: a shared pool's namespaces are not changed while mounted)."""
+        local = self._catalog_kind == "sqlite"
+        members = Members.decode(self.catalog.members) if local else None
+        return PoolAdmin(self.catalog, self.files, self.pool, self.store, namespace_paths, members)
 
     def _files(self, layers: Layers, kernel: NoKernel) -> Files:
         """The write pipeline (its write-back queue where durability is "fsync") and the file
@@ -511,6 +524,8 @@ class Service:
                 self.events.resync(self.catalog.announced_keys())
                 await nursery.start(self.events.serve)
             nursery.start_soon(self._flush_periodically)
+            if self.pool_admin.members.dropping:  # a removal a crash interrupted
+                nursery.start_soon(self.pool_admin.resume)
             nursery.start_soon(self._warm_pinned)
             nursery.start_soon(self._recharge_periodically)
             nursery.start_soon(self.leases.expire_periodically, self.allocations, log)

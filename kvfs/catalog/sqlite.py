@@ -347,6 +347,17 @@ class SqliteCatalog(TreeCatalog):
             self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('pool_id', ?)", (pool_id,))
         self.pool_id = pool_id
 
+    @property
+    def members(self) -> str | None:
+        """The pool's membership record (kvfs/pool/members.py), None if it never changed."""
+        return self._meta("pool_members")
+
+    async def set_members(self, encoded: str) -> None:
+        """Record the pool's membership; return once it is durable."""
+        await self.group.persist(
+            [("INSERT OR REPLACE INTO meta VALUES ('pool_members', ?)", (encoded,))]
+        )
+
     def close(self) -> None:
         """Commit and sync what is open, then close (SQLite checkpoints the WAL)."""
         self.group.close()

@@ -3,6 +3,7 @@
     kvfs mount | umount | format          run a mount (kvfs/cli/mounting.py)
     kvfs stat | ls | tree | df | du | top inspect it (kvfs/cli/inspect.py)
     kvfs pin | unpin | evict | warm        steer it (kvfs/cli/tiers.py)
+    kvfs pool show | remove | add          its namespaces (kvfs/cli/pool.py)
     kvfs doctor                            check the node (kvfs/cli/doctor.py)
     kvfs events                            print its KV events (kvfs/cli/events.py)
 
@@ -18,7 +19,7 @@ import sys
 from typing import Sequence
 
 from kvfs import __version__
-from kvfs.cli import doctor, events, inspect, mounting, tiers
+from kvfs.cli import doctor, events, inspect, mounting, pool, tiers
 from kvfs.cli.common import CliError, fail
 from kvfs.errors import KvfsError
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     mounting.add_parsers(sub)
     inspect.add_parsers(sub)
     tiers.add_parsers(sub)
+    pool.add_parsers(sub)
     doctor.add_parsers(sub)
     events.add_parsers(sub)
     return p

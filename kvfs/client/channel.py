@@ -122,6 +122,19 @@ class Channels:
             where = self._where = (address, raw["pid"])
         return where
 
+    def paths_for(self, ch: Channel, blocks) -> list[str]:
+        """The namespace paths of the pool as `ch`'s welcome names them, read again (one
+        short-lived connection; `ch` and its leases stay) if one of `blocks` (replies with
+        `ns`, or Failures) names a namespace newer than the welcome (`kvfs pool add`)."""
+        paths = ch.welcome.namespace_paths
+        highest = max((max(b.ns) for b in blocks if getattr(b, "ns", None)), default=0)
+        if highest >= len(paths):
+            fresh = Channel(*self._locate(False))
+            fresh.close()
+            ch.welcome = fresh.welcome
+            paths = fresh.welcome.namespace_paths
+        return paths
+
     def get(self, again: bool = False) -> Channel:
         """This thread's connection (a new one if `again`)."""
         key = threading.get_ident()

@@ -316,7 +316,9 @@ class Direct:
                 wire.Lease(rels[at : at + wire.MAX_BATCH], float(self.ttl)), wire.Leased
             ).blocks
             _same_length(got, part)
-            welcome = self._daemon.get().welcome  # (of the connection that answered)
+            ch = self._daemon.get()  # (the connection that answered)
+            welcome = ch.welcome
+            ns_paths = self._daemon.paths_for(ch, got)
             for i, block in zip(part, got):
                 if isinstance(block, wire.Failure):
                     out[i] = OSError(block.errno, block.message, paths[i])
@@ -329,7 +331,7 @@ class Direct:
                         block.ns,
                         block.offsets,
                         block.sums,
-                        welcome.namespace_paths,
+                        ns_paths,
                         welcome.read_timeout,
                         block.lease,
                     )
@@ -694,7 +696,7 @@ class Direct:
                 wire.Alloc(targets[at : at + wire.MAX_BATCH], float(self.ttl)), wire.Allocated
             ).blocks
             _same_length(placed, part)
-            ns_paths = self._daemon.get().welcome.namespace_paths
+            ns_paths = self._daemon.paths_for(self._daemon.get(), placed)
             for i, pl in zip(part, placed):
                 if isinstance(pl, wire.Failure):
                     results[i] = OSError(pl.errno, pl.message, paths[i])

@@ -28,6 +28,7 @@ from kvfs.client import wire
 from kvfs.errors import KvfsError
 from kvfs.fs.direct_socket import DirectSocket
 from kvfs.fs.files import Files
+from kvfs.fs.pool_admin import PoolAdmin
 from kvfs.knobs import Knobs
 from kvfs.tiers.store import BlockStore
 from kvfs.write.handles import Attr
@@ -69,6 +70,7 @@ class Control:
         knobs: Knobs,
         *,
         service: DaemonView,
+        pool_admin: PoolAdmin,
         pool_info: dict,
     ):
         self.catalog = catalog
@@ -77,6 +79,7 @@ class Control:
         self.direct_socket = direct_socket
         self.knobs = knobs
         self.service = service
+        self.pool_admin = pool_admin
         self.pool_info = pool_info
         self.owner = os.geteuid()
         self.started = time.time_ns()
@@ -104,6 +107,17 @@ class Control:
                 self._warm,
                 '{"path": "/a", "depth": N}: fetch a file and the N blocks of '
                 "its chain after it into DRAM",
+            ),
+            "pool_remove": (
+                self._pool_remove,
+                '{"namespace": 2, "drop": false}: remove a namespace from the pool while '
+                "mounted, dropping the blocks with units on it (refused while it would lose "
+                'blocks that still read, unless "drop")',
+            ),
+            "pool_add": (
+                self._pool_add,
+                '{"path": "/dev/nvme4n1", "size": null, "force": false}: format a namespace '
+                "as the pool's next and use it at once (a size creates a file)",
             ),
             "set": (
                 self._set,
@@ -335,6 +349,25 @@ class Control:
             out["spare_bytes_freed"] = self.store.spares.bytes
             self.store.spares.trim(0)
         return out
+
+    async def _pool_remove(self, args: dict) -> dict:
+        j, drop = args.get("namespace"), args.get("drop", False)
+        if set(args) - {"namespace", "drop"} or type(j) is not int or type(drop) is not bool:
+            raise KvfsError(errno.EINVAL, 'pool_remove: takes {"namespace": N, "drop": false}')
+        return await self.pool_admin.remove(j, drop)
+
+    async def _pool_add(self, args: dict) -> dict:
+        path, size, force = args.get("path"), args.get("size"), args.get("force", False)
+        if (
+            set(args) - {"path", "size", "force"}
+            or not isinstance(path, str)
+            or not (size is None or (type(size) is int and size > 0))
+            or type(force) is not bool
+        ):
+            raise KvfsError(
+                errno.EINVAL, 'pool_add: takes {"path": "/abs/path", "size": bytes or null}'
+            )
+        return await self.pool_admin.add(path, size, force)
 
     def _path_node(self, path, action: str):
         if not isinstance(path, str) or not path:

@@ -64,3 +64,17 @@ class Eviction:
         self._unlinked(node)
         self.kernel.evicted(parent, name, ino)
         return rec.layout.stored_bytes()
+
+    async def drop_unreadable(self, node: Node) -> int:
+        """Delete a file whose block can no longer be read (a namespace it has units on left
+        the pool: kvfs/fs/pool_admin.py), open or pinned or not: a reader still holding it
+        gets the namespace's refusal, a writer's close fails (`removed_elsewhere`), and the
+        name is a miss from now on. The bytes it held; 0 if it was gone already."""
+        if not node.linked or node.blob is None:
+            return 0
+        parent, name, rec = node.parent, node.name, node.blob
+        node.removed_elsewhere = True
+        await self.catalog.remove(node)
+        self._unlinked(node)
+        self.kernel.evicted(parent, name, node.ino)
+        return rec.size

@@ -9,11 +9,13 @@ import datetime
 import errno
 import logging
 import uuid
+from pathlib import Path
 
 from kvfs.config import PoolConfig
 from kvfs.errors import StartupError
+from kvfs.pool.layout import DATA_START
 from kvfs.pool.namespace import Namespace, probe
-from kvfs.pool.superblock import SB_SIZE, Superblock, SuperblockError, decode
+from kvfs.pool.superblock import SB_SIZE, Superblock, SuperblockError, decode, foreign_signature
 
 log = logging.getLogger("kvfs.pool.pool")
 
@@ -173,3 +175,48 @@ def write_superblocks(namespaces: list[Namespace], unit: int) -> str:
             )
         )
     return pool_id
+
+
+def format_pool(cfg: PoolConfig, *, force: bool) -> str:
+    """Write new superblocks on every namespace (creating files that have a size).
+
+    Refuses a namespace that holds a kvfs pool or another signature unless `force`.
+    Returns the new pool id.
+    """
+    found = check_paths(cfg)
+    opened: list[Namespace] = []
+    created: list[Path] = []
+    try:
+        for i, (nc, (exists, _, _)) in enumerate(zip(cfg.namespaces, found)):
+            ns = Namespace.open(
+                i,
+                nc.path,
+                queue_depth=nc.queue_depth,
+                weight=nc.weight,
+                io_engine=cfg.io_engine,
+                create_size=None if exists else nc.size,
+            )
+            opened.append(ns)
+            if not exists:
+                created.append(nc.path)
+            if ns.size <= DATA_START:
+                raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small")
+            if exists and not force:
+                what = foreign_signature(ns.read_head(), str(nc.path))
+                if what:
+                    raise StartupError(
+                        f"namespace {nc.path}: holds {what}; refusing to "
+                        f"overwrite it (use --force)",
+                        errno.EEXIST,
+                    )
+        return write_superblocks(opened, cfg.stripe_unit)
+    except BaseException:
+        for p in created:
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        raise
+    finally:
+        for ns in opened:
+            ns.close()

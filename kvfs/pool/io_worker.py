@@ -136,6 +136,9 @@ class Worker:
         self.sock = sock
         self.fds = []
         for path, direct in namespaces:
+            if not path:  # a number removed from the pool: never read
+                self.fds.append(-1)
+                continue
             flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
             self.fds.append(os.open(path, flags))
         self.encoder = msgspec.msgpack.Encoder()

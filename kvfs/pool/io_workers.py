@@ -193,6 +193,13 @@ class IoWorkers:
         for task in tasks:
             trio.lowlevel.reschedule(task, outcome.Error(WorkerLost(why)))
 
+    def restart(self) -> None:
+        """End every worker; each is started again with `paths` as they are now (a namespace
+        was added). Their reads in flight are read again here (`WorkerLost`)."""
+        for w in self.live:
+            if w.proc.poll() is None:
+                w.proc.kill()
+
     def close(self) -> None:
         """Stop every worker (outside trio: the pool's close)."""
         for w in list(self.live):

@@ -165,6 +165,19 @@ class Namespace(AioPaths):
     def __repr__(self) -> str:
         return f"<Namespace {self.index} {self.path}>"
 
+    @property
+    def removed(self) -> bool:
+        """Removed from the pool (`kvfs pool remove`): a number with no space, no reads and
+        no writes (kvfs/pool/members.py)."""
+        return self.stats.state == "removed"
+
+    def retire(self) -> None:
+        """Remove it from the pool: no new units (placement), every read refused at once
+        (`ReadHealth.refused`). The descriptor stays open until the pool closes: I/O that was
+        in flight ends on it, never on a descriptor reused meanwhile."""
+        self.stats.state = self.stats.read_state = "removed"
+        self.health.failed_at = self.health.failed_at or time.monotonic()
+
     @classmethod
     def open(
         cls,
@@ -281,9 +294,10 @@ class Namespace(AioPaths):
             log.error(msg)
             return KvfsError(e.errno, msg)
         self.stats.errors += 1
-        if self.stats.state != "failed":
+        if self.stats.state == "ok":
             log.error("%s; marking the namespace failed", msg)
-        self.stats.state = "failed"
+        if not self.removed:
+            self.stats.state = "failed"
         self.stats.last_error = msg
         self._failed_at = time.monotonic()
         self._failed_writing = self._failed_writing or writing
@@ -295,7 +309,7 @@ class Namespace(AioPaths):
         elsewhere: kvfs/write/writeback.py), so a device that healed is used again without a
         remount."""
         return (
-            self.stats.state != "ok"
+            self.stats.state == "failed"
             and not self.late
             and time.monotonic() - self._failed_at >= RETRY_SECONDS
         )
@@ -355,7 +369,7 @@ class Namespace(AioPaths):
         that fills still reads: its reads would make it flip between ok and failed, and
         placement send writes to it, at every read)."""
         if (
-            self.stats.state == "ok"
+            self.stats.state != "failed"
             or (self._failed_writing and not writing)
             or time.monotonic() - self._failed_at < RETRY_SECONDS
         ):

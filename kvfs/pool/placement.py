@@ -20,12 +20,12 @@ class Placement:
         makes every namespace finish its share of a block at the same time (see `observe`), so a
         slower namespace gets proportionally fewer units and does not hold every block back.
         Failed namespaces get no new units (unless all have failed), until they are on
-        probation (`Namespace.on_probation`: no error for a while).
+        probation (`Namespace.on_probation`: no error for a while); removed ones none.
         """
         nss = self.namespaces
         healthy = [ns.stats.state == "ok" or ns.on_probation() for ns in nss]
         if not any(healthy):
-            healthy = [True] * len(nss)
+            healthy = [not ns.removed for ns in nss]  # (removed: never)
         return [ns.weight * b if ok else 0.0 for ns, b, ok in zip(nss, self.balance, healthy)]
 
     def observe(self, units: dict[int, int], start: float, seconds: dict[int, float]) -> None:
@@ -149,7 +149,8 @@ class Placement:
     def alloc_unit(self, preferred: int, length: int) -> tuple[int, int]:
         """An extent for one unit, on `preferred` if it has room and is healthy (ok, or on
         probation), else on the next healthy namespace (in order) that has; on a failed one
-        only if no healthy one has room. Raises ENOSPC."""
+        only if no healthy one has room (never on a removed one: `alloc_extent`). Raises
+        ENOSPC."""
         n = len(self.namespaces)
         for healthy in (True, False):
             for i in range(n):

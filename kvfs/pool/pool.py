@@ -17,7 +17,6 @@ import dataclasses
 import errno
 import logging
 import time
-from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -28,13 +27,13 @@ from kvfs.errors import DeviceError, KvfsError, StartupError
 from kvfs.pool import linux_aio
 from kvfs.pool.alloc import ExtentAllocator
 from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
-from kvfs.pool.checks import check_paths, validate, write_superblocks
+from kvfs.pool.checks import check_paths, format_pool, validate, write_superblocks
 from kvfs.pool.io_workers import IoWorkers
 from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
+from kvfs.pool.members import Members, open_members
 from kvfs.pool.namespace import Namespace
 from kvfs.pool.placement import Placement
 from kvfs.pool.requests import WriteRequest
-from kvfs.pool.superblock import foreign_signature
 from kvfs.tasks import run_all
 
 log = logging.getLogger("kvfs.pool.pool")
@@ -94,7 +93,9 @@ class Pool(Placement):
         self.namespaces = namespaces
         # worker processes for fetches (kvfs/pool/io_workers.py), run by `serve`
         self.workers = (
-            IoWorkers([(str(ns.path), ns.direct) for ns in namespaces], io_workers)
+            IoWorkers(
+                [("" if ns.removed else str(ns.path), ns.direct) for ns in namespaces], io_workers
+            )
             if io_workers > 0
             else None
         )
@@ -122,13 +123,24 @@ class Pool(Placement):
 
     # --- opening and formatting --------------------------------------------------------------
     @classmethod
-    def open(cls, cfg: PoolConfig, *, expect_pool_id: str | None, create_new: bool) -> "Pool":
+    def open(
+        cls,
+        cfg: PoolConfig,
+        *,
+        expect_pool_id: str | None,
+        create_new: bool,
+        members: Members | None = None,
+    ) -> "Pool":
         """Open and validate the namespaces of `cfg`.
 
         `expect_pool_id` is the pool id the catalog remembers (None for a new catalog).
         `create_new`: if none of the namespaces exists yet and all are files with a size, create
         and format them as a new pool. Block devices are never formatted implicitly.
+        `members`: the catalog's record of namespaces removed and added while mounted
+        (kvfs/pool/members.py): removed ones are not opened, added ones are.
         """
+        if members is not None and members.changed:
+            return open_members(cls, cfg, expect_pool_id, members)
         found = check_paths(cfg)
         missing = [nc.path for nc, f in zip(cfg.namespaces, found) if not f[0]]
         fresh = len(missing) == len(found)
@@ -192,50 +204,16 @@ class Pool(Placement):
                         pass
             raise
 
-    @classmethod
-    def format(cls, cfg: PoolConfig, *, force: bool) -> str:
-        """Write new superblocks on every namespace (creating files that have a size).
+    # --- membership while mounted (kvfs/pool/members.py, kvfs/fs/pool_admin.py) -------------
+    def removed_in(self, layout: Layout) -> str | None:
+        """Why a block written to `layout` must not be committed (a namespace it has units on
+        left the pool while it was written), or None."""
+        for j in set(layout.ns):
+            if self.namespaces[j].removed:
+                return f"namespace {j} was removed from the pool while the block was written"
+        return None
 
-        Refuses a namespace that holds a kvfs pool or another signature unless `force`.
-        Returns the new pool id.
-        """
-        found = check_paths(cfg)
-        opened: list[Namespace] = []
-        created: list[Path] = []
-        try:
-            for i, (nc, (exists, _, _)) in enumerate(zip(cfg.namespaces, found)):
-                ns = Namespace.open(
-                    i,
-                    nc.path,
-                    queue_depth=nc.queue_depth,
-                    weight=nc.weight,
-                    io_engine=cfg.io_engine,
-                    create_size=None if exists else nc.size,
-                )
-                opened.append(ns)
-                if not exists:
-                    created.append(nc.path)
-                if ns.size <= DATA_START:
-                    raise StartupError(f"namespace {nc.path}: {ns.size} bytes is too small")
-                if exists and not force:
-                    what = foreign_signature(ns.read_head(), str(nc.path))
-                    if what:
-                        raise StartupError(
-                            f"namespace {nc.path}: holds {what}; refusing to "
-                            f"overwrite it (use --force)",
-                            errno.EEXIST,
-                        )
-            return write_superblocks(opened, cfg.stripe_unit)
-        except BaseException:
-            for p in created:
-                try:
-                    p.unlink()
-                except OSError:
-                    pass
-            raise
-        finally:
-            for ns in opened:
-                ns.close()
+    format = staticmethod(format_pool)  # `kvfs format` (kvfs/pool/checks.py)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the I/O worker processes, if any, until cancelled."""
@@ -358,9 +336,10 @@ class Pool(Placement):
                     "direct_io": ns.direct,
                     "queue_depth": ns.queue_depth,
                     "io_engine": "aio" if ns.aio and linux_aio.available() else "threads",
+                    "used": a.capacity - a.free_bytes,
                     **dataclasses.asdict(ns.stats),
                 }
-                for ns in self.namespaces
+                for ns, a in zip(self.namespaces, self.allocators)
             ],
         }
 
@@ -418,7 +397,10 @@ class Pool(Placement):
             self.area.published(e.offset, e.length)
 
     def alloc_extent(self, j: int, length: int) -> int | None:
-        """An extent of `length` bytes on namespace j inside this node's area, or None."""
+        """An extent of `length` bytes on namespace j inside this node's area, or None (always
+        on a removed namespace)."""
+        if self.namespaces[j].removed:
+            return None
         off = self.allocators[j].alloc_in(length, self.area.ranges(self.namespaces[j].size))
         if off is not None:
             self.area.allocated(off, length)
@@ -426,7 +408,7 @@ class Pool(Placement):
 
     def free_extent(self, j: int, off: int, length: int) -> None:
         """Give back an extent this node allocated and did not publish."""
-        if self.frees_stopped:
+        if self.frees_stopped or self.namespaces[j].removed:
             return
         self.allocators[j].free(off, length)
         self.area.freed(off, length)

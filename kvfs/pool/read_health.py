@@ -64,6 +64,12 @@ class ReadHealth:
         """The error of a read refused while failed for reads (counted)."""
         ns = self.ns
         ns.stats.reads_refused += 1
+        if ns.removed:
+            return Unreadable(
+                f"namespace {ns.index} ({ns.path}): removed from the pool",
+                (ns.index,),
+                waited=False,
+            )
         return Unreadable(
             f"namespace {ns.index} ({ns.path}): failed for reads (no answer within "
             f"read_timeout_ms {time.monotonic() - self.failed_at:.1f} s ago); not waited for",
@@ -160,6 +166,8 @@ class ReadHealth:
         page = mmap.mmap(-1, PAGE)
         while True:
             await trio.sleep(PROBE_SECONDS)
+            if ns.removed:
+                return
             if self.reads or ns.fd < 0:
                 continue
             t0 = time.monotonic()

@@ -691,6 +691,9 @@ class Sessions:
             if node.removed_elsewhere:  # while its block was being written
                 self.pool.release(layout)
                 out[i] = self._removed_elsewhere(node)
+            elif why := self.pool.removed_in(layout):  # (kvfs/fs/pool_admin.py)
+                self.pool.release(layout)
+                out[i] = KvfsError(errno.EIO, f"{self.catalog.path_of(node)}: {why}")
             else:
                 batch.append((i, node, layout, score, node.linked))
         if not batch:

@@ -566,6 +566,14 @@ class WriteBack(Durability):
             for item, layout in gone:
                 self.pool.release(layout)
                 self._done(item)
+        lost = [(i, lay, why) for i, lay in ready if (why := self.pool.removed_in(lay))]
+        if lost:
+            # written to a namespace that left the pool meanwhile (kvfs/fs/pool_admin.py)
+            ready = [(i, lay) for i, lay in ready if not self.pool.removed_in(lay)]
+            for item, layout, why in lost:
+                self.pool.release(layout)
+                sessions.stats.commit_errors += 1
+                await self._fail(item, KvfsError(errno.EIO, why))
         for item, layout in ready:
             linked.append(item.node.linked)  # the catalog publishes exactly these
             node = item.node
