@@ -503,7 +503,8 @@ def test_a_stalled_namespace_is_a_miss_then_a_hit_again(engines, make_mount, tmp
     The engine's own read path completes: each block with a unit there is a miss (kvfs waits
     the read deadline once, then refuses at once, and an open it cannot serve answers
     ENOENT), the others are hits, no wrong bytes, no exception out of the engine. Healed, every
-    block loads bit-exact again, without a remount."""
+    block loads bit-exact again, without a remount. Then it is removed from the pool while
+    mounted: its blocks are clean misses, the others hits, new blocks stored and loaded."""
     from bench.faults import formatted, namespaces_of
 
     c, a, _ = engines
@@ -536,3 +537,20 @@ def test_a_stalled_namespace_is_a_miss_then_a_hit_again(engines, make_mount, tmp
         )
         m.drop_caches()
         assert c.read(a, keys) == [True] * len(keys)
+        # then the namespace is taken out for good (`kvfs pool remove --drop`: it reads
+        # again, so only with --drop): its blocks are clean misses, the rest hits, and new
+        # blocks go to the namespace left
+        files = c.blocks(a, d)
+        on1 = [f for f in files if 1 in namespaces_of(d / f)]
+        res = m.control("pool_remove", {"namespace": 1, "drop": True})["result"]
+        assert res["dropped_files"] == len(on1), res
+        assert sorted(c.blocks(a, d)) == sorted(set(files) - set(on1))
+        m.drop_caches()
+        got = c.read(a, keys)
+        assert all(g in (True, None) for g in got) and None in got, got
+        new = list(range(20, 24))
+        assert c.store(a, new, batch=4)
+        m.sync()
+        m.drop_caches()
+        assert c.read(a, new) == [True] * len(new)
+        assert not any(1 in namespaces_of(d / f) for f in c.blocks(a, d))

@@ -238,9 +238,10 @@ def run_plugin(args, put: bool) -> dict:
 
 
 def run_stall(args) -> dict:
-    """Store chunks, then load them twice, each time once the test says so on stdin (it
-    stalls a namespace before the first, heals it before the second): per load, what each
-    chunk gave ("ok", "wrong", "miss", or the exception's name) and the seconds it took."""
+    """Store chunks, then load them three times, each time once the test says so on stdin
+    (it stalls a namespace before the first, heals it before the second, removes it from the
+    pool before the third): per load, what each chunk gave ("ok", "wrong", "miss", or the
+    exception's name) and the seconds it took."""
     import sys
     from collections import OrderedDict
 
@@ -293,7 +294,7 @@ def run_stall(args) -> dict:
         return out
 
     result: dict = {}
-    for phase in ("during", "after"):
+    for phase in ("during", "after", "removed"):
         print("READY", flush=True)
         sys.stdin.readline()
         result[phase] = load()

@@ -201,7 +201,8 @@ def test_a_stalled_namespace_is_a_miss_to_lmcache(make_mount, tmp_path, backend)
     on FileNotFoundError and then reads it from its index anyway (any other error escapes
     there too: without passthrough the read's EIO, as OSError), which no answer of a
     filesystem can avoid. Healed, the chunks load again
-    (`local_disk` forgot the ones it missed: it recomputes and stores them again)."""
+    (`local_disk` forgot the ones it missed: it recomputes and stores them again). Removed from
+    the pool while mounted (`kvfs pool remove --drop`), its chunks are misses, the others load."""
     from bench.faults import formatted
     from testing.emulate import Emulation
 
@@ -242,6 +243,11 @@ def test_a_stalled_namespace_is_a_miss_to_lmcache(make_mount, tmp_path, backend)
             m.drop_caches()
             p.stdin.write("go\n")
             p.stdin.flush()
+            ready()  # (loaded healed: take namespace 1 out, `kvfs pool remove --drop`)
+            removed = m.control("pool_remove", {"namespace": 1, "drop": True})["result"]
+            m.drop_caches()
+            p.stdin.write("go\n")
+            p.stdin.flush()
             out, err = p.communicate(timeout=120)
         finally:
             group.remove()
@@ -265,3 +271,9 @@ def test_a_stalled_namespace_is_a_miss_to_lmcache(make_mount, tmp_path, backend)
         assert all(x in ("ok", "miss") for x in [after["single"], *after["batched"]]), r
     else:
         assert after["single"] == "ok" and after["batched"] == ["ok"] * 5, r
+    # removed: the chunks with a unit on namespace 1 are gone (misses; local_disk's single
+    # get as above), the others load, nothing wrong
+    gone = r["removed"]
+    assert removed["dropped_files"] >= 1, removed
+    assert gone["single"] in ("ok", "miss", "KeyError" if backend == "local_disk" else "miss")
+    assert set(gone["batched"]) <= {"ok", "miss"} and "miss" in [gone["single"], *gone["batched"]]
