@@ -434,6 +434,8 @@ def describe_namespace(ns: dict) -> tuple[list[Finding], int | None]:
     path = ns["path"]
     out: list[Finding] = []
     label = f"namespace {ns['index']} ({path})"
+    if ns["state"] == "removed":  # (`kvfs pool remove`: an empty slot, never read again)
+        return [Finding("info", "namespace", f"{label}: removed from the pool")], None
     if ns["state"] != "ok":
         out.append(
             Finding(
@@ -453,7 +455,8 @@ def describe_namespace(ns: dict) -> tuple[list[Finding], int | None]:
                 f"or failed ({ns.get('read_timeouts', 0)} late, "
                 f"{ns.get('reads_refused', 0)} refused at once)",
                 "check the device and its path (dmesg, nvme list, multipath); loads of "
-                "its blocks are misses (ENOENT at open) until a probe answers in time",
+                "its blocks are misses (ENOENT at open) until a probe answers in time; "
+                "gone for good: `kvfs pool remove MOUNT N`",
             )
         )
     sysfs = _block_sysfs(path)
