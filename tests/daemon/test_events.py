@@ -444,3 +444,42 @@ def test_a_failing_publisher_fails_no_change(pool_config, tmp_path, monkeypatch,
     run_service(cfg, body, crash=True)
     run_service(cfg, after)
     assert "change(s) not announced" in caplog.text
+
+
+def test_a_namespace_removed_announces_exactly_its_blocks_removed(pool_config, tmp_path):
+    """`kvfs pool remove --drop` (kvfs/fs/pool_admin.py): one BlockRemoved for each block
+    with a unit on the namespace, none for the others, which stay; routers stop sending
+    requests for exactly what is gone."""
+    cfg = pool_config(
+        n=3, size="64MiB", mount=SLOW, pool='stripe_unit = "256KiB"', extra=events_toml(tmp_path)
+    )
+    paths = [block_path(i) for i in range(12)]
+
+    async def body(fs):
+        sub = await subscribe(tmp_path, fs)
+        for i, (p, _) in enumerate(paths):  # one unit (one namespace) or striped
+            await store(fs, p, os.urandom(200_000 if i % 3 else 700_000))
+        await fs.sync()
+        sub.receive_all()
+        on1 = {h for p, h in paths if 1 in fs.files.catalog.get(fs.ino(p)).blob.layout.ns}
+        assert 0 < len(on1) < len(paths)
+        res = await fs.svc.pool_admin.remove(1, drop=True)
+        assert res["dropped_files"] == len(on1)
+        await fs.sync()
+        evs = events_of(sub.receive_all())
+        assert sorted(h for kind, h, _ in evs if kind == "BlockRemoved") == sorted(on1), evs
+        assert all(kind == "BlockRemoved" for kind, _, _ in evs)
+        for p, h in paths:
+            assert (h in on1) != _there(fs, p)
+        assert sub.gaps == 0
+        sub.close()
+
+    run_service(cfg, body)
+
+
+def _there(fs, path: str) -> bool:
+    try:
+        fs.ino(path)
+    except Exception:  # noqa: BLE001 - ENOENT (KvfsError)
+        return False
+    return True

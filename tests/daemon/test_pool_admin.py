@@ -1,0 +1,146 @@
+"""Namespaces removed and added while mounted (kvfs/fs/pool_admin.py, kvfs/pool/members.py),
+driven on the daemon's objects: refusals, a commit that races the removal, and a removal a
+crash interrupted finished at the next start. tests/mounted/test_pool_admin.py runs the same
+through a mount on loop devices."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+
+import pytest
+
+from kvfs import config
+from kvfs.errors import KvfsError
+from kvfs.pool.members import Members
+from tests.daemon.harness import eventually, known, run_service
+
+STRIPED = 'stripe_unit = "256KiB"'
+
+
+async def _fill(fs, n: int = 9) -> dict[str, bytes]:
+    blocks = {f"/f{i}": os.urandom(200_000 if i % 3 else 700_000) for i in range(n)}
+    for p, data in blocks.items():
+        await fs.write(p, data)
+    await fs.sync()
+    return blocks
+
+
+def _on(fs, j: int, blocks) -> set[str]:
+    return {p for p in blocks if j in fs.files.catalog.get(fs.ino(p)).blob.layout.ns}
+
+
+def test_refusals_name_the_problem_and_change_nothing(pool_config):
+    cfg = pool_config(n=2, size="64MiB", pool=STRIPED)
+
+    async def body(fs):
+        admin = fs.svc.pool_admin
+        blocks = await _fill(fs)
+        for j, code, words in [(2, errno.EINVAL, "no namespace 2"), (-1, errno.EINVAL, "")]:
+            with pytest.raises(KvfsError) as e:
+                await admin.remove(j)
+            assert e.value.errno == code and words in str(e.value)
+        with pytest.raises(KvfsError) as e:  # healthy, holding blocks
+            await admin.remove(1)
+        assert e.value.errno == errno.EBUSY and "still reads" in str(e.value)
+        # failed for reads, but its blocks are whole in DRAM: still refused
+        for p in _on(fs, 1, blocks):
+            assert await fs.read(p) == blocks[p]
+        fs.svc.pool.namespaces[1].health.fail("a test says so")
+        with pytest.raises(KvfsError) as e:
+            await admin.remove(1)
+        assert e.value.errno == errno.EBUSY and "DRAM or the local tier" in str(e.value)
+        assert [ns.removed for ns in fs.svc.pool.namespaces] == [False, False]
+        for p, data in blocks.items():
+            assert await fs.read(p) == data
+        await admin.remove(1, drop=True)
+        with pytest.raises(KvfsError) as e:
+            await admin.remove(0, drop=True)
+        assert e.value.errno == errno.EBUSY and "last" in str(e.value)
+        with pytest.raises(KvfsError) as e:
+            await admin.add("relative.img", 64 << 20)
+        assert e.value.errno == errno.EINVAL
+        with pytest.raises(KvfsError) as e:
+            await admin.add(str(fs.svc.pool.namespaces[0].path))
+        assert e.value.errno == errno.EEXIST and "in the pool already" in str(e.value)
+
+    run_service(cfg, body)
+
+
+def test_a_block_written_to_a_namespace_removed_meanwhile_is_refused_at_its_commit(pool_config):
+    """Its units were placed before the removal and its commit comes after the scan that
+    dropped the namespace's files: the commit fails (EIO), nothing points at the space."""
+    cfg = pool_config(n=2, size="64MiB", pool=STRIPED)
+
+    async def body(fs):
+        await fs.write("/a", os.urandom(100))
+        await fs.sync()
+        node = fs.files.catalog.get(fs.ino("/a"))
+        pool = fs.svc.pool
+        ns, offsets = pool.allocate(700_000)  # (3 units: both namespaces)
+        assert 1 in ns
+        await fs.svc.pool_admin.remove(1, drop=True)
+        from kvfs.pool.layout import Layout
+
+        layout = Layout(700_000, pool.unit, ns, offsets, (0,) * len(ns))
+        (got,) = await fs.files.sessions.publish([(node, layout)])
+        assert isinstance(got, KvfsError) and got.errno == errno.EIO
+        assert "removed from the pool" in str(got)
+        assert fs.files.catalog.get(node.ino).blob.layout.ns != ns  # the old version stays
+
+    run_service(cfg, body)
+
+
+def test_a_removal_a_crash_interrupted_is_finished_at_the_next_start(pool_config):
+    """The record (namespace 1 removed, its files being dropped) was durable, the drop was
+    not: the next start opens the pool without namespace 1 (its file may be gone), drops the
+    files with units there, and says the drop is done."""
+    cfg_path = pool_config(n=3, size="64MiB", pool=STRIPED)
+    cfg = config.load(cfg_path)
+    kept: dict = {}
+
+    async def before(fs):
+        blocks = await _fill(fs, 12)
+        kept["blocks"] = blocks
+        kept["on1"] = _on(fs, 1, blocks)
+        assert 0 < len(kept["on1"]) < len(blocks)
+
+    run_service(cfg_path, before)
+    ns1 = cfg.pool.namespaces[1].path
+    members = Members({1: (str(ns1), os.path.getsize(ns1))}, {}, {1})
+    with sqlite3.connect(cfg.catalog_path) as db:
+        db.execute("INSERT INTO meta VALUES ('pool_members', ?)", (members.encode(),))
+    os.unlink(ns1)  # gone for good
+
+    async def after(fs):
+        blocks, on1 = kept["blocks"], kept["on1"]
+        await eventually(lambda: not any(known(fs, p) for p in on1), 10, "the drop")
+        assert [ns.stats.state for ns in fs.svc.pool.namespaces] == ["ok", "removed", "ok"]
+        for p in set(blocks) - on1:
+            assert await fs.read(p) == blocks[p]
+        await eventually(lambda: not fs.svc.pool_admin.members.dropping, 10, "the record")
+        assert Members.decode(fs.svc.catalog.members).dropping == set()
+        await fs.write("/new", os.urandom(700_000))
+        await fs.sync()
+        assert 1 not in fs.files.catalog.get(fs.ino("/new")).blob.layout.ns
+
+    run_service(cfg_path, after)
+
+
+def test_members_and_the_config_must_agree():
+    from pathlib import Path
+
+    m = Members({1: ("/b", 1 << 30)}, {3: "/d"}, set())
+    listed = [Path("/a"), Path("/b"), Path("/c")]
+    assert m.slots(listed) == [
+        (Path("/a"), False),
+        (Path("/b"), True),
+        (Path("/c"), False),
+        (Path("/d"), False),
+    ]
+    assert m.slots([*listed, Path("/d")])[3] == (Path("/d"), False)  # listed at its number
+    with pytest.raises(ValueError, match="added with `kvfs pool add`"):
+        m.slots([*listed, Path("/e")])
+    assert Members.decode(m.encode()) == m
+    assert not Members.decode(None).changed
