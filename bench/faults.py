@@ -22,6 +22,8 @@ still serves (stat, listdir, a new file written and read back cold), what `kvfs 
                      for 10 s: each load waits the read deadline at most, then fails at once
   lost_namespace     the same while one namespace ends at 1 MiB (I/O past it fails), then
                      comes back
+  remove_namespace   the same, but it does not come back: `kvfs pool remove` takes it out
+                     while the readers run, and a restart finds its device detached
   stop_after_close   SIGTERM right after close(), before the kernel's RELEASE
   torn_superblock    bytes of a namespace's first 4 KiB overwritten while unmounted
   truncated_wal      catalog.sqlite-wal truncated while unmounted, after a kill -9
@@ -915,6 +917,102 @@ def lost_namespace(tmp: Path) -> dict:
     return read_fault(tmp, "lost_namespace")
 
 
+def remove_namespace(tmp: Path) -> dict:
+    """Namespace 1 of 3 ends at 1 MiB (a path gone for good) while two readers load blocks
+    cold; once reads there have failed, `kvfs pool remove` takes it out (no --drop: it no
+    longer reads) with the readers still running. Reports remove_s (the command, its start
+    included; remove_daemon_s: the daemon's part), dropped (files), miss_ms (p99 of the
+    loads of dropped names after it: ENOENT at the lookup), wrong_reads, others_failed
+    (loads of blocks with no unit on namespace 1 that failed at any time: must be 0),
+    new_on_removed (new files with a unit on it: must be 0), daemon_deaths, and after a
+    restart with the device detached (the config still lists it): durable_lost (blocks off
+    namespace 1 that do not read back bit-exact) and states."""
+    with Emulation("1g") as emu:
+        devs = [emu.loop(f"ns{i}", 128 * MiB) for i in range(3)]
+        cfg = formatted(tmp, [d.path for d in devs], dram="96MiB", pool='stripe_unit = "256KiB"')
+        m = start(tmp, cfg)
+        out: dict = {"scenario": "remove_namespace"}
+        try:
+            blocks = {f"s{i}": os.urandom(200 * KiB + i) for i in range(12)}
+            blocks.update({f"b{i}": os.urandom(2 * MiB + 4096 * i) for i in range(6)})
+            for name, data in blocks.items():
+                (m.mountpoint / name).write_bytes(data)
+            m.sync()
+            on1 = {n for n in blocks if 1 in namespaces_of(m.mountpoint / n)}
+            m.drop_caches()
+            devs[1].end_at(1 * MiB)
+            calls: list[tuple[float, str, str | None, float, float]] = []
+            lock = threading.Lock()
+            stop = threading.Event()
+
+            def reader(r: int) -> None:
+                names = sorted(blocks)
+                i = r
+                while not stop.is_set():
+                    name = names[i % len(names)]
+                    i += 1
+                    t = time.monotonic()
+                    got, t_open, t_read = _load(m.mountpoint / name, blocks[name])
+                    with lock:
+                        calls.append((t, name, got, t_open, t_read))
+                    with contextlib.suppress(OSError):
+                        m.control("drop_dram")
+
+            threads = [threading.Thread(target=reader, args=(r,)) for r in range(2)]
+            for th in threads:
+                th.start()
+            wait_until(
+                lambda: m.stats()["namespaces"][1]["read_state"] == "failed", 30, "the fault"
+            )
+            t = time.monotonic()  # (as an operator would: its own process)
+            cli = subprocess.run(
+                [sys.executable, "-m", "kvfs", "pool", "remove", "--json", str(m.mountpoint), "1"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=ROOT,
+            )
+            removed_at = time.monotonic()
+            out["remove_s"] = round(removed_at - t, 3)  # (with the CLI's start)
+            out["remove_status"] = cli.returncode
+            out["dropped"] = json.loads(cli.stdout)["dropped_files"] if not cli.returncode else None
+            out["remove_error"] = cli.stderr.strip()[-300:]
+            out["remove_daemon_s"] = (
+                json.loads(cli.stdout)["seconds"] if not cli.returncode else None
+            )
+            time.sleep(3.0)
+            stop.set()
+            for th in threads:
+                th.join(120)
+            after = [c for c in calls if c[0] > removed_at]
+            miss = sorted((c[3] + c[4]) * 1000 for c in after if c[1] in on1)
+            out["loads_after"] = len(after)
+            out["miss_errnos"] = sorted({c[2] for c in after if c[1] in on1})
+            out["miss_ms"] = round(miss[int(0.99 * (len(miss) - 1))], 2) if miss else None
+            out["wrong_reads"] = sorted({c[1] for c in calls if c[2] == "WRONG"})
+            out["others_failed"] = sum(1 for c in calls if c[1] not in on1 and c[2] is not None)
+            new = {f"n{i}": os.urandom(1 * MiB + i) for i in range(6)}
+            for name, data in new.items():
+                (m.mountpoint / name).write_bytes(data)
+            out["new_on_removed"] = sum(1 in namespaces_of(m.mountpoint / n) for n in new)
+            m.sync()
+            out["daemon_deaths"] = 0 if m.proc.poll() is None else 1
+            out["exit_status"] = m.stop()
+            devs[1].detach()
+            m.start()
+            m.drop_caches()
+            keep = {**{n: d for n, d in blocks.items() if n not in on1}, **new}
+            out["durable_lost"] = sorted(
+                n for n, d in keep.items() if read_errno(m.mountpoint / n, d)
+            )
+            out["dropped_present"] = sorted(n for n in on1 if (m.mountpoint / n).exists())
+            out["states"] = [n["state"] for n in m.stats()["namespaces"]]
+            out["serving"] = serving(m)
+            return out
+        finally:
+            m.stop()
+
+
 def fill_one(tmp: Path) -> dict:
     return device_fault(tmp, "fill_one")
 
@@ -1083,6 +1181,7 @@ SCENARIOS = {
         stall,
         stall_read,
         lost_namespace,
+        remove_namespace,
         stop_after_close,
         torn_superblock,
         truncated_wal,

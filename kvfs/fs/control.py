@@ -3,8 +3,8 @@
 Queries are getxattr calls (anyone who may read the mount may query); actions are setxattr
 calls on the control file `/.kvfs-control` with a JSON argument, dispatched from a table, and
 allowed only to the mount's owner and root. The outcome of each caller's last action (result,
-or the one-line error) can be read back as `user.kvfs.result` on the control file, because a
-setxattr can return nothing but an errno.
+or the one-line error) can be read back as `user.kvfs.result` on the control file, by the
+same thread, because a setxattr can return nothing but an errno.
 
     setfattr -n user.kvfs.drop_dram -v '{}' MNT/.kvfs-control
     getfattr --only-values -n user.kvfs.stats MNT
@@ -35,6 +35,7 @@ from kvfs.write.handles import Attr
 
 FH_BASE = 1 << 62  # control-file handles live apart from file handles
 PREFIX = b"user.kvfs."
+RESULTS_KEPT = 4096  # callers whose last action's outcome is kept for them to read back
 
 HELP = """kvfs control file. Actions are setxattr calls with a JSON argument, for example
     setfattr -n user.kvfs.drop_dram -v '{}' MOUNT/.kvfs-control
@@ -85,7 +86,7 @@ class Control:
         self.started = time.time_ns()
         self._next_fh = FH_BASE
         self._open: set[int] = set()
-        self._results: dict[int, bytes] = {}
+        self._results: dict[tuple[int, int], bytes] = {}  # (uid, pid) -> its last outcome
         self._stats: tuple[float, bytes] | None = None  # (when, the last snapshot given)
         self.actions: dict[str, tuple[Callable[[dict], Awaitable[Any]], str]] = {
             "drop_dram": (
@@ -164,8 +165,9 @@ class Control:
     # --- attributes ----------------------------------------------------------------------------
     FILE_ATTRS = (b"tier", b"layout", b"hits", b"atime", b"chain")
 
-    async def getxattr(self, inode: int, name: bytes, uid: int) -> bytes | None:
-        """The value of a kvfs attribute, or None when `name` is an ordinary user attribute."""
+    async def getxattr(self, inode: int, name: bytes, uid: int, pid: int = 0) -> bytes | None:
+        """The value of a kvfs attribute, or None when `name` is an ordinary user attribute.
+        (`uid`, `pid`: who asks; an action's outcome is read back by the thread that ran it.)"""
         if not name.startswith(PREFIX):
             return None
         key = name[len(PREFIX) :]
@@ -175,7 +177,7 @@ class Control:
             return self._direct_socket()
         if inode == CONTROL_INO:
             if key == b"result":
-                return self._results.get(uid, b'{"ok": true, "action": null}')
+                return self._results.get((uid, pid), b'{"ok": true, "action": null}')
             raise KvfsError(errno.ENODATA, f"no attribute {name.decode(errors='replace')}")
         if key in self.FILE_ATTRS:
             node = self.catalog.get(inode)
@@ -253,9 +255,10 @@ class Control:
             return [PREFIX + k for k in self.FILE_ATTRS]
         return []
 
-    async def setxattr(self, inode: int, name: bytes, value: bytes, uid: int) -> bool:
+    async def setxattr(self, inode: int, name: bytes, value: bytes, uid: int, pid: int = 0) -> bool:
         """Run an action or set a kvfs attribute (True), or leave an ordinary attribute to the
-        caller (False)."""
+        caller (False). The outcome is kept for the caller's thread (`uid`, `pid`: FUSE's pid
+        is the thread's), so callers running actions side by side each read back their own."""
         if inode != CONTROL_INO:
             if not name.startswith(PREFIX):
                 return False
@@ -290,12 +293,19 @@ class Control:
                 raise KvfsError(errno.EINVAL, f"{action}: the argument must be a JSON object")
             result = await entry[0](args)
         except KvfsError as e:
-            self._results[uid] = json.dumps(
-                {"ok": False, "action": action, "error": str(e), "errno": e.errno}
-            ).encode()
+            self._outcome(
+                (uid, pid), {"ok": False, "action": action, "error": str(e), "errno": e.errno}
+            )
             raise
-        self._results[uid] = json.dumps({"ok": True, "action": action, "result": result}).encode()
+        self._outcome((uid, pid), {"ok": True, "action": action, "result": result})
         return True
+
+    def _outcome(self, caller: tuple[int, int], outcome: dict) -> None:
+        """Keep a caller's last outcome (the RESULTS_KEPT latest callers')."""
+        self._results.pop(caller, None)
+        self._results[caller] = json.dumps(outcome).encode()
+        if len(self._results) > RESULTS_KEPT:
+            del self._results[next(iter(self._results))]
 
     async def _set_file_attr(self, inode: int, key: bytes, value: bytes) -> None:
         node = self.catalog.get(inode)

@@ -526,7 +526,7 @@ class FuseOps(pyfuse3.Operations):
     # (names outside user.* never reach here: user_xattrs_only; setxattr refuses them)
     @translate
     async def getxattr(self, inode, name, ctx):
-        value = await self.control.getxattr(inode, name, ctx.uid)
+        value = await self.control.getxattr(inode, name, ctx.uid, ctx.pid)
         if value is not None:
             return value
         return self.files.xattrs.getxattr(inode, name)
@@ -537,7 +537,7 @@ class FuseOps(pyfuse3.Operations):
 
     @translate
     async def setxattr(self, inode, name, value, ctx):
-        if await self.control.setxattr(inode, name, value, ctx.uid):
+        if await self.control.setxattr(inode, name, value, ctx.uid, ctx.pid):
             return
         await self.files.xattrs.setxattr(inode, name, value)
 

@@ -225,3 +225,35 @@ def test_shell_tools_need_only_getfattr(chain_mount, tmp_path):
         check=True,
     )
     assert json.loads(r.stdout)["version"] == 1
+
+
+def test_actions_run_side_by_side_each_read_back_their_own_outcome(make_mount, pool_config):
+    """An action's outcome (`user.kvfs.result`) is kept per calling thread: a script's
+    `drop_dram` in one thread never hands its result to `kvfs pool` or `kvfs evict` running
+    in another (it once did: outcomes were kept per uid)."""
+    import threading
+
+    from kvfs.cli.common import control
+
+    m = make_mount(pool_config())
+    (m.mountpoint / "f").write_bytes(os.urandom(1 << 20))
+    stop = threading.Event()
+    wrong: list = []
+
+    def other() -> None:
+        while not stop.is_set():
+            got = control(str(m.mountpoint), "drop_dram")
+            if set(got) != {"bytes_dropped"}:
+                wrong.append(got)
+
+    th = threading.Thread(target=other)
+    th.start()
+    try:
+        for _ in range(200):
+            got = control(str(m.mountpoint), "evict", {"cold": 1})
+            if "bytes_dropped" in got:
+                wrong.append(got)
+    finally:
+        stop.set()
+        th.join()
+    assert wrong == []
