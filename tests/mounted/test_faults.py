@@ -233,3 +233,18 @@ def _read_fault_checks(r: dict) -> None:
     assert r["longest_read_s"] <= r["read_timeout_s"] + 0.5, r
     assert r["recovery_s"] is not None and r["recovery_s"] <= 10, r
     assert r["serving"], r
+
+
+@requires_loops
+def test_a_namespace_gone_for_good_is_removed_while_readers_run(tmp_path):
+    """Namespace 1 ends and stays gone: once reads there failed, `kvfs pool remove` (no
+    --drop) takes it out while two readers load; its files are misses at the lookup from
+    then on (ENOENT in well under 10 ms), the others load bit-exact throughout, new files
+    avoid it, and a restart with its device detached loses nothing else."""
+    r = run("remove_namespace", tmp_path)
+    assert r["remove_status"] == 0 and r["dropped"] >= 1, r
+    assert r["miss_errnos"] == ["ENOENT"] and r["miss_ms"] <= 10, r
+    assert r["wrong_reads"] == [] and r["others_failed"] == 0 and r["new_on_removed"] == 0, r
+    assert r["daemon_deaths"] == 0 and r["exit_status"] == 0, r
+    assert r["durable_lost"] == [] and r["dropped_present"] == [], r
+    assert r["states"] == ["ok", "removed", "ok"] and r["serving"], r
