@@ -47,6 +47,7 @@ from kvfs.tiers.store import BlockStore
 log = logging.getLogger("kvfs.pool")
 
 PAGE = 4096
+SCAN_STEP = 1024  # files a scan looks at between two chances for other requests
 
 
 class PoolAdmin:
@@ -90,7 +91,7 @@ class PoolAdmin:
         if not any(not o.removed for o in nss if o is not ns):
             raise KvfsError(errno.EBUSY, f"pool remove: namespace {j} is the pool's last")
         async with self._lock:
-            files = self._files_on(j)
+            files = await self._files_on(j)
             if files and not drop:
                 nbytes = sum(n.blob.size for n in files)
                 if await self._answers(ns):
@@ -130,10 +131,13 @@ class PoolAdmin:
                 dropped, _ = await self._drop(j)
             log.warning("namespace %d: finished its removal (%d file(s) dropped)", j, dropped)
 
-    def _files_on(self, j: int) -> list:
-        """The files whose current block has a unit on namespace j (a scan of the catalog)."""
+    async def _files_on(self, j: int) -> list:
+        """The files whose current block has a unit on namespace j (a scan of the catalog,
+        letting other requests in every SCAN_STEP files)."""
         out = []
-        for n in self.catalog.files():
+        for k, n in enumerate(self.catalog.files()):
+            if k % SCAN_STEP == SCAN_STEP - 1:
+                await trio.lowlevel.checkpoint()
             if j in n.blob.layout.ns:
                 node = self.catalog.find(n.ino)
                 if node is not None and node.blob is not None and node.blob.id == n.blob.id:
@@ -144,7 +148,7 @@ class PoolAdmin:
         # blocks written to j before it was retired: committed (then dropped below) or failed
         await self.files.sync_all()
         dropped = nbytes = 0
-        for node in self._files_on(j):
+        for node in await self._files_on(j):
             got = await self.files.drop_unreadable(node)
             if got:
                 dropped += 1

@@ -684,7 +684,7 @@ class Pool(Placement):
     def read_limit(self, nbytes: int) -> float | None:
         """How long a reader waits for `nbytes` of a block from the pool at most (None: no
         limit): `[pool] read_timeout_ms` plus the bytes at 64 MB/s."""
-        return self.namespaces[0].health.limit(nbytes)
+        return next(ns for ns in self.namespaces if not ns.removed).health.limit(nbytes)
 
     def failed_for_reads(self) -> list[int]:
         """The namespaces reads are refused on now (usually none)."""

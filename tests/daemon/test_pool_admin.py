@@ -92,10 +92,12 @@ def test_a_block_written_to_a_namespace_removed_meanwhile_is_refused_at_its_comm
     run_service(cfg, body)
 
 
-def test_a_removal_a_crash_interrupted_is_finished_at_the_next_start(pool_config):
-    """The record (namespace 1 removed, its files being dropped) was durable, the drop was
-    not: the next start opens the pool without namespace 1 (its file may be gone), drops the
-    files with units there, and says the drop is done."""
+@pytest.mark.parametrize("j", [0, 1])
+def test_a_removal_a_crash_interrupted_is_finished_at_the_next_start(pool_config, j):
+    """The record (namespace j removed, its files being dropped) was durable, the drop was
+    not: the next start opens the pool without namespace j (its file may be gone), drops the
+    files with units there, and says the drop is done; reads keep their deadline (it once
+    came from namespace 0's slot, which a removed one's has not)."""
     cfg_path = pool_config(n=3, size="64MiB", pool=STRIPED)
     cfg = config.load(cfg_path)
     kept: dict = {}
@@ -103,27 +105,30 @@ def test_a_removal_a_crash_interrupted_is_finished_at_the_next_start(pool_config
     async def before(fs):
         blocks = await _fill(fs, 12)
         kept["blocks"] = blocks
-        kept["on1"] = _on(fs, 1, blocks)
-        assert 0 < len(kept["on1"]) < len(blocks)
+        kept["on"] = _on(fs, j, blocks)
+        assert 0 < len(kept["on"]) < len(blocks)
 
     run_service(cfg_path, before)
-    ns1 = cfg.pool.namespaces[1].path
-    members = Members({1: (str(ns1), os.path.getsize(ns1))}, {}, {1})
+    path = cfg.pool.namespaces[j].path
+    members = Members({j: (str(path), os.path.getsize(path))}, {}, {j})
     with sqlite3.connect(cfg.catalog_path) as db:
         db.execute("INSERT INTO meta VALUES ('pool_members', ?)", (members.encode(),))
-    os.unlink(ns1)  # gone for good
+    os.unlink(path)  # gone for good
 
     async def after(fs):
-        blocks, on1 = kept["blocks"], kept["on1"]
-        await eventually(lambda: not any(known(fs, p) for p in on1), 10, "the drop")
-        assert [ns.stats.state for ns in fs.svc.pool.namespaces] == ["ok", "removed", "ok"]
-        for p in set(blocks) - on1:
+        blocks, gone = kept["blocks"], kept["on"]
+        await eventually(lambda: not any(known(fs, p) for p in gone), 10, "the drop")
+        states = ["ok", "ok", "ok"]
+        states[j] = "removed"
+        assert [ns.stats.state for ns in fs.svc.pool.namespaces] == states
+        assert fs.svc.pool.read_limit(4096) is not None
+        for p in set(blocks) - gone:
             assert await fs.read(p) == blocks[p]
         await eventually(lambda: not fs.svc.pool_admin.members.dropping, 10, "the record")
         assert Members.decode(fs.svc.catalog.members).dropping == set()
         await fs.write("/new", os.urandom(700_000))
         await fs.sync()
-        assert 1 not in fs.files.catalog.get(fs.ino("/new")).blob.layout.ns
+        assert j not in fs.files.catalog.get(fs.ino("/new")).blob.layout.ns
 
     run_service(cfg_path, after)
 
