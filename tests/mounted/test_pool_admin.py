@@ -150,3 +150,38 @@ def test_a_namespace_added_while_mounted_takes_new_blocks_and_stays(tmp_path, ca
             assert _exact(mnt, blocks, set(blocks) - on0) == []
         finally:
             m.stop()
+
+
+def test_a_direct_client_connected_before_an_add_reads_and_writes_the_new_namespace(
+    make_mount, pool_config, tmp_path, capsys
+):
+    """kvfs.client.direct learns the namespaces' paths when it connects; a namespace added
+    after that is learned when a block first names it (one short-lived connection), for
+    reads and for writes, without reconnecting its own."""
+    import numpy as np
+
+    import kvfs.client.direct as kd
+
+    m = make_mount(pool_config(n=2, size="64MiB", pool='stripe_unit = "256KiB"'))
+    mnt = m.mountpoint
+    with kd.Direct(str(mnt), verify=True) as d:
+        (mnt / "before").write_bytes(os.urandom(1 * MiB))
+        buf = np.empty(1 * MiB, dtype=np.uint8)
+        d.read_many([str(mnt / "before")], [buf])  # (connected: two namespaces)
+        code, _, err = _pool(capsys, "add", str(mnt), str(tmp_path / "ns2.img"), "--size", "64MiB")
+        assert code == 0, err
+        data = {f"w{i}": os.urandom(1 * MiB + 4096 * i) for i in range(4)}
+        d.write_many(
+            [str(mnt / n) for n in data], [np.frombuffer(v, np.uint8) for v in data.values()]
+        )
+        assert any(2 in namespaces_of(mnt / n) for n in data)  # written there by the client
+        for n, v in data.items():
+            assert (mnt / n).read_bytes() == v
+        more = {f"m{i}": os.urandom(1 * MiB + i) for i in range(4)}
+        for n, v in more.items():
+            (mnt / n).write_bytes(v)
+        m.sync()
+        assert any(2 in namespaces_of(mnt / n) for n in more)
+        bufs = [np.empty(len(v), dtype=np.uint8) for v in more.values()]
+        d.read_many([str(mnt / n) for n in more], bufs)
+        assert [b.tobytes() for b in bufs] == list(more.values())
