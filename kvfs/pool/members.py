@@ -4,11 +4,11 @@ whole story (issue 58: `kvfs pool remove` and `kvfs pool add` while mounted).
 A namespace's number is its place in the pool, for good: block layouts name namespaces by
 number. So a removed namespace keeps its number as an empty slot (no space, no reads, no
 writes), and an added one takes the next number. The catalog keeps this record (`Members`,
-one JSON value in its meta table); at start-up the pool is the config's namespaces with the
-removed ones left out and the added ones appended from the record, so a restart needs no
-edit of the config (the embedded default's config is not the user's to edit). A config
-that lists an added namespace at its number is fine; one that lists another path there is
-refused.
+one JSON value in its meta table); at start-up the pool is the config's namespaces and the
+added ones, each at the number its superblock holds, with an empty slot at each removed
+number. So a restart needs no edit of the config (the embedded default's config is not the
+user's to edit), and one that drops a removed namespace's line, lists an added one, or names
+a device anew after a reboot is read the same.
 
     {"removed": {"2": {"path": "/dev/nvme2n1", "size": 1073741824}},
      "added": {"4": "/dev/nvme4n1"}, "dropping": [2]}
@@ -67,54 +67,27 @@ class Members:
             {int(j) for j in d.get("dropping", [])},
         )
 
-    def count(self, listed: int) -> int:
-        """How many numbers the pool has given `listed` namespaces in the config."""
-        return max([listed - 1, *self.added, *self.removed]) + 1
-
-    def slots(self, listed: list[Path]) -> list[tuple[Path, bool]]:
-        """(path, removed) for each number of the pool, from the config's `listed` paths.
-        ValueError: the config and the record disagree (named in one line)."""
-        out = []
-        for j in range(self.count(len(listed))):
-            if j in self.removed:
-                out.append((Path(self.removed[j][0]), True))
-            elif j in self.added:
-                p = Path(self.added[j])
-                if j < len(listed) and listed[j] != p:
-                    raise ValueError(
-                        f"namespace {j} of the pool is {p} (added with `kvfs pool add`), "
-                        f"but the config lists {listed[j]} there"
-                    )
-                out.append((p, False))
-            elif j < len(listed):
-                out.append((listed[j], False))
-            else:
-                raise ValueError(f"namespace {j} of the pool is neither listed nor recorded")
-        return out
-
 
 # --- the pool's side (`pool`: the Pool; kvfs/pool/pool.py, kvfs/fs/pool_admin.py) -----------
 def open_members(cls, cfg: PoolConfig, pool_id: str | None, members: Members):
-    """`open` for a pool whose membership changed while mounted: the config's namespaces
-    without the removed ones, with the added ones (each must hold this pool's superblock
-    at its number; no namespace is created or formatted here)."""
+    """`open` for a pool whose membership changed while mounted. Each namespace is known by
+    the number its superblock holds, not by its place in the config (device names may change
+    across reboots, and a config may or may not still list a removed namespace, or list an
+    added one): the config's paths and the added ones are opened and sorted by that number;
+    a removed number is an empty slot, whatever is (or is no longer) at its path. Refused,
+    in one line: a path of another pool, two paths with one number, a number missing."""
     if pool_id is None:
         raise StartupError("the catalog records namespaces removed or added, but no pool")
-    try:
-        slots = members.slots([nc.path for nc in cfg.namespaces])
-    except ValueError as e:
-        raise StartupError(f"config and catalog disagree: {e}") from None
     listed = {nc.path: nc for nc in cfg.namespaces}
-    namespaces: list[Namespace] = []
+    paths = list(listed) + [Path(p) for p in members.added.values() if Path(p) not in listed]
+    removed_paths = {Path(p) for p, _ in members.removed.values()}
+    found: dict[int, Namespace] = {}
     try:
-        for j, (path, removed) in enumerate(slots):
-            if removed:
-                namespaces.append(gone(j, path, members.removed[j][1]))
-                continue
+        for path in paths:
             nc = listed.get(path)
-            namespaces.append(
-                Namespace.open(
-                    j,
+            try:
+                ns = Namespace.open(
+                    0,
                     path,
                     queue_depth=nc.queue_depth if nc else cfg.namespaces[0].queue_depth,
                     weight=nc.weight if nc else 1.0,
@@ -122,22 +95,40 @@ def open_members(cls, cfg: PoolConfig, pool_id: str | None, members: Members):
                     io_timeout=cfg.io_timeout_ms / 1000,
                     read_timeout=cfg.read_timeout_ms / 1000 if cfg.read_timeout_ms else None,
                 )
-            )
-        for ns in namespaces:
-            if ns.removed:
+            except StartupError:
+                # (a removed one gone, as expected; an added one not where it was added:
+                # if no listed path holds its number, that is said below)
+                if path in removed_paths or path not in listed:
+                    continue
+                raise
+            j = _number(ns, cfg, pool_id)
+            if j in members.removed:
+                log.warning("namespace %s: number %d was removed from the pool; not used", path, j)
+                ns.close()
                 continue
-            sb = ns.read_superblock()
-            if sb is None or sb.pool_id != pool_id or sb.ns_index != ns.index:
+            if j in found:
+                ns.close()
                 raise StartupError(
-                    f"namespace {ns.path}: is not number {ns.index} of pool {pool_id}"
-                    + (f" (it holds number {sb.ns_index} of {sb.pool_id})" if sb else "")
+                    f"namespaces {found[j].path} and {path} both hold number {j} of pool "
+                    f"{pool_id} (a copy?)"
                 )
-            if sb.stripe_unit != cfg.stripe_unit or sb.size != ns.size:
+            ns.index = j
+            found[j] = ns
+        namespaces: list[Namespace] = []
+        for j in range(max([*found, *members.removed, *members.added]) + 1):
+            if j in members.removed:
+                namespaces.append(gone(j, Path(members.removed[j][0]), members.removed[j][1]))
+            elif j in found:
+                namespaces.append(found[j])
+            else:
+                added = f" (added as {members.added[j]})" if j in members.added else ""
                 raise StartupError(
-                    f"namespace {ns.path}: its geometry changed (stripe unit "
-                    f"{sb.stripe_unit}, {sb.size} bytes formatted, {ns.size} now)"
+                    f"namespace {j} of pool {pool_id} is missing: no path the config lists "
+                    f"holds it{added}"
                 )
-            if sb.ns_count != len(namespaces):  # (an add that stopped half way)
+        for ns in namespaces:
+            sb = None if ns.removed else ns.read_superblock()
+            if sb is not None and sb.ns_count != len(namespaces):  # (an add stopped half way)
                 ns.write_superblock(dataclasses.replace(sb, ns_count=len(namespaces)))
         pool = cls(
             namespaces,
@@ -155,9 +146,34 @@ def open_members(cls, cfg: PoolConfig, pool_id: str | None, members: Members):
         )
         return pool
     except BaseException:
-        for ns in namespaces:
+        for ns in found.values():
             ns.close()
         raise
+
+
+def _number(ns: Namespace, cfg: PoolConfig, pool_id: str) -> int:
+    """The number of pool `pool_id` namespace `ns` holds (StartupError: none, another pool's,
+    or its geometry changed)."""
+    try:
+        sb = ns.read_superblock()
+        if sb is None:
+            raise StartupError(
+                f"namespace {ns.path}: is not one of pool {pool_id}'s (a new one joins a "
+                f"mounted pool with `kvfs pool add`)"
+            )
+        if sb.pool_id != pool_id:
+            raise StartupError(
+                f"namespace {ns.path}: belongs to pool {sb.pool_id}, not to pool {pool_id}"
+            )
+        if sb.stripe_unit != cfg.stripe_unit or sb.size != ns.size:
+            raise StartupError(
+                f"namespace {ns.path}: its geometry changed (stripe unit "
+                f"{sb.stripe_unit}, {sb.size} bytes formatted, {ns.size} now)"
+            )
+    except StartupError:
+        ns.close()
+        raise
+    return sb.ns_index
 
 
 def gone(index: int, path: Path, size: int) -> Namespace:

@@ -10,6 +10,7 @@ import os
 import sqlite3
 
 import pytest
+import trio
 
 from kvfs import config
 from kvfs.errors import KvfsError
@@ -133,19 +134,66 @@ def test_a_removal_a_crash_interrupted_is_finished_at_the_next_start(pool_config
     run_service(cfg_path, after)
 
 
-def test_members_and_the_config_must_agree():
-    from pathlib import Path
+def test_a_restart_reads_the_config_however_it_lists_the_namespaces(tmp_path):
+    """After a removal and an add, the pool starts from a config that still lists the
+    removed namespace or not, lists the added one or not, in any order (device names change
+    across reboots): each namespace is known by the number its superblock holds. Refused in
+    one line: a number missing, two paths with one number, another pool's namespace."""
+    from testing.mount import write_config
+    from tests.daemon.test_pool import open_fails
 
-    m = Members({1: ("/b", 1 << 30)}, {3: "/d"}, set())
-    listed = [Path("/a"), Path("/b"), Path("/c")]
-    assert m.slots(listed) == [
-        (Path("/a"), False),
-        (Path("/b"), True),
-        (Path("/c"), False),
-        (Path("/d"), False),
-    ]
-    assert m.slots([*listed, Path("/d")])[3] == (Path("/d"), False)  # listed at its number
-    with pytest.raises(ValueError, match="added with `kvfs pool add`"):
-        m.slots([*listed, Path("/e")])
+    ns = [tmp_path / f"ns{i}.img" for i in range(4)]
+
+    def cfg(paths, name="k.toml"):
+        nss = [
+            {"path": str(p), "size": "64MiB"} if not p.exists() else {"path": str(p)} for p in paths
+        ]
+        return write_config(tmp_path / name, tmp_path / "state", nss, pool=STRIPED)
+
+    first = cfg(ns[:3])
+    kept: dict = {}
+
+    async def change(fs):
+        kept["blocks"] = await _fill(fs, 12)
+        kept["gone"] = _on(fs, 1, kept["blocks"])
+        await fs.svc.pool_admin.remove(1, drop=True)
+        await fs.svc.pool_admin.add(str(ns[3]), 64 << 20)
+        await fs.write("/after", os.urandom(700_000))
+        await fs.sync()
+        assert 3 in fs.files.catalog.get(fs.ino("/after")).blob.layout.ns
+
+    run_service(first, change)
+    blocks = kept["blocks"]
+    blocks["/after"] = None
+
+    async def check(fs):
+        assert [n.stats.state for n in fs.svc.pool.namespaces] == ["ok", "removed", "ok", "ok"]
+        assert [str(n.path) for n in fs.svc.pool.namespaces] == [str(p) for p in ns]
+        for p, data in blocks.items():
+            assert known(fs, p) != (p in kept["gone"])
+            if data is not None and p not in kept["gone"]:
+                assert await fs.read(p) == data
+
+    run_service(first, check)  # unchanged
+    os.unlink(ns[1])
+    run_service(first, check)  # the removed one's file gone, still listed
+    run_service(cfg([ns[2], ns[0]], "b.toml"), check)  # its line dropped, reordered
+    run_service(cfg([ns[3], ns[0], ns[2]], "c.toml"), check)  # the added one listed
+    (tmp_path / "copy.img").write_bytes(ns[2].read_bytes())
+    open_fails(cfg([ns[0], ns[2], tmp_path / "copy.img"], "d.toml"), "both hold number 2")
+    os.rename(ns[3], tmp_path / "elsewhere.img")
+    open_fails(cfg([ns[0], ns[2]], "e.toml"), "namespace 3 of pool", "is missing")
+    os.rename(tmp_path / "elsewhere.img", ns[3])
+    other = write_config(
+        tmp_path / "o.toml",
+        tmp_path / "ostate",
+        [{"path": str(tmp_path / "o.img"), "size": "64MiB"}],
+    )
+    run_service(other, lambda fs: trio.sleep(0))
+    open_fails(cfg([ns[0], ns[2], tmp_path / "o.img"], "f.toml"), "o.img: belongs to pool")
+
+
+def test_the_membership_record_round_trips():
+    m = Members({1: ("/b", 1 << 30)}, {3: "/d"}, {1})
     assert Members.decode(m.encode()) == m
-    assert not Members.decode(None).changed
+    assert m.changed and not Members.decode(None).changed
