@@ -202,7 +202,8 @@ def test_a_stalled_namespace_is_a_miss_to_lmcache(make_mount, tmp_path, backend)
     there too: without passthrough the read's EIO, as OSError), which no answer of a
     filesystem can avoid. Healed, the chunks load again
     (`local_disk` forgot the ones it missed: it recomputes and stores them again). Removed from
-    the pool while mounted (`kvfs pool remove --drop`), its chunks are misses, the others load."""
+    the pool while mounted (`kvfs pool remove --drop`), its chunks are misses, the others load
+    (`local_disk` raises KeyError for them, as for chunks kvfs evicted)."""
     from bench.faults import formatted
     from testing.emulate import Emulation
 
@@ -271,9 +272,16 @@ def test_a_stalled_namespace_is_a_miss_to_lmcache(make_mount, tmp_path, backend)
         assert all(x in ("ok", "miss") for x in [after["single"], *after["batched"]]), r
     else:
         assert after["single"] == "ok" and after["batched"] == ["ok"] * 5, r
-    # removed: the chunks with a unit on namespace 1 are gone (misses; local_disk's single
-    # get as above), the others load, nothing wrong
+    # removed: the chunks with a unit on namespace 1 are gone, as if kvfs had evicted them:
+    # misses, the others load, nothing wrong; `local_disk` still lists them and raises
+    # KeyError for its get, single or batched (LMCache's bug above; docs/configuration.md,
+    # "Who evicts")
     gone = r["removed"]
     assert removed["dropped_files"] >= 1, removed
-    assert gone["single"] in ("ok", "miss", "KeyError" if backend == "local_disk" else "miss")
-    assert set(gone["batched"]) <= {"ok", "miss"} and "miss" in [gone["single"], *gone["batched"]]
+    if backend == "local_disk":
+        assert gone["single"] in ("ok", "miss", "KeyError"), r
+        assert gone["batched"] == "KeyError" or set(gone["batched"]) <= {"ok", "miss"}, r
+    else:
+        assert gone["single"] in ("ok", "miss"), r
+        assert set(gone["batched"]) <= {"ok", "miss"}, r
+        assert "miss" in [gone["single"], *gone["batched"]], r
