@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
-import os
 import time
 from pathlib import Path
 
@@ -46,7 +44,6 @@ from kvfs.tiers.store import BlockStore
 
 log = logging.getLogger("kvfs.pool")
 
-PAGE = 4096
 SCAN_STEP = 1024  # files a scan looks at between two chances for other requests
 
 
@@ -86,15 +83,15 @@ class PoolAdmin:
         if not 0 <= j < len(nss):
             raise KvfsError(errno.EINVAL, f"pool remove: no namespace {j} (0 to {len(nss) - 1})")
         ns = nss[j]
-        if ns.removed:
-            raise KvfsError(errno.ENOENT, f"pool remove: namespace {j} was removed already")
-        if not any(not o.removed for o in nss if o is not ns):
-            raise KvfsError(errno.EBUSY, f"pool remove: namespace {j} is the pool's last")
-        async with self._lock:
+        async with self._lock:  # (checked under it: two removals at once see each other)
+            if ns.removed:
+                raise KvfsError(errno.ENOENT, f"pool remove: namespace {j} was removed already")
+            if not any(not o.removed for o in nss if o is not ns):
+                raise KvfsError(errno.EBUSY, f"pool remove: namespace {j} is the pool's last")
             files = await self._files_on(j)
             if files and not drop:
                 nbytes = sum(n.blob.size for n in files)
-                if await self._answers(ns):
+                if await ns.health.answers():
                     raise KvfsError(
                         errno.EBUSY,
                         f"pool remove: namespace {j} ({ns.path}) still reads and holds "
@@ -157,18 +154,6 @@ class PoolAdmin:
         await self.catalog.set_members(self.members.encode())
         log.warning("namespace %d: %d file(s) (%d bytes) dropped with it", j, dropped, nbytes)
         return dropped, nbytes
-
-    async def _answers(self, ns) -> bool:
-        """Whether namespace `ns` reads its first page within the read deadline now."""
-        if ns.health.failed_at or ns.stats.state != "ok" or ns.fd < 0:
-            return False
-        buf = mmap.mmap(-1, PAGE)
-        with trio.move_on_after(ns.health.limit(PAGE) or 2.0) as scope:
-            try:
-                await trio.to_thread.run_sync(os.preadv, ns.fd, [buf], 0, abandon_on_cancel=True)
-            except OSError:
-                return False
-        return not scope.cancelled_caught
 
     # --- adding ----------------------------------------------------------------------------------
     async def add(self, path: str, size: int | None = None, force: bool = False) -> dict:

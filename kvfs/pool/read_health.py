@@ -150,6 +150,20 @@ class ReadHealth:
             self.ns.stats.read_timeouts += 1
             self.fail(f"{why}, and a check of those {length} bytes had no answer in {limit:.1f} s")
 
+    async def answers(self) -> bool:
+        """Whether the namespace reads its first page within the deadline now (False while
+        it is failed, for reads or writes, or has no descriptor)."""
+        ns = self.ns
+        if self.failed_at or ns.stats.state != "ok" or ns.fd < 0:
+            return False
+        page = mmap.mmap(-1, PAGE)
+        with trio.move_on_after(self.limit(PAGE) or PROBE_SECONDS) as scope:
+            try:
+                await self._pread(page, 0)
+            except OSError:
+                return False
+        return not scope.cancelled_caught
+
     async def _pread(self, buf: mmap.mmap, offset: int) -> None:
         """Read `buf` from `offset` in a thread of its own, outside the namespace's I/O slots
         (which stalled reads may hold). Abandoned if the daemon stops meanwhile: a hung
