@@ -802,6 +802,24 @@ def _load(path: Path, data: bytes) -> tuple[str | None, float, float]:
     return got, t1 - t0, time.monotonic() - t1
 
 
+def _reader(m, blocks: dict, r: int, stop, calls: list, lock, *, cold: bool = False) -> None:
+    """A reader thread of the read-fault scenarios: loads the blocks in turn (starting at
+    the r-th) until `stop`, each load's (start, name, _load's answer, open s, read s) added
+    to `calls`; with `cold`, the DRAM tier dropped after each."""
+    names = sorted(blocks)
+    i = r
+    while not stop.is_set():
+        name = names[i % len(names)]
+        i += 1
+        t = time.monotonic()
+        got, t_open, t_read = _load(m.mountpoint / name, blocks[name])
+        with lock:
+            calls.append((t, name, got, t_open, t_read))
+        if cold:
+            with contextlib.suppress(OSError):
+                m.control("drop_dram")
+
+
 def read_fault(tmp: Path, kind: str) -> dict:
     """Readers load blocks cold (the DRAM tier dropped every second) while namespace 1
 
@@ -841,23 +859,15 @@ def read_fault(tmp: Path, kind: str) -> dict:
             lock = threading.Lock()
             stop = threading.Event()
 
-            def reader(r: int) -> None:
-                names = sorted(blocks)
-                i = r
-                while not stop.is_set():
-                    name = names[i % len(names)]
-                    i += 1
-                    t = time.monotonic()
-                    got, t_open, t_read = _load(m.mountpoint / name, blocks[name])
-                    with lock:
-                        calls.append((t, name, got, t_open, t_read))
-
             def cold() -> None:
                 while not stop.wait(1.0):
                     with contextlib.suppress(OSError):
                         m.control("drop_dram")
 
-            threads = [threading.Thread(target=reader, args=(r,)) for r in range(2)]
+            threads = [
+                threading.Thread(target=_reader, args=(m, blocks, r, stop, calls, lock))
+                for r in range(2)
+            ]
             threads.append(threading.Thread(target=cold))
             for th in threads:
                 th.start()
@@ -945,20 +955,12 @@ def remove_namespace(tmp: Path) -> dict:
             lock = threading.Lock()
             stop = threading.Event()
 
-            def reader(r: int) -> None:
-                names = sorted(blocks)
-                i = r
-                while not stop.is_set():
-                    name = names[i % len(names)]
-                    i += 1
-                    t = time.monotonic()
-                    got, t_open, t_read = _load(m.mountpoint / name, blocks[name])
-                    with lock:
-                        calls.append((t, name, got, t_open, t_read))
-                    with contextlib.suppress(OSError):
-                        m.control("drop_dram")
-
-            threads = [threading.Thread(target=reader, args=(r,)) for r in range(2)]
+            threads = [
+                threading.Thread(
+                    target=_reader, args=(m, blocks, r, stop, calls, lock), kwargs={"cold": True}
+                )
+                for r in range(2)
+            ]
             for th in threads:
                 th.start()
             wait_until(
