@@ -485,7 +485,6 @@ class Service:
             self.store,
             pool,
             space,
-            max_block_size=cfg.pool.max_block_size or pool.capacity,
             pending=queue,
             write_behind=queue is None,
         )

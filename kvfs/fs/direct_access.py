@@ -167,7 +167,7 @@ class DirectAccess:
             try:
                 await self.resolver.place(caller, path)
                 self.files.refuse_setid(mode)  # (as a create through the mount)
-                if size > self.sessions.max_block_size:
+                if size > self.pool.max_block_size:
                     raise self.sessions.too_big(size, "a block of")
                 attrs = {}
                 for name, value in xattrs.items():

@@ -162,11 +162,8 @@ class PoolAdmin:
         if not p.is_absolute():
             raise KvfsError(errno.EINVAL, f"pool add: {path}: give an absolute path")
         async with self._lock:
-            like = next(ns for ns in self.pool.namespaces if not ns.removed)
             try:
-                ns = await trio.to_thread.run_sync(
-                    membership.prepare, self.pool, p, size, like, force
-                )
+                ns = await trio.to_thread.run_sync(membership.prepare, self.pool, p, size, force)
             except KvfsError as e:
                 raise KvfsError(e.errno, f"pool add: {e}") from None
             try:

@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvfs.config import PoolConfig
+from kvfs.config import NamespaceConfig, PoolConfig
 from kvfs.errors import StartupError
 from kvfs.pool.alloc import ExtentAllocator
 from kvfs.pool.layout import DATA_START
@@ -69,6 +69,27 @@ class Members:
 
 
 # --- the pool's side (`pool`: the Pool; kvfs/pool/pool.py, kvfs/fs/pool_admin.py) -----------
+def open_namespace(
+    index: int,
+    path: Path,
+    cfg: PoolConfig,
+    nc: NamespaceConfig | None = None,
+    create_size: int | None = None,
+) -> Namespace:
+    """Open the namespace at `path` as the pool's config says (`nc`: its own table there; a
+    namespace added while mounted has none and takes the first's queue depth and weight 1)."""
+    return Namespace.open(
+        index,
+        path,
+        queue_depth=nc.queue_depth if nc else cfg.namespaces[0].queue_depth,
+        weight=nc.weight if nc else 1.0,
+        io_engine=cfg.io_engine,
+        io_timeout=cfg.io_timeout_ms / 1000,
+        read_timeout=cfg.read_timeout_ms / 1000 if cfg.read_timeout_ms else None,
+        create_size=create_size,
+    )
+
+
 def open_members(cls, cfg: PoolConfig, pool_id: str | None, members: Members):
     """`open` for a pool whose membership changed while mounted. Each namespace is known by
     the number its superblock holds, not by its place in the config (device names may change
@@ -86,15 +107,7 @@ def open_members(cls, cfg: PoolConfig, pool_id: str | None, members: Members):
         for path in paths:
             nc = listed.get(path)
             try:
-                ns = Namespace.open(
-                    0,
-                    path,
-                    queue_depth=nc.queue_depth if nc else cfg.namespaces[0].queue_depth,
-                    weight=nc.weight if nc else 1.0,
-                    io_engine=cfg.io_engine,
-                    io_timeout=cfg.io_timeout_ms / 1000,
-                    read_timeout=cfg.read_timeout_ms / 1000 if cfg.read_timeout_ms else None,
-                )
+                ns = open_namespace(0, path, cfg, nc)
             except StartupError:
                 # (a removed one gone, as expected; an added one not where it was added:
                 # if no listed path holds its number, that is said below)
@@ -136,6 +149,7 @@ def open_members(cls, cfg: PoolConfig, pool_id: str | None, members: Members):
             cfg.stripe_unit,
             adaptive=cfg.adaptive_placement,
             io_workers=cfg.io_workers,
+            cfg=cfg,
         )
         log.info(
             "pool %s: %d namespace(s), %d removed, %d added while mounted (catalog)",
@@ -198,7 +212,7 @@ def empty_removed(pool) -> None:
             pool.allocators[ns.index] = ExtentAllocator(DATA_START, DATA_START, pool.unit)
 
 
-def prepare(pool, path: Path, size: int | None, like: Namespace, force: bool) -> Namespace:
+def prepare(pool, path: Path, size: int | None, force: bool) -> Namespace:
     """Open (a file with `size`: create) the namespace at `path` and format it as this
     pool's next number (blocking: run in a thread). Refuses a path that holds a file
     system, another pool or any signature unless `force` (StartupError, one line)."""
@@ -210,15 +224,7 @@ def prepare(pool, path: Path, size: int | None, like: Namespace, force: bool) ->
         raise StartupError(f"namespace {path}: exists; a size is for a new file only")
     if not exists and size is None:
         raise StartupError(f"namespace {path}: does not exist (give a size to create a file)")
-    ns = Namespace.open(
-        j,
-        path,
-        queue_depth=like.queue_depth,
-        create_size=size,
-        io_engine="auto" if like.aio else "threads",
-        io_timeout=like.io_timeout,
-        read_timeout=like.health.timeout,
-    )
+    ns = open_namespace(j, path, pool.cfg, create_size=size)
     try:
         if ns.size <= DATA_START:
             raise StartupError(f"namespace {path}: {ns.size} bytes is too small")

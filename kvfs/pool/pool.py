@@ -30,7 +30,7 @@ from kvfs.pool.buffer import MEMORY, Buffer, chunk_size_for, zero_chunk
 from kvfs.pool.checks import check_paths, format_pool, validate, write_superblocks
 from kvfs.pool.io_workers import IoWorkers
 from kvfs.pool.layout import DATA_START, Layout, align_up, stored_length
-from kvfs.pool.members import Members, open_members
+from kvfs.pool.members import Members, open_members, open_namespace
 from kvfs.pool.namespace import Namespace
 from kvfs.pool.placement import Placement
 from kvfs.pool.requests import WriteRequest
@@ -89,8 +89,10 @@ class Pool(Placement):
         adaptive: bool = True,
         area: Area | None = None,
         io_workers: int = 0,
+        cfg: PoolConfig | None = None,
     ):
         self.namespaces = namespaces
+        self.cfg = cfg  # what it was opened with (a namespace added while mounted opens by it)
         # worker processes for fetches (kvfs/pool/io_workers.py), run by `serve`
         self.workers = (
             IoWorkers(
@@ -161,16 +163,7 @@ class Pool(Placement):
         namespaces: list[Namespace] = []
         try:
             for i, nc in enumerate(cfg.namespaces):
-                ns = Namespace.open(
-                    i,
-                    nc.path,
-                    queue_depth=nc.queue_depth,
-                    weight=nc.weight,
-                    io_engine=cfg.io_engine,
-                    io_timeout=cfg.io_timeout_ms / 1000,
-                    read_timeout=cfg.read_timeout_ms / 1000 if cfg.read_timeout_ms else None,
-                    create_size=nc.size if fresh else None,
-                )
+                ns = open_namespace(i, nc.path, cfg, nc, nc.size if fresh else None)
                 if ns.size <= DATA_START:
                     raise StartupError(
                         f"namespace {nc.path}: {ns.size} bytes is too small "
@@ -189,6 +182,7 @@ class Pool(Placement):
                 cfg.stripe_unit,
                 adaptive=cfg.adaptive_placement,
                 io_workers=cfg.io_workers,
+                cfg=cfg,
             )
             pool.created = fresh
             pool.rebuilt_superblocks = rebuilt
@@ -280,6 +274,12 @@ class Pool(Placement):
     @property
     def capacity(self) -> int:
         return sum(a.capacity for a in self.allocators)
+
+    @property
+    def max_block_size(self) -> int:
+        """The largest block a file may hold: `[pool] max_block_size`, or the pool's capacity
+        now (it changes with `kvfs pool remove|add`: a block past it is EFBIG, not ENOSPC)."""
+        return (self.cfg.max_block_size if self.cfg else None) or self.capacity
 
     @property
     def free(self) -> int:

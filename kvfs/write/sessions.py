@@ -70,7 +70,6 @@ class Sessions:
         pool: Pool,
         space: Space,
         *,
-        max_block_size: int,
         pending: Pending | None = None,
         write_behind: bool = True,
     ):
@@ -81,7 +80,6 @@ class Sessions:
         self.store = store
         self.pool = pool
         self.space = space
-        self.max_block_size = max_block_size
         self.stats = SessionStats()
         self.writing = 0  # commits writing their block to the pool now
         self.pending = pending if pending is not None else NothingPending()
@@ -107,7 +105,7 @@ class Sessions:
     def too_big(self, end: int, what: str = "a write to byte") -> KvfsError:
         return KvfsError(
             errno.EFBIG,
-            f"{what} {end} is past the largest block kvfs can hold ({self.max_block_size})",
+            f"{what} {end} is past the largest block kvfs can hold ({self.pool.max_block_size})",
         )
 
     # --- changing the content ---------------------------------------------------------------------
@@ -137,7 +135,7 @@ class Sessions:
         end = offset + len(data)
         async with st.lock:
             try:
-                if end > self.max_block_size:
+                if end > self.pool.max_block_size:
                     raise self.too_big(end)
                 s = await self.writable(node, st)
                 if end > s.buffer.size:
@@ -159,7 +157,7 @@ class Sessions:
     async def extend(self, node: Node, st: NodeState, end: int) -> bool:
         """fallocate mode 0: grow the file to at least `end` bytes (zeros) and reserve its pool
         space now; False if it is that long already."""
-        if end > self.max_block_size:
+        if end > self.pool.max_block_size:
             raise self.too_big(end, "a size of")
         if st.session is None and end <= node.committed_size:
             return False
@@ -176,7 +174,7 @@ class Sessions:
 
     async def truncate(self, node: Node, st: NodeState, size: int) -> None:
         """Set the size (truncate(2), ftruncate(2), O_TRUNC). Call with st.lock held."""
-        if size > self.max_block_size:
+        if size > self.pool.max_block_size:
             raise self.too_big(size, "a size of")
         s = await self.writable(node, st, keep=size)
         await self._reserve(node, s, size)
@@ -266,7 +264,7 @@ class Sessions:
         need = self.pool.stored_size(size) - s.reserved - s.early
         if need <= 0:
             return
-        if size > self.max_block_size:
+        if size > self.pool.max_block_size:
             raise self.too_big(size, "a size of")
         if self.pool.writable - self.space.reserved < need:
             await self._released_first()
@@ -364,7 +362,7 @@ class Sessions:
         room fails it as a failed commit would (counted, the session failed and dropped; the
         error is raised)."""
         try:
-            if size > self.max_block_size:
+            if size > self.pool.max_block_size:
                 raise self.too_big(size, "a file of")
             await self._allocate(node, s, size)
         except KvfsError as e:
@@ -509,7 +507,7 @@ class Sessions:
         if not await self.committable(node, st, s):
             return
         size, sig, nbytes = self._measure(s)
-        if size > self.max_block_size:
+        if size > self.pool.max_block_size:
             self.stats.commit_errors += 1
             raise self.too_big(size, "a file of")
         self.space.unreserve(s.reserved)  # the allocation below takes its place at once

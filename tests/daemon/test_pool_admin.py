@@ -56,6 +56,13 @@ def test_refusals_name_the_problem_and_change_nothing(pool_config):
         for p, data in blocks.items():
             assert await fs.read(p) == data
         await admin.remove(1, drop=True)
+        # the largest block follows what the pool holds now: past it is EFBIG, not ENOSPC
+        capacity = fs.svc.pool.capacity
+        assert fs.svc.pool.max_block_size == capacity < 70 << 20
+        await fs.write("/big", b"x")
+        with pytest.raises(KvfsError) as e:
+            await fs.files.setattr(fs.ino("/big"), None, size=capacity + 4096)
+        assert e.value.errno == errno.EFBIG and "largest block" in str(e.value)
         with pytest.raises(KvfsError) as e:
             await admin.remove(0, drop=True)
         assert e.value.errno == errno.EBUSY and "last" in str(e.value)
