@@ -7,9 +7,10 @@ nodes and the names found absent, and a node read back from its row.
 * `_names`: (parent, name) -> ino of cached nodes, so a lookup of a cached name needs no query
   (an entry is checked against the node, whose memory is the truth, before it is used).
 * `_misses`: names looked up and found absent, most recent last (at most MISSES_KEPT): the
-  create that follows a lookup's miss (open(O_CREAT) of a new block) knows the name is free
-  without asking SQLite again. Every name this node's tree gains passes `entered`, which
-  forgets its miss; nothing else adds names to the table while mounted.
+  create that follows a lookup's miss (open(O_CREAT) of a new block), and a lookup of the
+  name again (an engine's "is it stored?", a direct writer's allocation then commit), know the
+  name is free without asking SQLite again. Every name this node's tree gains passes
+  `entered`, which forgets its miss; nothing else adds names to the table while mounted.
 
 The catalog keeps the nodes that have no row (pending) or no name (unlinked) and asks about
 them before it asks here. A node read from its row (`from_row`) takes the access time and score
@@ -157,6 +158,8 @@ class NodeRows:
             if node is not None and node.linked and node.name == name and node.parent == parent:
                 self._cache.move_to_end(ino)
                 return node
+        elif (parent, name) in self._misses:  # (found absent, and no name was made since)
+            raise not_found(name.decode(errors="replace"))
         row = self._conn.execute(BY_NAME, (parent, name)).fetchone()
         if row is None:
             misses = self._misses

@@ -281,8 +281,8 @@ def test_looking_up_a_name_longer_than_255_bytes_is_enametoolong(pool_config):
 
 def test_a_create_after_a_lookups_miss_asks_sqlite_nothing_and_misses_stay_true(pool_config):
     """open(O_CREAT) of a new name is a LOOKUP (a miss) then a CREATE: the miss is remembered,
-    so the create does not query the name again; a name that appears since (a create, a
-    rename, a mkdir) is no longer a miss."""
+    so the create does not query the name again, nor does a lookup of it again; a name that
+    appears since (a create, a rename, a mkdir, a symlink) is no longer a miss."""
     cfg = pool_config(durability="close")
 
     async def run(fs):
@@ -297,6 +297,9 @@ def test_a_create_after_a_lookups_miss_asks_sqlite_nothing_and_misses_stay_true(
                     cat.lookup(d, name)
             queries.clear()
             cat.create_file(d, b"a", 0o644, 0, 0)  # after its miss: no query
+            with pytest.raises(KvfsError) as e:
+                cat.lookup(d, b"b")  # a miss looked up again (an exists-check): no query
+            assert e.value.errno == errno.ENOENT
             assert not [q for q in queries if "name" in q], queries
         finally:
             cat._conn.set_trace_callback(None)
@@ -308,10 +311,20 @@ def test_a_create_after_a_lookups_miss_asks_sqlite_nothing_and_misses_stay_true(
         with pytest.raises(KvfsError) as e:
             cat.create_file(d, b"b", 0o644, 0, 0)
         assert e.value.errno == errno.EEXIST
+        assert cat.lookup(d, b"b").ino == fs.ino("/d/b")
         await fs.files.mkdir(d, b"c", 0o755, 0, 0)  # c by a mkdir
         with pytest.raises(KvfsError) as e:
             cat.create_file(d, b"c", 0o644, 0, 0)
         assert e.value.errno == errno.EEXIST
+        assert cat.lookup(d, b"c").is_dir
+        for name in (b"e", b"f"):
+            with pytest.raises(KvfsError):
+                cat.lookup(d, name)
+        await fs.files.symlink(d, b"e", b"/d/a", 0, 0)  # e by a symlink
+        assert cat.lookup(d, b"e").is_symlink
+        await fs.write("/d/f", b"f")  # f by a create, committed
+        cat.node_rows.uncache(fs.ino("/d/f"))  # (asked of its row, not of memory)
+        assert cat.lookup(d, b"f").ino == fs.ino("/d/f")
 
     run_service(cfg, run)
 
