@@ -358,6 +358,9 @@ def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, re
         subs = [await subscribe(tmp_path / f"n{i}", fs) for i, fs in enumerate((a, b))]
         await store(a, p, os.urandom(300_000))
         await eventually(lambda: _known(b, p), what="n1 sees the block")
+        # (n1 may see it in Redis before n0's task that hears Redis's answer announces it;
+        # receive_all blocks this thread, so it is called once the announcement went out)
+        await eventually(lambda: a.svc.events.stored >= 1, what="n0 announces the block")
         got = [s.receive_all() for s in subs]
         assert events_of(got[0]) == [("BlockStored", h, 0)]
         assert got[0][0][2].events[0].locality == "pool:ev"
@@ -366,6 +369,7 @@ def test_in_a_shared_pool_the_node_that_makes_a_change_announces_it(tmp_path, re
         parent, name = b.resolve(p)
         await b.files.unlink(parent, name)
         await eventually(lambda: not _known(a, p), what="n0 sees the unlink")
+        await eventually(lambda: b.svc.events.removed >= 1, what="n1 announces the unlink")
         got = [s.receive_all() for s in subs]
         assert got[0] == []
         assert events_of(got[1]) == [("BlockRemoved", h, 0)]
