@@ -98,13 +98,37 @@ class RandomPolicy(LRUPolicy):
     def __init__(self, capacity: int = 0, seed: int = 7):
         super().__init__(capacity)
         self.rng = random.Random(seed)
+        self.keys: list = []  # the blocks held, in no order, for a draw in O(1)
+        self.at: dict = {}  # block -> its place in `keys`
+
+    def insert(self, key, size: int, parent=None) -> None:
+        if key not in self.at:
+            self.at[key] = len(self.keys)
+            self.keys.append(key)
+        super().insert(key, size, parent)
+
+    def remove(self, key) -> None:
+        i = self.at.pop(key, None)
+        if i is not None:
+            last = self.keys.pop()
+            if i < len(self.keys):
+                self.keys[i] = last
+                self.at[last] = i
+        super().remove(key)
 
     def victim(self, evictable, cold_only: bool = False):
-        keys = [k for k in self.order if evictable(k)]
-        if not keys:
-            return None
-        k = self.rng.choice(keys)
-        del self.order[k]
+        for _ in range(8):  # a few draws, then every evictable block
+            if not self.keys:
+                return None
+            k = self.keys[self.rng.randrange(len(self.keys))]
+            if evictable(k):
+                break
+        else:
+            ks = [k for k in self.keys if evictable(k)]
+            if not ks:
+                return None
+            k = self.rng.choice(ks)
+        self.remove(k)
         return k
 
 
