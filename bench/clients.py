@@ -25,7 +25,10 @@ does not throttle their writeback).
 
 Everything (tmpfs, loop devices, file systems, cgroups, mounts, engines) is set up and torn
 down here; each table row is one pass, and with --rounds N each ratio is the median of the N
-rounds' ratios (`_range`: the lowest and highest), the file systems' order alternating.
+rounds' ratios (`_range`: the lowest and highest), the file systems' order alternating. Each
+kvfs row has `load_busy`: each namespace's busy share of the load (its io_ticks over the
+load's time), and each ratio line the median over the rounds of their mean (`load_busy`): near
+1 where the namespaces are what limits the load.
 """
 
 from __future__ import annotations
@@ -69,21 +72,28 @@ def drop_page_cache() -> None:
 
 
 def run_client(
-    e: Engine, engine: str, native: bool, d: Path, keys: list[int], block: int, drop
+    e: Engine, engine: str, native: bool, d: Path, keys: list[int], block: int, drop, devices=()
 ) -> dict:
-    """Store the blocks through the engine into directory d, drop caches, load them back."""
+    """Store the blocks through the engine into directory d, drop caches, load them back.
+    `devices`: kvfs's namespaces, whose busy share of the load is returned (`load_busy`)."""
+    ticks: list[int] = []
+
+    def loading(call):
+        ticks[:] = [x.io_ticks() for x in devices]
+        return call()
+
     if engine == "vllm":
         e.call("open", root=str(d), block=block, slots=len(keys), tier="kvfs" if native else "fs")
         s = e.call("transfer_many", kind="store", keys=keys, per_job=1)
         drop()
-        ld = e.call("transfer_many", kind="load", keys=keys, per_job=1)
+        ld = loading(lambda: e.call("transfer_many", kind="load", keys=keys, per_job=1))
         ok = s["success"] and ld["success"] and ld["exact"]
         store_s, load_s = s["seconds"], ld["seconds"]
     elif engine == "sglang":
         e.call("open", dir=str(d), page=block, backend="kvfs" if native else "file")
         s = e.call("set", keys=keys, timed=True)
         drop()
-        ld = e.call("get", keys=keys, timed=True, batch=native)
+        ld = loading(lambda: e.call("get", keys=keys, timed=True, batch=native))
         ok = all(s["ok"]) and all(x is True for x in ld["ok"])
         store_s, load_s = s["seconds"], ld["seconds"]
     else:
@@ -98,7 +108,7 @@ def run_client(
         )
         s = e.call("put", keys=keys, batch=8, timed=True)
         drop()
-        ld = e.call("batched_get", keys=keys, batch=8, timed=True)
+        ld = loading(lambda: e.call("batched_get", keys=keys, batch=8, timed=True))
         ok = all(x is True for x in ld["ok"])
         store_s, load_s = s["seconds"], ld["seconds"]
     e.call("close")
@@ -108,7 +118,12 @@ def run_client(
             f"round-trip bit-exact in {d}"
         )
     total = len(keys) * block
-    return {"store_gbps": total / store_s / 1e9, "load_gbps": total / load_s / 1e9}
+    out = {"store_gbps": total / store_s / 1e9, "load_gbps": total / load_s / 1e9}
+    if devices:  # each namespace's io_ticks over the load's time (the engine's own timing)
+        out["load_busy"] = [
+            round(min(1.0, (x.io_ticks() - t) / 1e3 / load_s), 3) for x, t in zip(devices, ticks)
+        ]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +178,16 @@ def main(argv: list[str] | None = None) -> int:
                             root = setup.root / f"{engine}-{native}"
                             drop = m.drop_caches if fs == "kvfs" else drop_page_cache
                             with throttled(setup, e.proc.pid):  # the engine's I/O meets it
-                                r = run_client(e, engine, native, root, keys, block, drop)
+                                r = run_client(
+                                    e,
+                                    engine,
+                                    native,
+                                    root,
+                                    keys,
+                                    block,
+                                    drop,
+                                    on_kvfs.devices if fs == "kvfs" else (),
+                                )
                             shutil.rmtree(root)
                             rows.append(
                                 {"client": name, "fs": fs, "throttle": label, "round": rnd, **r}
@@ -189,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 r0 = by.get((base, "raid0", label, rnd))
                 if not (k and x and r0):
                     continue
+                if "load_busy" in k:
+                    per.setdefault("load_busy", []).append(statistics.mean(k["load_busy"]))
                 for op in ("store", "load"):
                     for b, ref in (("raid0", r0), ("ext4", x)):
                         per.setdefault(f"{op}_kvfs_vs_{b}", []).append(
@@ -218,12 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"\n{'kvfs vs raid0 and ext4 (same engine, each its own tier; median of rounds)':<58}"
-        f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}"
+        f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}{'busy':>6}"
     )
     for k, v in out["ratios"].items():
         print(
             f"{k:<58}{v['store_kvfs_vs_raid0']:>12.2f}{v['load_kvfs_vs_raid0']:>11.2f}"
             f"{v['store_kvfs_vs_ext4']:>11.2f}{v['load_kvfs_vs_ext4']:>10.2f}"
+            f"{v.get('load_busy', float('nan')):>6.2f}"
         )
     return 0
 
