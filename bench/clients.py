@@ -27,8 +27,10 @@ Everything (tmpfs, loop devices, file systems, cgroups, mounts, engines) is set 
 down here; each table row is one pass, and with --rounds N each ratio is the median of the N
 rounds' ratios (`_range`: the lowest and highest), the file systems' order alternating. Each
 kvfs row has `load_busy`: each namespace's busy share of the load (its io_ticks over the
-load's time), and each ratio line the median over the rounds of their mean (`load_busy`): near
-1 where the namespaces are what limits the load.
+load's time) and, throttled, `load_bw_share`: the bytes read from each over its limit times
+the load's time (cgroup throttling holds I/O before it reaches the device, so io_ticks stay
+low however busy the reader keeps it); each ratio line has the median over the rounds of their
+means: near 1 where the namespaces are what limits the load.
 """
 
 from __future__ import annotations
@@ -72,14 +74,24 @@ def drop_page_cache() -> None:
 
 
 def run_client(
-    e: Engine, engine: str, native: bool, d: Path, keys: list[int], block: int, drop, devices=()
+    e: Engine,
+    engine: str,
+    native: bool,
+    d: Path,
+    keys: list[int],
+    block: int,
+    drop,
+    devices=(),
+    bps: float | None = None,
 ) -> dict:
     """Store the blocks through the engine into directory d, drop caches, load them back.
-    `devices`: kvfs's namespaces, whose busy share of the load is returned (`load_busy`)."""
-    ticks: list[int] = []
+    `devices`: kvfs's namespaces, whose busy share of the load is returned (`load_busy`:
+    io_ticks over the load's time) and, under a throttle of `bps` per device, the share of
+    that limit the load used on each (`load_bw_share`)."""
+    ticks: list[tuple[int, int]] = []
 
     def loading(call):
-        ticks[:] = [x.io_ticks() for x in devices]
+        ticks[:] = [(x.io_ticks(), x.bytes_read()) for x in devices]
         return call()
 
     if engine == "vllm":
@@ -121,8 +133,13 @@ def run_client(
     out = {"store_gbps": total / store_s / 1e9, "load_gbps": total / load_s / 1e9}
     if devices:  # each namespace's io_ticks over the load's time (the engine's own timing)
         out["load_busy"] = [
-            round(min(1.0, (x.io_ticks() - t) / 1e3 / load_s), 3) for x, t in zip(devices, ticks)
+            round(min(1.0, (x.io_ticks() - t) / 1e3 / load_s), 3)
+            for x, (t, _) in zip(devices, ticks)
         ]
+        if bps:
+            out["load_bw_share"] = [
+                round((x.bytes_read() - b) / (bps * load_s), 3) for x, (_, b) in zip(devices, ticks)
+            ]
     return out
 
 
@@ -187,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                                     block,
                                     drop,
                                     on_kvfs.devices if fs == "kvfs" else (),
+                                    throttle,
                                 )
                             shutil.rmtree(root)
                             rows.append(
@@ -213,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                 r0 = by.get((base, "raid0", label, rnd))
                 if not (k and x and r0):
                     continue
-                if "load_busy" in k:
-                    per.setdefault("load_busy", []).append(statistics.mean(k["load_busy"]))
+                for key in ("load_busy", "load_bw_share"):
+                    if key in k:
+                        per.setdefault(key, []).append(statistics.mean(k[key]))
                 for op in ("store", "load"):
                     for b, ref in (("raid0", r0), ("ext4", x)):
                         per.setdefault(f"{op}_kvfs_vs_{b}", []).append(
@@ -244,13 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"\n{'kvfs vs raid0 and ext4 (same engine, each its own tier; median of rounds)':<58}"
-        f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}{'busy':>6}"
+        f"{'store/raid0':>12}{'load/raid0':>11}{'store/ext4':>11}{'load/ext4':>10}"
+        f"{'busy':>6}{'bw':>6}"
     )
     for k, v in out["ratios"].items():
         print(
             f"{k:<58}{v['store_kvfs_vs_raid0']:>12.2f}{v['load_kvfs_vs_raid0']:>11.2f}"
             f"{v['store_kvfs_vs_ext4']:>11.2f}{v['load_kvfs_vs_ext4']:>10.2f}"
-            f"{v.get('load_busy', float('nan')):>6.2f}"
+            f"{v.get('load_busy', float('nan')):>6.2f}{v.get('load_bw_share', float('nan')):>6.2f}"
         )
     return 0
 

@@ -115,6 +115,14 @@ class LoopDevice:
         with open(f"/sys/dev/block/{self.devno}/stat") as f:
             return int(f.read().split()[9])
 
+    def bytes_read(self) -> int:
+        """Bytes read from the device so far (its sectors read, the 3rd field of its stat).
+        Under a throttle, a device's share of its limit over an interval (these bytes over
+        limit x time) says how busy the reader kept it: io_ticks does not, since cgroup
+        throttling holds the I/O before it reaches the device."""
+        with open(f"/sys/dev/block/{self.devno}/stat") as f:
+            return int(f.read().split()[2]) * 512
+
     def shrink_to(self, size: int) -> None:
         """Make the device end at `size` bytes: I/O beyond fails, as on a device that is gone.
         Its backing file is cut there: what it held beyond is lost (see `end_at` for a device
