@@ -9,7 +9,8 @@ from __future__ import annotations
 from kvfs.errors import DeviceError, KvfsError, no_space
 from kvfs.pool.layout import place_units, stored_length, unit_count
 
-OBSERVE_UNITS = 128  # units moved between two updates of the placement balance
+OBSERVE_UNITS = 128  # units moved between two updates of the placement balance, at least
+OBSERVE_SECONDS = 1.0  # and the time they span, at least (see `observe`)
 
 
 class Placement:
@@ -41,14 +42,20 @@ class Placement:
         the one given fewer looks faster, and the balance swung (a namespace at a quarter of
         the others' bandwidth, on one busy CPU, ended above them).
 
-        Transfers are pooled until OBSERVE_UNITS units have moved (single transfers are noisy:
-        devices burst after idling). Then each namespace's time per unit predicts how long it
-        would take for a block laid out with today's weights, and the factors move a geometric
-        half step towards equal predicted times. Whatever makes a namespace slower (its link,
+        Transfers are pooled until OBSERVE_UNITS units have moved over OBSERVE_SECONDS at least
+        (single transfers are noisy: devices burst after idling, and a cgroup throttle lets
+        I/O through in 100 ms slices; updated every 128 units, a third of a second there, the
+        weights of four equal devices wandered between 0.73 and 1.0, one namespace given 60
+        of a round's 192 units, and every load of those blocks waited for it). Then each
+        namespace's time per unit predicts how long it would take for a block laid out with
+        today's weights, and the factors move a geometric half step towards equal predicted
+        times. Whatever makes a namespace slower (its link,
         its load, a throttle), this feedback balances it; a factor stays within [1/50, 1].
         """
         if not self.adaptive:
             return
+        if not any(self._obs_units):
+            self._obs_since = start
         for j, u in units.items():
             s = seconds.get(j, 0)
             if u > 0 and s > 0:
@@ -56,7 +63,10 @@ class Placement:
                 self._obs_units[j] += u
                 self._obs_seconds[j] += max(0.0, end - max(start, self._busy_until[j]))
                 self._busy_until[j] = max(self._busy_until[j], end)
-        if sum(self._obs_units) < OBSERVE_UNITS:
+        if (
+            sum(self._obs_units) < OBSERVE_UNITS
+            or max(self._busy_until) - self._obs_since < OBSERVE_SECONDS
+        ):
             return
         weights = self.placement_weights()
         predicted = {

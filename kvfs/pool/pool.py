@@ -108,6 +108,7 @@ class Pool(Placement):
         self._obs_units = [0] * len(namespaces)
         self._obs_seconds = [0.0] * len(namespaces)
         self._busy_until = [0.0] * len(namespaces)  # end of the busy time counted (observe)
+        self._obs_since = 0.0  # when the transfers observed since the last update began
         self.chunk = chunk_size_for(unit)
         self.allocators: list[ExtentAllocator] = [
             ExtentAllocator(DATA_START, ns.size, unit) for ns in namespaces
