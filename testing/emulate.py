@@ -109,19 +109,22 @@ class LoopDevice:
     def devno(self) -> str:
         return f"{self.major}:{self.minor}"
 
+    def _stat(self, field: int) -> int:
+        """One field of the device's stat in sysfs (Documentation/block/stat.rst)."""
+        with open(f"/sys/dev/block/{self.devno}/stat") as f:
+            return int(f.read().split()[field])
+
     def io_ticks(self) -> int:
         """Milliseconds the device has had I/O in flight (the 10th field of its stat in sysfs):
         its busy time, whose share of an interval says how busy the device was."""
-        with open(f"/sys/dev/block/{self.devno}/stat") as f:
-            return int(f.read().split()[9])
+        return self._stat(9)
 
     def bytes_read(self) -> int:
         """Bytes read from the device so far (its sectors read, the 3rd field of its stat).
         Under a throttle, a device's share of its limit over an interval (these bytes over
         limit x time) says how busy the reader kept it: io_ticks does not, since cgroup
         throttling holds the I/O before it reaches the device."""
-        with open(f"/sys/dev/block/{self.devno}/stat") as f:
-            return int(f.read().split()[2]) * 512
+        return self._stat(2) * 512
 
     def shrink_to(self, size: int) -> None:
         """Make the device end at `size` bytes: I/O beyond fails, as on a device that is gone.
