@@ -1011,6 +1011,58 @@ def test_a_publish_whose_reply_was_lost_keeps_its_block(cluster_configs, monkeyp
     run_cluster(cluster_configs(2), body)
 
 
+def test_a_publish_whose_outcome_redis_never_told_is_read_back(cluster_configs, monkeypatch):
+    """Redis ran a node's publish of a rewrite, the reply was lost, and Redis did not answer
+    the node's question (did it run?) in time: a Sentinel failover slower than the node's
+    patience, on a loaded machine. The node fails the file and keeps the version before in
+    its mirror; but Redis holds the new one, and the node's own log entry for it is skipped
+    as its own. The node must read the catalog again once Redis answers, or it serves the
+    old version for good while every other node serves the new (what the failover torture
+    saw once in CI fits this: "nodes disagree", one at v3 and one at v2, for over 10 s)."""
+    from kvfs.catalog.redis import catalog as redis_catalog
+    from kvfs.catalog.redis.scripts import SCRIPTS
+    from kvfs.redis.link import ClusterLink
+
+    lose = losing_replies(monkeypatch, SCRIPTS.publish)
+    monkeypatch.setattr(redis_catalog, "RAN_PATIENCE", 0.5)
+    real_pipeline = ClusterLink.pipeline
+    mute = {"on": False, "refused": 0}
+
+    async def pipeline_muted_for_the_probe(self, commands, **kw):
+        # only the question `_ran` asks (do these block records exist?) goes unanswered
+        if mute["on"] and all(
+            c[0] == "EXISTS" and c[1] == self.key("b", c[1].rsplit(":", 1)[-1]) for c in commands
+        ):
+            mute["refused"] += 1
+            raise KvfsError(errno.EIO, "Redis is failing over (the test's stand-in)")
+        return await real_pipeline(self, commands, **kw)
+
+    monkeypatch.setattr(ClusterLink, "pipeline", pipeline_muted_for_the_probe)
+
+    async def body(a, b):
+        await put(a, "/f", data(1, MiB))
+        await eventually(lambda: known(b, "/f"))
+        lose["after"] = 1
+        mute["on"] = True
+        try:
+            await put(a, "/f", data(2, MiB))  # ran in Redis; a was never told
+        except KvfsError:
+            pass  # "close": the close fails; "fsync": the write-back fails (logged)
+        mute["on"] = False
+        assert lose["after"] == 0 and mute["refused"] > 0
+        await eventually(lambda: b.files.catalog.get(b.ino("/f")).blob.size == MiB)
+        assert await b.read("/f") == data(2, MiB)  # Redis's version: the rewrite
+        await eventually(
+            lambda: (
+                a.files.catalog.get(a.ino("/f")).blob.id == b.files.catalog.get(b.ino("/f")).blob.id
+            ),
+            what="node a reads back the publish whose outcome it was not told",
+        )
+        assert await a.read("/f") == data(2, MiB)
+
+    run_cluster(cluster_configs(2, lease=1.0), body)
+
+
 def test_a_rename_whose_reply_was_lost_succeeds_if_redis_ran_it(cluster_configs, monkeypatch):
     """Redis ran a node's RENAME script and the reply was lost (Redis killed after its AOF
     fsync): the rename happened, so it must not fail (LMCache's fs connector would retry it

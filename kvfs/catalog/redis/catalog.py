@@ -46,6 +46,9 @@ PUBLISH_RETRY_SECONDS = 0.25
 # thousands of files), and a script's arguments to one Redis command (ZADD, XADD) pass
 # through Lua's stack, which holds about 8,000
 PUBLISH_FILES = 128
+# A script whose reply was lost: how long (at least; twice lease_seconds if longer) its node
+# asks Redis whether it ran before it gives up not knowing (`_ran`)
+RAN_PATIENCE = 10.0
 
 
 class RedisCatalog(Flushes, RedisMirror):
@@ -234,8 +237,13 @@ class RedisCatalog(Flushes, RedisMirror):
         """A script's reply was lost (`err.maybe_done`): ask Redis, once it answers again,
         whether the script ran (`probe()`, which reads what the script writes). True: it ran
         (the follower then reloads the catalog, to learn what else it changed); False: it did
-        not; None: Redis did not answer in time to tell."""
-        deadline = trio.current_time() + max(10.0, 2 * self.cfg.lease_seconds)
+        not; None: Redis did not answer in time to tell, and the follower reloads the catalog
+        once it does. The caller's mirror keeps the state from before the change, which is
+        wrong if the script ran: the follower skips this node's own log entries, and a reload
+        under way skipped the inodes while the change was in flight, so nothing else would
+        read them again: the node would serve the version before for good, the other nodes
+        the new one."""
+        deadline = trio.current_time() + max(RAN_PATIENCE, 2 * self.cfg.lease_seconds)
         with trio.CancelScope(shield=True):
             while True:
                 try:
@@ -244,6 +252,7 @@ class RedisCatalog(Flushes, RedisMirror):
                 except KvfsError:
                     if trio.current_time() > deadline:
                         log.error("cluster: %s? Redis did not say in time (%s)", what, err)
+                        self._resync = True
                         return None
                     await trio.sleep(0.5)
         if done:
