@@ -836,6 +836,7 @@ class Instance:
         self.recipes: dict[str, dict[int, list]] = {}
         self.maxv: dict[str, int] = {}
         self.log_offsets = [0] * nodes
+        self.cycle_logs: list[str] = []  # (one_cycle) each node's log of the cycle
 
     @property
     def mounts(self) -> list[Path]:
@@ -1520,6 +1521,10 @@ class Torture:
                     f"{inst.name}: nodes disagree on {diff[:10]} ("
                     + "; ".join(f"{n}: {_seen(a.get(n))} vs {_seen(b.get(n))}" for n in diff[:3])
                     + ")"
+                    + "".join(
+                        f"; node {k}'s last cluster warnings: {_cluster_lines(text)}"
+                        for k, text in enumerate(inst.cycle_logs)
+                    )
                 )
         present = views[0]
         by_name: dict[str, list[Eviction]] = {}
@@ -1800,8 +1805,10 @@ class Torture:
         fig.redis_outages = len(self.outages)
         inst.start()
         evictions = []
+        inst.cycle_logs = []
         for k in range(len(inst.nodes)):
             text = inst.new_log(k)
+            inst.cycle_logs.append(text)
             found = evictions_in(text)
             if len(found) != text.count("pool full: evicting"):
                 # a log line the parser does not read: its files would count as lost
@@ -1949,6 +1956,17 @@ def _spread(values: list) -> dict:
         return v[min(len(v) - 1, int(f * len(v)))] if v else None
 
     return {"n": len(v), "p50": q(0.5), "p99": q(0.99), "max": v[-1] if v else None}
+
+
+def _cluster_lines(log_text: str, keep: int = 6) -> list[str]:
+    """A node log's last `keep` warnings and errors about the shared catalog (what a
+    divergence report needs to say which node lost track of what)."""
+    lines = [
+        ln.split(" ", 2)[-1]
+        for ln in log_text.splitlines()
+        if (" WARNING " in ln or " ERROR " in ln) and "cluster:" in ln
+    ]
+    return lines[-keep:]
 
 
 def _seen(data) -> str:
