@@ -304,23 +304,21 @@ class Sessions:
             return
         async with st.lock:
             changed, size, sig, nbytes = self._look(s)
-            if (
-                not changed
-                and s.passthrough
-                and s.rdwr
-                and s.rec is not None
-                and node.blob is s.rec
-            ):
-                # written through a shared mapping after the last commit? (no signature
-                # changes for that): compare the content with what was committed
-                s.dirty = changed = not await trio.to_thread.run_sync(
-                    matches, s.buffer, s.rec.layout, limiter=_HASHING
-                )
+            if not changed and await self._written_through_a_mapping(node, s):
+                s.dirty = changed = True
             if not changed:
                 if s.passthrough and not s.frozen and s.rec is not None and node.blob is s.rec:
                     self._adopt(node, s)
             else:
                 await hand_off(node, st, s, size, sig, nbytes)
+
+    async def _written_through_a_mapping(self, node: Node, s: Session) -> bool:
+        """Whether a passthrough session a read-write handle may have mapped (`rdwr`) was written
+        through a shared mapping since its last commit (no signature shows it: every byte is
+        compared with what was committed)."""
+        if not (s.passthrough and s.rdwr and s.rec is not None and node.blob is s.rec):
+            return False
+        return not await trio.to_thread.run_sync(matches, s.buffer, s.rec.layout, limiter=_HASHING)
 
     def _look(self, s: Session):
         """(changed since the last commit, size, signature, memory) of a session, with one
@@ -460,9 +458,14 @@ class Sessions:
                 err = await self.pending.settle(s)
                 if err is not None:
                     raise err
-            elif s.changed():
+            else:
                 async with st.lock:
-                    await self.commit_locked(node, st)
+                    # (a write through a shared mapping: durable by an fsync too, not only at
+                    # the release of the file's last writable handle)
+                    if not s.changed() and await self._written_through_a_mapping(node, s):
+                        s.dirty = True
+                    if s.changed():
+                        await self.commit_locked(node, st)
 
     async def committable(self, node: Node, st: NodeState, s: Session) -> bool:
         """Checks before a session's bytes go to the pool: a session whose write failed (or
