@@ -226,13 +226,21 @@ class _FakeNs:
         self.index, self.weight, self.stats = i, weight, NamespaceStats()
 
 
+def _placement_only(n: int) -> Pool:
+    """A Pool with only what its placement (`observe`, `placement_weights`) uses: `n` equal
+    namespaces, no devices, the balance and its observations as Pool.__init__ sets them."""
+    pool = Pool.__new__(Pool)
+    pool.namespaces = [_FakeNs(i) for i in range(n)]
+    pool.adaptive = True
+    pool.balance = [1.0] * n
+    pool._obs_units, pool._obs_seconds, pool._busy_until = [0] * n, [0.0] * n, [0.0] * n
+    pool._obs_since = 0.0
+    return pool
+
+
 def test_placement_learns_a_slow_namespace():
     speeds = [100.0, 100.0, 100.0, 50.0]  # units per second
-    pool = Pool.__new__(Pool)
-    pool.namespaces = [_FakeNs(i) for i in range(4)]
-    pool.adaptive = True
-    pool.balance = [1.0] * 4
-    pool._obs_units, pool._obs_seconds, pool._busy_until = [0] * 4, [0.0] * 4, [0.0] * 4
+    pool = _placement_only(4)
     for t in range(40):
         w = pool.placement_weights()
         units = {j: max(1, round(32 * w[j] / sum(w))) for j in range(4)}
@@ -248,11 +256,7 @@ def test_placement_learns_from_busy_time_not_from_queued_latency():
     queue. Counted as busy time (the spans' union) the pool still learns the true ratio;
     summed as latencies it would learn the one with more units as slower per unit."""
     service = [0.01, 0.01, 0.01, 0.02]  # seconds per unit: namespace 3 at half the speed
-    pool = Pool.__new__(Pool)
-    pool.namespaces = [_FakeNs(i) for i in range(4)]
-    pool.adaptive = True
-    pool.balance = [1.0] * 4
-    pool._obs_units, pool._obs_seconds, pool._busy_until = [0] * 4, [0.0] * 4, [0.0] * 4
+    pool = _placement_only(4)
     t = 0.0
     for _ in range(60):
         w = pool.placement_weights()
@@ -276,12 +280,7 @@ def test_placement_stays_even_on_equal_namespaces_with_noisy_service_times():
     import random
 
     rng = random.Random(3)
-    pool = Pool.__new__(Pool)
-    pool.namespaces = [_FakeNs(i) for i in range(4)]
-    pool.adaptive = True
-    pool.balance = [1.0] * 4
-    pool._obs_units, pool._obs_seconds, pool._busy_until = [0] * 4, [0.0] * 4, [0.0] * 4
-    pool._obs_since = 0.0
+    pool = _placement_only(4)
     speed = 400.0  # units per second, each
     noise: dict[tuple[int, int], float] = {}
     t, worst = 0.0, 1.0
