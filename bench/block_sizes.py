@@ -52,6 +52,15 @@ With --inproc a second kvfs mount (`kvfs_inproc`, every speed) runs beside the f
 processes (kvfs/pool/io_workers.py). `<size>_<op>_vs_inproc` is the first's files/s over its
 twin's, `<size>_<op>_{cpu,trio}_vs_inproc` the daemon CPU and the trio thread's per file.
 
+With --split K a further kvfs set-up (`kvfs_split`, unthrottled) is K mounts side by side, each a
+daemon over 4/K of the namespaces, the blocks dealt among them in turn: what K request threads
+would give over the same devices on this machine (an upper bound for one daemon answering on K
+threads: the mounts share nothing). Its CPU figures are the K daemons' summed, and
+`<size>_<op>_split_vs_kvfs` is its files/s over the one mount's.
+
+Every row has `<op>_machine_busy`: the share of all the machine's CPUs busy during the phase
+(/proc/stat), whoever used them (clients, loop devices, daemons).
+
 Every row also has `<op>_daemon_user_us`, the user part of `<op>_daemon_us`. (`--pure`, the
 compiled build against its Python source, went with the compiled build: performance.md.)
 
@@ -88,6 +97,7 @@ from kvfs.events.subscriber import Subscriber
 from testing.emulate import (
     Emulation,
     available,
+    drop_kernel_caches,
     ext4_on_loop,
     ext4_on_raid0,
     kvfs_on_loops,
@@ -170,12 +180,18 @@ class Blocks:
         return f"d{i % 16:02d}/block-{i:06d}.kv"
 
 
-def store(root: Path, blocks: Blocks, threads: int, fsync: bool = False) -> float:
-    for d in range(16):
-        (root / f"d{d:02d}").mkdir(parents=True, exist_ok=True)
+def where(roots: list[Path], i: int, blocks: Blocks) -> Path:
+    """Block i's path: the blocks are dealt among the roots in turn (one root: all there)."""
+    return roots[i % len(roots)] / blocks.name(i)
+
+
+def store(roots: list[Path], blocks: Blocks, threads: int, fsync: bool = False) -> float:
+    for root in roots:
+        for d in range(16):
+            (root / f"d{d:02d}").mkdir(parents=True, exist_ok=True)
 
     def one(i: int) -> None:
-        fd = os.open(root / blocks.name(i), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        fd = os.open(where(roots, i, blocks), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         try:
             view = memoryview(blocks.data[i])
             while view:
@@ -188,16 +204,16 @@ def store(root: Path, blocks: Blocks, threads: int, fsync: bool = False) -> floa
     return parallel(blocks.n, threads, one)
 
 
-def stat_all(root: Path, blocks: Blocks, threads: int) -> float:
+def stat_all(roots: list[Path], blocks: Blocks, threads: int) -> float:
     def one(i: int) -> None:
-        st = os.stat(root / blocks.name(i))
+        st = os.stat(where(roots, i, blocks))
         if st.st_size != blocks.size:
             raise RuntimeError(f"{blocks.name(i)}: size {st.st_size}, stored {blocks.size}")
 
     return parallel(blocks.n, threads, one)
 
 
-def load(root: Path, blocks: Blocks, threads: int) -> float:
+def load(roots: list[Path], blocks: Blocks, threads: int) -> float:
     local = threading.local()
 
     def one(i: int) -> None:
@@ -205,7 +221,7 @@ def load(root: Path, blocks: Blocks, threads: int) -> float:
         if buf is None:
             buf = local.buf = bytearray(blocks.size + 4096)
         view = memoryview(buf)
-        fd = os.open(root / blocks.name(i), os.O_RDONLY)
+        fd = os.open(where(roots, i, blocks), os.O_RDONLY)
         try:
             got = 0
             while True:
@@ -239,6 +255,45 @@ def zmq_threads_cpu(pid: int) -> float:
     return total
 
 
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every CPU so far (/proc/stat's first line; idle and iowait
+    are not busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+class Split:
+    """K kvfs mounts side by side (`parts`, KvfsSetups), the blocks dealt among them: what K
+    request threads would give, sharing nothing."""
+
+    kvfs = None
+    raid0 = None
+    group = None
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.mounts = [p.kvfs for p in parts]
+        self.roots = [p.root for p in parts]
+        self.devices = [d for p in parts for d in p.devices]
+
+    def sync(self) -> None:
+        """Nothing to do: as for one mount."""
+
+    def drop(self) -> None:
+        for m in self.mounts:
+            m.control("drop_dram")
+        drop_kernel_caches()
+
+
+@contextlib.contextmanager
+def split_mounts(make, k: int):
+    """K mounts made by make(name, count) (count: its namespaces, 4/K), as one Split."""
+    stack = contextlib.ExitStack()
+    with stack:
+        yield Split([stack.enter_context(make(f"split{j}", 4 // k)) for j in range(k)])
+
+
 def daemon_counters(m) -> dict:
     """Requests per operation, (with --handlers) the trio thread's CPU seconds in all and
     in each handler, and (KV events on) the CPU seconds spent announcing: the trio thread's
@@ -255,37 +310,61 @@ def daemon_counters(m) -> dict:
     return out
 
 
+def summed(counters) -> dict:
+    """Several daemons' counters (daemon_counters) added up."""
+    out: dict = {"requests": {}, "handler_cpu": {}, "trio_cpu": 0.0}
+    for c in counters:
+        for key in ("requests", "handler_cpu"):
+            for op, v in c[key].items():
+                out[key][op] = out[key].get(op, 0) + v
+        out["trio_cpu"] += c["trio_cpu"]
+        if "events_cpu" in c:
+            out["events_cpu"] = out.get("events_cpu", 0.0) + c["events_cpu"]
+    return out
+
+
 def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> dict:
     """Store, stat and load the blocks on one file system; files/s, and the daemon's cost."""
-    root = setup.root / "blocks"
-    m = setup.kvfs
-    # the daemon whose cost is counted (ext4 has none), and how to read its requests by kind
-    # (the floor does not count the reads of its statistics; kvfs counts them as a getxattr)
-    if m is not None:
-        pid, counters = m.pid, lambda: daemon_counters(m)
+    roots = [r / "blocks" for r in (setup.roots if isinstance(setup, Split) else [setup.root])]
+    # the daemons whose cost is counted (ext4 has none; a split set-up has K, summed), and how
+    # to read their requests by kind (the floor does not count the reads of its statistics;
+    # kvfs counts them as a getxattr)
+    mounts = getattr(setup, "mounts", None) or ([setup.kvfs] if setup.kvfs is not None else [])
+    m = mounts[0] if mounts else None
+    if mounts:
+        pids, counters = [x.pid for x in mounts], lambda: summed(daemon_counters(x) for x in mounts)
     elif fs == "floor":
-        pid, counters = setup.pid, lambda: {"requests": setup.requests(), "handler_cpu": {}}
+        pids = [setup.pid]
+        counters = lambda: {"requests": setup.requests(), "handler_cpu": {}}  # noqa: E731
     else:
-        pid = counters = None
+        pids, counters = [], None
+    pid = pids[0] if pids else None
+
+    def cpu(user_only: bool = False) -> float:
+        return sum(cpu_seconds(p, user_only=user_only) for p in pids)
+
     out: dict = {}
 
     devices = getattr(setup, "devices", [])
 
     def phase(name: str, fn) -> None:
         if pid is not None:
-            cpu0, c0 = cpu_seconds(pid), counters()
-            user0 = cpu_seconds(pid, user_only=True)
+            cpu0, c0 = cpu(), counters()
+            user0 = cpu(user_only=True)
         ticks0 = [d.io_ticks() for d in devices]
+        busy0 = machine_busy_ticks()
         dt = fn()
+        busy1 = machine_busy_ticks()
         out[f"{name}_per_s"] = blocks.n / dt
+        out[f"{name}_machine_busy"] = round((busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 3)
         if devices:  # each namespace's busy share of the phase (its io_ticks over the time)
             out[f"{name}_busy"] = [
                 round(min(1.0, (d.io_ticks() - t) / 1e3 / dt), 3) for d, t in zip(devices, ticks0)
             ]
         if pid is None:
             return
-        out[f"{name}_daemon_us"] = (cpu_seconds(pid) - cpu0) / blocks.n * 1e6
-        out[f"{name}_daemon_user_us"] = (cpu_seconds(pid, user_only=True) - user0) / blocks.n * 1e6
+        out[f"{name}_daemon_us"] = (cpu() - cpu0) / blocks.n * 1e6
+        out[f"{name}_daemon_user_us"] = (cpu(user_only=True) - user0) / blocks.n * 1e6
         c1 = counters()
         req0, req1 = c0["requests"], c1["requests"]
         per = {
@@ -308,7 +387,7 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
                 (c1["events_cpu"] - c0["events_cpu"]) / blocks.n * 1e6, 2
             )
         if m is not None and "getxattr" in per:  # less this bench's own statistics read
-            per["getxattr"] = round(per["getxattr"] - 1 / blocks.n, 2)
+            per["getxattr"] = round(per["getxattr"] - len(mounts) / blocks.n, 2)
             if not per["getxattr"]:
                 del per["getxattr"]
         out[f"{name}_requests"] = per
@@ -316,15 +395,16 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
     if fs == "ext4" and not sync_store:
         # for context: ext4 durable at close too (each writer fsyncs before closing)
         durable = setup.root / "durable"
-        out["store_fsync_per_s"] = blocks.n / store(durable, blocks, threads, fsync=True)
+        out["store_fsync_per_s"] = blocks.n / store([durable], blocks, threads, fsync=True)
         shutil.rmtree(durable)
         setup.sync()
-    phase("store", lambda: store(root, blocks, threads, fsync=sync_store))
+    phase("store", lambda: store(roots, blocks, threads, fsync=sync_store))
     setup.drop()
-    phase("stat", lambda: stat_all(root, blocks, threads))
+    phase("stat", lambda: stat_all(roots, blocks, threads))
     setup.drop()
-    phase("load", lambda: load(root, blocks, threads))
-    shutil.rmtree(root)
+    phase("load", lambda: load(roots, blocks, threads))
+    for root in roots:
+        shutil.rmtree(root)
     setup.sync()
     return out
 
@@ -356,6 +436,14 @@ def main(argv: list[str] | None = None) -> int:
         "before the I/O worker processes), at every speed",
     )
     ap.add_argument(
+        "--split",
+        type=int,
+        default=0,
+        choices=(0, 2, 4),
+        help="also K kvfs mounts side by side, each over 4/K of the namespaces, the blocks "
+        "dealt among them (unthrottled only): what K request threads would give",
+    )
+    ap.add_argument(
         "--floor",
         action="store_true",
         help="also the floor of the stack (bench/floorfs.py: pyfuse3 with "
@@ -378,19 +466,19 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{bps / 1e9:g} GB/s" if bps else "unthrottled"
             with Emulation(f"{4 * data // MiB + 3072}m") as emu:
 
-                def kvfs_mount(name: str, wanted: bool = True, **kw):
-                    """kvfs over 4 loop namespaces at this speed (the extra mounts only
-                    unthrottled), or nothing."""
+                def kvfs_mount(name: str, wanted: bool = True, count: int = 4, **kw):
+                    """kvfs over `count` of the 4 loop namespaces at this speed (the extra
+                    mounts only unthrottled), or nothing."""
                     if not wanted:
                         return contextlib.nullcontext()
                     return kvfs_on_loops(
                         emu,
                         tmp,
                         f"{name}-{speed}",
-                        4,
-                        data + 512 * MiB,
+                        count,
+                        (data + 512 * MiB) * count // 4,
                         bps,
-                        dram=f"{data // MiB + 256}MiB",
+                        dram=f"{(data * count // 4) // MiB + 256}MiB",
                         **kw,
                     )
 
@@ -409,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
                     ) as floor,
                     kvfs_mount("kvfs-events", args.events and bps is None, extra=events) as kve,
                     kvfs_mount("kvfs-inproc", args.inproc, pool="io_workers = 0") as kvi,
+                    (
+                        split_mounts(lambda name, count: kvfs_mount(name, count=count), args.split)
+                        if args.split and bps is None
+                        else contextlib.nullcontext()
+                    ) as kvs,
                 ):
                     names = {
                         id(ext4): "ext4",
@@ -417,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                         id(floor): "floor",
                         id(kve): "kvfs_events",
                         id(kvi): "kvfs_inproc",
+                        id(kvs): "kvfs_split",
                     }
                     latency = EventLatency(f"ipc://{tmp}/events") if kve is not None else None
                     raid0_kind = raid0.raid0
@@ -425,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
                         blocks = Blocks(size, min(args.max_files, max(1, data // size)))
                         for r in range(args.rounds):
                             order = [ext4, raid0, kv] + [
-                                x for x in (floor, kve, kvi) if x is not None
+                                x for x in (floor, kve, kvi, kvs) if x is not None
                             ]
                             if r % 2:
                                 order.reverse()
@@ -616,6 +710,26 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
             )
+            split = list(
+                zip(
+                    *(
+                        [
+                            x
+                            for x in rows
+                            if x["fs"] == fs and x["size"] == size_name and x["speed"] == label
+                        ]
+                        for fs in ("kvfs_split", "kvfs", "ext4")
+                    )
+                )
+            )
+            for op in ("store", "stat", "load") if split else ():
+                # K request threads (K mounts) against one, and against ext4
+                out[f"{prefix}{size_name}_{op}_split_vs_kvfs"] = round(
+                    statistics.median(s[f"{op}_per_s"] / k[f"{op}_per_s"] for s, k, _ in split), 3
+                )
+                out[f"{prefix}{size_name}_{op}_split_vs_ext4"] = round(
+                    statistics.median(s[f"{op}_per_s"] / e[f"{op}_per_s"] for s, _, e in split), 3
+                )
             for op in ("store", "load") if pairs else ():
                 # fetches by the I/O worker processes against the daemon's own threads
                 out[f"{prefix}{size_name}_{op}_vs_inproc"] = round(
@@ -638,8 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         f"requests per file"
     )
     print(
-        f"{'speed':<12}{'size':<6}{'files':>6}  {'fs':<5}{'store/s':>9}{'(fsync)':>9}"
-        f"{'stat/s':>9}{'load/s':>9}{'cpu us store/stat/load':>24}"
+        f"{'speed':<12}{'size':<6}{'files':>6}  {'fs':<11}{'store/s':>9}{'(fsync)':>9}"
+        f"{'stat/s':>9}{'load/s':>9}{'cpu us store/stat/load':>24}{'CPUs busy':>16}"
     )
     for x in rows:
         cpu = (
@@ -648,10 +762,11 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
         durable = f"{x['store_fsync_per_s']:>9.0f}" if "store_fsync_per_s" in x else f"{'':>9}"
+        busy = "/".join(f"{x[op + '_machine_busy']:.2f}" for op in ("store", "stat", "load"))
         print(
-            f"{x['speed']:<12}{x['size']:<6}{x['files']:>6}  {x['fs']:<5}"
+            f"{x['speed']:<12}{x['size']:<6}{x['files']:>6}  {x['fs']:<11}"
             f"{x['store_per_s']:>9.0f}{durable}{x['stat_per_s']:>9.0f}{x['load_per_s']:>9.0f}"
-            f"{cpu:>24}"
+            f"{cpu:>24}{busy:>16}"
         )
     print("\nrequests per file (store | stat | load):")
     for x in rows:
