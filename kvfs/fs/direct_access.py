@@ -226,7 +226,7 @@ class DirectAccess:
             if self.files.readahead is not None:
                 self.files.readahead.created(node, caller.pid)
             made.append((i, parent.ino, tmp, name, node, layout))
-        recs = await self.sessions.publish([(m[4], m[5]) for m in made])
+        recs = await self.sessions.publisher.publish([(m[4], m[5]) for m in made])
         placed = []
         for m, rec in zip(made, recs):
             if isinstance(rec, KvfsError):

@@ -14,7 +14,8 @@ Removing namespace j:
    with the device), then every file with a unit on j is deleted from the catalog: a miss
    for every engine from then on, a BlockRemoved event for each (issue 47's stream), the
    kernel told; blocks on the other namespaces are not touched. A block committed to j after
-   that scan is refused at its commit (`Sessions.publish`, the write-back).
+   that scan is refused at its commit (`Publisher.publish`, kvfs/write/publish.py, and the
+   write-back).
 5. the record says the drop is done.
 
 Adding a path: it is formatted as the pool's next number (refused if it holds a file system

@@ -580,7 +580,7 @@ class WriteBack(Durability):
             score = (
                 (node.prio, node.uses)
                 if item.scored and node.linked
-                else await sessions.score(node, layout)
+                else await sessions.publisher.score(node, layout)
             )
             items.append((node, layout, score))
         try:
@@ -606,7 +606,7 @@ class WriteBack(Durability):
                 continue
             rec, old = got
             node = item.node
-            sessions.published(node, rec, old, published)
+            sessions.publisher.published(node, rec, old, published)
             await sessions.committed(node, item.st, item.session, rec, item.sig)
             self.stats.files += 1
             self.stats.bytes += layout.size

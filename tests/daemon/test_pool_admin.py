@@ -92,7 +92,7 @@ def test_a_block_written_to_a_namespace_removed_meanwhile_is_refused_at_its_comm
         from kvfs.pool.layout import Layout
 
         layout = Layout(700_000, pool.unit, ns, offsets, (0,) * len(ns))
-        (got,) = await fs.files.sessions.publish([(node, layout)])
+        (got,) = await fs.files.sessions.publisher.publish([(node, layout)])
         assert isinstance(got, KvfsError) and got.errno == errno.EIO
         assert "removed from the pool" in str(got)
         assert fs.files.catalog.get(node.ino).blob.layout.ns != ns  # the old version stays
