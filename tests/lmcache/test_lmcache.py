@@ -161,9 +161,16 @@ def test_local_disk_index_larger_than_the_pool_lists_chunks_kvfs_deleted(make_mo
     out = drive("overfill", d, "--chunks", "24", "--max-gb", "1.0")
     assert all(out["contained"])  # LMCache lists all 24...
     gone = [i for i, there in enumerate(out["on_disk"]) if not there]
-    assert gone and m.stats()["files"]["pool_evictions"] >= len(gone)  # ...kvfs deleted some
-    assert {out["get_blocking"][i] for i in gone} == {"KeyError"}
-    assert all(out["get_blocking"][i] == "ok" for i in range(24) if i not in gone)
+    evictions = m.stats()["files"]["pool_evictions"]
+    assert gone and evictions >= len(gone)  # ...kvfs deleted some
+    assert {out["get_blocking"][i] for i in gone} == {"KeyError"}, out
+    # every other chunk reads back whole, unless it was the name of an eviction the kernel had
+    # not yet been told of when the driver looked (kvfs/fs/kernel.py tells it asynchronously):
+    # then it is gone by the time it was read, and stays gone
+    for i in range(24):
+        want = "ok" if out["on_disk_after"][i] else "KeyError"
+        assert out["get_blocking"][i] == want, (i, out)
+    assert out["get_blocking"].count("KeyError") <= evictions, out
     r = subprocess.run(
         [sys.executable, "-m", "kvfs", "doctor", str(m.mountpoint), "--json"],
         capture_output=True,
