@@ -267,10 +267,6 @@ class Split:
     """K kvfs mounts side by side (`parts`, KvfsSetups), the blocks dealt among them: what K
     request threads would give, sharing nothing."""
 
-    kvfs = None
-    raid0 = None
-    group = None
-
     def __init__(self, parts: list):
         self.parts = parts
         self.mounts = [p.kvfs for p in parts]
@@ -325,12 +321,15 @@ def summed(counters) -> dict:
 
 def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> dict:
     """Store, stat and load the blocks on one file system; files/s, and the daemon's cost."""
-    roots = [r / "blocks" for r in (setup.roots if isinstance(setup, Split) else [setup.root])]
-    # the daemons whose cost is counted (ext4 has none; a split set-up has K, summed), and how
-    # to read their requests by kind (the floor does not count the reads of its statistics;
+    # where the blocks go, and the kvfs daemons whose cost is counted (ext4 and the floor have
+    # none; a split set-up has K, summed)
+    if isinstance(setup, Split):
+        roots, mounts = setup.roots, setup.mounts
+    else:
+        roots, mounts = [setup.root], [setup.kvfs] if setup.kvfs is not None else []
+    roots = [r / "blocks" for r in roots]
+    # how to read the requests by kind (the floor does not count the reads of its statistics;
     # kvfs counts them as a getxattr)
-    mounts = getattr(setup, "mounts", None) or ([setup.kvfs] if setup.kvfs is not None else [])
-    m = mounts[0] if mounts else None
     if mounts:
         pids, counters = [x.pid for x in mounts], lambda: summed(daemon_counters(x) for x in mounts)
     elif fs == "floor":
@@ -338,7 +337,6 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
         counters = lambda: {"requests": setup.requests(), "handler_cpu": {}}  # noqa: E731
     else:
         pids, counters = [], None
-    pid = pids[0] if pids else None
 
     def cpu(user_only: bool = False) -> float:
         return sum(cpu_seconds(p, user_only=user_only) for p in pids)
@@ -348,7 +346,7 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
     devices = getattr(setup, "devices", [])
 
     def phase(name: str, fn) -> None:
-        if pid is not None:
+        if pids:
             cpu0, c0 = cpu(), counters()
             user0 = cpu(user_only=True)
         ticks0 = [d.io_ticks() for d in devices]
@@ -361,7 +359,7 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
             out[f"{name}_busy"] = [
                 round(min(1.0, (d.io_ticks() - t) / 1e3 / dt), 3) for d, t in zip(devices, ticks0)
             ]
-        if pid is None:
+        if not pids:
             return
         out[f"{name}_daemon_us"] = (cpu() - cpu0) / blocks.n * 1e6
         out[f"{name}_daemon_user_us"] = (cpu(user_only=True) - user0) / blocks.n * 1e6
@@ -380,13 +378,13 @@ def run_fs(fs: str, setup, blocks: Blocks, threads: int, sync_store: bool) -> di
                 if h1[op] != h0.get(op, 0.0)
             }
             out[f"{name}_handler_us"] = handlers
-        if m is not None:  # the trio thread's own share: 1 s over it is the mount's ceiling
+        if mounts:  # the trio thread's own share: 1 s over it is the mount's ceiling
             out[f"{name}_trio_us"] = round((c1["trio_cpu"] - c0["trio_cpu"]) / blocks.n * 1e6, 1)
         if "events_cpu" in c1:  # what announcing cost (after the phase: its unlinks too)
             out[f"{name}_events_us"] = round(
                 (c1["events_cpu"] - c0["events_cpu"]) / blocks.n * 1e6, 2
             )
-        if m is not None and "getxattr" in per:  # less this bench's own statistics read
+        if mounts and "getxattr" in per:  # less this bench's own statistics read
             per["getxattr"] = round(per["getxattr"] - len(mounts) / blocks.n, 2)
             if not per["getxattr"]:
                 del per["getxattr"]
@@ -772,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     for x in rows:
         if x["fs"] not in ("ext4", "raid0"):
             print(
-                f"  {x['fs']:<6}{x['speed']:<12}{x['size']:<6}"
+                f"  {x['fs']:<11}{x['speed']:<12}{x['size']:<6}"
                 + " | ".join(
                     " ".join(f"{op}={n:g}" for op, n in sorted(x[f"{ph}_requests"].items()))
                     for ph in ("store", "stat", "load")

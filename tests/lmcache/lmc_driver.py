@@ -178,7 +178,11 @@ def run_overfill(args) -> dict:
     n = args.chunks
     put_all(disk, cpu, n)
     contained = [disk.contains(key(i)) for i in range(n)]
-    on_disk = [os.path.exists(disk._key_to_path(key(i))) for i in range(n)]
+
+    def present() -> list[bool]:
+        return [os.path.exists(disk._key_to_path(key(i))) for i in range(n)]
+
+    on_disk = present()
     got = []
     for i in range(n):
         if not contained[i]:
@@ -190,7 +194,7 @@ def run_overfill(args) -> dict:
             got.append(type(e).__name__)
     # again after the reads: an eviction made by the last puts tells the kernel to forget the
     # name asynchronously (kvfs/fs/kernel.py), so the first look may still find it cached
-    on_disk_after = [os.path.exists(disk._key_to_path(key(i))) for i in range(n)]
+    on_disk_after = present()
     return {
         "contained": contained,
         "on_disk": on_disk,
